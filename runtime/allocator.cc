@@ -1,0 +1,112 @@
+#include "runtime/allocator.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "runtime/error.h"
+
+namespace encore {
+namespace {
+
+// Size classes: multiples of 64 bytes up to 4 KiB, then four classes per power of two, so a
+// cached block is never more than 25% larger than the request.
+size_t size_class(size_t bytes) {
+  if (bytes <= 4096) return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63};
+  const int lg = 63 - __builtin_clzll(bytes - 1);  // 2^lg < bytes <= 2^(lg+1)
+  const size_t quarter = size_t{1} << (lg - 1);
+  return (bytes + quarter - 1) / quarter * quarter;
+}
+
+class CpuCachingAllocator final : public Allocator {
+ public:
+  ~CpuCachingAllocator() override { empty_cache(); }
+
+  void* allocate(size_t bytes) override {
+    const size_t cls = size_class(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.allocation_count;
+    ++stats_.live_blocks;
+    stats_.bytes_in_use += cls;
+    if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
+    auto it = free_.find(cls);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_cached -= cls;
+      return p;
+    }
+    ++stats_.system_allocations;
+    void* p = std::aligned_alloc(64, cls);
+    if (p == nullptr) {
+      release_cached_locked();
+      p = std::aligned_alloc(64, cls);
+    }
+    if (p == nullptr) {
+      stats_.bytes_in_use -= cls;
+      --stats_.live_blocks;
+      fail("allocate: out of memory allocating ", bytes, " bytes on cpu");
+    }
+    return p;
+  }
+
+  void deallocate(void* p, size_t bytes) override {
+    if (p == nullptr) return;
+    const size_t cls = size_class(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_in_use -= cls;
+    --stats_.live_blocks;
+    stats_.bytes_cached += cls;
+    free_[cls].push_back(p);
+  }
+
+  AllocatorStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.bytes_in_use;
+  }
+  void empty_cache() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_cached_locked();
+  }
+
+ private:
+  void release_cached_locked() {
+    for (auto& [cls, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    stats_.bytes_cached = 0;
+  }
+
+  mutable std::mutex mu_;
+  AllocatorStats stats_;
+  absl::flat_hash_map<size_t, std::vector<void*>> free_;
+};
+
+Allocator*& slot(DeviceType t) {
+  static Allocator* allocators[kNumDeviceTypes] = {};
+  return allocators[static_cast<int>(t)];
+}
+
+}  // namespace
+
+Allocator& allocator_for(Device d) {
+  if (d.type == DeviceType::CPU) {
+    // Never destroyed: tensors in static objects may outlive any destruction order.
+    static Allocator* cpu = new CpuCachingAllocator();
+    return *cpu;
+  }
+  Allocator* a = slot(d.type);
+  ENCORE_CHECK(a != nullptr, "allocator: no backend for device ", d,
+               " (this build has no CUDA support)");
+  return *a;
+}
+
+void register_allocator(DeviceType t, Allocator* a) { slot(t) = a; }
+
+}  // namespace encore

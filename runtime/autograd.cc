@@ -1,0 +1,233 @@
+#include "runtime/autograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+namespace encore {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+
+TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
+
+Tensor new_like(const TensorMeta& m) { return Tensor::empty(m.shape, m.dtype, m.device); }
+
+Tensor zeros_like_meta(const TensorMeta& m) {
+  Tensor z = new_like(m);
+  dispatch(Op::Fill, {z}, {}, AttrBlob::of(ScalarAttrs{0.0}));
+  return z;
+}
+
+// a + b into a fresh tensor (gradients from two consumers meeting at one value).
+Tensor add_fresh(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch(Op::Add, {a, b}, {out});
+  return out;
+}
+
+// Accumulates `g` into leaf.grad: steals `g` when nothing else refers to it, else copies or adds.
+void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
+  if (!leaf->grad) {
+    const bool unshared = g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 &&
+                          !g.impl()->grad_fn;
+    if (unshared) {
+      leaf->grad = g.impl_ptr();
+    } else {
+      Tensor copy = Tensor::empty(g.shape(), g.dtype(), g.device());
+      dispatch(Op::Copy, {g}, {copy});
+      leaf->grad = copy.impl_ptr();
+    }
+    return;
+  }
+  const Tensor acc(leaf->grad);
+  dispatch(Op::AddInplace, {acc, g}, {});
+}
+
+void check_grad(const Node& node, int i, const Tensor& g) {
+  const TensorMeta& m = node.inputs[i];
+  ENCORE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype, "backward of ", op_name(node.op),
+               ": gradient of input ", i, " is ", g.shape(), " ", g.dtype(), " but the input is ",
+               m.shape, " ", m.dtype);
+}
+
+struct SequenceLess {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
+};
+
+}  // namespace
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+
+const Tensor& BackwardContext::input(int i) const {
+  ENCORE_CHECK(node_.save_inputs >> i & 1, "backward of ", op_name(node_.op), ": input ", i,
+               " was not saved");
+  return node_.saved[std::popcount(static_cast<unsigned>(node_.save_inputs & ((1u << i) - 1)))];
+}
+
+const Tensor& BackwardContext::output(int i) const {
+  ENCORE_CHECK(node_.save_outputs >> i & 1, "backward of ", op_name(node_.op), ": output ", i,
+               " was not saved");
+  return node_.saved[std::popcount(static_cast<unsigned>(node_.save_inputs)) +
+                     std::popcount(static_cast<unsigned>(node_.save_outputs & ((1u << i) - 1)))];
+}
+
+namespace autograd {
+
+void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<const Tensor> inputs,
+            std::span<Tensor> outputs) {
+  bool any = false;
+  for (const Tensor& t : inputs) any |= t.requires_grad();
+  if (!any) return;
+
+  auto node = make_intrusive<Node>();
+  node->op = op;
+  node->attrs = attrs;
+  node->sequence_nr = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  node->backward = def.fn;
+  node->save_inputs = def.save_inputs;
+  node->save_outputs = def.save_outputs;
+  node->next.resize(inputs.size());
+  node->inputs.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    node->inputs.push_back(meta_of(t));
+    if (!t.requires_grad()) continue;
+    Edge& e = node->next[i];
+    if (t.grad_fn()) {
+      e.node = t.grad_fn();
+      e.output_nr = t.impl()->output_nr;
+    } else {
+      e.leaf = t.impl_ptr();
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!(def.save_inputs >> i & 1)) continue;
+    node->saved.push_back(inputs[i]);
+    node->saved_versions.push_back(inputs[i].version());
+  }
+  node->outputs.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    node->outputs.push_back(meta_of(outputs[i]));
+    if (def.save_outputs >> i & 1) {
+      // A detached alias: saving the output itself would make the node own itself.
+      node->saved.push_back(outputs[i].detach());
+      node->saved_versions.push_back(outputs[i].version());
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* out = outputs[i].impl();
+    out->requires_grad = true;
+    out->grad_fn = node;
+    out->output_nr = static_cast<uint32_t>(i);
+  }
+}
+
+void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
+  ENCORE_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(),
+               " outputs but ", grads.size(), " gradients");
+  NoGradGuard no_grad;
+  std::vector<Node*> heap;
+  std::vector<IntrusivePtr<Node>> keep;  // roots' nodes stay alive for the pass
+
+  auto deliver = [&](const Edge& e, Tensor g) {
+    if (e.leaf) {
+      accumulate_into_leaf(e.leaf.get(), std::move(g));
+      return;
+    }
+    Node* n = e.node.get();
+    if (n->pending_grads.empty()) n->pending_grads.resize(n->outputs.size());
+    Tensor& slot = n->pending_grads[e.output_nr];
+    slot = slot.defined() ? add_fresh(slot, g) : std::move(g);
+    if (!n->enqueued) {
+      n->enqueued = true;
+      heap.push_back(n);
+      std::push_heap(heap.begin(), heap.end(), SequenceLess());
+    }
+  };
+
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    ENCORE_CHECK(root.defined(), "backward: output ", r, " is an undefined tensor");
+    ENCORE_CHECK(root.requires_grad(), "backward: output ", r, " ", root.shape(),
+                 " does not require grad (no input of its computation requires grad)");
+    Tensor g;
+    if (grads.empty()) {
+      ENCORE_CHECK(root.numel() == 1, "backward: a gradient can be created implicitly only for ",
+                   "a one-element output; output ", r, " is ", root.shape(),
+                   "; pass an explicit gradient");
+      g = Tensor::empty(root.shape(), root.dtype(), root.device());
+      dispatch(Op::Fill, {g}, {}, AttrBlob::of(ScalarAttrs{1.0}));
+    } else {
+      g = grads[r];
+      ENCORE_CHECK(g.defined() && g.shape() == root.shape() && g.dtype() == root.dtype() &&
+                       g.device() == root.device(),
+                   "backward: gradient ", r, " is ", g.str(), " but output ", r, " is ",
+                   root.str());
+    }
+    Edge e;
+    if (root.grad_fn()) {
+      e.node = root.grad_fn();
+      e.output_nr = root.impl()->output_nr;
+      keep.push_back(e.node);
+    } else {
+      e.leaf = root.impl_ptr();
+    }
+    deliver(e, std::move(g));
+  }
+
+  // On an error, leave no node marked as queued or holding gradients of the aborted pass.
+  struct ResetOnError {
+    std::vector<Node*>& heap;
+    ~ResetOnError() {
+      for (Node* n : heap) {
+        n->enqueued = false;
+        n->pending_grads.clear();
+      }
+    }
+  } reset{heap};
+
+  absl::InlinedVector<Tensor, 4> grad_inputs;
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), SequenceLess());
+    Node* node = heap.back();
+    heap.pop_back();
+    node->enqueued = false;
+    absl::InlinedVector<Tensor, 1> grad_outputs = std::move(node->pending_grads);
+    node->pending_grads.clear();
+
+    ENCORE_CHECK(!node->released, "backward: the saved tensors of ", op_name(node->op),
+                 " were released by an earlier backward; pass retain_graph=true to the first ",
+                 "backward to go through the graph twice");
+    for (size_t s = 0; s < node->saved.size(); ++s) {
+      const Tensor& t = node->saved[s];
+      ENCORE_CHECK(t.version() == node->saved_versions[s], "backward of ", op_name(node->op),
+                   ": a tensor ", t.shape(), " saved for backward was modified in place ",
+                   "(version ", node->saved_versions[s], " -> ", t.version(), ")");
+    }
+    for (size_t i = 0; i < grad_outputs.size(); ++i)
+      if (!grad_outputs[i].defined()) grad_outputs[i] = zeros_like_meta(node->outputs[i]);
+
+    grad_inputs.assign(node->inputs.size(), Tensor());
+    BackwardContext ctx(*node, std::span<Tensor>(grad_outputs.data(), grad_outputs.size()),
+                        std::span<Tensor>(grad_inputs.data(), grad_inputs.size()));
+    node->backward(ctx);
+
+    if (!retain_graph) {
+      node->saved.clear();
+      node->saved_versions.clear();
+      node->released = node->save_inputs != 0 || node->save_outputs != 0;
+    }
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.active() || !grad_inputs[i].defined()) continue;
+      check_grad(*node, static_cast<int>(i), grad_inputs[i]);
+      deliver(e, std::move(grad_inputs[i]));
+    }
+  }
+}
+
+}  // namespace autograd
+}  // namespace encore

@@ -1,0 +1,110 @@
+// Define-by-run autograd: one Node per differentiable op call, holding exactly the tensors its
+// backward declared (BackwardDef::save_inputs/save_outputs), edges to the producers of its
+// inputs, and the metadata needed to check the gradients it returns.
+//
+//   Tensor w = randn({3, 3}).set_requires_grad();
+//   Tensor loss = F::sum(F::tanh(F::matmul(x, w)));
+//   loss.backward();            // w.grad() now holds d loss / d w
+//   { NoGradGuard g; ... }      // ops inside record nothing
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "absl/container/inlined_vector.h"
+#include "runtime/dispatcher.h"
+#include "runtime/tensor.h"
+
+namespace encore {
+
+// Whether ops record autograd nodes on this thread (on by default).
+struct GradMode {
+  static bool enabled();
+  static void set_enabled(bool on);
+};
+
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(GradMode::enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::Float32;
+  Device device;
+};
+
+// Where the gradient of one input goes: the node that produced it, or the leaf it accumulates
+// into, or nowhere (the input needs no gradient).
+struct Edge {
+  IntrusivePtr<Node> node;
+  uint32_t output_nr = 0;
+  IntrusivePtr<TensorImpl> leaf;
+  bool active() const { return node || leaf; }
+};
+
+class Node final : public RefCounted {
+ public:
+  Op op;
+  AttrBlob attrs;
+  uint64_t sequence_nr;  // creation order; backward runs nodes in decreasing order
+  BackwardFn backward;
+  absl::InlinedVector<Edge, 2> next;          // one per input
+  absl::InlinedVector<TensorMeta, 2> inputs;  // one per input
+  absl::InlinedVector<TensorMeta, 1> outputs; // one per output
+  absl::InlinedVector<Tensor, 2> saved;       // saved inputs, then saved outputs (by def order)
+  absl::InlinedVector<uint32_t, 2> saved_versions;
+  uint8_t save_inputs = 0;
+  uint8_t save_outputs = 0;
+  bool released = false;  // saved tensors freed after a backward without retain_graph
+
+  // Engine scratch, valid during one backward pass.
+  absl::InlinedVector<Tensor, 1> pending_grads;
+  bool enqueued = false;
+};
+
+// What a backward formula sees. It returns input gradients with set_input_grad(), computed
+// with routines (so they pass through the dispatcher).
+class BackwardContext {
+ public:
+  BackwardContext(Node& node, std::span<Tensor> grad_outputs, std::span<Tensor> grad_inputs)
+      : node_(node), grad_outputs_(grad_outputs), grad_inputs_(grad_inputs) {}
+
+  template <typename T>
+  const T& attrs() const { return node_.attrs.as<T>(); }
+  // Input i as saved at forward time (requires bit i of save_inputs).
+  const Tensor& input(int i) const;
+  // Output i as saved at forward time (requires bit i of save_outputs).
+  const Tensor& output(int i = 0) const;
+  // Gradient of output i (zeros when nothing flowed into it).
+  const Tensor& grad_output(int i = 0) const { return grad_outputs_[i]; }
+  bool needs_input_grad(int i) const { return node_.next[i].active(); }
+  const TensorMeta& input_meta(int i) const { return node_.inputs[i]; }
+  int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
+  void set_input_grad(int i, Tensor g) { grad_inputs_[i] = std::move(g); }
+
+ private:
+  Node& node_;
+  std::span<Tensor> grad_outputs_;
+  std::span<Tensor> grad_inputs_;
+};
+
+namespace autograd {
+
+// Called by dispatch(): records a node for a differentiable op when grad mode is on and an input
+// requires a gradient.
+void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<const Tensor> inputs,
+            std::span<Tensor> outputs);
+
+// Back-propagates from `roots` with output gradients `grads` (empty: each root must have one
+// element and gets 1). Gradients accumulate into the `.grad` of leaves.
+void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph);
+
+}  // namespace autograd
+}  // namespace encore

@@ -1,0 +1,125 @@
+// The dispatcher: the single path every op takes.
+//
+//   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+//   dispatch(Op::Relu, {x}, {y});
+//
+// dispatch() checks operands, looks up the kernel for (op, device), runs it on raw buffer
+// views, records an autograd node when a gradient is needed, and notifies the active Tracer.
+// Kernels are plain functions over BufferViews: they allocate nothing and know nothing of
+// autograd, so a replay loop can call them again with other buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <type_traits>
+
+#include "runtime/device.h"
+#include "runtime/ops.h"
+#include "runtime/tensor.h"
+
+namespace encore {
+
+// Attributes of one call, stored by value (trivially copyable structs from ops.h).
+struct alignas(8) AttrBlob {
+  static constexpr size_t kCapacity = 64;
+  unsigned char bytes[kCapacity] = {};
+
+  AttrBlob() = default;
+  template <typename T>
+  static AttrBlob of(const T& attrs) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kCapacity);
+    AttrBlob b;
+    std::memcpy(b.bytes, &attrs, sizeof(T));
+    return b;
+  }
+  template <typename T>
+  const T& as() const {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kCapacity);
+    return *reinterpret_cast<const T*>(bytes);
+  }
+};
+
+// A raw buffer as a kernel sees it.
+struct BufferView {
+  void* data = nullptr;
+  Shape shape;
+  DType dtype = DType::Float32;
+
+  int64_t numel() const { return shape.numel(); }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+struct KernelArgs {
+  std::span<const BufferView> in;
+  std::span<const BufferView> out;
+  const AttrBlob& attrs;
+  template <typename T>
+  const T& attr() const { return attrs.template as<T>(); }
+};
+
+using KernelFn = void (*)(const KernelArgs&);
+
+// Registers the kernel of `op` on a device type (kernels do this at static-initialisation time).
+void register_kernel(Op op, DeviceType device, KernelFn fn);
+// The kernel of (op, device); throws Error naming both when there is none.
+KernelFn lookup_kernel(Op op, DeviceType device);
+
+// ---- Autograd definition of an op ---------------------------------------------------------
+
+class BackwardContext;
+using BackwardFn = void (*)(BackwardContext&);
+
+struct BackwardDef {
+  BackwardFn fn = nullptr;  // null: not differentiable
+  uint8_t save_inputs = 0;  // bit i: input i is kept for backward
+  uint8_t save_outputs = 0; // bit i: output i is kept for backward
+};
+
+// Registers how `op` differentiates (routines do this next to their forward definition).
+void register_backward(Op op, BackwardDef def);
+const BackwardDef& backward_def(Op op);
+
+// ---- Tracer -----------------------------------------------------------------------------
+
+// Notified of every op the dispatcher executes while it is active (static_graph records with it).
+class Tracer {
+ public:
+  virtual ~Tracer() = default;
+  virtual void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
+                     std::span<const Tensor> outputs) = 0;
+  // A tensor's values were read on the host (item, to_vector): not capturable.
+  virtual void on_host_read(const Tensor& t, std::string_view what) {
+    (void)t;
+    (void)what;
+  }
+};
+
+Tracer* current_tracer();
+
+// Makes `t` the active tracer of this thread for the scope's lifetime.
+class TracerScope {
+ public:
+  explicit TracerScope(Tracer* t);
+  ~TracerScope();
+  TracerScope(const TracerScope&) = delete;
+  TracerScope& operator=(const TracerScope&) = delete;
+
+ private:
+  Tracer* previous_;
+};
+
+// ---- The call path ----------------------------------------------------------------------
+
+// Runs `op`. Outputs are allocated by the caller with their final shapes (views: already
+// aliasing input 0). Throws Error for an undefined operand or operands on different devices.
+void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
+              const AttrBlob& attrs = {});
+inline void dispatch(Op op, std::initializer_list<Tensor> inputs,
+                     std::initializer_list<Tensor> outputs, const AttrBlob& attrs = {}) {
+  dispatch(op, std::span<const Tensor>(inputs.begin(), inputs.size()),
+           std::span<Tensor>(const_cast<Tensor*>(outputs.begin()), outputs.size()), attrs);
+}
+
+}  // namespace encore

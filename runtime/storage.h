@@ -1,0 +1,35 @@
+// Storage: a reference-counted buffer on one device, shared by a tensor and its views.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/intrusive_ptr.h"
+
+namespace encore {
+
+class Storage final : public RefCounted {
+ public:
+  // Allocates `nbytes` from the device's allocator.
+  Storage(size_t nbytes, Device device);
+  ~Storage() override;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  // Incremented by every in-place write; autograd compares it with the value saved at
+  // record time to detect a saved tensor modified before backward.
+  uint32_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  uint32_t version_ = 0;
+};
+
+}  // namespace encore

@@ -1,0 +1,120 @@
+#include "runtime/tensor.h"
+
+#include <cstring>
+
+
+#include "runtime/autograd.h"
+#include "runtime/dispatcher.h"
+
+namespace encore {
+
+TensorImpl::~TensorImpl() = default;
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  auto storage = make_intrusive<Storage>(shape.numel() * itemsize(dtype), device);
+  return Tensor(make_intrusive<TensorImpl>(std::move(storage), 0, shape, dtype));
+}
+
+Tensor Tensor::view_of(const Tensor& base, const Shape& shape) {
+  ENCORE_CHECK(base.numel() == shape.numel(), "view: cannot view ", base.shape(), " as ", shape);
+  const TensorImpl& b = *base.impl();
+  return Tensor(make_intrusive<TensorImpl>(b.storage, b.offset, shape, b.dtype));
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  ENCORE_CHECK(defined(), "set_requires_grad: undefined tensor");
+  ENCORE_CHECK(is_leaf(), "set_requires_grad: only a leaf tensor can be marked; this one is ",
+               "the output of ", op_name(impl_->grad_fn->op));
+  ENCORE_CHECK(!on || is_floating(dtype()),
+               "set_requires_grad: only floating tensors can require a gradient; tensor is ",
+               dtype());
+  impl_->requires_grad = on;
+  return *this;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined())
+    ENCORE_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(),
+                 "set_grad: gradient is ", g.str(), " but the tensor is ", str());
+  impl_->grad = g.impl_;
+}
+
+Tensor Tensor::detach() const { return view_of(*this, shape()); }
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  ENCORE_CHECK(defined(), "backward: undefined tensor");
+  if (grad.defined()) {
+    const Tensor roots[] = {*this};
+    const Tensor grads[] = {grad};
+    autograd::backward(roots, grads, retain_graph);
+  } else {
+    const Tensor roots[] = {*this};
+    autograd::backward(roots, {}, retain_graph);
+  }
+}
+
+namespace {
+template <typename T>
+void read_as(const Tensor& t, T* dst) {
+  const int64_t n = t.numel();
+  const void* src = t.raw_data();
+  switch (t.dtype()) {
+    case DType::Float32: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const float*>(src)[i]); break;
+    case DType::Float64: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const double*>(src)[i]); break;
+    case DType::Int32: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int32_t*>(src)[i]); break;
+    case DType::Int64: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int64_t*>(src)[i]); break;
+    case DType::Bool: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const bool*>(src)[i]); break;
+  }
+}
+
+void check_host_readable(const Tensor& t, const char* what) {
+  ENCORE_CHECK(t.defined(), what, ": undefined tensor");
+  ENCORE_CHECK(t.device().type == DeviceType::CPU, what, ": tensor is on ", t.device(),
+               "; copy it to the cpu first");
+  if (Tracer* tr = current_tracer()) tr->on_host_read(t, what);
+}
+}  // namespace
+
+template <typename T>
+T Tensor::item() const {
+  check_host_readable(*this, "item");
+  ENCORE_CHECK(numel() == 1, "item: tensor must have one element, it is ", shape());
+  T v;
+  read_as<T>(*this, &v);
+  return v;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  check_host_readable(*this, "to_vector");
+  std::vector<T> out(numel());
+  read_as<T>(*this, out.data());
+  return out;
+}
+
+#define ENCORE_INSTANTIATE(T)                 \
+  template T Tensor::item<T>() const;         \
+  template std::vector<T> Tensor::to_vector<T>() const;
+ENCORE_INSTANTIATE(float)
+ENCORE_INSTANTIATE(double)
+ENCORE_INSTANTIATE(int32_t)
+ENCORE_INSTANTIATE(int64_t)
+#undef ENCORE_INSTANTIATE
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return cat("Tensor", shape(), " ", dtype(), " ", device());
+}
+
+std::string to_string(const Tensor& t, int max_elements) {
+  if (!t.defined() || t.device().type != DeviceType::CPU) return t.str();
+  std::string out = t.str() + " {";
+  const int64_t n = std::min<int64_t>(t.numel(), max_elements);
+  std::vector<double> v(t.numel());
+  read_as<double>(t, v.data());
+  for (int64_t i = 0; i < n; ++i) out += cat(i ? ", " : "", v[i]);
+  if (n < t.numel()) out += ", ...";
+  return out + "}";
+}
+
+}  // namespace encore

@@ -1,0 +1,109 @@
+// Tensor: a handle to a contiguous, row-major n-d array with shared ownership.
+//
+//   Tensor x = Tensor::empty({32, 784}, DType::Float32);
+//   float* p = x.data<float>();
+//
+// Copying a Tensor copies the handle, not the data. reshape/flatten give views that share
+// storage; every other op writes a new tensor. Ops and factories live in api/ (encore.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/intrusive_ptr.h"
+#include "runtime/shape.h"
+#include "runtime/storage.h"
+
+namespace encore {
+
+class Node;
+class Tensor;
+
+class TensorImpl final : public RefCounted {
+ public:
+  TensorImpl(IntrusivePtr<Storage> storage, int64_t offset, const Shape& shape, DType dtype)
+      : storage(std::move(storage)), offset(offset), shape(shape), dtype(dtype) {}
+  ~TensorImpl() override;
+
+  IntrusivePtr<Storage> storage;
+  int64_t offset;  // in elements
+  Shape shape;
+  DType dtype;
+  bool requires_grad = false;
+  uint32_t output_nr = 0;       // which output of grad_fn this tensor is
+  IntrusivePtr<Node> grad_fn;   // null for leaves
+  IntrusivePtr<TensorImpl> grad;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(IntrusivePtr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // A new uninitialised tensor.
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32,
+                      Device device = Device::cpu());
+  // A tensor sharing `base`'s storage with another shape (same element count, no copy).
+  static Tensor view_of(const Tensor& base, const Shape& shape);
+
+  bool defined() const { return static_cast<bool>(impl_); }
+  const Shape& shape() const { return impl_->shape; }
+  int rank() const { return impl_->shape.rank(); }
+  int64_t size(int axis) const { return impl_->shape.at(axis); }
+  int64_t numel() const { return impl_->shape.numel(); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device(); }
+  size_t nbytes() const { return numel() * itemsize(dtype()); }
+
+  // Raw data pointer; T must match dtype() (checked).
+  template <typename T>
+  T* data() const {
+    ENCORE_CHECK(dtype_of<T> == dtype(), "Tensor::data: requested ", name(dtype_of<T>),
+                 " but the tensor is ", dtype());
+    return static_cast<T*>(raw_data());
+  }
+  void* raw_data() const {
+    return static_cast<char*>(impl_->storage->data()) + impl_->offset * itemsize(impl_->dtype);
+  }
+
+  // Reads the single element of a one-element tensor (converted to T). A host read: a
+  // tracer is told, since the value cannot be part of a static schedule.
+  template <typename T>
+  T item() const;
+  // Copies all elements to the host (converted to T). Also a host read.
+  template <typename T>
+  std::vector<T> to_vector() const;
+
+  // Autograd.
+  bool requires_grad() const { return impl_->requires_grad; }
+  // Marks a leaf as needing a gradient; throws for a non-leaf or a non-floating tensor.
+  Tensor& set_requires_grad(bool on = true);
+  bool is_leaf() const { return !impl_->grad_fn; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  void set_grad(const Tensor& g);
+  const IntrusivePtr<Node>& grad_fn() const { return impl_->grad_fn; }
+  // A tensor sharing storage with this one, cut from the graph.
+  Tensor detach() const;
+  // Back-propagates from this tensor. Without `grad` the tensor must have one element.
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+
+  // Version counter of the storage (bumped by in-place ops).
+  uint32_t version() const { return impl_->storage->version(); }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const IntrusivePtr<TensorImpl>& impl_ptr() const { return impl_; }
+
+  std::string str() const;  // "Tensor[2,3] float32 cpu"
+
+ private:
+  IntrusivePtr<TensorImpl> impl_;
+};
+
+// Human-readable values for small tensors (debugging).
+std::string to_string(const Tensor& t, int max_elements = 64);
+
+}  // namespace encore
