@@ -1,0 +1,13 @@
+// encore: define-by-run tensors, autograd, modules and optimizers on a dispatcher that a
+// static-graph tracer can record. Include this one header.
+#pragma once
+
+#include "encore/data.h"
+#include "encore/functions.h"
+#include "encore/nn.h"
+#include "encore/optim.h"
+#include "runtime/allocator.h"
+#include "runtime/autograd.h"
+#include "runtime/dispatcher.h"
+#include "runtime/rng.h"
+#include "runtime/tensor.h"

@@ -1,0 +1,154 @@
+// Routines: the user-facing ops. Each checks its arguments (throwing encore::Error that names
+// the op, the argument and the shapes), allocates its outputs and calls dispatch(); the
+// dispatcher runs the kernel, records autograd and notifies a tracer.
+//
+//   using namespace encore;
+//   Tensor h = F::relu(F::linear(x, w1, b1));
+//   Tensor loss = F::softmax_cross_entropy(F::linear(h, w2, b2), labels);
+//   loss.backward();
+//
+// Floating ops accept float32 and float64; binary ops need equal dtypes and broadcast by NumPy
+// rules. Axes may be negative.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/autograd.h"
+#include "runtime/rng.h"
+#include "runtime/tensor.h"
+
+namespace encore {
+
+// ---- Factories --------------------------------------------------------------------------
+
+Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::Float32,
+            Device device = Device::cpu());
+Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+// A tensor holding a copy of `values` (converted to `dtype`) with `shape`.
+Tensor tensor(std::span<const double> values, const Shape& shape, DType dtype = DType::Float32,
+              Device device = Device::cpu());
+Tensor tensor(std::initializer_list<double> values, const Shape& shape,
+              DType dtype = DType::Float32, Device device = Device::cpu());
+// 0, 1, ..., n-1.
+Tensor arange(int64_t n, DType dtype = DType::Float32, Device device = Device::cpu());
+// Samples from the device's default generator: U[low, high) and N(mean, std^2).
+Tensor rand(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu(),
+            double low = 0, double high = 1);
+Tensor randn(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu(),
+             double mean = 0, double std = 1);
+// A copy with its own storage (differentiable).
+Tensor clone(const Tensor& x);
+
+// ---- In-place (not differentiable; bump the version counter) -----------------------------
+
+void fill_(const Tensor& t, double value);
+void add_(const Tensor& t, const Tensor& other);  // t += other (other broadcast to t)
+void copy_(const Tensor& dst, const Tensor& src); // same shape; converts dtype
+void uniform_(const Tensor& t, double low, double high);
+void normal_(const Tensor& t, double mean, double std);
+
+namespace functions {
+
+// ---- Elementwise ------------------------------------------------------------------------
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& x, double s);
+Tensor sub(const Tensor& x, double s);
+Tensor sub(double s, const Tensor& x);
+Tensor mul(const Tensor& x, double s);
+Tensor div(const Tensor& x, double s);
+Tensor div(double s, const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor relu(const Tensor& x);
+// x if x > 0 else slope * x (slope as in PyTorch: 0.01).
+Tensor leaky_relu(const Tensor& x, double slope = 0.01);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+
+// Comparisons give bool tensors (no gradient); where selects a where cond else b (broadcast).
+Tensor equal(const Tensor& a, const Tensor& b);
+Tensor greater(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+// ---- Linear algebra ---------------------------------------------------------------------
+
+// [M,K]x[K,N] -> [M,N]; [B,M,K]x[B,K,N] -> [B,M,N]; [B,M,K]x[K,N] -> [B,M,N]. Through cblas.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x W^T + b with W [out, in], x [..., in], b [out] (optional).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- Reductions -------------------------------------------------------------------------
+
+// Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1.
+Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
+Tensor mean(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
+// Maximum; the gradient is shared equally among tied maxima.
+Tensor max(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
+// Sums `x` down to `shape` (the reverse of broadcast_to).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- Layout -----------------------------------------------------------------------------
+
+// A view with another shape; one dimension may be -1 (inferred).
+Tensor reshape(const Tensor& x, std::span<const int64_t> shape);
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> shape);
+// Flattens dimensions start_dim..end_dim into one (a view).
+Tensor flatten(const Tensor& x, int start_dim = 0, int end_dim = -1);
+Tensor permute(const Tensor& x, std::span<const int> perm);
+Tensor permute(const Tensor& x, std::initializer_list<int> perm);
+Tensor transpose(const Tensor& x, int dim0 = -2, int dim1 = -1);
+Tensor broadcast_to(const Tensor& x, const Shape& shape);
+Tensor concat(std::span<const Tensor> xs, int axis = 0);
+Tensor concat(std::initializer_list<Tensor> xs, int axis = 0);
+// Elements start, start+step, ... < stop along `axis` (step > 0; start/stop clamped, negative
+// values count from the end as in Python).
+Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t step = 1);
+
+// ---- Softmax and losses -----------------------------------------------------------------
+
+Tensor softmax(const Tensor& x, int axis = -1);
+Tensor log_softmax(const Tensor& x, int axis = -1);
+// Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.
+// Samples labelled `ignore_label` are left out of the sum and the count.
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                             int64_t ignore_label = -1);
+// mean((a - b)^2) over all elements.
+Tensor mean_squared_error(const Tensor& a, const Tensor& b);
+// Fraction of samples whose argmax equals the label (ignored labels excluded). No gradient.
+Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
+
+}  // namespace functions
+
+namespace F = functions;
+
+// ---- Operators --------------------------------------------------------------------------
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return F::add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return F::sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return F::mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return F::div(a, b); }
+inline Tensor operator+(const Tensor& x, double s) { return F::add(x, s); }
+inline Tensor operator+(double s, const Tensor& x) { return F::add(x, s); }
+inline Tensor operator-(const Tensor& x, double s) { return F::sub(x, s); }
+inline Tensor operator-(double s, const Tensor& x) { return F::sub(s, x); }
+inline Tensor operator*(const Tensor& x, double s) { return F::mul(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return F::mul(x, s); }
+inline Tensor operator/(const Tensor& x, double s) { return F::div(x, s); }
+inline Tensor operator/(double s, const Tensor& x) { return F::div(s, x); }
+inline Tensor operator-(const Tensor& x) { return F::neg(x); }
+
+}  // namespace encore

@@ -1,0 +1,150 @@
+// Modules: parameters and submodules by name, train/eval mode, a forward.
+//
+//   auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+//       std::make_shared<nn::Linear>(784, 100), std::make_shared<nn::ReLU>(),
+//       std::make_shared<nn::Linear>(100, 10)});
+//   Tensor logits = (*model)(x);
+//   for (auto& [name, p] : model->named_parameters()) ...   // "0.weight", "0.bias", ...
+//
+// A module registers its parameters by address (register_parameter("weight", &weight_)), so a
+// parameter replaced by assignment is seen by named_parameters(). Modules are neither copyable
+// nor movable; hold them by shared_ptr.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "encore/functions.h"
+
+namespace encore::nn {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The single-input forward; modules with other signatures define their own call operator.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // Parameters of this module and its descendants, depth first, named "child.param".
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
+
+  // Sets train (true) or eval (false) mode on this module and its descendants.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Clears the gradients of all parameters (drops them by default, as PyTorch does).
+  void zero_grad(bool set_to_none = true);
+
+  // A short description, e.g. "Linear(784 -> 100)".
+  virtual std::string describe() const { return "Module"; }
+
+ protected:
+  // Registers a parameter held in a member of this module; marks it as requiring grad.
+  void register_parameter(std::string name, Tensor* member);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
+    children_.emplace_back(std::move(name), m);
+    return m;
+  }
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  std::vector<std::pair<std::string, Tensor*>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+enum class Init {
+  PyTorch,  // W, b ~ U(-1/sqrt(in), 1/sqrt(in))  (kaiming_uniform with a = sqrt(5))
+  Chainer,  // W ~ N(0, 1/in) (LeCunNormal), b = 0
+};
+
+struct LinearOptions {
+  bool bias = true;
+  Init init = Init::PyTorch;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// y = x W^T + b, W [out, in].
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+  Tensor weight;
+  Tensor bias;  // undefined when options.bias is false
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return F::relu(x); }
+  std::string describe() const override { return "ReLU"; }
+};
+
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double slope = 0.01) : slope_(slope) {}
+  Tensor forward(const Tensor& x) override { return F::leaky_relu(x, slope_); }
+  std::string describe() const override;
+
+ private:
+  double slope_;
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return F::sigmoid(x); }
+  std::string describe() const override { return "Sigmoid"; }
+};
+
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return F::tanh(x); }
+  std::string describe() const override { return "Tanh"; }
+};
+
+// Flattens all dimensions from start_dim on (keeps the batch dimension by default).
+class Flatten : public Module {
+ public:
+  explicit Flatten(int start_dim = 1) : start_dim_(start_dim) {}
+  Tensor forward(const Tensor& x) override { return F::flatten(x, start_dim_); }
+  std::string describe() const override { return "Flatten"; }
+
+ private:
+  int start_dim_;
+};
+
+// Applies its children in order; they are named "0", "1", ...
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);
+  Sequential& add(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  size_t size() const { return modules_.size(); }
+  Module& operator[](size_t i) const { return *modules_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+// The 784-h-h-10 perceptron of the examples: Linear, ReLU, Linear, ReLU, Linear.
+std::shared_ptr<Sequential> mlp(int64_t in, int64_t hidden, int64_t out,
+                                LinearOptions options = {});
+
+}  // namespace encore::nn
