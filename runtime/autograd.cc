@@ -1,6 +1,7 @@
 #include "runtime/autograd.h"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <vector>
 

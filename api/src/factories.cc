@@ -1,0 +1,114 @@
+// Tensor factories and in-place routines.
+#include "api/src/routine.h"
+
+namespace encore {
+
+using detail::check_defined;
+using detail::check_floating;
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return Tensor::empty(shape, dtype, device);
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_(t, value);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+Tensor zeros_like(const Tensor& t) { return full_like(t, 0.0); }
+Tensor ones_like(const Tensor& t) { return full_like(t, 1.0); }
+Tensor full_like(const Tensor& t, double value) {
+  check_defined("full_like", "t", t);
+  return full(t.shape(), value, t.dtype(), t.device());
+}
+
+Tensor tensor(std::span<const double> values, const Shape& shape, DType dtype, Device device) {
+  ENCORE_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "tensor: ", values.size(),
+               " values do not fill shape ", shape, " (", shape.numel(), " elements)");
+  ENCORE_CHECK(device.type == DeviceType::CPU, "tensor: values can only be placed on the cpu, ",
+               "not ", device);
+  Tensor host = Tensor::empty(shape, DType::Float64, device);
+  std::copy(values.begin(), values.end(), host.data<double>());
+  if (dtype == DType::Float64) return host;
+  Tensor out = Tensor::empty(shape, dtype, device);
+  copy_(out, host);
+  return out;
+}
+
+Tensor tensor(std::initializer_list<double> values, const Shape& shape, DType dtype,
+              Device device) {
+  return tensor(std::span<const double>(values.begin(), values.size()), shape, dtype, device);
+}
+
+Tensor arange(int64_t n, DType dtype, Device device) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
+  return tensor(v, {n}, dtype, device);
+}
+
+Tensor rand(const Shape& shape, DType dtype, Device device, double low, double high) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  uniform_(t, low, high);
+  return t;
+}
+
+Tensor randn(const Shape& shape, DType dtype, Device device, double mean, double std) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  normal_(t, mean, std);
+  return t;
+}
+
+Tensor clone(const Tensor& x) {
+  check_defined("clone", "x", x);
+  return detail::call1(Op::Copy, {x}, x.shape(), x.dtype());
+}
+
+void fill_(const Tensor& t, double value) {
+  check_defined("fill_", "t", t);
+  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
+}
+
+void add_(const Tensor& t, const Tensor& other) {
+  check_floating("add_", "t", t);
+  check_floating("add_", "other", other);
+  detail::check_same_dtype("add_", t, other);
+  ENCORE_CHECK(broadcast_shapes(t.shape(), other.shape(), "add_") == t.shape(),
+               "add_: other ", other.shape(), " does not broadcast to t ", t.shape());
+  dispatch(Op::AddInplace, {t, other}, {});
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  check_defined("copy_", "dst", dst);
+  check_defined("copy_", "src", src);
+  ENCORE_CHECK(dst.shape() == src.shape(), "copy_: shapes differ: dst is ", dst.shape(),
+               ", src is ", src.shape());
+  dispatch(Op::CopyInplace, {dst, src}, {});
+}
+
+namespace {
+void random_fill(Op op, const char* name, const Tensor& t, double a, double b) {
+  check_floating(name, "t", t);
+  Generator& g = default_generator(t.device());
+  RandomAttrs attrs{a, b, g.seed(), g.reserve(4 * static_cast<uint64_t>(t.numel()))};
+  dispatch(op, {t}, {}, AttrBlob::of(attrs));
+}
+}  // namespace
+
+void uniform_(const Tensor& t, double low, double high) {
+  ENCORE_CHECK(low <= high, "uniform_: low ", low, " > high ", high);
+  random_fill(Op::UniformInit, "uniform_", t, low, high);
+}
+
+void normal_(const Tensor& t, double mean, double std) {
+  ENCORE_CHECK(std >= 0, "normal_: negative std ", std);
+  random_fill(Op::NormalInit, "normal_", t, mean, std);
+}
+
+}  // namespace encore

@@ -1,0 +1,200 @@
+// Layout routines: reshape/flatten (views), permute, broadcast_to, concat, slice.
+#include <numeric>
+
+#include "api/src/routine.h"
+
+namespace encore {
+namespace F = functions;
+using detail::call1;
+using detail::check_defined;
+
+namespace detail {
+Tensor slice_grad(const Tensor& gy, const Shape& input_shape, const SliceAttrs& attrs) {
+  return call1(Op::SliceGrad, {gy}, input_shape, gy.dtype(), AttrBlob::of(attrs));
+}
+}  // namespace detail
+
+namespace {
+
+void reshape_backward(BackwardContext& c) {
+  c.set_input_grad(0, F::reshape(c.grad_output(), c.input_meta(0).shape.dims()));
+}
+
+void permute_backward(BackwardContext& c) {
+  const auto& at = c.attrs<PermuteAttrs>();
+  const int r = c.grad_output().rank();
+  int inverse[Shape::kMaxRank];
+  for (int i = 0; i < r; ++i) inverse[at.perm[i]] = i;
+  c.set_input_grad(0, F::permute(c.grad_output(), std::span<const int>(inverse, r)));
+}
+
+void broadcast_to_backward(BackwardContext& c) {
+  c.set_input_grad(0, F::sum_to(c.grad_output(), c.input_meta(0).shape));
+}
+
+void concat_backward(BackwardContext& c) {
+  const int axis = c.attrs<AxisAttrs>().axis;
+  int64_t offset = 0;
+  for (int i = 0; i < c.num_inputs(); ++i) {
+    const int64_t n = c.input_meta(i).shape[axis];
+    if (c.needs_input_grad(i)) c.set_input_grad(i, F::slice(c.grad_output(), axis, offset, offset + n));
+    offset += n;
+  }
+}
+
+void slice_backward(BackwardContext& c) {
+  c.set_input_grad(0, detail::slice_grad(c.grad_output(), c.input_meta(0).shape,
+                                         c.attrs<SliceAttrs>()));
+}
+
+const bool kRegistered = [] {
+  register_backward(Op::Reshape, {reshape_backward});
+  register_backward(Op::Permute, {permute_backward});
+  register_backward(Op::BroadcastTo, {broadcast_to_backward});
+  register_backward(Op::Concat, {concat_backward});
+  register_backward(Op::Slice, {slice_backward});
+  return true;
+}();
+
+}  // namespace
+
+namespace functions {
+
+Tensor reshape(const Tensor& x, std::span<const int64_t> shape) {
+  check_defined("reshape", "x", x);
+  ENCORE_CHECK(shape.size() <= Shape::kMaxRank, "reshape: rank ", shape.size(),
+               " exceeds the maximum of ", Shape::kMaxRank);
+  int infer = -1;
+  int64_t known = 1;
+  Shape s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      ENCORE_CHECK(infer < 0, "reshape: more than one -1 in the new shape of ", x.shape());
+      infer = static_cast<int>(i);
+      s.push_back(1);
+      continue;
+    }
+    ENCORE_CHECK(shape[i] >= 0, "reshape: invalid dimension ", shape[i], " for ", x.shape());
+    known *= shape[i];
+    s.push_back(shape[i]);
+  }
+  if (infer >= 0) {
+    ENCORE_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot reshape ", x.shape(),
+                 " (", x.numel(), " elements) with a -1 into ", known, "-element blocks");
+    s[infer] = x.numel() / known;
+  }
+  ENCORE_CHECK(s.numel() == x.numel(), "reshape: cannot reshape ", x.shape(), " (", x.numel(),
+               " elements) to ", s, " (", s.numel(), " elements)");
+  if (s == x.shape()) return x;
+  Tensor y = Tensor::view_of(x, s);
+  dispatch(Op::Reshape, {x}, {y});
+  return y;
+}
+
+Tensor reshape(const Tensor& x, std::initializer_list<int64_t> shape) {
+  return reshape(x, std::span<const int64_t>(shape.begin(), shape.size()));
+}
+
+Tensor flatten(const Tensor& x, int start_dim, int end_dim) {
+  check_defined("flatten", "x", x);
+  if (x.rank() == 0) return reshape(x, {1});
+  const int s = normalize_axis(start_dim, x.rank(), "flatten");
+  const int e = normalize_axis(end_dim, x.rank(), "flatten");
+  ENCORE_CHECK(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim,
+               " for ", x.shape());
+  int64_t dims[Shape::kMaxRank];
+  int n = 0;
+  for (int i = 0; i < s; ++i) dims[n++] = x.shape()[i];
+  int64_t merged = 1;
+  for (int i = s; i <= e; ++i) merged *= x.shape()[i];
+  dims[n++] = merged;
+  for (int i = e + 1; i < x.rank(); ++i) dims[n++] = x.shape()[i];
+  return reshape(x, std::span<const int64_t>(dims, n));
+}
+
+Tensor permute(const Tensor& x, std::span<const int> perm) {
+  check_defined("permute", "x", x);
+  const int r = x.rank();
+  ENCORE_CHECK(static_cast<int>(perm.size()) == r, "permute: ", perm.size(),
+               " axes given for ", x.shape());
+  PermuteAttrs at;
+  Shape s;
+  uint32_t seen = 0;
+  bool identity = true;
+  for (int i = 0; i < r; ++i) {
+    const int p = normalize_axis(perm[i], r, "permute");
+    ENCORE_CHECK(!(seen >> p & 1), "permute: axis ", perm[i], " appears twice for ", x.shape());
+    seen |= 1u << p;
+    at.perm[i] = static_cast<int8_t>(p);
+    identity &= p == i;
+    s.push_back(x.shape()[p]);
+  }
+  if (identity) return x;
+  return call1(Op::Permute, {x}, s, x.dtype(), AttrBlob::of(at));
+}
+
+Tensor permute(const Tensor& x, std::initializer_list<int> perm) {
+  return permute(x, std::span<const int>(perm.begin(), perm.size()));
+}
+
+Tensor transpose(const Tensor& x, int dim0, int dim1) {
+  check_defined("transpose", "x", x);
+  const int r = x.rank();
+  const int a = normalize_axis(dim0, r, "transpose"), b = normalize_axis(dim1, r, "transpose");
+  int perm[Shape::kMaxRank];
+  std::iota(perm, perm + r, 0);
+  std::swap(perm[a], perm[b]);
+  return permute(x, std::span<const int>(perm, r));
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  check_defined("broadcast_to", "x", x);
+  ENCORE_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape,
+               "broadcast_to: cannot broadcast ", x.shape(), " to ", shape);
+  if (x.shape() == shape) return x;
+  return call1(Op::BroadcastTo, {x}, shape, x.dtype());
+}
+
+Tensor concat(std::span<const Tensor> xs, int axis) {
+  ENCORE_CHECK(!xs.empty(), "concat: no tensors given");
+  for (size_t i = 0; i < xs.size(); ++i)
+    ENCORE_CHECK(xs[i].defined(), "concat: tensor ", i, " is undefined");
+  const Tensor& x0 = xs[0];
+  ENCORE_CHECK(x0.rank() > 0, "concat: cannot concatenate 0-d tensors");
+  const int ax = normalize_axis(axis, x0.rank(), "concat");
+  Shape s = x0.shape();
+  for (size_t i = 1; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    ENCORE_CHECK(x.dtype() == x0.dtype(), "concat: tensor ", i, " is ", x.dtype(),
+                 " but tensor 0 is ", x0.dtype());
+    bool ok = x.rank() == x0.rank();
+    for (int d = 0; ok && d < x0.rank(); ++d) ok = d == ax || x.shape()[d] == x0.shape()[d];
+    ENCORE_CHECK(ok, "concat: tensor ", i, " ", x.shape(), " does not match tensor 0 ",
+                 x0.shape(), " outside axis ", ax);
+    s[ax] += x.shape()[ax];
+  }
+  Tensor out = Tensor::empty(s, x0.dtype(), x0.device());
+  dispatch(Op::Concat, xs, std::span<Tensor>(&out, 1), AttrBlob::of(AxisAttrs{ax}));
+  return out;
+}
+
+Tensor concat(std::initializer_list<Tensor> xs, int axis) {
+  return concat(std::span<const Tensor>(xs.begin(), xs.size()), axis);
+}
+
+Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t step) {
+  check_defined("slice", "x", x);
+  ENCORE_CHECK(x.rank() > 0, "slice: cannot slice a 0-d tensor");
+  const int ax = normalize_axis(axis, x.rank(), "slice");
+  ENCORE_CHECK(step > 0, "slice: step must be positive, it is ", step);
+  const int64_t n = x.shape()[ax];
+  auto clamp = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
+  start = clamp(start);
+  stop = std::max(start, clamp(stop));
+  Shape s = x.shape();
+  s[ax] = (stop - start + step - 1) / step;
+  return call1(Op::Slice, {x}, s, x.dtype(), AttrBlob::of(SliceAttrs{ax, start, stop, step}));
+}
+
+}  // namespace functions
+}  // namespace encore

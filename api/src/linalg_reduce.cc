@@ -1,0 +1,207 @@
+// matmul, linear and reductions, with their backward definitions.
+#include "api/src/routine.h"
+
+namespace encore {
+namespace F = functions;
+using detail::call1;
+using detail::check_floating;
+
+namespace detail {
+
+uint8_t axes_mask(const char* op, std::span<const int> axes, int rank) {
+  if (axes.empty()) return rank == 0 ? 0 : static_cast<uint8_t>((1u << rank) - 1);
+  uint8_t mask = 0;
+  for (int a : axes) {
+    const int ax = normalize_axis(a, rank, op);
+    ENCORE_CHECK(!(mask >> ax & 1), op, ": axis ", a, " is given twice");
+    mask |= static_cast<uint8_t>(1u << ax);
+  }
+  return mask;
+}
+
+Shape reduced_shape(const Shape& shape, uint8_t mask, bool keepdims) {
+  Shape out;
+  for (int i = 0; i < shape.rank(); ++i) {
+    if (!(mask >> i & 1)) out.push_back(shape[i]);
+    else if (keepdims) out.push_back(1);
+  }
+  return out;
+}
+
+Tensor matmul_t(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  const int r = a.rank();
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  Shape s;
+  if (r == 3) s.push_back(a.size(0));
+  s.push_back(m);
+  s.push_back(n);
+  return call1(Op::Matmul, {a, b}, s, a.dtype(), AttrBlob::of(MatmulAttrs{trans_a, trans_b}));
+}
+
+}  // namespace detail
+
+namespace {
+
+void matmul_backward(BackwardContext& c) {
+  const auto& at = c.attrs<MatmulAttrs>();
+  const Tensor& a = c.input(0);
+  const Tensor& b = c.input(1);
+  const Tensor& gy = c.grad_output();
+  // C = op(A) op(B): dA = dC op(B)^T (transposed back when A was), dB likewise.
+  if (c.needs_input_grad(0))
+    c.set_input_grad(0, at.trans_a ? detail::matmul_t(b, gy, at.trans_b, true)
+                                   : detail::matmul_t(gy, b, false, !at.trans_b));
+  if (c.needs_input_grad(1))
+    c.set_input_grad(1, at.trans_b ? detail::matmul_t(gy, a, true, at.trans_a)
+                                   : detail::matmul_t(a, gy, !at.trans_a, false));
+}
+
+void linear_backward(BackwardContext& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  const Tensor& gy = c.grad_output();
+  const int64_t out_features = w.size(0), in_features = w.size(1);
+  const Tensor gy2 = gy.rank() == 2 ? gy : F::reshape(gy, {-1, out_features});
+  if (c.needs_input_grad(0)) {
+    Tensor gx = detail::matmul_t(gy2, w, false, false);
+    c.set_input_grad(0, x.rank() == 2 ? gx : F::reshape(gx, x.shape().dims()));
+  }
+  if (c.needs_input_grad(1)) {
+    const Tensor x2 = x.rank() == 2 ? x : F::reshape(x, {-1, in_features});
+    c.set_input_grad(1, detail::matmul_t(gy2, x2, true, false));
+  }
+  if (c.num_inputs() == 3 && c.needs_input_grad(2)) c.set_input_grad(2, F::sum(gy2, {0}));
+}
+
+// gy broadcast back over the reduced axes of the input.
+Tensor expand_reduced(const Tensor& gy, const TensorMeta& in, uint8_t mask) {
+  const Tensor kept = F::reshape(gy, detail::reduced_shape(in.shape, mask, true).dims());
+  return F::broadcast_to(kept, in.shape);
+}
+
+void sum_backward(BackwardContext& c) {
+  const auto& at = c.attrs<ReduceAttrs>();
+  c.set_input_grad(0, expand_reduced(c.grad_output(), c.input_meta(0), at.axes_mask));
+}
+
+void mean_backward(BackwardContext& c) {
+  const auto& at = c.attrs<ReduceAttrs>();
+  const TensorMeta& in = c.input_meta(0);
+  const double count = static_cast<double>(in.shape.numel()) /
+                       static_cast<double>(std::max<int64_t>(1, c.grad_output().numel()));
+  c.set_input_grad(0, expand_reduced(F::div(c.grad_output(), count), in, at.axes_mask));
+}
+
+void max_backward(BackwardContext& c) {  // shared equally among tied maxima
+  const auto& at = c.attrs<ReduceAttrs>();
+  const Tensor& x = c.input(0);
+  const Shape keep = detail::reduced_shape(x.shape(), at.axes_mask, true);
+  const Tensor mask = F::equal(x, F::reshape(c.output(), keep.dims()));
+  const Tensor one = full({}, 1.0, x.dtype(), x.device());
+  const Tensor zero = full({}, 0.0, x.dtype(), x.device());
+  const Tensor ties = call1(Op::Sum, {F::where(mask, one, zero)}, keep, x.dtype(),
+                            AttrBlob::of(ReduceAttrs{at.axes_mask, true}));
+  const Tensor share = F::div(F::reshape(c.grad_output(), keep.dims()), ties);
+  c.set_input_grad(0, F::where(mask, share, zero));
+}
+
+const bool kRegistered = [] {
+  register_backward(Op::Matmul, {matmul_backward, 0b11});
+  register_backward(Op::Linear, {linear_backward, 0b11});
+  register_backward(Op::Sum, {sum_backward});
+  register_backward(Op::Mean, {mean_backward});
+  register_backward(Op::Max, {max_backward, 0b1, 0b1});
+  return true;
+}();
+
+Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axes, bool keepdims) {
+  check_floating(name, "x", x);
+  const uint8_t mask = detail::axes_mask(name, axes, x.rank());
+  if (op == Op::Max)
+    ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
+  return call1(op, {x}, detail::reduced_shape(x.shape(), mask, keepdims), x.dtype(),
+               AttrBlob::of(ReduceAttrs{mask, keepdims}));
+}
+
+}  // namespace
+
+namespace functions {
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_floating("matmul", "a", a);
+  check_floating("matmul", "b", b);
+  detail::check_same_dtype("matmul", a, b);
+  detail::check_same_device("matmul", a, b);
+  ENCORE_CHECK((a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3), "matmul: ",
+               "operands must be 2-D or 3-D: a is ", a.shape(), ", b is ", b.shape());
+  ENCORE_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", a.shape(),
+               ", b is ", b.shape());
+  if (a.rank() == 3 && b.rank() == 3)
+    ENCORE_CHECK(a.size(0) == b.size(0), "matmul: batch dimensions differ: a is ", a.shape(),
+                 ", b is ", b.shape());
+  if (a.rank() == 3 && b.rank() == 2) {  // one GEMM over the flattened batch
+    const Tensor y = detail::matmul_t(reshape(a, {-1, a.size(2)}), b, false, false);
+    return reshape(y, {a.size(0), a.size(1), b.size(1)});
+  }
+  if (a.rank() == 2 && b.rank() == 3)
+    return detail::matmul_t(broadcast_to(a, {b.size(0), a.size(0), a.size(1)}), b, false, false);
+  return detail::matmul_t(a, b, false, false);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_floating("linear", "x", x);
+  check_floating("linear", "weight", weight);
+  detail::check_same_dtype("linear", x, weight);
+  detail::check_same_device("linear", x, weight);
+  ENCORE_CHECK(weight.rank() == 2, "linear: weight must be 2-D [out, in], it is ",
+               weight.shape());
+  ENCORE_CHECK(x.rank() >= 1 && x.size(-1) == weight.size(1), "linear: x ", x.shape(),
+               " does not match weight ", weight.shape(), " (expected x [..., ", weight.size(1),
+               "])");
+  Shape out_shape;
+  for (int i = 0; i + 1 < x.rank(); ++i) out_shape.push_back(x.shape()[i]);
+  out_shape.push_back(weight.size(0));
+  if (!bias.defined()) return call1(Op::Linear, {x, weight}, out_shape, x.dtype());
+  check_floating("linear", "bias", bias);
+  detail::check_same_dtype("linear", x, bias);
+  detail::check_same_device("linear", x, bias);
+  ENCORE_CHECK(bias.rank() == 1 && bias.size(0) == weight.size(0), "linear: bias ",
+               bias.shape(), " does not match weight ", weight.shape(), " (expected [",
+               weight.size(0), "])");
+  return call1(Op::Linear, {x, weight, bias}, out_shape, x.dtype());
+}
+
+Tensor sum(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  return reduce(Op::Sum, "sum", x, axes, keepdims);
+}
+Tensor mean(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  return reduce(Op::Mean, "mean", x, axes, keepdims);
+}
+Tensor max(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  return reduce(Op::Max, "max", x, axes, keepdims);
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  check_floating("sum_to", "x", x);
+  if (x.shape() == shape) return x;
+  const int lead = x.rank() - shape.rank();
+  ENCORE_CHECK(lead >= 0, "sum_to: cannot sum ", x.shape(), " to the larger rank of ", shape);
+  uint8_t mask = 0;
+  for (int i = 0; i < x.rank(); ++i) {
+    if (i < lead) {
+      mask |= static_cast<uint8_t>(1u << i);
+      continue;
+    }
+    const int64_t want = shape[i - lead];
+    ENCORE_CHECK(want == x.shape()[i] || want == 1, "sum_to: cannot sum ", x.shape(), " to ",
+                 shape);
+    if (want == 1 && x.shape()[i] != 1) mask |= static_cast<uint8_t>(1u << i);
+  }
+  const Tensor s = call1(Op::Sum, {x}, detail::reduced_shape(x.shape(), mask, true), x.dtype(),
+                         AttrBlob::of(ReduceAttrs{mask, true}));
+  return reshape(s, shape.dims());
+}
+
+}  // namespace functions
+}  // namespace encore

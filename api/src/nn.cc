@@ -1,0 +1,108 @@
+#include "encore/nn.h"
+
+#include <cmath>
+
+namespace encore::nn {
+
+Tensor Module::forward(const Tensor&) {
+  fail(describe(), ": this module has no single-input forward; call its own operator()");
+}
+
+void Module::register_parameter(std::string name, Tensor* member) {
+  ENCORE_CHECK(member != nullptr && member->defined(), describe(), ": parameter '", name,
+               "' is undefined");
+  for (const auto& [n, p] : params_)
+    ENCORE_CHECK(n != name, describe(), ": parameter '", name, "' registered twice");
+  member->set_requires_grad(true);
+  params_.emplace_back(std::move(name), member);
+}
+
+void Module::collect(const std::string& prefix,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (const auto& [name, p] : params_)
+    if (p->defined()) out.emplace_back(prefix + name, *p);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(std::move(p));
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    if (set_to_none || !p.grad().defined()) p.set_grad(Tensor());
+    else fill_(p.grad(), 0.0);
+  }
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options) {
+  ENCORE_CHECK(in_features > 0 && out_features > 0, "Linear: features must be positive, got ",
+               in_features, " -> ", out_features);
+  weight = Tensor::empty({out_features, in_features}, options.dtype, options.device);
+  const double fan_in = static_cast<double>(in_features);
+  if (options.init == Init::PyTorch) {
+    const double bound = 1.0 / std::sqrt(fan_in);
+    uniform_(weight, -bound, bound);
+    if (options.bias) bias = rand({out_features}, options.dtype, options.device, -bound, bound);
+  } else {
+    normal_(weight, 0.0, 1.0 / std::sqrt(fan_in));
+    if (options.bias) bias = zeros({out_features}, options.dtype, options.device);
+  }
+  register_parameter("weight", &weight);
+  if (options.bias) register_parameter("bias", &bias);
+}
+
+Tensor Linear::forward(const Tensor& x) { return F::linear(x, weight, bias); }
+
+std::string Linear::describe() const {
+  return cat("Linear(", weight.defined() ? weight.size(1) : 0, " -> ",
+             weight.defined() ? weight.size(0) : 0, bias.defined() ? "" : ", no bias", ")");
+}
+
+std::string LeakyReLU::describe() const { return cat("LeakyReLU(", slope_, ")"); }
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) add(std::move(m));
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> m) {
+  ENCORE_CHECK(m != nullptr, "Sequential: module ", modules_.size(), " is null");
+  register_module(std::to_string(modules_.size()), m);
+  modules_.push_back(std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& m : modules_) h = m->forward(h);
+  return h;
+}
+
+std::string Sequential::describe() const {
+  std::string s = "Sequential(";
+  for (size_t i = 0; i < modules_.size(); ++i) s += cat(i ? ", " : "", modules_[i]->describe());
+  return s + ")";
+}
+
+std::shared_ptr<Sequential> mlp(int64_t in, int64_t hidden, int64_t out, LinearOptions options) {
+  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(in, hidden, options), std::make_shared<ReLU>(),
+      std::make_shared<Linear>(hidden, hidden, options), std::make_shared<ReLU>(),
+      std::make_shared<Linear>(hidden, out, options)});
+}
+
+}  // namespace encore::nn

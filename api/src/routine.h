@@ -1,0 +1,52 @@
+// Helpers shared by the routines, and the backward-only routines their formulas use.
+#pragma once
+
+#include "encore/functions.h"
+#include "runtime/dispatcher.h"
+
+namespace encore::detail {
+
+inline void check_defined(const char* op, const char* arg, const Tensor& t) {
+  ENCORE_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
+}
+
+// Defined and float32/float64.
+inline void check_floating(const char* op, const char* arg, const Tensor& t) {
+  check_defined(op, arg, t);
+  ENCORE_CHECK(is_floating(t.dtype()), op, ": argument '", arg,
+               "' must be float32 or float64, it is ", t.dtype(), " ", t.shape());
+}
+
+inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  ENCORE_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ: a is ", a.dtype(), " ", a.shape(),
+               ", b is ", b.dtype(), " ", b.shape());
+}
+
+inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  ENCORE_CHECK(a.device() == b.device(), op, ": devices differ: a is on ", a.device(),
+               ", b is on ", b.device());
+}
+
+inline Tensor new_tensor(const Shape& s, DType d, Device dev) { return Tensor::empty(s, d, dev); }
+inline Tensor new_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+// Runs a single-output op whose output has `shape` and `dtype`.
+inline Tensor call1(Op op, std::initializer_list<Tensor> in, const Shape& shape, DType dtype,
+                    const AttrBlob& attrs = {}) {
+  Tensor out = Tensor::empty(shape, dtype, in.begin()->device());
+  dispatch(op, in, {out}, attrs);
+  return out;
+}
+
+// Bit mask of `axes` over a rank-`rank` tensor (all axes when empty); rejects duplicates.
+uint8_t axes_mask(const char* op, std::span<const int> axes, int rank);
+// `shape` with the axes in `mask` removed (or set to 1 with keepdims).
+Shape reduced_shape(const Shape& shape, uint8_t mask, bool keepdims);
+
+// Backward-only routines (not differentiable themselves).
+Tensor matmul_t(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+Tensor slice_grad(const Tensor& gy, const Shape& input_shape, const SliceAttrs& attrs);
+Tensor softmax_cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& gy,
+                                  int64_t ignore_label);
+
+}  // namespace encore::detail

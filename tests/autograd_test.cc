@@ -1,0 +1,168 @@
+// Autograd engine: accumulation, explicit gradients, no-grad, retain_graph, version counter.
+#include <catch2/catch.hpp>
+
+#include "encore/encore.h"
+
+using namespace encore;
+using Catch::Matchers::Contains;
+
+namespace {
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+Tensor leaf(std::initializer_list<double> v, const Shape& s, DType d = DType::Float64) {
+  Tensor t = tensor(v, s, d);
+  t.set_requires_grad();
+  return t;
+}
+}  // namespace
+
+TEST_CASE("backward from a scalar fills leaf gradients", "[autograd]") {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = F::sum(x * x);  // dy/dx = 2x
+  CHECK_FALSE(y.is_leaf());
+  CHECK(y.requires_grad());
+  y.backward();
+  CHECK(values(x.grad()) == std::vector<double>{2, 4, 6});
+}
+
+TEST_CASE("gradients accumulate across backward calls until cleared", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  F::sum(x * 3.0).backward();
+  F::sum(x * 3.0).backward();
+  CHECK(values(x.grad()) == std::vector<double>{6, 6});
+  x.set_grad(Tensor());
+  F::sum(x).backward();
+  CHECK(values(x.grad()) == std::vector<double>{1, 1});
+}
+
+TEST_CASE("a value used twice sums both gradient paths", "[autograd]") {
+  Tensor x = leaf({2, -1}, {2});
+  Tensor h = F::exp(x);
+  Tensor y = F::sum(h * h + h);  // d/dx = 2 e^{2x} + e^x
+  y.backward();
+  const auto g = values(x.grad());
+  for (int i = 0; i < 2; ++i) {
+    const double xi = i == 0 ? 2.0 : -1.0;
+    CHECK(g[i] == Approx(2 * std::exp(2 * xi) + std::exp(xi)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("backward with an explicit output gradient", "[autograd]") {
+  Tensor x = leaf({1, 2, 3, 4}, {2, 2});
+  Tensor y = x * 2.0;
+  y.backward(tensor({1, 0, 0, 10}, {2, 2}, DType::Float64));
+  CHECK(values(x.grad()) == std::vector<double>{2, 0, 0, 20});
+}
+
+TEST_CASE("a gradient that must not be stolen is copied into .grad", "[autograd]") {
+  // add's backward hands the same tensor to both inputs; each leaf must get its own buffer.
+  Tensor a = leaf({1, 2}, {2});
+  Tensor b = leaf({3, 4}, {2});
+  Tensor gy = tensor({5, 6}, {2}, DType::Float64);
+  (a + b).backward(gy);
+  CHECK_FALSE(a.grad().shares_storage(b.grad()));
+  CHECK_FALSE(a.grad().shares_storage(gy));
+  F::sum(a * 1.0).backward();
+  CHECK(values(a.grad()) == std::vector<double>{6, 7});
+  CHECK(values(b.grad()) == std::vector<double>{5, 6});
+  CHECK(values(gy) == std::vector<double>{5, 6});
+}
+
+TEST_CASE("no-grad scope records nothing", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y;
+  {
+    NoGradGuard guard;
+    CHECK_FALSE(GradMode::enabled());
+    y = F::exp(x);
+  }
+  CHECK(GradMode::enabled());
+  CHECK_FALSE(y.requires_grad());
+  CHECK(y.is_leaf());
+  CHECK_THROWS_WITH(y.backward(tensor({1, 1}, {2}, DType::Float64)),
+                    Contains("does not require grad"));
+}
+
+TEST_CASE("inputs that do not require grad get no gradient", "[autograd]") {
+  Tensor a = leaf({1, 2}, {2});
+  Tensor b = tensor({3, 4}, {2}, DType::Float64);
+  F::sum(a * b).backward();
+  CHECK(values(a.grad()) == std::vector<double>{3, 4});
+  CHECK_FALSE(b.grad().defined());
+}
+
+TEST_CASE("saved tensors are released after backward unless retained", "[autograd]") {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = F::sum(F::exp(x));
+  y.backward({}, /*retain_graph=*/true);
+  y.backward();  // allowed: the first one retained the graph
+  const auto g = values(x.grad());
+  CHECK(g[0] == Approx(2 * std::exp(1.0)));
+  CHECK_THROWS_WITH(y.backward(), Contains("retain_graph") && Contains("exp"));
+}
+
+TEST_CASE("releasing saved tensors frees their memory", "[autograd][memory]") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  Tensor x = rand({256, 256}, DType::Float32);
+  x.set_requires_grad();
+  Tensor loss = F::sum(F::tanh(F::exp(x)));
+  const int64_t held = alloc.stats().bytes_in_use;
+  loss.backward();
+  // exp's output and tanh's output were held for backward; only x.grad was added.
+  CHECK(alloc.stats().bytes_in_use < held);
+}
+
+TEST_CASE("in-place modification of a saved tensor is detected", "[autograd]") {
+  Tensor a = leaf({1, 2}, {2});
+  Tensor b = tensor({3, 4}, {2}, DType::Float64);
+  Tensor y = F::sum(a * b);
+  const uint32_t v = b.version();
+  add_(b, ones({2}, DType::Float64));
+  CHECK(b.version() == v + 1);
+  CHECK_THROWS_WITH(y.backward(), Contains("mul") && Contains("modified in place") &&
+                                      Contains("[2]"));
+}
+
+TEST_CASE("in-place update of a tensor requiring grad is refused in grad mode", "[autograd]") {
+  Tensor a = leaf({1, 2}, {2});
+  CHECK_THROWS_WITH(fill_(a, 0.0), Contains("fill_") && Contains("NoGradGuard"));
+  NoGradGuard g;
+  fill_(a, 5.0);
+  CHECK(values(a) == std::vector<double>{5, 5});
+}
+
+TEST_CASE("views share storage and carry gradients back", "[autograd]") {
+  Tensor x = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor v = F::reshape(x, {3, 2});
+  CHECK(v.shares_storage(x));
+  Tensor f = F::flatten(x);
+  CHECK(f.shares_storage(x));
+  CHECK(f.shape() == Shape{6});
+  F::sum(v * tensor({1, 2}, {2}, DType::Float64)).backward();
+  CHECK(values(x.grad()) == std::vector<double>{1, 2, 1, 2, 1, 2});
+}
+
+TEST_CASE("backward through a deep chain matches the analytic derivative", "[autograd]") {
+  Tensor x = leaf({0.3}, {1});
+  Tensor y = x;
+  for (int i = 0; i < 200; ++i) y = F::tanh(y) * 1.01 + 0.001;
+  F::sum(y).backward();
+  double v = 0.3, d = 1;
+  for (int i = 0; i < 200; ++i) {
+    const double t = std::tanh(v);
+    d *= (1 - t * t) * 1.01;
+    v = t * 1.01 + 0.001;
+  }
+  CHECK(values(x.grad())[0] == Approx(d).epsilon(1e-10));
+}
+
+TEST_CASE("the graph is freed when its outputs go out of scope", "[autograd][memory]") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  Tensor w = rand({64, 64}).set_requires_grad();
+  const int64_t before = alloc.stats().bytes_in_use;
+  {
+    Tensor h = F::relu(F::matmul(rand({8, 64}), w));
+    Tensor loss = F::mean(F::sigmoid(h));
+    CHECK(alloc.stats().bytes_in_use > before);
+  }  // never backpropagated: nodes and saved tensors die with the outputs
+  CHECK(alloc.stats().bytes_in_use == before);
+}

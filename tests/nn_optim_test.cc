@@ -1,0 +1,138 @@
+// Modules and optimizers.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "encore/encore.h"
+
+using namespace encore;
+using Catch::Matchers::Contains;
+
+TEST_CASE("modules name their parameters and children", "[nn]") {
+  auto model = nn::mlp(6, 5, 3);
+  std::vector<std::string> names;
+  for (auto& [name, p] : model->named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight",
+                                          "4.bias"});
+  for (const Tensor& p : model->parameters()) CHECK(p.requires_grad());
+  CHECK(model->parameters()[0].shape() == Shape{5, 6});
+  CHECK(model->describe() == "Sequential(Linear(6 -> 5), ReLU, Linear(5 -> 5), ReLU, "
+                             "Linear(5 -> 3))");
+  CHECK((*model)(rand({4, 6})).shape() == Shape{4, 3});
+}
+
+TEST_CASE("train and eval propagate to submodules", "[nn]") {
+  auto model = nn::mlp(2, 2, 2);
+  CHECK(model->is_training());
+  model->eval();
+  for (auto& [name, child] : model->named_children()) CHECK_FALSE(child->is_training());
+  model->train();
+  CHECK((*model)[0].is_training());
+}
+
+TEST_CASE("a replaced parameter is seen through the module", "[nn]") {
+  nn::Linear lin(3, 2);
+  Tensor w2 = zeros({2, 3});
+  w2.set_requires_grad();
+  lin.weight = w2;
+  CHECK(lin.named_parameters()[0].second.is_same(w2));
+}
+
+TEST_CASE("Linear initialisation follows PyTorch and Chainer", "[nn]") {
+  manual_seed(3);
+  nn::Linear torch_like(400, 300);
+  const double bound = 1.0 / std::sqrt(400.0);
+  for (float v : torch_like.weight.to_vector<float>()) CHECK(std::abs(v) <= bound);
+  for (float v : torch_like.bias.to_vector<float>()) CHECK(std::abs(v) <= bound);
+  const auto w = torch_like.weight.to_vector<float>();
+  double var = 0;
+  for (float v : w) var += v * v;
+  var /= w.size();
+  CHECK(var == Approx(bound * bound / 3).epsilon(0.05));  // U(-b, b) has variance b^2/3
+
+  nn::Linear chainer_like(400, 300, {.init = nn::Init::Chainer});
+  const auto wc = chainer_like.weight.to_vector<float>();
+  double varc = 0;
+  for (float v : wc) varc += v * v;
+  varc /= wc.size();
+  CHECK(varc == Approx(1.0 / 400).epsilon(0.05));  // LeCunNormal
+  for (float v : chainer_like.bias.to_vector<float>()) CHECK(v == 0.0f);
+  manual_seed(3);
+  nn::Linear again(400, 300);
+  CHECK(again.weight.to_vector<float>() == w);  // seeded
+}
+
+TEST_CASE("zero_grad drops or zeroes gradients", "[nn]") {
+  nn::Linear lin(3, 2);
+  F::sum(lin(ones({1, 3}))).backward();
+  REQUIRE(lin.weight.grad().defined());
+  lin.zero_grad(/*set_to_none=*/false);
+  for (float v : lin.weight.grad().to_vector<float>()) CHECK(v == 0.0f);
+  lin.zero_grad();
+  CHECK_FALSE(lin.weight.grad().defined());
+}
+
+namespace {
+Tensor param(std::initializer_list<double> v) {
+  Tensor p = tensor(v, {static_cast<int64_t>(v.size())}, DType::Float64);
+  p.set_requires_grad();
+  return p;
+}
+void set_grad(Tensor& p, std::initializer_list<double> g) {
+  p.set_grad(tensor(g, {static_cast<int64_t>(g.size())}, DType::Float64));
+}
+}  // namespace
+
+TEST_CASE("SGD and MomentumSGD follow their update rules", "[optim]") {
+  Tensor p = param({1.0, -2.0});
+  optim::SGD sgd({p}, {.lr = 0.5, .weight_decay = 0.1});
+  set_grad(p, {0.2, 0.4});
+  sgd.step();
+  auto v = p.to_vector<double>();
+  CHECK(v[0] == Approx(1.0 - 0.5 * (0.2 + 0.1 * 1.0)));
+  CHECK(v[1] == Approx(-2.0 - 0.5 * (0.4 + 0.1 * -2.0)));
+
+  Tensor q = param({1.0});
+  optim::MomentumSGD msgd({q}, {.lr = 0.1, .momentum = 0.9});
+  set_grad(q, {1.0});
+  msgd.step();  // v = -0.1; q = 0.9
+  msgd.step();  // v = 0.9 * -0.1 - 0.1 = -0.19; q = 0.71
+  CHECK(q.to_vector<double>()[0] == Approx(0.71));
+  CHECK(msgd.steps() == 2);
+}
+
+TEST_CASE("Adam follows PyTorch's update rule, with and without weight decay", "[optim]") {
+  for (bool decoupled : {false, true}) {
+    INFO("decoupled " << decoupled);
+    const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+    Tensor p = param({0.5, -1.5});
+    optim::Adam adam({p}, {.lr = lr, .weight_decay = wd, .decoupled = decoupled});
+    double ref[2] = {0.5, -1.5}, m[2] = {}, s[2] = {};
+    const double grads[3][2] = {{0.1, -0.3}, {0.2, 0.05}, {-0.4, 0.7}};
+    for (int t = 1; t <= 3; ++t) {
+      set_grad(p, {grads[t - 1][0], grads[t - 1][1]});
+      adam.step();
+      for (int i = 0; i < 2; ++i) {
+        double g = grads[t - 1][i];
+        if (decoupled) ref[i] *= 1 - lr * wd;
+        else g += wd * ref[i];
+        m[i] = b1 * m[i] + (1 - b1) * g;
+        s[i] = b2 * s[i] + (1 - b2) * g * g;
+        const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+        ref[i] -= lr / bc1 * m[i] / (std::sqrt(s[i]) / std::sqrt(bc2) + eps);
+      }
+    }
+    const auto v = p.to_vector<double>();
+    CHECK(v[0] == Approx(ref[0]).epsilon(1e-12));
+    CHECK(v[1] == Approx(ref[1]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[optim]") {
+  Tensor p = param({1.0});
+  optim::Adam adam({p});
+  adam.step();
+  CHECK(p.to_vector<double>()[0] == 1.0);
+  CHECK_THROWS_WITH(optim::SGD({Tensor()}), Contains("undefined"));
+  CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}), Contains("betas"));
+}

@@ -1,0 +1,96 @@
+// Shapes, dtypes, devices, the caching allocator and the RNG.
+#include <catch2/catch.hpp>
+
+#include "encore/encore.h"
+
+using namespace encore;
+using Catch::Matchers::Contains;
+
+TEST_CASE("shapes hold up to eight dimensions inline", "[runtime]") {
+  Shape s{2, 3, 4};
+  CHECK(s.rank() == 3);
+  CHECK(s.numel() == 24);
+  CHECK(s.str() == "[2,3,4]");
+  CHECK(s.at(-1) == 4);
+  CHECK(s.strides()[0] == 12);
+  CHECK(Shape{}.numel() == 1);
+  CHECK(Shape{}.str() == "[]");
+  static_assert(sizeof(Shape) <= 8 * sizeof(int64_t) + 8, "Shape must stay inline");
+  CHECK_NOTHROW(Shape{1, 1, 1, 1, 1, 1, 1, 1});
+  CHECK_THROWS_WITH((Shape{1, 1, 1, 1, 1, 1, 1, 1, 1}), Contains("rank 9"));
+  CHECK(broadcast_shapes({2, 1, 3}, {4, 1}, "t") == Shape{2, 4, 3});
+  CHECK_THROWS_WITH(broadcast_shapes({2, 3}, {4}, "add"),
+                    Contains("add: shapes do not broadcast: a is [2,3], b is [4]"));
+}
+
+TEST_CASE("dtypes and devices", "[runtime]") {
+  CHECK(itemsize(DType::Float32) == 4);
+  CHECK(itemsize(DType::Int64) == 8);
+  CHECK(itemsize(DType::Bool) == 1);
+  CHECK(name(DType::Float64) == "float64");
+  CHECK(Device::parse("cpu") == Device::cpu());
+  CHECK(Device::parse("cuda:1") == Device::cuda(1));
+  CHECK(Device::cuda(2).str() == "cuda:2");
+  CHECK_THROWS_WITH(Device::parse("tpu"), Contains("tpu"));
+}
+
+TEST_CASE("tensors share storage on copy and views", "[runtime]") {
+  Tensor a = arange(6);
+  Tensor b = a;
+  CHECK(b.is_same(a));
+  Tensor v = F::reshape(a, {2, 3});
+  CHECK(v.shares_storage(a));
+  CHECK_FALSE(v.is_same(a));
+  v.data<float>()[4] = 42;
+  CHECK(a.to_vector<float>()[4] == 42);
+  Tensor c = clone(a);
+  CHECK_FALSE(c.shares_storage(a));
+  CHECK_THROWS_WITH(a.data<double>(), Contains("float32"));
+  CHECK(F::sum(a).item<double>() == Approx(0 + 1 + 2 + 3 + 42 + 5));
+  CHECK(to_string(F::reshape(arange(3), {3})).find("{0, 1, 2}") != std::string::npos);
+}
+
+TEST_CASE("the caching allocator reuses blocks and keeps statistics", "[runtime][memory]") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  const AllocatorStats s0 = alloc.stats();
+  { Tensor t = empty({1000}); }  // warm the size class
+  const AllocatorStats s1 = alloc.stats();
+  CHECK(s1.bytes_in_use == s0.bytes_in_use);
+  {
+    Tensor t = empty({1000});
+    const AllocatorStats s2 = alloc.stats();
+    CHECK(s2.bytes_in_use >= s0.bytes_in_use + 4000);
+    CHECK(s2.live_blocks == s0.live_blocks + 1);
+    CHECK(s2.allocation_count == s1.allocation_count + 1);
+    CHECK(s2.system_allocations == s1.system_allocations);  // served from the cache
+    CHECK(s2.peak_bytes >= s2.bytes_in_use);
+    CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % 64 == 0);
+  }
+  CHECK(alloc.stats().bytes_in_use == s0.bytes_in_use);
+  alloc.empty_cache();
+  CHECK(alloc.stats().bytes_cached == 0);
+  alloc.reset_peak();
+  CHECK(alloc.stats().peak_bytes == alloc.stats().bytes_in_use);
+}
+
+TEST_CASE("the runtime RNG is seeded and reproducible", "[runtime]") {
+  manual_seed(7);
+  const auto a = rand({64}).to_vector<float>();
+  const auto b = rand({64}).to_vector<float>();
+  manual_seed(7);
+  CHECK(rand({64}).to_vector<float>() == a);
+  CHECK(a != b);
+  for (float v : a) {
+    CHECK(v >= 0.0f);
+    CHECK(v < 1.0f);
+  }
+  manual_seed(11);
+  const auto n = randn({20000}, DType::Float64).to_vector<double>();
+  double mean = 0, var = 0;
+  for (double v : n) mean += v;
+  mean /= n.size();
+  for (double v : n) var += (v - mean) * (v - mean);
+  var /= n.size();
+  CHECK(std::abs(mean) < 0.03);
+  CHECK(std::abs(var - 1.0) < 0.05);
+}
