@@ -8,6 +8,9 @@
 
 namespace encore {
 
+TensorImpl::TensorImpl(IntrusivePtr<Storage> storage, int64_t offset, const Shape& shape,
+                       DType dtype)
+    : storage(std::move(storage)), offset(offset), shape(shape), dtype(dtype) {}
 TensorImpl::~TensorImpl() = default;
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {

@@ -23,8 +23,8 @@ class Tensor;
 
 class TensorImpl final : public RefCounted {
  public:
-  TensorImpl(IntrusivePtr<Storage> storage, int64_t offset, const Shape& shape, DType dtype)
-      : storage(std::move(storage)), offset(offset), shape(shape), dtype(dtype) {}
+  // Out of line: Node is incomplete here.
+  TensorImpl(IntrusivePtr<Storage> storage, int64_t offset, const Shape& shape, DType dtype);
   ~TensorImpl() override;
 
   IntrusivePtr<Storage> storage;

@@ -1,0 +1,58 @@
+// Dtype conversion and fills: copy, copy_, fill_.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/kernel.h"
+
+namespace encore::kernels::cpu {
+namespace {
+
+// to = from converted element by element (to bool: nonzero is true).
+void convert(const BufferView& from, const BufferView& to, Op op) {
+  const int64_t n = to.numel();
+  if (from.dtype == to.dtype) {
+    if (from.data != to.data) std::memcpy(to.data, from.data, n * itemsize(to.dtype));
+    return;
+  }
+  switch_all(from.dtype, op, [&]<typename S>(Type<S>) {
+    switch_all(to.dtype, op, [&]<typename D>(Type<D>) {
+      const S* src = from.as<S>();
+      D* dst = to.as<D>();
+      if constexpr (std::is_same_v<D, bool>) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i] != S(0);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(src[i]);
+      }
+    });
+  });
+}
+
+void copy_kernel(const KernelArgs& args) {
+  convert(args.in[0], args.out[0], Op::Copy);
+}
+
+// dst (in 0) = src (in 1).
+void copy_inplace_kernel(const KernelArgs& args) {
+  convert(args.in[1], args.in[0], Op::CopyInplace);
+}
+
+void fill_kernel(const KernelArgs& args) {
+  const BufferView& t = args.in[0];
+  const double value = args.attr<ScalarAttrs>().value;
+  switch_all(t.dtype, Op::Fill, [&]<typename T>(Type<T>) {
+    T* p = t.as<T>();
+    std::fill(p, p + t.numel(), static_cast<T>(value));  // to bool: nonzero is true
+  });
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  register_kernel(Op::Copy, DeviceType::CPU, &copy_kernel);
+  register_kernel(Op::CopyInplace, DeviceType::CPU, &copy_inplace_kernel);
+  register_kernel(Op::Fill, DeviceType::CPU, &fill_kernel);
+  return true;
+}();
+
+}  // namespace
+}  // namespace encore::kernels::cpu

@@ -1,0 +1,153 @@
+// Losses and metrics: softmax cross entropy (and its gradient), mean squared error, accuracy.
+// Scalar results are accumulated in double.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/kernel.h"
+
+namespace encore::kernels::cpu {
+namespace {
+
+template <typename T>
+T row_max(const T* x, int64_t n) {
+  T m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// log(sum(exp(x))) of a row, computed after subtracting its maximum.
+template <typename T>
+T log_sum_exp(const T* x, int64_t n, T m) {
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(x[i] - m);
+  return m + std::log(sum);
+}
+
+// Checks that label `l` of sample `i` is the ignore label or a class index.
+template <typename L>
+bool counted(L l, int64_t i, int64_t classes, int64_t ignore, Op op) {
+  if (static_cast<int64_t>(l) == ignore) return false;
+  if (l < 0 || static_cast<int64_t>(l) >= classes)
+    fail(op_name(op), ": label ", l, " of sample ", i, " is out of range [0, ", classes, ")");
+  return true;
+}
+
+// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored.
+void cross_entropy_kernel(const KernelArgs& args) {
+  const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  switch_floating(logits.dtype, Op::SoftmaxCrossEntropy, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, Op::SoftmaxCrossEntropy, [&]<typename L>(Type<L>) {
+      const T* x = logits.as<T>();
+      const L* y = labels.as<L>();
+      double total = 0;
+      int64_t count = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        if (!counted(y[i], i, classes, ignore, Op::SoftmaxCrossEntropy)) continue;
+        const T* row = x + i * classes;
+        total += static_cast<double>(log_sum_exp(row, classes, row_max(row, classes)) - row[y[i]]);
+        ++count;
+      }
+      *out.as<T>() = count == 0 ? T(0) : static_cast<T>(total / count);
+    });
+  });
+}
+
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
+void cross_entropy_grad_kernel(const KernelArgs& args) {
+  const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
+  const BufferView& gx = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  constexpr Op kOp = Op::SoftmaxCrossEntropyGrad;
+  switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
+      const T* x = logits.as<T>();
+      const L* y = labels.as<L>();
+      T* g = gx.as<T>();
+      int64_t count = 0;
+      for (int64_t i = 0; i < rows; ++i) count += counted(y[i], i, classes, ignore, kOp);
+      const T scale = count == 0 ? T(0) : *gy.as<T>() / static_cast<T>(count);
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* row = x + i * classes;
+        T* grow = g + i * classes;
+        if (static_cast<int64_t>(y[i]) == ignore) {
+          for (int64_t j = 0; j < classes; ++j) grow[j] = T(0);
+          continue;
+        }
+        const T m = row_max(row, classes);
+        T sum = 0;
+        for (int64_t j = 0; j < classes; ++j) {
+          grow[j] = std::exp(row[j] - m);
+          sum += grow[j];
+        }
+        const T f = scale / sum;
+        for (int64_t j = 0; j < classes; ++j) grow[j] *= f;
+        grow[y[i]] -= scale;
+      }
+    });
+  });
+}
+
+// mean((a - b)^2) over all elements.
+void mean_squared_error_kernel(const KernelArgs& args) {
+  const BufferView &a = args.in[0], &b = args.in[1], &out = args.out[0];
+  switch_floating(a.dtype, Op::MeanSquaredError, [&]<typename T>(Type<T>) {
+    const T* pa = a.as<T>();
+    const T* pb = b.as<T>();
+    const int64_t n = a.numel();
+    constexpr int kLanes = 8;
+    double acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const double d = static_cast<double>(pa[i + j]) - static_cast<double>(pb[i + j]);
+        acc[j] += d * d;
+      }
+    }
+    for (; i < n; ++i) {
+      const double d = static_cast<double>(pa[i]) - static_cast<double>(pb[i]);
+      acc[0] += d * d;
+    }
+    double sum = 0;
+    for (double v : acc) sum += v;
+    *out.as<T>() = static_cast<T>(sum / static_cast<double>(n));
+  });
+}
+
+// Fraction of non-ignored samples whose first maximum is at the label; 0 when none. A label
+// outside [0, C) counts as a miss.
+void accuracy_kernel(const KernelArgs& args) {
+  const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  switch_floating(logits.dtype, Op::Accuracy, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, Op::Accuracy, [&]<typename L>(Type<L>) {
+      const T* x = logits.as<T>();
+      const L* y = labels.as<L>();
+      int64_t count = 0, correct = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        if (static_cast<int64_t>(y[i]) == ignore) continue;
+        ++count;
+        const T* row = x + i * classes;
+        int64_t arg = 0;
+        for (int64_t j = 1; j < classes; ++j)
+          if (row[j] > row[arg]) arg = j;
+        correct += classes > 0 && arg == static_cast<int64_t>(y[i]);
+      }
+      *out.as<T>() = count == 0 ? T(0) : static_cast<T>(static_cast<double>(correct) / count);
+    });
+  });
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  register_kernel(Op::SoftmaxCrossEntropy, DeviceType::CPU, &cross_entropy_kernel);
+  register_kernel(Op::SoftmaxCrossEntropyGrad, DeviceType::CPU, &cross_entropy_grad_kernel);
+  register_kernel(Op::MeanSquaredError, DeviceType::CPU, &mean_squared_error_kernel);
+  register_kernel(Op::Accuracy, DeviceType::CPU, &accuracy_kernel);
+  return true;
+}();
+
+}  // namespace
+}  // namespace encore::kernels::cpu

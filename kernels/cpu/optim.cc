@@ -1,0 +1,99 @@
+// Optimizer updates, in place and fused: one pass over the parameter and its state. Scalars
+// are computed once in double and applied in the parameter's dtype.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/kernel.h"
+#include "kernels/cpu/simd.h"
+
+namespace encore::kernels::cpu {
+namespace {
+
+// p -= lr * (g + wd * p).
+void sgd_kernel(const KernelArgs& args) {
+  const BufferView &p = args.in[0], &g = args.in[1];
+  const SgdAttrs& a = args.attr<SgdAttrs>();
+  switch_floating(p.dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
+    T* pp = p.as<T>();
+    const T* pg = g.as<T>();
+    const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay);
+    const int64_t n = p.numel();
+    if (a.weight_decay == 0) {
+      for (int64_t i = 0; i < n; ++i) pp[i] -= lr * pg[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) pp[i] -= lr * (pg[i] + wd * pp[i]);
+    }
+  });
+}
+
+// v = momentum * v - lr * (g + wd * p); p += v.
+void momentum_sgd_kernel(const KernelArgs& args) {
+  const BufferView &p = args.in[0], &g = args.in[1], &v = args.in[2];
+  const SgdAttrs& a = args.attr<SgdAttrs>();
+  switch_floating(p.dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
+    T* pp = p.as<T>();
+    const T* pg = g.as<T>();
+    T* pv = v.as<T>();
+    const T lr = static_cast<T>(a.lr), mu = static_cast<T>(a.momentum),
+            wd = static_cast<T>(a.weight_decay);
+    for (int64_t i = 0, n = p.numel(); i < n; ++i) {
+      const T vi = mu * pv[i] - lr * (pg[i] + wd * pp[i]);
+      pv[i] = vi;
+      pp[i] += vi;
+    }
+  });
+}
+
+// Adam / AdamW with PyTorch's formula; in: p, g, m, v, t (int64 step, incremented first).
+void adam_kernel(const KernelArgs& args) {
+  const BufferView &p = args.in[0], &g = args.in[1], &m = args.in[2], &v = args.in[3];
+  const BufferView& step = args.in[4];
+  const AdamAttrs& a = args.attr<AdamAttrs>();
+  switch_floating(p.dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
+    int64_t& t = *step.as<int64_t>();
+    t += 1;
+    const double bc1 = 1 - std::pow(a.beta1, static_cast<double>(t));
+    const double bc2 = 1 - std::pow(a.beta2, static_cast<double>(t));
+    const T step_size = static_cast<T>(a.lr / bc1);
+    const T sqrt_bc2 = static_cast<T>(std::sqrt(bc2));
+    const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
+    const T c1 = static_cast<T>(1 - a.beta1), c2 = static_cast<T>(1 - a.beta2);
+    const T eps = static_cast<T>(a.eps);
+    // Decoupled: p *= 1 - lr*wd and g is used as is; coupled: g' = g + wd*p.
+    const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
+    const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
+    T* pp = p.as<T>();
+    const T* pg = g.as<T>();
+    T* pm = m.as<T>();
+    T* pv = v.as<T>();
+    // In chunks that stay in L1, so the sqrt between the two passes runs as SIMD.
+    constexpr int64_t kChunk = 512;
+    T root[kChunk];
+    for (int64_t c = 0, n = p.numel(); c < n; c += kChunk) {
+      const int64_t w = std::min(kChunk, n - c);
+      T* pc = pp + c;
+      const T* gc = pg + c;
+      T* mc = pm + c;
+      T* vc = pv + c;
+      for (int64_t i = 0; i < w; ++i) {
+        const T gi = gc[i] + wd * pc[i];
+        mc[i] = b1 * mc[i] + c1 * gi;
+        vc[i] = b2 * vc[i] + c2 * gi * gi;
+      }
+      sqrt_array(vc, root, w);
+      for (int64_t i = 0; i < w; ++i)
+        pc[i] = pc[i] * decay - step_size * mc[i] / (root[i] / sqrt_bc2 + eps);
+    }
+  });
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  register_kernel(Op::SgdUpdate, DeviceType::CPU, &sgd_kernel);
+  register_kernel(Op::MomentumSgdUpdate, DeviceType::CPU, &momentum_sgd_kernel);
+  register_kernel(Op::AdamUpdate, DeviceType::CPU, &adam_kernel);
+  return true;
+}();
+
+}  // namespace
+}  // namespace encore::kernels::cpu

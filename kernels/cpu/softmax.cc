@@ -1,0 +1,114 @@
+// Softmax and log-softmax along an axis, and their gradients.
+//
+// A tensor is seen as [outer, n, inner] with n the softmax axis; each (outer, inner) pair is a
+// lane of n elements with stride `inner`. Lanes with inner == 1 (the last axis, the common
+// case) are compiled separately with a unit stride so their loops vectorize.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/kernel.h"
+
+namespace encore::kernels::cpu {
+namespace {
+
+struct Layout {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+Layout layout_of(const Shape& shape, int axis) {
+  Layout l;
+  if (axis < 0) axis += shape.rank();
+  for (int d = 0; d < axis; ++d) l.outer *= shape[d];
+  l.n = shape[axis];
+  for (int d = axis + 1; d < shape.rank(); ++d) l.inner *= shape[d];
+  return l;
+}
+
+// Calls lane(offset, stride) for every lane, with the stride a compile-time 1 when inner == 1.
+template <typename Lane>
+void for_each_lane(const Layout& l, Lane&& lane) {
+  if (l.inner == 1) {
+    for (int64_t o = 0; o < l.outer; ++o) lane(o * l.n, std::integral_constant<int64_t, 1>{});
+    return;
+  }
+  for (int64_t o = 0; o < l.outer; ++o)
+    for (int64_t c = 0; c < l.inner; ++c) lane(o * l.n * l.inner + c, l.inner);
+}
+
+template <typename T, typename S>
+T lane_max(const T* x, int64_t n, S s) {
+  T m = n > 0 ? x[0] : T(0);
+  for (int64_t i = 1; i < n; ++i) m = x[i * s] > m ? x[i * s] : m;
+  return m;
+}
+
+// y = softmax(x) or log_softmax(x) along one lane.
+template <bool kLog, typename T, typename S>
+void softmax_lane(const T* x, T* y, int64_t n, S s) {
+  const T m = lane_max(x, n, s);
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T e = std::exp(x[i * s] - m);
+    if constexpr (!kLog) y[i * s] = e;
+    sum += e;
+  }
+  if constexpr (kLog) {
+    const T log_sum = std::log(sum);
+    for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - m - log_sum;
+  } else {
+    const T inv = T(1) / sum;
+    for (int64_t i = 0; i < n; ++i) y[i * s] *= inv;
+  }
+}
+
+template <bool kLog>
+void softmax_kernel(const KernelArgs& args) {
+  constexpr Op kOp = kLog ? Op::LogSoftmax : Op::Softmax;
+  const BufferView &x = args.in[0], &y = args.out[0];
+  const Layout l = layout_of(x.shape, args.attr<AxisAttrs>().axis);
+  switch_floating(x.dtype, kOp, [&]<typename T>(Type<T>) {
+    const T* px = x.as<T>();
+    T* py = y.as<T>();
+    for_each_lane(l, [&](int64_t off, auto s) { softmax_lane<kLog>(px + off, py + off, l.n, s); });
+  });
+}
+
+// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
+template <bool kLog, typename T, typename S>
+void softmax_grad_lane(const T* y, const T* gy, T* gx, int64_t n, S s) {
+  T dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += kLog ? gy[i * s] : gy[i * s] * y[i * s];
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kLog) {
+      gx[i * s] = gy[i * s] - std::exp(y[i * s]) * dot;
+    } else {
+      gx[i * s] = y[i * s] * (gy[i * s] - dot);
+    }
+  }
+}
+
+template <bool kLog>
+void softmax_grad_kernel(const KernelArgs& args) {
+  constexpr Op kOp = kLog ? Op::LogSoftmaxGrad : Op::SoftmaxGrad;
+  const BufferView &y = args.in[0], &gy = args.in[1], &gx = args.out[0];
+  const Layout l = layout_of(y.shape, args.attr<AxisAttrs>().axis);
+  switch_floating(y.dtype, kOp, [&]<typename T>(Type<T>) {
+    const T* py = y.as<T>();
+    const T* pg = gy.as<T>();
+    T* px = gx.as<T>();
+    for_each_lane(l, [&](int64_t off, auto s) {
+      softmax_grad_lane<kLog>(py + off, pg + off, px + off, l.n, s);
+    });
+  });
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  register_kernel(Op::Softmax, DeviceType::CPU, &softmax_kernel<false>);
+  register_kernel(Op::LogSoftmax, DeviceType::CPU, &softmax_kernel<true>);
+  register_kernel(Op::SoftmaxGrad, DeviceType::CPU, &softmax_grad_kernel<false>);
+  register_kernel(Op::LogSoftmaxGrad, DeviceType::CPU, &softmax_grad_kernel<true>);
+  return true;
+}();
+
+}  // namespace
+}  // namespace encore::kernels::cpu
