@@ -35,7 +35,8 @@ bool idx_dataset_available(const std::string& dir);
 Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit = 0);
 
 // A synthetic, learnable classification set: each class is a Gaussian blob around its own
-// random centre in `features` dimensions.
+// random centre in `features` dimensions. The centres depend only on `features` and `classes`;
+// `seed` draws the samples, so two seeds give a train and a test split of the same task.
 Dataset synthetic_classification(int64_t n, int64_t features, int64_t classes, uint64_t seed);
 
 // Batches of a dataset in order or in a seeded random permutation (reshuffled every epoch).

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages encore needs (only the missing ones), then, when given a build
+# directory, configures and builds there.
+#
+#   scripts/setup.sh                                  # packages only
+#   scripts/setup.sh build -DCMAKE_BUILD_TYPE=Release # packages, then configure + build in build/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake g++ make pkg-config libabsl-dev catch2 libbenchmark-dev libopenblas-dev
+          zlib1g-dev dataset-fashion-mnist)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install packages" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+if (($#)); then
+  build_dir=$1
+  shift
+  cmake -S . -B "$build_dir" "$@"
+  cmake --build "$build_dir" -j "$(nproc)"
+fi
