@@ -107,6 +107,8 @@ Allocator& allocator_for(Device d) {
   return *a;
 }
 
-void register_allocator(DeviceType t, Allocator* a) { slot(t) = a; }
+void register_allocator(DeviceType t, Allocator* a) {
+  slot(t) = a;
+}
 
 }  // namespace encore

@@ -14,12 +14,12 @@
 namespace encore {
 
 struct AllocatorStats {
-  int64_t bytes_in_use = 0;       // bytes of live blocks (rounded to the size class)
-  int64_t peak_bytes = 0;         // highest bytes_in_use since start or reset_peak()
-  int64_t allocation_count = 0;   // allocate() calls since start
-  int64_t live_blocks = 0;        // blocks handed out and not yet returned
-  int64_t bytes_cached = 0;       // freed bytes kept for reuse
-  int64_t system_allocations = 0; // allocate() calls that reached the system allocator
+  int64_t bytes_in_use = 0;        // bytes of live blocks (rounded to the size class)
+  int64_t peak_bytes = 0;          // highest bytes_in_use since start or reset_peak()
+  int64_t allocation_count = 0;    // allocate() calls since start
+  int64_t live_blocks = 0;         // blocks handed out and not yet returned
+  int64_t bytes_cached = 0;        // freed bytes kept for reuse
+  int64_t system_allocations = 0;  // allocate() calls that reached the system allocator
 };
 
 class Allocator {

@@ -1,8 +1,8 @@
 #include "runtime/autograd.h"
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <vector>
 
 namespace encore {
@@ -11,9 +11,13 @@ namespace {
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 
-TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
+TensorMeta meta_of(const Tensor& t) {
+  return {t.shape(), t.dtype(), t.device()};
+}
 
-Tensor new_like(const TensorMeta& m) { return Tensor::empty(m.shape, m.dtype, m.device); }
+Tensor new_like(const TensorMeta& m) {
+  return Tensor::empty(m.shape, m.dtype, m.device);
+}
 
 Tensor zeros_like_meta(const TensorMeta& m) {
   Tensor z = new_like(m);
@@ -31,8 +35,8 @@ Tensor add_fresh(const Tensor& a, const Tensor& b) {
 // Accumulates `g` into leaf.grad: steals `g` when nothing else refers to it, else copies or adds.
 void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
   if (!leaf->grad) {
-    const bool unshared = g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 &&
-                          !g.impl()->grad_fn;
+    const bool unshared =
+        g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;
     if (unshared) {
       leaf->grad = g.impl_ptr();
     } else {
@@ -59,8 +63,12 @@ struct SequenceLess {
 
 }  // namespace
 
-bool GradMode::enabled() { return t_grad_enabled; }
-void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+bool GradMode::enabled() {
+  return t_grad_enabled;
+}
+void GradMode::set_enabled(bool on) {
+  t_grad_enabled = on;
+}
 
 const Tensor& BackwardContext::input(int i) const {
   ENCORE_CHECK(node_.save_inputs >> i & 1, "backward of ", op_name(node_.op), ": input ", i,

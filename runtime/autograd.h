@@ -55,10 +55,10 @@ class Node final : public RefCounted {
   AttrBlob attrs;
   uint64_t sequence_nr;  // creation order; backward runs nodes in decreasing order
   BackwardFn backward;
-  absl::InlinedVector<Edge, 2> next;          // one per input
-  absl::InlinedVector<TensorMeta, 2> inputs;  // one per input
-  absl::InlinedVector<TensorMeta, 1> outputs; // one per output
-  absl::InlinedVector<Tensor, 2> saved;       // saved inputs, then saved outputs (by def order)
+  absl::InlinedVector<Edge, 2> next;           // one per input
+  absl::InlinedVector<TensorMeta, 2> inputs;   // one per input
+  absl::InlinedVector<TensorMeta, 1> outputs;  // one per output
+  absl::InlinedVector<Tensor, 2> saved;        // saved inputs, then saved outputs (by def order)
   absl::InlinedVector<uint32_t, 2> saved_versions;
   uint8_t save_inputs = 0;
   uint8_t save_outputs = 0;
@@ -77,7 +77,9 @@ class BackwardContext {
       : node_(node), grad_outputs_(grad_outputs), grad_inputs_(grad_inputs) {}
 
   template <typename T>
-  const T& attrs() const { return node_.attrs.as<T>(); }
+  const T& attrs() const {
+    return node_.attrs.as<T>();
+  }
   // Input i as saved at forward time (requires bit i of save_inputs).
   const Tensor& input(int i) const;
   // Output i as saved at forward time (requires bit i of save_outputs).

@@ -23,5 +23,4 @@ struct Device {
   std::string str() const;
 };
 
-
 }  // namespace encore

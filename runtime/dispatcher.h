@@ -48,7 +48,9 @@ struct BufferView {
 
   int64_t numel() const { return shape.numel(); }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 struct KernelArgs {
@@ -56,7 +58,9 @@ struct KernelArgs {
   std::span<const BufferView> out;
   const AttrBlob& attrs;
   template <typename T>
-  const T& attr() const { return attrs.template as<T>(); }
+  const T& attr() const {
+    return attrs.template as<T>();
+  }
 };
 
 using KernelFn = void (*)(const KernelArgs&);
@@ -72,9 +76,9 @@ class BackwardContext;
 using BackwardFn = void (*)(BackwardContext&);
 
 struct BackwardDef {
-  BackwardFn fn = nullptr;  // null: not differentiable
-  uint8_t save_inputs = 0;  // bit i: input i is kept for backward
-  uint8_t save_outputs = 0; // bit i: output i is kept for backward
+  BackwardFn fn = nullptr;   // null: not differentiable
+  uint8_t save_inputs = 0;   // bit i: input i is kept for backward
+  uint8_t save_outputs = 0;  // bit i: output i is kept for backward
 };
 
 // Registers how `op` differentiates (routines do this next to their forward definition).

@@ -53,7 +53,8 @@ template <typename... Parts>
 
 }  // namespace encore
 
-#define ENCORE_CHECK(cond, ...)                            \
-  do {                                                     \
-    if (!(cond)) [[unlikely]] ::encore::fail(__VA_ARGS__); \
+#define ENCORE_CHECK(cond, ...)    \
+  do {                             \
+    if (!(cond)) [[unlikely]]      \
+      ::encore::fail(__VA_ARGS__); \
   } while (0)

@@ -10,27 +10,68 @@ namespace encore {
 
 enum class Op : uint16_t {
   // Elementwise binary with broadcasting.
-  Add, Sub, Mul, Div,
+  Add,
+  Sub,
+  Mul,
+  Div,
   // Tensor-scalar: x+s, x*s, s-x, x/s, s/x, x^s.
-  AddScalar, MulScalar, RsubScalar, DivScalar, RdivScalar, PowScalar,
+  AddScalar,
+  MulScalar,
+  RsubScalar,
+  DivScalar,
+  RdivScalar,
+  PowScalar,
   // Elementwise unary.
-  Neg, Exp, Log, Sqrt, Relu, LeakyRelu, Sigmoid, Tanh,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Relu,
+  LeakyRelu,
+  Sigmoid,
+  Tanh,
   // Backward helpers (gradients of the activations above; not differentiable themselves).
-  ReluGrad, LeakyReluGrad, SigmoidGrad, TanhGrad,
+  ReluGrad,
+  LeakyReluGrad,
+  SigmoidGrad,
+  TanhGrad,
   // Comparisons (bool output) and selection.
-  Equal, Greater, Where,
+  Equal,
+  Greater,
+  Where,
   // Linear algebra.
-  Matmul, Linear,
+  Matmul,
+  Linear,
   // Reductions over an axis set.
-  Sum, Mean, Max,
+  Sum,
+  Mean,
+  Max,
   // Layout.
-  Reshape, Permute, BroadcastTo, Concat, Slice, SliceGrad, Copy,
+  Reshape,
+  Permute,
+  BroadcastTo,
+  Concat,
+  Slice,
+  SliceGrad,
+  Copy,
   // Softmax family and losses.
-  Softmax, LogSoftmax, SoftmaxGrad, LogSoftmaxGrad,
-  SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, MeanSquaredError, Accuracy,
+  Softmax,
+  LogSoftmax,
+  SoftmaxGrad,
+  LogSoftmaxGrad,
+  SoftmaxCrossEntropy,
+  SoftmaxCrossEntropyGrad,
+  MeanSquaredError,
+  Accuracy,
   // In-place: fills, accumulation, initialisers, optimizer updates.
-  Fill, AddInplace, CopyInplace, UniformInit, NormalInit,
-  SgdUpdate, MomentumSgdUpdate, AdamUpdate,
+  Fill,
+  AddInplace,
+  CopyInplace,
+  UniformInit,
+  NormalInit,
+  SgdUpdate,
+  MomentumSgdUpdate,
+  AdamUpdate,
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);

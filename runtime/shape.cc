@@ -1,11 +1,11 @@
 #include "runtime/shape.h"
 
-
 #include "runtime/error.h"
 
 namespace encore {
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<int64_t> dims)
+    : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
   ENCORE_CHECK(dims.size() <= kMaxRank, "Shape: rank ", dims.size(), " exceeds the maximum of ",

@@ -49,7 +49,6 @@ class Shape {
   int8_t rank_ = 0;
 };
 
-
 // Resolves a possibly negative axis against `rank`; throws naming `op` when out of range.
 int normalize_axis(int axis, int rank, const char* op);
 

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-
 #include "runtime/autograd.h"
 #include "runtime/dispatcher.h"
 
@@ -42,7 +41,9 @@ void Tensor::set_grad(const Tensor& g) {
   impl_->grad = g.impl_;
 }
 
-Tensor Tensor::detach() const { return view_of(*this, shape()); }
+Tensor Tensor::detach() const {
+  return view_of(*this, shape());
+}
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   ENCORE_CHECK(defined(), "backward: undefined tensor");
@@ -62,11 +63,21 @@ void read_as(const Tensor& t, T* dst) {
   const int64_t n = t.numel();
   const void* src = t.raw_data();
   switch (t.dtype()) {
-    case DType::Float32: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const float*>(src)[i]); break;
-    case DType::Float64: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const double*>(src)[i]); break;
-    case DType::Int32: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int32_t*>(src)[i]); break;
-    case DType::Int64: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int64_t*>(src)[i]); break;
-    case DType::Bool: for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const bool*>(src)[i]); break;
+    case DType::Float32:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const float*>(src)[i]);
+      break;
+    case DType::Float64:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const double*>(src)[i]);
+      break;
+    case DType::Int32:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int32_t*>(src)[i]);
+      break;
+    case DType::Int64:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int64_t*>(src)[i]);
+      break;
+    case DType::Bool:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const bool*>(src)[i]);
+      break;
   }
 }
 
@@ -95,8 +106,8 @@ std::vector<T> Tensor::to_vector() const {
   return out;
 }
 
-#define ENCORE_INSTANTIATE(T)                 \
-  template T Tensor::item<T>() const;         \
+#define ENCORE_INSTANTIATE(T)         \
+  template T Tensor::item<T>() const; \
   template std::vector<T> Tensor::to_vector<T>() const;
 ENCORE_INSTANTIATE(float)
 ENCORE_INSTANTIATE(double)

@@ -32,8 +32,8 @@ class TensorImpl final : public RefCounted {
   Shape shape;
   DType dtype;
   bool requires_grad = false;
-  uint32_t output_nr = 0;       // which output of grad_fn this tensor is
-  IntrusivePtr<Node> grad_fn;   // null for leaves
+  uint32_t output_nr = 0;      // which output of grad_fn this tensor is
+  IntrusivePtr<Node> grad_fn;  // null for leaves
   IntrusivePtr<TensorImpl> grad;
 };
 

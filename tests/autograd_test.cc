@@ -7,7 +7,9 @@ using namespace encore;
 using Catch::Matchers::Contains;
 
 namespace {
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<double> values(const Tensor& t) {
+  return t.to_vector<double>();
+}
 Tensor leaf(std::initializer_list<double> v, const Shape& s, DType d = DType::Float64) {
   Tensor t = tensor(v, s, d);
   t.set_requires_grad();
@@ -118,8 +120,8 @@ TEST_CASE("in-place modification of a saved tensor is detected", "[autograd]") {
   const uint32_t v = b.version();
   add_(b, ones({2}, DType::Float64));
   CHECK(b.version() == v + 1);
-  CHECK_THROWS_WITH(y.backward(), Contains("mul") && Contains("modified in place") &&
-                                      Contains("[2]"));
+  CHECK_THROWS_WITH(y.backward(),
+                    Contains("mul") && Contains("modified in place") && Contains("[2]"));
 }
 
 TEST_CASE("in-place update of a tensor requiring grad is refused in grad mode", "[autograd]") {

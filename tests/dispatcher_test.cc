@@ -84,7 +84,7 @@ TEST_CASE("a tracer sees backward ops, views and in-place updates", "[dispatcher
   const auto ops = ops_of(tracer);
   auto has = [&](Op op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
   CHECK(has(Op::Tanh));
-  CHECK(has(Op::Reshape));   // a view, recorded though no kernel runs
+  CHECK(has(Op::Reshape));  // a view, recorded though no kernel runs
   CHECK(has(Op::Sum));
   CHECK(has(Op::Fill));      // the implicit gradient of the scalar loss
   CHECK(has(Op::TanhGrad));  // backward formulas pass through the dispatcher
@@ -130,21 +130,19 @@ TEST_CASE("kernels are found for every op on the cpu", "[dispatcher]") {
 }
 
 TEST_CASE("a missing backend or kernel is an error naming the op", "[dispatcher]") {
-  CHECK_THROWS_WITH(lookup_kernel(Op::Relu, DeviceType::CUDA), Contains("relu") &&
-                                                                    Contains("cuda"));
-  CHECK_THROWS_WITH(Tensor::empty({2}, DType::Float32, Device::cuda(0)),
-                    Contains("cuda:0"));
+  CHECK_THROWS_WITH(lookup_kernel(Op::Relu, DeviceType::CUDA),
+                    Contains("relu") && Contains("cuda"));
+  CHECK_THROWS_WITH(Tensor::empty({2}, DType::Float32, Device::cuda(0)), Contains("cuda:0"));
 }
 
 TEST_CASE("a kernel can be called directly on raw buffers", "[dispatcher]") {
   // The replay path: same kernel, other buffers, no tensors or autograd.
   float a[4] = {1, 2, 3, 4}, b[2] = {10, 20}, out[4] = {};
-  const BufferView views[] = {{a, {2, 2}, DType::Float32},
-                              {b, {2}, DType::Float32},
-                              {out, {2, 2}, DType::Float32}};
+  const BufferView views[] = {
+      {a, {2, 2}, DType::Float32}, {b, {2}, DType::Float32}, {out, {2, 2}, DType::Float32}};
   const AttrBlob attrs;
-  lookup_kernel(Op::Add, DeviceType::CPU)(
-      KernelArgs{std::span(views, 2), std::span(views + 2, 1), attrs});
+  lookup_kernel(Op::Add,
+                DeviceType::CPU)(KernelArgs{std::span(views, 2), std::span(views + 2, 1), attrs});
   CHECK(std::vector<float>(out, out + 4) == std::vector<float>{11, 22, 13, 24});
 }
 
@@ -152,8 +150,8 @@ TEST_CASE("every op has a name and differentiable ops a backward", "[dispatcher]
   std::set<std::string_view> names;
   for (int i = 0; i < kNumOps; ++i) names.insert(op_name(static_cast<Op>(i)));
   CHECK(names.size() == static_cast<size_t>(kNumOps));
-  for (Op op : {Op::Add, Op::Mul, Op::Matmul, Op::Linear, Op::Sum, Op::Max, Op::Reshape,
-                Op::Concat, Op::Slice, Op::Softmax, Op::SoftmaxCrossEntropy, Op::Where}) {
+  for (Op op : {Op::Add, Op::Mul, Op::Matmul, Op::Linear, Op::Sum, Op::Max, Op::Reshape, Op::Concat,
+                Op::Slice, Op::Softmax, Op::SoftmaxCrossEntropy, Op::Where}) {
     INFO(op_name(op));
     CHECK(backward_def(op).fn != nullptr);
   }

@@ -12,12 +12,13 @@ TEST_CASE("modules name their parameters and children", "[nn]") {
   auto model = nn::mlp(6, 5, 3);
   std::vector<std::string> names;
   for (auto& [name, p] : model->named_parameters()) names.push_back(name);
-  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight",
-                                          "4.bias"});
+  CHECK(names ==
+        std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"});
   for (const Tensor& p : model->parameters()) CHECK(p.requires_grad());
   CHECK(model->parameters()[0].shape() == Shape{5, 6});
-  CHECK(model->describe() == "Sequential(Linear(6 -> 5), ReLU, Linear(5 -> 5), ReLU, "
-                             "Linear(5 -> 3))");
+  CHECK(model->describe() ==
+        "Sequential(Linear(6 -> 5), ReLU, Linear(5 -> 5), ReLU, "
+        "Linear(5 -> 3))");
   CHECK((*model)(rand({4, 6})).shape() == Shape{4, 3});
 }
 
@@ -114,8 +115,10 @@ TEST_CASE("Adam follows PyTorch's update rule, with and without weight decay", "
       adam.step();
       for (int i = 0; i < 2; ++i) {
         double g = grads[t - 1][i];
-        if (decoupled) ref[i] *= 1 - lr * wd;
-        else g += wd * ref[i];
+        if (decoupled)
+          ref[i] *= 1 - lr * wd;
+        else
+          g += wd * ref[i];
         m[i] = b1 * m[i] + (1 - b1) * g;
         s[i] = b2 * s[i] + (1 - b2) * g * g;
         const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);

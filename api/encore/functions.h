@@ -49,8 +49,8 @@ Tensor clone(const Tensor& x);
 // ---- In-place (not differentiable; bump the version counter) -----------------------------
 
 void fill_(const Tensor& t, double value);
-void add_(const Tensor& t, const Tensor& other);  // t += other (other broadcast to t)
-void copy_(const Tensor& dst, const Tensor& src); // same shape; converts dtype
+void add_(const Tensor& t, const Tensor& other);   // t += other (other broadcast to t)
+void copy_(const Tensor& dst, const Tensor& src);  // same shape; converts dtype
 void uniform_(const Tensor& t, double low, double high);
 void normal_(const Tensor& t, double mean, double std);
 
@@ -124,8 +124,7 @@ Tensor softmax(const Tensor& x, int axis = -1);
 Tensor log_softmax(const Tensor& x, int axis = -1);
 // Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.
 // Samples labelled `ignore_label` are left out of the sum and the count.
-Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
-                             int64_t ignore_label = -1);
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 // mean((a - b)^2) over all elements.
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
 // Fraction of samples whose argmax equals the label (ignored labels excluded). No gradient.
@@ -137,18 +136,44 @@ namespace F = functions;
 
 // ---- Operators --------------------------------------------------------------------------
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return F::add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return F::sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return F::mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return F::div(a, b); }
-inline Tensor operator+(const Tensor& x, double s) { return F::add(x, s); }
-inline Tensor operator+(double s, const Tensor& x) { return F::add(x, s); }
-inline Tensor operator-(const Tensor& x, double s) { return F::sub(x, s); }
-inline Tensor operator-(double s, const Tensor& x) { return F::sub(s, x); }
-inline Tensor operator*(const Tensor& x, double s) { return F::mul(x, s); }
-inline Tensor operator*(double s, const Tensor& x) { return F::mul(x, s); }
-inline Tensor operator/(const Tensor& x, double s) { return F::div(x, s); }
-inline Tensor operator/(double s, const Tensor& x) { return F::div(s, x); }
-inline Tensor operator-(const Tensor& x) { return F::neg(x); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return F::add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return F::sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return F::mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return F::div(a, b);
+}
+inline Tensor operator+(const Tensor& x, double s) {
+  return F::add(x, s);
+}
+inline Tensor operator+(double s, const Tensor& x) {
+  return F::add(x, s);
+}
+inline Tensor operator-(const Tensor& x, double s) {
+  return F::sub(x, s);
+}
+inline Tensor operator-(double s, const Tensor& x) {
+  return F::sub(s, x);
+}
+inline Tensor operator*(const Tensor& x, double s) {
+  return F::mul(x, s);
+}
+inline Tensor operator*(double s, const Tensor& x) {
+  return F::mul(x, s);
+}
+inline Tensor operator/(const Tensor& x, double s) {
+  return F::div(x, s);
+}
+inline Tensor operator/(double s, const Tensor& x) {
+  return F::div(s, x);
+}
+inline Tensor operator-(const Tensor& x) {
+  return F::neg(x);
+}
 
 }  // namespace encore

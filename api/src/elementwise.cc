@@ -31,7 +31,9 @@ Tensor grad_helper(Op op, const Tensor& saved, const Tensor& gy, const AttrBlob&
   return call1(op, {saved, gy}, gy.shape(), gy.dtype(), attrs);
 }
 
-Tensor scalar_like(const Tensor& t, double v) { return full({}, v, t.dtype(), t.device()); }
+Tensor scalar_like(const Tensor& t, double v) {
+  return full({}, v, t.dtype(), t.device());
+}
 
 // ---- Backward formulas ------------------------------------------------------------------
 
@@ -62,9 +64,13 @@ void div_backward(BackwardContext& c) {  // saves b and y = a / b
     c.set_input_grad(1, F::sum_to(F::neg(F::mul(ga, c.output())), c.input_meta(1).shape));
 }
 
-void identity_backward(BackwardContext& c) { c.set_input_grad(0, c.grad_output()); }
+void identity_backward(BackwardContext& c) {
+  c.set_input_grad(0, c.grad_output());
+}
 
-void neg_backward(BackwardContext& c) { c.set_input_grad(0, F::neg(c.grad_output())); }
+void neg_backward(BackwardContext& c) {
+  c.set_input_grad(0, F::neg(c.grad_output()));
+}
 
 void mul_scalar_backward(BackwardContext& c) {
   c.set_input_grad(0, F::mul(c.grad_output(), c.attrs<ScalarAttrs>().value));
@@ -150,31 +156,65 @@ const bool kRegistered = [] {
 
 namespace functions {
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(Op::Add, "add", a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(Op::Sub, "sub", a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(Op::Mul, "mul", a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(Op::Div, "div", a, b); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary(Op::Add, "add", a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary(Op::Sub, "sub", a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary(Op::Mul, "mul", a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary(Op::Div, "div", a, b);
+}
 
-Tensor add(const Tensor& x, double s) { return scalar_op(Op::AddScalar, "add", x, s); }
-Tensor sub(const Tensor& x, double s) { return scalar_op(Op::AddScalar, "sub", x, -s); }
-Tensor sub(double s, const Tensor& x) { return scalar_op(Op::RsubScalar, "sub", x, s); }
-Tensor mul(const Tensor& x, double s) { return scalar_op(Op::MulScalar, "mul", x, s); }
-Tensor div(const Tensor& x, double s) { return scalar_op(Op::DivScalar, "div", x, s); }
-Tensor div(double s, const Tensor& x) { return scalar_op(Op::RdivScalar, "div", x, s); }
+Tensor add(const Tensor& x, double s) {
+  return scalar_op(Op::AddScalar, "add", x, s);
+}
+Tensor sub(const Tensor& x, double s) {
+  return scalar_op(Op::AddScalar, "sub", x, -s);
+}
+Tensor sub(double s, const Tensor& x) {
+  return scalar_op(Op::RsubScalar, "sub", x, s);
+}
+Tensor mul(const Tensor& x, double s) {
+  return scalar_op(Op::MulScalar, "mul", x, s);
+}
+Tensor div(const Tensor& x, double s) {
+  return scalar_op(Op::DivScalar, "div", x, s);
+}
+Tensor div(double s, const Tensor& x) {
+  return scalar_op(Op::RdivScalar, "div", x, s);
+}
 Tensor pow(const Tensor& x, double exponent) {
   return scalar_op(Op::PowScalar, "pow", x, exponent);
 }
 
-Tensor neg(const Tensor& x) { return unary(Op::Neg, "neg", x); }
-Tensor exp(const Tensor& x) { return unary(Op::Exp, "exp", x); }
-Tensor log(const Tensor& x) { return unary(Op::Log, "log", x); }
-Tensor sqrt(const Tensor& x) { return unary(Op::Sqrt, "sqrt", x); }
-Tensor relu(const Tensor& x) { return unary(Op::Relu, "relu", x); }
+Tensor neg(const Tensor& x) {
+  return unary(Op::Neg, "neg", x);
+}
+Tensor exp(const Tensor& x) {
+  return unary(Op::Exp, "exp", x);
+}
+Tensor log(const Tensor& x) {
+  return unary(Op::Log, "log", x);
+}
+Tensor sqrt(const Tensor& x) {
+  return unary(Op::Sqrt, "sqrt", x);
+}
+Tensor relu(const Tensor& x) {
+  return unary(Op::Relu, "relu", x);
+}
 Tensor leaky_relu(const Tensor& x, double slope) {
   return scalar_op(Op::LeakyRelu, "leaky_relu", x, slope);
 }
-Tensor sigmoid(const Tensor& x) { return unary(Op::Sigmoid, "sigmoid", x); }
-Tensor tanh(const Tensor& x) { return unary(Op::Tanh, "tanh", x); }
+Tensor sigmoid(const Tensor& x) {
+  return unary(Op::Sigmoid, "sigmoid", x);
+}
+Tensor tanh(const Tensor& x) {
+  return unary(Op::Tanh, "tanh", x);
+}
 
 namespace {
 Tensor compare(Op op, const char* name, const Tensor& a, const Tensor& b) {
@@ -187,20 +227,24 @@ Tensor compare(Op op, const char* name, const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-Tensor equal(const Tensor& a, const Tensor& b) { return compare(Op::Equal, "equal", a, b); }
-Tensor greater(const Tensor& a, const Tensor& b) { return compare(Op::Greater, "greater", a, b); }
+Tensor equal(const Tensor& a, const Tensor& b) {
+  return compare(Op::Equal, "equal", a, b);
+}
+Tensor greater(const Tensor& a, const Tensor& b) {
+  return compare(Op::Greater, "greater", a, b);
+}
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   detail::check_defined("where", "cond", cond);
-  ENCORE_CHECK(cond.dtype() == DType::Bool, "where: cond must be bool, it is ", cond.dtype(),
-               " ", cond.shape());
+  ENCORE_CHECK(cond.dtype() == DType::Bool, "where: cond must be bool, it is ", cond.dtype(), " ",
+               cond.shape());
   check_floating("where", "a", a);
   check_floating("where", "b", b);
   detail::check_same_dtype("where", a, b);
   detail::check_same_device("where", a, b);
   detail::check_same_device("where", cond, a);
-  const Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"),
-                                   b.shape(), "where");
+  const Shape s =
+      broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   return call1(Op::Where, {cond, a, b}, s, a.dtype());
 }
 

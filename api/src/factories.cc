@@ -22,8 +22,12 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
 Tensor ones(const Shape& shape, DType dtype, Device device) {
   return full(shape, 1.0, dtype, device);
 }
-Tensor zeros_like(const Tensor& t) { return full_like(t, 0.0); }
-Tensor ones_like(const Tensor& t) { return full_like(t, 1.0); }
+Tensor zeros_like(const Tensor& t) {
+  return full_like(t, 0.0);
+}
+Tensor ones_like(const Tensor& t) {
+  return full_like(t, 1.0);
+}
 Tensor full_like(const Tensor& t, double value) {
   check_defined("full_like", "t", t);
   return full(t.shape(), value, t.dtype(), t.device());
@@ -79,8 +83,8 @@ void add_(const Tensor& t, const Tensor& other) {
   check_floating("add_", "t", t);
   check_floating("add_", "other", other);
   detail::check_same_dtype("add_", t, other);
-  ENCORE_CHECK(broadcast_shapes(t.shape(), other.shape(), "add_") == t.shape(),
-               "add_: other ", other.shape(), " does not broadcast to t ", t.shape());
+  ENCORE_CHECK(broadcast_shapes(t.shape(), other.shape(), "add_") == t.shape(), "add_: other ",
+               other.shape(), " does not broadcast to t ", t.shape());
   dispatch(Op::AddInplace, {t, other}, {});
 }
 

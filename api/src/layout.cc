@@ -37,14 +37,15 @@ void concat_backward(BackwardContext& c) {
   int64_t offset = 0;
   for (int i = 0; i < c.num_inputs(); ++i) {
     const int64_t n = c.input_meta(i).shape[axis];
-    if (c.needs_input_grad(i)) c.set_input_grad(i, F::slice(c.grad_output(), axis, offset, offset + n));
+    if (c.needs_input_grad(i))
+      c.set_input_grad(i, F::slice(c.grad_output(), axis, offset, offset + n));
     offset += n;
   }
 }
 
 void slice_backward(BackwardContext& c) {
-  c.set_input_grad(0, detail::slice_grad(c.grad_output(), c.input_meta(0).shape,
-                                         c.attrs<SliceAttrs>()));
+  c.set_input_grad(
+      0, detail::slice_grad(c.grad_output(), c.input_meta(0).shape, c.attrs<SliceAttrs>()));
 }
 
 const bool kRegistered = [] {
@@ -79,8 +80,8 @@ Tensor reshape(const Tensor& x, std::span<const int64_t> shape) {
     s.push_back(shape[i]);
   }
   if (infer >= 0) {
-    ENCORE_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot reshape ", x.shape(),
-                 " (", x.numel(), " elements) with a -1 into ", known, "-element blocks");
+    ENCORE_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot reshape ", x.shape(), " (",
+                 x.numel(), " elements) with a -1 into ", known, "-element blocks");
     s[infer] = x.numel() / known;
   }
   ENCORE_CHECK(s.numel() == x.numel(), "reshape: cannot reshape ", x.shape(), " (", x.numel(),
@@ -100,8 +101,8 @@ Tensor flatten(const Tensor& x, int start_dim, int end_dim) {
   if (x.rank() == 0) return reshape(x, {1});
   const int s = normalize_axis(start_dim, x.rank(), "flatten");
   const int e = normalize_axis(end_dim, x.rank(), "flatten");
-  ENCORE_CHECK(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim,
-               " for ", x.shape());
+  ENCORE_CHECK(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim, " for ",
+               x.shape());
   int64_t dims[Shape::kMaxRank];
   int n = 0;
   for (int i = 0; i < s; ++i) dims[n++] = x.shape()[i];
@@ -115,8 +116,8 @@ Tensor flatten(const Tensor& x, int start_dim, int end_dim) {
 Tensor permute(const Tensor& x, std::span<const int> perm) {
   check_defined("permute", "x", x);
   const int r = x.rank();
-  ENCORE_CHECK(static_cast<int>(perm.size()) == r, "permute: ", perm.size(),
-               " axes given for ", x.shape());
+  ENCORE_CHECK(static_cast<int>(perm.size()) == r, "permute: ", perm.size(), " axes given for ",
+               x.shape());
   PermuteAttrs at;
   Shape s;
   uint32_t seen = 0;
@@ -169,8 +170,8 @@ Tensor concat(std::span<const Tensor> xs, int axis) {
                  " but tensor 0 is ", x0.dtype());
     bool ok = x.rank() == x0.rank();
     for (int d = 0; ok && d < x0.rank(); ++d) ok = d == ax || x.shape()[d] == x0.shape()[d];
-    ENCORE_CHECK(ok, "concat: tensor ", i, " ", x.shape(), " does not match tensor 0 ",
-                 x0.shape(), " outside axis ", ax);
+    ENCORE_CHECK(ok, "concat: tensor ", i, " ", x.shape(), " does not match tensor 0 ", x0.shape(),
+                 " outside axis ", ax);
     s[ax] += x.shape()[ax];
   }
   Tensor out = Tensor::empty(s, x0.dtype(), x0.device());

@@ -22,8 +22,10 @@ uint8_t axes_mask(const char* op, std::span<const int> axes, int rank) {
 Shape reduced_shape(const Shape& shape, uint8_t mask, bool keepdims) {
   Shape out;
   for (int i = 0; i < shape.rank(); ++i) {
-    if (!(mask >> i & 1)) out.push_back(shape[i]);
-    else if (keepdims) out.push_back(1);
+    if (!(mask >> i & 1))
+      out.push_back(shape[i]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return out;
 }
@@ -118,8 +120,7 @@ const bool kRegistered = [] {
 Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axes, bool keepdims) {
   check_floating(name, "x", x);
   const uint8_t mask = detail::axes_mask(name, axes, x.rank());
-  if (op == Op::Max)
-    ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
+  if (op == Op::Max) ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
   return call1(op, {x}, detail::reduced_shape(x.shape(), mask, keepdims), x.dtype(),
                AttrBlob::of(ReduceAttrs{mask, keepdims}));
 }
@@ -133,8 +134,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_floating("matmul", "b", b);
   detail::check_same_dtype("matmul", a, b);
   detail::check_same_device("matmul", a, b);
-  ENCORE_CHECK((a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3), "matmul: ",
-               "operands must be 2-D or 3-D: a is ", a.shape(), ", b is ", b.shape());
+  ENCORE_CHECK((a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3),
+               "matmul: ", "operands must be 2-D or 3-D: a is ", a.shape(), ", b is ", b.shape());
   ENCORE_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", a.shape(),
                ", b is ", b.shape());
   if (a.rank() == 3 && b.rank() == 3)
@@ -154,8 +155,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_floating("linear", "weight", weight);
   detail::check_same_dtype("linear", x, weight);
   detail::check_same_device("linear", x, weight);
-  ENCORE_CHECK(weight.rank() == 2, "linear: weight must be 2-D [out, in], it is ",
-               weight.shape());
+  ENCORE_CHECK(weight.rank() == 2, "linear: weight must be 2-D [out, in], it is ", weight.shape());
   ENCORE_CHECK(x.rank() >= 1 && x.size(-1) == weight.size(1), "linear: x ", x.shape(),
                " does not match weight ", weight.shape(), " (expected x [..., ", weight.size(1),
                "])");
@@ -166,9 +166,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_floating("linear", "bias", bias);
   detail::check_same_dtype("linear", x, bias);
   detail::check_same_device("linear", x, bias);
-  ENCORE_CHECK(bias.rank() == 1 && bias.size(0) == weight.size(0), "linear: bias ",
-               bias.shape(), " does not match weight ", weight.shape(), " (expected [",
-               weight.size(0), "])");
+  ENCORE_CHECK(bias.rank() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.shape(),
+               " does not match weight ", weight.shape(), " (expected [", weight.size(0), "])");
   return call1(Op::Linear, {x, weight, bias}, out_shape, x.dtype());
 }
 

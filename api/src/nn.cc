@@ -44,8 +44,10 @@ void Module::train(bool on) {
 void Module::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (auto& [name, p] : named_parameters()) {
-    if (set_to_none || !p.grad().defined()) p.set_grad(Tensor());
-    else fill_(p.grad(), 0.0);
+    if (set_to_none || !p.grad().defined())
+      p.set_grad(Tensor());
+    else
+      fill_(p.grad(), 0.0);
   }
 }
 
@@ -66,14 +68,18 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
   if (options.bias) register_parameter("bias", &bias);
 }
 
-Tensor Linear::forward(const Tensor& x) { return F::linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) {
+  return F::linear(x, weight, bias);
+}
 
 std::string Linear::describe() const {
   return cat("Linear(", weight.defined() ? weight.size(1) : 0, " -> ",
              weight.defined() ? weight.size(0) : 0, bias.defined() ? "" : ", no bias", ")");
 }
 
-std::string LeakyReLU::describe() const { return cat("LeakyReLU(", slope_, ")"); }
+std::string LeakyReLU::describe() const {
+  return cat("LeakyReLU(", slope_, ")");
+}
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) {
   for (auto& m : modules) add(std::move(m));

@@ -8,16 +8,18 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
-    ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(),
-                 " is ", p.dtype(), "; parameters must be floating");
+    ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
+                 p.dtype(), "; parameters must be floating");
   }
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (Tensor& p : params_) {
-    if (set_to_none || !p.grad().defined()) p.set_grad(Tensor());
-    else fill_(p.grad(), 0.0);
+    if (set_to_none || !p.grad().defined())
+      p.set_grad(Tensor());
+    else
+      fill_(p.grad(), 0.0);
   }
 }
 
@@ -48,8 +50,7 @@ MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
 
 void MomentumSGD::step() {
   NoGradGuard no_grad;
-  const AttrBlob attrs =
-      AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
+  const AttrBlob attrs = AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::MomentumSgdUpdate, {params_[i], g, velocity_[i]}, {}, attrs);
@@ -58,10 +59,11 @@ void MomentumSGD::step() {
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : Optimizer(std::move(params)), options(options), m_(zeros_for(params_)),
+    : Optimizer(std::move(params)),
+      options(options),
+      m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
-  ENCORE_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                   options.beta2 < 1,
+  ENCORE_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
                "Adam: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
   ENCORE_CHECK(options.eps >= 0 && options.lr >= 0, "Adam: lr and eps must be non-negative");
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
@@ -69,9 +71,9 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 
 void Adam::step() {
   NoGradGuard no_grad;
-  const AttrBlob attrs = AttrBlob::of(AdamAttrs{options.lr, options.beta1, options.beta2,
-                                                options.eps, options.weight_decay,
-                                                options.decoupled});
+  const AttrBlob attrs =
+      AttrBlob::of(AdamAttrs{options.lr, options.beta1, options.beta2, options.eps,
+                             options.weight_decay, options.decoupled});
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::AdamUpdate, {params_[i], g, m_[i], v_[i], t_[i]}, {}, attrs);

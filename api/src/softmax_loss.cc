@@ -17,21 +17,20 @@ Tensor softmax_cross_entropy_grad(const Tensor& logits, const Tensor& labels, co
 namespace {
 
 void softmax_backward(BackwardContext& c) {
-  c.set_input_grad(0, call1(Op::SoftmaxGrad, {c.output(), c.grad_output()},
-                            c.grad_output().shape(), c.grad_output().dtype(),
-                            AttrBlob::of(c.attrs<AxisAttrs>())));
+  c.set_input_grad(0, call1(Op::SoftmaxGrad, {c.output(), c.grad_output()}, c.grad_output().shape(),
+                            c.grad_output().dtype(), AttrBlob::of(c.attrs<AxisAttrs>())));
 }
 
 void log_softmax_backward(BackwardContext& c) {
-  c.set_input_grad(0, call1(Op::LogSoftmaxGrad, {c.output(), c.grad_output()},
-                            c.grad_output().shape(), c.grad_output().dtype(),
-                            AttrBlob::of(c.attrs<AxisAttrs>())));
+  c.set_input_grad(0,
+                   call1(Op::LogSoftmaxGrad, {c.output(), c.grad_output()}, c.grad_output().shape(),
+                         c.grad_output().dtype(), AttrBlob::of(c.attrs<AxisAttrs>())));
 }
 
 void softmax_cross_entropy_backward(BackwardContext& c) {
-  c.set_input_grad(0, detail::softmax_cross_entropy_grad(
-                          c.input(0), c.input(1), c.grad_output(),
-                          c.attrs<CrossEntropyAttrs>().ignore_label));
+  c.set_input_grad(0,
+                   detail::softmax_cross_entropy_grad(c.input(0), c.input(1), c.grad_output(),
+                                                      c.attrs<CrossEntropyAttrs>().ignore_label));
 }
 
 void mean_squared_error_backward(BackwardContext& c) {
@@ -61,8 +60,7 @@ void check_classification(const char* name, const Tensor& logits, const Tensor& 
   check_floating(name, "logits", logits);
   detail::check_defined(name, "labels", labels);
   detail::check_same_device(name, logits, labels);
-  ENCORE_CHECK(logits.rank() == 2, name, ": logits must be 2-D [N, C], they are ",
-               logits.shape());
+  ENCORE_CHECK(logits.rank() == 2, name, ": logits must be 2-D [N, C], they are ", logits.shape());
   ENCORE_CHECK(is_integral(labels.dtype()), name, ": labels must be int32 or int64, they are ",
                labels.dtype(), " ", labels.shape());
   ENCORE_CHECK(labels.rank() == 1 && labels.size(0) == logits.size(0), name, ": labels ",
@@ -74,7 +72,9 @@ void check_classification(const char* name, const Tensor& logits, const Tensor& 
 
 namespace functions {
 
-Tensor softmax(const Tensor& x, int axis) { return softmax_like(Op::Softmax, "softmax", x, axis); }
+Tensor softmax(const Tensor& x, int axis) {
+  return softmax_like(Op::Softmax, "softmax", x, axis);
+}
 Tensor log_softmax(const Tensor& x, int axis) {
   return softmax_like(Op::LogSoftmax, "log_softmax", x, axis);
 }
