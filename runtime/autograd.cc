@@ -37,13 +37,14 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
   if (!leaf->grad) {
     const bool unshared =
         g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;
-    if (unshared) {
-      leaf->grad = g.impl_ptr();
-    } else {
+    if (!unshared) {
       Tensor copy = Tensor::empty(g.shape(), g.dtype(), g.device());
       dispatch(Op::Copy, {g}, {copy});
-      leaf->grad = copy.impl_ptr();
+      g = std::move(copy);
     }
+    leaf->grad = g.impl_ptr();
+    if (Tracer* tracer = current_tracer())
+      tracer->on_grad_set(Tensor(IntrusivePtr<TensorImpl>(leaf)), g);
     return;
   }
   const Tensor acc(leaf->grad);

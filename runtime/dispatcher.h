@@ -98,6 +98,13 @@ class Tracer {
     (void)t;
     (void)what;
   }
+  // The autograd engine made `grad` the .grad of `leaf` (the leaf had none). `grad` is either
+  // the incoming gradient itself or a Copy of it (already reported through on_op). Later
+  // accumulation into an existing .grad is an AddInplace op.
+  virtual void on_grad_set(const Tensor& leaf, const Tensor& grad) {
+    (void)leaf;
+    (void)grad;
+  }
 };
 
 Tracer* current_tracer();

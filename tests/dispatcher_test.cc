@@ -37,6 +37,10 @@ class RecordingTracer : public Tracer {
   void on_host_read(const Tensor&, std::string_view what) override {
     host_reads.emplace_back(what);
   }
+  void on_grad_set(const Tensor& leaf, const Tensor& grad) override {
+    grads_set.emplace_back(leaf.raw_data(), grad.raw_data());
+  }
+  std::vector<std::pair<const void*, const void*>> grads_set;
   std::vector<Call> calls;
   std::vector<std::string> host_reads;
 };
@@ -89,6 +93,10 @@ TEST_CASE("a tracer sees backward ops, views and in-place updates", "[dispatcher
   CHECK(has(Op::Fill));      // the implicit gradient of the scalar loss
   CHECK(has(Op::TanhGrad));  // backward formulas pass through the dispatcher
   CHECK(has(Op::SgdUpdate));
+  // The first gradient of x became its .grad: the tracer is told which buffer that is.
+  REQUIRE(tracer.grads_set.size() == 1);
+  CHECK(tracer.grads_set[0].first == x.raw_data());
+  CHECK(tracer.grads_set[0].second == x.grad().raw_data());
   // Reshape's attributes are empty, SGD's carry the learning rate.
   for (const auto& c : tracer.calls)
     if (c.op == Op::SgdUpdate) CHECK(c.attrs.as<SgdAttrs>().lr == 0.1);
