@@ -15,8 +15,10 @@ namespace {
 // cached block is never more than 25% larger than the request.
 size_t size_class(size_t bytes) {
   if (bytes <= 4096) return bytes == 0 ? 64 : (bytes + 63) & ~size_t{63};
+  ENCORE_CHECK(bytes <= (size_t{1} << 62), "allocate: ", bytes,
+               " bytes is more than any device has");
   const int lg = 63 - __builtin_clzll(bytes - 1);  // 2^lg < bytes <= 2^(lg+1)
-  const size_t quarter = size_t{1} << (lg - 1);
+  const size_t quarter = size_t{1} << (lg - 2);
   return (bytes + quarter - 1) / quarter * quarter;
 }
 

@@ -64,6 +64,26 @@ struct SequenceLess {
 
 }  // namespace
 
+Node::~Node() {
+  // Saved tensors may hold the producers of this node's inputs (through their grad_fn); drop
+  // them first so the edges below are the last owners.
+  saved.clear();
+  pending_grads.clear();
+  std::vector<IntrusivePtr<Node>> dying;
+  auto take_sole_owned = [&dying](Node& n) {
+    for (Edge& e : n.next)
+      if (e.node && e.node->use_count() == 1) dying.push_back(std::move(e.node));
+  };
+  take_sole_owned(*this);
+  while (!dying.empty()) {
+    IntrusivePtr<Node> n = std::move(dying.back());
+    dying.pop_back();
+    n->saved.clear();
+    n->pending_grads.clear();
+    take_sole_owned(*n);
+  }  // each n dies here with no sole-owned edges left, so its destructor goes no deeper
+}
+
 bool GradMode::enabled() {
   return t_grad_enabled;
 }
@@ -123,7 +143,7 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
     node->outputs.push_back(meta_of(outputs[i]));
     if (def.save_outputs >> i & 1) {
       // A detached alias: saving the output itself would make the node own itself.
-      node->saved.push_back(outputs[i].detach());
+      node->saved.push_back(Tensor::view_of(outputs[i], outputs[i].shape()));
       node->saved_versions.push_back(outputs[i].version());
     }
   }
@@ -158,34 +178,23 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     }
   };
 
+  // Check every root before delivering anything, so a bad call leaves no node half-queued.
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
     ENCORE_CHECK(root.defined(), "backward: output ", r, " is an undefined tensor");
     ENCORE_CHECK(root.requires_grad(), "backward: output ", r, " ", root.shape(),
                  " does not require grad (no input of its computation requires grad)");
-    Tensor g;
     if (grads.empty()) {
       ENCORE_CHECK(root.numel() == 1, "backward: a gradient can be created implicitly only for ",
                    "a one-element output; output ", r, " is ", root.shape(),
                    "; pass an explicit gradient");
-      g = Tensor::empty(root.shape(), root.dtype(), root.device());
-      dispatch(Op::Fill, {g}, {}, AttrBlob::of(ScalarAttrs{1.0}));
     } else {
-      g = grads[r];
+      const Tensor& g = grads[r];
       ENCORE_CHECK(g.defined() && g.shape() == root.shape() && g.dtype() == root.dtype() &&
                        g.device() == root.device(),
                    "backward: gradient ", r, " is ", g.str(), " but output ", r, " is ",
                    root.str());
     }
-    Edge e;
-    if (root.grad_fn()) {
-      e.node = root.grad_fn();
-      e.output_nr = root.impl()->output_nr;
-      keep.push_back(e.node);
-    } else {
-      e.leaf = root.impl_ptr();
-    }
-    deliver(e, std::move(g));
   }
 
   // On an error, leave no node marked as queued or holding gradients of the aborted pass.
@@ -198,6 +207,26 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
       }
     }
   } reset{heap};
+
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    Tensor g;
+    if (grads.empty()) {
+      g = Tensor::empty(root.shape(), root.dtype(), root.device());
+      dispatch(Op::Fill, {g}, {}, AttrBlob::of(ScalarAttrs{1.0}));
+    } else {
+      g = grads[r];
+    }
+    Edge e;
+    if (root.grad_fn()) {
+      e.node = root.grad_fn();
+      e.output_nr = root.impl()->output_nr;
+      keep.push_back(e.node);
+    } else {
+      e.leaf = root.impl_ptr();
+    }
+    deliver(e, std::move(g));
+  }
 
   absl::InlinedVector<Tensor, 4> grad_inputs;
   while (!heap.empty()) {

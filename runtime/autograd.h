@@ -51,6 +51,11 @@ struct Edge {
 
 class Node final : public RefCounted {
  public:
+  Node() = default;
+  // Frees the chain of nodes only this one keeps alive iteratively, so dropping a graph of
+  // millions of nodes cannot overflow the stack.
+  ~Node() override;
+
   Op op;
   AttrBlob attrs;
   uint64_t sequence_nr;  // creation order; backward runs nodes in decreasing order

@@ -10,65 +10,70 @@ struct OpTraits {
   Op op;
   std::string_view name;
   OpKind kind;
+  int8_t min_inputs;
+  int8_t max_inputs;  // -1: any number
+  int8_t outputs;
   uint8_t mutates = 0;  // Inplace: bit i set when input i is written
+  bool random = false;  // draws from a Generator (RandomAttrs)
 };
 
 constexpr OpTraits kOpTraits[] = {
-    {Op::Add, "add", OpKind::Compute},
-    {Op::Sub, "sub", OpKind::Compute},
-    {Op::Mul, "mul", OpKind::Compute},
-    {Op::Div, "div", OpKind::Compute},
-    {Op::AddScalar, "add_scalar", OpKind::Compute},
-    {Op::MulScalar, "mul_scalar", OpKind::Compute},
-    {Op::RsubScalar, "rsub_scalar", OpKind::Compute},
-    {Op::DivScalar, "div_scalar", OpKind::Compute},
-    {Op::RdivScalar, "rdiv_scalar", OpKind::Compute},
-    {Op::PowScalar, "pow_scalar", OpKind::Compute},
-    {Op::Neg, "neg", OpKind::Compute},
-    {Op::Exp, "exp", OpKind::Compute},
-    {Op::Log, "log", OpKind::Compute},
-    {Op::Sqrt, "sqrt", OpKind::Compute},
-    {Op::Relu, "relu", OpKind::Compute},
-    {Op::LeakyRelu, "leaky_relu", OpKind::Compute},
-    {Op::Sigmoid, "sigmoid", OpKind::Compute},
-    {Op::Tanh, "tanh", OpKind::Compute},
-    {Op::ReluGrad, "relu_grad", OpKind::Compute},
-    {Op::LeakyReluGrad, "leaky_relu_grad", OpKind::Compute},
-    {Op::SigmoidGrad, "sigmoid_grad", OpKind::Compute},
-    {Op::TanhGrad, "tanh_grad", OpKind::Compute},
-    {Op::Equal, "equal", OpKind::Compute},
-    {Op::Greater, "greater", OpKind::Compute},
-    {Op::Where, "where", OpKind::Compute},
-    {Op::Matmul, "matmul", OpKind::Compute},
-    {Op::Linear, "linear", OpKind::Compute},
-    {Op::Sum, "sum", OpKind::Compute},
-    {Op::Mean, "mean", OpKind::Compute},
-    {Op::Max, "max", OpKind::Compute},
-    {Op::Reshape, "reshape", OpKind::View},
-    {Op::Permute, "permute", OpKind::Compute},
-    {Op::BroadcastTo, "broadcast_to", OpKind::Compute},
-    {Op::Concat, "concat", OpKind::Compute},
-    {Op::Slice, "slice", OpKind::Compute},
-    {Op::SliceGrad, "slice_grad", OpKind::Compute},
-    {Op::Copy, "copy", OpKind::Compute},
-    {Op::Softmax, "softmax", OpKind::Compute},
-    {Op::LogSoftmax, "log_softmax", OpKind::Compute},
-    {Op::SoftmaxGrad, "softmax_grad", OpKind::Compute},
-    {Op::LogSoftmaxGrad, "log_softmax_grad", OpKind::Compute},
-    {Op::SoftmaxCrossEntropy, "softmax_cross_entropy", OpKind::Compute},
-    {Op::SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", OpKind::Compute},
-    {Op::MeanSquaredError, "mean_squared_error", OpKind::Compute},
-    {Op::Accuracy, "accuracy", OpKind::Compute},
-    {Op::Fill, "fill_", OpKind::Inplace, 0b1},
-    {Op::AddInplace, "add_", OpKind::Inplace, 0b1},
-    {Op::CopyInplace, "copy_", OpKind::Inplace, 0b1},
-    {Op::UniformInit, "uniform_", OpKind::Inplace, 0b1},
-    {Op::NormalInit, "normal_", OpKind::Inplace, 0b1},
-    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 0b1},
+    {Op::Add, "add", OpKind::Compute, 2, 2, 1},
+    {Op::Sub, "sub", OpKind::Compute, 2, 2, 1},
+    {Op::Mul, "mul", OpKind::Compute, 2, 2, 1},
+    {Op::Div, "div", OpKind::Compute, 2, 2, 1},
+    {Op::AddScalar, "add_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::MulScalar, "mul_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::RsubScalar, "rsub_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::DivScalar, "div_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::RdivScalar, "rdiv_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::PowScalar, "pow_scalar", OpKind::Compute, 1, 1, 1},
+    {Op::Neg, "neg", OpKind::Compute, 1, 1, 1},
+    {Op::Exp, "exp", OpKind::Compute, 1, 1, 1},
+    {Op::Log, "log", OpKind::Compute, 1, 1, 1},
+    {Op::Sqrt, "sqrt", OpKind::Compute, 1, 1, 1},
+    {Op::Relu, "relu", OpKind::Compute, 1, 1, 1},
+    {Op::LeakyRelu, "leaky_relu", OpKind::Compute, 1, 1, 1},
+    {Op::Sigmoid, "sigmoid", OpKind::Compute, 1, 1, 1},
+    {Op::Tanh, "tanh", OpKind::Compute, 1, 1, 1},
+    {Op::ReluGrad, "relu_grad", OpKind::Compute, 2, 2, 1},
+    {Op::LeakyReluGrad, "leaky_relu_grad", OpKind::Compute, 2, 2, 1},
+    {Op::SigmoidGrad, "sigmoid_grad", OpKind::Compute, 2, 2, 1},
+    {Op::TanhGrad, "tanh_grad", OpKind::Compute, 2, 2, 1},
+    {Op::Equal, "equal", OpKind::Compute, 2, 2, 1},
+    {Op::Greater, "greater", OpKind::Compute, 2, 2, 1},
+    {Op::Where, "where", OpKind::Compute, 3, 3, 1},
+    {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1},
+    {Op::Linear, "linear", OpKind::Compute, 2, 3, 1},
+    {Op::Sum, "sum", OpKind::Compute, 1, 1, 1},
+    {Op::Mean, "mean", OpKind::Compute, 1, 1, 1},
+    {Op::Max, "max", OpKind::Compute, 1, 1, 1},
+    {Op::Reshape, "reshape", OpKind::View, 1, 1, 1},
+    {Op::Alias, "alias", OpKind::View, 1, 1, 1},
+    {Op::Permute, "permute", OpKind::Compute, 1, 1, 1},
+    {Op::BroadcastTo, "broadcast_to", OpKind::Compute, 1, 1, 1},
+    {Op::Concat, "concat", OpKind::Compute, 1, -1, 1},
+    {Op::Slice, "slice", OpKind::Compute, 1, 1, 1},
+    {Op::SliceGrad, "slice_grad", OpKind::Compute, 1, 1, 1},
+    {Op::Copy, "copy", OpKind::Compute, 1, 1, 1},
+    {Op::Softmax, "softmax", OpKind::Compute, 1, 1, 1},
+    {Op::LogSoftmax, "log_softmax", OpKind::Compute, 1, 1, 1},
+    {Op::SoftmaxGrad, "softmax_grad", OpKind::Compute, 2, 2, 1},
+    {Op::LogSoftmaxGrad, "log_softmax_grad", OpKind::Compute, 2, 2, 1},
+    {Op::SoftmaxCrossEntropy, "softmax_cross_entropy", OpKind::Compute, 2, 2, 1},
+    {Op::SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", OpKind::Compute, 3, 3, 1},
+    {Op::MeanSquaredError, "mean_squared_error", OpKind::Compute, 2, 2, 1},
+    {Op::Accuracy, "accuracy", OpKind::Compute, 2, 2, 1},
+    {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, 0b1},
+    {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, 0b1},
+    {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, 0b1},
+    {Op::UniformInit, "uniform_", OpKind::Inplace, 1, 1, 0, 0b1, true},
+    {Op::NormalInit, "normal_", OpKind::Inplace, 1, 1, 0, 0b1, true},
+    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, 2, 0, 0b1},
     // Writes param and velocity (inputs: param, grad, velocity).
-    {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 0b101},
+    {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, 3, 0, 0b101},
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
-    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 0b11101},
+    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, 0b11101},
 };
 constexpr bool lists_every_op_in_order() {
   if (std::size(kOpTraits) != kNumOps) return false;
@@ -89,6 +94,9 @@ std::string_view op_name(Op op) {
 }
 uint8_t op_mutated_inputs(Op op) {
   return kOpTraits[static_cast<int>(op)].mutates;
+}
+bool op_draws_random(Op op) {
+  return kOpTraits[static_cast<int>(op)].random;
 }
 OpKind op_kind(Op op) {
   return kOpTraits[static_cast<int>(op)].kind;
@@ -124,8 +132,17 @@ TracerScope::~TracerScope() {
 
 void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
               const AttrBlob& attrs) {
-  const OpKind kind = op_kind(op);
-  ENCORE_CHECK(!inputs.empty(), op_name(op), ": no inputs");
+  const OpTraits& traits = kOpTraits[static_cast<int>(op)];
+  const OpKind kind = traits.kind;
+  const int n_in = static_cast<int>(inputs.size()), n_out = static_cast<int>(outputs.size());
+  ENCORE_CHECK(n_in >= traits.min_inputs && (traits.max_inputs < 0 || n_in <= traits.max_inputs) &&
+                   n_out == traits.outputs,
+               traits.name, ": called with ", n_in, " inputs and ", n_out, " outputs; it takes ",
+               traits.min_inputs,
+               traits.max_inputs == traits.min_inputs ? ""
+               : traits.max_inputs < 0                ? " or more"
+                                                      : cat(" to ", traits.max_inputs),
+               " inputs and ", traits.outputs, " outputs");
   for (size_t i = 0; i < inputs.size(); ++i)
     ENCORE_CHECK(inputs[i].defined(), op_name(op), ": argument ", i, " is an undefined tensor");
   const Device device = inputs[0].device();
@@ -136,7 +153,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
     ENCORE_CHECK(outputs[i].defined() && outputs[i].device() == device, op_name(op), ": output ", i,
                  " is not allocated on ", device);
 
-  const uint8_t mutates = kOpTraits[static_cast<int>(op)].mutates;
+  const uint8_t mutates = traits.mutates;
   if (kind == OpKind::Inplace && GradMode::enabled()) {
     for (size_t i = 0; i < inputs.size(); ++i)
       ENCORE_CHECK(!(mutates >> i & 1) || !inputs[i].requires_grad(), op_name(op),
@@ -146,7 +163,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
 
   if (kind != OpKind::View) {
     KernelFn fn = lookup_kernel(op, device.type);
-    absl::InlinedVector<BufferView, 4> views;
+    absl::InlinedVector<BufferView, 8> views;
     views.reserve(inputs.size() + outputs.size());
     for (const Tensor& t : inputs) views.push_back({t.raw_data(), t.shape(), t.dtype()});
     for (const Tensor& t : outputs) views.push_back({t.raw_data(), t.shape(), t.dtype()});

@@ -48,6 +48,7 @@ enum class Op : uint16_t {
   Max,
   // Layout.
   Reshape,
+  Alias,  // detach(): a view cut from the graph
   Permute,
   BroadcastTo,
   Concat,
@@ -87,8 +88,13 @@ std::string_view op_name(Op op);
 OpKind op_kind(Op op);
 // For Inplace ops: bit i is set when input i is written (its version counter is bumped).
 uint8_t op_mutated_inputs(Op op);
+// Whether the op draws from a device Generator (its RandomAttrs seed and offset were reserved at
+// call time; a replay must reserve fresh ones).
+bool op_draws_random(Op op);
 
 // ---- Attribute structs --------------------------------------------------------------------
+// No implicit padding: an AttrBlob copies the struct's bytes, and schedules compare blobs
+// bytewise, so every byte must be a member with a defined value.
 
 struct NoAttrs {};
 
@@ -115,7 +121,7 @@ struct AxisAttrs {  // Concat; Softmax, LogSoftmax and their grads
 };
 
 struct SliceAttrs {  // Slice and SliceGrad: elements start, start+step, ... < stop along axis
-  int32_t axis = 0;
+  int64_t axis = 0;
   int64_t start = 0;
   int64_t stop = 0;
   int64_t step = 1;
@@ -145,6 +151,7 @@ struct AdamAttrs {  // AdamUpdate; bias correction uses the step counter held in
   double eps = 1e-8;
   double weight_decay = 0;
   bool decoupled = false;  // AdamW
+  uint8_t padding[7] = {};
 };
 
 }  // namespace encore

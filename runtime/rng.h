@@ -1,7 +1,7 @@
 // Seeded random numbers owned by the runtime, one generator per device.
 //
 //   encore::manual_seed(42);              // all devices
-//   RandomAttrs a = default_generator(Device::cpu()).draw(n);  // a stream for n numbers
+//   auto [seed, offset] = default_generator(Device::cpu()).reserve(n);  // n numbers
 //
 // Draws are counter-based (Philox4x32-10): a call reserves `n` numbers at (seed, offset) and
 // advances the offset, so the numbers of a call depend only on the seed and how many numbers
@@ -23,14 +23,24 @@ class Generator {
     seed_ = seed;
     offset_ = 0;
   }
-  uint64_t seed() const { return seed_; }
-  uint64_t offset() const { return offset_; }
-  // Reserves `n` numbers; returns the offset of the first (rounded up to blocks of 4).
-  uint64_t reserve(uint64_t n) {
+  uint64_t seed() {
     std::lock_guard<std::mutex> l(mu_);
-    const uint64_t start = offset_;
+    return seed_;
+  }
+  uint64_t offset() {
+    std::lock_guard<std::mutex> l(mu_);
+    return offset_;
+  }
+  struct Stream {
+    uint64_t seed;
+    uint64_t offset;
+  };
+  // Reserves `n` numbers (rounded up to blocks of 4): the seed and the offset of the first.
+  Stream reserve(uint64_t n) {
+    std::lock_guard<std::mutex> l(mu_);
+    const Stream s{seed_, offset_};
     offset_ += (n + 3) / 4 * 4;
-    return start;
+    return s;
   }
 
  private:

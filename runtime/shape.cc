@@ -13,10 +13,34 @@ Shape::Shape(std::span<const int64_t> dims) {
   for (int64_t d : dims) push_back(d);
 }
 
+namespace {
+// Throws unless the product of `dims` fits kMaxNumel.
+void check_numel(const int64_t* dims, int rank) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) {
+    ENCORE_CHECK(!__builtin_mul_overflow(n, dims[i], &n) && n <= Shape::kMaxNumel,
+                 "Shape: too many elements (more than 2^59) in a shape with dimension ", dims[i]);
+  }
+}
+}  // namespace
+
 void Shape::push_back(int64_t d) {
   ENCORE_CHECK(rank_ < kMaxRank, "Shape: rank exceeds the maximum of ", kMaxRank);
   ENCORE_CHECK(d >= 0, "Shape: negative dimension ", d);
   dims_[rank_++] = d;
+  check_numel(dims_.data(), rank_);
+}
+
+void Shape::set(int i, int64_t d) {
+  ENCORE_CHECK(i >= 0 && i < rank_, "Shape: dimension ", i, " is out of range for rank ", rank_);
+  ENCORE_CHECK(d >= 0, "Shape: negative dimension ", d);
+  dims_[i] = d;
+  check_numel(dims_.data(), rank_);
+}
+
+int64_t Shape::at(int i) const {
+  ENCORE_CHECK(i >= -rank_ && i < rank_, "Shape: axis ", i, " is out of range for ", str());
+  return dims_[i < 0 ? i + rank_ : i];
 }
 
 std::array<int64_t, Shape::kMaxRank> Shape::strides() const {

@@ -18,14 +18,20 @@ class Shape {
   explicit Shape(std::span<const int64_t> dims);
 
   int rank() const { return rank_; }
+  // Largest element count of a tensor (so that byte sizes never overflow).
+  static constexpr int64_t kMaxNumel = int64_t{1} << 59;
+
   int64_t operator[](int i) const { return dims_[i]; }
-  int64_t& operator[](int i) { return dims_[i]; }
-  // Dimension with Python-style negative indexing; no bounds check.
-  int64_t at(int i) const { return dims_[i < 0 ? i + rank_ : i]; }
+  // Sets dimension i; throws Error for a negative size or an element count over kMaxNumel.
+  void set(int i, int64_t d);
+  // Dimension with Python-style negative indexing; throws Error when out of range.
+  int64_t at(int i) const;
   const int64_t* begin() const { return dims_.data(); }
   const int64_t* end() const { return dims_.data() + rank_; }
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
 
+  // Appends a dimension; throws Error for a negative size, rank > kMaxRank or an element count
+  // over kMaxNumel.
   void push_back(int64_t d);
   int64_t numel() const {
     int64_t n = 1;

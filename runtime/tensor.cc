@@ -12,7 +12,12 @@ TensorImpl::TensorImpl(IntrusivePtr<Storage> storage, int64_t offset, const Shap
     : storage(std::move(storage)), offset(offset), shape(shape), dtype(dtype) {}
 TensorImpl::~TensorImpl() = default;
 
+void Tensor::throw_undefined() {
+  fail("Tensor: use of an undefined tensor (default-constructed, or a gradient never computed)");
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  // Shape keeps numel <= 2^59, so the byte count cannot overflow.
   auto storage = make_intrusive<Storage>(shape.numel() * itemsize(dtype), device);
   return Tensor(make_intrusive<TensorImpl>(std::move(storage), 0, shape, dtype));
 }
@@ -35,14 +40,22 @@ Tensor& Tensor::set_requires_grad(bool on) {
 }
 
 void Tensor::set_grad(const Tensor& g) {
-  if (g.defined())
+  checked();
+  if (g.defined()) {
     ENCORE_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(),
                  "set_grad: gradient is ", g.str(), " but the tensor is ", str());
+    ENCORE_CHECK(!g.grad_fn(), "set_grad: the gradient ", g.shape(),
+                 " is the output of an op that records a gradient; pass g.detach()");
+    ENCORE_CHECK(!g.shares_storage(*this), "set_grad: the gradient ", g.shape(),
+                 " shares storage with the tensor itself");
+  }
   impl_->grad = g.impl_;
 }
 
 Tensor Tensor::detach() const {
-  return view_of(*this, shape());
+  Tensor out = view_of(*this, shape());
+  dispatch(Op::Alias, {*this}, {out});
+  return out;
 }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
@@ -58,9 +71,9 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
 }
 
 namespace {
+// Converts the first n elements of t to T.
 template <typename T>
-void read_as(const Tensor& t, T* dst) {
-  const int64_t n = t.numel();
+void read_as(const Tensor& t, T* dst, int64_t n) {
   const void* src = t.raw_data();
   switch (t.dtype()) {
     case DType::Float32:
@@ -93,8 +106,8 @@ template <typename T>
 T Tensor::item() const {
   check_host_readable(*this, "item");
   ENCORE_CHECK(numel() == 1, "item: tensor must have one element, it is ", shape());
-  T v;
-  read_as<T>(*this, &v);
+  T v{};
+  read_as<T>(*this, &v, 1);
   return v;
 }
 
@@ -102,7 +115,7 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
   check_host_readable(*this, "to_vector");
   std::vector<T> out(numel());
-  read_as<T>(*this, out.data());
+  read_as<T>(*this, out.data(), numel());
   return out;
 }
 
@@ -124,8 +137,8 @@ std::string to_string(const Tensor& t, int max_elements) {
   if (!t.defined() || t.device().type != DeviceType::CPU) return t.str();
   std::string out = t.str() + " {";
   const int64_t n = std::min<int64_t>(t.numel(), max_elements);
-  std::vector<double> v(t.numel());
-  read_as<double>(t, v.data());
+  std::vector<double> v(n);
+  read_as<double>(t, v.data(), n);
   for (int64_t i = 0; i < n; ++i) out += cat(i ? ", " : "", v[i]);
   if (n < t.numel()) out += ", ...";
   return out + "}";

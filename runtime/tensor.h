@@ -49,12 +49,14 @@ class Tensor {
   static Tensor view_of(const Tensor& base, const Shape& shape);
 
   bool defined() const { return static_cast<bool>(impl_); }
-  const Shape& shape() const { return impl_->shape; }
-  int rank() const { return impl_->shape.rank(); }
-  int64_t size(int axis) const { return impl_->shape.at(axis); }
-  int64_t numel() const { return impl_->shape.numel(); }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device(); }
+  // Every accessor below throws Error on an undefined tensor.
+  const Shape& shape() const { return checked().shape; }
+  int rank() const { return checked().shape.rank(); }
+  // Size of `axis` (negative counts from the end); throws Error when out of range.
+  int64_t size(int axis) const { return checked().shape.at(axis); }
+  int64_t numel() const { return checked().shape.numel(); }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().storage->device(); }
   size_t nbytes() const { return numel() * itemsize(dtype()); }
 
   // Raw data pointer; T must match dtype() (checked).
@@ -65,7 +67,8 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
   void* raw_data() const {
-    return static_cast<char*>(impl_->storage->data()) + impl_->offset * itemsize(impl_->dtype);
+    const TensorImpl& i = checked();
+    return static_cast<char*>(i.storage->data()) + i.offset * itemsize(i.dtype);
   }
 
   // Reads the single element of a one-element tensor (converted to T). A host read: a
@@ -77,20 +80,22 @@ class Tensor {
   std::vector<T> to_vector() const;
 
   // Autograd.
-  bool requires_grad() const { return impl_->requires_grad; }
+  bool requires_grad() const { return checked().requires_grad; }
   // Marks a leaf as needing a gradient; throws for a non-leaf or a non-floating tensor.
   Tensor& set_requires_grad(bool on = true);
-  bool is_leaf() const { return !impl_->grad_fn; }
-  Tensor grad() const { return Tensor(impl_->grad); }
+  bool is_leaf() const { return !checked().grad_fn; }
+  Tensor grad() const { return Tensor(checked().grad); }
+  // Sets (or, with an undefined tensor, clears) the gradient. It must match the tensor's shape,
+  // dtype and device, be no part of a graph, and not share this tensor's storage.
   void set_grad(const Tensor& g);
-  const IntrusivePtr<Node>& grad_fn() const { return impl_->grad_fn; }
-  // A tensor sharing storage with this one, cut from the graph.
+  const IntrusivePtr<Node>& grad_fn() const { return checked().grad_fn; }
+  // A tensor sharing storage with this one, cut from the graph (a dispatched Alias view).
   Tensor detach() const;
   // Back-propagates from this tensor. Without `grad` the tensor must have one element.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
   // Version counter of the storage (bumped by in-place ops).
-  uint32_t version() const { return impl_->storage->version(); }
+  uint32_t version() const { return checked().storage->version(); }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
   bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
 
@@ -100,6 +105,13 @@ class Tensor {
   std::string str() const;  // "Tensor[2,3] float32 cpu"
 
  private:
+  const TensorImpl& checked() const {
+    if (!impl_) [[unlikely]]
+      throw_undefined();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined();
+
   IntrusivePtr<TensorImpl> impl_;
 };
 

@@ -21,7 +21,7 @@ phase_done "build (build/, -Werror)"
 (cd build && ctest --output-on-failure -j2)
 phase_done "tests (build/)"
 
-scripts/setup.sh build-asan -DENCORE_SANITIZE=address,undefined \
+scripts/setup.sh build-asan -DENCORE_SANITIZE=address,undefined -DENCORE_WERROR=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENCORE_BUILD_BENCH=OFF -DENCORE_BUILD_SAMPLES=OFF
 phase_done "build (build-asan/, address,undefined)"
 

@@ -168,3 +168,64 @@ TEST_CASE("the graph is freed when its outputs go out of scope", "[autograd][mem
   }  // never backpropagated: nodes and saved tensors die with the outputs
   CHECK(alloc.stats().bytes_in_use == before);
 }
+
+TEST_CASE("a rejected multi-output backward leaves the graph usable", "[autograd]") {
+  Tensor w = leaf({1, 2}, {2});
+  Tensor y = F::sum(w * 2.0);
+  Tensor z = w * 3.0;
+  const Tensor roots[] = {y, z};
+  const Tensor bad[] = {ones({}, DType::Float64), ones({5}, DType::Float64)};
+  CHECK_THROWS_WITH(autograd::backward(roots, bad, true), Contains("gradient 1"));
+  y.backward();  // y's node must not be left queued by the failed call
+  CHECK(values(w.grad()) == std::vector<double>{2, 2});
+}
+
+TEST_CASE("dropping a very deep graph does not recurse", "[autograd][memory]") {
+  Tensor x = leaf({0}, {1});
+  Tensor h = x;
+  for (int i = 0; i < 300000; ++i) h = F::add(h, 1.0);
+  h = Tensor();  // frees 300k nodes; a recursive teardown overflows the stack
+  Tensor m = F::mul(x, x);
+  for (int i = 0; i < 100000; ++i) m = F::mul(m, 1.0);  // nodes that save their inputs
+  m = Tensor();
+  SUCCEED();
+}
+
+TEST_CASE("set_grad rejects gradients that would alias or form a cycle", "[autograd]") {
+  Tensor w = leaf({1, 2}, {2});
+  CHECK_THROWS_WITH(w.set_grad(w), Contains("shares storage"));
+  CHECK_THROWS_WITH(w.set_grad(F::mul(w, w)), Contains("detach"));
+  w.set_grad(F::mul(w, w).detach());
+  CHECK(values(w.grad()) == std::vector<double>{1, 4});
+}
+
+TEST_CASE("detach is a dispatched view cut from the graph", "[autograd]") {
+  Tensor w = leaf({1, 2}, {2});
+  Tensor d = (w * 2.0).detach();
+  CHECK_FALSE(d.requires_grad());
+  CHECK(d.is_leaf());
+  CHECK(values(d) == std::vector<double>{2, 4});
+}
+
+TEST_CASE("pow with exponent 0 has a zero gradient everywhere", "[autograd]") {
+  Tensor x = leaf({0, 2}, {2});
+  F::sum(F::pow(x, 0.0)).backward();
+  CHECK(values(x.grad()) == std::vector<double>{0, 0});
+}
+
+TEST_CASE("matmul and linear handle zero-sized dimensions", "[autograd]") {
+  Tensor a = zeros({2, 3, 0}, DType::Float64).set_requires_grad();
+  Tensor b = zeros({0, 5}, DType::Float64).set_requires_grad();
+  Tensor y = F::matmul(a, b);
+  CHECK(y.shape() == Shape{2, 3, 5});
+  CHECK(F::sum(y).item<double>() == 0.0);
+  F::sum(y).backward();
+  CHECK(a.grad().shape() == Shape{2, 3, 0});
+  CHECK(b.grad().shape() == Shape{0, 5});
+  Tensor x = ones({2, 3, 4}, DType::Float64).set_requires_grad();
+  Tensor w = zeros({0, 4}, DType::Float64).set_requires_grad();
+  Tensor out = F::linear(x, w);
+  CHECK(out.shape() == Shape{2, 3, 0});
+  out.backward(zeros({2, 3, 0}, DType::Float64));
+  CHECK(values(F::sum(x.grad())) == std::vector<double>{0});
+}

@@ -220,6 +220,26 @@ TEST_CASE("Malformed IDX files raise an Error naming the file", "[data]") {
     write_gz(path + ".gz", bytes);
     CHECK_THROWS_WITH(data::read_idx_labels(path + ".gz"), Contains(path));
   }
+  SECTION("a small gzip file whose header promises 2^40 bytes") {
+    // 2^20 x 2^10 x 2^10 images but only 1000 pixels: the reader must fail as truncated,
+    // growing its buffer as data arrives rather than allocating the promised TiB up front
+    // (which would throw std::bad_alloc or bring in the OOM killer).
+    write_gz(path + ".gz",
+             idx_bytes({1u << 20, 1u << 10, 1u << 10}, std::vector<uint8_t>(1000, 7)));
+    REQUIRE(fs::file_size(path + ".gz") < 200);
+    CHECK_THROWS_AS(data::read_idx_images(path), Error);
+    CHECK_THROWS_WITH(data::read_idx_images(path),
+                      Contains(path) && Contains("truncated") && Contains("1099511627776"));
+  }
+  SECTION("a gzip file cut short after several MiB") {  // the chunked read across chunks
+    std::vector<uint8_t> labels((3u << 20) + 5, 1);
+    std::vector<uint8_t> bytes = idx_bytes({static_cast<uint32_t>(labels.size()) + 100}, labels);
+    write_gz(path + ".gz", bytes);
+    CHECK_THROWS_WITH(data::read_idx_labels(path), Contains(path) && Contains("truncated") &&
+                                                       Contains(std::to_string(labels.size())));
+    write_gz(path + ".gz", idx_bytes({static_cast<uint32_t>(labels.size())}, labels));
+    CHECK(data::read_idx_labels(path).numel() == static_cast<int64_t>(labels.size()));
+  }
   SECTION("a zero image dimension") {
     write_plain(path, idx_bytes({2, 0, 3}, {}));
     CHECK_THROWS_WITH(data::read_idx_images(path), Contains(path) && Contains("dimension"));
@@ -309,6 +329,28 @@ TEST_CASE("BatchIterator covers every sample once per epoch", "[data]") {
     CHECK(it.position() == 23);
     CHECK_FALSE(it.next(x, t));
     CHECK(it.position() == 0);
+  }
+  SECTION("built from a temporary dataset") {  // the iterator keeps the tensors alive
+    data::BatchIterator it(data::synthetic_classification(10, 4, 2, 0), 4, true);
+    const data::Dataset same = data::synthetic_classification(10, 4, 2, 0);
+    Tensor x, t;
+    int64_t seen = 0;
+    while (it.next(x, t)) {
+      REQUIRE(x.shape() == Shape{t.numel(), 4});
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int32_t label = t.data<int32_t>()[i];
+        CHECK((label == 0 || label == 1));
+        // The row is one of the dataset's rows, with its label.
+        bool found = false;
+        for (int64_t r = 0; r < same.size() && !found; ++r)
+          found = std::equal(x.data<float>() + 4 * i, x.data<float>() + 4 * i + 4,
+                             same.images.data<float>() + 4 * r) &&
+                  same.labels.data<int32_t>()[r] == label;
+        CHECK(found);
+      }
+      seen += t.numel();
+    }
+    CHECK(seen == 10);
   }
   SECTION("bad arguments") {
     CHECK_THROWS_AS(data::BatchIterator(ds, 0, false), Error);

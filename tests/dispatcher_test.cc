@@ -166,3 +166,32 @@ TEST_CASE("every op has a name and differentiable ops a backward", "[dispatcher]
   for (Op op : {Op::Equal, Op::Accuracy, Op::ReluGrad, Op::Fill, Op::AdamUpdate})
     CHECK(backward_def(op).fn == nullptr);
 }
+
+TEST_CASE("detach is visible to a tracer as an alias", "[dispatcher]") {
+  Tensor w = rand({3}).set_requires_grad();
+  RecordingTracer tracer;
+  Tensor d;
+  {
+    TracerScope scope(&tracer);
+    d = F::mul(w, 2.0).detach();
+  }
+  REQUIRE(ops_of(tracer) == std::vector<Op>{Op::MulScalar, Op::Alias});
+  CHECK(tracer.calls[1].in_data[0] == tracer.calls[0].out_data[0]);
+  CHECK(tracer.calls[1].out_data[0] == d.raw_data());
+}
+
+TEST_CASE("ops that draw random numbers are marked for replay", "[dispatcher]") {
+  CHECK(op_draws_random(Op::UniformInit));
+  CHECK(op_draws_random(Op::NormalInit));
+  CHECK_FALSE(op_draws_random(Op::Add));
+  // Each draw reserves a fresh stream, so two draws differ.
+  RecordingTracer tracer;
+  {
+    TracerScope scope(&tracer);
+    (void)rand({5});
+    (void)rand({5});
+  }
+  REQUIRE(tracer.calls.size() == 2);
+  CHECK(tracer.calls[0].attrs.as<RandomAttrs>().offset !=
+        tracer.calls[1].attrs.as<RandomAttrs>().offset);
+}

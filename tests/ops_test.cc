@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "encore/functions.h"
 #include "op_harness.h"
+#include "runtime/dispatcher.h"
 
 using namespace encore;
 using namespace encore::optest;
@@ -787,4 +788,127 @@ TEST_CASE("out-of-range labels raise an Error", "[ops]") {
     // The ignore label itself is fine even though it is out of range.
     CHECK_NOTHROW(F::softmax_cross_entropy(logits, labels_of({0, -5}, ldt), -5));
   }
+}
+
+TEST_CASE("float to integer conversion is NaN-safe and saturates", "[ops]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::initializer_list<double> values = {nan, inf, -inf, 1e20, -1e20, 3.7, -3.7};
+  const Shape shape{static_cast<int64_t>(values.size())};
+  for (DType from : {DType::Float32, DType::Float64}) {
+    CAPTURE(name(from));
+    const Tensor src = tensor(values, shape, from);
+
+    using L32 = std::numeric_limits<int32_t>;
+    const std::vector<int32_t> want32 = {0, L32::max(), L32::min(), L32::max(), L32::min(), 3, -3};
+    Tensor dst32 = zeros(shape, DType::Int32);
+    copy_(dst32, src);
+    CHECK(dst32.to_vector<int32_t>() == want32);
+    Tensor out32 = empty(shape, DType::Int32);
+    dispatch(Op::Copy, {src}, {out32});
+    CHECK(out32.to_vector<int32_t>() == want32);
+
+    using L64 = std::numeric_limits<int64_t>;
+    const std::vector<int64_t> want64 = {0, L64::max(), L64::min(), L64::max(), L64::min(), 3, -3};
+    Tensor dst64 = zeros(shape, DType::Int64);
+    copy_(dst64, src);
+    CHECK(dst64.to_vector<int64_t>() == want64);
+    Tensor out64 = empty(shape, DType::Int64);
+    dispatch(Op::Copy, {src}, {out64});
+    CHECK(out64.to_vector<int64_t>() == want64);
+  }
+  // Just inside and just outside int32's range.
+  const Tensor edge = tensor(
+      {2147483647.0, 2147483647.9, 2147483648.0, -2147483648.0, -2147483648.9, -2147483649.0}, {6},
+      DType::Float64);
+  Tensor edge32 = zeros({6}, DType::Int32);
+  copy_(edge32, edge);
+  CHECK(edge32.to_vector<int32_t>() == std::vector<int32_t>{2147483647, 2147483647, 2147483647,
+                                                            -2147483647 - 1, -2147483647 - 1,
+                                                            -2147483647 - 1});
+
+  SECTION("fill_") {
+    Tensor t = zeros({5}, DType::Int32);
+    fill_(t, 1e20);
+    CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, std::numeric_limits<int32_t>::max()));
+    fill_(t, -inf);
+    CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, std::numeric_limits<int32_t>::min()));
+    fill_(t, nan);
+    CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, 0));
+    fill_(t, -3.7);
+    CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, -3));
+    Tensor u = zeros({3}, DType::Int64);
+    fill_(u, 1e20);
+    CHECK(u.to_vector<int64_t>() == std::vector<int64_t>(3, std::numeric_limits<int64_t>::max()));
+  }
+}
+
+TEST_CASE("max propagates NaN", "[ops]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    CAPTURE(name(dt));
+    CHECK(std::isnan(F::max(tensor({1, nan, 3}, {3}, dt)).item<double>()));
+    CHECK(std::isnan(F::max(tensor({nan, 1, 3}, {3}, dt)).item<double>()));
+    CHECK(std::isnan(F::max(tensor({1, 3, nan}, {3}, dt)).item<double>()));
+    CHECK(F::max(tensor({1, 3, 2}, {3}, dt)).item<double>() == 3);
+
+    // Each kernel path (whole tensor, last axis, first axis, inner and outer axes; rows
+    // longer than the lanes, with tails), with a NaN at one position after another: the
+    // output element it folds into is NaN, the others are unchanged.
+    const std::pair<Dims, std::vector<std::vector<int>>> cases[] = {
+        {{70}, {{}}},
+        {{3, 40}, {{}, {-1}, {0}}},
+        {{40, 3}, {{0}, {-1}}},
+        {{2, 35, 2}, {{1}, {0, 2}, {0}, {-1}}}};
+    for (const auto& [dims, axes_sets] : cases) {
+      const Shape shape{std::span<const int64_t>(dims)};
+      for (const std::vector<int>& axes : axes_sets) {
+        CAPTURE(dims_str(dims), axes);
+        Dims kept = dims;
+        for (int a : normalized_axes(axes, static_cast<int>(dims.size()))) kept[a] = 1;
+        for (int64_t at = 0; at < shape.numel(); at += 3) {
+          CAPTURE(at);
+          RefTensor x = {dims, std::vector<double>(static_cast<size_t>(shape.numel()))};
+          for (size_t i = 0; i < x.v.size(); ++i) x.v[i] = static_cast<double>(i * 37 % 101) - 50;
+          x.v[static_cast<size_t>(at)] = nan;
+          // The reference's std::max skips the NaN: right for every other output element.
+          const RefTensor want = ref_reduce(x, axes, false, Reduction::Max);
+          const int64_t nan_at = ref::broadcast_source(ref::unravel(at, dims), kept);
+          const std::vector<double> got = F::max(tensor(x.v, shape, dt), axes).to_vector<double>();
+          REQUIRE(got.size() == want.v.size());
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (static_cast<int64_t>(i) == nan_at) {
+              CHECK(std::isnan(got[i]));
+            } else {
+              CHECK(got[i] == want.v[i]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the Matmul kernel takes a 2-D operand shared by every batch", "[ops]") {
+  // The routine always passes equal ranks; the kernel's documented contract also allows a 2-D
+  // a or b with a 3-D other operand, with or without transposes.
+  auto kernel = [](const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& out) {
+    Tensor c = empty(out, a.dtype());
+    dispatch(Op::Matmul, {a, b}, {c}, AttrBlob::of(MatmulAttrs{ta, tb}));
+    return c.to_vector<double>();
+  };
+  auto close = [](const std::vector<double>& got, const Tensor& want) {
+    const std::vector<double> w = want.to_vector<double>();
+    REQUIRE(got.size() == w.size());
+    for (size_t i = 0; i < w.size(); ++i) CHECK(got[i] == Approx(w[i]).margin(1e-12));
+  };
+  const Tensor a3 = randn({2, 3, 4}, DType::Float64), b2 = randn({4, 5}, DType::Float64);
+  const Tensor a2 = randn({3, 4}, DType::Float64), b3 = randn({2, 4, 5}, DType::Float64);
+  close(kernel(a3, b2, false, false, {2, 3, 5}), F::matmul(a3, b2));
+  close(kernel(a2, b3, false, false, {2, 3, 5}), F::matmul(a2, b3));
+  const Tensor a3t = F::permute(a3, {0, 2, 1}), b2t = F::transpose(b2);  // [2,4,3], [5,4]
+  close(kernel(a3t, b2, true, false, {2, 3, 5}), F::matmul(a3, b2));
+  close(kernel(a3, b2t, false, true, {2, 3, 5}), F::matmul(a3, b2));
+  close(kernel(a3t, b2t, true, true, {2, 3, 5}), F::matmul(a3, b2));
+  close(kernel(F::transpose(a2), b3, true, false, {2, 3, 5}), F::matmul(a2, b3));
 }

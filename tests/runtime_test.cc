@@ -1,6 +1,8 @@
 // Shapes, dtypes, devices, the caching allocator and the RNG.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "encore/encore.h"
 
 using namespace encore;
@@ -93,4 +95,47 @@ TEST_CASE("the runtime RNG is seeded and reproducible", "[runtime]") {
   var /= n.size();
   CHECK(std::abs(mean) < 0.03);
   CHECK(std::abs(var - 1.0) < 0.05);
+}
+
+TEST_CASE("element counts that would overflow are rejected", "[runtime]") {
+  CHECK_THROWS_WITH(empty({(int64_t{1} << 61) + 1}, DType::Float64), Contains("too many elements"));
+  CHECK_THROWS_WITH(F::reshape(ones({4}), {int64_t{1} << 32, int64_t{1} << 32, 4}),
+                    Contains("too many elements"));
+  const int64_t big = int64_t{1} << 32;
+  CHECK_THROWS(F::reshape(ones({4}), {big + 1, big - 1, big + 1, big - 1, 4}));
+  CHECK(F::slice(ones({2, 3}), 1, 0, 3, std::numeric_limits<int64_t>::max()).shape() ==
+        Shape{2, 1});
+  CHECK(F::slice(ones({2, 3}), 1, 2, 1).shape() == Shape{2, 0});
+}
+
+TEST_CASE("an undefined tensor raises instead of crashing", "[runtime]") {
+  Tensor u;
+  CHECK_FALSE(u.defined());
+  CHECK_THROWS_WITH(u.shape(), Contains("undefined tensor"));
+  CHECK_THROWS_WITH(u.set_grad(ones({1})), Contains("undefined tensor"));
+  CHECK_THROWS_WITH(u.grad(), Contains("undefined tensor"));
+  CHECK_THROWS_WITH(u.detach(), Contains("undefined tensor"));
+  CHECK_THROWS_WITH(ones({2, 3}).size(-3), Contains("axis -3 is out of range for [2,3]"));
+  CHECK(ones({2, 3}).size(-2) == 2);
+  CHECK_THROWS_WITH(arange(-1), Contains("arange"));
+}
+
+TEST_CASE("dispatch checks how many operands an op takes", "[runtime]") {
+  Tensor x = ones({2}), y = empty({2});
+  CHECK_THROWS_WITH(dispatch(Op::Add, {x}, {y}),
+                    Contains("add: called with 1 inputs and 1 outputs; it takes 2 inputs"));
+  CHECK_THROWS_WITH(dispatch(Op::Exp, {x}, {}), Contains("exp: called with 1 inputs and 0"));
+  CHECK_THROWS_WITH(dispatch(Op::Linear, {x}, {y}), Contains("2 to 3 inputs"));
+}
+
+TEST_CASE("allocator size classes waste at most a quarter", "[runtime][memory]") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  for (int64_t n : {1025, 4097, 262145, 1000001}) {  // floats, just past a power of two
+    const int64_t before = alloc.stats().bytes_in_use;
+    Tensor t = empty({n});
+    const int64_t used = alloc.stats().bytes_in_use - before;
+    INFO(n);
+    CHECK(used >= 4 * n);
+    CHECK(used <= 4 * n + 4 * n / 4 + 64);
+  }
 }

@@ -40,7 +40,8 @@ Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit = 0)
 Dataset synthetic_classification(int64_t n, int64_t features, int64_t classes, uint64_t seed);
 
 // Batches of a dataset in order or in a seeded random permutation (reshuffled every epoch).
-// The last batch may be smaller.
+// The last batch may be smaller. The iterator keeps its own Dataset (a copy shares the tensors'
+// storage), so it may outlive the one it was built from.
 class BatchIterator {
  public:
   BatchIterator(const Dataset& ds, int64_t batch_size, bool shuffle, uint64_t seed = 0);
@@ -52,7 +53,7 @@ class BatchIterator {
 
  private:
   void reshuffle();
-  const Dataset& ds_;
+  Dataset ds_;
   int64_t batch_size_;
   bool shuffle_;
   uint64_t seed_;

@@ -133,9 +133,21 @@ IdxData read_idx(const std::string& requested, int want_rank, std::string_view k
         size < header_bytes + total ? "; the file is truncated" : "; extra bytes follow the data");
   }
 
-  out.bytes.resize(static_cast<size_t>(total));
-  const size_t got = f.read(out.bytes.data(), out.bytes.size());
-  if (got != out.bytes.size()) {
+  // Read in chunks, growing the buffer only as data arrives: a small gzip file whose header
+  // promises terabytes fails as truncated instead of allocating them. (A plain file's size
+  // was checked above, so it can be allocated at once.)
+  if (f.is_plain()) out.bytes.reserve(static_cast<size_t>(total));
+  constexpr size_t kChunk = size_t{1} << 20;
+  const auto want = static_cast<size_t>(total);
+  size_t got = 0;
+  while (got < want) {
+    const size_t n = std::min(kChunk, want - got);
+    out.bytes.resize(got + n);
+    const size_t read = f.read(out.bytes.data() + got, n);
+    got += read;
+    if (read < n) break;
+  }
+  if (got != want) {
     f.check_stream("the data");
     fail("IDX file ", path, ": truncated, the header promises ", total, " data bytes but only ",
          got, " follow");
@@ -155,7 +167,7 @@ std::string split_prefix(Split split) {
 Tensor first_rows(const Tensor& t, int64_t n) {
   Shape s = t.shape();
   const size_t row_bytes = t.numel() ? t.nbytes() / static_cast<size_t>(t.size(0)) : 0;
-  s[0] = n;
+  s.set(0, n);
   Tensor out = Tensor::empty(s, t.dtype());
   if (n > 0) std::memcpy(out.raw_data(), t.raw_data(), row_bytes * static_cast<size_t>(n));
   return out;
@@ -302,7 +314,7 @@ bool BatchIterator::next(Tensor& x, Tensor& t) {
   auto gather = [&](const Tensor& src) {
     Shape s = src.shape();
     const size_t row = src.nbytes() / static_cast<size_t>(n);
-    s[0] = b;
+    s.set(0, b);
     Tensor out = Tensor::empty(s, src.dtype());
     const char* from = static_cast<const char*>(src.raw_data());
     char* to = static_cast<char*>(out.raw_data());

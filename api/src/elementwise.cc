@@ -86,6 +86,10 @@ void rdiv_scalar_backward(BackwardContext& c) {  // y = s / x: dy/dx = -y / x
 
 void pow_scalar_backward(BackwardContext& c) {  // p x^(p-1)
   const double p = c.attrs<ScalarAttrs>().value;
+  if (p == 0) {  // x^0 is constant; 0 * x^-1 would give NaN at x = 0
+    c.set_input_grad(0, F::mul(c.grad_output(), 0.0));
+    return;
+  }
   c.set_input_grad(0, F::mul(c.grad_output(), F::mul(F::pow(c.input(0), p - 1), p)));
 }
 

@@ -52,6 +52,7 @@ Tensor tensor(std::initializer_list<double> values, const Shape& shape, DType dt
 }
 
 Tensor arange(int64_t n, DType dtype, Device device) {
+  ENCORE_CHECK(n >= 0, "arange: n must be non-negative, it is ", n);
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
   return tensor(v, {n}, dtype, device);
@@ -99,8 +100,9 @@ void copy_(const Tensor& dst, const Tensor& src) {
 namespace {
 void random_fill(Op op, const char* name, const Tensor& t, double a, double b) {
   check_floating(name, "t", t);
-  Generator& g = default_generator(t.device());
-  RandomAttrs attrs{a, b, g.seed(), g.reserve(4 * static_cast<uint64_t>(t.numel()))};
+  const Generator::Stream s =
+      default_generator(t.device()).reserve(4 * static_cast<uint64_t>(t.numel()));
+  RandomAttrs attrs{a, b, s.seed, s.offset};
   dispatch(op, {t}, {}, AttrBlob::of(attrs));
 }
 }  // namespace

@@ -76,13 +76,14 @@ Tensor reshape(const Tensor& x, std::span<const int64_t> shape) {
       continue;
     }
     ENCORE_CHECK(shape[i] >= 0, "reshape: invalid dimension ", shape[i], " for ", x.shape());
-    known *= shape[i];
+    ENCORE_CHECK(!__builtin_mul_overflow(known, shape[i], &known), "reshape: the new shape of ",
+                 x.shape(), " has too many elements");
     s.push_back(shape[i]);
   }
   if (infer >= 0) {
     ENCORE_CHECK(known > 0 && x.numel() % known == 0, "reshape: cannot reshape ", x.shape(), " (",
                  x.numel(), " elements) with a -1 into ", known, "-element blocks");
-    s[infer] = x.numel() / known;
+    s.set(infer, x.numel() / known);
   }
   ENCORE_CHECK(s.numel() == x.numel(), "reshape: cannot reshape ", x.shape(), " (", x.numel(),
                " elements) to ", s, " (", s.numel(), " elements)");
@@ -172,7 +173,7 @@ Tensor concat(std::span<const Tensor> xs, int axis) {
     for (int d = 0; ok && d < x0.rank(); ++d) ok = d == ax || x.shape()[d] == x0.shape()[d];
     ENCORE_CHECK(ok, "concat: tensor ", i, " ", x.shape(), " does not match tensor 0 ", x0.shape(),
                  " outside axis ", ax);
-    s[ax] += x.shape()[ax];
+    s.set(ax, s[ax] + x.shape()[ax]);
   }
   Tensor out = Tensor::empty(s, x0.dtype(), x0.device());
   dispatch(Op::Concat, xs, std::span<Tensor>(&out, 1), AttrBlob::of(AxisAttrs{ax}));
@@ -193,7 +194,7 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t ste
   start = clamp(start);
   stop = std::max(start, clamp(stop));
   Shape s = x.shape();
-  s[ax] = (stop - start + step - 1) / step;
+  s.set(ax, stop > start ? (stop - start - 1) / step + 1 : 0);
   return call1(Op::Slice, {x}, s, x.dtype(), AttrBlob::of(SliceAttrs{ax, start, stop, step}));
 }
 

@@ -64,13 +64,15 @@ void linear_backward(BackwardContext& c) {
   const Tensor& w = c.input(1);
   const Tensor& gy = c.grad_output();
   const int64_t out_features = w.size(0), in_features = w.size(1);
-  const Tensor gy2 = gy.rank() == 2 ? gy : F::reshape(gy, {-1, out_features});
+  int64_t rows = 1;  // x viewed as [rows, in]
+  for (int i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
+  const Tensor gy2 = gy.rank() == 2 ? gy : F::reshape(gy, {rows, out_features});
   if (c.needs_input_grad(0)) {
     Tensor gx = detail::matmul_t(gy2, w, false, false);
     c.set_input_grad(0, x.rank() == 2 ? gx : F::reshape(gx, x.shape().dims()));
   }
   if (c.needs_input_grad(1)) {
-    const Tensor x2 = x.rank() == 2 ? x : F::reshape(x, {-1, in_features});
+    const Tensor x2 = x.rank() == 2 ? x : F::reshape(x, {rows, in_features});
     c.set_input_grad(1, detail::matmul_t(gy2, x2, true, false));
   }
   if (c.num_inputs() == 3 && c.needs_input_grad(2)) c.set_input_grad(2, F::sum(gy2, {0}));
@@ -142,7 +144,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     ENCORE_CHECK(a.size(0) == b.size(0), "matmul: batch dimensions differ: a is ", a.shape(),
                  ", b is ", b.shape());
   if (a.rank() == 3 && b.rank() == 2) {  // one GEMM over the flattened batch
-    const Tensor y = detail::matmul_t(reshape(a, {-1, a.size(2)}), b, false, false);
+    const Tensor y =
+        detail::matmul_t(reshape(a, {a.size(0) * a.size(1), a.size(2)}), b, false, false);
     return reshape(y, {a.size(0), a.size(1), b.size(1)});
   }
   if (a.rank() == 2 && b.rank() == 3)

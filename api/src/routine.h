@@ -27,13 +27,6 @@ inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) 
                b.device());
 }
 
-inline Tensor new_tensor(const Shape& s, DType d, Device dev) {
-  return Tensor::empty(s, d, dev);
-}
-inline Tensor new_like(const Tensor& t) {
-  return Tensor::empty(t.shape(), t.dtype(), t.device());
-}
-
 // Runs a single-output op whose output has `shape` and `dtype`.
 inline Tensor call1(Op op, std::initializer_list<Tensor> in, const Shape& shape, DType dtype,
                     const AttrBlob& attrs = {}) {

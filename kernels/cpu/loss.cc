@@ -1,27 +1,12 @@
 // Losses and metrics: softmax cross entropy (and its gradient), mean squared error, accuracy.
 // Scalar results are accumulated in double.
-#include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/softmax_util.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-template <typename T>
-T row_max(const T* x, int64_t n) {
-  T m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-// log(sum(exp(x))) of a row, computed after subtracting its maximum.
-template <typename T>
-T log_sum_exp(const T* x, int64_t n, T m) {
-  T sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(x[i] - m);
-  return m + std::log(sum);
-}
 
 // Checks that label `l` of sample `i` is the ignore label or a class index.
 template <typename L>
@@ -46,7 +31,7 @@ void cross_entropy_kernel(const KernelArgs& args) {
       for (int64_t i = 0; i < rows; ++i) {
         if (!counted(y[i], i, classes, ignore, Op::SoftmaxCrossEntropy)) continue;
         const T* row = x + i * classes;
-        total += static_cast<double>(log_sum_exp(row, classes, row_max(row, classes)) - row[y[i]]);
+        total += static_cast<double>(log_sum_exp(row, classes, kUnitStride) - row[y[i]]);
         ++count;
       }
       *out.as<T>() = count == 0 ? T(0) : static_cast<T>(total / count);
@@ -76,12 +61,8 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
           for (int64_t j = 0; j < classes; ++j) grow[j] = T(0);
           continue;
         }
-        const T m = row_max(row, classes);
-        T sum = 0;
-        for (int64_t j = 0; j < classes; ++j) {
-          grow[j] = std::exp(row[j] - m);
-          sum += grow[j];
-        }
+        const T m = lane_max(row, classes, kUnitStride);
+        const T sum = sum_exp<true>(row, grow, classes, kUnitStride, m);
         const T f = scale / sum;
         for (int64_t j = 0; j < classes; ++j) grow[j] *= f;
         grow[y[i]] -= scale;

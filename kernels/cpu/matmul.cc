@@ -37,7 +37,9 @@ struct Gemm {
   }
 };
 
-// out [M,N] or [B,M,N] = op(a) op(b); a and b are 2-D (shared by every batch) or 3-D.
+// out [M,N] or [B,M,N] = op(a) op(b); a and b are 2-D (shared by every batch) or 3-D. The
+// routine passes operands of equal rank (it flattens [B,M,K] x [K,N] into one 2-D GEMM itself);
+// a shared 2-D operand is just a batch step of 0.
 void matmul_kernel(const KernelArgs& args) {
   const BufferView &a = args.in[0], &b = args.in[1], &c = args.out[0];
   const MatmulAttrs& attrs = args.attr<MatmulAttrs>();
@@ -62,16 +64,9 @@ void matmul_kernel(const KernelArgs& args) {
       std::fill(pc, pc + c.numel(), T(0));
       return;
     }
-    Gemm run = g;
-    if (a_step != 0 && b_step == 0 && !g.trans_a) {  // [B,M,K] x [K,N]: one [B*M,K] x [K,N]
-      run.m = batches * g.m;
-      run.check(Op::Matmul);
-      run.run(pa, pb, pc, T(0));
-      return;
-    }
-    run.check(Op::Matmul);
+    g.check(Op::Matmul);
     for (int64_t i = 0; i < batches; ++i)
-      run.run(pa + i * a_step, pb + i * b_step, pc + i * g.m * g.n, T(0));
+      g.run(pa + i * a_step, pb + i * b_step, pc + i * g.m * g.n, T(0));
   });
 }
 

@@ -5,9 +5,11 @@
 // 0: reduced with independent lanes, which vectorizes) or an accumulation of an input row into
 // an output row (stride 1 both), so sum over the last axis and sum over axis 0 are both tight.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/strided_loop.h"
@@ -32,9 +34,15 @@ struct MaxOp {
     if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
     return std::numeric_limits<T>::lowest();
   }
+  // A NaN in either argument gives NaN, as in NumPy and PyTorch: once the accumulator holds a
+  // NaN, b > a is false and it stays. A select, so the lane loops still vectorize.
   template <typename T>
   static T combine(T a, T b) {
-    return b > a ? b : a;
+    if constexpr (std::is_floating_point_v<T>) {
+      return b > a || std::isnan(b) ? b : a;
+    } else {
+      return b > a ? b : a;
+    }
   }
 };
 

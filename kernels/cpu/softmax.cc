@@ -5,9 +5,9 @@
 // case) are compiled separately with a unit stride so their loops vectorize.
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/softmax_util.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -28,30 +28,18 @@ Layout layout_of(const Shape& shape, int axis) {
 template <typename Lane>
 void for_each_lane(const Layout& l, Lane&& lane) {
   if (l.inner == 1) {
-    for (int64_t o = 0; o < l.outer; ++o) lane(o * l.n, std::integral_constant<int64_t, 1>{});
+    for (int64_t o = 0; o < l.outer; ++o) lane(o * l.n, kUnitStride);
     return;
   }
   for (int64_t o = 0; o < l.outer; ++o)
     for (int64_t c = 0; c < l.inner; ++c) lane(o * l.n * l.inner + c, l.inner);
 }
 
-template <typename T, typename S>
-T lane_max(const T* x, int64_t n, S s) {
-  T m = n > 0 ? x[0] : T(0);
-  for (int64_t i = 1; i < n; ++i) m = x[i * s] > m ? x[i * s] : m;
-  return m;
-}
-
 // y = softmax(x) or log_softmax(x) along one lane.
 template <bool kLog, typename T, typename S>
 void softmax_lane(const T* x, T* y, int64_t n, S s) {
   const T m = lane_max(x, n, s);
-  T sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const T e = std::exp(x[i * s] - m);
-    if constexpr (!kLog) y[i * s] = e;
-    sum += e;
-  }
+  const T sum = sum_exp<!kLog>(x, y, n, s, m);
   if constexpr (kLog) {
     const T log_sum = std::log(sum);
     for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - m - log_sum;

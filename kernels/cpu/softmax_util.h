@@ -1,0 +1,42 @@
+// Lane helpers shared by the softmax kernels (softmax.cc) and the softmax cross-entropy loss
+// (loss.cc). A lane is n elements of x at stride s; pass kUnitStride for contiguous rows so the
+// loops are compiled with a unit stride.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace encore::kernels::cpu {
+
+using UnitStride = std::integral_constant<int64_t, 1>;
+inline constexpr UnitStride kUnitStride{};
+
+// The largest element of a lane; 0 for an empty lane.
+template <typename T, typename S>
+T lane_max(const T* x, int64_t n, S s) {
+  T m = n > 0 ? x[0] : T(0);
+  for (int64_t i = 1; i < n; ++i) m = x[i * s] > m ? x[i * s] : m;
+  return m;
+}
+
+// sum(exp(x - m)) over a lane; with kStore, also writes exp(x - m) to y.
+template <bool kStore, typename T, typename S>
+T sum_exp(const T* x, T* y, int64_t n, S s, T m) {
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T e = std::exp(x[i * s] - m);
+    if constexpr (kStore) y[i * s] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// log(sum(exp(x))) over a lane, computed after subtracting its maximum so exp cannot overflow.
+template <typename T, typename S>
+T log_sum_exp(const T* x, int64_t n, S s) {
+  const T m = lane_max(x, n, s);
+  return m + std::log(sum_exp<false>(x, static_cast<T*>(nullptr), n, s, m));
+}
+
+}  // namespace encore::kernels::cpu
