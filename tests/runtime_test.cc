@@ -1,6 +1,7 @@
 // Shapes, dtypes, devices, the caching allocator and the RNG.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <limits>
 
 #include "encore/encore.h"
@@ -138,4 +139,40 @@ TEST_CASE("allocator size classes waste at most a quarter", "[runtime][memory]")
     CHECK(used >= 4 * n);
     CHECK(used <= 4 * n + 4 * n / 4 + 64);
   }
+}
+
+TEST_CASE("parallel_for covers every element exactly once", "[runtime]") {
+  const int saved = num_threads();
+  for (int threads : {1, 2, 3, 8}) {
+    set_num_threads(threads);
+    CHECK(num_threads() == threads);
+    for (int64_t n : {0, 1, 999, 100000}) {
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      parallel_for(n, 100, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(i)];
+      });
+      INFO("threads " << threads << " n " << n);
+      CHECK(std::count(hits.begin(), hits.end(), 1) == n);
+    }
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE("a multi-threaded optimizer update equals the single-threaded one bit for bit",
+          "[runtime][optim]") {
+  const int saved = num_threads();
+  std::vector<float> results[2];
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    manual_seed(5);
+    Tensor p = rand({300000}, DType::Float32, Device::cpu(), -1, 1).set_requires_grad();
+    optim::Adam adam({p}, {.weight_decay = 0.01});
+    for (int step = 0; step < 3; ++step) {
+      p.set_grad(rand({300000}, DType::Float32, Device::cpu(), -1, 1));
+      adam.step();
+    }
+    results[threads - 1] = p.to_vector<float>();
+  }
+  set_num_threads(saved);
+  CHECK(results[0] == results[1]);
 }

@@ -9,5 +9,6 @@
 #include "runtime/allocator.h"
 #include "runtime/autograd.h"
 #include "runtime/dispatcher.h"
+#include "runtime/parallel.h"
 #include "runtime/rng.h"
 #include "runtime/tensor.h"

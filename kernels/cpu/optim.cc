@@ -6,9 +6,13 @@
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/simd.h"
+#include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
 namespace {
+
+// Elements per thread below which an update runs on the calling thread alone.
+constexpr int64_t kParallelGrain = int64_t{1} << 16;
 
 // p -= lr * (g + wd * p).
 void sgd_kernel(const KernelArgs& args) {
@@ -67,24 +71,28 @@ void adam_kernel(const KernelArgs& args) {
     const T* pg = g.as<T>();
     T* pm = m.as<T>();
     T* pv = v.as<T>();
-    // In chunks that stay in L1, so the sqrt between the two passes runs as SIMD.
-    constexpr int64_t kChunk = 512;
-    T root[kChunk];
-    for (int64_t c = 0, n = p.numel(); c < n; c += kChunk) {
-      const int64_t w = std::min(kChunk, n - c);
-      T* pc = pp + c;
-      const T* gc = pg + c;
-      T* mc = pm + c;
-      T* vc = pv + c;
-      for (int64_t i = 0; i < w; ++i) {
-        const T gi = gc[i] + wd * pc[i];
-        mc[i] = b1 * mc[i] + c1 * gi;
-        vc[i] = b2 * vc[i] + c2 * gi * gi;
+    // Memory-bound on large parameters: split across cores (elementwise, so bit-identical at
+    // any thread count), and within a thread in chunks that stay in L1 so the sqrt between
+    // the two passes runs as SIMD.
+    parallel_for(p.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      constexpr int64_t kChunk = 512;
+      T root[kChunk];
+      for (int64_t c = begin; c < end; c += kChunk) {
+        const int64_t w = std::min(kChunk, end - c);
+        T* pc = pp + c;
+        const T* gc = pg + c;
+        T* mc = pm + c;
+        T* vc = pv + c;
+        for (int64_t i = 0; i < w; ++i) {
+          const T gi = gc[i] + wd * pc[i];
+          mc[i] = b1 * mc[i] + c1 * gi;
+          vc[i] = b2 * vc[i] + c2 * gi * gi;
+        }
+        sqrt_array(vc, root, w);
+        for (int64_t i = 0; i < w; ++i)
+          pc[i] = pc[i] * decay - step_size * mc[i] / (root[i] / sqrt_bc2 + eps);
       }
-      sqrt_array(vc, root, w);
-      for (int64_t i = 0; i < w; ++i)
-        pc[i] = pc[i] * decay - step_size * mc[i] / (root[i] / sqrt_bc2 + eps);
-    }
+    });
   });
 }
 
