@@ -73,8 +73,9 @@ void adam_kernel(const KernelArgs& args) {
     T* pv = v.as<T>();
     // Memory-bound on large parameters: split across cores (elementwise, so bit-identical at
     // any thread count), and within a thread in chunks that stay in L1 so the sqrt between
-    // the two passes runs as SIMD.
-    parallel_for(p.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+    // the two passes runs as SIMD. Captures by value: values read through a reference to the
+    // enclosing frame might alias the arrays, which stops the loops from vectorizing.
+    parallel_for(p.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
       constexpr int64_t kChunk = 512;
       T root[kChunk];
       for (int64_t c = begin; c < end; c += kChunk) {
