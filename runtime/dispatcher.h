@@ -93,7 +93,8 @@ class Tracer {
   virtual ~Tracer() = default;
   virtual void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) = 0;
-  // A tensor's values were read on the host (item, to_vector): not capturable.
+  // A tensor's values were accessed on the host (`what`: "item", "to_vector", or "data" for
+  // Tensor::data, a read or a write): not capturable.
   virtual void on_host_read(const Tensor& t, std::string_view what) {
     (void)t;
     (void)what;

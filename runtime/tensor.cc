@@ -102,6 +102,12 @@ void check_host_readable(const Tensor& t, const char* what) {
 }
 }  // namespace
 
+void Tensor::notify_host_access(const char* what) const {
+  if (Tracer* tr = current_tracer()) tr->on_host_read(*this, what);
+}
+
+namespace {}  // namespace
+
 template <typename T>
 T Tensor::item() const {
   check_host_readable(*this, "item");

@@ -59,13 +59,16 @@ class Tensor {
   Device device() const { return checked().storage->device(); }
   size_t nbytes() const { return numel() * itemsize(dtype()); }
 
-  // Raw data pointer; T must match dtype() (checked).
+  // The data for host reads and writes; T must match dtype() (checked). An active tracer is
+  // told (on_host_read with "data"): such access cannot be part of a static schedule.
   template <typename T>
   T* data() const {
     ENCORE_CHECK(dtype_of<T> == dtype(), "Tensor::data: requested ", name(dtype_of<T>),
                  " but the tensor is ", dtype());
+    notify_host_access("data");
     return static_cast<T*>(raw_data());
   }
+  // The address of the first element, for kernels and tracers (not reported to a tracer).
   void* raw_data() const {
     const TensorImpl& i = checked();
     return static_cast<char*>(i.storage->data()) + i.offset * itemsize(i.dtype);
@@ -111,6 +114,7 @@ class Tensor {
     return *impl_;
   }
   [[noreturn]] static void throw_undefined();
+  void notify_host_access(const char* what) const;
 
   IntrusivePtr<TensorImpl> impl_;
 };

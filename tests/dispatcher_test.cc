@@ -109,8 +109,9 @@ TEST_CASE("host reads are reported to the tracer", "[dispatcher]") {
     TracerScope scope(&tracer);
     (void)F::sum(x).item<float>();
     (void)x.to_vector<float>();
+    x.data<float>()[0] = 2;
   }
-  CHECK(tracer.host_reads == std::vector<std::string>{"item", "to_vector"});
+  CHECK(tracer.host_reads == std::vector<std::string>{"item", "to_vector", "data"});
 }
 
 TEST_CASE("tracer scopes nest and restore", "[dispatcher]") {
