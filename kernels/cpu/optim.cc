@@ -60,7 +60,9 @@ void adam_kernel(const KernelArgs& args) {
     const double bc1 = 1 - std::pow(a.beta1, static_cast<double>(t));
     const double bc2 = 1 - std::pow(a.beta2, static_cast<double>(t));
     const T step_size = static_cast<T>(a.lr / bc1);
-    const T sqrt_bc2 = static_cast<T>(std::sqrt(bc2));
+    // sqrt(v) / sqrt(bc2) as a product: one division per element instead of two (they bound
+    // the loop's throughput); differs from PyTorch's expression in the last bit at most.
+    const T inv_sqrt_bc2 = static_cast<T>(1 / std::sqrt(bc2));
     const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
     const T c1 = static_cast<T>(1 - a.beta1), c2 = static_cast<T>(1 - a.beta2);
     const T eps = static_cast<T>(a.eps);
@@ -91,7 +93,7 @@ void adam_kernel(const KernelArgs& args) {
         }
         sqrt_array(vc, root, w);
         for (int64_t i = 0; i < w; ++i)
-          pc[i] = pc[i] * decay - step_size * mc[i] / (root[i] / sqrt_bc2 + eps);
+          pc[i] = pc[i] * decay - step_size * mc[i] / (root[i] * inv_sqrt_bc2 + eps);
       }
     });
   });
