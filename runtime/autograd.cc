@@ -15,14 +15,11 @@ TensorMeta meta_of(const Tensor& t) {
   return {t.shape(), t.dtype(), t.device()};
 }
 
-Tensor new_like(const TensorMeta& m) {
-  return Tensor::empty(m.shape, m.dtype, m.device);
-}
-
-Tensor zeros_like_meta(const TensorMeta& m) {
-  Tensor z = new_like(m);
-  dispatch(Op::Fill, {z}, {}, AttrBlob::of(ScalarAttrs{0.0}));
-  return z;
+// A tensor described by `m`, filled with `value` (implicit and missing gradients).
+Tensor filled(const TensorMeta& m, double value) {
+  Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
+  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
+  return t;
 }
 
 // a + b into a fresh tensor (gradients from two consumers meeting at one value).
@@ -67,10 +64,10 @@ struct SequenceLess {
 Node::~Node() {
   // Saved tensors may hold the producers of this node's inputs (through their grad_fn); drop
   // them first so the edges below are the last owners.
-  saved.clear();
-  pending_grads.clear();
   std::vector<IntrusivePtr<Node>> dying;
   auto take_sole_owned = [&dying](Node& n) {
+    n.saved.clear();
+    n.pending_grads.clear();
     for (Edge& e : n.next)
       if (e.node && e.node->use_count() == 1) dying.push_back(std::move(e.node));
   };
@@ -78,8 +75,6 @@ Node::~Node() {
   while (!dying.empty()) {
     IntrusivePtr<Node> n = std::move(dying.back());
     dying.pop_back();
-    n->saved.clear();
-    n->pending_grads.clear();
     take_sole_owned(*n);
   }  // each n dies here with no sole-owned edges left, so its destructor goes no deeper
 }
@@ -124,6 +119,10 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     node->inputs.push_back(meta_of(t));
+    if (def.save_inputs >> i & 1) {
+      node->saved.push_back(t);
+      node->saved_versions.push_back(t.version());
+    }
     if (!t.requires_grad()) continue;
     Edge& e = node->next[i];
     if (t.grad_fn()) {
@@ -132,11 +131,6 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
     } else {
       e.leaf = t.impl_ptr();
     }
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!(def.save_inputs >> i & 1)) continue;
-    node->saved.push_back(inputs[i]);
-    node->saved_versions.push_back(inputs[i].version());
   }
   node->outputs.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -210,13 +204,7 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
 
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
-    Tensor g;
-    if (grads.empty()) {
-      g = Tensor::empty(root.shape(), root.dtype(), root.device());
-      dispatch(Op::Fill, {g}, {}, AttrBlob::of(ScalarAttrs{1.0}));
-    } else {
-      g = grads[r];
-    }
+    Tensor g = grads.empty() ? filled(meta_of(root), 1.0) : grads[r];
     Edge e;
     if (root.grad_fn()) {
       e.node = root.grad_fn();
@@ -247,7 +235,7 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
                    "(version ", node->saved_versions[s], " -> ", t.version(), ")");
     }
     for (size_t i = 0; i < grad_outputs.size(); ++i)
-      if (!grad_outputs[i].defined()) grad_outputs[i] = zeros_like_meta(node->outputs[i]);
+      if (!grad_outputs[i].defined()) grad_outputs[i] = filled(node->outputs[i], 0.0);
 
     grad_inputs.assign(node->inputs.size(), Tensor());
     BackwardContext ctx(*node, std::span<Tensor>(grad_outputs.data(), grad_outputs.size()),

@@ -144,19 +144,19 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                                                       : cat(" to ", traits.max_inputs),
                " inputs and ", traits.outputs, " outputs");
   for (size_t i = 0; i < inputs.size(); ++i)
-    ENCORE_CHECK(inputs[i].defined(), op_name(op), ": argument ", i, " is an undefined tensor");
+    ENCORE_CHECK(inputs[i].defined(), traits.name, ": argument ", i, " is an undefined tensor");
   const Device device = inputs[0].device();
   for (size_t i = 1; i < inputs.size(); ++i)
-    ENCORE_CHECK(inputs[i].device() == device, op_name(op), ": argument ", i, " is on ",
+    ENCORE_CHECK(inputs[i].device() == device, traits.name, ": argument ", i, " is on ",
                  inputs[i].device(), " but argument 0 is on ", device);
   for (size_t i = 0; i < outputs.size(); ++i)
-    ENCORE_CHECK(outputs[i].defined() && outputs[i].device() == device, op_name(op), ": output ", i,
+    ENCORE_CHECK(outputs[i].defined() && outputs[i].device() == device, traits.name, ": output ", i,
                  " is not allocated on ", device);
 
   const uint8_t mutates = traits.mutates;
   if (kind == OpKind::Inplace && GradMode::enabled()) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      ENCORE_CHECK(!(mutates >> i & 1) || !inputs[i].requires_grad(), op_name(op),
+      ENCORE_CHECK(!(mutates >> i & 1) || !inputs[i].requires_grad(), traits.name,
                    ": in-place update of argument ", i, " ", inputs[i].shape(),
                    ", which requires grad, while grad mode is on; run it under NoGradGuard");
   }

@@ -116,6 +116,7 @@ struct PermuteAttrs {
   int8_t perm[8] = {};
 };
 
+// Axes in attributes are non-negative: routines resolve negative axes before dispatch.
 struct AxisAttrs {  // Concat; Softmax, LogSoftmax and their grads
   int32_t axis = 0;
 };

@@ -60,14 +60,11 @@ Tensor Tensor::detach() const {
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   ENCORE_CHECK(defined(), "backward: undefined tensor");
-  if (grad.defined()) {
-    const Tensor roots[] = {*this};
-    const Tensor grads[] = {grad};
-    autograd::backward(roots, grads, retain_graph);
-  } else {
-    const Tensor roots[] = {*this};
-    autograd::backward(roots, {}, retain_graph);
-  }
+  const Tensor roots[] = {*this};
+  const Tensor grads[] = {grad};
+  autograd::backward(roots,
+                     grad.defined() ? std::span<const Tensor>(grads) : std::span<const Tensor>(),
+                     retain_graph);
 }
 
 namespace {
@@ -75,22 +72,20 @@ namespace {
 template <typename T>
 void read_as(const Tensor& t, T* dst, int64_t n) {
   const void* src = t.raw_data();
+  auto convert = [&](const auto* from) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(from[i]);
+  };
   switch (t.dtype()) {
     case DType::Float32:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const float*>(src)[i]);
-      break;
+      return convert(static_cast<const float*>(src));
     case DType::Float64:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const double*>(src)[i]);
-      break;
+      return convert(static_cast<const double*>(src));
     case DType::Int32:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int32_t*>(src)[i]);
-      break;
+      return convert(static_cast<const int32_t*>(src));
     case DType::Int64:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const int64_t*>(src)[i]);
-      break;
+      return convert(static_cast<const int64_t*>(src));
     case DType::Bool:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<const bool*>(src)[i]);
-      break;
+      return convert(static_cast<const bool*>(src));
   }
 }
 
@@ -98,7 +93,6 @@ void check_host_readable(const Tensor& t, const char* what) {
   ENCORE_CHECK(t.defined(), what, ": undefined tensor");
   ENCORE_CHECK(t.device().type == DeviceType::CPU, what, ": tensor is on ", t.device(),
                "; copy it to the cpu first");
-  if (Tracer* tr = current_tracer()) tr->on_host_read(t, what);
 }
 }  // namespace
 
@@ -106,11 +100,10 @@ void Tensor::notify_host_access(const char* what) const {
   if (Tracer* tr = current_tracer()) tr->on_host_read(*this, what);
 }
 
-namespace {}  // namespace
-
 template <typename T>
 T Tensor::item() const {
   check_host_readable(*this, "item");
+  notify_host_access("item");
   ENCORE_CHECK(numel() == 1, "item: tensor must have one element, it is ", shape());
   T v{};
   read_as<T>(*this, &v, 1);
@@ -120,6 +113,7 @@ T Tensor::item() const {
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   check_host_readable(*this, "to_vector");
+  notify_host_access("to_vector");
   std::vector<T> out(numel());
   read_as<T>(*this, out.data(), numel());
   return out;

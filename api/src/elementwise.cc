@@ -12,7 +12,6 @@ Tensor binary(Op op, const char* name, const Tensor& a, const Tensor& b) {
   check_floating(name, "a", a);
   check_floating(name, "b", b);
   detail::check_same_dtype(name, a, b);
-  detail::check_same_device(name, a, b);
   return call1(op, {a, b}, broadcast_shapes(a.shape(), b.shape(), name), a.dtype());
 }
 
@@ -226,7 +225,6 @@ Tensor compare(Op op, const char* name, const Tensor& a, const Tensor& b) {
   detail::check_defined(name, "b", b);
   ENCORE_CHECK(a.dtype() != DType::Bool, name, ": bool operands are not supported");
   detail::check_same_dtype(name, a, b);
-  detail::check_same_device(name, a, b);
   return call1(op, {a, b}, broadcast_shapes(a.shape(), b.shape(), name), DType::Bool);
 }
 }  // namespace
@@ -245,8 +243,6 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_floating("where", "a", a);
   check_floating("where", "b", b);
   detail::check_same_dtype("where", a, b);
-  detail::check_same_device("where", a, b);
-  detail::check_same_device("where", cond, a);
   const Shape s =
       broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   return call1(Op::Where, {cond, a, b}, s, a.dtype());

@@ -75,6 +75,16 @@ Tensor clone(const Tensor& x) {
   return detail::call1(Op::Copy, {x}, x.shape(), x.dtype());
 }
 
+void detail::zero_grads(std::span<const Tensor> params, bool set_to_none) {
+  NoGradGuard no_grad;
+  for (Tensor p : params) {
+    if (set_to_none || !p.grad().defined())
+      p.set_grad(Tensor());
+    else
+      fill_(p.grad(), 0.0);
+  }
+}
+
 void fill_(const Tensor& t, double value) {
   check_defined("fill_", "t", t);
   dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));

@@ -66,16 +66,18 @@ void linear_backward(BackwardContext& c) {
   const int64_t out_features = w.size(0), in_features = w.size(1);
   int64_t rows = 1;  // x viewed as [rows, in]
   for (int i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
-  const Tensor gy2 = gy.rank() == 2 ? gy : F::reshape(gy, {rows, out_features});
-  if (c.needs_input_grad(0)) {
-    Tensor gx = detail::matmul_t(gy2, w, false, false);
-    c.set_input_grad(0, x.rank() == 2 ? gx : F::reshape(gx, x.shape().dims()));
-  }
-  if (c.needs_input_grad(1)) {
-    const Tensor x2 = x.rank() == 2 ? x : F::reshape(x, {rows, in_features});
-    c.set_input_grad(1, detail::matmul_t(gy2, x2, true, false));
-  }
+  const Tensor gy2 = F::reshape(gy, {rows, out_features});  // views; no-ops for 2-D x
+  if (c.needs_input_grad(0))
+    c.set_input_grad(0, F::reshape(detail::matmul_t(gy2, w, false, false), x.shape().dims()));
+  if (c.needs_input_grad(1))
+    c.set_input_grad(1, detail::matmul_t(gy2, F::reshape(x, {rows, in_features}), true, false));
   if (c.num_inputs() == 3 && c.needs_input_grad(2)) c.set_input_grad(2, F::sum(gy2, {0}));
+}
+
+// Reduces `x` over the axes in `mask` (no argument checks).
+Tensor reduce_masked(Op op, const Tensor& x, uint8_t mask, bool keepdims) {
+  return call1(op, {x}, detail::reduced_shape(x.shape(), mask, keepdims), x.dtype(),
+               AttrBlob::of(ReduceAttrs{mask, keepdims}));
 }
 
 // gy broadcast back over the reduced axes of the input.
@@ -104,8 +106,7 @@ void max_backward(BackwardContext& c) {  // shared equally among tied maxima
   const Tensor mask = F::equal(x, F::reshape(c.output(), keep.dims()));
   const Tensor one = full({}, 1.0, x.dtype(), x.device());
   const Tensor zero = full({}, 0.0, x.dtype(), x.device());
-  const Tensor ties = call1(Op::Sum, {F::where(mask, one, zero)}, keep, x.dtype(),
-                            AttrBlob::of(ReduceAttrs{at.axes_mask, true}));
+  const Tensor ties = reduce_masked(Op::Sum, F::where(mask, one, zero), at.axes_mask, true);
   const Tensor share = F::div(F::reshape(c.grad_output(), keep.dims()), ties);
   c.set_input_grad(0, F::where(mask, share, zero));
 }
@@ -123,8 +124,7 @@ Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axe
   check_floating(name, "x", x);
   const uint8_t mask = detail::axes_mask(name, axes, x.rank());
   if (op == Op::Max) ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
-  return call1(op, {x}, detail::reduced_shape(x.shape(), mask, keepdims), x.dtype(),
-               AttrBlob::of(ReduceAttrs{mask, keepdims}));
+  return reduce_masked(op, x, mask, keepdims);
 }
 
 }  // namespace
@@ -135,7 +135,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_floating("matmul", "a", a);
   check_floating("matmul", "b", b);
   detail::check_same_dtype("matmul", a, b);
-  detail::check_same_device("matmul", a, b);
   ENCORE_CHECK((a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3),
                "matmul: ", "operands must be 2-D or 3-D: a is ", a.shape(), ", b is ", b.shape());
   ENCORE_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", a.shape(),
@@ -157,7 +156,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_floating("linear", "x", x);
   check_floating("linear", "weight", weight);
   detail::check_same_dtype("linear", x, weight);
-  detail::check_same_device("linear", x, weight);
   ENCORE_CHECK(weight.rank() == 2, "linear: weight must be 2-D [out, in], it is ", weight.shape());
   ENCORE_CHECK(x.rank() >= 1 && x.size(-1) == weight.size(1), "linear: x ", x.shape(),
                " does not match weight ", weight.shape(), " (expected x [..., ", weight.size(1),
@@ -168,7 +166,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!bias.defined()) return call1(Op::Linear, {x, weight}, out_shape, x.dtype());
   check_floating("linear", "bias", bias);
   detail::check_same_dtype("linear", x, bias);
-  detail::check_same_device("linear", x, bias);
   ENCORE_CHECK(bias.rank() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.shape(),
                " does not match weight ", weight.shape(), " (expected [", weight.size(0), "])");
   return call1(Op::Linear, {x, weight, bias}, out_shape, x.dtype());
@@ -200,9 +197,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
                  shape);
     if (want == 1 && x.shape()[i] != 1) mask |= static_cast<uint8_t>(1u << i);
   }
-  const Tensor s = call1(Op::Sum, {x}, detail::reduced_shape(x.shape(), mask, true), x.dtype(),
-                         AttrBlob::of(ReduceAttrs{mask, true}));
-  return reshape(s, shape.dims());
+  return reshape(reduce_masked(Op::Sum, x, mask, true), shape.dims());
 }
 
 }  // namespace functions

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "api/src/routine.h"
+
 namespace encore::nn {
 
 Tensor Module::forward(const Tensor&) {
@@ -42,13 +44,7 @@ void Module::train(bool on) {
 }
 
 void Module::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (auto& [name, p] : named_parameters()) {
-    if (set_to_none || !p.grad().defined())
-      p.set_grad(Tensor());
-    else
-      fill_(p.grad(), 0.0);
-  }
+  detail::zero_grads(parameters(), set_to_none);
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options) {

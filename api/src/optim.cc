@@ -1,6 +1,6 @@
 #include "encore/optim.h"
 
-#include "runtime/dispatcher.h"
+#include "api/src/routine.h"
 
 namespace encore::optim {
 
@@ -14,13 +14,7 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (Tensor& p : params_) {
-    if (set_to_none || !p.grad().defined())
-      p.set_grad(Tensor());
-    else
-      fill_(p.grad(), 0.0);
-  }
+  detail::zero_grads(params_, set_to_none);
 }
 
 namespace {

@@ -22,18 +22,17 @@ inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
                ", b is ", b.dtype(), " ", b.shape());
 }
 
-inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  ENCORE_CHECK(a.device() == b.device(), op, ": devices differ: a is on ", a.device(), ", b is on ",
-               b.device());
-}
-
-// Runs a single-output op whose output has `shape` and `dtype`.
+// Runs a single-output op whose output has `shape` and `dtype`, on input 0's device (dispatch()
+// rejects inputs on other devices, naming the argument).
 inline Tensor call1(Op op, std::initializer_list<Tensor> in, const Shape& shape, DType dtype,
                     const AttrBlob& attrs = {}) {
   Tensor out = Tensor::empty(shape, dtype, in.begin()->device());
   dispatch(op, in, {out}, attrs);
   return out;
 }
+
+// Drops (set_to_none) or zeroes the gradients of `params` (Module and Optimizer zero_grad).
+void zero_grads(std::span<const Tensor> params, bool set_to_none);
 
 // Bit mask of `axes` over a rank-`rank` tensor (all axes when empty); rejects duplicates.
 uint8_t axes_mask(const char* op, std::span<const int> axes, int rank);

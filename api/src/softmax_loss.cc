@@ -59,7 +59,6 @@ Tensor softmax_like(Op op, const char* name, const Tensor& x, int axis) {
 void check_classification(const char* name, const Tensor& logits, const Tensor& labels) {
   check_floating(name, "logits", logits);
   detail::check_defined(name, "labels", labels);
-  detail::check_same_device(name, logits, labels);
   ENCORE_CHECK(logits.rank() == 2, name, ": logits must be 2-D [N, C], they are ", logits.shape());
   ENCORE_CHECK(is_integral(labels.dtype()), name, ": labels must be int32 or int64, they are ",
                labels.dtype(), " ", labels.shape());
@@ -89,7 +88,6 @@ Tensor mean_squared_error(const Tensor& a, const Tensor& b) {
   check_floating("mean_squared_error", "a", a);
   check_floating("mean_squared_error", "b", b);
   detail::check_same_dtype("mean_squared_error", a, b);
-  detail::check_same_device("mean_squared_error", a, b);
   ENCORE_CHECK(a.shape() == b.shape(), "mean_squared_error: shapes differ: a is ", a.shape(),
                ", b is ", b.shape());
   return call1(Op::MeanSquaredError, {a, b}, Shape{}, a.dtype());

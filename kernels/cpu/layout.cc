@@ -90,21 +90,9 @@ void broadcast_to_kernel(const KernelArgs& args) {
                   [&]<typename U>(Type<U>) { gather(out.as<U>(), x.as<U>(), loop); });
 }
 
-// Elements before `axis` (outer) and after it (inner).
-struct AxisSplit {
-  int64_t outer = 1, inner = 1;
-};
-AxisSplit split_at(const Shape& shape, int axis) {
-  AxisSplit s;
-  for (int d = 0; d < axis; ++d) s.outer *= shape[d];
-  for (int d = axis + 1; d < shape.rank(); ++d) s.inner *= shape[d];
-  return s;
-}
-
 void concat_kernel(const KernelArgs& args) {
   const BufferView& out = args.out[0];
-  int axis = args.attr<AxisAttrs>().axis;
-  if (axis < 0) axis += out.shape.rank();
+  const int axis = args.attr<AxisAttrs>().axis;
   const AxisSplit split = split_at(out.shape, axis);
   const size_t item = itemsize(out.dtype);
   const size_t out_row = out.shape[axis] * split.inner * item;
@@ -126,7 +114,7 @@ template <typename X, typename Y, typename Copy>
 void walk_slice(X* x, Y* y, const Shape& x_shape, const SliceAttrs& attrs, int64_t count,
                 Copy copy) {
   const AxisSplit split = split_at(x_shape, attrs.axis);
-  const int64_t dim = x_shape[attrs.axis], inner = split.inner;
+  const int64_t dim = split.n, inner = split.inner;
   for (int64_t o = 0; o < split.outer; ++o) {
     X* xo = x + (o * dim + attrs.start) * inner;
     Y* yo = y + o * count * inner;
@@ -140,8 +128,7 @@ void walk_slice(X* x, Y* y, const Shape& x_shape, const SliceAttrs& attrs, int64
 
 void slice_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
-  SliceAttrs attrs = args.attr<SliceAttrs>();
-  if (attrs.axis < 0) attrs.axis += x.shape.rank();
+  const SliceAttrs& attrs = args.attr<SliceAttrs>();
   switch_itemsize(x.dtype, Op::Slice, [&]<typename U>(Type<U>) {
     walk_slice(x.as<U>(), y.as<U>(), x.shape, attrs, y.shape[attrs.axis],
                [](const U* from, U* to, int64_t n) {
@@ -153,8 +140,7 @@ void slice_kernel(const KernelArgs& args) {
 // gx (the shape of the sliced x) = 0 except gx[..., start + k*step, ...] = gy[..., k, ...].
 void slice_grad_kernel(const KernelArgs& args) {
   const BufferView &gy = args.in[0], &gx = args.out[0];
-  SliceAttrs attrs = args.attr<SliceAttrs>();
-  if (attrs.axis < 0) attrs.axis += gx.shape.rank();
+  const SliceAttrs& attrs = args.attr<SliceAttrs>();
   switch_floating(gx.dtype, Op::SliceGrad, [&]<typename T>(Type<T>) {
     T* px = gx.as<T>();
     std::fill(px, px + gx.numel(), T(0));

@@ -8,25 +8,14 @@
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/softmax_util.h"
+#include "kernels/cpu/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {
 
-struct Layout {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Layout layout_of(const Shape& shape, int axis) {
-  Layout l;
-  if (axis < 0) axis += shape.rank();
-  for (int d = 0; d < axis; ++d) l.outer *= shape[d];
-  l.n = shape[axis];
-  for (int d = axis + 1; d < shape.rank(); ++d) l.inner *= shape[d];
-  return l;
-}
-
 // Calls lane(offset, stride) for every lane, with the stride a compile-time 1 when inner == 1.
 template <typename Lane>
-void for_each_lane(const Layout& l, Lane&& lane) {
+void for_each_lane(const AxisSplit& l, Lane&& lane) {
   if (l.inner == 1) {
     for (int64_t o = 0; o < l.outer; ++o) lane(o * l.n, kUnitStride);
     return;
@@ -53,7 +42,7 @@ template <bool kLog>
 void softmax_kernel(const KernelArgs& args) {
   constexpr Op kOp = kLog ? Op::LogSoftmax : Op::Softmax;
   const BufferView &x = args.in[0], &y = args.out[0];
-  const Layout l = layout_of(x.shape, args.attr<AxisAttrs>().axis);
+  const AxisSplit l = split_at(x.shape, args.attr<AxisAttrs>().axis);
   switch_floating(x.dtype, kOp, [&]<typename T>(Type<T>) {
     const T* px = x.as<T>();
     T* py = y.as<T>();
@@ -79,7 +68,7 @@ template <bool kLog>
 void softmax_grad_kernel(const KernelArgs& args) {
   constexpr Op kOp = kLog ? Op::LogSoftmaxGrad : Op::SoftmaxGrad;
   const BufferView &y = args.in[0], &gy = args.in[1], &gx = args.out[0];
-  const Layout l = layout_of(y.shape, args.attr<AxisAttrs>().axis);
+  const AxisSplit l = split_at(y.shape, args.attr<AxisAttrs>().axis);
   switch_floating(y.dtype, kOp, [&]<typename T>(Type<T>) {
     const T* py = y.as<T>();
     const T* pg = gy.as<T>();

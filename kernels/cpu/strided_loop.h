@@ -57,6 +57,18 @@ inline void contiguous_strides(const Shape& shape, int64_t* strides) {
   }
 }
 
+// A shape seen as [outer, n, inner] around one axis (softmax lanes, concat, slice).
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisSplit split_at(const Shape& shape, int axis) {
+  AxisSplit s;
+  for (int d = 0; d < axis; ++d) s.outer *= shape[d];
+  s.n = shape[axis];
+  for (int d = axis + 1; d < shape.rank(); ++d) s.inner *= shape[d];
+  return s;
+}
+
 // A loop over `rank` dimensions `dims` where operand k has element strides strides[k][d];
 // drops size-1 dimensions and merges dimensions that every operand walks contiguously.
 template <int N>
