@@ -50,7 +50,7 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
 
 void check_grad(const Node& node, int i, const Tensor& g) {
   const TensorMeta& m = node.inputs[i];
-  ENCORE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype, "backward of ", op_name(node.op),
+  ENCORE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype, "backward of ", node_name(node),
                ": gradient of input ", i, " is ", g.shape(), " ", g.dtype(), " but the input is ",
                m.shape, " ", m.dtype);
 }
@@ -68,6 +68,7 @@ Node::~Node() {
   auto take_sole_owned = [&dying](Node& n) {
     n.saved.clear();
     n.pending_grads.clear();
+    n.payload.reset();
     for (Edge& e : n.next)
       if (e.node && e.node->use_count() == 1) dying.push_back(std::move(e.node));
   };
@@ -77,6 +78,10 @@ Node::~Node() {
     dying.pop_back();
     take_sole_owned(*n);
   }  // each n dies here with no sole-owned edges left, so its destructor goes no deeper
+}
+
+std::string_view node_name(const Node& node) {
+  return node.label.empty() ? op_name(node.op) : std::string_view(node.label);
 }
 
 bool GradMode::enabled() {
@@ -100,6 +105,10 @@ const Tensor& BackwardContext::output(int i) const {
 }
 
 namespace autograd {
+
+uint64_t next_sequence_nr() {
+  return g_sequence.fetch_add(1, std::memory_order_relaxed);
+}
 
 void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<const Tensor> inputs,
             std::span<Tensor> outputs) {
@@ -152,6 +161,7 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
 void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
   ENCORE_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(),
                " outputs but ", grads.size(), " gradients");
+  if (Tracer* tracer = current_tracer()) tracer->on_backward();
   NoGradGuard no_grad;
   std::vector<Node*> heap;
   std::vector<IntrusivePtr<Node>> keep;  // roots' nodes stay alive for the pass
@@ -225,7 +235,7 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     absl::InlinedVector<Tensor, 1> grad_outputs = std::move(node->pending_grads);
     node->pending_grads.clear();
 
-    ENCORE_CHECK(!node->released, "backward: the saved tensors of ", op_name(node->op),
+    ENCORE_CHECK(!node->released, "backward: the saved tensors of ", node_name(*node),
                  " were released by an earlier backward; pass retain_graph=true to the first ",
                  "backward to go through the graph twice");
     for (size_t s = 0; s < node->saved.size(); ++s) {
@@ -245,7 +255,8 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     if (!retain_graph) {
       node->saved.clear();
       node->saved_versions.clear();
-      node->released = node->save_inputs != 0 || node->save_outputs != 0;
+      node->released = node->save_inputs != 0 || node->save_outputs != 0 || node->payload;
+      node->payload.reset();
     }
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Edge& e = node->next[i];

@@ -68,6 +68,10 @@ class Node final : public RefCounted {
   uint8_t save_inputs = 0;
   uint8_t save_outputs = 0;
   bool released = false;  // saved tensors freed after a backward without retain_graph
+  // State of a backward that is not one op's (a static subgraph's frame): dropped with the
+  // saved tensors. `label` then names the node in messages instead of the op.
+  IntrusivePtr<RefCounted> payload;
+  std::string label;
 
   // Engine scratch, valid during one backward pass.
   absl::InlinedVector<Tensor, 1> pending_grads;
@@ -94,6 +98,8 @@ class BackwardContext {
   bool needs_input_grad(int i) const { return node_.next[i].active(); }
   const TensorMeta& input_meta(int i) const { return node_.inputs[i]; }
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
+  int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
+  RefCounted* payload() const { return node_.payload.get(); }
   void set_input_grad(int i, Tensor g) { grad_inputs_[i] = std::move(g); }
 
  private:
@@ -102,7 +108,13 @@ class BackwardContext {
   std::span<Tensor> grad_inputs_;
 };
 
+// The op name of a node, or its label.
+std::string_view node_name(const Node& node);
+
 namespace autograd {
+
+// The next node creation number (a node standing for many ops takes one as well).
+uint64_t next_sequence_nr();
 
 // Called by dispatch(): records a node for a differentiable op when grad mode is on and an input
 // requires a gradient.

@@ -106,6 +106,13 @@ class Tracer {
     (void)leaf;
     (void)grad;
   }
+  // Tensor::set_grad made `grad` the .grad of `leaf` (undefined: cleared it).
+  virtual void on_grad_replaced(const Tensor& leaf, const Tensor& grad) {
+    (void)leaf;
+    (void)grad;
+  }
+  // A backward pass starts on this thread (autograd::backward).
+  virtual void on_backward() {}
 };
 
 Tracer* current_tracer();

@@ -35,6 +35,12 @@ class Generator {
     uint64_t seed;
     uint64_t offset;
   };
+  // Restores a state read with seed() and offset().
+  void set_state(uint64_t seed, uint64_t offset) {
+    std::lock_guard<std::mutex> l(mu_);
+    seed_ = seed;
+    offset_ = offset;
+  }
   // Reserves `n` numbers (rounded up to blocks of 4): the seed and the offset of the first.
   Stream reserve(uint64_t n) {
     std::lock_guard<std::mutex> l(mu_);
@@ -48,6 +54,12 @@ class Generator {
   uint64_t seed_;
   uint64_t offset_ = 0;
 };
+
+// How many numbers a random op (UniformInit, NormalInit, dropout masks) reserves for a tensor of
+// `numel` elements; a static replay reserves the same again.
+inline uint64_t random_count(int64_t numel) {
+  return 4 * static_cast<uint64_t>(numel);
+}
 
 Generator& default_generator(Device d);
 // Seeds every device's generator.

@@ -1,9 +1,21 @@
 #include "runtime/storage.h"
 
+#include <atomic>
+
 namespace encore {
+namespace {
+std::atomic<uint64_t> g_next_serial{1};
+}
 
 Storage::Storage(size_t nbytes, Device device)
-    : data_(allocator_for(device).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
+    : data_(allocator_for(device).allocate(nbytes)),
+      nbytes_(nbytes),
+      device_(device),
+      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {}
+
+uint64_t Storage::next_serial() {
+  return g_next_serial.load(std::memory_order_relaxed);
+}
 
 Storage::~Storage() {
   allocator_for(device_).deallocate(data_, nbytes_);

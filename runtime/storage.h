@@ -25,11 +25,17 @@ class Storage final : public RefCounted {
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
 
+  // A number no other storage of this process has or will have (creation order).
+  uint64_t serial() const { return serial_; }
+  // The serial the next storage will get.
+  static uint64_t next_serial();
+
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   uint32_t version_ = 0;
+  uint64_t serial_;
 };
 
 }  // namespace encore

@@ -50,6 +50,7 @@ void Tensor::set_grad(const Tensor& g) {
                  " shares storage with the tensor itself");
   }
   impl_->grad = g.impl_;
+  if (Tracer* tr = current_tracer()) tr->on_grad_replaced(*this, g);
 }
 
 Tensor Tensor::detach() const {

@@ -6,6 +6,7 @@
 #include "encore/functions.h"
 #include "encore/nn.h"
 #include "encore/optim.h"
+#include "encore/static_graph.h"
 #include "runtime/allocator.h"
 #include "runtime/autograd.h"
 #include "runtime/dispatcher.h"

@@ -20,6 +20,13 @@
 
 namespace encore::nn {
 
+// What ENCORE_STATIC_GRAPH installs in a module: operator() goes through it (static_graph.h).
+class StaticHook {
+ public:
+  virtual ~StaticHook() = default;
+  virtual Tensor call(const Tensor& x) = 0;
+};
+
 class Module {
  public:
   Module() = default;
@@ -29,11 +36,14 @@ class Module {
 
   // The single-input forward; modules with other signatures define their own call operator.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Calls forward(), or its static version when the class marks it ENCORE_STATIC_GRAPH.
+  Tensor operator()(const Tensor& x) { return static_hook_ ? static_hook_->call(x) : forward(x); }
 
   // Parameters of this module and its descendants, depth first, named "child.param".
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<Tensor> parameters() const;
+  // The members holding the parameters (defined ones), named as by named_parameters().
+  std::vector<std::pair<std::string, Tensor*>> named_parameter_slots() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
     return children_;
   }
@@ -49,6 +59,10 @@ class Module {
   // A short description, e.g. "Linear(784 -> 100)".
   virtual std::string describe() const { return "Module"; }
 
+  // The static forward installed by ENCORE_STATIC_GRAPH (null: plain eager).
+  StaticHook* static_hook() const { return static_hook_; }
+  void set_static_hook(StaticHook* hook) { static_hook_ = hook; }
+
  protected:
   // Registers a parameter held in a member of this module; marks it as requiring grad.
   void register_parameter(std::string name, Tensor* member);
@@ -59,11 +73,12 @@ class Module {
   }
 
  private:
-  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
 
   std::vector<std::pair<std::string, Tensor*>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  StaticHook* static_hook_ = nullptr;
 };
 
 enum class Init {

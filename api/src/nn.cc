@@ -20,15 +20,21 @@ void Module::register_parameter(std::string name, Tensor* member) {
 }
 
 void Module::collect(const std::string& prefix,
-                     std::vector<std::pair<std::string, Tensor>>& out) const {
+                     std::vector<std::pair<std::string, Tensor*>>& out) const {
   for (const auto& [name, p] : params_)
-    if (p->defined()) out.emplace_back(prefix + name, *p);
+    if (p->defined()) out.emplace_back(prefix + name, p);
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::named_parameter_slots() const {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  collect("", out);
+  return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", out);
+  for (auto& [name, p] : named_parameter_slots()) out.emplace_back(std::move(name), *p);
   return out;
 }
 

@@ -1,0 +1,232 @@
+// static_graph: trace a function on its first call with an input signature, replay it after.
+//
+// Function form (anything, e.g. a whole training step):
+//
+//   auto step = encore::static_graph(
+//       [&](const Tensor& x, const Tensor& t) {
+//         Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+//         opt.zero_grad();
+//         loss.backward();
+//         opt.step();
+//         return loss;
+//       },
+//       {.name = "step", .modules = {model}});
+//   Tensor loss = step(x, t);         // first call: runs eagerly under a tracer
+//   loss = step(x2, t2);              // same signature: replays the schedule, no user code
+//
+// Module form: one line inside the class makes operator() static; delete it for plain eager.
+//
+//   class Net : public nn::Module {
+//    public:
+//     Tensor forward(const Tensor& x) override { ... }
+//     ENCORE_STATIC_GRAPH({.name = "net"});
+//   };
+//
+// The signature of a call is the dtype, shape, device and requires-grad of every tensor
+// argument, the grad mode, the train/eval mode of the modules, and an optional user key
+// (StaticKey as the first argument). A new signature traces again; the cache keeps
+// `cache_limit` entries (least recently used evicted). Outputs of a traced forward carry one
+// autograd node for the whole subgraph; the first backward through it is recorded and later
+// backwards replay it. ENCORE_STATIC=0 (or set_static_enabled(false)) runs everything eagerly;
+// ENCORE_LOG=retrace prints every retrace with its reason; ENCORE_STATIC_VERIFY=N checks every
+// Nth replay against an eager run.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "encore/nn.h"
+#include "schedule/static_graph.h"
+
+namespace encore {
+
+using schedule::EntryReport;
+using schedule::OnUnsafe;
+using schedule::RetraceEvent;
+using schedule::StaticStats;
+
+struct StaticOptions {
+  std::string name = "static";  // names the function in messages and reports
+  int cache_limit = 8;          // signatures kept; the least recently used is evicted
+  // A trace that reads tensor values on the host (item(), to_vector(), data()) or creates
+  // parameters: Error throws encore::Error; Eager warns and runs that signature eagerly.
+  OnUnsafe on_unsafe = OnUnsafe::Error;
+  int verify_every = 0;  // 0: off; N: every Nth replay is also run eagerly and compared
+  std::vector<std::string> arg_names = {};  // argument names for messages, by position
+  // Function form: modules whose train/eval mode joins the signature and whose parameters are
+  // watched (a parameter replaced by another tensor is rebound, or retraced if its shape
+  // differs). The module form adds its own module.
+  std::vector<std::shared_ptr<nn::Module>> modules = {};
+};
+
+// A key for non-tensor arguments: pass it first, `step(StaticKey{"lr=0.1"}, x, t)`.
+struct StaticKey {
+  std::string value;
+};
+
+// Runs every static function eagerly (false) or traced (true, the default unless
+// ENCORE_STATIC=0). Returns the previous setting.
+bool set_static_enabled(bool on);
+bool static_enabled();
+
+// Statistics of every live static function in the process.
+std::vector<StaticStats> static_graph_report();
+// The same as a human-readable table.
+std::string static_graph_report_table();
+
+namespace detail {
+
+// The type-erased part of a static function (one per StaticFunction or module).
+class StaticCore {
+ public:
+  StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
+             schedule::StaticGraph::Body body);
+  std::vector<Tensor> call(std::span<const Tensor> args, const std::string* key);
+  schedule::StaticGraph& graph() { return *graph_; }
+
+ private:
+  std::vector<nn::Module*> modules_;
+  std::unique_ptr<schedule::StaticGraph> graph_;
+};
+
+template <typename T>
+struct IsTuple : std::false_type {};
+template <typename... T>
+struct IsTuple<std::tuple<T...>> : std::true_type {};
+template <typename A, typename B>
+struct IsTuple<std::pair<A, B>> : std::true_type {};
+
+template <typename R>
+void flatten_result(R&& r, std::vector<Tensor>& out) {
+  using D = std::decay_t<R>;
+  if constexpr (std::is_same_v<D, Tensor>) {
+    out.push_back(std::forward<R>(r));
+  } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    for (auto& t : r) out.push_back(t);
+  } else {
+    static_assert(IsTuple<D>::value, "a static function returns Tensor, std::vector<Tensor>, "
+                                     "a std::tuple or std::pair of Tensors, or void");
+    std::apply([&out](auto&&... t) { (out.push_back(t), ...); }, r);
+  }
+}
+
+template <typename R>
+R unflatten_result(std::vector<Tensor>& v, const std::vector<Tensor>* shape_hint) {
+  (void)shape_hint;
+  if constexpr (std::is_same_v<R, Tensor>) {
+    return std::move(v.at(0));
+  } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
+    return std::move(v);
+  } else {
+    return [&v]<size_t... I>(std::index_sequence<I...>) {
+      return R{std::move(v.at(I))...};
+    }
+    (std::make_index_sequence<std::tuple_size_v<R>>());
+  }
+}
+
+}  // namespace detail
+
+// A static function over tensor arguments. Copying shares the cache.
+template <typename Fn>
+class StaticFunction {
+ public:
+  StaticFunction(Fn fn, StaticOptions options) : fn_(std::make_shared<Fn>(std::move(fn))) {
+    std::vector<nn::Module*> modules;
+    for (auto& m : options.modules) modules.push_back(m.get());
+    core_ =
+        std::make_shared<detail::StaticCore>(std::move(options), std::move(modules), make_body());
+  }
+
+  template <typename... Args>
+  auto operator()(const Args&... args) {
+    return invoke(nullptr, args...);
+  }
+  template <typename... Args>
+  auto operator()(const StaticKey& key, const Args&... args) {
+    return invoke(&key.value, args...);
+  }
+
+  StaticStats stats() const { return core_->graph().stats(); }
+  // Drops every cache entry (the next call traces).
+  void clear() { core_->graph().clear(); }
+  schedule::StaticGraph& graph() { return core_->graph(); }
+
+ private:
+  template <typename... Args>
+  auto invoke(const std::string* key, const Args&... args) {
+    static_assert((std::is_convertible_v<const Args&, const Tensor&> && ...),
+                  "static function arguments are Tensors; pass other values through the "
+                  "closure and a StaticKey");
+    using R = std::invoke_result_t<Fn&, const Args&...>;
+    const Tensor targs[] = {Tensor(args)..., Tensor()};
+    std::vector<Tensor> out = core_->call(std::span<const Tensor>(targs, sizeof...(Args)), key);
+    if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out, nullptr);
+  }
+
+  schedule::StaticGraph::Body make_body() {
+    std::shared_ptr<Fn> fn = fn_;
+    return
+        [fn](std::span<const Tensor> args, std::vector<Tensor>& out) { call_with(*fn, args, out); };
+  }
+
+  // Calls fn with args as separate parameters (the arity is fn's).
+  template <size_t N = 0, typename... T>
+  static void call_with(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out,
+                        const T&... got) {
+    if constexpr (std::is_invocable_v<Fn&, const T&...>) {
+      ENCORE_CHECK(args.size() == sizeof...(T), "static function: called with ", args.size(),
+                   " arguments; it takes ", sizeof...(T));
+      using R = std::invoke_result_t<Fn&, const T&...>;
+      if constexpr (std::is_void_v<R>)
+        fn(got...);
+      else
+        detail::flatten_result(fn(got...), out);
+    } else {
+      static_assert(N < 16, "static function: takes up to 16 tensor arguments");
+      ENCORE_CHECK(N < args.size(), "static function: called with ", args.size(),
+                   " arguments; it takes more");
+      call_with<N + 1>(fn, args, out, got..., args[N]);
+    }
+  }
+
+  std::shared_ptr<Fn> fn_;
+  std::shared_ptr<detail::StaticCore> core_;
+};
+
+template <typename Fn>
+StaticFunction<Fn> static_graph(Fn fn, StaticOptions options = {}) {
+  return StaticFunction<Fn>(std::move(fn), std::move(options));
+}
+
+// The member ENCORE_STATIC_GRAPH declares: makes its module's operator() run forward() as a
+// static function with this module's own cache.
+class StaticForward final : public nn::StaticHook {
+ public:
+  explicit StaticForward(nn::Module* module, StaticOptions options = {});
+  ~StaticForward() override;
+  Tensor call(const Tensor& x) override;
+  StaticStats stats() const { return core_.graph().stats(); }
+  schedule::StaticGraph& graph() { return core_.graph(); }
+
+ private:
+  nn::Module* module_;
+  mutable detail::StaticCore core_;
+};
+
+// The statistics of a module's ENCORE_STATIC_GRAPH forward; throws Error when it has none.
+StaticStats static_stats(const nn::Module& module);
+// Drops the cache of a module's static forward (the next call traces).
+void static_clear(nn::Module& module);
+
+}  // namespace encore
+
+// Inside a Module subclass: `ENCORE_STATIC_GRAPH();` or `ENCORE_STATIC_GRAPH({.name = "net"});`
+#define ENCORE_STATIC_GRAPH(...)                 \
+  ::encore::StaticForward encore_static_graph_ { \
+    this __VA_OPT__(, ) __VA_ARGS__              \
+  }

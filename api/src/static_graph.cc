@@ -1,0 +1,105 @@
+#include "encore/static_graph.h"
+
+namespace encore {
+
+bool set_static_enabled(bool on) {
+  return schedule::set_enabled(on);
+}
+bool static_enabled() {
+  return schedule::enabled();
+}
+std::vector<StaticStats> static_graph_report() {
+  return schedule::report_all();
+}
+std::string static_graph_report_table() {
+  return schedule::report_table();
+}
+
+namespace detail {
+
+StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
+                       schedule::StaticGraph::Body body)
+    : modules_(std::move(modules)) {
+  for (size_t i = 0; i < modules_.size(); ++i)
+    ENCORE_CHECK(modules_[i] != nullptr, options.name, ": module ", i, " is null");
+  ENCORE_CHECK(options.cache_limit >= 1, options.name, ": cache_limit must be at least 1, got ",
+               options.cache_limit);
+  ENCORE_CHECK(options.verify_every >= 0, options.name, ": verify_every must be >= 0, got ",
+               options.verify_every);
+  schedule::Config c;
+  c.name = std::move(options.name);
+  c.cache_limit = options.cache_limit;
+  c.on_unsafe = options.on_unsafe;
+  c.verify_every = options.verify_every;
+  c.arg_names = std::move(options.arg_names);
+  if (!modules_.empty()) {
+    c.mode = [this] {
+      int train = 0;
+      for (const nn::Module* m : modules_) train += m->is_training();
+      return train == 0 ? 0 : train == static_cast<int>(modules_.size()) ? 1 : 2;
+    };
+    c.params = [this] {
+      std::vector<schedule::ParamSlot> slots;
+      for (size_t i = 0; i < modules_.size(); ++i)
+        for (auto& [name, slot] : modules_[i]->named_parameter_slots())
+          slots.push_back({modules_.size() == 1 ? name : cat(i, ".", name), slot});
+      return slots;
+    };
+  }
+  graph_ = std::make_unique<schedule::StaticGraph>(std::move(body), std::move(c));
+}
+
+std::vector<Tensor> StaticCore::call(std::span<const Tensor> args, const std::string* key) {
+  std::vector<Tensor> results;
+  graph_->call(args, key, results);
+  return results;
+}
+
+}  // namespace detail
+
+namespace {
+StaticOptions forward_options(StaticOptions o) {
+  if (o.name == StaticOptions{}.name) o.name = "forward";
+  return o;
+}
+}  // namespace
+
+StaticForward::StaticForward(nn::Module* module, StaticOptions options)
+    : module_(module),
+      core_(forward_options(std::move(options)), {module},
+            [module](std::span<const Tensor> args, std::vector<Tensor>& out) {
+              ENCORE_CHECK(args.size() == 1, "forward: takes one tensor, got ", args.size());
+              out.push_back(module->forward(args[0]));
+            }) {
+  module_->set_static_hook(this);
+}
+
+StaticForward::~StaticForward() {
+  if (module_->static_hook() == this) module_->set_static_hook(nullptr);
+}
+
+Tensor StaticForward::call(const Tensor& x) {
+  std::vector<Tensor> out = core_.call(std::span<const Tensor>(&x, 1), nullptr);
+  ENCORE_CHECK(out.size() == 1, core_.graph().config().name, ": forward returned ", out.size(),
+               " tensors");
+  return std::move(out[0]);
+}
+
+namespace {
+StaticForward& static_forward_of(const nn::Module& module) {
+  auto* f = dynamic_cast<StaticForward*>(module.static_hook());
+  ENCORE_CHECK(f != nullptr, module.describe(),
+               ": this module has no static forward (ENCORE_STATIC_GRAPH in its class)");
+  return *f;
+}
+}  // namespace
+
+StaticStats static_stats(const nn::Module& module) {
+  return static_forward_of(module).stats();
+}
+
+void static_clear(nn::Module& module) {
+  static_forward_of(module).graph().clear();
+}
+
+}  // namespace encore

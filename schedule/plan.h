@@ -1,0 +1,114 @@
+// A Plan: a Recording made executable. Passes: outputs that leave the call get their own
+// storage (a Copy where they alias something else), dead steps are dropped, elementwise steps
+// write over an input that dies there, and every other temporary gets an offset in one arena
+// (liveness over forward and backward together, placed largest first into the best-fitting
+// gap). The Executor part runs the steps over an arena with no lookups or allocation.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/dispatcher.h"
+#include "schedule/recording.h"
+
+namespace encore::schedule {
+
+struct ExecStep {
+  Op op;
+  KernelFn fn;
+  AttrBlob attrs;
+  uint32_t view = 0;  // first input view; outputs follow the inputs
+  uint8_t n_in = 0;
+  uint8_t n_out = 0;
+  bool random = false;  // draws fresh numbers on every run
+  Device device;
+  int64_t random_count = 0;
+  int trace_index = 0;  // its position in the recording's forward then backward lists
+};
+
+struct MemoryPlan {
+  int64_t arena_bytes = 0;
+  int64_t lower_bound_bytes = 0;
+  int64_t naive_bytes = 0;
+  int64_t in_place_steps = 0;
+};
+
+// Per-call working state of one arena; reused by later calls once released.
+struct Block {
+  void* arena = nullptr;
+  std::vector<BufferView> views;
+  std::vector<void*> ptrs;                 // per buffer, this call's address
+  std::vector<IntrusivePtr<Storage>> own;  // per escaping buffer (by escape slot)
+  std::vector<Tensor> held;                // tensors a backward reads (arguments, parameters)
+  std::vector<uint32_t> versions;          // of `held`, at forward time
+  bool backward_done = false;
+};
+
+class Plan {
+ public:
+  // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps.
+  explicit Plan(std::shared_ptr<Recording> rec);
+  ~Plan();
+
+  const Recording& recording() const { return *rec_; }
+  const MemoryPlan& memory() const { return memory_; }
+  int forward_steps() const { return n_forward_; }
+  int backward_steps() const { return static_cast<int>(steps_.size()) - n_forward_; }
+  const std::vector<ExecStep>& steps() const { return steps_; }
+  // The steps as recorded (before the passes), forward then backward; verify compares them.
+  const std::vector<Step>& trace_steps() const { return trace_steps_; }
+  int recorded_forward() const { return recorded_forward_; }
+  // Per buffer: its escape slot (own storage each call), or -1.
+  int escape_slot(int buf) const { return escape_[buf]; }
+  int arena_blocks() const { return static_cast<int>(blocks_.size()); }
+  // Buffers of the forward results (after the Copy pass) and of the gradients.
+  const std::vector<Operand>& results() const { return results_; }
+  const std::vector<Operand>& grads() const { return grads_; }
+  // Buffers outside the arena a step reads or writes, with where in the views they go.
+  const std::vector<int>& external_buffers() const { return external_; }
+  // Buffers written in place that live outside the call (version counters bumped per call).
+  const std::vector<int>& mutated_external() const { return mutated_external_; }
+  // Non-arena buffers the backward reads (held by a call until its backward).
+  const std::vector<int>& backward_reads() const { return backward_reads_; }
+  // Escaping buffers first written by the forward steps, and by the backward steps.
+  const std::vector<int>& forward_escapes() const { return fwd_escapes_; }
+  const std::vector<int>& backward_escapes() const { return bwd_escapes_; }
+
+  Block* acquire();
+  void release(Block* b);
+
+  // Patches this call's addresses of non-arena buffers into the block's views.
+  void bind(Block& b) const;
+  // Runs steps [begin, end). With `snapshots`, appends the bytes each step wrote.
+  void run(Block& b, int begin, int end,
+           std::vector<std::vector<unsigned char>>* snapshots = nullptr);
+
+ private:
+  void add_copies();
+  void eliminate_dead_steps();
+  void plan_memory();
+  void build_steps();
+
+  std::shared_ptr<Recording> rec_;
+  std::vector<Step> all_;  // forward then backward, after the passes
+  std::vector<Step> trace_steps_;
+  int recorded_forward_ = 0;
+  int n_forward_ = 0;
+  std::vector<Operand> results_, grads_;
+  std::vector<int> escape_;
+  std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares
+  std::vector<int64_t> offset_;
+  std::vector<int> external_, mutated_external_, backward_reads_, fwd_escapes_, bwd_escapes_;
+  std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer
+  std::vector<ExecStep> steps_;
+  std::vector<BufferView> view_template_;
+  std::vector<std::pair<uint32_t, int64_t>> arena_views_;  // view -> arena offset
+  MemoryPlan memory_;
+  int escapes_ = 0;
+
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Block*> free_;
+};
+
+}  // namespace encore::schedule

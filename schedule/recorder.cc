@@ -1,0 +1,190 @@
+#include <cstring>
+
+#include "runtime/error.h"
+#include "schedule/recording.h"
+
+namespace encore::schedule {
+
+Recorder::Recorder(Recording& rec, const std::string& name, bool throw_unsafe, bool snapshot)
+    : rec_(rec),
+      name_(name),
+      throw_unsafe_(throw_unsafe),
+      snapshot_(snapshot),
+      start_serial_(Storage::next_serial()) {}
+
+Recorder::Key Recorder::key_of(const Tensor& t) {
+  return {t.impl()->storage->serial(),
+          t.impl()->offset * static_cast<int64_t>(itemsize(t.dtype()))};
+}
+
+int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
+  Buffer b;
+  b.kind = kind;
+  b.index = index;
+  const TensorImpl& impl = *t.impl();
+  b.nbytes = impl.storage->nbytes() - impl.offset * itemsize(impl.dtype);
+  b.device = t.device();
+  if (kind == BufKind::External || kind == BufKind::Arg || kind == BufKind::Param) b.bound = t;
+  rec_.buffers.push_back(std::move(b));
+  const int id = static_cast<int>(rec_.buffers.size()) - 1;
+  buf_of_[key_of(t)] = id;
+  return id;
+}
+
+void Recorder::add_arg(int index, const Tensor& alias) {
+  if (!buf_of_.contains(key_of(alias))) new_buffer(alias, BufKind::Arg, index);
+}
+
+void Recorder::add_watched(const std::vector<ParamSlot>& slots) {
+  slots_ = &slots;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Tensor& p = *slots[i].slot;
+    if (!p.defined()) continue;
+    watched_[key_of(p)] = static_cast<int>(i);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Tensor& p = *slots[i].slot;
+    if (p.defined() && p.requires_grad() && p.is_leaf()) leaf_for(p);
+  }
+}
+
+void Recorder::add_grad_in(int index, const Tensor& g) {
+  new_buffer(g, BufKind::GradIn, index);
+}
+
+int Recorder::leaf_index(const TensorImpl* t) const {
+  for (size_t i = 0; i < rec_.leaves.size(); ++i)
+    if (rec_.leaves[i].tensor.impl() == t) return static_cast<int>(i);
+  return -1;
+}
+
+int Recorder::leaf_for(const Tensor& leaf) {
+  const int found = leaf_index(leaf.impl());
+  if (found >= 0) return found;
+  Leaf l;
+  l.tensor = leaf;
+  auto w = watched_.find(key_of(leaf));
+  l.param = w == watched_.end() ? -1 : w->second;
+  l.entry_grad = leaf.grad();
+  rec_.leaves.push_back(std::move(l));
+  const int id = static_cast<int>(rec_.leaves.size()) - 1;
+  if (rec_.leaves[id].entry_grad.defined())
+    entry_grad_.try_emplace(key_of(rec_.leaves[id].entry_grad), id);
+  return id;
+}
+
+void Recorder::unsafe(std::string why) {
+  if (rec_.unsafe.empty()) rec_.unsafe = why;
+  if (throw_unsafe_) throw Error(std::move(why));
+}
+
+int Recorder::resolve_input(const Tensor& t, bool written) {
+  const Key k = key_of(t);
+  if (auto it = buf_of_.find(k); it != buf_of_.end()) return it->second;
+  if (auto it = watched_.find(k); it != watched_.end()) {
+    const int b = new_buffer(t, BufKind::Param, it->second);
+    if (t.requires_grad() && t.is_leaf()) rec_.leaves[leaf_for(t)].buf = b;
+    return b;
+  }
+  if (auto it = entry_grad_.find(k); it != entry_grad_.end()) {
+    Leaf& l = rec_.leaves[it->second];
+    if (l.first == Leaf::First::None) l.first = Leaf::First::Read;
+    return new_buffer(t, BufKind::GradSlot, it->second);
+  }
+  if (t.impl()->storage->serial() >= start_serial_) {
+    if (t.requires_grad() && t.is_leaf())
+      unsafe(cat(name_, ": the traced call creates parameters (a new tensor ", t.shape(),
+                 " requiring grad); a trace must not initialise parameters lazily: call the "
+                 "function once outside static_graph (or build the parameters) before tracing"));
+    // Made inside the call: a temporary born at this in-place write (zeros(), ones()), or a
+    // constant filled from host values (tensor()), bound by reference.
+    return written ? new_buffer(t, BufKind::Temp, -1) : new_buffer(t, BufKind::External, -1);
+  }
+  if (t.requires_grad()) {
+    if (t.is_leaf()) {
+      const int b = new_buffer(t, BufKind::External, -1);
+      rec_.leaves[leaf_for(t)].buf = b;
+      return b;
+    }
+    if (phase_ == Phase::Forward)
+      unsafe(cat(name_, ": the traced function uses a tensor ", t.shape(),
+                 " that requires grad and was computed outside it; its gradient cannot flow "
+                 "through the static subgraph: pass it as an argument"));
+  }
+  return new_buffer(t, BufKind::External, -1);
+}
+
+Operand Recorder::operand_of(const Tensor& t) {
+  return Operand{resolve_input(t, false), t.shape(), t.dtype()};
+}
+
+void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
+                     std::span<const Tensor> outputs) {
+  const OpKind kind = op_kind(op);
+  if (kind == OpKind::View) return;  // an operand is a buffer read with its own shape
+  Step s{op, attrs, -1, {}, {}};
+  const uint8_t mutates = op_mutated_inputs(op);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool written = kind == OpKind::Inplace && (mutates >> i & 1);
+    const int b = resolve_input(inputs[i], written);
+    if (written) rec_.buffers[b].mutated = true;
+    s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
+  }
+  for (const Tensor& t : outputs) {
+    const Key k = key_of(t);
+    int b;
+    if (auto it = buf_of_.find(k); it != buf_of_.end()) {
+      b = it->second;
+      if (rec_.buffers[b].kind != BufKind::Temp) rec_.buffers[b].mutated = true;
+    } else {
+      b = new_buffer(t, BufKind::Temp, -1);
+    }
+    s.out.push_back(Operand{b, t.shape(), t.dtype()});
+  }
+  if (snapshot_) {
+    auto keep = [this](const Tensor& t) {
+      const auto* p = static_cast<const unsigned char*>(t.raw_data());
+      rec_.snapshots.emplace_back(p, p + t.nbytes());
+    };
+    if (kind == OpKind::Inplace) {
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (mutates >> i & 1) keep(inputs[i]);
+    } else {
+      for (const Tensor& t : outputs) keep(t);
+    }
+  }
+  (phase_ == Phase::Forward ? rec_.forward : rec_.backward).push_back(std::move(s));
+}
+
+void Recorder::on_host_read(const Tensor& t, std::string_view what) {
+  if (!buf_of_.contains(key_of(t)) && t.impl()->storage->serial() >= start_serial_)
+    return;  // a tensor made inside the call being filled from host values: a constant
+  unsafe(cat(name_, ": the traced function reads tensor values on the host (", what, " of a ",
+             t.shape(),
+             " tensor); a replay would bake the value in. Return the tensor and read "
+             "it outside the static function, or pass on_unsafe = OnUnsafe::Eager"));
+}
+
+void Recorder::on_grad_set(const Tensor& leaf, const Tensor& grad) {
+  if (phase_ != Phase::Forward) return;  // the subgraph's backward collects its own gradients
+  const int li = leaf_for(leaf);
+  const int b = resolve_input(grad, false);
+  Leaf& l = rec_.leaves[li];
+  if (l.first == Leaf::First::None) l.first = Leaf::First::EngineSet;
+  l.final_grad = b;
+}
+
+void Recorder::on_grad_replaced(const Tensor& leaf, const Tensor& grad) {
+  if (phase_ != Phase::Forward || !leaf.requires_grad()) return;
+  const int li = leaf_for(leaf);
+  const int b = grad.defined() ? resolve_input(grad, false) : Leaf::kCleared;
+  Leaf& l = rec_.leaves[li];
+  if (l.first == Leaf::First::None) l.first = Leaf::First::Replaced;
+  l.final_grad = b;
+}
+
+void Recorder::on_backward() {
+  if (phase_ == Phase::Forward) rec_.saw_backward = true;
+}
+
+}  // namespace encore::schedule

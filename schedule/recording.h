@@ -1,0 +1,138 @@
+// The trace IR and the Recorder that builds it from the dispatcher's notifications.
+//
+// A Recording lists the kernel calls of a traced function (forward) and of the first backward
+// through its outputs (backward) as Steps over buffers. A buffer is one storage: an argument, a
+// watched parameter, a tensor bound by reference (state, constants), the .grad of a leaf, an
+// incoming output gradient, or a temporary produced inside (planned into the arena, or given
+// its own storage when it leaves the call). Views (reshape, detach) need no step: an operand is
+// a buffer read with a shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "runtime/dispatcher.h"
+#include "runtime/tensor.h"
+#include "schedule/static_graph.h"
+
+namespace encore::schedule {
+
+enum class BufKind : uint8_t {
+  Arg,       // argument `index` of the call
+  Param,     // watched parameter slot `index`, read at every call
+  External,  // a tensor bound by reference (`bound`): optimizer state, statistics, constants
+  GradSlot,  // the .grad of leaf `index` as the call found it
+  GradIn,    // backward: the gradient of differentiable result `index`
+  Temp,      // produced by a step of the recording
+};
+
+struct Buffer {
+  BufKind kind = BufKind::Temp;
+  int index = -1;
+  size_t nbytes = 0;
+  Device device;
+  Tensor bound;          // External: the tensor read by reference; Arg/Param: trace-time tensor
+  bool mutated = false;  // written by an in-place step
+};
+
+struct Operand {
+  int buf = -1;
+  Shape shape;
+  DType dtype = DType::Float32;
+  size_t nbytes() const { return static_cast<size_t>(shape.numel()) * itemsize(dtype); }
+};
+
+struct Step {
+  Op op;
+  AttrBlob attrs;
+  int index = -1;  // position in the recording (forward, then backward); -1: added by a pass
+  absl::InlinedVector<Operand, 3> in;
+  absl::InlinedVector<Operand, 1> out;
+};
+
+// A leaf that requires grad and that the trace used or whose .grad it touched.
+struct Leaf {
+  Tensor tensor;      // the leaf at trace time
+  int param = -1;     // its watched slot, or -1 for a captured tensor
+  int buf = -1;       // its buffer
+  Tensor entry_grad;  // its .grad when the trace began (watched) or first saw it
+  // The first thing the trace did with the .grad: it decides what a replay requires.
+  enum class First : uint8_t { None, EngineSet, Replaced, Read } first = First::None;
+  // What .grad is when the call ends: kUntouched, kCleared, or the buffer it lives in.
+  static constexpr int kUntouched = -2, kCleared = -1;
+  int final_grad = kUntouched;
+};
+
+struct Recording {
+  std::vector<Buffer> buffers;
+  std::vector<Step> forward, backward;
+  std::vector<Leaf> leaves;
+  std::vector<Operand> results;     // what the function returned
+  std::vector<int> differentiable;  // indices of results that carry the subgraph node
+  // Backward: the node's inputs are the arguments requiring grad, then `grad_leaves`; `grads`
+  // holds the gradient each gets (buf -1: none flowed).
+  std::vector<int> grad_args;
+  std::vector<int> grad_leaves;
+  std::vector<Operand> grads;
+  bool saw_backward = false;  // a backward ran inside the function (a whole training step)
+  std::string unsafe;         // why the trace cannot be replayed (empty: it can)
+  // Verify mode: the bytes each forward (then backward) step wrote, in step order.
+  std::vector<std::vector<unsigned char>> snapshots;
+};
+
+// Records what the dispatcher runs into a Recording while it is the active tracer.
+class Recorder final : public Tracer {
+ public:
+  enum class Phase { Forward, Backward };
+
+  // `throw_unsafe`: a host read or a parameter created during the trace throws at once.
+  Recorder(Recording& rec, const std::string& name, bool throw_unsafe, bool snapshot);
+
+  void add_arg(int index, const Tensor& alias);
+  void add_watched(const std::vector<ParamSlot>& slots);
+  void add_grad_in(int index, const Tensor& g);
+  void set_phase(Phase p) { phase_ = p; }
+  // The operand a tensor is (registering an External for a tensor never seen).
+  Operand operand_of(const Tensor& t);
+  // The leaf record of a tensor (-1: none).
+  int leaf_index(const TensorImpl* t) const;
+
+  void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
+             std::span<const Tensor> outputs) override;
+  void on_host_read(const Tensor& t, std::string_view what) override;
+  void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
+  void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
+  void on_backward() override;
+
+ private:
+  struct Key {
+    uint64_t serial;
+    int64_t offset;
+    bool operator==(const Key&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Key& k) {
+      return H::combine(std::move(h), k.serial, k.offset);
+    }
+  };
+  static Key key_of(const Tensor& t);
+  int new_buffer(const Tensor& t, BufKind kind, int index);
+  int resolve_input(const Tensor& t, bool written);
+  int leaf_for(const Tensor& leaf);
+  void unsafe(std::string why);
+
+  Recording& rec_;
+  std::string name_;
+  bool throw_unsafe_;
+  bool snapshot_;
+  Phase phase_ = Phase::Forward;
+  uint64_t start_serial_;
+  absl::flat_hash_map<Key, int> buf_of_;
+  absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
+  absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
+  const std::vector<ParamSlot>* slots_ = nullptr;
+};
+
+}  // namespace encore::schedule

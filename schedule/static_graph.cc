@@ -1,0 +1,988 @@
+#include "schedule/static_graph.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <list>
+#include <map>
+#include <mutex>
+
+#include "runtime/autograd.h"
+#include "runtime/rng.h"
+#include "schedule/plan.h"
+#include "schedule/recording.h"
+
+namespace encore::schedule {
+namespace {
+
+// ---- Process-wide switches, log and registry ---------------------------------------------
+
+bool env_flag_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr &&
+         (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
+}
+
+std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
+std::atomic<bool> g_log_retraces{[] {
+  const char* v = std::getenv("ENCORE_LOG");
+  return v != nullptr && std::strstr(v, "retrace") != nullptr;
+}()};
+
+int env_verify_every() {
+  const char* v = std::getenv("ENCORE_STATIC_VERIFY");
+  return v == nullptr ? 0 : std::max(0, std::atoi(v));
+}
+
+std::mutex g_mu;
+LogSink g_sink;
+std::vector<StaticGraph*> g_registry;
+
+void log_line(const std::string& line) {
+  LogSink sink;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    sink = g_sink;
+  }
+  if (sink)
+    sink(line);
+  else
+    std::cerr << "encore: " << line << std::endl;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- Signature ----------------------------------------------------------------------------
+
+struct ArgSig {
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool requires_grad;
+  int alias_of;  // the first argument sharing its storage, or -1
+};
+
+struct Signature {
+  std::vector<ArgSig> args;
+  bool grad = true;
+  int mode = -1;
+  std::string key;
+};
+
+int alias_of(std::span<const Tensor> args, size_t i) {
+  for (size_t j = 0; j < i; ++j)
+    if (args[j].impl()->storage == args[i].impl()->storage &&
+        args[j].impl()->offset == args[i].impl()->offset)
+      return static_cast<int>(j);
+  return -1;
+}
+
+Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode) {
+  Signature s;
+  s.args.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Tensor& t = args[i];
+    s.args.push_back({t.shape(), t.dtype(), t.device(), t.requires_grad(), alias_of(args, i)});
+  }
+  s.grad = GradMode::enabled();
+  s.mode = mode;
+  if (key != nullptr) s.key = *key;
+  return s;
+}
+
+bool matches(const Signature& s, std::span<const Tensor> args, const std::string* key, bool grad,
+             int mode) {
+  if (s.args.size() != args.size() || s.grad != grad || s.mode != mode) return false;
+  if ((key == nullptr ? !s.key.empty() : s.key != *key)) return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSig& a = s.args[i];
+    const TensorImpl& t = *args[i].impl();
+    if (t.dtype != a.dtype || t.requires_grad != a.requires_grad || !(t.shape == a.shape) ||
+        t.storage->device() != a.device)
+      return false;
+  }
+  for (size_t i = 1; i < args.size(); ++i)
+    if (alias_of(args, i) != s.args[i].alias_of) return false;
+  return true;
+}
+
+std::string mode_name(int mode) {
+  switch (mode) {
+    case 0:
+      return "eval";
+    case 1:
+      return "train";
+    case 2:
+      return "mixed train/eval";
+    default:
+      return "no module";
+  }
+}
+
+std::string arg_label(const Config& c, size_t i) {
+  return i < c.arg_names.size() && !c.arg_names[i].empty()
+             ? cat("argument ", i, " '", c.arg_names[i], "'")
+             : cat("argument ", i);
+}
+
+std::string describe(const Signature& s, const Config& c) {
+  std::string out;
+  for (size_t i = 0; i < s.args.size(); ++i) {
+    const ArgSig& a = s.args[i];
+    out += cat(i ? ", " : "",
+               i < c.arg_names.size() && !c.arg_names[i].empty() ? c.arg_names[i] : cat("arg", i),
+               ": ", a.dtype, a.shape, a.device == Device::cpu() ? "" : cat(" ", a.device),
+               a.requires_grad ? " requires_grad" : "",
+               a.alias_of >= 0 ? cat(" (same tensor as argument ", a.alias_of, ")") : "");
+  }
+  return cat(out, "; grad ", s.grad ? "on" : "off", "; ", mode_name(s.mode),
+             s.key.empty() ? "" : cat("; key '", s.key, "'"));
+}
+
+// One change between signatures: what changed (for the storm warning) and the full text.
+struct Change {
+  std::string subject;  // "argument 0 'x' dim 0"
+  std::string text;     // "argument 0 'x' dim 0 changed 32 -> 17"
+  int64_t value = -1;   // the new size when a dimension changed
+};
+
+std::vector<Change> diff(const Signature& old, const Signature& now, const Config& c) {
+  std::vector<Change> out;
+  if (old.args.size() != now.args.size())
+    out.push_back({"the number of arguments",
+                   cat("number of arguments changed ", old.args.size(), " -> ", now.args.size())});
+  for (size_t i = 0; i < std::min(old.args.size(), now.args.size()); ++i) {
+    const ArgSig &a = old.args[i], &b = now.args[i];
+    const std::string arg = arg_label(c, i);
+    if (a.dtype != b.dtype)
+      out.push_back({arg + " dtype", cat(arg, " dtype changed ", a.dtype, " -> ", b.dtype)});
+    if (a.device != b.device)
+      out.push_back({arg + " device", cat(arg, " device changed ", a.device, " -> ", b.device)});
+    if (a.shape.rank() != b.shape.rank()) {
+      out.push_back({arg + " rank", cat(arg, " shape changed ", a.shape, " -> ", b.shape)});
+    } else {
+      for (int d = 0; d < a.shape.rank(); ++d)
+        if (a.shape[d] != b.shape[d])
+          out.push_back({cat(arg, " dim ", d),
+                         cat(arg, " dim ", d, " changed ", a.shape[d], " -> ", b.shape[d]),
+                         b.shape[d]});
+    }
+    if (a.requires_grad != b.requires_grad)
+      out.push_back({arg + " requires_grad",
+                     cat(arg, " requires_grad changed ", a.requires_grad ? "true" : "false", " -> ",
+                         b.requires_grad ? "true" : "false")});
+    if (a.alias_of != b.alias_of)
+      out.push_back(
+          {arg + " aliasing", cat(arg, " aliasing changed (shares storage with ",
+                                  a.alias_of < 0 ? "nothing" : cat("argument ", a.alias_of), " -> ",
+                                  b.alias_of < 0 ? "nothing" : cat("argument ", b.alias_of), ")")});
+  }
+  if (old.grad != now.grad)
+    out.push_back({"grad mode", cat("grad mode changed ", old.grad ? "on" : "off", " -> ",
+                                    now.grad ? "on" : "off")});
+  if (old.mode != now.mode)
+    out.push_back({"mode", cat("mode changed ", mode_name(old.mode), " -> ", mode_name(now.mode))});
+  if (old.key != now.key)
+    out.push_back({"key", cat("key changed '", old.key, "' -> '", now.key, "'")});
+  return out;
+}
+
+// ---- Cache entries ------------------------------------------------------------------------
+
+struct ParamGuard {
+  int buf;  // the Param buffer
+  int slot;
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+struct GradGuard {
+  int leaf;
+  bool defined;  // what the .grad must be when a call starts
+  Shape shape;
+};
+
+struct Entry {
+  std::string name;
+  Signature sig;
+  std::shared_ptr<Recording> rec;  // until planned
+  std::shared_ptr<Plan> plan;
+  bool eager_only = false;
+  bool node = false;  // results carry a subgraph node
+  std::vector<ParamSlot> slots;
+  std::vector<ParamGuard> params;
+  std::vector<GradGuard> grads;
+  std::vector<int> grad_in;  // GradIn buffers, by differentiable result
+  int64_t hits = 0;
+};
+
+const Tensor& leaf_now(const Entry& e, const Leaf& l) {
+  return l.param >= 0 ? *e.slots[l.param].slot : l.tensor;
+}
+
+std::string leaf_label(const Entry& e, const Leaf& l) {
+  return l.param >= 0 ? cat("parameter '", e.slots[l.param].name, "'")
+                      : cat("captured tensor ", l.tensor.shape());
+}
+
+// Why the entry's guards fail for this call (empty: they hold).
+std::string guard_failure(const Entry& e) {
+  for (const ParamGuard& g : e.params) {
+    const Tensor& p = *e.slots[g.slot].slot;
+    const std::string name = e.slots[g.slot].name;
+    if (!p.defined()) return cat("parameter '", name, "' is now undefined");
+    if (!(p.shape() == g.shape))
+      return cat("parameter '", name, "' shape changed ", g.shape, " -> ", p.shape());
+    if (p.dtype() != g.dtype)
+      return cat("parameter '", name, "' dtype changed ", g.dtype, " -> ", p.dtype());
+    if (p.device() != g.device)
+      return cat("parameter '", name, "' device changed ", g.device, " -> ", p.device());
+  }
+  const Recording& rec = e.plan ? e.plan->recording() : *e.rec;
+  for (const GradGuard& g : e.grads) {
+    const Leaf& l = rec.leaves[g.leaf];
+    const Tensor& t = leaf_now(e, l);
+    const Tensor grad = t.defined() ? t.grad() : Tensor();
+    if (grad.defined() != g.defined)
+      return cat("gradient of ", leaf_label(e, l), " changed ", g.defined ? "defined" : "undefined",
+                 " -> ", grad.defined() ? "defined" : "undefined");
+    if (g.defined && !(grad.shape() == g.shape))
+      return cat("gradient of ", leaf_label(e, l), " shape changed ", g.shape, " -> ",
+                 grad.shape());
+  }
+  return {};
+}
+
+// ---- The subgraph node of a replayed call ---------------------------------------------------
+
+// What a verified call keeps for its backward: the eager run's graph and recorder.
+struct VerifyState {
+  Recording rec;
+  std::unique_ptr<Recorder> recorder;
+  std::vector<Tensor> aliases, inner, leaves;
+};
+
+// What a replayed call keeps until its backward: the arena block and the plan it belongs to.
+struct Frame final : RefCounted {
+  std::shared_ptr<Entry> entry;
+  std::shared_ptr<Plan> plan;
+  Block* block = nullptr;
+  std::unique_ptr<VerifyState> verify;
+  ~Frame() override {
+    if (block != nullptr) plan->release(block);
+  }
+};
+
+// Plans a recording whose schedules are complete.
+void complete_entry(Entry& e) {
+  e.plan = std::make_shared<Plan>(std::move(e.rec));
+  e.rec.reset();
+}
+
+Tensor tensor_on(const IntrusivePtr<Storage>& s, const Operand& o) {
+  return Tensor(make_intrusive<TensorImpl>(s, 0, o.shape, o.dtype));
+}
+
+// Runs `inner`'s graph eagerly with `grads`, with the leaves' .grad set aside; returns the
+// gradient each of `leaves` and `aliases[grad_args]` received, in node input order.
+std::vector<Tensor> inner_backward(Recorder* recorder, std::span<const Tensor> inner,
+                                   std::span<const Tensor> grads,
+                                   const std::vector<Tensor>& aliases,
+                                   const std::vector<int>& grad_args,
+                                   const std::vector<Tensor>& leaves) {
+  std::vector<IntrusivePtr<TensorImpl>> stash;
+  for (const Tensor& l : leaves) stash.push_back(std::move(l.impl()->grad));
+  for (const Tensor& a : aliases) a.impl()->grad.reset();
+  struct Restore {
+    const std::vector<Tensor>& leaves;
+    std::vector<IntrusivePtr<TensorImpl>>& stash;
+    ~Restore() {
+      for (size_t i = 0; i < leaves.size(); ++i) leaves[i].impl()->grad = std::move(stash[i]);
+    }
+  } restore{leaves, stash};
+  if (recorder != nullptr) {
+    for (size_t k = 0; k < grads.size(); ++k) recorder->add_grad_in(static_cast<int>(k), grads[k]);
+    TracerScope scope(recorder);
+    autograd::backward(inner, grads, /*retain_graph=*/true);
+  } else {
+    autograd::backward(inner, grads, /*retain_graph=*/true);
+  }
+  std::vector<Tensor> out;
+  for (int a : grad_args) out.push_back(aliases[a].grad());
+  for (const Tensor& l : leaves) out.push_back(l.grad());
+  return out;
+}
+
+void replay_backward(BackwardContext& ctx);
+
+void allocate_escapes(Plan& p, Block& b, const std::vector<int>& bufs) {
+  const Recording& rec = p.recording();
+  for (int buf : bufs) {
+    IntrusivePtr<Storage>& s = b.own[p.escape_slot(buf)];
+    s = make_intrusive<Storage>(rec.buffers[buf].nbytes, rec.buffers[buf].device);
+    b.ptrs[buf] = s->data();
+  }
+}
+
+}  // namespace
+
+bool set_enabled(bool on) {
+  return g_enabled.exchange(on);
+}
+bool enabled() {
+  return g_enabled.load();
+}
+LogSink set_log_sink(LogSink sink) {
+  std::lock_guard<std::mutex> l(g_mu);
+  std::swap(g_sink, sink);
+  return sink;
+}
+bool set_log_retraces(bool on) {
+  return g_log_retraces.exchange(on);
+}
+
+// ---- StaticGraph ----------------------------------------------------------------------------
+
+struct StaticGraph::Impl {
+  StaticGraph& g;
+  std::list<std::shared_ptr<Entry>> entries;  // most recently used first
+  StaticStats stats;
+  std::vector<char> recent;  // whether each of the last calls traced (ring of 10)
+  size_t recent_pos = 0;
+  int64_t last_storm_warning = -100;
+  std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
+  int verify_every;
+
+  explicit Impl(StaticGraph& graph)
+      : g(graph),
+        verify_every(graph.config_.verify_every > 0 ? graph.config_.verify_every
+                                                    : env_verify_every()) {
+    stats.name = graph.config_.name;
+    recent.assign(10, 0);
+  }
+
+  int mode() const { return g.config_.mode ? g.config_.mode() : -1; }
+  void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
+  void warn(std::string w) {
+    log_line(w);
+    stats.warnings.push_back(std::move(w));
+  }
+
+  void call(std::span<const Tensor> args, const std::string* key, std::vector<Tensor>& results);
+  void eager(std::span<const Tensor> args, std::vector<Tensor>& results) {
+    ++stats.eager_calls;
+    g.body_(args, results);
+  }
+  std::shared_ptr<Entry> trace(std::span<const Tensor> args, const std::string* key, int mode,
+                               std::vector<Tensor>& results);
+  void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+              std::vector<Tensor>& results);
+  void after_trace(const std::string& reason, const std::vector<Change>& changes, double ms);
+};
+
+void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* key,
+                             std::vector<Tensor>& results) {
+  ++stats.calls;
+  for (size_t i = 0; i < args.size(); ++i)
+    ENCORE_CHECK(args[i].defined(), g.config_.name, ": ", arg_label(g.config_, i),
+                 " is an undefined tensor");
+  // Off, or inside another static function's trace (which records these ops itself).
+  if (!enabled() || current_tracer() != nullptr) {
+    note_call(false);
+    return eager(args, results);
+  }
+  const bool grad = GradMode::enabled();
+  const int m = mode();
+  std::string guard_reason;
+  for (auto it = entries.begin(); it != entries.end(); ++it) {
+    if (!matches((*it)->sig, args, key, grad, m)) continue;
+    std::string why = guard_failure(**it);
+    if (!why.empty()) {
+      if (guard_reason.empty()) guard_reason = std::move(why);
+      continue;
+    }
+    std::shared_ptr<Entry> e = *it;
+    entries.splice(entries.begin(), entries, it);
+    note_call(false);
+    if (e->eager_only || !e->plan) return eager(args, results);
+    ++e->hits;
+    ++stats.hits;
+    return replay(e, args, results);
+  }
+
+  // A new signature: trace it.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Change> ch;
+  std::string reason;
+  if (entries.empty()) {
+    reason = "first call";
+  } else if (!guard_reason.empty()) {
+    reason = guard_reason;
+  } else {
+    ch = diff(entries.front()->sig, signature_of(args, key, m), g.config_);
+    for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
+  }
+  note_call(true);
+  std::shared_ptr<Entry> e = trace(args, key, m, results);
+  entries.push_front(e);
+  while (static_cast<int>(entries.size()) > std::max(1, g.config_.cache_limit)) {
+    ++stats.evictions;
+    warn(cat(g.config_.name, ": cache full (", g.config_.cache_limit,
+             " entries); evicted the least recently used signature (",
+             describe(entries.back()->sig, g.config_), ")"));
+    entries.pop_back();
+  }
+  after_trace(reason, ch, ms_since(t0));
+}
+
+void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector<Change>& ch,
+                                    double ms) {
+  ++stats.traces;
+  RetraceEvent ev;
+  ev.trace = stats.traces;
+  ev.call = stats.calls;
+  ev.cost_ms = ms;
+  ev.reason = reason;
+  ev.entries = static_cast<int>(entries.size());
+  char cost[32];
+  std::snprintf(cost, sizeof cost, "%.1f", ms);
+  ev.message =
+      ev.trace == 1
+          ? cat(g.config_.name, ": trace (cost ", cost, " ms): ", reason, "; cache now ",
+                ev.entries, ev.entries == 1 ? " entry" : " entries")
+          : cat(g.config_.name, ": retrace #", ev.trace - 1, " (cost ", cost, " ms): ", reason,
+                "; cache now ", ev.entries, ev.entries == 1 ? " entry" : " entries");
+  if (g_log_retraces.load()) log_line(ev.message);
+  stats.traces_history.push_back(ev);
+  for (const Change& c : ch)
+    if (c.value >= 0) changes[c.subject].push_back(c.value);
+
+  // A storm: half of the recent calls traced.
+  const int window = static_cast<int>(recent.size());
+  int traced = 0;
+  for (char r : recent) traced += r;
+  if (stats.calls >= window && traced * 2 >= window && stats.calls - last_storm_warning >= window) {
+    last_storm_warning = stats.calls;
+    std::string what = "its signature keeps changing";
+    size_t best = 0;
+    for (const auto& [subject, values] : changes)
+      if (values.size() > best) {
+        best = values.size();
+        std::string seen;
+        for (size_t i = values.size() > 8 ? values.size() - 8 : 0; i < values.size(); ++i)
+          seen += cat(seen.empty() ? "" : ", ", values[i]);
+        what = cat(subject, " keeps changing (recent values ", seen, ")");
+      }
+    warn(cat(g.config_.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
+             ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
+             "raise cache_limit (now ",
+             g.config_.cache_limit,
+             ") if only a few values occur, or run this function "
+             "eagerly (ENCORE_STATIC=0)"));
+  }
+}
+
+namespace {
+
+// The node of a traced call: its backward runs the call's own autograd graph eagerly, recorded
+// the first time into the entry's backward schedule.
+struct TraceFrame final : RefCounted {
+  std::shared_ptr<Entry> entry;
+  std::shared_ptr<Recording> rec;
+  std::unique_ptr<Recorder> recorder;
+  std::vector<Tensor> aliases;  // the arguments as the function saw them (leaves)
+  std::vector<Tensor> inner;    // its differentiable results, with their graph
+  std::vector<Tensor> leaves;   // the node's parameter inputs
+  bool recorded = false;
+};
+
+void trace_backward(BackwardContext& ctx);
+
+}  // namespace
+
+std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
+                                                const std::string* key, int mode,
+                                                std::vector<Tensor>& results) {
+  auto e = std::make_shared<Entry>();
+  e->name = g.config_.name;
+  e->sig = signature_of(args, key, mode);
+  if (g.config_.params) e->slots = g.config_.params();
+  auto rec = std::make_shared<Recording>();
+  auto recorder = std::make_unique<Recorder>(*rec, g.config_.name,
+                                             g.config_.on_unsafe == OnUnsafe::Error, false);
+  // The function sees leaves standing for its arguments, so the backward of its graph stops
+  // at the subgraph's boundary.
+  std::vector<Tensor> aliases;
+  aliases.reserve(args.size());
+  for (const Tensor& a : args) {
+    Tensor alias = a.detach();
+    if (a.requires_grad()) alias.set_requires_grad(true);
+    aliases.push_back(std::move(alias));
+  }
+  for (size_t i = 0; i < aliases.size(); ++i) recorder->add_arg(static_cast<int>(i), aliases[i]);
+  recorder->add_watched(e->slots);
+
+  std::vector<Tensor> inner;
+  {
+    TracerScope scope(recorder.get());
+    g.body_(aliases, inner);
+  }
+  for (const Tensor& r : inner) {
+    ENCORE_CHECK(r.defined(), g.config_.name, ": the function returned an undefined tensor");
+    rec->results.push_back(recorder->operand_of(r));
+  }
+  if (!rec->unsafe.empty()) {
+    e->eager_only = true;
+    warn(cat(rec->unsafe, " (running this signature eagerly)"));
+  }
+
+  const bool node =
+      GradMode::enabled() && !rec->saw_backward &&
+      std::any_of(inner.begin(), inner.end(), [](const Tensor& t) { return t.requires_grad(); });
+  e->node = node;
+  // Guards: watched parameters' shapes; the state of .grad the trace depended on.
+  for (size_t b = 0; b < rec->buffers.size(); ++b) {
+    const Buffer& buf = rec->buffers[b];
+    if (buf.kind == BufKind::Param)
+      e->params.push_back({static_cast<int>(b), buf.index, buf.bound.shape(), buf.bound.dtype(),
+                           buf.bound.device()});
+  }
+  for (size_t i = 0; i < rec->leaves.size(); ++i) {
+    const Leaf& l = rec->leaves[i];
+    if (l.first == Leaf::First::EngineSet)
+      e->grads.push_back({static_cast<int>(i), false, Shape()});
+    else if (l.first == Leaf::First::Read)
+      e->grads.push_back({static_cast<int>(i), true, l.entry_grad.shape()});
+  }
+
+  results.clear();
+  if (!node) {
+    // Results leave the trace cut from its graph (a whole step already ran its backward).
+    for (const Tensor& r : inner) results.push_back(r.requires_grad() ? r.detach() : r);
+    if (!e->eager_only) {
+      e->rec = std::move(rec);
+      complete_entry(*e);
+    }
+    return e;
+  }
+
+  // The subgraph node: inputs are the arguments requiring grad, then the leaves the forward
+  // used; outputs are the differentiable results.
+  auto frame = make_intrusive<TraceFrame>();
+  for (size_t i = 0; i < aliases.size(); ++i)
+    if (aliases[i].requires_grad()) rec->grad_args.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < rec->leaves.size(); ++i)
+    if (rec->leaves[i].buf >= 0) rec->grad_leaves.push_back(static_cast<int>(i));
+  for (size_t k = 0; k < inner.size(); ++k)
+    if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
+
+  auto n = make_intrusive<Node>();
+  n->op = Op::Copy;
+  n->label = g.config_.name;
+  n->sequence_nr = autograd::next_sequence_nr();
+  n->backward = &trace_backward;
+  auto add_input = [&n](const Tensor& t) {
+    Edge edge;
+    if (t.grad_fn()) {
+      edge.node = t.grad_fn();
+      edge.output_nr = t.impl()->output_nr;
+    } else {
+      edge.leaf = t.impl_ptr();
+    }
+    n->next.push_back(std::move(edge));
+    n->inputs.push_back({t.shape(), t.dtype(), t.device()});
+  };
+  for (int a : rec->grad_args) add_input(args[a]);
+  for (int li : rec->grad_leaves) {
+    add_input(rec->leaves[li].tensor);
+    frame->leaves.push_back(rec->leaves[li].tensor);
+  }
+  for (size_t k = 0; k < inner.size(); ++k) {
+    Tensor out = inner[k].detach();
+    if (inner[k].requires_grad()) {
+      n->outputs.push_back({out.shape(), out.dtype(), out.device()});
+      out.impl()->requires_grad = true;
+      out.impl()->grad_fn = n;
+      out.impl()->output_nr = static_cast<uint32_t>(n->outputs.size() - 1);
+      frame->inner.push_back(inner[k]);
+    }
+    results.push_back(std::move(out));
+  }
+  frame->entry = e;
+  frame->rec = rec;
+  frame->recorder = std::move(recorder);
+  frame->aliases = std::move(aliases);
+  e->rec = rec;
+  if (e->eager_only) frame->recorded = true;  // nothing to record; just the gradients
+  n->payload = std::move(frame);
+  return e;
+}
+
+namespace {
+void trace_backward(BackwardContext& ctx) {
+  TraceFrame& f = static_cast<TraceFrame&>(*ctx.payload());
+  Recording& rec = *f.rec;
+  const bool record = !f.recorded;
+  f.recorded = true;
+  std::vector<Tensor> grads_out;
+  for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
+  // The leaves' own .grad are set aside: what the inner pass leaves there is this call's
+  // gradient, handed to the outer engine (which accumulates it as for any op).
+  if (record) f.recorder->set_phase(Recorder::Phase::Backward);
+  const std::vector<Tensor> grads = inner_backward(record ? f.recorder.get() : nullptr, f.inner,
+                                                   grads_out, f.aliases, rec.grad_args, f.leaves);
+  for (size_t j = 0; j < grads.size(); ++j) {
+    if (record)
+      rec.grads.push_back(grads[j].defined() ? f.recorder->operand_of(grads[j]) : Operand{});
+    if (grads[j].defined()) ctx.set_input_grad(static_cast<int>(j), grads[j]);
+  }
+  if (record && !f.entry->eager_only) {
+    for (size_t b = 0; b < rec.buffers.size(); ++b)
+      if (rec.buffers[b].kind == BufKind::GradIn) {
+        if (f.entry->grad_in.size() <= static_cast<size_t>(rec.buffers[b].index))
+          f.entry->grad_in.resize(rec.buffers[b].index + 1, -1);
+        f.entry->grad_in[rec.buffers[b].index] = static_cast<int>(b);
+      }
+    f.recorder.reset();
+    complete_entry(*f.entry);
+  }
+}
+}  // namespace
+
+namespace {
+
+// The tensor a non-arena buffer is for this call (null for GradIn and temporaries).
+const Tensor* bound_tensor(const Entry& e, const Buffer& b, std::span<const Tensor> args,
+                           Tensor& scratch) {
+  switch (b.kind) {
+    case BufKind::Arg:
+      return &args[b.index];
+    case BufKind::Param:
+      return e.slots[b.index].slot;
+    case BufKind::External:
+      return &b.bound;
+    case BufKind::GradSlot:
+      scratch = leaf_now(e, e.plan->recording().leaves[b.index]).grad();
+      return &scratch;
+    default:
+      return nullptr;
+  }
+}
+
+Tensor grad_tensor(Block& b, const Plan& p, const Entry& e, int buf, const Tensor& leaf) {
+  const Buffer& B = p.recording().buffers[buf];
+  if (B.kind == BufKind::Temp)
+    return tensor_on(b.own[p.escape_slot(buf)], Operand{buf, leaf.shape(), leaf.dtype()});
+  Tensor scratch;
+  const Tensor* t = bound_tensor(e, B, {}, scratch);
+  return t != nullptr ? *t : Tensor();
+}
+
+std::string step_text(Op op, std::span<const Operand> in, std::span<const Operand> out) {
+  std::string s = std::string(op_name(op)) + "(";
+  for (size_t i = 0; i < in.size(); ++i) s += cat(i ? ", " : "", in[i].dtype, in[i].shape);
+  s += ")";
+  if (!out.empty()) s += cat(" -> ", out[0].dtype, out[0].shape);
+  return s;
+}
+
+bool same_attrs(Op op, const AttrBlob& a, const AttrBlob& b) {
+  if (op_draws_random(op)) {  // the stream differs by design; the distribution must not
+    const RandomAttrs &x = a.as<RandomAttrs>(), &y = b.as<RandomAttrs>();
+    return x.a == y.a && x.b == y.b;
+  }
+  return std::memcmp(a.bytes, b.bytes, AttrBlob::kCapacity) == 0;
+}
+
+// Compares a fresh eager recording with the plan's, step by step (structure, then values).
+void compare_runs(const std::string& name, const Plan& p, const Recording& eager,
+                  const std::vector<std::vector<unsigned char>>& replayed, bool backward) {
+  const std::vector<Step>& want = p.trace_steps();
+  const int begin = backward ? p.recorded_forward() : 0;
+  const int end = backward ? static_cast<int>(want.size()) : p.recorded_forward();
+  const std::vector<Step>& got = backward ? eager.backward : eager.forward;
+  const char* phase = backward ? "backward" : "forward";
+  for (int i = begin; i < end; ++i) {
+    const int k = i - begin;
+    const Step& a = want[i];
+    ENCORE_CHECK(k < static_cast<int>(got.size()), "verify: ", name,
+                 ": the eager run stopped after ", got.size(), " ", phase,
+                 " ops; the schedule has ", end - begin, ": the function is not static");
+    const Step& b = got[k];
+    bool same = a.op == b.op && a.in.size() == b.in.size() && a.out.size() == b.out.size() &&
+                same_attrs(a.op, a.attrs, b.attrs);
+    for (size_t j = 0; same && j < a.in.size(); ++j)
+      same = a.in[j].shape == b.in[j].shape && a.in[j].dtype == b.in[j].dtype;
+    for (size_t j = 0; same && j < a.out.size(); ++j)
+      same = a.out[j].shape == b.out[j].shape && a.out[j].dtype == b.out[j].dtype;
+    ENCORE_CHECK(same, "verify: ", name, ": ", phase, " op ", k, " differs: the schedule has ",
+                 step_text(a.op, a.in, a.out), ", the eager run now does ",
+                 step_text(b.op, b.in, b.out),
+                 " (different op, shapes or attributes): the function is not static; its ops "
+                 "depend on something outside its signature");
+  }
+  ENCORE_CHECK(static_cast<int>(got.size()) == end - begin, "verify: ", name,
+               ": the eager run did ", got.size(), " ", phase, " ops; the schedule has ",
+               end - begin, ": the function is not static");
+  const int offset = backward ? static_cast<int>(eager.forward.size()) : 0;
+  const int s_begin = backward ? p.forward_steps() : 0;
+  const int s_end = backward ? p.forward_steps() + p.backward_steps() : p.forward_steps();
+  for (int s = s_begin; s < s_end; ++s) {
+    const ExecStep& st = p.steps()[s];
+    if (st.trace_index < 0) continue;
+    const int k = st.trace_index - begin;
+    const auto& mine = replayed[s - s_begin];
+    const auto& theirs = eager.snapshots[offset + k];
+    const Step& a = want[st.trace_index];
+    ENCORE_CHECK(mine == theirs, "verify: ", name, ": ", phase, " op ", k, " ",
+                 step_text(a.op, a.in, a.out),
+                 " computed different values in the replay and in the eager run: the function "
+                 "is not static (it reads values the schedule bound at trace time)");
+  }
+}
+
+void replay_backward(BackwardContext& ctx) {
+  Frame& f = static_cast<Frame&>(*ctx.payload());
+  Plan& p = *f.plan;
+  Block& b = *f.block;
+  ENCORE_CHECK(!b.backward_done, "backward: a replayed static call was back-propagated twice ",
+               "(retain_graph); its arena is reused by the backward, so run the function again");
+  std::vector<Tensor> grads_out;
+  if (f.verify) {
+    VerifyState& v = *f.verify;
+    for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
+    inner_backward(v.recorder.get(), v.inner, grads_out, v.aliases, p.recording().grad_args,
+                   v.leaves);
+  }
+  for (size_t i = 0; i < f.entry->grad_in.size(); ++i)
+    if (f.entry->grad_in[i] >= 0) b.ptrs[f.entry->grad_in[i]] = ctx.grad_output(i).raw_data();
+  for (size_t i = 0; i < b.held.size(); ++i)
+    ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
+                 b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
+                 " -> ", b.held[i].version(), ")");
+  allocate_escapes(p, b, p.backward_escapes());
+  p.bind(b);
+  std::vector<std::vector<unsigned char>> snaps;
+  p.run(b, p.forward_steps(), p.forward_steps() + p.backward_steps(), f.verify ? &snaps : nullptr);
+  b.backward_done = true;
+  if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, true);
+  const std::vector<Operand>& grads = p.grads();
+  for (size_t j = 0; j < grads.size(); ++j)
+    if (grads[j].buf >= 0)
+      ctx.set_input_grad(static_cast<int>(j),
+                         tensor_on(b.own[p.escape_slot(grads[j].buf)], grads[j]));
+}
+
+}  // namespace
+
+void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+                               std::vector<Tensor>& results) {
+  const bool verify = verify_every > 0 && e->hits % verify_every == 0;
+  Plan& p = *e->plan;
+  const Recording& rec = p.recording();
+  std::unique_ptr<VerifyState> vs;
+  std::vector<std::vector<unsigned char>> snaps;
+  if (verify) {
+    ++stats.verifications;
+    // Run the function eagerly under a recorder that keeps every op's values, then undo what
+    // it changed (state updated in place, .grad, the random streams) so the replay starts
+    // from the same state.
+    std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
+    Tensor scratch;
+    for (int buf : p.mutated_external()) {
+      const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+      if (t == nullptr || !t->defined()) continue;
+      const auto* d = static_cast<const unsigned char*>(t->raw_data());
+      saved.emplace_back(*t, std::vector<unsigned char>(d, d + t->nbytes()));
+    }
+    std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
+    for (const Leaf& l : rec.leaves) {
+      const Tensor& t = leaf_now(*e, l);
+      if (t.defined()) grads.emplace_back(t, t.impl()->grad);
+    }
+    Generator& gen = default_generator(Device::cpu());
+    const uint64_t seed = gen.seed(), offset = gen.offset();
+
+    vs = std::make_unique<VerifyState>();
+    vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
+    for (const Tensor& a : args) {
+      Tensor alias = a.detach();
+      if (a.requires_grad()) alias.set_requires_grad(true);
+      vs->aliases.push_back(std::move(alias));
+    }
+    for (size_t i = 0; i < args.size(); ++i)
+      vs->recorder->add_arg(static_cast<int>(i), vs->aliases[i]);
+    vs->recorder->add_watched(e->slots);
+    {
+      TracerScope scope(vs->recorder.get());
+      g.body_(vs->aliases, vs->inner);
+    }
+    for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+    for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
+    gen.set_state(seed, offset);
+    std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
+  }
+
+  Block* b = p.acquire();
+  struct ReleaseOnError {
+    Plan& p;
+    Block*& b;
+    ~ReleaseOnError() {
+      if (b != nullptr) p.release(b);
+    }
+  } guard{p, b};
+  Tensor scratch;
+  for (int buf : p.external_buffers()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    if (t != nullptr) b->ptrs[buf] = t->raw_data();
+  }
+  for (int buf : p.backward_reads()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    b->held.push_back(*t);
+    b->versions.push_back(t->version());
+  }
+  allocate_escapes(p, *b, p.forward_escapes());
+  p.bind(*b);
+  p.run(*b, 0, p.forward_steps(), verify ? &snaps : nullptr);
+  for (int buf : p.mutated_external()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    if (t != nullptr) t->impl()->storage->bump_version();
+  }
+  for (const Leaf& l : rec.leaves) {
+    if (l.final_grad == Leaf::kUntouched) continue;
+    const Tensor& leaf = leaf_now(*e, l);
+    leaf.impl()->grad = l.final_grad == Leaf::kCleared
+                            ? IntrusivePtr<TensorImpl>()
+                            : grad_tensor(*b, p, *e, l.final_grad, leaf).impl_ptr();
+  }
+  results.clear();
+  for (const Operand& r : p.results())
+    results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
+  if (verify) compare_runs(g.config_.name, p, vs->rec, snaps, false);
+
+  if (!e->node) return;  // the guard releases the block
+  auto frame = make_intrusive<Frame>();
+  frame->entry = e;
+  frame->plan = e->plan;
+  frame->block = b;
+  b = nullptr;
+  if (verify) {
+    vs->recorder->set_phase(Recorder::Phase::Backward);
+    for (int li : rec.grad_leaves) vs->leaves.push_back(leaf_now(*e, rec.leaves[li]));
+    frame->verify = std::move(vs);
+  }
+  auto n = make_intrusive<Node>();
+  n->op = Op::Copy;
+  n->label = g.config_.name;
+  n->sequence_nr = autograd::next_sequence_nr();
+  n->backward = &replay_backward;
+  auto add_input = [&n](const Tensor& t) {
+    Edge edge;
+    if (t.grad_fn()) {
+      edge.node = t.grad_fn();
+      edge.output_nr = t.impl()->output_nr;
+    } else {
+      edge.leaf = t.impl_ptr();
+    }
+    n->next.push_back(std::move(edge));
+    n->inputs.push_back({t.shape(), t.dtype(), t.device()});
+  };
+  for (int a : rec.grad_args) add_input(args[a]);
+  for (int li : rec.grad_leaves) add_input(leaf_now(*e, rec.leaves[li]));
+  for (int k : rec.differentiable) {
+    TensorImpl& out = *results[k].impl();
+    n->outputs.push_back({out.shape, out.dtype, out.storage->device()});
+    out.requires_grad = true;
+    out.grad_fn = n;
+    out.output_nr = static_cast<uint32_t>(n->outputs.size() - 1);
+  }
+  n->payload = std::move(frame);
+}
+
+StaticGraph::StaticGraph(Body body, Config config)
+    : body_(std::move(body)), config_(std::move(config)), impl_(std::make_unique<Impl>(*this)) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_registry.push_back(this);
+}
+
+StaticGraph::~StaticGraph() {
+  std::lock_guard<std::mutex> l(g_mu);
+  std::erase(g_registry, this);
+}
+
+void StaticGraph::call(std::span<const Tensor> args, const std::string* key,
+                       std::vector<Tensor>& results) {
+  impl_->call(args, key, results);
+}
+
+void StaticGraph::clear() {
+  impl_->entries.clear();
+}
+
+StaticStats StaticGraph::stats() const {
+  StaticStats s = impl_->stats;
+  s.entries = static_cast<int>(impl_->entries.size());
+  for (const auto& e : impl_->entries) {
+    EntryReport r;
+    r.signature = describe(e->sig, config_);
+    r.complete = e->plan != nullptr;
+    r.eager_only = e->eager_only;
+    r.hits = e->hits;
+    if (e->plan) {
+      const MemoryPlan& m = e->plan->memory();
+      r.forward_steps = e->plan->forward_steps();
+      r.backward_steps = e->plan->backward_steps();
+      r.arena_bytes = m.arena_bytes;
+      r.lower_bound_bytes = m.lower_bound_bytes;
+      r.naive_bytes = m.naive_bytes;
+      r.in_place_steps = m.in_place_steps;
+      r.arenas = e->plan->arena_blocks();
+    }
+    s.cache.push_back(std::move(r));
+  }
+  return s;
+}
+
+std::vector<StaticStats> report_all() {
+  std::vector<StaticGraph*> graphs;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    graphs = g_registry;
+  }
+  std::vector<StaticStats> out;
+  for (StaticGraph* g : graphs) out.push_back(g->stats());
+  return out;
+}
+
+std::string report_table() {
+  const std::vector<StaticStats> all = report_all();
+  std::string out = "static functions\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %8s %7s %8s %7s %8s %9s %12s %12s\n", "name", "calls",
+                "traces", "hits", "eager", "entries", "evictions", "arena bytes", "lower bound");
+  out += line;
+  for (const StaticStats& s : all) {
+    int64_t arena = 0, lower = 0;
+    for (const EntryReport& r : s.cache) {
+      arena += r.arena_bytes;
+      lower += r.lower_bound_bytes;
+    }
+    std::snprintf(line, sizeof line, "%-20s %8lld %7lld %8lld %7lld %8d %9lld %12lld %12lld\n",
+                  s.name.substr(0, 20).c_str(), static_cast<long long>(s.calls),
+                  static_cast<long long>(s.traces), static_cast<long long>(s.hits),
+                  static_cast<long long>(s.eager_calls), s.entries,
+                  static_cast<long long>(s.evictions), static_cast<long long>(arena),
+                  static_cast<long long>(lower));
+    out += line;
+    for (const RetraceEvent& ev : s.traces_history) out += "  " + ev.message + "\n";
+    for (const std::string& w : s.warnings) out += "  warning: " + w + "\n";
+  }
+  return out;
+}
+
+}  // namespace encore::schedule

@@ -1,0 +1,112 @@
+// The static-graph engine: signature cache, trace, plan and replay of one static function.
+// Users reach it through api/encore/static_graph.h (static_graph(), ENCORE_STATIC_GRAPH).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace encore::schedule {
+
+enum class OnUnsafe { Error, Eager };
+
+// A watched parameter: read through its slot on every call, so a replaced tensor is rebound.
+struct ParamSlot {
+  std::string name;
+  Tensor* slot = nullptr;
+};
+
+struct Config {
+  std::string name = "static";
+  int cache_limit = 8;
+  OnUnsafe on_unsafe = OnUnsafe::Error;
+  int verify_every = 0;
+  std::vector<std::string> arg_names;
+  // Train/eval mode of the watched modules: -1 none, 0 eval, 1 train, 2 mixed.
+  std::function<int()> mode;
+  // The watched parameters (called at every trace).
+  std::function<std::vector<ParamSlot>()> params;
+};
+
+struct RetraceEvent {
+  int64_t trace = 0;  // 1 for the first trace, 2 for the first retrace, ...
+  int64_t call = 0;   // the call (1-based) that traced
+  double cost_ms = 0;
+  std::string reason;   // "first call", "argument 0 'x' dim 0 changed 32 -> 17", ...
+  int entries = 0;      // cache entries after the trace
+  std::string message;  // the full line as ENCORE_LOG=retrace prints it
+};
+
+// One cache entry: its signature and memory plan.
+struct EntryReport {
+  std::string signature;    // "x: float32[32,784] requires_grad; grad on; train; key ''"
+  bool complete = false;    // schedules planned (a grad-mode forward waits for its backward)
+  bool eager_only = false;  // unsafe trace run eagerly (OnUnsafe::Eager)
+  int forward_steps = 0;
+  int backward_steps = 0;
+  int64_t arena_bytes = 0;        // one arena (a call before its backward holds one)
+  int64_t lower_bound_bytes = 0;  // the largest total of planned bytes alive at one step
+  int64_t naive_bytes = 0;        // every planned intermediate in its own buffer
+  int64_t in_place_steps = 0;     // steps writing over an input that dies there
+  int64_t arenas = 0;             // arenas allocated (more than one: calls before backward)
+  int64_t hits = 0;
+};
+
+struct StaticStats {
+  std::string name;
+  int64_t calls = 0;        // every call, eager ones included
+  int64_t traces = 0;       // calls that traced
+  int64_t hits = 0;         // calls that replayed
+  int64_t eager_calls = 0;  // calls run eagerly (switch off, unsafe, nested, waiting backward)
+  int64_t evictions = 0;
+  int64_t verifications = 0;  // replays checked against eager
+  int entries = 0;
+  std::vector<RetraceEvent> traces_history;  // every trace, the first included
+  std::vector<std::string> warnings;         // retrace storms, evictions, unsafe traces
+  std::vector<EntryReport> cache;            // most recently used first
+};
+
+// The process-wide switch (ENCORE_STATIC=0 starts it off).
+bool set_enabled(bool on);
+bool enabled();
+// Where warnings and retrace lines go (stderr by default). Returns the previous sink.
+using LogSink = std::function<void(const std::string&)>;
+LogSink set_log_sink(LogSink sink);
+// Whether each retrace is printed as it happens (ENCORE_LOG=retrace starts it on).
+bool set_log_retraces(bool on);
+
+class StaticGraph {
+ public:
+  // Runs the user's function on `args`, appending its results.
+  using Body = std::function<void(std::span<const Tensor> args, std::vector<Tensor>& results)>;
+
+  StaticGraph(Body body, Config config);
+  ~StaticGraph();
+  StaticGraph(const StaticGraph&) = delete;
+  StaticGraph& operator=(const StaticGraph&) = delete;
+
+  // One call: replays the entry of this signature, or traces a new one.
+  void call(std::span<const Tensor> args, const std::string* key, std::vector<Tensor>& results);
+
+  StaticStats stats() const;
+  void clear();
+  const Config& config() const { return config_; }
+
+  struct Impl;
+
+ private:
+  Body body_;
+  Config config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every live StaticGraph's stats, in creation order.
+std::vector<StaticStats> report_all();
+std::string report_table();
+
+}  // namespace encore::schedule
