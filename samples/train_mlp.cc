@@ -1,5 +1,6 @@
-// Trains the 784-100-100-10 perceptron on Fashion-MNIST with Adam, eagerly, and prints one row
-// per epoch.
+// Trains the 784-100-100-10 perceptron on Fashion-MNIST with Adam and prints one row per epoch.
+// The training step (forward, loss, backward, Adam) is a static function: traced on its first
+// call, replayed after; --eager (or ENCORE_STATIC=0) runs it op by op instead.
 //
 //   build/samples/train_mlp --epochs 5
 #include <unistd.h>
@@ -22,16 +23,18 @@ struct Flags {
   int64_t epochs = 5;
   int64_t batch = 100;
   uint64_t seed = 0;
+  bool eager = false;
 };
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: train_mlp [--data DIR] [--epochs N] [--batch N] [--seed N]\n"
+               "usage: train_mlp [--data DIR] [--epochs N] [--batch N] [--seed N] [--eager]\n"
                "Trains a 784-100-100-10 MLP with Adam (lr 1e-3) on Fashion-MNIST.\n"
                "  --data DIR   directory of the IDX files (default %s)\n"
                "  --epochs N   epochs to train (default 5)\n"
                "  --batch N    minibatch size (default 100)\n"
-               "  --seed N     seed for initialisation and shuffling (default 0)\n",
+               "  --seed N     seed for initialisation and shuffling (default 0)\n"
+               "  --eager      run the training step eagerly instead of as a static graph\n",
                data::kFashionMnistDir);
 }
 
@@ -53,6 +56,10 @@ Flags parse_flags(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       usage(stdout);
       std::exit(0);
+    }
+    if (a == "--eager") {
+      f.eager = true;
+      continue;
     }
     if (i + 1 >= argc || (a != "--data" && a != "--epochs" && a != "--batch" && a != "--seed")) {
       std::fprintf(stderr, "train_mlp: unknown flag or missing value: %s\n", argv[i]);
@@ -122,8 +129,20 @@ int run(const Flags& flags) {
   auto model = nn::mlp(784, 100, 10);
   optim::Adam opt(model->parameters(), {.lr = 1e-3});
   data::BatchIterator batches(train, flags.batch, /*shuffle=*/true, flags.seed);
-  std::printf("model %s, Adam lr 1e-3, batch %lld\n\n", model->describe().c_str(),
-              static_cast<long long>(flags.batch));
+  if (flags.eager) set_static_enabled(false);
+  // The whole step as one static function: later calls replay its schedule.
+  auto train_step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "train_step", .arg_names = {"x", "t"}, .modules = {model}});
+  std::printf("model %s, Adam lr 1e-3, batch %lld, step %s\n\n", model->describe().c_str(),
+              static_cast<long long>(flags.batch),
+              static_enabled() ? "static (traced once, then replayed)" : "eager");
 
   const bool progress = ::isatty(STDERR_FILENO) == 1;
   const int64_t per_epoch = batches.batches_per_epoch();
@@ -139,11 +158,7 @@ int run(const Flags& flags) {
     int64_t samples = 0, step = 0;
     Tensor x, t;
     while (batches.next(x, t)) {
-      Tensor logits = (*model)(x);
-      Tensor loss = F::softmax_cross_entropy(logits, t);
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
+      Tensor loss = train_step(x, t);
       loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
       samples += t.size(0);
       if (progress && (++step % 10 == 0 || step == per_epoch))
@@ -157,6 +172,16 @@ int run(const Flags& flags) {
     std::fflush(stdout);
   }
 
+  const StaticStats st = train_step.stats();
+  std::printf("\ntrain_step: %lld calls, %lld traced, %lld replayed, %lld eager",
+              static_cast<long long>(st.calls), static_cast<long long>(st.traces),
+              static_cast<long long>(st.hits), static_cast<long long>(st.eager_calls));
+  for (const EntryReport& r : st.cache)
+    std::printf("; arena %.1f KiB (lower bound %.1f KiB, naive %.1f KiB) for %s",
+                static_cast<double>(r.arena_bytes) / 1024,
+                static_cast<double>(r.lower_bound_bytes) / 1024,
+                static_cast<double>(r.naive_bytes) / 1024, r.signature.c_str());
+  std::printf("\n");
   const AllocatorStats s = allocator_for(Device::cpu()).stats();
   std::printf(
       "\ncpu allocator: peak %.2f MiB, in use %.2f MiB, %lld allocations, %lld from the "

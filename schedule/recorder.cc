@@ -73,6 +73,12 @@ int Recorder::leaf_for(const Tensor& leaf) {
   return id;
 }
 
+std::string Recorder::lazy_parameter(const Tensor& t) const {
+  return cat(name_, ": the traced call creates parameters (a new tensor ", t.shape(),
+             " requiring grad); a trace must not initialise parameters lazily: create them (or "
+             "run the function once with set_static_enabled(false)) before the first static call");
+}
+
 void Recorder::unsafe(std::string why) {
   if (rec_.unsafe.empty()) rec_.unsafe = why;
   if (throw_unsafe_) throw Error(std::move(why));
@@ -92,10 +98,7 @@ int Recorder::resolve_input(const Tensor& t, bool written) {
     return new_buffer(t, BufKind::GradSlot, it->second);
   }
   if (t.impl()->storage->serial() >= start_serial_) {
-    if (t.requires_grad() && t.is_leaf())
-      unsafe(cat(name_, ": the traced call creates parameters (a new tensor ", t.shape(),
-                 " requiring grad); a trace must not initialise parameters lazily: call the "
-                 "function once outside static_graph (or build the parameters) before tracing"));
+    if (t.requires_grad() && t.is_leaf()) unsafe(lazy_parameter(t));
     // Made inside the call: a temporary born at this in-place write (zeros(), ones()), or a
     // constant filled from host values (tensor()), bound by reference.
     return written ? new_buffer(t, BufKind::Temp, -1) : new_buffer(t, BufKind::External, -1);
@@ -127,6 +130,8 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool written = kind == OpKind::Inplace && (mutates >> i & 1);
     const int b = resolve_input(inputs[i], written);
+    if (rec_.buffers[b].kind == BufKind::Temp && inputs[i].requires_grad() && inputs[i].is_leaf())
+      unsafe(lazy_parameter(inputs[i]));
     if (written) rec_.buffers[b].mutated = true;
     s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
   }

@@ -122,6 +122,7 @@ class Recorder final : public Tracer {
   int resolve_input(const Tensor& t, bool written);
   int leaf_for(const Tensor& leaf);
   void unsafe(std::string why);
+  std::string lazy_parameter(const Tensor& t) const;
 
   Recording& rec_;
   std::string name_;

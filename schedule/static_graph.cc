@@ -219,6 +219,7 @@ struct Entry {
   std::vector<GradGuard> grads;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
   int64_t hits = 0;
+  bool abandoned = false;  // the traced call's outputs died before any backward reached them
 };
 
 const Tensor& leaf_now(const Entry& e, const Leaf& l) {
@@ -401,6 +402,13 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   std::string guard_reason;
   for (auto it = entries.begin(); it != entries.end(); ++it) {
     if (!matches((*it)->sig, args, key, grad, m)) continue;
+    if ((*it)->abandoned) {
+      guard_reason =
+          "no backward reached the outputs of the previous trace (evaluating in grad "
+          "mode? wrap it in NoGradGuard)";
+      entries.erase(it);
+      break;
+    }
     std::string why = guard_failure(**it);
     if (!why.empty()) {
       if (guard_reason.empty()) guard_reason = std::move(why);
@@ -419,10 +427,10 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Change> ch;
   std::string reason;
-  if (entries.empty()) {
-    reason = "first call";
-  } else if (!guard_reason.empty()) {
+  if (!guard_reason.empty()) {
     reason = guard_reason;
+  } else if (entries.empty()) {
+    reason = "first call";
   } else {
     ch = diff(entries.front()->sig, signature_of(args, key, m), g.config_);
     for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
@@ -499,6 +507,9 @@ struct TraceFrame final : RefCounted {
   std::vector<Tensor> inner;    // its differentiable results, with their graph
   std::vector<Tensor> leaves;   // the node's parameter inputs
   bool recorded = false;
+  ~TraceFrame() override {
+    if (!recorded) entry->abandoned = true;
+  }
 };
 
 void trace_backward(BackwardContext& ctx);
