@@ -139,7 +139,7 @@ std::string describe(const Signature& s, const Config& c) {
                a.requires_grad ? " requires_grad" : "",
                a.alias_of >= 0 ? cat(" (same tensor as argument ", a.alias_of, ")") : "");
   }
-  return cat(out, "; grad ", s.grad ? "on" : "off", "; ", mode_name(s.mode),
+  return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode),
              s.key.empty() ? "" : cat("; key '", s.key, "'"));
 }
 
@@ -458,7 +458,7 @@ void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector
   ev.reason = reason;
   ev.entries = static_cast<int>(entries.size());
   char cost[32];
-  std::snprintf(cost, sizeof cost, "%.1f", ms);
+  std::snprintf(cost, sizeof cost, ms < 10 ? "%.2f" : "%.1f", ms);
   ev.message =
       ev.trace == 1
           ? cat(g.config_.name, ": trace (cost ", cost, " ms): ", reason, "; cache now ",
@@ -694,10 +694,29 @@ Tensor grad_tensor(Block& b, const Plan& p, const Entry& e, int buf, const Tenso
   return t != nullptr ? *t : Tensor();
 }
 
-std::string step_text(Op op, std::span<const Operand> in, std::span<const Operand> out) {
+// The attributes worth showing in a message (the scalar of scalar ops).
+std::string attrs_text(Op op, const AttrBlob& a) {
+  switch (op) {
+    case Op::AddScalar:
+    case Op::MulScalar:
+    case Op::RsubScalar:
+    case Op::DivScalar:
+    case Op::RdivScalar:
+    case Op::PowScalar:
+    case Op::LeakyRelu:
+    case Op::LeakyReluGrad:
+    case Op::Fill:
+      return cat(" with scalar ", a.as<ScalarAttrs>().value);
+    default:
+      return "";
+  }
+}
+
+std::string step_text(Op op, std::span<const Operand> in, std::span<const Operand> out,
+                      const AttrBlob& attrs) {
   std::string s = std::string(op_name(op)) + "(";
   for (size_t i = 0; i < in.size(); ++i) s += cat(i ? ", " : "", in[i].dtype, in[i].shape);
-  s += ")";
+  s += ")" + attrs_text(op, attrs);
   if (!out.empty()) s += cat(" -> ", out[0].dtype, out[0].shape);
   return s;
 }
@@ -732,8 +751,8 @@ void compare_runs(const std::string& name, const Plan& p, const Recording& eager
     for (size_t j = 0; same && j < a.out.size(); ++j)
       same = a.out[j].shape == b.out[j].shape && a.out[j].dtype == b.out[j].dtype;
     ENCORE_CHECK(same, "verify: ", name, ": ", phase, " op ", k, " differs: the schedule has ",
-                 step_text(a.op, a.in, a.out), ", the eager run now does ",
-                 step_text(b.op, b.in, b.out),
+                 step_text(a.op, a.in, a.out, a.attrs), ", the eager run now does ",
+                 step_text(b.op, b.in, b.out, b.attrs),
                  " (different op, shapes or attributes): the function is not static; its ops "
                  "depend on something outside its signature");
   }
@@ -751,7 +770,7 @@ void compare_runs(const std::string& name, const Plan& p, const Recording& eager
     const auto& theirs = eager.snapshots[offset + k];
     const Step& a = want[st.trace_index];
     ENCORE_CHECK(mine == theirs, "verify: ", name, ": ", phase, " op ", k, " ",
-                 step_text(a.op, a.in, a.out),
+                 step_text(a.op, a.in, a.out, a.attrs),
                  " computed different values in the replay and in the eager run: the function "
                  "is not static (it reads values the schedule bound at trace time)");
   }
