@@ -220,6 +220,9 @@ struct Entry {
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
   int64_t hits = 0;
   bool abandoned = false;  // the traced call's outputs died before any backward reached them
+  // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the
+  // old gradients are freed before the new ones are allocated.
+  std::vector<int> early_clear;
 };
 
 const Tensor& leaf_now(const Entry& e, const Leaf& l) {
@@ -565,6 +568,12 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
   }
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
+    const bool entry_read =
+        std::any_of(rec->buffers.begin(), rec->buffers.end(), [i](const Buffer& b) {
+          return b.kind == BufKind::GradSlot && b.index == static_cast<int>(i);
+        });
+    if (l.first == Leaf::First::Replaced && !entry_read)
+      e->early_clear.push_back(static_cast<int>(i));
     if (l.first == Leaf::First::EngineSet)
       e->grads.push_back({static_cast<int>(i), false, Shape()});
     else if (l.first == Leaf::First::Read)
@@ -858,6 +867,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
   }
 
+  for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
   Block* b = p.acquire();
   struct ReleaseOnError {
     Plan& p;
