@@ -62,7 +62,8 @@ class Plan {
   // Per buffer: its escape slot (own storage each call), or -1.
   int escape_slot(int buf) const { return escape_[buf]; }
   int arena_blocks() const { return static_cast<int>(blocks_.size()); }
-  // Buffers of the forward results (after the Copy pass) and of the gradients.
+  // Buffers of the forward results (after the Copy pass) and of the gradients. A result is in
+  // an escaping buffer, or in a bound one (argument, parameter, external): a view of it.
   const std::vector<Operand>& results() const { return results_; }
   const std::vector<Operand>& grads() const { return grads_; }
   // Buffers outside the arena a step reads or writes, with where in the views they go.

@@ -108,8 +108,10 @@ void Plan::add_copies() {
 
   for (Operand& r : results_) {
     const Buffer& b = bufs[r.buf];
-    const bool own = b.kind == BufKind::Temp && written_fwd[r.buf] && !written_bwd[r.buf];
-    if (!own) {
+    // A result that is (a view of) an argument, parameter or bound tensor comes back as a view
+    // of that tensor, as eagerly.
+    if (b.kind != BufKind::Temp) continue;
+    if (!written_fwd[r.buf] || written_bwd[r.buf]) {
       copy_into_new(r, n_forward_);
       ++n_forward_;
     }

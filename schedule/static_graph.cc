@@ -236,6 +236,7 @@ std::string leaf_label(const Entry& e, const Leaf& l) {
 
 // Why the entry's guards fail for this call (empty: they hold).
 std::string guard_failure(const Entry& e) {
+  if (e.eager_only) return {};  // runs the function itself
   for (const ParamGuard& g : e.params) {
     const Tensor& p = *e.slots[g.slot].slot;
     const std::string name = e.slots[g.slot].name;
@@ -247,9 +248,8 @@ std::string guard_failure(const Entry& e) {
     if (p.device() != g.device)
       return cat("parameter '", name, "' device changed ", g.device, " -> ", p.device());
   }
-  const Recording& rec = e.plan ? e.plan->recording() : *e.rec;
   for (const GradGuard& g : e.grads) {
-    const Leaf& l = rec.leaves[g.leaf];
+    const Leaf& l = (e.plan ? e.plan->recording() : *e.rec).leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);
     const Tensor grad = t.defined() ? t.grad() : Tensor();
     if (grad.defined() != g.defined)
@@ -901,8 +901,15 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
                             : grad_tensor(*b, p, *e, l.final_grad, leaf).impl_ptr();
   }
   results.clear();
-  for (const Operand& r : p.results())
+  for (const Operand& r : p.results()) {
+    if (p.escape_slot(r.buf) < 0) {  // a view of a tensor bound to this call
+      const Tensor* t = bound_tensor(*e, rec.buffers[r.buf], args, scratch);
+      results.push_back(Tensor(
+          make_intrusive<TensorImpl>(t->impl()->storage, t->impl()->offset, r.shape, r.dtype)));
+      continue;
+    }
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
+  }
   if (verify) compare_runs(g.config_.name, p, vs->rec, snaps, false);
 
   if (!e->node) return;  // the guard releases the block
