@@ -31,6 +31,12 @@ Tensor add_fresh(const Tensor& a, const Tensor& b) {
 
 // Accumulates `g` into leaf.grad: steals `g` when nothing else refers to it, else copies or adds.
 void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
+  if (Tracer* tracer = current_tracer();
+      tracer != nullptr && tracer->on_leaf_grad(Tensor(IntrusivePtr<TensorImpl>(leaf)), g)) {
+    TracerScope quiet(nullptr);
+    accumulate_into_leaf(leaf, std::move(g));
+    return;
+  }
   if (!leaf->grad) {
     const bool unshared =
         g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;

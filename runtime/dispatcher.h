@@ -113,6 +113,13 @@ class Tracer {
   }
   // A backward pass starts on this thread (autograd::backward).
   virtual void on_backward() {}
+  // The engine is about to accumulate `grad` into the .grad of `leaf`. Returning true takes the
+  // contribution: the accumulation still happens, but its ops are not reported.
+  virtual bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) {
+    (void)leaf;
+    (void)grad;
+    return false;
+  }
 };
 
 Tracer* current_tracer();

@@ -65,7 +65,7 @@ Plan::Plan(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {
   rec_->forward.clear();
   rec_->backward.clear();
   results_ = rec_->results;
-  grads_ = rec_->grads;
+  for (const Recording::Contribution& c : rec_->contributions) grads_.push_back(c.grad);
   add_copies();
   eliminate_dead_steps();
   plan_memory();
@@ -122,7 +122,6 @@ void Plan::add_copies() {
     if (escape_[l.final_grad] < 0) escape_[l.final_grad] = escapes_++;
   }
   for (Operand& g : grads_) {
-    if (g.buf < 0) continue;
     const bool own = bufs[g.buf].kind == BufKind::Temp && written_bwd[g.buf] &&
                      !written_fwd[g.buf] && escape_[g.buf] < 0 && whole(g);
     if (!own) copy_into_new(g, static_cast<int>(all_.size()));

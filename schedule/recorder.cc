@@ -32,6 +32,8 @@ int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
 }
 
 void Recorder::add_arg(int index, const Tensor& alias) {
+  if (args_.size() <= static_cast<size_t>(index)) args_.resize(index + 1, nullptr);
+  args_[index] = alias.impl();
   if (!buf_of_.contains(key_of(alias))) new_buffer(alias, BufKind::Arg, index);
 }
 
@@ -124,7 +126,10 @@ Operand Recorder::operand_of(const Tensor& t) {
 void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) {
   const OpKind kind = op_kind(op);
-  if (kind == OpKind::View) return;  // an operand is a buffer read with its own shape
+  if (kind == OpKind::View) {  // no step: an operand is a buffer read with its own shape
+    resolve_input(inputs[0], false);
+    return;
+  }
   Step s{op, attrs, -1, {}, {}};
   const uint8_t mutates = op_mutated_inputs(op);
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -186,6 +191,20 @@ void Recorder::on_grad_replaced(const Tensor& leaf, const Tensor& grad) {
   Leaf& l = rec_.leaves[li];
   if (l.first == Leaf::First::None) l.first = Leaf::First::Replaced;
   l.final_grad = b;
+}
+
+bool Recorder::on_leaf_grad(const Tensor& leaf, const Tensor& grad) {
+  if (phase_ != Phase::Backward) return false;  // a whole step: its accumulation is recorded
+  Recording::Contribution c;
+  for (size_t i = 0; i < args_.size(); ++i)
+    if (args_[i] == leaf.impl()) {
+      c.arg = true;
+      c.index = static_cast<int>(i);
+    }
+  if (!c.arg) c.index = leaf_for(leaf);
+  c.grad = operand_of(grad);
+  rec_.contributions.push_back(std::move(c));
+  return true;
 }
 
 void Recorder::on_backward() {

@@ -72,11 +72,15 @@ struct Recording {
   std::vector<Leaf> leaves;
   std::vector<Operand> results;     // what the function returned
   std::vector<int> differentiable;  // indices of results that carry the subgraph node
-  // Backward: the node's inputs are the arguments requiring grad, then `grad_leaves`; `grads`
-  // holds the gradient each gets (buf -1: none flowed).
-  std::vector<int> grad_args;
-  std::vector<int> grad_leaves;
-  std::vector<Operand> grads;
+  // Backward: every gradient the recorded backward delivered to an argument or a leaf, in the
+  // order the engine delivered them. A replay's node has one input per contribution, so they
+  // accumulate into .grad (or an argument's producer) one by one, in eager's order.
+  struct Contribution {
+    bool arg = false;  // argument `index`, or leaf `index`
+    int index = -1;
+    Operand grad;
+  };
+  std::vector<Contribution> contributions;
   bool saw_backward = false;  // a backward ran inside the function (a whole training step)
   std::string unsafe;         // why the trace cannot be replayed (empty: it can)
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
@@ -106,6 +110,7 @@ class Recorder final : public Tracer {
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_backward() override;
+  bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) override;
 
  private:
   struct Key {
@@ -134,6 +139,7 @@ class Recorder final : public Tracer {
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
   absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
   const std::vector<ParamSlot>* slots_ = nullptr;
+  std::vector<const TensorImpl*> args_;  // the aliases standing for the arguments
 };
 
 }  // namespace encore::schedule

@@ -292,13 +292,11 @@ Tensor tensor_on(const IntrusivePtr<Storage>& s, const Operand& o) {
   return Tensor(make_intrusive<TensorImpl>(s, 0, o.shape, o.dtype));
 }
 
-// Runs `inner`'s graph eagerly with `grads`, with the leaves' .grad set aside; returns the
-// gradient each of `leaves` and `aliases[grad_args]` received, in node input order.
-std::vector<Tensor> inner_backward(Recorder* recorder, std::span<const Tensor> inner,
-                                   std::span<const Tensor> grads,
-                                   const std::vector<Tensor>& aliases,
-                                   const std::vector<int>& grad_args,
-                                   const std::vector<Tensor>& leaves) {
+// Verify: runs `inner`'s graph eagerly under `recorder` with the leaves' .grad set aside and
+// put back after, so the check leaves no gradient behind.
+void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
+                     std::span<const Tensor> grads, const std::vector<Tensor>& aliases,
+                     const std::vector<Tensor>& leaves) {
   std::vector<IntrusivePtr<TensorImpl>> stash;
   for (const Tensor& l : leaves) stash.push_back(std::move(l.impl()->grad));
   for (const Tensor& a : aliases) a.impl()->grad.reset();
@@ -309,17 +307,9 @@ std::vector<Tensor> inner_backward(Recorder* recorder, std::span<const Tensor> i
       for (size_t i = 0; i < leaves.size(); ++i) leaves[i].impl()->grad = std::move(stash[i]);
     }
   } restore{leaves, stash};
-  if (recorder != nullptr) {
-    for (size_t k = 0; k < grads.size(); ++k) recorder->add_grad_in(static_cast<int>(k), grads[k]);
-    TracerScope scope(recorder);
-    autograd::backward(inner, grads, /*retain_graph=*/true);
-  } else {
-    autograd::backward(inner, grads, /*retain_graph=*/true);
-  }
-  std::vector<Tensor> out;
-  for (int a : grad_args) out.push_back(aliases[a].grad());
-  for (const Tensor& l : leaves) out.push_back(l.grad());
-  return out;
+  for (size_t k = 0; k < grads.size(); ++k) recorder.add_grad_in(static_cast<int>(k), grads[k]);
+  TracerScope scope(&recorder);
+  autograd::backward(inner, grads, /*retain_graph=*/true);
 }
 
 void replay_backward(BackwardContext& ctx);
@@ -506,9 +496,10 @@ struct TraceFrame final : RefCounted {
   std::shared_ptr<Entry> entry;
   std::shared_ptr<Recording> rec;
   std::unique_ptr<Recorder> recorder;
+  std::vector<Tensor> args;     // the call's arguments
   std::vector<Tensor> aliases;  // the arguments as the function saw them (leaves)
   std::vector<Tensor> inner;    // its differentiable results, with their graph
-  std::vector<Tensor> leaves;   // the node's parameter inputs
+  std::vector<int> node_args;   // arguments with a producer: the node's inputs
   bool recorded = false;
   ~TraceFrame() override {
     if (!recorded) entry->abandoned = true;
@@ -591,13 +582,13 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
     return e;
   }
 
-  // The subgraph node: inputs are the arguments requiring grad, then the leaves the forward
-  // used; outputs are the differentiable results.
+  // The subgraph node: its inputs are the arguments with a producer (leaves, parameters
+  // included, take their gradients directly, as eagerly); its outputs the differentiable
+  // results.
   auto frame = make_intrusive<TraceFrame>();
-  for (size_t i = 0; i < aliases.size(); ++i)
-    if (aliases[i].requires_grad()) rec->grad_args.push_back(static_cast<int>(i));
-  for (size_t i = 0; i < rec->leaves.size(); ++i)
-    if (rec->leaves[i].buf >= 0) rec->grad_leaves.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].requires_grad() && !args[i].is_leaf())
+      frame->node_args.push_back(static_cast<int>(i));
   for (size_t k = 0; k < inner.size(); ++k)
     if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
 
@@ -617,11 +608,7 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
     n->next.push_back(std::move(edge));
     n->inputs.push_back({t.shape(), t.dtype(), t.device()});
   };
-  for (int a : rec->grad_args) add_input(args[a]);
-  for (int li : rec->grad_leaves) {
-    add_input(rec->leaves[li].tensor);
-    frame->leaves.push_back(rec->leaves[li].tensor);
-  }
+  for (int a : frame->node_args) add_input(args[a]);
   for (size_t k = 0; k < inner.size(); ++k) {
     Tensor out = inner[k].detach();
     if (inner[k].requires_grad()) {
@@ -637,6 +624,7 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
   frame->rec = rec;
   frame->recorder = std::move(recorder);
   frame->aliases = std::move(aliases);
+  frame->args.assign(args.begin(), args.end());
   e->rec = rec;
   if (e->eager_only) frame->recorded = true;  // nothing to record; just the gradients
   n->payload = std::move(frame);
@@ -651,15 +639,27 @@ void trace_backward(BackwardContext& ctx) {
   f.recorded = true;
   std::vector<Tensor> grads_out;
   for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
-  // The leaves' own .grad are set aside: what the inner pass leaves there is this call's
-  // gradient, handed to the outer engine (which accumulates it as for any op).
-  if (record) f.recorder->set_phase(Recorder::Phase::Backward);
-  const std::vector<Tensor> grads = inner_backward(record ? f.recorder.get() : nullptr, f.inner,
-                                                   grads_out, f.aliases, rec.grad_args, f.leaves);
-  for (size_t j = 0; j < grads.size(); ++j) {
-    if (record)
-      rec.grads.push_back(grads[j].defined() ? f.recorder->operand_of(grads[j]) : Operand{});
-    if (grads[j].defined()) ctx.set_input_grad(static_cast<int>(j), grads[j]);
+  // Exactly eager's accumulation: parameters take their gradients into .grad directly; an
+  // argument that is a leaf shares its .grad with the alias standing for it; one with a
+  // producer gets the alias's gradient through this node. The recorder notes each delivery.
+  for (size_t i = 0; i < f.aliases.size(); ++i)
+    if (f.aliases[i].requires_grad())
+      f.aliases[i].impl()->grad = f.args[i].is_leaf() ? f.args[i].impl()->grad : nullptr;
+  if (record) {
+    f.recorder->set_phase(Recorder::Phase::Backward);
+    for (size_t k = 0; k < grads_out.size(); ++k)
+      f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
+    TracerScope scope(f.recorder.get());
+    autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+  } else {
+    autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+  }
+  for (size_t i = 0; i < f.aliases.size(); ++i)
+    if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
+      f.args[i].impl()->grad = f.aliases[i].impl()->grad;
+  for (size_t j = 0; j < f.node_args.size(); ++j) {
+    Tensor g = f.aliases[f.node_args[j]].grad();
+    if (g.defined()) ctx.set_input_grad(static_cast<int>(j), std::move(g));
   }
   if (record && !f.entry->eager_only) {
     for (size_t b = 0; b < rec.buffers.size(); ++b)
@@ -795,8 +795,7 @@ void replay_backward(BackwardContext& ctx) {
   if (f.verify) {
     VerifyState& v = *f.verify;
     for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
-    inner_backward(v.recorder.get(), v.inner, grads_out, v.aliases, p.recording().grad_args,
-                   v.leaves);
+    verify_backward(*v.recorder, v.inner, grads_out, v.aliases, v.leaves);
   }
   for (size_t i = 0; i < f.entry->grad_in.size(); ++i)
     if (f.entry->grad_in[i] >= 0) b.ptrs[f.entry->grad_in[i]] = ctx.grad_output(i).raw_data();
@@ -812,9 +811,8 @@ void replay_backward(BackwardContext& ctx) {
   if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, true);
   const std::vector<Operand>& grads = p.grads();
   for (size_t j = 0; j < grads.size(); ++j)
-    if (grads[j].buf >= 0)
-      ctx.set_input_grad(static_cast<int>(j),
-                         tensor_on(b.own[p.escape_slot(grads[j].buf)], grads[j]));
+    ctx.set_input_grad(static_cast<int>(j),
+                       tensor_on(b.own[p.escape_slot(grads[j].buf)], grads[j]));
 }
 
 }  // namespace
@@ -920,7 +918,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   b = nullptr;
   if (verify) {
     vs->recorder->set_phase(Recorder::Phase::Backward);
-    for (int li : rec.grad_leaves) vs->leaves.push_back(leaf_now(*e, rec.leaves[li]));
+    for (const Leaf& l : rec.leaves) vs->leaves.push_back(leaf_now(*e, l));
     frame->verify = std::move(vs);
   }
   auto n = make_intrusive<Node>();
@@ -939,8 +937,8 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     n->next.push_back(std::move(edge));
     n->inputs.push_back({t.shape(), t.dtype(), t.device()});
   };
-  for (int a : rec.grad_args) add_input(args[a]);
-  for (int li : rec.grad_leaves) add_input(leaf_now(*e, rec.leaves[li]));
+  for (const Recording::Contribution& c : rec.contributions)
+    add_input(c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
   for (int k : rec.differentiable) {
     TensorImpl& out = *results[k].impl();
     n->outputs.push_back({out.shape, out.dtype, out.storage->device()});

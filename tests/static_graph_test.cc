@@ -1,0 +1,861 @@
+// static_graph: replay equals eager bit for bit, the signature cache and its retrace reasons,
+// unsafe traces, verify mode, the global switch, the memory plan and the process report.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+using namespace encore;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+namespace {
+
+// "" when a and b hold the same bits; otherwise what differs (the first differing element).
+std::string bit_diff(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined())
+    return a.defined() == b.defined()
+               ? ""
+               : cat("one tensor is undefined: ", a.defined(), " vs ", b.defined());
+  if (!(a.shape() == b.shape())) return cat("shapes differ: ", a.shape(), " vs ", b.shape());
+  if (a.dtype() != b.dtype()) return cat("dtypes differ: ", a.dtype(), " vs ", b.dtype());
+  if (std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0) return "";
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (a.dtype() == DType::Float32) {
+      const float x = static_cast<const float*>(a.raw_data())[i];
+      const float y = static_cast<const float*>(b.raw_data())[i];
+      if (std::memcmp(&x, &y, sizeof x) != 0)
+        return cat("element ", i, " of ", n, " differs: ", x, " vs ", y);
+    } else if (a.dtype() == DType::Float64) {
+      const double x = static_cast<const double*>(a.raw_data())[i];
+      const double y = static_cast<const double*>(b.raw_data())[i];
+      if (std::memcmp(&x, &y, sizeof x) != 0)
+        return cat("element ", i, " of ", n, " differs: ", x, " vs ", y);
+    }
+  }
+  return "bytes differ";
+}
+
+// Compares every parameter (and its gradient) of two models of the same structure.
+void check_same_parameters(const nn::Module& a, const nn::Module& b, const std::string& when) {
+  const auto pa = a.named_parameters();
+  const auto pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(when << ": parameter " << pa[i].first << " / " << pb[i].first);
+    CHECK(bit_diff(pa[i].second, pb[i].second) == "");
+    CHECK(bit_diff(pa[i].second.grad(), pb[i].second.grad()) == "");
+  }
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  std::string low_part = part;
+  std::transform(low_part.begin(), low_part.end(), low_part.begin(), ::tolower);
+  return std::any_of(lines.begin(), lines.end(), [&](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+    return s.find(low_part) != std::string::npos;
+  });
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+// The message of the encore::Error `fn` throws ("" when it throws nothing).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Turns static graphs on for a test (ENCORE_STATIC=0 in the environment would turn them off).
+class StaticEnabled {
+ public:
+  explicit StaticEnabled(bool on = true) : previous_(set_static_enabled(on)) {}
+  ~StaticEnabled() { set_static_enabled(previous_); }
+  StaticEnabled(const StaticEnabled&) = delete;
+  StaticEnabled& operator=(const StaticEnabled&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The MLP of the examples with its forward marked static (the module form).
+class StaticMlp : public nn::Module {
+ public:
+  StaticMlp(int64_t in, int64_t hidden, int64_t out)
+      : net(register_module("net", nn::mlp(in, hidden, out))) {}
+  Tensor forward(const Tensor& x) override { return (*net)(x); }
+
+  std::shared_ptr<nn::Sequential> net;
+  ENCORE_STATIC_GRAPH({.name = "static_mlp", .arg_names = {"x"}});
+};
+
+// The same, replays checked against eager on every call.
+class VerifiedMlp : public nn::Module {
+ public:
+  VerifiedMlp(int64_t in, int64_t hidden, int64_t out)
+      : net(register_module("net", nn::mlp(in, hidden, out))) {}
+  Tensor forward(const Tensor& x) override { return (*net)(x); }
+
+  std::shared_ptr<nn::Sequential> net;
+  ENCORE_STATIC_GRAPH({.name = "verified_mlp", .verify_every = 1});
+};
+
+// Creates its layer on the first forward (lazy initialisation).
+class LazyNet : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override {
+    if (!lin_) lin_ = register_module("lin", std::make_shared<nn::Linear>(x.size(1), 3));
+    return (*lin_)(x);
+  }
+
+  ENCORE_STATIC_GRAPH({.name = "lazy_net"});
+
+ private:
+  std::shared_ptr<nn::Linear> lin_;
+};
+
+struct Batch {
+  Tensor x, t;
+};
+
+std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features, uint64_t seed) {
+  const auto ds = data::synthetic_classification(count * batch, features, 10, seed);
+  data::BatchIterator it(ds, batch, /*shuffle=*/false);
+  std::vector<Batch> out;
+  Batch b;
+  while (it.next(b.x, b.t)) out.push_back(b);
+  return out;
+}
+
+// The elementwise body several tests make static; called directly it is the eager reference.
+Tensor pointwise(const Tensor& x) {
+  return F::relu(x * 2.0 - 1.0) * x + 3.0;
+}
+
+}  // namespace
+
+// ---- Replay equals eager -------------------------------------------------------------------
+
+TEST_CASE("MLP training with a static forward (module form) equals eager bit for bit", "[static]") {
+  StaticEnabled on;
+  const auto batches = mlp_batches(20, 32, 784, 11);
+  REQUIRE(batches.size() == 20);
+  manual_seed(0);
+  auto eager = nn::mlp(784, 100, 10);
+  manual_seed(0);
+  auto model = std::make_shared<StaticMlp>(784, 100, 10);
+  check_same_parameters(*eager, *model, "after construction");
+  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
+  optim::Adam static_opt(model->parameters(), {.lr = 1e-3});
+
+  for (int step = 0; step < 20; ++step) {
+    const Batch& b = batches[step];
+    eager_opt.zero_grad();
+    Tensor eager_loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
+    eager_loss.backward();
+    eager_opt.step();
+
+    static_opt.zero_grad();
+    Tensor static_loss = F::softmax_cross_entropy((*model)(b.x), b.t);
+    static_loss.backward();
+    static_opt.step();
+
+    INFO("step " << step);
+    CHECK(bit_diff(eager_loss, static_loss) == "");
+    check_same_parameters(*eager, *model, cat("step ", step));
+  }
+  const StaticStats s = static_stats(*model);
+  CHECK(s.calls == 20);
+  CHECK(s.traces == 1);
+  CHECK(s.hits == 19);
+  CHECK(s.eager_calls == 0);
+  CHECK(s.entries == 1);
+  REQUIRE(s.cache.size() == 1);
+  CHECK(s.cache[0].complete);
+  CHECK(s.cache[0].forward_steps > 0);
+  CHECK(s.cache[0].backward_steps > 0);
+}
+
+TEST_CASE("MLP training with the whole step static (function form) equals eager bit for bit",
+          "[static]") {
+  StaticEnabled on;
+  const auto batches = mlp_batches(20, 32, 784, 12);
+  REQUIRE(batches.size() == 20);
+  manual_seed(0);
+  auto eager = nn::mlp(784, 100, 10);
+  manual_seed(0);
+  auto model = nn::mlp(784, 100, 10);
+  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
+  optim::Adam opt(model->parameters(), {.lr = 1e-3});
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        opt.zero_grad();
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "mlp_step", .arg_names = {"x", "t"}, .modules = {model}});
+
+  for (int i = 0; i < 20; ++i) {
+    const Batch& b = batches[i];
+    eager_opt.zero_grad();
+    Tensor eager_loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
+    eager_loss.backward();
+    eager_opt.step();
+
+    Tensor static_loss = step(b.x, b.t);
+
+    INFO("step " << i);
+    CHECK(bit_diff(eager_loss, static_loss) == "");
+    check_same_parameters(*eager, *model, cat("step ", i));
+  }
+  const StaticStats s = step.stats();
+  CHECK(s.name == "mlp_step");
+  CHECK(s.calls == 20);
+  CHECK(s.traces == 1);
+  CHECK(s.hits == 19);
+  CHECK(s.eager_calls == 0);
+}
+
+TEST_CASE("two forwards before one backward give eager's gradients", "[static]") {
+  StaticEnabled on;
+  const auto batches = mlp_batches(4, 16, 20, 13);
+  REQUIRE(batches.size() == 4);
+  manual_seed(1);
+  auto eager = nn::mlp(20, 32, 10);
+  manual_seed(1);
+  auto model = std::make_shared<StaticMlp>(20, 32, 10);
+
+  // Complete the entry: one traced call and its backward.
+  F::softmax_cross_entropy((*eager)(batches[0].x), batches[0].t).backward();
+  F::softmax_cross_entropy((*model)(batches[0].x), batches[0].t).backward();
+  check_same_parameters(*eager, *model, "after the traced call");
+  eager->zero_grad();
+  model->zero_grad();
+
+  // Two replayed calls, one backward through both.
+  Tensor e1 = F::softmax_cross_entropy((*eager)(batches[1].x), batches[1].t);
+  Tensor e2 = F::softmax_cross_entropy((*eager)(batches[2].x), batches[2].t);
+  Tensor s1 = F::softmax_cross_entropy((*model)(batches[1].x), batches[1].t);
+  Tensor s2 = F::softmax_cross_entropy((*model)(batches[2].x), batches[2].t);
+  CHECK(bit_diff(e1, s1) == "");
+  CHECK(bit_diff(e2, s2) == "");
+  (e1 + e2).backward();
+  (s1 + s2).backward();
+  check_same_parameters(*eager, *model, "after two forwards and one backward");
+
+  // A third replayed call whose backward accumulates into the existing .grad.
+  F::softmax_cross_entropy((*eager)(batches[3].x), batches[3].t).backward();
+  F::softmax_cross_entropy((*model)(batches[3].x), batches[3].t).backward();
+  check_same_parameters(*eager, *model, "after accumulating into existing gradients");
+
+  const StaticStats s = static_stats(*model);
+  CHECK(s.traces == 1);
+  CHECK(s.hits == 3);
+  REQUIRE(s.cache.size() == 1);
+  CHECK(s.cache[0].arenas >= 2);  // the second call could not reuse the first one's arena
+}
+
+TEST_CASE("a replaced parameter is rebound, or retraced when its shape changes", "[static]") {
+  StaticEnabled on;
+  manual_seed(2);
+  auto lin = std::make_shared<nn::Linear>(4, 3, nn::LinearOptions{.bias = false});
+  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
+                        {.name = "replaced", .modules = {lin}});
+  const Tensor x = rand({2, 4}, DType::Float32, Device::cpu(), -1, 1);
+
+  F::sum(f(x)).backward();  // trace, completed by its backward
+  F::sum(f(x)).backward();  // replay
+  REQUIRE(f.stats().hits == 1);
+  const Tensor old_w = lin->weight;
+  const Tensor old_grad = clone(old_w.grad());
+
+  Tensor new_w = rand({3, 4}, DType::Float32, Device::cpu(), -1, 1);
+  new_w.set_requires_grad();
+  lin->weight = new_w;
+  Tensor out = f(x);
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 2);
+  CHECK(bit_diff(out, (*lin)(x)) == "");
+  F::sum(out).backward();
+  REQUIRE(new_w.grad().defined());
+  const Tensor static_grad = clone(new_w.grad());
+  CHECK(bit_diff(old_w.grad(), old_grad) == "");  // the old weight is no longer written
+  new_w.set_grad(Tensor());
+  F::sum((*lin)(x)).backward();
+  CHECK(bit_diff(static_grad, new_w.grad()) == "");
+
+  Tensor wide = rand({5, 4}, DType::Float32, Device::cpu(), -1, 1);
+  wide.set_requires_grad();
+  lin->weight = wide;
+  Tensor out5 = f(x);
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  const std::string reason = s.traces_history[1].reason;
+  CHECK_THAT(reason, Contains("parameter '") && Contains("weight") && Contains("shape changed"));
+  CHECK(out5.shape() == Shape{2, 5});
+  CHECK(bit_diff(out5, (*lin)(x)) == "");
+}
+
+TEST_CASE("optimizer updates between static calls are seen by the next replay", "[static]") {
+  StaticEnabled on;
+  manual_seed(3);
+  auto model = nn::mlp(6, 8, 3);
+  optim::SGD sgd(model->parameters(), {.lr = 0.1});
+  auto f = static_graph([&](const Tensor& x) { return (*model)(x); },
+                        {.name = "sgd_forward", .modules = {model}});
+  for (int i = 0; i < 6; ++i) {
+    const Tensor x = rand({5, 6}, DType::Float32, Device::cpu(), -1, 1);
+    Tensor out = f(x);
+    Tensor ref = (*model)(x);
+    INFO("call " << i);
+    CHECK(bit_diff(out, ref) == "");
+    F::sum(out * out).backward();
+    sgd.step();
+    sgd.zero_grad();
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 5);
+}
+
+TEST_CASE("outputs handed out stay valid after later calls", "[static]") {
+  StaticEnabled on;
+  SECTION("an elementwise function") {
+    auto f = static_graph(pointwise, {.name = "kept_pointwise"});
+    f(rand({8, 5}));  // trace
+    const Tensor x1 = rand({8, 5}, DType::Float32, Device::cpu(), -1, 1);
+    const Tensor kept = f(x1);
+    const Tensor expected = pointwise(x1);
+    for (int i = 2; i <= 5; ++i) f(rand({8, 5}, DType::Float32, Device::cpu(), -1, 1));
+    CHECK(f.stats().hits == 5);
+    CHECK(bit_diff(kept, expected) == "");
+  }
+  SECTION("a model forward, with its backward after the later calls") {
+    manual_seed(4);
+    auto model = nn::mlp(6, 8, 3);
+    auto f = static_graph([&](const Tensor& x) { return (*model)(x); },
+                          {.name = "kept_forward", .modules = {model}});
+    F::sum(f(rand({4, 6}))).backward();  // trace and complete
+    model->zero_grad();
+    const Tensor x1 = rand({4, 6}, DType::Float32, Device::cpu(), -1, 1);
+    const Tensor kept = f(x1);
+    for (int i = 2; i <= 5; ++i) f(rand({4, 6}, DType::Float32, Device::cpu(), -1, 1));
+    CHECK(f.stats().hits == 5);
+    F::sum(kept).backward();  // the saved activations of call 1 are intact
+    std::vector<Tensor> static_grads;
+    for (const Tensor& p : model->parameters()) static_grads.push_back(clone(p.grad()));
+    model->zero_grad();
+    const Tensor expected = (*model)(x1);
+    CHECK(bit_diff(kept, expected) == "");
+    F::sum(expected).backward();
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(bit_diff(static_grads[i], params[i].grad()) == "");
+    }
+  }
+}
+
+// ---- The signature cache -------------------------------------------------------------------
+
+TEST_CASE("a batch-size change retraces and says why", "[static]") {
+  StaticEnabled on;
+  auto f = static_graph(pointwise, {.name = "batch_fn", .arg_names = {"x"}});
+  const Tensor x32 = rand({32, 8});
+  const Tensor x17 = rand({17, 8});
+  CHECK(bit_diff(f(x32), pointwise(x32)) == "");
+  CHECK(f.stats().traces == 1);
+  CHECK(bit_diff(f(x17), pointwise(x17)) == "");
+  const StaticStats s = f.stats();
+  CHECK(s.calls == 2);
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 0);
+  CHECK(s.entries == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  const RetraceEvent& first = s.traces_history[0];
+  CHECK(first.trace == 1);
+  CHECK(first.call == 1);
+  CHECK(first.reason == "first call");
+  const RetraceEvent& second = s.traces_history[1];
+  CHECK(second.trace == 2);
+  CHECK(second.call == 2);
+  CHECK(second.cost_ms >= 0);
+  CHECK(second.entries == 2);
+  CHECK(second.reason == "argument 0 'x' dim 0 changed 32 -> 17");
+  CHECK_THAT(second.message, StartsWith("batch_fn: retrace #1 (cost "));
+  CHECK_THAT(second.message,
+             Contains(" ms): argument 0 'x' dim 0 changed 32 -> 17; cache now 2 entries"));
+
+  // Both entries are kept: either shape replays now.
+  CHECK(bit_diff(f(x32), pointwise(x32)) == "");
+  CHECK(bit_diff(f(x17), pointwise(x17)) == "");
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().hits == 2);
+
+  auto unnamed = static_graph(pointwise, {.name = "batch_fn_unnamed"});
+  unnamed(x32);
+  unnamed(x17);
+  REQUIRE(unnamed.stats().traces_history.size() == 2);
+  CHECK(unnamed.stats().traces_history[1].reason == "argument 0 dim 0 changed 32 -> 17");
+}
+
+TEST_CASE("ENCORE_LOG=retrace lines go to the log sink", "[static]") {
+  StaticEnabled on;
+  std::vector<std::string> lines;
+  auto previous_sink =
+      schedule::set_log_sink([&lines](const std::string& line) { lines.push_back(line); });
+  const bool previous_log = schedule::set_log_retraces(true);
+  auto f = static_graph(pointwise, {.name = "logged_fn", .arg_names = {"x"}});
+  f(rand({32, 8}));
+  f(rand({17, 8}));
+  schedule::set_log_retraces(previous_log);
+  schedule::set_log_sink(previous_sink);
+  const StaticStats s = f.stats();
+  REQUIRE(s.traces_history.size() == 2);
+  INFO(joined(lines));
+  CHECK(any_contains(lines, s.traces_history[1].message));
+  CHECK(any_contains(lines, "argument 0 'x' dim 0 changed 32 -> 17"));
+}
+
+TEST_CASE("the same signature never retraces", "[static]") {
+  StaticEnabled on;
+  auto f = static_graph(pointwise, {.name = "same_fn", .arg_names = {"x"}});
+  for (int i = 0; i < 100; ++i) {
+    const Tensor x = rand({32, 8}, DType::Float32, Device::cpu(), -1, 1);
+    const Tensor y = f(x);
+    if (i % 10 == 0) {
+      INFO("call " << i);
+      CHECK(bit_diff(y, pointwise(x)) == "");
+    }
+  }
+  const StaticStats s = f.stats();
+  CHECK(s.calls == 100);
+  CHECK(s.traces == 1);
+  CHECK(s.hits == 99);
+  CHECK(s.eager_calls == 0);
+  CHECK(s.entries == 1);
+  CHECK(s.traces_history.size() == 1);
+  REQUIRE(s.cache.size() == 1);
+  CHECK(s.cache[0].hits == 99);
+}
+
+TEST_CASE("train and eval mode are cached separately", "[static]") {
+  StaticEnabled on;
+  manual_seed(5);
+  auto model = std::make_shared<StaticMlp>(6, 8, 3);
+  const Tensor x = rand({4, 6});
+  F::sum((*model)(x)).backward();  // train: trace
+  F::sum((*model)(x)).backward();  // train: hit
+  model->eval();
+  F::sum((*model)(x)).backward();  // eval: trace
+  StaticStats s = static_stats(*model);
+  CHECK(s.traces == 2);
+  CHECK(s.entries == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK(s.traces_history[1].reason == "mode changed train -> eval");
+  CHECK_THAT(s.traces_history[1].message, StartsWith("static_mlp: retrace #1 (cost "));
+  CHECK_THAT(s.traces_history[1].message,
+             Contains(" ms): mode changed train -> eval; cache now 2 entries"));
+  F::sum((*model)(x)).backward();  // eval: hit
+  model->train();
+  F::sum((*model)(x)).backward();  // train again: hit, no new trace
+  s = static_stats(*model);
+  CHECK(s.calls == 5);
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 3);
+  CHECK(s.eager_calls == 0);
+}
+
+TEST_CASE("grad mode off is a separate entry", "[static]") {
+  StaticEnabled on;
+  manual_seed(6);
+  auto model = std::make_shared<StaticMlp>(6, 8, 3);
+  const Tensor x = rand({4, 6});
+  F::sum((*model)(x)).backward();
+  {
+    NoGradGuard no_grad;
+    const Tensor y = (*model)(x);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(bit_diff(y, (*model->net)(x)) == "");
+    (*model)(x);  // no backward to wait for: replays
+  }
+  const StaticStats s = static_stats(*model);
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 1);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK(s.traces_history[1].reason == "grad mode changed on -> off");
+  CHECK(static_stats(*model).entries == 2);
+}
+
+TEST_CASE("the cache keeps cache_limit entries and evicts the least recently used", "[static]") {
+  StaticEnabled on;
+  auto f = static_graph(pointwise, {.name = "evicting_fn", .cache_limit = 2});
+  f(rand({4, 3}));
+  f(rand({5, 3}));
+  CHECK(f.stats().evictions == 0);
+  f(rand({6, 3}));  // evicts [4,3]
+  StaticStats s = f.stats();
+  CHECK(s.traces == 3);
+  CHECK(s.evictions == 1);
+  CHECK(s.entries == 2);
+  CHECK(s.cache.size() == 2);
+  INFO(joined(s.warnings));
+  CHECK(any_contains(s.warnings, "evict"));
+
+  f(rand({6, 3}));  // hit
+  f(rand({4, 3}));  // evicted earlier: traces again, evicting [5,3]
+  f(rand({6, 3}));  // still cached
+  s = f.stats();
+  CHECK(s.traces == 4);
+  CHECK(s.hits == 2);
+  CHECK(s.evictions == 2);
+  f(rand({5, 3}));
+  CHECK(f.stats().traces == 5);
+  CHECK(f.stats().entries == 2);
+}
+
+TEST_CASE("a StaticKey joins the signature", "[static]") {
+  StaticEnabled on;
+  double scale = 2.0;  // a non-tensor argument, described by the key
+  auto body = [&scale](const Tensor& x) { return x * scale; };
+  auto f = static_graph(body, {.name = "keyed_fn"});
+  const Tensor x = rand({3, 4});
+  CHECK(bit_diff(f(StaticKey{"a"}, x), body(x)) == "");
+  CHECK(bit_diff(f(StaticKey{"a"}, x), body(x)) == "");
+  CHECK(f.stats().traces == 1);
+  scale = 3.0;
+  CHECK(bit_diff(f(StaticKey{"b"}, x), body(x)) == "");
+  CHECK(bit_diff(f(StaticKey{"b"}, x), body(x)) == "");
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK(s.traces_history[1].reason == "key changed 'a' -> 'b'");
+}
+
+TEST_CASE("a function that keeps retracing is warned about", "[static]") {
+  StaticEnabled on;
+  auto f = static_graph(pointwise, {.name = "stormy_fn", .arg_names = {"x"}});
+  for (int64_t n = 1; n <= 10; ++n) f(rand({n, 4}));
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 10);
+  INFO(joined(s.warnings));
+  CHECK(any_contains(s.warnings, "dim 0"));
+}
+
+TEST_CASE("each module instance has its own cache", "[static]") {
+  StaticEnabled on;
+  manual_seed(7);
+  auto a = std::make_shared<StaticMlp>(6, 8, 3);
+  auto b = std::make_shared<StaticMlp>(6, 8, 3);
+  const Tensor x = rand({2, 6});
+  F::sum((*a)(x)).backward();
+  F::sum((*a)(x)).backward();
+  CHECK(static_stats(*a).calls == 2);
+  CHECK(static_stats(*a).hits == 1);
+  CHECK(static_stats(*b).calls == 0);
+  static_clear(*a);
+  CHECK(static_stats(*a).entries == 0);
+  F::sum((*a)(x)).backward();
+  CHECK(static_stats(*a).traces == 2);
+  auto plain = nn::mlp(6, 8, 3);
+  CHECK_THROWS_AS(static_stats(*plain), Error);
+}
+
+// ---- Unsafe traces -------------------------------------------------------------------------
+
+TEST_CASE("reading values inside a trace is detected", "[static]") {
+  StaticEnabled on;
+  auto reads_item = [](const Tensor& x) { return x * F::sum(x).item<double>(); };
+  const Tensor x1 = rand({3, 4}, DType::Float32, Device::cpu(), 0.5, 1.5);
+  const Tensor x2 = rand({3, 4}, DType::Float32, Device::cpu(), 0.5, 1.5);
+
+  SECTION("an error by default") {
+    auto f = static_graph(reads_item, {.name = "item_fn"});
+    const std::string msg = error_of([&] { f(x1); });
+    CHECK_THAT(msg, Contains("item"));
+    auto g = static_graph([](const Tensor& x) { return x * x.to_vector<float>()[0]; },
+                          {.name = "to_vector_fn"});
+    CHECK_THAT(error_of([&] { g(x1); }), Contains("to_vector"));
+  }
+  SECTION("eager with a warning when asked") {
+    auto f = static_graph(reads_item, {.name = "item_eager_fn", .on_unsafe = OnUnsafe::Eager});
+    CHECK(bit_diff(f(x1), reads_item(x1)) == "");
+    StaticStats s = f.stats();
+    CHECK_FALSE(s.warnings.empty());
+    INFO(joined(s.warnings));
+    CHECK(any_contains(s.warnings, "item"));
+    REQUIRE(s.cache.size() == 1);
+    CHECK(s.cache[0].eager_only);
+    const int64_t eager_before = s.eager_calls;
+    // The value read is not baked in: a later call on other values is right.
+    CHECK(bit_diff(f(x2), reads_item(x2)) == "");
+    CHECK(bit_diff(f(x1), reads_item(x1)) == "");
+    s = f.stats();
+    CHECK(s.eager_calls == eager_before + 2);
+    CHECK(s.traces == 1);
+    CHECK(s.hits == 0);
+  }
+}
+
+TEST_CASE("creating parameters inside a trace is reported", "[static]") {
+  StaticEnabled on;
+  auto net = std::make_shared<LazyNet>();
+  const std::string msg = error_of([&] { (*net)(rand({2, 5})); });
+  CHECK_THAT(msg, Contains("creates parameters"));
+}
+
+// ---- Verify mode ---------------------------------------------------------------------------
+
+TEST_CASE("verify mode catches a function that is not static", "[static]") {
+  StaticEnabled on;
+  const Tensor x = rand({3, 4}, DType::Float32, Device::cpu(), 0.5, 1.5);
+  int counter = 1;
+
+  SECTION("a scalar baked into the schedule") {
+    auto f = static_graph([&counter](const Tensor& v) { return v * static_cast<double>(counter); },
+                          {.name = "planted_scalar", .verify_every = 1});
+    f(x);
+    CHECK_NOTHROW(f(x));  // same counter: replay and eager agree
+    CHECK(f.stats().verifications == 1);
+    counter = 2;
+    CHECK_THAT(error_of([&] { f(x); }), Contains("verify", Catch::CaseSensitive::No));
+  }
+  SECTION("a branch on a captured value") {
+    auto f =
+        static_graph([&counter](const Tensor& v) { return counter > 1 ? F::tanh(v) : F::relu(v); },
+                     {.name = "planted_branch", .verify_every = 1});
+    f(x);
+    CHECK_NOTHROW(f(x));
+    counter = 2;
+    CHECK_THAT(error_of([&] { f(x); }), Contains("verify", Catch::CaseSensitive::No));
+  }
+  SECTION("without verify the planted function replays silently") {
+    auto f = static_graph([&counter](const Tensor& v) { return v * static_cast<double>(counter); },
+                          {.name = "planted_unverified"});
+    f(x);
+    counter = 2;
+    CHECK(bit_diff(f(x), x * 1.0) == "");  // the documented hazard verify mode exists for
+    CHECK(f.stats().verifications == 0);
+  }
+}
+
+TEST_CASE("verify mode passes a static function and counts its checks", "[static]") {
+  StaticEnabled on;
+  SECTION("every replay") {
+    auto f = static_graph(pointwise, {.name = "verified_pointwise", .verify_every = 1});
+    for (int i = 0; i < 6; ++i) {
+      const Tensor x = rand({5, 5}, DType::Float32, Device::cpu(), -1, 1);
+      Tensor y;
+      CHECK_NOTHROW(y = f(x));
+      CHECK(bit_diff(y, pointwise(x)) == "");
+    }
+    CHECK(f.stats().hits == 5);
+    CHECK(f.stats().verifications == 5);
+  }
+  SECTION("every second replay") {
+    auto f = static_graph(pointwise, {.name = "verified_every_2", .verify_every = 2});
+    for (int i = 0; i < 7; ++i) f(rand({5, 5}));
+    CHECK(f.stats().hits == 6);
+    CHECK(f.stats().verifications == 3);
+  }
+  SECTION("a model forward with its backward; gradients stay eager's") {
+    manual_seed(8);
+    auto eager = nn::mlp(6, 8, 3);
+    manual_seed(8);
+    auto model = std::make_shared<VerifiedMlp>(6, 8, 3);
+    for (int i = 0; i < 4; ++i) {
+      const Tensor x = rand({4, 6}, DType::Float32, Device::cpu(), -1, 1);
+      F::sum((*eager)(x)).backward();
+      CHECK_NOTHROW(F::sum((*model)(x)).backward());
+      check_same_parameters(*eager, *model, cat("call ", i));
+    }
+    CHECK(static_stats(*model).hits == 3);
+    CHECK(static_stats(*model).verifications == 3);
+  }
+}
+
+// ---- The global switch ---------------------------------------------------------------------
+
+TEST_CASE("set_static_enabled(false) runs static functions eagerly", "[static]") {
+  auto f = static_graph(pointwise, {.name = "switched_fn"});
+  {
+    StaticEnabled off(false);
+    CHECK_FALSE(static_enabled());
+    for (int i = 0; i < 3; ++i) {
+      const Tensor x = rand({4, 4}, DType::Float32, Device::cpu(), -1, 1);
+      CHECK(bit_diff(f(x), pointwise(x)) == "");
+    }
+    const StaticStats s = f.stats();
+    CHECK(s.calls == 3);
+    CHECK(s.eager_calls == 3);
+    CHECK(s.traces == 0);
+    CHECK(s.hits == 0);
+  }
+  StaticEnabled on;
+  CHECK(static_enabled());
+  f(rand({4, 4}));
+  f(rand({4, 4}));
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 1);
+  CHECK(f.stats().eager_calls == 3);
+}
+
+// ---- Memory --------------------------------------------------------------------------------
+
+TEST_CASE("the memory plan lies between the lower bound and the naive sum and nothing leaks",
+          "[static][memory]") {
+  StaticEnabled on;
+  Allocator& alloc = allocator_for(Device::cpu());
+  const AllocatorStats before = alloc.stats();
+  {
+    const auto batches = mlp_batches(4, 32, 784, 14);
+    manual_seed(9);
+    auto model = nn::mlp(784, 100, 10);
+    optim::Adam opt(model->parameters(), {.lr = 1e-3});
+    manual_seed(9);
+    auto forward_model = std::make_shared<StaticMlp>(784, 100, 10);
+    optim::Adam forward_opt(forward_model->parameters(), {.lr = 1e-3});
+    auto step = static_graph(
+        [&](const Tensor& x, const Tensor& t) {
+          opt.zero_grad();
+          Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+          loss.backward();
+          opt.step();
+          return loss;
+        },
+        {.name = "memory_step", .modules = {model}});
+    std::vector<Tensor> losses;
+    for (const Batch& b : batches) {
+      losses.push_back(step(b.x, b.t));
+      forward_opt.zero_grad();
+      Tensor loss = F::softmax_cross_entropy((*forward_model)(b.x), b.t);
+      loss.backward();
+      forward_opt.step();
+      losses.push_back(loss);
+    }
+    for (const StaticStats& s : {step.stats(), static_stats(*forward_model)}) {
+      INFO(s.name);
+      CHECK(s.hits == 3);
+      REQUIRE(s.cache.size() == 1);
+      const EntryReport& e = s.cache[0];
+      INFO("arena " << e.arena_bytes << " lower bound " << e.lower_bound_bytes << " naive "
+                    << e.naive_bytes);
+      CHECK(e.complete);
+      CHECK(e.lower_bound_bytes > 0);
+      CHECK(e.arena_bytes <= e.naive_bytes);
+      CHECK(e.arena_bytes >= e.lower_bound_bytes);
+    }
+    CHECK(alloc.stats().bytes_in_use > before.bytes_in_use);
+  }
+  CHECK(alloc.stats().bytes_in_use == before.bytes_in_use);
+  CHECK(alloc.stats().live_blocks == before.live_blocks);
+}
+
+TEST_CASE("the MLP training step's arena meets the 1.05 x lower bound target", "[static][memory]") {
+  StaticEnabled on;
+  const auto batches = mlp_batches(2, 32, 784, 15);
+  manual_seed(10);
+  auto model = nn::mlp(784, 100, 10);
+  optim::Adam opt(model->parameters(), {.lr = 1e-3});
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        opt.zero_grad();
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "target_step", .modules = {model}});
+  for (const Batch& b : batches) step(b.x, b.t);
+  const StaticStats s = step.stats();
+  REQUIRE(s.cache.size() == 1);
+  const EntryReport& e = s.cache[0];
+  INFO("arena " << e.arena_bytes << " lower bound " << e.lower_bound_bytes);
+  CHECK(e.lower_bound_bytes > 0);
+  CHECK(static_cast<double>(e.arena_bytes) <= 1.05 * static_cast<double>(e.lower_bound_bytes));
+}
+
+TEST_CASE("replays of the MLP training step reach a steady state with few allocations",
+          "[static][memory]") {
+  StaticEnabled on;
+  Allocator& alloc = allocator_for(Device::cpu());
+  const auto batches = mlp_batches(4, 32, 784, 16);
+  manual_seed(11);
+  auto eager = nn::mlp(784, 100, 10);
+  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
+  manual_seed(11);
+  auto model = nn::mlp(784, 100, 10);
+  optim::Adam opt(model->parameters(), {.lr = 1e-3});
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        opt.zero_grad();
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "steady_step", .modules = {model}});
+  auto eager_step = [&](const Batch& b) {
+    eager_opt.zero_grad();
+    Tensor loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
+    loss.backward();
+    eager_opt.step();
+    return loss;
+  };
+  for (int i = 0; i < 3; ++i) {  // trace, then warm the caches
+    step(batches[i].x, batches[i].t);
+    eager_step(batches[i]);
+  }
+  const AllocatorStats s0 = alloc.stats();
+  for (int i = 0; i < 10; ++i) step(batches[3].x, batches[3].t);
+  const AllocatorStats s1 = alloc.stats();
+  for (int i = 0; i < 10; ++i) eager_step(batches[3]);
+  const AllocatorStats s2 = alloc.stats();
+  const int64_t static_allocs = s1.allocation_count - s0.allocation_count;
+  const int64_t eager_allocs = s2.allocation_count - s1.allocation_count;
+  INFO("allocations over 10 steps: static " << static_allocs << ", eager " << eager_allocs);
+  CHECK(step.stats().hits == 12);
+  CHECK(s1.system_allocations == s0.system_allocations);
+  CHECK(static_allocs < eager_allocs);
+}
+
+// ---- The report ----------------------------------------------------------------------------
+
+TEST_CASE("the process report lists live static functions", "[static]") {
+  StaticEnabled on;
+  {
+    auto f = static_graph(pointwise, {.name = "report_probe_fn"});
+    f(rand({2, 2}));
+    f(rand({2, 2}));
+    const auto report = static_graph_report();
+    const auto it = std::find_if(report.begin(), report.end(),
+                                 [](const StaticStats& s) { return s.name == "report_probe_fn"; });
+    REQUIRE(it != report.end());
+    CHECK(it->calls == 2);
+    CHECK(it->traces == 1);
+    CHECK(it->hits == 1);
+    CHECK_THAT(static_graph_report_table(), Contains("report_probe_fn"));
+  }
+  const auto report = static_graph_report();
+  CHECK(std::none_of(report.begin(), report.end(),
+                     [](const StaticStats& s) { return s.name == "report_probe_fn"; }));
+}
