@@ -1,12 +1,15 @@
-// Helpers shared by the benchmark cases: allocator counters and the BLAS thread count.
+// Helpers shared by the benchmark cases: allocator counters, the BLAS thread count and the
+// check that a static case really replayed.
 #pragma once
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <cstdint>
+#include <string>
 
 #include "encore/encore.h"
+#include "encore/static_graph.h"
 
 namespace encore::bench {
 
@@ -42,5 +45,18 @@ class AllocatorProbe {
   Allocator& allocator_;
   AllocatorStats start_;
 };
+
+// Marks the run as failed unless every call of the static function since its creation
+// replayed except `traces` traces (a run that fell back to eager would be mislabelled).
+inline bool check_replayed(benchmark::State& state, const StaticStats& s, int64_t traces) {
+  if (s.traces == traces && s.eager_calls == 0 && s.hits == s.calls - traces) return true;
+  const std::string msg = s.name + ": expected " + std::to_string(traces) + " trace(s), the " +
+                          "other calls replayed; got calls " + std::to_string(s.calls) +
+                          ", traces " + std::to_string(s.traces) + ", hits " +
+                          std::to_string(s.hits) + ", eager " + std::to_string(s.eager_calls) +
+                          (static_enabled() ? "" : " (static off: ENCORE_STATIC=0?)");
+  state.SkipWithError(msg.c_str());
+  return false;
+}
 
 }  // namespace encore::bench

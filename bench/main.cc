@@ -2,8 +2,8 @@
 //  - The case names are fixed (results are compared across versions), but Google Benchmark
 //    appends "/real_time" to a case with UseRealTime() (and "/min_time:..." with MinTime()). A
 //    reporter in front of the console and file reporters drops those parts again.
-//  - --benchmark_min_time defaults to kDefaultMinTime: a plain run takes about ten seconds,
-//    five repetitions about a minute.
+//  - --benchmark_min_time defaults to kDefaultMinTime: a plain run takes about 15 seconds,
+//    five repetitions under a minute and a half.
 //  - The OpenBLAS thread count and build go into the context printed above the results.
 #include <benchmark/benchmark.h>
 #include <cblas.h>

@@ -1,0 +1,63 @@
+// The training step timed by MlpSmall/*, MlpLarge/* and Retrace/first_call: the 784-h-h-10
+// perceptron, Adam with its defaults, a rand input and int32 labels fixed at construction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+namespace encore::bench {
+
+inline constexpr int64_t kMlpSmallHidden = 100, kMlpSmallBatch = 32;
+inline constexpr int64_t kMlpLargeHidden = 1000, kMlpLargeBatch = 100;
+
+// Holds the model and optimizer (neither copyable nor movable: the step and any static
+// function over it refer to them).
+class MlpStep {
+ public:
+  MlpStep(int64_t hidden, int64_t batch)
+      : model_(seeded_mlp(hidden)),
+        opt_(model_->parameters()),
+        x_(rand({batch, 784})),
+        labels_(Tensor::empty({batch}, DType::Int32)) {
+    int32_t* l = labels_.data<int32_t>();
+    for (int64_t i = 0; i < batch; ++i) l[i] = static_cast<int32_t>((i * 7) % 10);
+  }
+  MlpStep(const MlpStep&) = delete;
+  MlpStep& operator=(const MlpStep&) = delete;
+
+  // One eager step: forward, softmax cross entropy, zero_grad, backward, Adam update.
+  Tensor operator()(const Tensor& x, const Tensor& labels) {
+    Tensor loss = F::softmax_cross_entropy((*model_)(x), labels);
+    model_->zero_grad();
+    loss.backward();
+    opt_.step();
+    return loss;
+  }
+  // The same step on the fixed input and labels.
+  Tensor run() { return (*this)(x_, labels_); }
+
+  // The whole step as a static function of (x, labels); each call of make_static() starts
+  // with an empty cache, so its first call traces.
+  auto make_static() {
+    return static_graph(
+        [this](const Tensor& x, const Tensor& labels) { return (*this)(x, labels); },
+        {.name = "mlp_step", .arg_names = {"x", "labels"}, .modules = {model_}});
+  }
+  const Tensor& x() const { return x_; }
+  const Tensor& labels() const { return labels_; }
+
+ private:
+  static std::shared_ptr<nn::Sequential> seeded_mlp(int64_t hidden) {
+    manual_seed(0);
+    return nn::mlp(784, hidden, 10);
+  }
+
+  std::shared_ptr<nn::Sequential> model_;
+  optim::Adam opt_;
+  Tensor x_, labels_;
+};
+
+}  // namespace encore::bench
