@@ -45,6 +45,9 @@
 namespace encore {
 
 using schedule::EntryReport;
+using schedule::LogSink;
+using schedule::set_log_retraces;  // print each trace as it happens (ENCORE_LOG=retrace)
+using schedule::set_log_sink;      // where warnings and trace lines go (stderr by default)
 using schedule::OnUnsafe;
 using schedule::RetraceEvent;
 using schedule::StaticStats;
