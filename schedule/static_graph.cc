@@ -199,6 +199,7 @@ struct ParamGuard {
   Shape shape;
   DType dtype;
   Device device;
+  bool requires_grad;
 };
 
 struct GradGuard {
@@ -247,6 +248,9 @@ std::string guard_failure(const Entry& e) {
       return cat("parameter '", name, "' dtype changed ", g.dtype, " -> ", p.dtype());
     if (p.device() != g.device)
       return cat("parameter '", name, "' device changed ", g.device, " -> ", p.device());
+    if (p.requires_grad() != g.requires_grad)
+      return cat("parameter '", name, "' requires_grad changed ",
+                 g.requires_grad ? "true -> false" : "false -> true");
   }
   for (const GradGuard& g : e.grads) {
     const Leaf& l = (e.plan ? e.plan->recording() : *e.rec).leaves[g.leaf];
@@ -555,7 +559,7 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
     const Buffer& buf = rec->buffers[b];
     if (buf.kind == BufKind::Param)
       e->params.push_back({static_cast<int>(b), buf.index, buf.bound.shape(), buf.bound.dtype(),
-                           buf.bound.device()});
+                           buf.bound.device(), buf.bound.requires_grad()});
   }
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];

@@ -315,6 +315,24 @@ TEST_CASE("a replaced parameter is rebound, or retraced when its shape changes",
   CHECK(bit_diff(out5, (*lin)(x)) == "");
 }
 
+TEST_CASE("freezing a parameter retraces and its gradient stops", "[static]") {
+  StaticEnabled on;
+  manual_seed(3);
+  auto lin = std::make_shared<nn::Linear>(4, 3);
+  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
+                        {.name = "frozen", .modules = {lin}});
+  const Tensor x = rand({2, 4});
+  F::sum(f(x)).backward();  // trace, completed by its backward
+  lin->zero_grad();
+  lin->weight.set_requires_grad(false);
+  F::sum(f(x)).backward();
+  const StaticStats s = f.stats();
+  REQUIRE(s.traces == 2);
+  CHECK(s.traces_history[1].reason == "parameter 'weight' requires_grad changed true -> false");
+  CHECK_FALSE(lin->weight.grad().defined());
+  CHECK(lin->bias.grad().defined());
+}
+
 TEST_CASE("optimizer updates between static calls are seen by the next replay", "[static]") {
   StaticEnabled on;
   manual_seed(3);
