@@ -347,6 +347,7 @@ bool set_log_retraces(bool on) {
 // ---- StaticGraph ----------------------------------------------------------------------------
 
 struct StaticGraph::Impl {
+  static constexpr size_t kHistory = 64;  // traces kept in stats().traces_history
   StaticGraph& g;
   std::list<std::shared_ptr<Entry>> entries;  // most recently used first
   StaticStats stats;
@@ -463,9 +464,16 @@ void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector
           : cat(g.config_.name, ": retrace #", ev.trace - 1, " (cost ", cost, " ms): ", reason,
                 "; cache now ", ev.entries, ev.entries == 1 ? " entry" : " entries");
   if (g_log_retraces.load()) log_line(ev.message);
+  // The history keeps the first trace and the latest ones, so a storm cannot grow it forever.
+  if (stats.traces_history.size() >= kHistory)
+    stats.traces_history.erase(stats.traces_history.begin() + 1);
   stats.traces_history.push_back(ev);
-  for (const Change& c : ch)
-    if (c.value >= 0) changes[c.subject].push_back(c.value);
+  for (const Change& c : ch) {
+    if (c.value < 0) continue;
+    std::vector<int64_t>& values = changes[c.subject];
+    if (values.size() >= 16) values.erase(values.begin());
+    values.push_back(c.value);
+  }
 
   // A storm: half of the recent calls traced.
   const int window = static_cast<int>(recent.size());

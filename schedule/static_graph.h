@@ -66,7 +66,7 @@ struct StaticStats {
   int64_t evictions = 0;
   int64_t verifications = 0;  // replays checked against eager
   int entries = 0;
-  std::vector<RetraceEvent> traces_history;  // every trace, the first included
+  std::vector<RetraceEvent> traces_history;  // the first trace and the latest (up to 64)
   std::vector<std::string> warnings;         // retrace storms, evictions, unsafe traces
   std::vector<EntryReport> cache;            // most recently used first
 };
