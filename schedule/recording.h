@@ -101,8 +101,6 @@ class Recorder final : public Tracer {
   void set_phase(Phase p) { phase_ = p; }
   // The operand a tensor is (registering an External for a tensor never seen).
   Operand operand_of(const Tensor& t);
-  // The leaf record of a tensor (-1: none).
-  int leaf_index(const TensorImpl* t) const;
 
   void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
              std::span<const Tensor> outputs) override;
@@ -126,6 +124,7 @@ class Recorder final : public Tracer {
   int new_buffer(const Tensor& t, BufKind kind, int index);
   int resolve_input(const Tensor& t, bool written);
   int leaf_for(const Tensor& leaf);
+  int leaf_index(const TensorImpl* t) const;  // the leaf record of a tensor (-1: none)
   void unsafe(std::string why);
   std::string lazy_parameter(const Tensor& t) const;
 

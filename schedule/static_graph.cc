@@ -891,17 +891,18 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
     if (t != nullptr) b->ptrs[buf] = t->raw_data();
   }
-  for (int buf : p.backward_reads()) {
-    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
-    b->held.push_back(*t);
-    b->versions.push_back(t->version());
-  }
   allocate_escapes(p, *b, p.forward_escapes());
   p.bind(*b);
   p.run(*b, 0, p.forward_steps(), verify ? &snaps : nullptr);
   for (int buf : p.mutated_external()) {
     const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
     if (t != nullptr) t->impl()->storage->bump_version();
+  }
+  // What the backward reads outside the arena stays alive, and must not change, until then.
+  for (int buf : p.backward_reads()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    b->held.push_back(*t);
+    b->versions.push_back(t->version());
   }
   for (const Leaf& l : rec.leaves) {
     if (l.final_grad == Leaf::kUntouched) continue;

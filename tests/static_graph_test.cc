@@ -333,6 +333,29 @@ TEST_CASE("freezing a parameter retraces and its gradient stops", "[static]") {
   CHECK(lin->bias.grad().defined());
 }
 
+TEST_CASE("a function that updates its argument in place replays the update and its backward",
+          "[static]") {
+  StaticEnabled on;
+  Tensor w = rand({3, 2}).set_requires_grad();
+  auto body = [&](const Tensor& x) {
+    add_(x, full_like(x, 1.0));
+    return F::sum(F::matmul(x, w));
+  };
+  auto f = static_graph(body, {.name = "in_place_arg"});
+  for (int i = 0; i < 3; ++i) {
+    Tensor xs = rand({4, 3});
+    Tensor xe = clone(xs);
+    w.set_grad(Tensor());
+    f(xs).backward();
+    const Tensor static_grad = clone(w.grad());
+    w.set_grad(Tensor());
+    body(xe).backward();
+    CHECK(bit_diff(static_grad, w.grad()) == "");
+    CHECK(bit_diff(xs, xe) == "");
+  }
+  CHECK(f.stats().hits == 2);
+}
+
 TEST_CASE("optimizer updates between static calls are seen by the next replay", "[static]") {
   StaticEnabled on;
   manual_seed(3);
