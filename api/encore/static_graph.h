@@ -92,6 +92,7 @@ class StaticCore {
   schedule::StaticGraph& graph() { return *graph_; }
 
  private:
+  std::vector<std::shared_ptr<nn::Module>> owned_;  // options.modules, kept alive
   std::vector<nn::Module*> modules_;
   std::unique_ptr<schedule::StaticGraph> graph_;
 };
@@ -118,8 +119,7 @@ void flatten_result(R&& r, std::vector<Tensor>& out) {
 }
 
 template <typename R>
-R unflatten_result(std::vector<Tensor>& v, const std::vector<Tensor>* shape_hint) {
-  (void)shape_hint;
+R unflatten_result(std::vector<Tensor>& v) {
   if constexpr (std::is_same_v<R, Tensor>) {
     return std::move(v.at(0));
   } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
@@ -168,7 +168,7 @@ class StaticFunction {
     using R = std::invoke_result_t<Fn&, const Args&...>;
     const Tensor targs[] = {Tensor(args)..., Tensor()};
     std::vector<Tensor> out = core_->call(std::span<const Tensor>(targs, sizeof...(Args)), key);
-    if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out, nullptr);
+    if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out);
   }
 
   schedule::StaticGraph::Body make_body() {

@@ -19,7 +19,7 @@ namespace detail {
 
 StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
                        schedule::StaticGraph::Body body)
-    : modules_(std::move(modules)) {
+    : owned_(options.modules), modules_(std::move(modules)) {
   for (size_t i = 0; i < modules_.size(); ++i)
     ENCORE_CHECK(modules_[i] != nullptr, options.name, ": module ", i, " is null");
   ENCORE_CHECK(options.cache_limit >= 1, options.name, ": cache_limit must be at least 1, got ",
