@@ -11,10 +11,6 @@ namespace {
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 
-TensorMeta meta_of(const Tensor& t) {
-  return {t.shape(), t.dtype(), t.device()};
-}
-
 // A tensor described by `m`, filled with `value` (implicit and missing gradients).
 Tensor filled(const TensorMeta& m, double value) {
   Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
@@ -87,7 +83,24 @@ Node::~Node() {
 }
 
 std::string_view node_name(const Node& node) {
-  return node.label.empty() ? op_name(node.op) : std::string_view(node.label);
+  return node.label.empty() ? op_name(node.op) : node.label;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  Edge e;
+  if (t.grad_fn()) {
+    e.node = t.grad_fn();
+    e.output_nr = t.impl()->output_nr;
+  } else {
+    e.leaf = t.impl_ptr();
+  }
+  return e;
+}
+
+void set_gradient_edge(TensorImpl& t, IntrusivePtr<Node> node, uint32_t output_nr) {
+  t.requires_grad = true;
+  t.grad_fn = std::move(node);
+  t.output_nr = output_nr;
 }
 
 bool GradMode::enabled() {
@@ -133,35 +146,24 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   node->inputs.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
-    node->inputs.push_back(meta_of(t));
+    node->inputs.push_back(TensorMeta::of(t));
     if (def.save_inputs >> i & 1) {
       node->saved.push_back(t);
       node->saved_versions.push_back(t.version());
     }
-    if (!t.requires_grad()) continue;
-    Edge& e = node->next[i];
-    if (t.grad_fn()) {
-      e.node = t.grad_fn();
-      e.output_nr = t.impl()->output_nr;
-    } else {
-      e.leaf = t.impl_ptr();
-    }
+    if (t.requires_grad()) node->next[i] = gradient_edge(t);
   }
   node->outputs.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    node->outputs.push_back(meta_of(outputs[i]));
+    node->outputs.push_back(TensorMeta::of(outputs[i]));
     if (def.save_outputs >> i & 1) {
       // A detached alias: saving the output itself would make the node own itself.
       node->saved.push_back(Tensor::view_of(outputs[i], outputs[i].shape()));
       node->saved_versions.push_back(outputs[i].version());
     }
   }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TensorImpl* out = outputs[i].impl();
-    out->requires_grad = true;
-    out->grad_fn = node;
-    out->output_nr = static_cast<uint32_t>(i);
-  }
+  for (size_t i = 0; i < outputs.size(); ++i)
+    set_gradient_edge(*outputs[i].impl(), node, static_cast<uint32_t>(i));
 }
 
 void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
@@ -220,15 +222,9 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
 
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
-    Tensor g = grads.empty() ? filled(meta_of(root), 1.0) : grads[r];
-    Edge e;
-    if (root.grad_fn()) {
-      e.node = root.grad_fn();
-      e.output_nr = root.impl()->output_nr;
-      keep.push_back(e.node);
-    } else {
-      e.leaf = root.impl_ptr();
-    }
+    Tensor g = grads.empty() ? filled(TensorMeta::of(root), 1.0) : grads[r];
+    Edge e = gradient_edge(root);
+    if (e.node) keep.push_back(e.node);
     deliver(e, std::move(g));
   }
 

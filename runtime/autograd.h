@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "absl/container/inlined_vector.h"
 #include "runtime/dispatcher.h"
@@ -38,6 +39,7 @@ struct TensorMeta {
   Shape shape;
   DType dtype = DType::Float32;
   Device device;
+  static TensorMeta of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 };
 
 // Where the gradient of one input goes: the node that produced it, or the leaf it accumulates
@@ -69,9 +71,10 @@ class Node final : public RefCounted {
   uint8_t save_outputs = 0;
   bool released = false;  // saved tensors freed after a backward without retain_graph
   // State of a backward that is not one op's (a static subgraph's frame): dropped with the
-  // saved tensors. `label` then names the node in messages instead of the op.
+  // saved tensors. `label` then names the node in messages instead of the op; it must outlive
+  // the node (static_graph interns its names).
   IntrusivePtr<RefCounted> payload;
-  std::string label;
+  std::string_view label;
 
   // Engine scratch, valid during one backward pass.
   absl::InlinedVector<Tensor, 1> pending_grads;
@@ -110,6 +113,12 @@ class BackwardContext {
 
 // The op name of a node, or its label.
 std::string_view node_name(const Node& node);
+
+// Where a gradient of `t` (which requires grad) goes: the node that produced it, or `t` itself
+// when it is a leaf.
+Edge gradient_edge(const Tensor& t);
+// Makes `t` output `output_nr` of `node`: it requires grad from then on.
+void set_gradient_edge(TensorImpl& t, IntrusivePtr<Node> node, uint32_t output_nr);
 
 namespace autograd {
 

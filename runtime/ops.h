@@ -102,6 +102,24 @@ struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Fill va
   double value = 0;
 };
 
+// Whether the attributes of `op` are a ScalarAttrs.
+constexpr bool op_has_scalar_attrs(Op op) {
+  switch (op) {
+    case Op::AddScalar:
+    case Op::MulScalar:
+    case Op::RsubScalar:
+    case Op::DivScalar:
+    case Op::RdivScalar:
+    case Op::PowScalar:
+    case Op::LeakyRelu:
+    case Op::LeakyReluGrad:
+    case Op::Fill:
+      return true;
+    default:
+      return false;
+  }
+}
+
 struct MatmulAttrs {  // C = op(A) op(B), op = transpose when the flag is set (last two axes)
   bool trans_a = false;
   bool trans_b = false;

@@ -8,6 +8,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "runtime/autograd.h"
 #include "runtime/rng.h"
@@ -39,6 +40,13 @@ int env_verify_every() {
 std::mutex g_mu;
 LogSink g_sink;
 std::vector<StaticGraph*> g_registry;
+std::set<std::string>* g_names = new std::set<std::string>();  // never freed: nodes refer to them
+
+// A copy of `name` that lives as long as the process (an autograd node's label).
+std::string_view intern(const std::string& name) {
+  std::lock_guard<std::mutex> l(g_mu);
+  return *g_names->insert(name).first;
+}
 
 void log_line(const std::string& line) {
   LogSink sink;
@@ -209,7 +217,7 @@ struct GradGuard {
 };
 
 struct Entry {
-  std::string name;
+  std::string_view name;  // the function's (interned)
   Signature sig;
   std::shared_ptr<Recording> rec;  // until planned
   std::shared_ptr<Plan> plan;
@@ -240,7 +248,7 @@ std::string guard_failure(const Entry& e) {
   if (e.eager_only) return {};  // runs the function itself
   for (const ParamGuard& g : e.params) {
     const Tensor& p = *e.slots[g.slot].slot;
-    const std::string name = e.slots[g.slot].name;
+    const std::string& name = e.slots[g.slot].name;
     if (!p.defined()) return cat("parameter '", name, "' is now undefined");
     if (!(p.shape() == g.shape))
       return cat("parameter '", name, "' shape changed ", g.shape, " -> ", p.shape());
@@ -285,6 +293,30 @@ struct Frame final : RefCounted {
     if (block != nullptr) plan->release(block);
   }
 };
+
+// The autograd node of one static call: it stands for every op of the call.
+IntrusivePtr<Node> subgraph_node(std::string_view label, BackwardFn backward, size_t inputs,
+                                 size_t outputs) {
+  auto n = make_intrusive<Node>();
+  n->op = Op::Copy;  // unused: the label names the node
+  n->label = label;
+  n->sequence_nr = autograd::next_sequence_nr();
+  n->backward = backward;
+  n->next.reserve(inputs);
+  n->inputs.reserve(inputs);
+  n->outputs.reserve(outputs);
+  return n;
+}
+
+void add_input(Node& n, const Tensor& t) {
+  n.next.push_back(gradient_edge(t));
+  n.inputs.push_back(TensorMeta::of(t));
+}
+
+void add_output(const IntrusivePtr<Node>& n, TensorImpl& out) {
+  n->outputs.push_back({out.shape, out.dtype, out.storage->device()});
+  set_gradient_edge(out, n, static_cast<uint32_t>(n->outputs.size() - 1));
+}
 
 // Plans a recording whose schedules are complete.
 void complete_entry(Entry& e) {
@@ -356,11 +388,13 @@ struct StaticGraph::Impl {
   int64_t last_storm_warning = -100;
   std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
   int verify_every;
+  std::string_view label;  // the name, interned: nodes may outlive the function
 
   explicit Impl(StaticGraph& graph)
       : g(graph),
         verify_every(graph.config_.verify_every > 0 ? graph.config_.verify_every
-                                                    : env_verify_every()) {
+                                                    : env_verify_every()),
+        label(intern(graph.config_.name)) {
     stats.name = graph.config_.name;
     recent.assign(10, 0);
   }
@@ -377,11 +411,30 @@ struct StaticGraph::Impl {
     ++stats.eager_calls;
     g.body_(args, results);
   }
-  std::shared_ptr<Entry> trace(std::span<const Tensor> args, const std::string* key, int mode,
+  std::shared_ptr<Entry> trace(std::span<const Tensor> args, Signature sig,
                                std::vector<Tensor>& results);
   void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
               std::vector<Tensor>& results);
   void after_trace(const std::string& reason, const std::vector<Change>& changes, double ms);
+
+  // Runs the function eagerly under `recorder` on leaves standing for its arguments (so the
+  // backward of its graph stops at the subgraph's boundary), returned in `aliases`.
+  std::vector<Tensor> run_recorded(Recorder& recorder, std::span<const Tensor> args,
+                                   const std::vector<ParamSlot>& slots,
+                                   std::vector<Tensor>& aliases) {
+    aliases.clear();
+    for (const Tensor& a : args) {
+      Tensor alias = a.detach();
+      if (a.requires_grad()) alias.set_requires_grad(true);
+      aliases.push_back(std::move(alias));
+    }
+    for (size_t i = 0; i < aliases.size(); ++i) recorder.add_arg(static_cast<int>(i), aliases[i]);
+    recorder.add_watched(slots);
+    std::vector<Tensor> results;
+    TracerScope scope(&recorder);
+    g.body_(aliases, results);
+    return results;
+  }
 };
 
 void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* key,
@@ -423,6 +476,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
 
   // A new signature: trace it.
   const auto t0 = std::chrono::steady_clock::now();
+  Signature sig = signature_of(args, key, m);
   std::vector<Change> ch;
   std::string reason;
   if (!guard_reason.empty()) {
@@ -430,11 +484,11 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   } else if (entries.empty()) {
     reason = "first call";
   } else {
-    ch = diff(entries.front()->sig, signature_of(args, key, m), g.config_);
+    ch = diff(entries.front()->sig, sig, g.config_);
     for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
   }
   note_call(true);
-  std::shared_ptr<Entry> e = trace(args, key, m, results);
+  std::shared_ptr<Entry> e = trace(args, std::move(sig), results);
   entries.push_front(e);
   while (static_cast<int>(entries.size()) > std::max(1, g.config_.cache_limit)) {
     ++stats.evictions;
@@ -522,33 +576,17 @@ void trace_backward(BackwardContext& ctx);
 
 }  // namespace
 
-std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
-                                                const std::string* key, int mode,
+std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Signature sig,
                                                 std::vector<Tensor>& results) {
   auto e = std::make_shared<Entry>();
-  e->name = g.config_.name;
-  e->sig = signature_of(args, key, mode);
+  e->name = label;
+  e->sig = std::move(sig);
   if (g.config_.params) e->slots = g.config_.params();
   auto rec = std::make_shared<Recording>();
   auto recorder = std::make_unique<Recorder>(*rec, g.config_.name,
                                              g.config_.on_unsafe == OnUnsafe::Error, false);
-  // The function sees leaves standing for its arguments, so the backward of its graph stops
-  // at the subgraph's boundary.
   std::vector<Tensor> aliases;
-  aliases.reserve(args.size());
-  for (const Tensor& a : args) {
-    Tensor alias = a.detach();
-    if (a.requires_grad()) alias.set_requires_grad(true);
-    aliases.push_back(std::move(alias));
-  }
-  for (size_t i = 0; i < aliases.size(); ++i) recorder->add_arg(static_cast<int>(i), aliases[i]);
-  recorder->add_watched(e->slots);
-
-  std::vector<Tensor> inner;
-  {
-    TracerScope scope(recorder.get());
-    g.body_(aliases, inner);
-  }
+  const std::vector<Tensor> inner = run_recorded(*recorder, args, e->slots, aliases);
   for (const Tensor& r : inner) {
     ENCORE_CHECK(r.defined(), g.config_.name, ": the function returned an undefined tensor");
     rec->results.push_back(recorder->operand_of(r));
@@ -604,30 +642,13 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args,
   for (size_t k = 0; k < inner.size(); ++k)
     if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
 
-  auto n = make_intrusive<Node>();
-  n->op = Op::Copy;
-  n->label = g.config_.name;
-  n->sequence_nr = autograd::next_sequence_nr();
-  n->backward = &trace_backward;
-  auto add_input = [&n](const Tensor& t) {
-    Edge edge;
-    if (t.grad_fn()) {
-      edge.node = t.grad_fn();
-      edge.output_nr = t.impl()->output_nr;
-    } else {
-      edge.leaf = t.impl_ptr();
-    }
-    n->next.push_back(std::move(edge));
-    n->inputs.push_back({t.shape(), t.dtype(), t.device()});
-  };
-  for (int a : frame->node_args) add_input(args[a]);
+  IntrusivePtr<Node> n =
+      subgraph_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
+  for (int a : frame->node_args) add_input(*n, args[a]);
   for (size_t k = 0; k < inner.size(); ++k) {
     Tensor out = inner[k].detach();
     if (inner[k].requires_grad()) {
-      n->outputs.push_back({out.shape(), out.dtype(), out.device()});
-      out.impl()->requires_grad = true;
-      out.impl()->grad_fn = n;
-      out.impl()->output_nr = static_cast<uint32_t>(n->outputs.size() - 1);
+      add_output(n, *out.impl());
       frame->inner.push_back(inner[k]);
     }
     results.push_back(std::move(out));
@@ -717,20 +738,7 @@ Tensor grad_tensor(Block& b, const Plan& p, const Entry& e, int buf, const Tenso
 
 // The attributes worth showing in a message (the scalar of scalar ops).
 std::string attrs_text(Op op, const AttrBlob& a) {
-  switch (op) {
-    case Op::AddScalar:
-    case Op::MulScalar:
-    case Op::RsubScalar:
-    case Op::DivScalar:
-    case Op::RdivScalar:
-    case Op::PowScalar:
-    case Op::LeakyRelu:
-    case Op::LeakyReluGrad:
-    case Op::Fill:
-      return cat(" with scalar ", a.as<ScalarAttrs>().value);
-    default:
-      return "";
-  }
+  return op_has_scalar_attrs(op) ? cat(" with scalar ", a.as<ScalarAttrs>().value) : "";
 }
 
 std::string step_text(Op op, std::span<const Operand> in, std::span<const Operand> out,
@@ -751,7 +759,7 @@ bool same_attrs(Op op, const AttrBlob& a, const AttrBlob& b) {
 }
 
 // Compares a fresh eager recording with the plan's, step by step (structure, then values).
-void compare_runs(const std::string& name, const Plan& p, const Recording& eager,
+void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
                   const std::vector<std::vector<unsigned char>>& replayed, bool backward) {
   const std::vector<Step>& want = p.trace_steps();
   const int begin = backward ? p.recorded_forward() : 0;
@@ -859,18 +867,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
 
     vs = std::make_unique<VerifyState>();
     vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
-    for (const Tensor& a : args) {
-      Tensor alias = a.detach();
-      if (a.requires_grad()) alias.set_requires_grad(true);
-      vs->aliases.push_back(std::move(alias));
-    }
-    for (size_t i = 0; i < args.size(); ++i)
-      vs->recorder->add_arg(static_cast<int>(i), vs->aliases[i]);
-    vs->recorder->add_watched(e->slots);
-    {
-      TracerScope scope(vs->recorder.get());
-      g.body_(vs->aliases, vs->inner);
-    }
+    vs->inner = run_recorded(*vs->recorder, args, e->slots, vs->aliases);
     for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
     for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
     gen.set_state(seed, offset);
@@ -934,31 +931,11 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     for (const Leaf& l : rec.leaves) vs->leaves.push_back(leaf_now(*e, l));
     frame->verify = std::move(vs);
   }
-  auto n = make_intrusive<Node>();
-  n->op = Op::Copy;
-  n->label = g.config_.name;
-  n->sequence_nr = autograd::next_sequence_nr();
-  n->backward = &replay_backward;
-  auto add_input = [&n](const Tensor& t) {
-    Edge edge;
-    if (t.grad_fn()) {
-      edge.node = t.grad_fn();
-      edge.output_nr = t.impl()->output_nr;
-    } else {
-      edge.leaf = t.impl_ptr();
-    }
-    n->next.push_back(std::move(edge));
-    n->inputs.push_back({t.shape(), t.dtype(), t.device()});
-  };
+  IntrusivePtr<Node> n =
+      subgraph_node(label, &replay_backward, rec.contributions.size(), rec.differentiable.size());
   for (const Recording::Contribution& c : rec.contributions)
-    add_input(c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
-  for (int k : rec.differentiable) {
-    TensorImpl& out = *results[k].impl();
-    n->outputs.push_back({out.shape, out.dtype, out.storage->device()});
-    out.requires_grad = true;
-    out.grad_fn = n;
-    out.output_nr = static_cast<uint32_t>(n->outputs.size() - 1);
-  }
+    add_input(*n, c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
+  for (int k : rec.differentiable) add_output(n, *results[k].impl());
   n->payload = std::move(frame);
 }
 
