@@ -415,6 +415,7 @@ struct StaticGraph::Impl {
                                std::vector<Tensor>& results);
   void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
               std::vector<Tensor>& results);
+  std::unique_ptr<VerifyState> run_for_verify(const Entry& e, std::span<const Tensor> args);
   void after_trace(const std::string& reason, const std::vector<Change>& changes, double ms);
 
   // Runs the function eagerly under `recorder` on leaves standing for its arguments (so the
@@ -837,6 +838,39 @@ void replay_backward(BackwardContext& ctx) {
 
 }  // namespace
 
+// Runs the function eagerly under a recorder that keeps every op's values, then undoes what it
+// changed (state updated in place, .grad, the random streams) so the replay starts from the
+// same state.
+std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
+                                                               std::span<const Tensor> args) {
+  ++stats.verifications;
+  const Recording& rec = e.plan->recording();
+  std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
+  Tensor scratch;
+  for (int buf : e.plan->mutated_external()) {
+    const Tensor* t = bound_tensor(e, rec.buffers[buf], args, scratch);
+    if (t == nullptr || !t->defined()) continue;
+    const auto* d = static_cast<const unsigned char*>(t->raw_data());
+    saved.emplace_back(*t, std::vector<unsigned char>(d, d + t->nbytes()));
+  }
+  std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
+  for (const Leaf& l : rec.leaves) {
+    const Tensor& t = leaf_now(e, l);
+    if (t.defined()) grads.emplace_back(t, t.impl()->grad);
+  }
+  Generator& gen = default_generator(Device::cpu());
+  const uint64_t seed = gen.seed(), offset = gen.offset();
+
+  auto vs = std::make_unique<VerifyState>();
+  vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
+  vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
+  for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
+  gen.set_state(seed, offset);
+  std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
+  return vs;
+}
+
 void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
                                std::vector<Tensor>& results) {
   const bool verify = verify_every > 0 && e->hits % verify_every == 0;
@@ -844,35 +878,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   const Recording& rec = p.recording();
   std::unique_ptr<VerifyState> vs;
   std::vector<std::vector<unsigned char>> snaps;
-  if (verify) {
-    ++stats.verifications;
-    // Run the function eagerly under a recorder that keeps every op's values, then undo what
-    // it changed (state updated in place, .grad, the random streams) so the replay starts
-    // from the same state.
-    std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
-    Tensor scratch;
-    for (int buf : p.mutated_external()) {
-      const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
-      if (t == nullptr || !t->defined()) continue;
-      const auto* d = static_cast<const unsigned char*>(t->raw_data());
-      saved.emplace_back(*t, std::vector<unsigned char>(d, d + t->nbytes()));
-    }
-    std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
-    for (const Leaf& l : rec.leaves) {
-      const Tensor& t = leaf_now(*e, l);
-      if (t.defined()) grads.emplace_back(t, t.impl()->grad);
-    }
-    Generator& gen = default_generator(Device::cpu());
-    const uint64_t seed = gen.seed(), offset = gen.offset();
-
-    vs = std::make_unique<VerifyState>();
-    vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
-    vs->inner = run_recorded(*vs->recorder, args, e->slots, vs->aliases);
-    for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
-    for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
-    gen.set_state(seed, offset);
-    std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
-  }
+  if (verify) vs = run_for_verify(*e, args);
 
   for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
   Block* b = p.acquire();
@@ -909,6 +915,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
                             : grad_tensor(*b, p, *e, l.final_grad, leaf).impl_ptr();
   }
   results.clear();
+  results.reserve(p.results().size());
   for (const Operand& r : p.results()) {
     if (p.escape_slot(r.buf) < 0) {  // a view of a tensor bound to this call
       const Tensor* t = bound_tensor(*e, rec.buffers[r.buf], args, scratch);
