@@ -143,6 +143,31 @@ std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features, u
   return out;
 }
 
+// One Adam training step of a model on a batch: zero_grad, forward, softmax cross-entropy,
+// backward, update. Called directly it is the eager reference; make_static() wraps it whole.
+class AdamStep {
+ public:
+  explicit AdamStep(std::shared_ptr<nn::Module> model)
+      : model_(std::move(model)), opt_(model_->parameters(), {.lr = 1e-3}) {}
+  Tensor operator()(const Tensor& x, const Tensor& t) {
+    opt_.zero_grad();
+    Tensor loss = F::softmax_cross_entropy((*model_)(x), t);
+    loss.backward();
+    opt_.step();
+    return loss;
+  }
+  Tensor operator()(const Batch& b) { return (*this)(b.x, b.t); }
+  auto make_static(StaticOptions options) {
+    options.modules = {model_};
+    return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
+                        std::move(options));
+  }
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  optim::Adam opt_;
+};
+
 // The elementwise body several tests make static; called directly it is the eager reference.
 Tensor pointwise(const Tensor& x) {
   return F::relu(x * 2.0 - 1.0) * x + 3.0;
@@ -161,20 +186,12 @@ TEST_CASE("MLP training with a static forward (module form) equals eager bit for
   manual_seed(0);
   auto model = std::make_shared<StaticMlp>(784, 100, 10);
   check_same_parameters(*eager, *model, "after construction");
-  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
-  optim::Adam static_opt(model->parameters(), {.lr = 1e-3});
+  AdamStep eager_step(eager), static_step(model);
 
   for (int step = 0; step < 20; ++step) {
     const Batch& b = batches[step];
-    eager_opt.zero_grad();
-    Tensor eager_loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
-    eager_loss.backward();
-    eager_opt.step();
-
-    static_opt.zero_grad();
-    Tensor static_loss = F::softmax_cross_entropy((*model)(b.x), b.t);
-    static_loss.backward();
-    static_opt.step();
+    Tensor eager_loss = eager_step(b);
+    Tensor static_loss = static_step(b);  // its forward is static
 
     INFO("step " << step);
     CHECK(bit_diff(eager_loss, static_loss) == "");
@@ -201,25 +218,12 @@ TEST_CASE("MLP training with the whole step static (function form) equals eager 
   auto eager = nn::mlp(784, 100, 10);
   manual_seed(0);
   auto model = nn::mlp(784, 100, 10);
-  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
-  optim::Adam opt(model->parameters(), {.lr = 1e-3});
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        opt.zero_grad();
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        loss.backward();
-        opt.step();
-        return loss;
-      },
-      {.name = "mlp_step", .arg_names = {"x", "t"}, .modules = {model}});
+  AdamStep eager_step(eager), model_step(model);
+  auto step = model_step.make_static({.name = "mlp_step", .arg_names = {"x", "t"}});
 
   for (int i = 0; i < 20; ++i) {
     const Batch& b = batches[i];
-    eager_opt.zero_grad();
-    Tensor eager_loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
-    eager_loss.backward();
-    eager_opt.step();
-
+    Tensor eager_loss = eager_step(b);
     Tensor static_loss = step(b.x, b.t);
 
     INFO("step " << i);
@@ -771,27 +775,15 @@ TEST_CASE("the memory plan lies between the lower bound and the naive sum and no
     const auto batches = mlp_batches(4, 32, 784, 14);
     manual_seed(9);
     auto model = nn::mlp(784, 100, 10);
-    optim::Adam opt(model->parameters(), {.lr = 1e-3});
+    AdamStep model_step(model);
     manual_seed(9);
     auto forward_model = std::make_shared<StaticMlp>(784, 100, 10);
-    optim::Adam forward_opt(forward_model->parameters(), {.lr = 1e-3});
-    auto step = static_graph(
-        [&](const Tensor& x, const Tensor& t) {
-          opt.zero_grad();
-          Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-          loss.backward();
-          opt.step();
-          return loss;
-        },
-        {.name = "memory_step", .modules = {model}});
+    AdamStep forward_step(forward_model);
+    auto step = model_step.make_static({.name = "memory_step"});
     std::vector<Tensor> losses;
     for (const Batch& b : batches) {
       losses.push_back(step(b.x, b.t));
-      forward_opt.zero_grad();
-      Tensor loss = F::softmax_cross_entropy((*forward_model)(b.x), b.t);
-      loss.backward();
-      forward_opt.step();
-      losses.push_back(loss);
+      losses.push_back(forward_step(b));
     }
     for (const StaticStats& s : {step.stats(), static_stats(*forward_model)}) {
       INFO(s.name);
@@ -815,17 +807,8 @@ TEST_CASE("the MLP training step's arena meets the 1.05 x lower bound target", "
   StaticEnabled on;
   const auto batches = mlp_batches(2, 32, 784, 15);
   manual_seed(10);
-  auto model = nn::mlp(784, 100, 10);
-  optim::Adam opt(model->parameters(), {.lr = 1e-3});
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        opt.zero_grad();
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        loss.backward();
-        opt.step();
-        return loss;
-      },
-      {.name = "target_step", .modules = {model}});
+  AdamStep model_step(nn::mlp(784, 100, 10));
+  auto step = model_step.make_static({.name = "target_step"});
   for (const Batch& b : batches) step(b.x, b.t);
   const StaticStats s = step.stats();
   REQUIRE(s.cache.size() == 1);
@@ -841,27 +824,10 @@ TEST_CASE("replays of the MLP training step reach a steady state with few alloca
   Allocator& alloc = allocator_for(Device::cpu());
   const auto batches = mlp_batches(4, 32, 784, 16);
   manual_seed(11);
-  auto eager = nn::mlp(784, 100, 10);
-  optim::Adam eager_opt(eager->parameters(), {.lr = 1e-3});
+  AdamStep eager_step(nn::mlp(784, 100, 10));
   manual_seed(11);
-  auto model = nn::mlp(784, 100, 10);
-  optim::Adam opt(model->parameters(), {.lr = 1e-3});
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        opt.zero_grad();
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        loss.backward();
-        opt.step();
-        return loss;
-      },
-      {.name = "steady_step", .modules = {model}});
-  auto eager_step = [&](const Batch& b) {
-    eager_opt.zero_grad();
-    Tensor loss = F::softmax_cross_entropy((*eager)(b.x), b.t);
-    loss.backward();
-    eager_opt.step();
-    return loss;
-  };
+  AdamStep model_step(nn::mlp(784, 100, 10));
+  auto step = model_step.make_static({.name = "steady_step"});
   for (int i = 0; i < 3; ++i) {  // trace, then warm the caches
     step(batches[i].x, batches[i].t);
     eager_step(batches[i]);
