@@ -23,7 +23,7 @@ struct ExecStep {
   uint8_t n_out = 0;
   bool random = false;  // draws fresh numbers on every run
   Device device;
-  int64_t random_count = 0;
+  uint64_t random_count = 0;
   int trace_index = 0;  // its position in the recording's forward then backward lists
 };
 

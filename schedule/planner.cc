@@ -250,14 +250,14 @@ void Plan::build_steps() {
     ExecStep e;
     e.op = s.op;
     e.trace_index = s.index;
-    e.fn = lookup_kernel(s.op, device_of(s, *rec_).type);
+    e.device = device_of(s, *rec_);
+    e.fn = lookup_kernel(s.op, e.device.type);
     e.attrs = s.attrs;
     e.view = static_cast<uint32_t>(view_template_.size());
     e.n_in = static_cast<uint8_t>(s.in.size());
     e.n_out = static_cast<uint8_t>(s.out.size());
-    e.device = device_of(s, *rec_);
     e.random = op_draws_random(s.op);
-    if (e.random) e.random_count = static_cast<int64_t>(random_count(s.in[0].shape.numel()));
+    if (e.random) e.random_count = random_count(s.in[0].shape.numel());
     auto add_view = [&](const Operand& o, bool read) {
       const uint32_t vi = static_cast<uint32_t>(view_template_.size());
       view_template_.push_back(BufferView{nullptr, o.shape, o.dtype});
@@ -331,8 +331,7 @@ void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned ch
     const std::span<const BufferView> in(v + s.view, s.n_in), out(v + s.view + s.n_in, s.n_out);
     if (s.random) [[unlikely]] {
       RandomAttrs a = s.attrs.as<RandomAttrs>();
-      const Generator::Stream st =
-          default_generator(s.device).reserve(static_cast<uint64_t>(s.random_count));
+      const Generator::Stream st = default_generator(s.device).reserve(s.random_count);
       a.seed = st.seed;
       a.offset = st.offset;
       s.fn(KernelArgs{in, out, AttrBlob::of(a)});

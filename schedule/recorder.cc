@@ -1,5 +1,3 @@
-#include <cstring>
-
 #include "runtime/error.h"
 #include "schedule/recording.h"
 
@@ -38,15 +36,11 @@ void Recorder::add_arg(int index, const Tensor& alias) {
 }
 
 void Recorder::add_watched(const std::vector<ParamSlot>& slots) {
-  slots_ = &slots;
   for (size_t i = 0; i < slots.size(); ++i) {
     const Tensor& p = *slots[i].slot;
     if (!p.defined()) continue;
     watched_[key_of(p)] = static_cast<int>(i);
-  }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const Tensor& p = *slots[i].slot;
-    if (p.defined() && p.requires_grad() && p.is_leaf()) leaf_for(p);
+    if (p.requires_grad() && p.is_leaf()) leaf_for(p);  // its .grad as the call found it
   }
 }
 
@@ -54,15 +48,9 @@ void Recorder::add_grad_in(int index, const Tensor& g) {
   new_buffer(g, BufKind::GradIn, index);
 }
 
-int Recorder::leaf_index(const TensorImpl* t) const {
-  for (size_t i = 0; i < rec_.leaves.size(); ++i)
-    if (rec_.leaves[i].tensor.impl() == t) return static_cast<int>(i);
-  return -1;
-}
-
 int Recorder::leaf_for(const Tensor& leaf) {
-  const int found = leaf_index(leaf.impl());
-  if (found >= 0) return found;
+  for (size_t i = 0; i < rec_.leaves.size(); ++i)
+    if (rec_.leaves[i].tensor.is_same(leaf)) return static_cast<int>(i);
   Leaf l;
   l.tensor = leaf;
   auto w = watched_.find(key_of(leaf));

@@ -123,8 +123,7 @@ class Recorder final : public Tracer {
   static Key key_of(const Tensor& t);
   int new_buffer(const Tensor& t, BufKind kind, int index);
   int resolve_input(const Tensor& t, bool written);
-  int leaf_for(const Tensor& leaf);
-  int leaf_index(const TensorImpl* t) const;  // the leaf record of a tensor (-1: none)
+  int leaf_for(const Tensor& leaf);  // its leaf record, made on first sight
   void unsafe(std::string why);
   std::string lazy_parameter(const Tensor& t) const;
 
@@ -137,8 +136,7 @@ class Recorder final : public Tracer {
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
   absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
-  const std::vector<ParamSlot>* slots_ = nullptr;
-  std::vector<const TensorImpl*> args_;  // the aliases standing for the arguments
+  std::vector<const TensorImpl*> args_;       // the aliases standing for the arguments
 };
 
 }  // namespace encore::schedule
