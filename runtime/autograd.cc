@@ -5,6 +5,8 @@
 #include <bit>
 #include <vector>
 
+#include "runtime/profiler.h"
+
 namespace encore {
 namespace {
 
@@ -140,8 +142,12 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   node->attrs = attrs;
   node->sequence_nr = g_sequence.fetch_add(1, std::memory_order_relaxed);
   node->backward = def.fn;
-  node->save_inputs = def.save_inputs;
+  // Bits of optional inputs the call left out are dropped: saved tensors are found by rank.
+  node->save_inputs = inputs.size() >= 8
+                          ? def.save_inputs
+                          : static_cast<uint8_t>(def.save_inputs & ((1u << inputs.size()) - 1));
   node->save_outputs = def.save_outputs;
+  node->no_grad_outputs = def.no_grad_outputs;
   node->next.resize(inputs.size());
   node->inputs.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -163,12 +169,14 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
     }
   }
   for (size_t i = 0; i < outputs.size(); ++i)
-    set_gradient_edge(*outputs[i].impl(), node, static_cast<uint32_t>(i));
+    if (!(def.no_grad_outputs >> i & 1))
+      set_gradient_edge(*outputs[i].impl(), node, static_cast<uint32_t>(i));
 }
 
 void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph) {
   ENCORE_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(),
                " outputs but ", grads.size(), " gradients");
+  profiler::ScopedSpan span("autograd backward", profiler::SpanKind::Backward);
   if (Tracer* tracer = current_tracer()) tracer->on_backward();
   NoGradGuard no_grad;
   std::vector<Node*> heap;
@@ -247,7 +255,8 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
                    "(version ", node->saved_versions[s], " -> ", t.version(), ")");
     }
     for (size_t i = 0; i < grad_outputs.size(); ++i)
-      if (!grad_outputs[i].defined()) grad_outputs[i] = filled(node->outputs[i], 0.0);
+      if (!grad_outputs[i].defined() && !(node->no_grad_outputs >> i & 1))
+        grad_outputs[i] = filled(node->outputs[i], 0.0);
 
     grad_inputs.assign(node->inputs.size(), Tensor());
     BackwardContext ctx(*node, std::span<Tensor>(grad_outputs.data(), grad_outputs.size()),

@@ -69,7 +69,8 @@ class Node final : public RefCounted {
   absl::InlinedVector<uint32_t, 2> saved_versions;
   uint8_t save_inputs = 0;
   uint8_t save_outputs = 0;
-  bool released = false;  // saved tensors freed after a backward without retain_graph
+  uint8_t no_grad_outputs = 0;  // BackwardDef::no_grad_outputs: no gradient, not even zeros
+  bool released = false;        // saved tensors freed after a backward without retain_graph
   // State of a backward that is not one op's (a static subgraph's frame): dropped with the
   // saved tensors. `label` then names the node in messages instead of the op; it must outlive
   // the node (static_graph interns its names).
@@ -96,7 +97,8 @@ class BackwardContext {
   const Tensor& input(int i) const;
   // Output i as saved at forward time (requires bit i of save_outputs).
   const Tensor& output(int i = 0) const;
-  // Gradient of output i (zeros when nothing flowed into it).
+  // Gradient of output i (zeros when nothing flowed into it; undefined for an output the op's
+  // BackwardDef declares not differentiable).
   const Tensor& grad_output(int i = 0) const { return grad_outputs_[i]; }
   bool needs_input_grad(int i) const { return node_.next[i].active(); }
   const TensorMeta& input_meta(int i) const { return node_.inputs[i]; }

@@ -2,6 +2,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "runtime/autograd.h"
+#include "runtime/profiler.h"
 
 namespace encore {
 namespace {
@@ -64,6 +65,17 @@ constexpr OpTraits kOpTraits[] = {
     {Op::SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", OpKind::Compute, 3, 3, 1},
     {Op::MeanSquaredError, "mean_squared_error", OpKind::Compute, 2, 2, 1},
     {Op::Accuracy, "accuracy", OpKind::Compute, 2, 2, 1},
+    {Op::Conv2d, "conv2d", OpKind::Compute, 2, 3, 1},
+    {Op::Conv2dGradInput, "conv2d_grad_input", OpKind::Compute, 2, 2, 1},
+    {Op::Conv2dGradWeight, "conv2d_grad_weight", OpKind::Compute, 2, 2, 1},
+    {Op::MaxPool2d, "max_pool2d", OpKind::Compute, 1, 1, 1},
+    {Op::MaxPool2dGrad, "max_pool2d_grad", OpKind::Compute, 2, 2, 1},
+    {Op::AvgPool2d, "avg_pool2d", OpKind::Compute, 1, 1, 1},
+    {Op::AvgPool2dGrad, "avg_pool2d_grad", OpKind::Compute, 1, 1, 1},
+    {Op::BatchNorm, "batch_norm", OpKind::Compute, 1, 3, 3},
+    {Op::BatchNormInference, "batch_norm_inference", OpKind::Compute, 3, 5, 1},
+    {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3},
+    {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, 0, true},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, 0b1},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, 0b1},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, 0b1},
@@ -74,6 +86,7 @@ constexpr OpTraits kOpTraits[] = {
     {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, 3, 0, 0b101},
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
     {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, 0b11101},
+    {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0, 0b11},
 };
 constexpr bool lists_every_op_in_order() {
   if (std::size(kOpTraits) != kNumOps) return false;
@@ -132,6 +145,7 @@ TracerScope::~TracerScope() {
 
 void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
               const AttrBlob& attrs) {
+  const int64_t profile_start = profiler::active() ? profiler::ticks() : -1;
   const OpTraits& traits = kOpTraits[static_cast<int>(op)];
   const OpKind kind = traits.kind;
   const int n_in = static_cast<int>(inputs.size()), n_out = static_cast<int>(outputs.size());
@@ -180,6 +194,9 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
   }
 
   if (t_tracer != nullptr) t_tracer->on_op(op, attrs, inputs, outputs);
+  if (profile_start >= 0) [[unlikely]]
+    profiler::record_op(op, t_tracer != nullptr ? profiler::Mode::Trace : profiler::Mode::Eager,
+                        profile_start, inputs, outputs);
 }
 
 }  // namespace encore

@@ -79,6 +79,9 @@ struct BackwardDef {
   BackwardFn fn = nullptr;   // null: not differentiable
   uint8_t save_inputs = 0;   // bit i: input i is kept for backward
   uint8_t save_outputs = 0;  // bit i: output i is kept for backward
+  // bit i: output i is not differentiable (e.g. batch statistics, a dropout mask): it gets no
+  // gradient edge, and its grad_output() in the backward is undefined.
+  uint8_t no_grad_outputs = 0;
 };
 
 // Registers how `op` differentiates (routines do this next to their forward definition).

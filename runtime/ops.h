@@ -64,6 +64,19 @@ enum class Op : uint16_t {
   SoftmaxCrossEntropyGrad,
   MeanSquaredError,
   Accuracy,
+  // Convolution and pooling over NCHW tensors.
+  Conv2d,            // x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo]
+  Conv2dGradInput,   // gy, w -> gx (its shape is the output's)
+  Conv2dGradWeight,  // x, gy -> gw
+  MaxPool2d,
+  MaxPool2dGrad,  // x, gy -> gx (the gradient goes to the first maximum of each window)
+  AvgPool2d,
+  AvgPool2dGrad,  // gy -> gx
+  // Normalisation and dropout.
+  BatchNorm,           // x [N,C,...], optional gamma, beta [C] -> y, batch mean [C], batch var [C]
+  BatchNormInference,  // x, running mean, running var, optional gamma, beta -> y
+  BatchNormGrad,       // x, mean, var, gy, optional gamma -> gx, ggamma, gbeta
+  Dropout,             // x -> y, mask (the kept elements scaled by 1/(1-ratio), others 0)
   // In-place: fills, accumulation, initialisers, optimizer updates.
   Fill,
   AddInplace,
@@ -73,6 +86,9 @@ enum class Op : uint16_t {
   SgdUpdate,
   MomentumSgdUpdate,
   AdamUpdate,
+  // running mean, running var, batch mean, batch var: running = (1-m) running + m batch, the
+  // variance unbiased by count/(count-1).
+  BatchNormStatsUpdate,
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
@@ -150,7 +166,31 @@ struct CrossEntropyAttrs {  // SoftmaxCrossEntropy(Grad), Accuracy
   int64_t ignore_label = -1;
 };
 
-struct RandomAttrs {  // UniformInit: U[a, b); NormalInit: N(a, b^2). Philox stream (seed, offset).
+struct Conv2dAttrs {  // Conv2d and its grads; [0] is height, [1] width
+  int32_t stride[2] = {1, 1};
+  int32_t padding[2] = {0, 0};
+  int32_t dilation[2] = {1, 1};
+  int32_t groups = 1;
+  int32_t unused = 0;
+};
+
+struct Pool2dAttrs {  // MaxPool2d, AvgPool2d and their grads; [0] is height, [1] width
+  int32_t kernel[2] = {1, 1};
+  int32_t stride[2] = {1, 1};
+  int32_t padding[2] = {0, 0};
+  bool count_include_pad = true;  // AvgPool2d: padded zeros count in the divisor (PyTorch)
+  uint8_t unused[7] = {};
+};
+
+struct BatchNormAttrs {  // BatchNorm, BatchNormInference, BatchNormGrad, BatchNormStatsUpdate
+  double eps = 1e-5;
+  double momentum = 0.1;
+  int64_t count = 0;  // elements per channel in the batch (BatchNormStatsUpdate)
+};
+
+// UniformInit: U[a, b); NormalInit: N(a, b^2); Dropout: a is the ratio dropped. Philox stream
+// (seed, offset).
+struct RandomAttrs {
   double a = 0;
   double b = 1;
   uint64_t seed = 0;

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/dispatcher.h"
@@ -81,11 +82,33 @@ class Plan {
 
   // Patches this call's addresses of non-arena buffers into the block's views.
   void bind(Block& b) const;
-  // Runs steps [begin, end). With `snapshots`, appends the bytes each step wrote.
+  // Runs steps [begin, end). With `snapshots`, appends the bytes each step wrote. While the
+  // profiler records, each step is timed (the choice is made once per run, not per step).
   void run(Block& b, int begin, int end,
            std::vector<std::vector<unsigned char>>* snapshots = nullptr);
 
+  // ---- Schedule dump ----
+  // Names of what a call binds: arguments by position, watched parameters by slot.
+  struct Names {
+    std::vector<std::string> args, params;
+  };
+  // The forward and backward steps as text: per step its index, op, attributes and marks
+  // (random, in place, added by a pass), then each operand with its buffer, dtype, shape and
+  // where it lives.
+  std::string steps_text(const Names& names, const std::string& indent = "") const;
+  // The same as Graphviz statements for the body of a digraph: a cluster per schedule with a
+  // box per step, an ellipse per buffer, edges for reads and writes. Node ids start `prefix`.
+  std::string steps_dot(const Names& names, const std::string& prefix) const;
+  // Where buffer `buf` lives: "arena [0,64)", "arg 0 'x'", "param 'fc.weight'", ...
+  std::string location(int buf, const Names& names) const;
+  // The arena offset of buffer `buf` (its in-place root's), or -1 when it is not in the arena.
+  int64_t arena_offset(int buf) const { return offset_[root_[buf]]; }
+
  private:
+  template <bool kProfile>
+  void run_steps(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots);
+  // Which input a step's output overwrites in place (its index), or -1.
+  int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
   void plan_memory();
@@ -107,6 +130,8 @@ class Plan {
   std::vector<std::pair<uint32_t, int64_t>> arena_views_;  // view -> arena offset
   MemoryPlan memory_;
   int escapes_ = 0;
+
+  std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
 
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Block*> free_;

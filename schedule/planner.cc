@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "runtime/allocator.h"
+#include "runtime/profiler.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
 
@@ -39,6 +41,12 @@ bool elementwise(Op op) {
     default:
       return false;
   }
+}
+
+// The step times of one profiled replay loop, handed to the profiler once the loop ends.
+std::vector<profiler::StepTime>& step_times() {
+  thread_local std::vector<profiler::StepTime> times;
+  return times;
 }
 
 Device device_of(const Step& s, const Recording& rec) {
@@ -325,7 +333,34 @@ void Plan::bind(Block& b) const {
 }
 
 void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots) {
+  if (profiler::active()) [[unlikely]]
+    run_steps<true>(b, begin, end, snapshots);
+  else
+    run_steps<false>(b, begin, end, snapshots);
+}
+
+template <bool kProfile>
+void Plan::run_steps(Block& b, int begin, int end,
+                     std::vector<std::vector<unsigned char>>* snapshots) {
   const BufferView* v = b.views.data();
+  [[maybe_unused]] bool shapes = false;
+  [[maybe_unused]] std::vector<profiler::StepTime>* times = nullptr;
+  [[maybe_unused]] int64_t t = 0;  // when the next step starts: the previous one's end
+  if constexpr (kProfile) {
+    times = &step_times();
+    times->clear();
+    shapes = profiler::recording_shapes();
+    if (shapes && profile_args_.empty()) {
+      profile_args_.reserve(steps_.size());
+      for (const ExecStep& s : steps_) {
+        const BufferView* sv = view_template_.data() + s.view;
+        profile_args_.push_back(profiler::intern(
+            profiler::shapes_text(std::span<const BufferView>(sv, s.n_in),
+                                  std::span<const BufferView>(sv + s.n_in, s.n_out))));
+      }
+    }
+    t = profiler::ticks();
+  }
   for (int i = begin; i < end; ++i) {
     const ExecStep& s = steps_[i];
     const std::span<const BufferView> in(v + s.view, s.n_in), out(v + s.view + s.n_in, s.n_out);
@@ -338,10 +373,19 @@ void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned ch
     } else {
       s.fn(KernelArgs{in, out, s.attrs});
     }
+    if constexpr (kProfile) {
+      const int64_t now = profiler::ticks();
+      const bool backward = i >= n_forward_;
+      times->push_back({s.op, backward, backward ? i - n_forward_ : i,
+                        shapes ? profile_args_[i] : std::string_view(), t, now});
+      t = now;
+    }
     if (snapshots != nullptr) {
-      auto keep = [snapshots](const BufferView& bv) {
+      // One snapshot per step, as the recorder keeps them.
+      std::vector<unsigned char>& snap = snapshots->emplace_back();
+      auto keep = [&snap](const BufferView& bv) {
         const auto* p = static_cast<const unsigned char*>(bv.data);
-        snapshots->emplace_back(p, p + bv.numel() * itemsize(bv.dtype));
+        snap.insert(snap.end(), p, p + bv.numel() * itemsize(bv.dtype));
       };
       if (op_kind(s.op) == OpKind::Inplace) {
         for (int k = 0; k < s.n_in; ++k)
@@ -349,8 +393,193 @@ void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned ch
       } else {
         for (const BufferView& o : out) keep(o);
       }
+      if constexpr (kProfile) t = profiler::ticks();  // the copy is not the next step's time
     }
   }
+  if constexpr (kProfile) profiler::record_steps(*times);
+}
+
+// ---- Schedule dump ---------------------------------------------------------------------
+
+namespace {
+
+std::string named(const std::vector<std::string>& names, int i, std::string_view what) {
+  if (i >= 0 && i < static_cast<int>(names.size()) && !names[i].empty())
+    return cat(what, " ", i, " '", names[i], "'");
+  return cat(what, " ", i);
+}
+
+std::string dot_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string attrs_note(const Step& s) {
+  if (op_has_scalar_attrs(s.op)) return cat("scalar ", s.attrs.as<ScalarAttrs>().value);
+  return {};
+}
+
+}  // namespace
+
+int Plan::in_place_input(const Step& s, int out) const {
+  const Operand& o = s.out[out];
+  const int r = root_[o.buf];
+  if (r == o.buf || offset_[r] < 0) return -1;
+  for (size_t i = 0; i < s.in.size(); ++i)
+    if (root_[s.in[i].buf] == r) return static_cast<int>(i);
+  return -1;
+}
+
+std::string Plan::location(int buf, const Names& names) const {
+  const Buffer& b = rec_->buffers[buf];
+  auto param = [&](int slot) {
+    return slot >= 0 && slot < static_cast<int>(names.params.size())
+               ? cat("param '", names.params[slot], "'")
+               : cat("param slot ", slot);
+  };
+  switch (b.kind) {
+    case BufKind::Arg:
+      return named(names.args, b.index, "arg");
+    case BufKind::Param:
+      return param(b.index);
+    case BufKind::External:
+      return "external (bound by reference)";
+    case BufKind::GradSlot: {
+      const Leaf& l = rec_->leaves[b.index];
+      return cat(".grad of ", l.param >= 0 ? param(l.param) : cat("captured leaf ", b.index),
+                 " (as the call finds it)");
+    }
+    case BufKind::GradIn:
+      return cat("incoming gradient of output ",
+                 b.index < static_cast<int>(rec_->differentiable.size())
+                     ? rec_->differentiable[b.index]
+                     : b.index);
+    case BufKind::Temp:
+      break;
+  }
+  if (const int64_t off = arena_offset(buf); off >= 0)
+    return cat("arena [", off, ",", off + static_cast<int64_t>(b.nbytes), ")");
+  if (escape_[buf] < 0) return "not planned";
+  for (size_t k = 0; k < results_.size(); ++k)
+    if (results_[k].buf == buf) return cat("own storage (result ", k, ")");
+  for (size_t k = 0; k < grads_.size(); ++k) {
+    if (grads_[k].buf != buf) continue;
+    const Recording::Contribution& c = rec_->contributions[k];
+    const Leaf* l = c.arg ? nullptr : &rec_->leaves[c.index];
+    return cat("own storage (gradient ", k, " for ",
+               c.arg           ? named(names.args, c.index, "arg")
+               : l->param >= 0 ? param(l->param)
+                               : cat("captured leaf ", c.index),
+               ")");
+  }
+  for (const Leaf& l : rec_->leaves)
+    if (l.final_grad == buf)
+      return cat("own storage (new .grad of ",
+                 l.param >= 0 ? param(l.param) : std::string("a captured leaf"), ")");
+  return "own storage";
+}
+
+std::string Plan::steps_text(const Names& names, const std::string& indent) const {
+  std::string out;
+  char head[160];
+  for (int phase = 0; phase < 2; ++phase) {
+    const int begin = phase == 0 ? 0 : n_forward_;
+    const int end = phase == 0 ? n_forward_ : static_cast<int>(all_.size());
+    out += cat(indent, phase == 0 ? "forward" : "backward", ": ", end - begin,
+               end - begin == 1 ? " step\n" : " steps\n");
+    for (int t = begin; t < end; ++t) {
+      const Step& s = all_[t];
+      std::string marks = attrs_note(s);
+      auto mark = [&marks](std::string_view m) { marks += cat(marks.empty() ? "" : "; ", m); };
+      if (op_draws_random(s.op)) mark("random");
+      for (size_t k = 0; k < s.out.size(); ++k)
+        if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
+      const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
+      if (mutates != 0) mark("updates its input in place");
+      if (s.index < 0) mark("added by the plan");
+      std::snprintf(head, sizeof head, marks.empty() ? "%s  %4d  %s" : "%s  %4d  %-26s",
+                    indent.c_str(), t - begin, std::string(op_name(s.op)).c_str());
+      out += head;
+      if (!marks.empty()) out += cat("  [", marks, "]");
+      out += "\n";
+      auto operand = [&](std::string_view dir, size_t k, const Operand& o, std::string note) {
+        std::snprintf(head, sizeof head, "%s          %-3s %zu  b%-5d %-22s ", indent.c_str(),
+                      std::string(dir).c_str(), k, o.buf, cat(o.dtype, o.shape).c_str());
+        out += cat(head, location(o.buf, names), note.empty() ? "" : "  " + note, "\n");
+      };
+      for (size_t k = 0; k < s.in.size(); ++k)
+        operand("in", k, s.in[k], mutates >> k & 1 ? "(written in place)" : "");
+      for (size_t k = 0; k < s.out.size(); ++k) {
+        const int over = in_place_input(s, static_cast<int>(k));
+        operand("out", k, s.out[k], over >= 0 ? cat("(in place over in ", over, ")") : "");
+      }
+    }
+  }
+  return out;
+}
+
+std::string Plan::steps_dot(const Names& names, const std::string& prefix) const {
+  // A buffer written by a step sits in the cluster of the first schedule writing it; bound
+  // buffers (arguments, parameters, incoming gradients) sit outside both.
+  const int nb = static_cast<int>(rec_->buffers.size());
+  std::vector<const Operand*> seen(nb, nullptr);
+  std::vector<int> home(nb, -1);
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    const int phase = t < n_forward_ ? 0 : 1;
+    for (const Operand& o : all_[t].in)
+      if (seen[o.buf] == nullptr) seen[o.buf] = &o;
+    for (const Operand& o : all_[t].out) {
+      if (seen[o.buf] == nullptr) seen[o.buf] = &o;
+      if (home[o.buf] < 0 && rec_->buffers[o.buf].kind == BufKind::Temp) home[o.buf] = phase;
+    }
+  }
+  auto buffer_node = [&](int b, const char* indent) {
+    return cat(indent, prefix, "b", b, " [shape=ellipse, label=\"b", b, " ", seen[b]->dtype,
+               seen[b]->shape, "\\n", dot_escape(location(b, names)), "\"];\n");
+  };
+  std::string out, edges;
+  for (int phase = 0; phase < 2; ++phase) {
+    const int begin = phase == 0 ? 0 : n_forward_;
+    const int end = phase == 0 ? n_forward_ : static_cast<int>(all_.size());
+    const char* what = phase == 0 ? "forward" : "backward";
+    out += cat("    subgraph cluster_", prefix, what, " {\n      label=\"", what, " (", end - begin,
+               end - begin == 1 ? " step" : " steps", ")\";\n");
+    for (int t = begin; t < end; ++t) {
+      const Step& s = all_[t];
+      bool in_place = false;
+      for (size_t k = 0; k < s.out.size(); ++k)
+        in_place |= in_place_input(s, static_cast<int>(k)) >= 0;
+      const std::string note = attrs_note(s);
+      const bool random = op_draws_random(s.op);
+      out += cat("      ", prefix, "s", t, " [shape=box", random ? ", style=dashed" : "",
+                 ", label=\"", phase == 0 ? "fwd " : "bwd ", t - begin, ": ", op_name(s.op),
+                 note.empty() ? "" : "\\n" + note, in_place ? "\\n(in place)" : "",
+                 random ? "\\n(random)" : "", "\"];\n");
+      const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
+      for (size_t k = 0; k < s.in.size(); ++k) {
+        const int b = s.in[k].buf;
+        edges += cat("    ", prefix, "b", b, " -> ", prefix, "s", t, ";\n");
+        if (mutates >> k & 1)
+          edges += cat("    ", prefix, "s", t, " -> ", prefix, "b", b,
+                       " [style=dashed, label=\"updates\"];\n");
+      }
+      for (size_t k = 0; k < s.out.size(); ++k)
+        edges += cat(
+            "    ", prefix, "s", t, " -> ", prefix, "b", s.out[k].buf,
+            in_place_input(s, static_cast<int>(k)) >= 0 ? " [color=red, label=\"in place\"]" : "",
+            ";\n");
+    }
+    for (int b = 0; b < nb; ++b)
+      if (seen[b] != nullptr && home[b] == phase) out += buffer_node(b, "      ");
+    out += "    }\n";
+  }
+  for (int b = 0; b < nb; ++b)
+    if (seen[b] != nullptr && home[b] < 0) out += buffer_node(b, "    ");
+  return out + edges;
 }
 
 }  // namespace encore::schedule

@@ -140,9 +140,11 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     s.out.push_back(Operand{b, t.shape(), t.dtype()});
   }
   if (snapshot_) {
-    auto keep = [this](const Tensor& t) {
+    // One snapshot per step: the bytes of everything it wrote, in operand order.
+    std::vector<unsigned char>& snap = rec_.snapshots.emplace_back();
+    auto keep = [&snap](const Tensor& t) {
       const auto* p = static_cast<const unsigned char*>(t.raw_data());
-      rec_.snapshots.emplace_back(p, p + t.nbytes());
+      snap.insert(snap.end(), p, p + t.nbytes());
     };
     if (kind == OpKind::Inplace) {
       for (size_t i = 0; i < inputs.size(); ++i)

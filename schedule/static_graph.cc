@@ -11,6 +11,7 @@
 #include <set>
 
 #include "runtime/autograd.h"
+#include "runtime/profiler.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
 #include "schedule/recording.h"
@@ -218,6 +219,8 @@ struct GradGuard {
 
 struct Entry {
   std::string_view name;  // the function's (interned)
+  int64_t id = 0;         // the trace that made it (1, 2, ...)
+  int64_t traced_call = 0;
   Signature sig;
   std::shared_ptr<Recording> rec;  // until planned
   std::shared_ptr<Plan> plan;
@@ -232,7 +235,21 @@ struct Entry {
   // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the
   // old gradients are freed before the new ones are allocated.
   std::vector<int> early_clear;
+  // Profiler span names by SpanKind (forward replay ... trace backward), interned on first use,
+  // and the arguments its spans carry.
+  std::string_view span_names[4];
+  std::string_view span_args;
 };
+
+// The name of a span of entry `e` (made while profiling only: interned names are never freed).
+std::string_view span_name(Entry& e, profiler::SpanKind kind) {
+  static constexpr const char* kWhat[] = {"forward replay", "backward replay", "trace",
+                                          "trace backward"};
+  std::string_view& n = e.span_names[static_cast<int>(kind)];
+  if (n.empty())
+    n = profiler::intern(cat(e.name, " [entry ", e.id, "] ", kWhat[static_cast<int>(kind)]));
+  return n;
+}
 
 const Tensor& leaf_now(const Entry& e, const Leaf& l) {
   return l.param >= 0 ? *e.slots[l.param].slot : l.tensor;
@@ -489,7 +506,16 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
   }
   note_call(true);
-  std::shared_ptr<Entry> e = trace(args, std::move(sig), results);
+  std::shared_ptr<Entry> e;
+  {
+    profiler::ScopedSpan span({}, profiler::SpanKind::Trace);
+    if (span.recording()) {
+      span.set_name(profiler::intern(cat(g.config_.name, " [entry ", stats.traces + 1, "] trace")));
+      span.set_args(
+          profiler::intern(cat("reason: ", reason, "; signature: ", describe(sig, g.config_))));
+    }
+    e = trace(args, std::move(sig), results);
+  }
   entries.push_front(e);
   while (static_cast<int>(entries.size()) > std::max(1, g.config_.cache_limit)) {
     ++stats.evictions;
@@ -581,6 +607,8 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Si
                                                 std::vector<Tensor>& results) {
   auto e = std::make_shared<Entry>();
   e->name = label;
+  e->id = stats.traces + 1;
+  e->traced_call = stats.calls;
   e->sig = std::move(sig);
   if (g.config_.params) e->slots = g.config_.params();
   auto rec = std::make_shared<Recording>();
@@ -668,6 +696,8 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Si
 namespace {
 void trace_backward(BackwardContext& ctx) {
   TraceFrame& f = static_cast<TraceFrame&>(*ctx.payload());
+  profiler::ScopedSpan span({}, profiler::SpanKind::TraceBackward);
+  if (span.recording()) span.set_name(span_name(*f.entry, profiler::SpanKind::TraceBackward));
   Recording& rec = *f.rec;
   const bool record = !f.recorded;
   f.recorded = true;
@@ -808,6 +838,11 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
 
 void replay_backward(BackwardContext& ctx) {
   Frame& f = static_cast<Frame&>(*ctx.payload());
+  profiler::ScopedSpan span({}, profiler::SpanKind::BackwardReplay);
+  if (span.recording()) {
+    span.set_name(span_name(*f.entry, profiler::SpanKind::BackwardReplay));
+    span.set_args(f.entry->span_args);
+  }
   Plan& p = *f.plan;
   Block& b = *f.block;
   ENCORE_CHECK(!b.backward_done, "backward: a replayed static call was back-propagated twice ",
@@ -873,6 +908,16 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
 
 void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
                                std::vector<Tensor>& results) {
+  profiler::ScopedSpan span({}, profiler::SpanKind::ForwardReplay);
+  if (span.recording()) {
+    span.set_name(span_name(*e, profiler::SpanKind::ForwardReplay));
+    if (e->span_args.empty())
+      e->span_args =
+          profiler::intern(cat("signature: ", describe(e->sig, g.config_), "; arena bytes ",
+                               e->plan->memory().arena_bytes, "; steps ", e->plan->forward_steps(),
+                               " forward, ", e->plan->backward_steps(), " backward"));
+    span.set_args(e->span_args);
+  }
   const bool verify = verify_every > 0 && e->hits % verify_every == 0;
   Plan& p = *e->plan;
   const Recording& rec = p.recording();
@@ -971,6 +1016,7 @@ StaticStats StaticGraph::stats() const {
   s.entries = static_cast<int>(impl_->entries.size());
   for (const auto& e : impl_->entries) {
     EntryReport r;
+    r.id = e->id;
     r.signature = describe(e->sig, config_);
     r.complete = e->plan != nullptr;
     r.eager_only = e->eager_only;
@@ -988,6 +1034,88 @@ StaticStats StaticGraph::stats() const {
     s.cache.push_back(std::move(r));
   }
   return s;
+}
+
+namespace {
+
+std::vector<const Entry*> entries_by_id(const std::list<std::shared_ptr<Entry>>& entries) {
+  std::vector<const Entry*> out;
+  for (const auto& e : entries) out.push_back(e.get());
+  std::sort(out.begin(), out.end(), [](const Entry* a, const Entry* b) { return a->id < b->id; });
+  return out;
+}
+
+Plan::Names names_of(const Entry& e, const Config& c) {
+  Plan::Names n;
+  n.args = c.arg_names;
+  for (const ParamSlot& s : e.slots) n.params.push_back(s.name);
+  return n;
+}
+
+// Why an entry has no schedules to show (empty: it has).
+std::string no_schedule(const Entry& e) {
+  if (e.eager_only) return "runs eagerly: its trace was unsafe";
+  if (!e.plan) return "not planned yet: waits for the first backward through its outputs";
+  return {};
+}
+
+std::string memory_text(const Plan& p) {
+  const MemoryPlan& m = p.memory();
+  return cat("arena ", m.arena_bytes, " bytes (lower bound ", m.lower_bound_bytes, ", naive sum ",
+             m.naive_bytes, "); ", m.in_place_steps, " steps in place; ", p.arena_blocks(),
+             p.arena_blocks() == 1 ? " arena" : " arenas", " allocated");
+}
+
+std::string dot_quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string StaticGraph::schedule_text() const {
+  const std::vector<const Entry*> es = entries_by_id(impl_->entries);
+  std::string out = cat("static function '", config_.name, "': ", es.size(),
+                        es.size() == 1 ? " cache entry\n" : " cache entries\n");
+  for (const Entry* e : es) {
+    out += cat("\nentry ", e->id, " (traced at call ", e->traced_call, ", ", e->hits,
+               e->hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config_), "\n");
+    if (std::string why = no_schedule(*e); !why.empty()) {
+      out += cat("  ", why, "\n");
+      continue;
+    }
+    out += cat("  ", memory_text(*e->plan), "\n");
+    out += e->plan->steps_text(names_of(*e, config_), "  ");
+  }
+  return out;
+}
+
+std::string StaticGraph::schedule_dot() const {
+  std::string out = cat("digraph ", dot_quote(cat("static function '", config_.name, "'")),
+                        " {\n  graph [fontname=\"monospace\", fontsize=10];\n"
+                        "  node [fontname=\"monospace\", fontsize=10];\n"
+                        "  edge [fontname=\"monospace\", fontsize=9];\n");
+  for (const Entry* e : entries_by_id(impl_->entries)) {
+    const std::string prefix = cat("e", e->id, "_");
+    std::string label = cat("entry ", e->id, ": ", describe(e->sig, config_));
+    const std::string why = no_schedule(*e);
+    label += "\n" + (why.empty() ? memory_text(*e->plan) : why);
+    out += cat("  subgraph cluster_e", e->id, " {\n    label=", dot_quote(label), ";\n");
+    if (why.empty())
+      out += e->plan->steps_dot(names_of(*e, config_), prefix);
+    else
+      out += cat("    ", prefix, "none [shape=plaintext, label=", dot_quote(why), "];\n");
+    out += "  }\n";
+  }
+  return out + "}\n";
 }
 
 std::vector<StaticStats> report_all() {

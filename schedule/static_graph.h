@@ -44,6 +44,7 @@ struct RetraceEvent {
 
 // One cache entry: its signature and memory plan.
 struct EntryReport {
+  int64_t id = 0;           // the trace that made it (1, 2, ...): "[entry 2]" in dumps, profiles
   std::string signature;    // "x: float32[32,784] requires_grad; grad on; train; key ''"
   bool complete = false;    // schedules planned (a grad-mode forward waits for its backward)
   bool eager_only = false;  // unsafe trace run eagerly (OnUnsafe::Eager)
@@ -94,6 +95,11 @@ class StaticGraph {
   void call(std::span<const Tensor> args, const std::string* key, std::vector<Tensor>& results);
 
   StaticStats stats() const;
+  // Every cache entry's schedules as text: its signature and memory plan, then each forward
+  // and backward step with its operands (dtype, shape, where each lives, in-place marks).
+  std::string schedule_text() const;
+  // The same as a Graphviz digraph: a cluster per entry, in it one per schedule.
+  std::string schedule_dot() const;
   void clear();
   const Config& config() const { return config_; }
 

@@ -1,19 +1,29 @@
 // A randomized differential test of static_graph. A generator builds a random program from the
 // op set of functions.h (broadcasting binary ops, scalar forms, unary ops, matmul and linear,
-// reductions, layout ops, softmax and losses) as a list of steps, a deterministic function of
-// its seed; a lambda interprets the list. Its arguments are float32 or float64 tensors (some
-// requiring grad) and perhaps int labels; some programs also capture "parameters" made outside
-// the lambda. Each program is wrapped in static_graph, traced on inputs A (forward and
-// backward), then replayed on inputs B and C (parameters updated in place and their gradients
-// kept, cleared or zeroed in between), and compared with the same program run eagerly on the
-// same inputs: outputs and every argument and parameter gradient bit for bit, requires_grad and
-// storage sharing of outputs with leaves, earlier outputs and gradients unchanged by later calls,
-// and one trace with replays in stats().
+// reductions, layout ops, softmax and losses, conv2d with stride, padding, dilation, groups and
+// an optional bias, max_pool2d, avg_pool2d with and without count_include_pad,
+// global_avg_pool2d, batch_norm in training and eval mode, dropout in training (and eval) mode)
+// as a list of steps, a deterministic function of its seed; a lambda interprets the list. Its
+// arguments are float32 or float64 tensors (some requiring grad; some programs start from 4-D
+// NCHW images) and perhaps int labels; some programs also capture "parameters" (linear and
+// conv weights, biases, batch-norm gamma and beta) and batch-norm running statistics made
+// outside the lambda. Each program is wrapped in static_graph, traced on inputs A (forward and
+// backward), then replayed on inputs B and C (parameters and running statistics perhaps
+// overwritten in place, parameter gradients kept, cleared or zeroed in between), and, when it
+// has a dropout, replayed once more on C's inputs (D). Every call is compared with the same
+// program run eagerly on the same inputs: outputs and every argument and parameter gradient bit
+// for bit, the running statistics after every call (batch_norm updates them in place), the CPU
+// generator's state (each eager reference call starts from the state the static call started
+// from, and both must end in the same state: a replay reserves as many numbers as eager, and
+// a dropout draws on every call), requires_grad and storage sharing of outputs with leaves,
+// earlier outputs and gradients unchanged by later calls, outputs of a dropout differing
+// between C and D (fresh masks), and one trace with replays in stats().
 //
 // A failure prints the program's seed and listing. To run that program alone:
 //   ENCORE_RANDOM_SEED=<seed> ENCORE_RANDOM_PROGRAMS=1 encore_tests "[random]"
 // ENCORE_RANDOM_SEED sets the first program's seed (program i has seed + i),
-// ENCORE_RANDOM_PROGRAMS the number of programs.
+// ENCORE_RANDOM_PROGRAMS the number of programs; ENCORE_RANDOM_COVERAGE=1 prints how many
+// programs had each op. A run of 2000 programs or more also checks that every op was made.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -21,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -33,6 +44,7 @@
 #include "encore/functions.h"
 #include "encore/static_graph.h"
 #include "runtime/autograd.h"
+#include "runtime/rng.h"
 
 using namespace encore;
 
@@ -44,7 +56,9 @@ constexpr uint64_t kDefaultSeed = 20240601;
 constexpr int kDefaultPrograms = 5000;
 constexpr int64_t kMaxNumel = 1024;  // per value, so that a program stays cheap
 constexpr int kMaxFloatArgs = 3;
-constexpr int kMaxParams = 3;
+constexpr int kMaxParams = 5;
+constexpr int kMaxStates = 2;            // pairs of batch-norm running statistics
+constexpr int64_t kMaxConvWork = 20000;  // multiply-adds of one conv2d forward
 
 // The composite forms keep values finite: div_sigmoid is a / (1.5 + sigmoid(b)), div_exp is
 // a / exp(tanh(b)), rdiv_scalar is s / (1 + x*x), exp_tanh is exp(tanh(x)), and log_sq, sqrt_sq
@@ -54,7 +68,7 @@ enum class OpKind {
   Add, Sub, Mul, DivSigmoid, DivExp, AddScalar, SubScalar, RsubScalar, MulScalar, DivScalar,
   RdivScalar, Neg, ExpTanh, LogSq, SqrtSq, PowSq, Relu, LeakyRelu, Sigmoid, Tanh, Matmul, Linear,
   Sum, Mean, Max, Reshape, Flatten, Transpose, Permute, BroadcastTo, Concat, Slice, Softmax,
-  LogSoftmax, Mse, CrossEntropy
+  LogSoftmax, Mse, CrossEntropy, Conv2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d, BatchNorm, Dropout
 };
 // clang-format on
 
@@ -65,19 +79,27 @@ struct OpInfo {
 };
 
 // By OpKind.
-constexpr OpInfo kOps[] = {
-    {"add", 4, false},         {"sub", 3, false},        {"mul", 4, false},
-    {"div_sigmoid", 2, false}, {"div_exp", 2, false},    {"add_scalar", 1, true},
-    {"sub_scalar", 1, true},   {"rsub_scalar", 1, true}, {"mul_scalar", 1, true},
-    {"div_scalar", 1, true},   {"rdiv_scalar", 1, true}, {"neg", 1, false},
-    {"exp_tanh", 1, false},    {"log_sq", 1, false},     {"sqrt_sq", 1, false},
-    {"pow_sq", 1, true},       {"relu", 2, false},       {"leaky_relu", 1, true},
-    {"sigmoid", 1, false},     {"tanh", 2, false},       {"matmul", 3, false},
-    {"linear", 3, false},      {"sum", 3, false},        {"mean", 2, false},
-    {"max", 2, false},         {"reshape", 2, false},    {"flatten", 1, false},
-    {"transpose", 2, false},   {"permute", 1, false},    {"broadcast_to", 2, false},
-    {"concat", 2, false},      {"slice", 2, false},      {"softmax", 1, false},
-    {"log_softmax", 1, false}, {"mse", 1, false},        {"cross_entropy", 1, false}};
+constexpr OpInfo kOps[] = {{"add", 4, false},        {"sub", 3, false},
+                           {"mul", 4, false},        {"div_sigmoid", 2, false},
+                           {"div_exp", 2, false},    {"add_scalar", 1, true},
+                           {"sub_scalar", 1, true},  {"rsub_scalar", 1, true},
+                           {"mul_scalar", 1, true},  {"div_scalar", 1, true},
+                           {"rdiv_scalar", 1, true}, {"neg", 1, false},
+                           {"exp_tanh", 1, false},   {"log_sq", 1, false},
+                           {"sqrt_sq", 1, false},    {"pow_sq", 1, true},
+                           {"relu", 2, false},       {"leaky_relu", 1, true},
+                           {"sigmoid", 1, false},    {"tanh", 2, false},
+                           {"matmul", 3, false},     {"linear", 3, false},
+                           {"sum", 3, false},        {"mean", 2, false},
+                           {"max", 2, false},        {"reshape", 2, false},
+                           {"flatten", 1, false},    {"transpose", 2, false},
+                           {"permute", 1, false},    {"broadcast_to", 2, false},
+                           {"concat", 2, false},     {"slice", 2, false},
+                           {"softmax", 1, false},    {"log_softmax", 1, false},
+                           {"mse", 1, false},        {"cross_entropy", 1, false},
+                           {"conv2d", 4, false},     {"max_pool2d", 2, false},
+                           {"avg_pool2d", 2, false}, {"global_avg_pool2d", 1, false},
+                           {"batch_norm", 3, false}, {"dropout", 3, false}};
 
 const OpInfo& info(OpKind k) {
   return kOps[static_cast<int>(k)];
@@ -131,13 +153,21 @@ struct Leaf {
   bool ignores_some = false;  // labels: some are -1 (ignored)
 };
 
+// The ints of the image ops:
+//   conv2d: stride h, w, padding h, w, dilation h, w, groups; flag: has a bias (in[2])
+//   max_pool2d, avg_pool2d: kernel h, w, stride h, w, padding h, w (, avg: count_include_pad);
+//     flag: the stride is given (else it defaults to the kernel)
+//   batch_norm: running statistics (index into Program::states, or -1), training, affine
+//     (gamma in[1], beta in[2]); scalar: momentum, scalar2: eps
+//   dropout: scalar: ratio; flag: training
 struct Step {
   OpKind op;
   int out = 0;
   std::vector<int> in;
   std::vector<int64_t> ints;  // axes, shape, perm, (start, end), (axis, start, stop, step)
-  double scalar = 0;          // scalar operand, exponent or slope
+  double scalar = 0;          // scalar operand, exponent, slope, momentum or ratio
   bool flag = false;          // keepdims; linear: has a bias (in[2])
+  double scalar2 = 0;         // batch_norm: eps
 };
 
 enum class GradState { Kept, Cleared, Zeroed };  // parameter .grad between calls
@@ -149,8 +179,10 @@ struct Program {
   std::vector<Leaf> leaves;
   int num_args = 0;
   int num_params = 0;
+  std::vector<int64_t> states;  // the channels of each pair of running statistics
   std::vector<Step> steps;
   std::vector<int> outputs;
+  bool random = false;         // has a training dropout with a ratio in (0, 1): every call draws
   bool scalar_loss = false;    // backward from sum of sum(output), else random output gradients
   bool update_params = false;  // parameters get new values (in place) between calls
   bool preset_grads = false;   // leaves needing a gradient have a .grad before the first call
@@ -159,11 +191,42 @@ struct Program {
   std::string listing() const;
 };
 
+bool image_op(OpKind k) {
+  return static_cast<int>(k) >= static_cast<int>(OpKind::Conv2d);
+}
+
+// The attributes of an image op (conv2d to dropout) as the listing shows them.
+std::string image_attrs(const Step& st) {
+  const std::vector<int64_t>& i = st.ints;
+  switch (st.op) {
+    case OpKind::Conv2d:
+      return absl::StrCat(" stride ", i[0], "x", i[1], " padding ", i[2], "x", i[3], " dilation ",
+                          i[4], "x", i[5], " groups ", i[6], st.flag ? " (bias)" : "");
+    case OpKind::MaxPool2d:
+    case OpKind::AvgPool2d:
+      return absl::StrCat(" kernel ", i[0], "x", i[1], " stride ", i[2], "x", i[3],
+                          st.flag ? "" : " (default)", " padding ", i[4], "x", i[5],
+                          st.op == OpKind::MaxPool2d ? ""
+                          : i[6]                     ? " count_include_pad"
+                                                     : " not count_include_pad");
+    case OpKind::BatchNorm:
+      return absl::StrCat(i[1] ? " training" : " eval",
+                          i[0] >= 0 ? absl::StrCat(" state", i[0]) : " no running stats",
+                          i[2] ? " (gamma, beta)" : "", " momentum ", st.scalar, " eps ",
+                          st.scalar2);
+    case OpKind::Dropout:
+      return absl::StrCat(" ratio ", st.scalar, st.flag ? " training" : " eval");
+    default:
+      return "";
+  }
+}
+
 std::string Program::listing() const {
   std::ostringstream s;
   s.precision(17);
   s << "program seed " << seed << ": " << name(dtype) << ", " << num_args << " argument(s), "
-    << num_params << " parameter(s), " << steps.size() << " step(s)\n";
+    << num_params << " parameter(s), " << states.size() << " running-statistics pair(s), "
+    << steps.size() << " step(s)\n";
   for (const Leaf& l : leaves) {
     const Value& v = values[l.value];
     s << "  %" << l.value << " = " << (l.param ? "param" : "arg") << l.index << " ";
@@ -174,16 +237,20 @@ std::string Program::listing() const {
       s << name(dtype) << dims_str(v.shape) << (v.requires_grad ? " requires_grad" : "");
     s << "\n";
   }
+  for (size_t i = 0; i < states.size(); ++i)
+    s << "  state" << i << " = running mean and var " << name(dtype) << "[" << states[i] << "]\n";
   for (const Step& st : steps) {
     s << "  %" << st.out << " = " << info(st.op).name;
     for (int i : st.in) s << " %" << i;
-    if (!st.ints.empty()) {
+    if (image_op(st.op)) {
+      s << image_attrs(st);
+    } else if (!st.ints.empty()) {
       s << " {";
       for (size_t i = 0; i < st.ints.size(); ++i) s << (i ? "," : "") << st.ints[i];
       s << "}";
     }
     if (info(st.op).scalar) s << " scalar " << st.scalar;
-    if (st.flag)
+    if (st.flag && !image_op(st.op))
       s << (st.op == OpKind::Linear      ? " (bias)"
             : st.op == OpKind::Transpose ? " (default dims)"
                                          : " keepdims");
@@ -199,6 +266,9 @@ std::string Program::listing() const {
           : param_grads == GradState::Cleared ? "cleared"
                                               : "zeroed in place")
       << (update_params ? ", values updated in place" : "");
+  if (!states.empty() && update_params)
+    s << "; between calls running statistics overwritten in place";
+  if (random) s << "; a dropout draws on every call (call D replays C's inputs)";
   if (preset_grads) s << "; arguments (at every call) and parameters start with a .grad";
   return s.str();
 }
@@ -211,10 +281,13 @@ class ProgramGenerator {
 
   Program build() {
     p_.dtype = chance(0.5) ? DType::Float32 : DType::Float64;
+    // An image program starts from an NCHW argument (the others are variants of it).
+    const bool image = chance(0.35);
     Dims base;
-    for (int64_t i = 0, r = between(1, 4); i < r; ++i) base.push_back(between(1, 6));
+    if (image) base = image_dims();
+    for (int64_t i = 0, r = between(1, 4); !image && i < r; ++i) base.push_back(between(1, 6));
     for (int64_t i = 0, n = between(1, kMaxFloatArgs); i < n; ++i)
-      new_leaf(variant(base), false, chance(0.6));
+      new_leaf(image && i == 0 ? base : variant(base), false, chance(0.6));
     if (chance(0.4)) new_leaf(variant(base), true, chance(0.85));
     std::vector<int> grad_leaves;
     for (const Leaf& l : p_.leaves)
@@ -244,6 +317,17 @@ class ProgramGenerator {
         if (chance(0.5)) std::swap(p_.outputs[0], p_.outputs[1]);
       }
     }
+    // A dropout that draws makes every call random; its result is often an output too, so that
+    // fresh masks show in what the caller gets.
+    std::vector<int> drops;
+    for (const Step& s : p_.steps)
+      if (s.op == OpKind::Dropout && s.flag && s.scalar > 0) drops.push_back(s.out);
+    p_.random = !drops.empty();
+    if (!drops.empty() && chance(0.5)) {
+      const int d = drops[between(0, static_cast<int64_t>(drops.size()) - 1)];
+      if (std::find(p_.outputs.begin(), p_.outputs.end(), d) == p_.outputs.end())
+        p_.outputs.push_back(d);
+    }
     p_.scalar_loss = chance(0.3);
     p_.update_params = chance(0.5);
     p_.preset_grads = chance(0.2);
@@ -268,6 +352,9 @@ class ProgramGenerator {
   const Value& val(int v) const { return p_.values[v]; }
   Dims shape(int v) const { return p_.values[v].shape; }
   int rank(int v) const { return rank_of(p_.values[v].shape); }
+
+  // A small [N,C,H,W].
+  Dims image_dims() { return {between(1, 3), between(1, 4), between(3, 8), between(3, 8)}; }
 
   // The base shape with some leading dimensions dropped and some set to 1.
   Dims variant(const Dims& base) {
@@ -520,8 +607,204 @@ class ProgramGenerator {
       }
       case OpKind::CrossEntropy:
         return cross_entropy(forced);
+      case OpKind::Conv2d:
+        return conv2d(forced);
+      case OpKind::MaxPool2d:
+      case OpKind::AvgPool2d:
+        return pool2d(op, forced);
+      case OpKind::GlobalAvgPool2d: {
+        const int x = image_input(forced);
+        if (x < 0) return false;
+        emit(op, {x}, {shape(x)[0], shape(x)[1]}, val(x).bound);
+        return true;
+      }
+      case OpKind::BatchNorm:
+        return batch_norm(forced);
+      case OpKind::Dropout: {
+        int x = pick(any, forced);
+        if (x < 0) return false;
+        x = squash(x, 1e3);
+        static const double kRatios[] = {0, 0.1, 0.25, 0.5, 0.5, 0.8};
+        const double ratio = kRatios[between(0, 5)];
+        const bool training = chance(0.9);
+        emit(op, {x}, shape(x), training ? val(x).bound / (1 - ratio) : val(x).bound, {}, ratio,
+             training);
+        return true;
+      }
     }
     return false;
+  }
+
+  // A value of rank 4 to read as [N,C,H,W]: `forced` (when it has rank 4), an existing one, or,
+  // when there is none, no step is forced and an argument is left, often a new argument.
+  int image_input(int forced) {
+    const int x = pick([this](int v) { return rank(v) == 4; }, forced);
+    if (x >= 0 || forced >= 0 || !can_add_leaf(false) || !chance(0.6)) return x;
+    return new_leaf(image_dims(), false, chance(0.6));
+  }
+
+  struct Window {
+    int64_t stride, padding, dilation, out;
+  };
+
+  // Stride, padding (at most 2) and dilation of a conv2d with a kernel of k over n, or nullopt
+  // when the kernel does not fit.
+  std::optional<Window> conv_window(int64_t n, int64_t k) {
+    static const int64_t kStrides[] = {1, 1, 2, 3};
+    int64_t dilation = k > 1 && chance(0.3) ? 2 : 1;
+    if (dilation * (k - 1) + 1 > n + 4) dilation = 1;
+    const int64_t extent = dilation * (k - 1) + 1;
+    const int64_t min_pad = std::max<int64_t>(0, (extent - n + 1) / 2);
+    if (min_pad > 2) return std::nullopt;
+    const int64_t pad = chance(0.5) ? min_pad : between(min_pad, 2);
+    const int64_t stride = kStrides[between(0, 3)];
+    return Window{stride, pad, dilation, (n + 2 * pad - extent) / stride + 1};
+  }
+
+  // conv2d(x [N,C,H,W], w [O,C/groups,kh,kw], bias [O]?): w a new leaf (mostly a parameter) or
+  // an existing value that fits, bias an existing value or a new leaf.
+  bool conv2d(int forced) {
+    int x = image_input(forced);
+    if (x < 0) return false;
+    const Dims sx = shape(x);
+    const int64_t c = sx[1];
+    int w = -1;
+    Dims sw;
+    if (chance(0.15)) {
+      w = pick([&](int v) {
+        const Dims s = shape(v);
+        return v != x && s.size() == 4 && c % s[1] == 0 && s[0] % (c / s[1]) == 0 && s[2] <= 5 &&
+               s[3] <= 5;
+      });
+      if (w >= 0) sw = shape(w);
+    }
+    if (w < 0) {
+      std::vector<int64_t> divisors;
+      for (int64_t g = 1; g <= c; ++g)
+        if (c % g == 0) divisors.push_back(g);
+      const int64_t groups =
+          chance(0.35) ? divisors[between(0, static_cast<int64_t>(divisors.size()) - 1)] : 1;
+      const int64_t kh = between(1, 3), kw = chance(0.6) ? kh : between(1, 3);
+      sw = {groups * between(1, std::max<int64_t>(1, 6 / groups)), c / groups, kh, kw};
+    }
+    const int64_t groups = c / sw[1], taps = sw[1] * sw[2] * sw[3];
+    const std::optional<Window> wh = conv_window(sx[2], sw[2]), ww = conv_window(sx[3], sw[3]);
+    if (!wh || !ww) return false;
+    const Dims out = {sx[0], sw[0], wh->out, ww->out};
+    if (numel_of(out) > kMaxNumel || numel_of(out) * taps > kMaxConvWork) return false;
+    if (w < 0) w = new_leaf_of(sw, chance(0.9), 0.85);
+    if (w < 0) return false;
+    int bias = -1;
+    if (chance(0.6)) {
+      bias = pick([&](int v) { return shape(v) == Dims{sw[0]}; });
+      if (bias < 0 || chance(0.5)) {
+        const int leaf = new_leaf_of({sw[0]}, chance(0.85), 0.85);
+        if (leaf >= 0) bias = leaf;
+      }
+    }
+    x = squash(x, 3);
+    w = squash(w, 3);
+    std::vector<int> ins = {x, w};
+    double bound = static_cast<double>(taps) * val(x).bound * val(w).bound;
+    if (bias >= 0) {
+      bias = squash(bias, 1e3);
+      ins.push_back(bias);
+      bound += val(bias).bound;
+    }
+    emit(OpKind::Conv2d, ins, out, bound,
+         {wh->stride, ww->stride, wh->padding, ww->padding, wh->dilation, ww->dilation, groups}, 0,
+         bias >= 0);
+    return true;
+  }
+
+  // max_pool2d or avg_pool2d with a kernel of 1 to 3 (within x), the stride given or the
+  // default, padding at most half the kernel.
+  bool pool2d(OpKind op, int forced) {
+    const int x = image_input(forced);
+    if (x < 0) return false;
+    const Dims sx = shape(x);
+    const int64_t kh = between(1, std::min<int64_t>(3, sx[2]));
+    const int64_t kw = chance(0.5) && kh <= sx[3] ? kh : between(1, std::min<int64_t>(3, sx[3]));
+    const bool strided = chance(0.5);
+    const int64_t sh = strided ? between(1, 3) : kh;
+    const int64_t sw = strided ? (chance(0.5) ? sh : between(1, 3)) : kw;
+    const bool padded = chance(0.4);
+    const int64_t ph = padded ? between(0, kh / 2) : 0, pw = padded ? between(0, kw / 2) : 0;
+    const Dims out = {sx[0], sx[1], (sx[2] + 2 * ph - kh) / sh + 1, (sx[3] + 2 * pw - kw) / sw + 1};
+    if (numel_of(out) > kMaxNumel) return false;
+    std::vector<int64_t> ints = {kh, kw, sh, sw, ph, pw};
+    if (op == OpKind::AvgPool2d) ints.push_back(chance(0.5) ? 1 : 0);
+    emit(op, {x}, out, val(x).bound, ints, 0, strided);
+    return true;
+  }
+
+  // batch_norm(x [N,C] or [N,C,H,W], running statistics?, gamma and beta?), training or eval.
+  // The running statistics are a new pair or one already used by another batch_norm (a module
+  // applied twice, or eval after training, in one call); eval needs them. Training needs two
+  // values per channel at least, and does not update statistics an earlier eval step read (its
+  // backward needs them unchanged, as in PyTorch).
+  bool batch_norm(int forced) {
+    const bool training = chance(0.7);
+    int x = pick(
+        [&](int v) {
+          const Dims s = shape(v);
+          return (s.size() == 2 || s.size() == 4) && (!training || numel_of(s) / s[1] >= 2);
+        },
+        forced);
+    if (x < 0 && forced < 0 && can_add_leaf(false) && chance(0.6))
+      x = new_leaf(image_dims(), false, chance(0.6));
+    if (x < 0) return false;
+    const int64_t c = shape(x)[1];
+    int state = -1;
+    if (!training || chance(0.75)) {
+      std::vector<int> fit;
+      for (size_t i = 0; i < p_.states.size(); ++i)
+        if (p_.states[i] == c && !(training && eval_read_[i])) fit.push_back(static_cast<int>(i));
+      const bool room = static_cast<int>(p_.states.size()) < kMaxStates;
+      if (!fit.empty() && (!room || chance(0.4))) {
+        state = fit[between(0, static_cast<int64_t>(fit.size()) - 1)];
+      } else if (room) {
+        state = static_cast<int>(p_.states.size());
+        p_.states.push_back(c);
+        eval_read_.push_back(false);
+      }
+      if (state < 0 && !training) return false;
+    }
+    int gamma = -1, beta = -1;
+    if (chance(0.6)) {
+      const auto channels = [&] {
+        int v = chance(0.25) ? pick([&](int u) { return shape(u) == Dims{c}; }) : -1;
+        if (v < 0) v = new_leaf_of({c}, chance(0.9), 0.85);
+        return v;
+      };
+      gamma = channels();
+      beta = channels();
+      if (gamma < 0 || beta < 0) gamma = beta = -1;
+    }
+    // Training inputs stay within 30, so the running means do too.
+    x = squash(x, training ? 30 : 1e3);
+    std::vector<int> ins = {x};
+    double scale = 1, shift = 0;
+    if (gamma >= 0) {
+      gamma = squash(gamma, 30);
+      beta = squash(beta, 1e3);
+      ins.push_back(gamma);
+      ins.push_back(beta);
+      scale = val(gamma).bound;
+      shift = val(beta).bound;
+    }
+    // Training: |x - mean| / sqrt(var) is at most sqrt(count). Eval: the running variances
+    // mostly stay above 0.02 over the calls of a test (momentum at most 0.3), so 1 / sqrt(var)
+    // is below 8 (a rough bound, as the others).
+    const double count = static_cast<double>(numel_of(shape(x)) / c);
+    const double norm = training ? std::sqrt(count) : (val(x).bound + 31) * 8;
+    static const double kMomenta[] = {0.1, 0.1, 0.3, 0};
+    const double momentum = kMomenta[between(0, 3)], eps = chance(0.7) ? 1e-5 : 1e-3;
+    if (state >= 0 && !training) eval_read_[state] = true;
+    emit(OpKind::BatchNorm, ins, shape(x), norm * scale + shift,
+         {state, training ? 1 : 0, gamma >= 0 ? 1 : 0}, momentum);
+    p_.steps.back().scalar2 = eps;
+    return true;
   }
 
   // x (+ - * /) y, y broadcast-compatible with x: an existing value, a new leaf of a variant of
@@ -768,11 +1051,13 @@ class ProgramGenerator {
 
   std::mt19937_64 rng_;
   Program p_;
+  std::vector<bool> eval_read_;  // by state: read by an eval batch_norm step
 };
 
 // ---- The interpreter --------------------------------------------------------------------
 
-Tensor apply_step(const Step& s, const std::vector<Tensor>& v) {
+// `states` holds the running mean and variance of pair i at 2i and 2i + 1.
+Tensor apply_step(const Step& s, const std::vector<Tensor>& v, const std::vector<Tensor>& states) {
   const auto in = [&](size_t i) -> const Tensor& { return v[s.in[i]]; };
   const auto axes = [&] { return std::vector<int>(s.ints.begin(), s.ints.end()); };
   const auto ax = [&](size_t i) { return static_cast<int>(s.ints[i]); };
@@ -854,18 +1139,51 @@ Tensor apply_step(const Step& s, const std::vector<Tensor>& v) {
       return F::mean_squared_error(in(0), in(1));
     case OpKind::CrossEntropy:
       return F::softmax_cross_entropy(in(0), in(1));
+    case OpKind::Conv2d: {
+      const Size2 stride(ax(0), ax(1)), padding(ax(2), ax(3)), dilation(ax(4), ax(5));
+      if (!s.flag && ax(6) == 1 && stride == Size2(1) && padding == Size2(0) &&
+          dilation == Size2(1))
+        return F::conv2d(in(0), in(1));
+      return F::conv2d(in(0), in(1), s.flag ? in(2) : Tensor(), stride, padding, dilation, ax(6));
+    }
+    case OpKind::MaxPool2d:
+    case OpKind::AvgPool2d: {
+      const Size2 kernel(ax(0), ax(1)), padding(ax(4), ax(5));
+      std::optional<Size2> stride;
+      if (s.flag) stride = Size2(ax(2), ax(3));
+      if (s.op == OpKind::MaxPool2d)
+        return !s.flag && padding == Size2(0) ? F::max_pool2d(in(0), kernel)
+                                              : F::max_pool2d(in(0), kernel, stride, padding);
+      if (!s.flag && padding == Size2(0) && ax(6) == 1) return F::avg_pool2d(in(0), kernel);
+      return F::avg_pool2d(in(0), kernel, stride, padding, ax(6) == 1);
+    }
+    case OpKind::GlobalAvgPool2d:
+      return F::global_avg_pool2d(in(0));
+    case OpKind::BatchNorm: {
+      const int state = ax(0);
+      const Tensor none;
+      const Tensor& mean = state >= 0 ? states[2 * state] : none;
+      const Tensor& var = state >= 0 ? states[2 * state + 1] : none;
+      return ax(2) ? F::batch_norm(in(0), mean, var, in(1), in(2), ax(1) == 1, s.scalar, s.scalar2)
+                   : F::batch_norm(in(0), mean, var, none, none, ax(1) == 1, s.scalar, s.scalar2);
+    }
+    case OpKind::Dropout:
+      return F::dropout(in(0), s.scalar, s.flag);
   }
   throw std::logic_error("unknown op");
 }
 
-// Runs the program on `args` with the captured `params`; with `check_shapes`, throws when a
-// result's shape is not the one the generator planned (a generator bug).
+// Runs the program on `args` with the captured `params` and running statistics `states`; with
+// `check_shapes`, throws when a result's shape is not the one the generator planned (a
+// generator bug). `values`, when given, receives every value of the program.
 std::vector<Tensor> run_program(const Program& p, std::span<const Tensor> args,
-                                const std::vector<Tensor>& params, bool check_shapes) {
+                                const std::vector<Tensor>& params,
+                                const std::vector<Tensor>& states, bool check_shapes,
+                                std::vector<Tensor>* values = nullptr) {
   std::vector<Tensor> v(p.values.size());
   for (const Leaf& l : p.leaves) v[l.value] = l.param ? params[l.index] : args[l.index];
   for (const Step& s : p.steps) {
-    v[s.out] = apply_step(s, v);
+    v[s.out] = apply_step(s, v, states);
     if (check_shapes &&
         !(v[s.out].shape() == Shape(std::span<const int64_t>(p.values[s.out].shape))))
       throw std::logic_error(absl::StrCat("generator: step %", s.out, " gave ",
@@ -874,6 +1192,7 @@ std::vector<Tensor> run_program(const Program& p, std::span<const Tensor> args,
   }
   std::vector<Tensor> out;
   for (int o : p.outputs) out.push_back(v[o]);
+  if (values != nullptr) *values = std::move(v);
   return out;
 }
 
@@ -917,6 +1236,21 @@ CallData draw_call(const Program& p, int call) {
   return d;
 }
 
+// The running statistics of every pair (means in [-1, 1], variances in [0.5, 1.5]), by
+// tensor: the mean of pair i at 2i, its variance at 2i + 1.
+std::vector<std::vector<double>> draw_states(const Program& p, int call) {
+  std::mt19937_64 rng(p.seed * 0xC2B2AE3D27D4EB4Full + static_cast<uint64_t>(call) + 7);
+  std::vector<std::vector<double>> d;
+  for (int64_t c : p.states) {
+    std::vector<double> mean(c), var(c);
+    for (double& e : mean) e = draw(rng, -1, 1);
+    for (double& e : var) e = draw(rng, 0.5, 1.5);
+    d.push_back(std::move(mean));
+    d.push_back(std::move(var));
+  }
+  return d;
+}
+
 template <typename T>
 void write_as(const Tensor& t, const std::vector<double>& x) {
   T* d = static_cast<T*>(t.raw_data());
@@ -953,6 +1287,34 @@ std::vector<Tensor> make_params(const Program& p, const CallData& d) {
   for (size_t i = 0; i < p.leaves.size(); ++i)
     if (p.leaves[i].param) params[p.leaves[i].index] = make_leaf(p, p.leaves[i], d.leaves[i]);
   return params;
+}
+
+std::vector<Tensor> make_states(const Program& p, const std::vector<std::vector<double>>& d) {
+  std::vector<Tensor> states;
+  for (size_t i = 0; i < d.size(); ++i)
+    states.push_back(make_tensor(d[i], {p.states[i / 2]}, p.dtype));
+  return states;
+}
+
+std::string state_name(size_t i) {
+  return absl::StrCat("running ", i % 2 ? "var" : "mean", " of state", i / 2);
+}
+
+// The CPU generator's position.
+struct GenState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  bool operator==(const GenState&) const = default;
+  std::string str() const { return absl::StrCat("(seed ", seed, ", offset ", offset, ")"); }
+};
+
+GenState gen_state() {
+  Generator& g = default_generator(Device::cpu());
+  return {g.seed(), g.offset()};
+}
+
+void set_gen_state(const GenState& s) {
+  default_generator(Device::cpu()).set_state(s.seed, s.offset);
 }
 
 // A copy of t's bytes (no op, no graph).
@@ -1047,13 +1409,14 @@ struct StaticRun {
 
 template <size_t... I>
 void with_static(const Program& p, const std::vector<Tensor>& params,
-                 const std::function<void(StaticRun&)>& body, std::index_sequence<I...>) {
+                 const std::vector<Tensor>& states, const std::function<void(StaticRun&)>& body,
+                 std::index_sequence<I...>) {
   StaticOptions options;
   options.name = absl::StrCat("random_", p.seed);
   auto fn = encore::static_graph(
-      [&p, &params](const TensorArg<I>&... a) {
+      [&p, &params, &states](const TensorArg<I>&... a) {
         const Tensor args[] = {a...};
-        return run_program(p, args, params, false);
+        return run_program(p, args, params, states, false);
       },
       options);
   StaticRun run{[&fn](const std::vector<Tensor>& a) { return fn(a[I]...); },
@@ -1062,35 +1425,100 @@ void with_static(const Program& p, const std::vector<Tensor>& params,
 }
 
 void with_static(const Program& p, const std::vector<Tensor>& params,
-                 const std::function<void(StaticRun&)>& body) {
+                 const std::vector<Tensor>& states, const std::function<void(StaticRun&)>& body) {
   switch (p.num_args) {
     case 1:
-      return with_static(p, params, body, std::make_index_sequence<1>());
+      return with_static(p, params, states, body, std::make_index_sequence<1>());
     case 2:
-      return with_static(p, params, body, std::make_index_sequence<2>());
+      return with_static(p, params, states, body, std::make_index_sequence<2>());
     case 3:
-      return with_static(p, params, body, std::make_index_sequence<3>());
+      return with_static(p, params, states, body, std::make_index_sequence<3>());
     case 4:
-      return with_static(p, params, body, std::make_index_sequence<4>());
+      return with_static(p, params, states, body, std::make_index_sequence<4>());
     default:
       throw std::logic_error("unexpected argument count");
   }
 }
 
-// Runs one program traced (call 0) and replayed (calls 1 and 2) against eager runs on the same
-// inputs; the problems found go to `check`.
-void check_program(const Program& p, Checker& check) {
+// With call C's and D's eager values: the outputs of dropouts whose masks must differ between C
+// and D (a chance below 1e-9 that fresh masks agree on every element that is non-zero in both
+// inputs). Each as (output index, ratio, elements counted).
+struct FreshMask {
+  size_t output;
+  double ratio;
+  int64_t elements;
+};
+
+std::vector<FreshMask> fresh_masks(const Program& p, const std::vector<Tensor>& c_values,
+                                   const std::vector<Tensor>& d_values) {
+  std::vector<FreshMask> found;
+  for (size_t i = 0; i < p.outputs.size(); ++i) {
+    for (const Step& s : p.steps) {
+      if (s.out != p.outputs[i] || s.op != OpKind::Dropout || !s.flag || s.scalar <= 0) continue;
+      const Tensor &a = c_values[s.in[0]], &b = d_values[s.in[0]];
+      int64_t n = 0;
+      for (int64_t e = 0; e < a.numel(); ++e) n += element(a, e) != 0 && element(b, e) != 0;
+      const double agree = s.scalar * s.scalar + (1 - s.scalar) * (1 - s.scalar);
+      if (std::pow(agree, static_cast<double>(n)) < 1e-9) found.push_back({i, s.scalar, n});
+    }
+  }
+  return found;
+}
+
+// What the programs exercised, so that a generator that stops making an op fails.
+struct Coverage {
+  int64_t with_op[std::size(kOps)] = {};  // programs with a step of each OpKind
+  int64_t drawing = 0;                    // programs with a dropout that draws
+  int64_t with_states = 0;                // programs with running statistics
+  int64_t shared_states = 0;              // ... read by two batch_norm steps or more
+  int64_t fresh_mask_checks = 0;          // dropout outputs compared between calls C and D
+
+  void add(const Program& p) {
+    bool seen[std::size(kOps)] = {};
+    std::vector<int> uses(p.states.size());
+    for (const Step& s : p.steps) {
+      seen[static_cast<int>(s.op)] = true;
+      if (s.op == OpKind::BatchNorm && s.ints[0] >= 0) ++uses[s.ints[0]];
+    }
+    for (size_t k = 0; k < std::size(kOps); ++k) with_op[k] += seen[k];
+    drawing += p.random;
+    with_states += !p.states.empty();
+    shared_states += std::any_of(uses.begin(), uses.end(), [](int u) { return u > 1; });
+  }
+
+  std::string str(int64_t programs) const {
+    std::string s = absl::StrCat("of ", programs, " programs: ");
+    for (size_t k = 0; k < std::size(kOps); ++k)
+      absl::StrAppend(&s, kOps[k].name, " ", with_op[k], ", ");
+    absl::StrAppend(&s, "a dropout that draws ", drawing, ", running statistics ", with_states,
+                    " (shared ", shared_states, "); fresh-mask comparisons ", fresh_mask_checks);
+    return s;
+  }
+};
+
+// Runs one program traced (call 0) and replayed (calls 1, 2 and, when it draws random numbers,
+// 3 on the inputs of 2) against eager runs on the same inputs and from the same generator
+// state; the problems found go to `check`.
+void check_program(const Program& p, Checker& check, Coverage& cover) {
   const CallData init = draw_call(p, 100);
   std::vector<Tensor> sparams = make_params(p, init), eparams = make_params(p, init);
+  const std::vector<std::vector<double>> init_states = draw_states(p, 100);
+  std::vector<Tensor> sstates = make_states(p, init_states);
+  std::vector<Tensor> estates = make_states(p, init_states);
+  set_gen_state({p.seed, 0});  // so that a program run alone draws what it drew among others
+  const int calls = p.random ? 4 : 3;
   const char* phase = "setup";
   try {
-    with_static(p, sparams, [&](StaticRun& st) {
-      std::vector<std::vector<Tensor>> souts, eouts, sargs, eargs, snaps;
-      for (int call = 0; call < 3; ++call) {
-        const std::string c = call == 0 ? "call A (trace)" : call == 1 ? "call B" : "call C";
-        const CallData d = draw_call(p, call);
+    with_static(p, sparams, sstates, [&](StaticRun& st) {
+      std::vector<std::vector<Tensor>> souts, eouts, sargs, eargs, snaps, evalues(calls);
+      for (int call = 0; call < calls; ++call) {
+        static const char* const kCalls[] = {"call A (trace)", "call B", "call C",
+                                             "call D (C's inputs again)"};
+        const std::string c = kCalls[call];
+        const CallData d = draw_call(p, call == 3 ? 2 : call);
         if (call > 0) {
           phase = "between calls";
+          const bool update = p.update_params && call < 3;  // D sees what C saw
           const CallData upd = draw_call(p, 100 + call);
           for (size_t i = 0; i < p.leaves.size(); ++i) {
             const Leaf& l = p.leaves[i];
@@ -1098,10 +1526,18 @@ void check_program(const Program& p, Checker& check) {
             for (std::vector<Tensor>* ps : {&sparams, &eparams}) {
               Tensor t = (*ps)[l.index];
               NoGradGuard no_grad;
-              if (p.update_params)
-                copy_(t, make_tensor(upd.leaves[i], p.values[l.value].shape, p.dtype));
+              if (update) copy_(t, make_tensor(upd.leaves[i], p.values[l.value].shape, p.dtype));
               if (p.param_grads == GradState::Cleared) t.set_grad(Tensor());
               if (p.param_grads == GradState::Zeroed && t.grad().defined()) fill_(t.grad(), 0);
+            }
+          }
+          if (update) {
+            const std::vector<std::vector<double>> us = draw_states(p, 100 + call);
+            for (size_t i = 0; i < us.size(); ++i) {
+              NoGradGuard no_grad;
+              const Tensor t = make_tensor(us[i], {p.states[i / 2]}, p.dtype);
+              copy_(sstates[i], t);
+              copy_(estates[i], t);
             }
           }
         }
@@ -1117,10 +1553,22 @@ void check_program(const Program& p, Checker& check) {
               Tensor(t).set_grad(make_tensor(d.presets[i], p.values[l.value].shape, p.dtype));
           }
         }
+        // The eager reference starts from the generator state the static call starts from, and
+        // both must leave it in the same state.
+        const GenState g0 = gen_state();
         phase = "eager forward";
-        eouts.push_back(run_program(p, eargs.back(), eparams, true));
+        eouts.push_back(run_program(p, eargs.back(), eparams, estates, true, &evalues[call]));
+        const GenState ge = gen_state();
+        set_gen_state(g0);
         phase = "static forward";
         souts.push_back(st.call(sargs.back()));
+        const GenState gs = gen_state();
+        check.expect(gs == ge,
+                     absl::StrCat(c, ": the forward leaves the generator at ", gs.str(),
+                                  ", eager at ", ge.str(), " (both from ", g0.str(), ")"));
+        check.expect(
+            !p.random || !(gs == g0),
+            absl::StrCat(c, ": a dropout drew no numbers (generator still at ", g0.str(), ")"));
         check.expect(souts.back().size() == eouts.back().size(),
                      absl::StrCat(c, ": ", souts.back().size(), " outputs, eager gives ",
                                   eouts.back().size()));
@@ -1134,7 +1582,8 @@ void check_program(const Program& p, Checker& check) {
                                     so.requires_grad() ? "true" : "false", ", eager ",
                                     eo.requires_grad() ? "true" : "false"));
           // An output that is a leaf or a view of one in eager (reshape, flatten, an identity
-          // transpose) must be one on replay too, or a later in-place update tells them apart.
+          // transpose, dropout in eval mode) must be one on replay too, or a later in-place
+          // update tells them apart.
           for (size_t l = 0; l < p.leaves.size(); ++l) {
             const Leaf& leaf = p.leaves[l];
             const bool es =
@@ -1147,6 +1596,9 @@ void check_program(const Program& p, Checker& check) {
                                       leaf.index, ", ", es ? "static" : "eager", " does not"));
           }
         }
+        for (size_t i = 0; i < sstates.size(); ++i)
+          check.same(absl::StrCat(c, " ", state_name(i), " after the forward"), sstates[i],
+                     estates[i]);
         // The static outputs as they are now, except those sharing a leaf's storage (a later
         // in-place update of the leaf changes them).
         snaps.emplace_back();
@@ -1156,18 +1608,27 @@ void check_program(const Program& p, Checker& check) {
           for (const Tensor& t : sparams) leaf_view = leaf_view || so.shares_storage(t);
           snaps.back().push_back(leaf_view ? Tensor() : snapshot(so));
         }
+        const GenState b0 = gen_state();
         phase = "eager backward";
         backward(p, eouts.back(), d);
+        const GenState be = gen_state();
+        set_gen_state(b0);
         phase = "static backward";
         backward(p, souts.back(), d);
+        const GenState bs = gen_state();
         phase = "comparing";
+        check.expect(bs == be, absl::StrCat(c, ": the backward leaves the generator at ", bs.str(),
+                                            ", eager at ", be.str()));
         for (int a = 0; a < p.num_args; ++a)
           check.same(absl::StrCat(c, " grad of arg", a), sargs.back()[a].grad(),
                      eargs.back()[a].grad());
         for (int q = 0; q < p.num_params; ++q)
           check.same(absl::StrCat(c, " grad of param", q), sparams[q].grad(), eparams[q].grad());
+        for (size_t i = 0; i < sstates.size(); ++i)
+          check.same(absl::StrCat(c, " ", state_name(i), " after the backward"), sstates[i],
+                     estates[i]);
         if (call > 0) {  // what the previous call handed out is unchanged
-          const std::string prev = call == 1 ? "call A" : "call B";
+          const std::string prev = call == 1 ? "call A" : call == 2 ? "call B" : "call C";
           for (size_t i = 0; i < snaps[call - 1].size(); ++i)
             if (snaps[call - 1][i].defined())
               check.same(absl::StrCat(prev, " output ", i, " after ", c, " (vs itself then)"),
@@ -1175,6 +1636,15 @@ void check_program(const Program& p, Checker& check) {
           for (int a = 0; a < p.num_args; ++a)
             check.same(absl::StrCat(prev, " grad of arg", a, " after ", c),
                        sargs[call - 1][a].grad(), eargs[call - 1][a].grad());
+        }
+        if (call == 3) {  // fresh masks: a dropout's output differs from call C's
+          for (const FreshMask& f : fresh_masks(p, evalues[2], evalues[3])) {
+            ++cover.fresh_mask_checks;
+            check.expect(!difference(souts[3][f.output], snaps[2][f.output]).empty(),
+                         absl::StrCat(c, " output ", f.output, " (dropout, ratio ", f.ratio, ", ",
+                                      f.elements, " elements non-zero in both inputs) equals ",
+                                      "call C's: the replay drew the same mask"));
+          }
         }
         if (!check.ok()) return;
       }
@@ -1201,6 +1671,8 @@ TEST_CASE("static_graph replays random programs bit for bit as eager runs them",
           "[static][random]") {
   const uint64_t base = env_u64("ENCORE_RANDOM_SEED", kDefaultSeed);
   const auto programs = static_cast<int64_t>(env_u64("ENCORE_RANDOM_PROGRAMS", kDefaultPrograms));
+  const GenState saved = gen_state();
+  Coverage cover;
   int64_t failures = 0;
   std::vector<uint64_t> failing_seeds;
   std::string smallest;  // the failing program with the fewest steps
@@ -1209,7 +1681,8 @@ TEST_CASE("static_graph replays random programs bit for bit as eager runs them",
     const uint64_t seed = base + static_cast<uint64_t>(i);
     const Program p = ProgramGenerator(seed).build();
     Checker check;
-    check_program(p, check);
+    cover.add(p);
+    check_program(p, check, cover);
     if (check.ok()) continue;
     ++failures;
     if (failing_seeds.size() < 50) failing_seeds.push_back(seed);
@@ -1228,4 +1701,13 @@ TEST_CASE("static_graph replays random programs bit for bit as eager runs them",
   INFO(failures << " of " << programs << " programs failed; seeds: " << seeds);
   INFO("the smallest failing program:\n" << smallest);
   CHECK(failures == 0);
+  set_gen_state(saved);
+  if (std::getenv("ENCORE_RANDOM_COVERAGE") != nullptr) WARN(cover.str(programs));
+  if (programs >= 2000) {  // the default run makes every op and every kind of check often
+    INFO(cover.str(programs));
+    for (size_t k = 0; k < std::size(kOps); ++k) CHECK(cover.with_op[k] >= programs / 200);
+    CHECK(cover.drawing >= programs / 50);
+    CHECK(cover.shared_states >= programs / 500);
+    CHECK(cover.fresh_mask_checks >= programs / 200);
+  }
 }

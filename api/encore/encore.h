@@ -4,8 +4,10 @@
 
 #include "encore/data.h"
 #include "encore/functions.h"
+#include "encore/models.h"
 #include "encore/nn.h"
 #include "encore/optim.h"
+#include "encore/profiler.h"
 #include "encore/static_graph.h"
 #include "runtime/allocator.h"
 #include "runtime/autograd.h"

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -53,6 +54,15 @@ void add_(const Tensor& t, const Tensor& other);   // t += other (other broadcas
 void copy_(const Tensor& dst, const Tensor& src);  // same shape; converts dtype
 void uniform_(const Tensor& t, double low, double high);
 void normal_(const Tensor& t, double mean, double std);
+
+// A height and width: Size2(3) is 3x3, Size2(3, 1) is 3 high and 1 wide.
+struct Size2 {
+  int h = 0;
+  int w = 0;
+  Size2(int both) : h(both), w(both) {}  // NOLINT: implicit, so conv2d(x, w, b, 2, 1) reads well
+  Size2(int height, int width) : h(height), w(width) {}
+  bool operator==(const Size2&) const = default;
+};
 
 namespace functions {
 
@@ -129,6 +139,38 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
 // Fraction of samples whose argmax equals the label (ignored labels excluded). No gradient.
 Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
+
+// ---- Convolution and pooling (NCHW) ------------------------------------------------------
+
+// Cross-correlation as PyTorch's conv2d: x [N,C,H,W], weight [O,C/groups,kh,kw], bias [O]
+// (optional) -> [N,O,Ho,Wo], Ho = (H + 2 padding.h - dilation.h (kh-1) - 1) / stride.h + 1.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int groups = 1);
+// Maximum over each window (padding counts as -infinity); stride defaults to the kernel size,
+// padding is at most half the kernel, the output size is floored. The gradient goes to the first
+// maximum of each window in row-major order.
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0);
+// Mean over each window; padded zeros count in the divisor unless count_include_pad is false.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0, bool count_include_pad = true);
+// Mean over height and width: [N,C,H,W] -> [N,C].
+Tensor global_avg_pool2d(const Tensor& x);
+
+// ---- Normalisation and dropout ----------------------------------------------------------
+
+// Batch normalisation over axis 1 of x [N,C] or [N,C,H,W]: y = (x - mean) / sqrt(var + eps)
+// * gamma + beta, with gamma and beta [C] (both or neither) and the statistics per channel.
+// Training: normalises with the batch statistics (biased variance; more than one value per
+// channel needed) and, when running_mean/running_var [C] are given, updates them in place:
+// running = (1 - momentum) running + momentum batch (the variance unbiased), as PyTorch. Eval
+// (training false): normalises with the running statistics, which are then required.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& gamma, const Tensor& beta, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
+// Training: zeroes each element with probability `ratio` (drawn from the device's generator)
+// and scales the others by 1/(1-ratio). Eval (training false): x itself.
+Tensor dropout(const Tensor& x, double ratio = 0.5, bool training = true);
 
 }  // namespace functions
 

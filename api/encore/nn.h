@@ -143,6 +143,100 @@ class Flatten : public Module {
   int start_dim_;
 };
 
+struct Conv2dOptions {
+  Size2 stride = 1;
+  Size2 padding = 0;
+  Size2 dilation = 1;
+  int groups = 1;
+  bool bias = true;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// 2-D convolution, weight [out, in/groups, kh, kw]; initialised as PyTorch (W, b ~ U(-k, k),
+// k = 1/sqrt(in/groups * kh * kw)).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Conv2dOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+  Tensor weight;
+  Tensor bias;  // undefined when options.bias is false
+
+ private:
+  Conv2dOptions options_;
+};
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;
+  bool affine = true;  // learn gamma (ones) and beta (zeros)
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// Batch normalisation over the channels of [N,C,H,W] (also accepts [N,C]). Training uses and
+// tracks batch statistics; eval uses running_mean/running_var.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, BatchNormOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+  Tensor gamma;  // undefined when options.affine is false
+  Tensor beta;
+  Tensor running_mean;  // zeros; not a parameter (updated in place, no gradient)
+  Tensor running_var;   // ones
+
+ private:
+  BatchNormOptions options_;
+};
+
+// Dropout in training mode, identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double ratio = 0.5);
+  Tensor forward(const Tensor& x) override { return F::dropout(x, ratio_, is_training()); }
+  std::string describe() const override;
+
+ private:
+  double ratio_;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
+      : kernel_(kernel), stride_(stride), padding_(padding) {}
+  Tensor forward(const Tensor& x) override { return F::max_pool2d(x, kernel_, stride_, padding_); }
+  std::string describe() const override;
+
+ private:
+  Size2 kernel_;
+  std::optional<Size2> stride_;
+  Size2 padding_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
+      : kernel_(kernel), stride_(stride), padding_(padding) {}
+  Tensor forward(const Tensor& x) override { return F::avg_pool2d(x, kernel_, stride_, padding_); }
+  std::string describe() const override;
+
+ private:
+  Size2 kernel_;
+  std::optional<Size2> stride_;
+  Size2 padding_;
+};
+
+// [N,C,H,W] -> [N,C].
+class GlobalAvgPool2d : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return F::global_avg_pool2d(x); }
+  std::string describe() const override { return "GlobalAvgPool2d"; }
+};
+
 // Applies its children in order; they are named "0", "1", ...
 class Sequential : public Module {
  public:

@@ -30,6 +30,12 @@
 // backwards replay it. ENCORE_STATIC=0 (or set_static_enabled(false)) runs everything eagerly;
 // ENCORE_LOG=retrace prints every retrace with its reason; ENCORE_STATIC_VERIFY=N checks every
 // Nth replay against an eager run.
+//
+// Schedule dump: `step.schedule_text()` lists each cache entry (signature, arena bytes, lower
+// bound, naive sum) and its forward and backward steps: op, operands with dtype and shape, where
+// each lives (arena range, argument, parameter, external, .grad, own storage), in-place marks
+// and random steps. `step.schedule_dot()` is the same as a Graphviz digraph (`dot -Tsvg`). For a
+// module with ENCORE_STATIC_GRAPH: static_schedule_text(module), static_schedule_dot(module).
 #pragma once
 
 #include <memory>
@@ -155,6 +161,9 @@ class StaticFunction {
   }
 
   StaticStats stats() const { return core_->graph().stats(); }
+  // Each cache entry's forward and backward schedules as text, and as a Graphviz digraph.
+  std::string schedule_text() const { return core_->graph().schedule_text(); }
+  std::string schedule_dot() const { return core_->graph().schedule_dot(); }
   // Drops every cache entry (the next call traces).
   void clear() { core_->graph().clear(); }
   schedule::StaticGraph& graph() { return core_->graph(); }
@@ -225,6 +234,10 @@ class StaticForward final : public nn::StaticHook {
 StaticStats static_stats(const nn::Module& module);
 // Drops the cache of a module's static forward (the next call traces).
 void static_clear(nn::Module& module);
+// The schedules of a module's static forward as text and as a Graphviz digraph (see
+// StaticFunction::schedule_text); throw Error when it has none.
+std::string static_schedule_text(const nn::Module& module);
+std::string static_schedule_dot(const nn::Module& module);
 
 }  // namespace encore
 

@@ -102,4 +102,12 @@ void static_clear(nn::Module& module) {
   static_forward_of(module).graph().clear();
 }
 
+std::string static_schedule_text(const nn::Module& module) {
+  return static_forward_of(module).graph().schedule_text();
+}
+
+std::string static_schedule_dot(const nn::Module& module) {
+  return static_forward_of(module).graph().schedule_dot();
+}
+
 }  // namespace encore

@@ -1,0 +1,281 @@
+// conv2d through the op harness (both CPU algorithms), nn::Conv2d, and argument errors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "encore/functions.h"
+#include "encore/nn.h"
+#include "op_harness.h"
+#include "runtime/parallel.h"
+
+using namespace encore;
+using namespace encore::optest;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct ConvSpec {
+  Dims x, w;
+  bool bias = false;
+  Size2 stride = 1, padding = 0, dilation = 1;
+  int groups = 1;
+};
+
+// y[n][o][r][c] = b[o] + sum_{s,i,j} w[o][s][i][j] x[n][g cg + s][r sh - ph + i dh][c sw - pw + j
+// dw]
+RefTensor ref_conv2d(const RefTensor& x, const RefTensor& w, const RefTensor* b,
+                     const ConvSpec& p) {
+  const int64_t n = x.shape[0], h = x.shape[2], wd = x.shape[3];
+  const int64_t o = w.shape[0], cg = w.shape[1], kh = w.shape[2], kw = w.shape[3];
+  const int64_t og = o / p.groups, c = x.shape[1];
+  const int64_t ho = (h + 2 * p.padding.h - p.dilation.h * (kh - 1) - 1) / p.stride.h + 1;
+  const int64_t wo = (wd + 2 * p.padding.w - p.dilation.w * (kw - 1) - 1) / p.stride.w + 1;
+  RefTensor y = ref::filled({n, o, ho, wo});
+  for (int64_t in = 0; in < n; ++in)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t r = 0; r < ho; ++r)
+        for (int64_t col = 0; col < wo; ++col) {
+          double acc = b != nullptr ? b->v[oc] : 0.0;
+          for (int64_t s = 0; s < cg; ++s)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t ih = r * p.stride.h - p.padding.h + i * p.dilation.h;
+                const int64_t iw = col * p.stride.w - p.padding.w + j * p.dilation.w;
+                if (ih < 0 || ih >= h || iw < 0 || iw >= wd) continue;
+                const int64_t ic = oc / og * cg + s;
+                acc += w.v[((oc * cg + s) * kh + i) * kw + j] *
+                       x.v[((in * c + ic) * h + ih) * wd + iw];
+              }
+          y.v[((in * o + oc) * ho + r) * wo + col] = acc;
+        }
+  return y;
+}
+
+std::string size2_str(Size2 s) {
+  return absl::StrCat(s.h, "x", s.w);
+}
+
+OpCase conv_case(const ConvSpec& p) {
+  std::string name =
+      absl::StrCat("conv2d x ", dims_str(p.x), " w ", dims_str(p.w), p.bias ? " bias" : "",
+                   " stride ", size2_str(p.stride), " padding ", size2_str(p.padding), " dilation ",
+                   size2_str(p.dilation), " groups ", p.groups);
+  std::vector<InputSpec> inputs = {floating(p.x), floating(p.w)};
+  if (p.bias) inputs.push_back(floating({p.w[0]}));
+  return {name, inputs,
+          [p](const Inputs& x) {
+            return F::conv2d(x[0], x[1], p.bias ? x[2] : Tensor(), p.stride, p.padding, p.dilation,
+                             p.groups);
+          },
+          [p](const Refs& x) { return ref_conv2d(x[0], x[1], p.bias ? &x[2] : nullptr, p); }};
+}
+
+std::vector<ConvSpec> conv_specs() {
+  return {
+      // 3x3, padding 1, with and without bias.
+      {{2, 3, 5, 6}, {4, 3, 3, 3}, true, 1, 1},
+      {{2, 3, 5, 6}, {4, 3, 3, 3}, false, 1, 1},
+      // Stride 2; non-square kernel, stride and padding.
+      {{2, 2, 7, 6}, {3, 2, 3, 3}, false, 2, 1},
+      {{1, 2, 6, 9}, {3, 2, 2, 4}, true, {2, 1}, {1, 2}},
+      // Dilation, square and not, with stride.
+      {{2, 2, 7, 8}, {2, 2, 3, 3}, true, 1, 2, 2},
+      {{1, 2, 7, 6}, {3, 2, 3, 2}, false, 1, {1, 0}, {2, 1}},
+      {{2, 4, 9, 8}, {4, 2, 3, 2}, true, {2, 3}, {1, 2}, {2, 1}, 2},
+      // Groups; depthwise; depthwise with a channel multiplier.
+      {{2, 4, 5, 5}, {6, 2, 3, 3}, true, 1, 1, 1, 2},
+      {{2, 3, 6, 5}, {3, 1, 3, 3}, false, 1, 1, 1, 3},
+      {{1, 2, 5, 5}, {4, 1, 3, 3}, true, 1, 0, 1, 2},
+      // 1x1: unpadded stride 1 (the input is its own im2col), strided, padded.
+      {{2, 5, 4, 3}, {3, 5, 1, 1}, true},
+      {{2, 3, 5, 5}, {2, 3, 1, 1}, false, 2},
+      {{1, 2, 3, 4}, {3, 2, 1, 1}, true, 1, 1},
+      // The kernel covers the whole input (1x1 output); padding beyond the kernel's reach
+      // (the input gradient crops); a 1-pixel-high input.
+      {{2, 2, 3, 3}, {4, 2, 3, 3}, true},
+      {{1, 2, 4, 4}, {2, 2, 2, 2}, false, 1, 2},
+      {{2, 2, 1, 7}, {3, 2, 1, 3}, true, 1, {0, 1}},
+      // Wider than one register tile; output channels not a multiple of 8; taps not a multiple
+      // of 3.
+      {{2, 3, 5, 40}, {9, 3, 3, 3}, true, 1, 1},
+      {{1, 4, 6, 7}, {7, 4, 2, 2}, true, 1, 1},
+      {{1, 13, 4, 4}, {11, 13, 1, 1}, false, 1, 0},
+  };
+}
+
+// Runs `body` with ENCORE_CONV_IM2COL set to `value` (null: unset), restoring it afterwards.
+template <typename Body>
+void with_im2col_env(const char* value, Body body) {
+  const char* old = std::getenv("ENCORE_CONV_IM2COL");
+  const std::string saved = old != nullptr ? old : "";
+  if (value != nullptr)
+    setenv("ENCORE_CONV_IM2COL", value, 1);
+  else
+    unsetenv("ENCORE_CONV_IM2COL");
+  body();
+  if (old != nullptr)
+    setenv("ENCORE_CONV_IM2COL", saved.c_str(), 1);
+  else
+    unsetenv("ENCORE_CONV_IM2COL");
+}
+
+Tensor leaf(const Shape& s, DType dt = DType::Float32) {
+  Tensor t = rand(s, dt);
+  t.set_requires_grad();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d matches a plain-loop reference, gradients included", "[conv]") {
+  std::vector<OpCase> cases;
+  for (const ConvSpec& p : conv_specs()) cases.push_back(conv_case(p));
+  SECTION("default algorithm choice") {
+    with_im2col_env(nullptr, [&] { check_ops(cases); });
+  }
+  SECTION("im2col + GEMM forced") {
+    with_im2col_env("1", [&] { check_ops(cases); });
+  }
+}
+
+TEST_CASE("conv2d of a known input", "[conv]") {
+  // x = 1..9 in a 3x3 image, a 2x2 kernel of ones: each output sums a 2x2 window.
+  const Tensor x = tensor({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
+  const Tensor w = ones({1, 1, 2, 2});
+  CHECK(F::conv2d(x, w).to_vector<float>() == std::vector<float>{12, 16, 24, 28});
+  CHECK(F::conv2d(x, w, tensor({0.5}, {1}), 2, 1).to_vector<float>() ==
+        std::vector<float>{1.5, 5.5, 11.5, 28.5});
+  // Cross-correlation, not convolution: the kernel is not flipped.
+  const Tensor corner = tensor({1, 0, 0, 0}, {1, 1, 2, 2});
+  CHECK(F::conv2d(x, corner).to_vector<float>() == std::vector<float>{1, 2, 4, 5});
+}
+
+TEST_CASE("conv2d over an empty batch", "[conv]") {
+  for (const char* env : {static_cast<const char*>(nullptr), "1"}) {
+    with_im2col_env(env, [&] {
+      Tensor x = leaf({0, 2, 5, 5});
+      Tensor w = leaf({3, 2, 3, 3});
+      Tensor b = leaf({3});
+      const Tensor y = F::conv2d(x, w, b, 1, 1);
+      CHECK(y.shape() == Shape{0, 3, 5, 5});
+      F::sum(y).backward();
+      CHECK(w.grad().shape() == w.shape());
+      for (float v : w.grad().to_vector<float>()) CHECK(v == 0.0f);
+      for (float v : b.grad().to_vector<float>()) CHECK(v == 0.0f);
+      CHECK(x.grad().shape() == x.shape());
+    });
+  }
+}
+
+TEST_CASE("conv2d gives the same bits at any thread count", "[conv]") {
+  const int threads = num_threads();
+  manual_seed(11);
+  const Tensor x0 = rand({8, 8, 28, 28}, DType::Float32, Device::cpu(), -1, 1);
+  const Tensor w0 = rand({8, 8, 3, 3}, DType::Float32, Device::cpu(), -1, 1);
+  const Tensor gy = rand({8, 8, 28, 28}, DType::Float32, Device::cpu(), -1, 1);
+  auto run = [&](int n) {
+    set_num_threads(n);
+    Tensor x = clone(x0).set_requires_grad();
+    Tensor w = clone(w0).set_requires_grad();
+    const Tensor y = F::conv2d(x, w, Tensor(), 1, 1);
+    y.backward(gy);
+    return std::vector<std::vector<float>>{y.to_vector<float>(), x.grad().to_vector<float>(),
+                                           w.grad().to_vector<float>()};
+  };
+  const auto one = run(1);
+  const auto four = run(4);
+  set_num_threads(threads);
+  CHECK(one[0] == four[0]);
+  CHECK(one[1] == four[1]);
+  CHECK(one[2] == four[2]);
+}
+
+TEST_CASE("nn::Conv2d initialises and names its parameters as PyTorch", "[conv][nn]") {
+  manual_seed(5);
+  nn::Conv2d conv(4, 6, {3, 2}, {.padding = 1, .groups = 2});
+  CHECK(conv.weight.shape() == Shape{6, 2, 3, 2});
+  CHECK(conv.bias.shape() == Shape{6});
+  const double bound = 1.0 / std::sqrt(2.0 * 3 * 2);
+  double largest = 0;
+  for (float v : conv.weight.to_vector<float>()) {
+    CHECK(std::abs(v) <= bound);
+    largest = std::max(largest, std::abs(static_cast<double>(v)));
+  }
+  CHECK(largest > bound / 2);  // drawn over the whole range, not a narrower one
+  for (float v : conv.bias.to_vector<float>()) CHECK(std::abs(v) <= bound);
+  const auto named = conv.named_parameters();
+  REQUIRE(named.size() == 2);
+  CHECK(named[0].first == "weight");
+  CHECK(named[1].first == "bias");
+  CHECK(named[0].second.requires_grad());
+  CHECK(conv.forward(zeros({2, 4, 5, 5})).shape() == Shape{2, 6, 5, 6});
+  CHECK(conv.describe() == "Conv2d(4 -> 6, kernel 3x2, padding 1x1, groups 2)");
+
+  manual_seed(5);
+  nn::Conv2d again(4, 6, {3, 2}, {.padding = 1, .groups = 2});
+  CHECK(again.weight.to_vector<float>() == conv.weight.to_vector<float>());  // seeded
+
+  nn::Conv2d plain(3, 8, 5, {.stride = 2, .bias = false, .dtype = DType::Float64});
+  CHECK(plain.weight.dtype() == DType::Float64);
+  CHECK_FALSE(plain.bias.defined());
+  REQUIRE(plain.named_parameters().size() == 1);
+  CHECK(plain.describe() == "Conv2d(3 -> 8, kernel 5x5, stride 2x2, no bias)");
+  const double plain_bound = 1.0 / std::sqrt(3.0 * 25);
+  for (double v : plain.weight.to_vector<double>()) CHECK(std::abs(v) <= plain_bound);
+
+  CHECK_THROWS_WITH(nn::Conv2d(4, 6, 3, {.groups = 4}), Contains("Conv2d") && Contains("groups"));
+}
+
+TEST_CASE("conv2d rejects bad arguments, naming the argument and the shapes", "[conv]") {
+  const Tensor x = zeros({2, 3, 8, 8});
+  const Tensor w = zeros({4, 3, 3, 3});
+  auto conv = [](const Tensor& a, const Tensor& b, const Tensor& bias = Tensor(), Size2 stride = 1,
+                 Size2 padding = 0, Size2 dilation = 1, int groups = 1) {
+    return F::conv2d(a, b, bias, stride, padding, dilation, groups);
+  };
+  CHECK_THROWS_WITH(conv(zeros({3, 8, 8}), w),
+                    Contains("conv2d") && Contains("x must be 4-D") && Contains("[3,8,8]"));
+  CHECK_THROWS_WITH(conv(x, zeros({4, 3, 3})),
+                    Contains("conv2d") && Contains("weight must be 4-D") && Contains("[4,3,3]"));
+  CHECK_THROWS_WITH(conv(x, zeros({4, 2, 3, 3})),
+                    Contains("conv2d: channels differ: x is [2,3,8,8] (3 channels), weight is "
+                             "[4,2,3,3] (expects 2 x groups 1)"));
+  CHECK_THROWS_WITH(conv(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), Tensor(), 1, 0, 1, 2),
+                    Contains("conv2d: channels differ") && Contains("groups 2"));
+  CHECK_THROWS_WITH(
+      conv(zeros({1, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), 1, 0, 1, 2),
+      Contains("conv2d") && Contains("[3,2,3,3]") && Contains("not divisible by groups 2"));
+  CHECK_THROWS_WITH(conv(x, w, Tensor(), 1, 0, 1, 0),
+                    Contains("conv2d") && Contains("groups must be positive"));
+  CHECK_THROWS_WITH(conv(x, w, zeros({5})), Contains("conv2d: bias [5]") &&
+                                                Contains("weight [4,3,3,3]") &&
+                                                Contains("expected [4]"));
+  CHECK_THROWS_WITH(conv(x, w, zeros({4, 1})), Contains("conv2d: bias [4,1]"));
+  CHECK_THROWS_WITH(conv(x, w, Tensor(), {0, 1}), Contains("conv2d: stride must be positive") &&
+                                                      Contains("0x1") && Contains("[2,3,8,8]"));
+  CHECK_THROWS_WITH(
+      conv(x, w, Tensor(), 1, 0, {1, -1}),
+      Contains("conv2d: dilation must be positive") && Contains("1x-1") && Contains("[4,3,3,3]"));
+  CHECK_THROWS_WITH(conv(x, w, Tensor(), 1, -1), Contains("conv2d: padding must be non-negative") &&
+                                                     Contains("-1x-1") && Contains("[2,3,8,8]"));
+  CHECK_THROWS_WITH(conv(zeros({1, 3, 2, 2}), w),
+                    Contains("conv2d: the kernel 3x3") &&
+                        Contains("larger than the padded input 2x2") && Contains("[1,3,2,2]"));
+  CHECK_THROWS_WITH(
+      conv(zeros({1, 3, 5, 5}), w, Tensor(), 1, 0, 3),
+      Contains("conv2d: the kernel 3x3 (dilation 3x3: 7x7)") && Contains("padded input 5x5"));
+  CHECK_THROWS_WITH(conv(x, zeros({4, 3, 3, 3}, DType::Float64)),
+                    Contains("conv2d: dtypes differ") && Contains("x is float32 [2,3,8,8]") &&
+                        Contains("weight is float64 [4,3,3,3]"));
+  CHECK_THROWS_WITH(conv(x, w, zeros({4}, DType::Float64)),
+                    Contains("conv2d: dtypes differ") && Contains("bias is float64 [4]"));
+  CHECK_THROWS_WITH(conv(zeros({2, 3, 8, 8}, DType::Int32), w),
+                    Contains("conv2d") && Contains("'x'") && Contains("int32"));
+  CHECK_THROWS_WITH(conv(x, Tensor()), Contains("conv2d") && Contains("'weight'"));
+  CHECK_THROWS_WITH(
+      conv(zeros({2, 0, 8, 8}), zeros({4, 0, 3, 3})),
+      Contains("conv2d: weight [4,0,3,3] has an empty dimension") && Contains("[2,0,8,8]"));
+}

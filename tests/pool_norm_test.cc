@@ -1,0 +1,608 @@
+// Pooling, batch normalisation and dropout: op-harness cases (forward against plain-loop
+// references in float64 and float32, numerical gradients in float64), running statistics
+// against a hand computation, dropout's statistics and determinism, modules, and errors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "encore/functions.h"
+#include "encore/nn.h"
+#include "op_harness.h"
+#include "runtime/dispatcher.h"
+#include "runtime/parallel.h"
+#include "runtime/rng.h"
+
+using namespace encore;
+using namespace encore::optest;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// ---- References -----------------------------------------------------------------------------
+
+struct PoolSpec {
+  int kh, kw, sh, sw, ph, pw;
+  bool include_pad = true;
+};
+
+// Max or average pooling of x [N,C,H,W] by direct loops over each window.
+RefTensor ref_pool(const RefTensor& x, const PoolSpec& p, bool is_max) {
+  const int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
+  const int64_t ho = (h + 2 * p.ph - p.kh) / p.sh + 1, wo = (w + 2 * p.pw - p.kw) / p.sw + 1;
+  RefTensor y = ref::filled({n, c, ho, wo});
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j) {
+          double best = -std::numeric_limits<double>::infinity(), sum = 0;
+          int64_t inside = 0;
+          for (int64_t di = 0; di < p.kh; ++di)
+            for (int64_t dj = 0; dj < p.kw; ++dj) {
+              const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
+              if (r < 0 || r >= h || q < 0 || q >= w) continue;
+              const double v = x.v[ref::ravel({b, ch, r, q}, x.shape)];
+              best = std::max(best, v);
+              sum += v;
+              ++inside;
+            }
+          const double divisor = p.include_pad ? p.kh * p.kw : static_cast<double>(inside);
+          y.v[ref::ravel({b, ch, i, j}, y.shape)] = is_max ? best : sum / divisor;
+        }
+  return y;
+}
+
+// Batch statistics of channel c of x [N,C,...]: mean and biased variance.
+std::pair<double, double> ref_channel_stats(const RefTensor& x, int64_t c) {
+  const int64_t channels = x.shape[1];
+  int64_t s = 1;
+  for (int i = 2; i < x.rank(); ++i) s *= x.shape[i];
+  double sum = 0, squares = 0;
+  const double count = static_cast<double>(x.numel() / channels);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if ((i / s) % channels == c) sum += x.v[i];
+  const double mean = sum / count;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if ((i / s) % channels == c) squares += (x.v[i] - mean) * (x.v[i] - mean);
+  return {mean, squares / count};
+}
+
+// (x - mean) / sqrt(var + eps) * gamma + beta per channel; mean and var from `stats(c)`.
+template <typename Stats>
+RefTensor ref_normalize(const RefTensor& x, Stats stats, const RefTensor* gamma,
+                        const RefTensor* beta, double eps) {
+  const int64_t channels = x.shape[1];
+  int64_t s = 1;
+  for (int i = 2; i < x.rank(); ++i) s *= x.shape[i];
+  RefTensor y = x;
+  for (int64_t c = 0; c < channels; ++c) {
+    const auto [mean, var] = stats(c);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      if ((i / s) % channels == c) {
+        const double xhat = (x.v[i] - mean) / std::sqrt(var + eps);
+        y.v[i] = xhat * (gamma ? gamma->v[c] : 1.0) + (beta ? beta->v[c] : 0.0);
+      }
+  }
+  return y;
+}
+
+RefTensor ref_batch_norm_train(const RefTensor& x, const RefTensor* gamma, const RefTensor* beta,
+                               double eps = 1e-5) {
+  return ref_normalize(
+      x, [&](int64_t c) { return ref_channel_stats(x, c); }, gamma, beta, eps);
+}
+
+RefTensor ref_batch_norm_eval(const RefTensor& x, const RefTensor& mean, const RefTensor& var,
+                              const RefTensor* gamma, const RefTensor* beta, double eps = 1e-5) {
+  return ref_normalize(
+      x, [&](int64_t c) { return std::make_pair(mean.v[c], var.v[c]); }, gamma, beta, eps);
+}
+
+OpCase max_case(Dims shape, Size2 k, std::optional<Size2> s, Size2 p, ValueGen gen) {
+  const PoolSpec spec{k.h, k.w, s.value_or(k).h, s.value_or(k).w, p.h, p.w};
+  return {absl::StrCat("max_pool2d ", dims_str(shape), " k", k.h, "x", k.w, " s", spec.sh, "x",
+                       spec.sw, " p", p.h, "x", p.w),
+          {floating(shape, std::move(gen))},
+          [=](const Inputs& x) { return F::max_pool2d(x[0], k, s, p); },
+          [=](const Refs& x) { return ref_pool(x[0], spec, true); }};
+}
+
+OpCase avg_case(Dims shape, Size2 k, std::optional<Size2> s, Size2 p, bool include_pad) {
+  const PoolSpec spec{k.h, k.w, s.value_or(k).h, s.value_or(k).w, p.h, p.w, include_pad};
+  return {absl::StrCat("avg_pool2d ", dims_str(shape), " k", k.h, "x", k.w, " s", spec.sh, "x",
+                       spec.sw, " p", p.h, "x", p.w, include_pad ? "" : " exclude_pad"),
+          {floating(shape)},
+          [=](const Inputs& x) { return F::avg_pool2d(x[0], k, s, p, include_pad); },
+          [=](const Refs& x) { return ref_pool(x[0], spec, false); }};
+}
+
+// Restores the cpu generator's state when the test ends (other tests seed it themselves).
+class GeneratorState {
+ public:
+  GeneratorState() : seed_(gen().seed()), offset_(gen().offset()) {}
+  ~GeneratorState() { gen().set_state(seed_, offset_); }
+  static Generator& gen() { return default_generator(Device::cpu()); }
+
+ private:
+  uint64_t seed_, offset_;
+};
+
+int64_t count_zeros(const Tensor& t) {
+  int64_t n = 0;
+  for (double v : t.to_vector<double>()) n += v == 0 ? 1 : 0;
+  return n;
+}
+
+// The index in x [N,C,H,W] of the first maximum of each window in row-major order: the first NaN
+// when the window holds one, else the first element equal to the largest (-0 equals +0).
+// Padding is never chosen.
+std::vector<int64_t> ref_first_max(const std::vector<double>& x, const Dims& shape,
+                                   const PoolSpec& p) {
+  const int64_t planes = shape[0] * shape[1], h = shape[2], w = shape[3];
+  const int64_t ho = (h + 2 * p.ph - p.kh) / p.sh + 1, wo = (w + 2 * p.pw - p.kw) / p.sw + 1;
+  std::vector<int64_t> at;
+  for (int64_t b = 0; b < planes; ++b)
+    for (int64_t i = 0; i < ho; ++i)
+      for (int64_t j = 0; j < wo; ++j) {
+        int64_t best = -1;
+        for (int64_t di = 0; di < p.kh; ++di)
+          for (int64_t dj = 0; dj < p.kw; ++dj) {
+            const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
+            if (r < 0 || r >= h || q < 0 || q >= w) continue;
+            const int64_t k = (b * h + r) * w + q;
+            const bool nan_best = best >= 0 && std::isnan(x[best]);
+            if (best < 0 || (!nan_best && (std::isnan(x[k]) || x[k] > x[best]))) best = k;
+          }
+        at.push_back(best);
+      }
+  return at;
+}
+
+}  // namespace
+
+// ---- Pooling ------------------------------------------------------------------------------
+
+TEST_CASE("max_pool2d against a reference, with gradients", "[pool_norm]") {
+  check_ops({
+      // Floor output size: 7x9 pooled by 2 is 3x4 (the last row and column are dropped).
+      max_case({2, 3, 7, 9}, 2, std::nullopt, 0, distinct(-1, 1)),
+      // Padding never wins: every value is negative, so a padded zero would be the maximum.
+      max_case({2, 2, 7, 9}, 3, Size2(2), 1, distinct(-2, -1)),
+      // Non-square kernel, stride and padding; windows overlap in height.
+      max_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 0), distinct(-1, 1)),
+      // Overlapping windows: one element can be the maximum of several windows.
+      max_case({2, 2, 6, 6}, 3, Size2(1), 0, distinct(-1, 1)),
+      // Rows of several vector chunks (the last one overlapping) and of fewer outputs than one.
+      max_case({1, 2, 5, 41}, 2, std::nullopt, 0, distinct(-1, 1)),
+      max_case({3, 2, 5, 5}, 2, std::nullopt, 0, distinct(-1, 1)),
+      // The stride divides the width: all the rows of a block of planes in one loop.
+      max_case({2, 3, 8, 10}, 3, Size2(2), 1, distinct(-1, 1)),
+  });
+}
+
+TEST_CASE("max_pool2d sends the gradient to the first maximum of a window", "[pool_norm]") {
+  // One 2x2 window holding 5 twice: row-major order makes (0,1) the first.
+  Tensor x = tensor({1, 5, 5, 2}, {1, 1, 2, 2}, DType::Float64).set_requires_grad();
+  Tensor y = F::max_pool2d(x, 2);
+  CHECK(y.to_vector<double>() == std::vector<double>{5});
+  y.backward(full({1, 1, 1, 1}, 3.0, DType::Float64));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 3, 0, 0});
+}
+
+TEST_CASE(
+    "max_pool2d with ties, zeros of both signs and NaN: value and gradient of the first maximum",
+    "[pool_norm]") {
+  // Windows tiling 2x2 (their own loops), overlapping, padded, clipped; rows wide (several
+  // vector chunks) and narrow (fewer outputs than a vector).
+  const std::vector<PoolSpec> specs = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {2, 2, 1, 1, 0, 0},
+                                       {2, 2, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}, {3, 3, 3, 3, 0, 0}};
+  const std::vector<Dims> shapes = {{2, 3, 7, 9}, {1, 2, 6, 40}, {3, 2, 3, 5}, {2, 2, 8, 10}};
+  std::mt19937 rng(11);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double pool[] = {-1, -0.0, 0, 0, 1, 1, 2, -2, nan};  // mostly ties, some NaN
+  for (const DType dtype : {DType::Float32, DType::Float64})
+    for (const PoolSpec& p : specs)
+      for (const Dims& shape : shapes) {
+        INFO(name(dtype) << " " << dims_str(shape) << " k" << p.kh << "x" << p.kw << " s" << p.sh
+                         << "x" << p.sw << " p" << p.ph << "x" << p.pw);
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        std::vector<double> xv(n);
+        for (double& v : xv) v = pool[rng() % 9 == 0 ? 8 : rng() % 8];
+        const std::vector<int64_t> at = ref_first_max(xv, shape, p);
+        std::vector<double> gyv(at.size()), want_gx(n, 0.0);
+        for (size_t k = 0; k < at.size(); ++k) {
+          gyv[k] = static_cast<double>(rng() % 7) - 3;  // integers: sums exact in any order
+          want_gx[at[k]] += gyv[k];
+        }
+        Tensor x = tensor(xv, Shape(shape), dtype).set_requires_grad();
+        Tensor y = F::max_pool2d(x, Size2(p.kh, p.kw), Size2(p.sh, p.sw), Size2(p.ph, p.pw));
+        REQUIRE(y.numel() == static_cast<int64_t>(at.size()));
+        y.backward(tensor(gyv, y.shape(), dtype));
+        const std::vector<double> yv = y.to_vector<double>(), gx = x.grad().to_vector<double>();
+        int64_t wrong_y = 0;
+        for (size_t k = 0; k < at.size(); ++k) {
+          const double want = xv[at[k]];
+          const bool same = std::isnan(want)
+                                ? std::isnan(yv[k])
+                                : yv[k] == want && std::signbit(yv[k]) == std::signbit(want);
+          wrong_y += same ? 0 : 1;
+        }
+        CHECK(wrong_y == 0);
+        CHECK(gx == want_gx);
+      }
+}
+
+TEST_CASE("avg_pool2d against a reference, with gradients", "[pool_norm]") {
+  check_ops({
+      avg_case({2, 3, 7, 9}, 2, std::nullopt, 0, true),
+      avg_case({2, 2, 7, 9}, 3, Size2(2), 1, true),
+      avg_case({2, 2, 7, 9}, 3, Size2(2), 1, false),
+      avg_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 1), false),
+      avg_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 1), true),
+      avg_case({2, 2, 6, 6}, 3, Size2(1), 0, true),
+      avg_case({1, 2, 5, 41}, 2, std::nullopt, 0, true),
+      avg_case({3, 2, 5, 5}, 2, std::nullopt, 0, false),
+      avg_case({2, 3, 8, 10}, 3, Size2(1), 1, false),
+      avg_case({2, 3, 8, 10}, 3, Size2(2), 1, true),
+      avg_case({2, 2, 9, 8}, Size2(3, 2), Size2(3, 2), 0, true),
+  });
+}
+
+TEST_CASE("global_avg_pool2d against a reference, with gradients", "[pool_norm]") {
+  check_op({"global_avg_pool2d [2,3,4,5]",
+            {floating({2, 3, 4, 5})},
+            [](const Inputs& x) { return F::global_avg_pool2d(x[0]); },
+            [](const Refs& x) {
+              RefTensor y = ref::filled({2, 3});
+              for (int64_t i = 0; i < x[0].numel(); ++i) y.v[i / 20] += x[0].v[i] / 20;
+              return y;
+            }});
+}
+
+// ---- Batch normalisation -------------------------------------------------------------------
+
+TEST_CASE("batch_norm in training against a reference, with gradients", "[pool_norm]") {
+  check_ops({
+      {"batch_norm train [3,4,3,5] affine",
+       {floating({3, 4, 3, 5}, uniform(-2, 3)), floating({4}, uniform(0.5, 2)), floating({4})},
+       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, x[1], x[2], true); },
+       [](const Refs& x) { return ref_batch_norm_train(x[0], &x[1], &x[2]); }},
+      {"batch_norm train [2,3,4,4]",
+       {floating({2, 3, 4, 4}, uniform(-1, 2))},
+       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, {}, {}, true); },
+       [](const Refs& x) { return ref_batch_norm_train(x[0], nullptr, nullptr); }},
+      {"batch_norm train [8,5] affine",
+       {floating({8, 5}), floating({5}, uniform(0.5, 2)), floating({5})},
+       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, x[1], x[2], true, 0.1, 1e-3); },
+       [](const Refs& x) { return ref_batch_norm_train(x[0], &x[1], &x[2], 1e-3); }},
+      {"batch_norm train [6,4]",
+       {floating({6, 4}, uniform(-3, 1))},
+       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, {}, {}, true); },
+       [](const Refs& x) { return ref_batch_norm_train(x[0], nullptr, nullptr); }},
+  });
+}
+
+TEST_CASE("batch_norm in eval mode against a reference, with gradients", "[pool_norm]") {
+  check_ops({
+      {"batch_norm eval [2,3,4,4] affine",
+       {floating({2, 3, 4, 4}), constant({3}, uniform(-0.5, 0.5)), constant({3}, positive(0.5, 2)),
+        floating({3}, uniform(0.5, 2)), floating({3})},
+       [](const Inputs& x) { return F::batch_norm(x[0], x[1], x[2], x[3], x[4], false); },
+       [](const Refs& x) { return ref_batch_norm_eval(x[0], x[1], x[2], &x[3], &x[4]); }},
+      {"batch_norm eval [5,3]",
+       {floating({5, 3}), constant({3}, uniform(-0.5, 0.5)), constant({3}, positive(0.5, 2))},
+       [](const Inputs& x) { return F::batch_norm(x[0], x[1], x[2], {}, {}, false); },
+       [](const Refs& x) { return ref_batch_norm_eval(x[0], x[1], x[2], nullptr, nullptr); }},
+  });
+}
+
+TEST_CASE("batch_norm is accurate when the mean is large against the spread", "[pool_norm]") {
+  // Values big +- 1 alternating by row: a one-pass E[x^2] - E[x]^2 loses the variance entirely
+  // (in double at 1e8, in float at 1e4); two passes keep it.
+  for (auto [dt, big] : {std::pair{DType::Float64, 1e8}, std::pair{DType::Float32, 1e4}}) {
+    INFO(name(dt));
+    std::vector<double> v;
+    for (int i = 0; i < 64; ++i) v.push_back(big + ((i / 2) % 2 ? 1.0 : -1.0));
+    const Tensor x = tensor(v, {32, 2}, dt);
+    const auto y = F::batch_norm(x, {}, {}, {}, {}, true, 0.1, 0).to_vector<double>();
+    for (int i = 0; i < 64; ++i) CHECK(y[i] == Approx((i / 2) % 2 ? 1.0 : -1.0).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("batch_norm updates the running statistics as a hand computation", "[pool_norm]") {
+  SECTION("a small example by hand") {
+    // Channel 0 holds {1, 2, 3, 6}: mean 3, biased variance 14/4, unbiased 14/3. Channel 1
+    // holds {0, 0, 2, 2}: mean 1, biased variance 1, unbiased 4/3.
+    const Tensor x = tensor({1, 2, 0, 0, 3, 6, 2, 2}, {2, 2, 1, 2}, DType::Float64);
+    Tensor rm = tensor({0, 10}, {2}, DType::Float64);
+    Tensor rv = tensor({1, 2}, {2}, DType::Float64);
+    const uint32_t version = rm.version();
+    F::batch_norm(x, rm, rv, {}, {}, true, 0.25);
+    CHECK(rm.version() != version);
+    const auto m = rm.to_vector<double>(), var = rv.to_vector<double>();
+    CHECK(m[0] == Approx(0.75 * 0 + 0.25 * 3).epsilon(1e-14));
+    CHECK(m[1] == Approx(0.75 * 10 + 0.25 * 1).epsilon(1e-14));
+    CHECK(var[0] == Approx(0.75 * 1 + 0.25 * 14.0 / 3).epsilon(1e-14));
+    CHECK(var[1] == Approx(0.75 * 2 + 0.25 * 4.0 / 3).epsilon(1e-14));
+
+    // Eval mode normalises with them and leaves them alone.
+    const Tensor y = F::batch_norm(x, rm, rv, {}, {}, false, 0.25);
+    CHECK(rm.to_vector<double>() == m);
+    CHECK(rv.to_vector<double>() == var);
+    CHECK(y.to_vector<double>()[0] == Approx((1 - m[0]) / std::sqrt(var[0] + 1e-5)));
+  }
+  SECTION("a random example, both dtypes, momentum 0.3") {
+    for (DType dt : {DType::Float64, DType::Float32}) {
+      INFO(name(dt));
+      const Tensor x = rand({4, 3, 2, 5}, dt, Device::cpu(), -2, 3);
+      const Tensor rm0 = rand({3}, dt), rv0 = rand({3}, dt, Device::cpu(), 0.5, 2);
+      Tensor rm = clone(rm0), rv = clone(rv0);
+      F::batch_norm(x, rm, rv, ones({3}, dt), zeros({3}, dt), true, 0.3);
+      const RefTensor xr = read_back(x);
+      const double tol = dt == DType::Float64 ? 1e-13 : 1e-6;
+      for (int64_t c = 0; c < 3; ++c) {
+        const auto [mean, var] = ref_channel_stats(xr, c);
+        const double count = 40;
+        CHECK(rm.to_vector<double>()[c] ==
+              Approx(0.7 * rm0.to_vector<double>()[c] + 0.3 * mean).epsilon(tol).margin(tol));
+        CHECK(rv.to_vector<double>()[c] ==
+              Approx(0.7 * rv0.to_vector<double>()[c] + 0.3 * var * count / (count - 1))
+                  .epsilon(tol)
+                  .margin(tol));
+      }
+    }
+  }
+}
+
+TEST_CASE("batch statistics and dropout masks are outputs that need no gradient", "[pool_norm]") {
+  Tensor x = tensor({0, 5, -3, 2, 1, 4, 4, -2, 7, -1, 3, 0}, {4, 3}, DType::Float64);
+  x.set_requires_grad();
+  Tensor y = Tensor::empty({4, 3}, DType::Float64), mean = Tensor::empty({3}, DType::Float64),
+         var = Tensor::empty({3}, DType::Float64);
+  dispatch(Op::BatchNorm, {x}, {y, mean, var}, AttrBlob::of(BatchNormAttrs{}));
+  CHECK(y.requires_grad());
+  CHECK_FALSE(mean.requires_grad());
+  CHECK_FALSE(var.requires_grad());
+  F::sum(F::mul(y, y)).backward();  // the missing statistics gradients are zeros
+  REQUIRE(x.grad().defined());
+  // sum(y^2) = N per channel whatever x is (up to eps), so its gradient is nearly 0.
+  for (double g : x.grad().to_vector<double>()) CHECK(std::abs(g) < 1e-3);
+
+  Tensor z = Tensor::empty({4, 3}, DType::Float64), mask = Tensor::empty({4, 3}, DType::Float64);
+  dispatch(Op::Dropout, {x}, {z, mask}, AttrBlob::of(RandomAttrs{0.5, 0, 1, 0}));
+  CHECK(z.requires_grad());
+  CHECK_FALSE(mask.requires_grad());
+}
+
+TEST_CASE("BatchNorm2d registers gamma and beta, keeps running statistics, follows train/eval",
+          "[pool_norm]") {
+  auto bn = std::make_shared<nn::BatchNorm2d>(3, nn::BatchNormOptions{.momentum = 0.5});
+  const auto params = bn->named_parameters();
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].first == "gamma");
+  CHECK(params[1].first == "beta");
+  CHECK(bn->gamma.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK(bn->beta.to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(bn->running_mean.to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(bn->running_var.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK_FALSE(bn->running_mean.requires_grad());
+  CHECK(bn->describe() == "BatchNorm2d(3, eps 1e-05, momentum 0.5)");
+
+  const Tensor x = rand({4, 3, 2, 2}, DType::Float32, Device::cpu(), 1, 3);
+  const Tensor y_train = (*bn)(x);
+  for (float m : bn->running_mean.to_vector<float>()) CHECK(m > 0.5f);  // half the batch mean
+  F::sum(y_train).backward();
+  CHECK(bn->gamma.grad().defined());
+  CHECK(bn->beta.grad().defined());
+
+  bn->eval();
+  const std::vector<float> before = bn->running_mean.to_vector<float>();
+  const Tensor y_eval = (*bn)(x);
+  CHECK(bn->running_mean.to_vector<float>() == before);
+  // Eval normalises with the running statistics, so it differs from the training output.
+  CHECK(y_eval.to_vector<float>() != y_train.to_vector<float>());
+
+  auto plain = std::make_shared<nn::BatchNorm2d>(2, nn::BatchNormOptions{.affine = false});
+  CHECK(plain->parameters().empty());
+  CHECK_FALSE(plain->gamma.defined());
+  CHECK(plain->describe() == "BatchNorm2d(2, eps 1e-05, momentum 0.1, no affine)");
+  CHECK((*plain)(rand({2, 2, 3, 3})).shape() == Shape{2, 2, 3, 3});
+}
+
+// ---- Dropout ------------------------------------------------------------------------------
+
+TEST_CASE("dropout zeroes about ratio of the elements and scales the others", "[pool_norm]") {
+  GeneratorState keep;
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (double ratio : {0.1, 0.5, 0.8}) {
+      INFO(name(dt) << " ratio " << ratio);
+      const int64_t n = 100000;
+      const Tensor y = F::dropout(ones({n}, dt), ratio);
+      const double dropped = static_cast<double>(count_zeros(y)) / n;
+      CHECK(std::abs(dropped - ratio) < 0.01);  // the standard deviation is below 0.0016
+      const double scale =
+          dt == DType::Float32 ? static_cast<float>(1 / (1 - ratio)) : 1 / (1 - ratio);
+      int64_t wrong = 0;
+      for (double v : y.to_vector<double>()) wrong += v == 0 || v == scale ? 0 : 1;
+      CHECK(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("dropout's gradient is the mask", "[pool_norm]") {
+  GeneratorState keep;
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO(name(dt));
+    // |x| >= 0.5, so y / x recovers the mask exactly.
+    Tensor x = F::add(rand({1000}, dt, Device::cpu(), 0, 1), 0.5).detach().set_requires_grad();
+    const Tensor y = F::dropout(x, 0.5);
+    const Tensor gy = rand({1000}, dt);
+    y.backward(gy);
+    const auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+    const auto gv = gy.to_vector<double>(), gx = x.grad().to_vector<double>();
+    int64_t wrong = 0, kept = 0;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      const double mask = yv[i] == 0 ? 0.0 : 2.0;
+      kept += yv[i] != 0;
+      wrong += gx[i] == gv[i] * mask ? 0 : 1;
+    }
+    CHECK(wrong == 0);
+    CHECK(kept > 400);
+    CHECK(kept < 600);
+  }
+}
+
+TEST_CASE("dropout in eval mode or with ratio 0 is the identity", "[pool_norm]") {
+  const Tensor x = rand({3, 4});
+  CHECK(F::dropout(x, 0.5, false).is_same(x));
+  CHECK(F::dropout(x, 0.0, true).is_same(x));
+  nn::Dropout d(0.3);
+  CHECK(d.describe() == "Dropout(0.3)");
+  d.eval();
+  CHECK(d(x).is_same(x));
+  d.train();
+  CHECK_FALSE(d(x).is_same(x));
+}
+
+TEST_CASE("dropout masks follow the generator: same seed same mask, new call new mask",
+          "[pool_norm]") {
+  GeneratorState keep;
+  const Tensor x = ones({4096}, DType::Float64);
+  Generator& gen = GeneratorState::gen();
+  gen.manual_seed(1234);
+  const auto first = F::dropout(x, 0.5).to_vector<double>();
+  const auto second = F::dropout(x, 0.5).to_vector<double>();
+  CHECK(first != second);
+  gen.manual_seed(1234);
+  CHECK(F::dropout(x, 0.5).to_vector<double>() == first);
+  CHECK(F::dropout(x, 0.5).to_vector<double>() == second);
+  gen.manual_seed(99);
+  CHECK(F::dropout(x, 0.5).to_vector<double>() != first);
+}
+
+TEST_CASE("a dropout kernel call depends only on seed, offset and index", "[pool_norm]") {
+  // The static replay calls the kernel on other buffers with a stream it reserved itself.
+  GeneratorState keep;
+  Generator& gen = GeneratorState::gen();
+  gen.set_state(77, 4000);
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO(name(dt));
+    const Tensor x = rand({1000}, dt, Device::cpu(), -1, 1);
+    const uint64_t seed = gen.seed(), offset = gen.offset();
+    const Tensor eager = F::dropout(x, 0.4);
+    CHECK(gen.offset() == offset + random_count(1000));
+    // The kernel on raw buffers with the stream eager reserved: the same bits.
+    for (int64_t n : {int64_t{1000}, int64_t{17}}) {
+      Tensor y = Tensor::empty({n}, dt), mask = Tensor::empty({n}, dt);
+      const BufferView views[] = {
+          {x.raw_data(), {n}, dt}, {y.raw_data(), {n}, dt}, {mask.raw_data(), {n}, dt}};
+      const AttrBlob attrs = AttrBlob::of(RandomAttrs{0.4, 0, seed, offset});
+      lookup_kernel(Op::Dropout, DeviceType::CPU)(
+          KernelArgs{std::span(views, 1), std::span(views + 1, 2), attrs});
+      const auto e = eager.to_vector<double>();
+      CHECK(y.to_vector<double>() == std::vector<double>(e.begin(), e.begin() + n));
+    }
+  }
+}
+
+TEST_CASE("pooling, batch_norm and dropout give the same bits at any thread count", "[pool_norm]") {
+  // Large enough that every kernel splits its work with 4 threads.
+  GeneratorState keep;
+  const Tensor x0 = rand({8, 16, 20, 20}, DType::Float32, Device::cpu(), -1, 1);
+  const Tensor xb0 = rand({4, 256, 8, 8}, DType::Float32, Device::cpu(), -1, 1);
+  const Tensor gamma0 = rand({256}, DType::Float32, Device::cpu(), 0.5, 2);
+  // Everything the ops give, forward and backward, on one thread count.
+  auto run = [&](int threads) {
+    const int before = num_threads();
+    set_num_threads(threads);
+    GeneratorState::gen().set_state(5, 0);
+    Tensor x = clone(x0).set_requires_grad();
+    Tensor xb = clone(xb0).set_requires_grad();
+    Tensor gamma = clone(gamma0).set_requires_grad();
+    Tensor beta = zeros({256}).set_requires_grad();
+    Tensor rm = zeros({256}), rv = ones({256});
+    std::vector<Tensor> outs = {
+        F::max_pool2d(x, 3, 2, 1), F::avg_pool2d(x, 3, 1, 1, false),
+        F::max_pool2d(x, 2),       F::avg_pool2d(x, 2),
+        F::dropout(x, 0.3),        F::batch_norm(xb, rm, rv, gamma, beta, true)};
+    Tensor loss;
+    for (const Tensor& o : outs) {
+      const Tensor s = F::sum(F::mul(o, o));
+      loss = loss.defined() ? F::add(loss, s) : s;
+    }
+    loss.backward();
+    outs.insert(outs.end(), {x.grad(), xb.grad(), gamma.grad(), beta.grad(), rm, rv});
+    set_num_threads(before);
+    return outs;
+  };
+  const std::vector<Tensor> one = run(1), many = run(4);
+  REQUIRE(one.size() == many.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("result " << i);
+    CHECK(one[i].to_vector<float>() == many[i].to_vector<float>());
+  }
+}
+
+// ---- Errors -------------------------------------------------------------------------------
+
+TEST_CASE("pooling, batch_norm and dropout reject bad arguments naming op, argument and shapes",
+          "[pool_norm]") {
+  const Tensor x4 = rand({2, 3, 4, 4});
+  CHECK_THROWS_WITH(F::max_pool2d(rand({2, 3, 4}), 2),
+                    Contains("max_pool2d") && Contains("4-D") && Contains("[2,3,4]"));
+  CHECK_THROWS_WITH(F::avg_pool2d(x4, 3, 1, 2), Contains("avg_pool2d") && Contains("padding 2x2") &&
+                                                    Contains("3x3") && Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(F::max_pool2d(x4, 5), Contains("max_pool2d") &&
+                                              Contains("kernel 5x5 is larger") &&
+                                              Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(F::max_pool2d(x4, Size2(2, 0)),
+                    Contains("max_pool2d") && Contains("kernel") && Contains("2x0"));
+  CHECK_THROWS_WITH(F::avg_pool2d(x4, 2, Size2(0)), Contains("avg_pool2d") && Contains("stride"));
+  CHECK_THROWS_WITH(F::max_pool2d(rand({1, 1, 0, 4}), 1),
+                    Contains("max_pool2d") && Contains("[1,1,0,4]"));
+  CHECK_THROWS_WITH(F::max_pool2d(full({2, 2, 2, 2}, 1, DType::Int32), 2),
+                    Contains("max_pool2d") && Contains("'x'") && Contains("int32"));
+  CHECK_THROWS_WITH(F::global_avg_pool2d(rand({2, 3})),
+                    Contains("global_avg_pool2d") && Contains("[2,3]"));
+
+  CHECK_THROWS_WITH(F::batch_norm(rand({2, 3, 4}), {}, {}, {}, {}, true),
+                    Contains("batch_norm") && Contains("[2,3,4]"));
+  CHECK_THROWS_WITH(F::batch_norm(x4, {}, {}, rand({4}), rand({4}), true),
+                    Contains("batch_norm") && Contains("gamma is [4]") && Contains("3 channels") &&
+                        Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(
+      F::batch_norm(x4, rand({2}), rand({3}), {}, {}, false),
+      Contains("batch_norm") && Contains("running_mean is [2]") && Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(F::batch_norm(x4, {}, {}, rand({3}, DType::Float64), rand({3}), true),
+                    Contains("batch_norm") && Contains("gamma") && Contains("float64"));
+  CHECK_THROWS_WITH(F::batch_norm(x4, {}, {}, rand({3}), {}, true),
+                    Contains("batch_norm") && Contains("gamma and beta"));
+  CHECK_THROWS_WITH(F::batch_norm(x4, rand({3}), {}, {}, {}, true),
+                    Contains("batch_norm") && Contains("running_mean and running_var"));
+  CHECK_THROWS_WITH(F::batch_norm(x4, {}, {}, {}, {}, false),
+                    Contains("batch_norm") && Contains("eval") && Contains("running_mean"));
+  CHECK_THROWS_WITH(F::batch_norm(rand({1, 3}), {}, {}, {}, {}, true),
+                    Contains("batch_norm") && Contains("more than one value") && Contains("[1,3]"));
+  auto bn = std::make_shared<nn::BatchNorm2d>(4);
+  CHECK_THROWS_WITH((*bn)(x4),
+                    Contains("batch_norm") && Contains("gamma is [4]") && Contains("3 channels"));
+
+  CHECK_THROWS_WITH(F::dropout(x4, 1.0), Contains("dropout") && Contains("ratio") &&
+                                             Contains("[0, 1)") && Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(F::dropout(x4, -0.1), Contains("dropout") && Contains("ratio"));
+  CHECK_THROWS_WITH(F::dropout(x4, std::nan(""), false), Contains("dropout") && Contains("ratio"));
+  CHECK_THROWS_WITH(nn::Dropout(1.5), Contains("Dropout") && Contains("ratio"));
+}
+
+TEST_CASE("pooling modules describe themselves", "[pool_norm]") {
+  CHECK(nn::MaxPool2d(2).describe() == "MaxPool2d(kernel 2x2, stride 2x2, padding 0x0)");
+  CHECK(nn::AvgPool2d(Size2(3, 2), Size2(1), Size2(1, 0)).describe() ==
+        "AvgPool2d(kernel 3x2, stride 1x1, padding 1x0)");
+  nn::MaxPool2d pool(2);
+  CHECK(pool(rand({1, 2, 5, 4})).shape() == Shape{1, 2, 2, 2});
+  nn::GlobalAvgPool2d gap;
+  CHECK(gap(rand({2, 3, 4, 4})).shape() == Shape{2, 3});
+}

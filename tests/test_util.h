@@ -1,0 +1,75 @@
+// Helpers shared by the tests: bitwise tensor comparison, parameter comparison, the message of
+// a thrown Error, and a scope that turns static graphs on.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+
+#include "encore/encore.h"
+
+namespace encore::testing {
+
+// "" when a and b hold the same bits; otherwise what differs (the first differing element).
+inline std::string bit_diff(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined())
+    return a.defined() == b.defined()
+               ? ""
+               : cat("one tensor is undefined: ", a.defined(), " vs ", b.defined());
+  if (!(a.shape() == b.shape())) return cat("shapes differ: ", a.shape(), " vs ", b.shape());
+  if (a.dtype() != b.dtype()) return cat("dtypes differ: ", a.dtype(), " vs ", b.dtype());
+  if (std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0) return "";
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (a.dtype() == DType::Float32) {
+      const float x = static_cast<const float*>(a.raw_data())[i];
+      const float y = static_cast<const float*>(b.raw_data())[i];
+      if (std::memcmp(&x, &y, sizeof x) != 0)
+        return cat("element ", i, " of ", n, " differs: ", x, " vs ", y);
+    } else if (a.dtype() == DType::Float64) {
+      const double x = static_cast<const double*>(a.raw_data())[i];
+      const double y = static_cast<const double*>(b.raw_data())[i];
+      if (std::memcmp(&x, &y, sizeof x) != 0)
+        return cat("element ", i, " of ", n, " differs: ", x, " vs ", y);
+    }
+  }
+  return "bytes differ";
+}
+
+// Compares every parameter (and its gradient) of two models of the same structure.
+inline void check_same_parameters(const nn::Module& a, const nn::Module& b,
+                                  const std::string& when) {
+  const auto pa = a.named_parameters();
+  const auto pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(when << ": parameter " << pa[i].first << " / " << pb[i].first);
+    CHECK(bit_diff(pa[i].second, pb[i].second) == "");
+    CHECK(bit_diff(pa[i].second.grad(), pb[i].second.grad()) == "");
+  }
+}
+
+// The message of the encore::Error `fn` throws ("" when it throws nothing).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Turns static graphs on for a test (ENCORE_STATIC=0 in the environment would turn them off).
+class StaticEnabled {
+ public:
+  explicit StaticEnabled(bool on = true) : previous_(set_static_enabled(on)) {}
+  ~StaticEnabled() { set_static_enabled(previous_); }
+  StaticEnabled(const StaticEnabled&) = delete;
+  StaticEnabled& operator=(const StaticEnabled&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace encore::testing
