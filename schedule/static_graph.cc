@@ -942,9 +942,14 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   allocate_escapes(p, *b, p.forward_escapes());
   p.bind(*b);
   p.run(*b, 0, p.forward_steps(), verify ? &snaps : nullptr);
-  for (int buf : p.mutated_external()) {
-    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
-    if (t != nullptr) t->impl()->storage->bump_version();
+  // In-place writes to bound tensors count as eager's do. A verified call's eager run already
+  // bumped their versions (its state restore does not), and the tensors it saved for backward
+  // were saved at those versions.
+  if (!verify) {
+    for (int buf : p.mutated_external()) {
+      const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+      if (t != nullptr) t->impl()->storage->bump_version();
+    }
   }
   // What the backward reads outside the arena stays alive, and must not change, until then.
   for (int buf : p.backward_reads()) {
