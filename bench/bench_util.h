@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "encore/encore.h"
@@ -57,6 +58,27 @@ inline bool check_replayed(benchmark::State& state, const StaticStats& s, int64_
                           (static_enabled() ? "" : " (static off: ENCORE_STATIC=0?)");
   state.SkipWithError(msg.c_str());
   return false;
+}
+
+// One training step: forward, softmax cross entropy, zero_grad, backward, optimizer update.
+template <typename Model, typename Opt>
+struct TrainStep {
+  std::shared_ptr<Model> model;
+  Opt opt;
+  Tensor operator()(const Tensor& x, const Tensor& labels) {
+    Tensor loss = F::softmax_cross_entropy((*model)(x), labels);
+    model->zero_grad();
+    loss.backward();
+    opt.step();
+    return loss;
+  }
+};
+
+// int32 labels 0, 7, 4, 1, ... ((i * 7) % 10).
+inline Tensor cyclic_labels(int64_t n) {
+  Tensor t = Tensor::empty({n}, DType::Int32);
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 10);
+  return t;
 }
 
 }  // namespace encore::bench

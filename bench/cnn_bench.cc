@@ -24,25 +24,6 @@ namespace {
 
 constexpr int kWarmupSteps = 3;
 
-template <typename Model, typename Opt>
-struct TrainStep {
-  std::shared_ptr<Model> model;
-  Opt opt;
-  Tensor operator()(const Tensor& x, const Tensor& labels) {
-    Tensor loss = F::softmax_cross_entropy((*model)(x), labels);
-    model->zero_grad();
-    loss.backward();
-    opt.step();
-    return loss;
-  }
-};
-
-Tensor cyclic_labels(int64_t n) {
-  Tensor t = Tensor::empty({n}, DType::Int32);
-  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 10);
-  return t;
-}
-
 void BM_SeedCnn(benchmark::State& state, bool static_on) {
   manual_seed(0);
   auto model = std::make_shared<models::SeedCnn>();

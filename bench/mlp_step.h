@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "bench/bench_util.h"
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 
@@ -19,23 +20,14 @@ class MlpStep {
  public:
   MlpStep(int64_t hidden, int64_t batch)
       : model_(seeded_mlp(hidden)),
-        opt_(model_->parameters()),
+        step_{model_, optim::Adam(model_->parameters())},
         x_(rand({batch, 784})),
-        labels_(Tensor::empty({batch}, DType::Int32)) {
-    int32_t* l = labels_.data<int32_t>();
-    for (int64_t i = 0; i < batch; ++i) l[i] = static_cast<int32_t>((i * 7) % 10);
-  }
+        labels_(cyclic_labels(batch)) {}
   MlpStep(const MlpStep&) = delete;
   MlpStep& operator=(const MlpStep&) = delete;
 
   // One eager step: forward, softmax cross entropy, zero_grad, backward, Adam update.
-  Tensor operator()(const Tensor& x, const Tensor& labels) {
-    Tensor loss = F::softmax_cross_entropy((*model_)(x), labels);
-    model_->zero_grad();
-    loss.backward();
-    opt_.step();
-    return loss;
-  }
+  Tensor operator()(const Tensor& x, const Tensor& labels) { return step_(x, labels); }
   // The same step on the fixed input and labels.
   Tensor run() { return (*this)(x_, labels_); }
 
@@ -56,7 +48,7 @@ class MlpStep {
   }
 
   std::shared_ptr<nn::Sequential> model_;
-  optim::Adam opt_;
+  TrainStep<nn::Sequential, optim::Adam> step_;
   Tensor x_, labels_;
 };
 

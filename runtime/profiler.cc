@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_set.h"
 #include "runtime/dispatcher.h"
 #include "runtime/error.h"
 
@@ -206,17 +205,6 @@ std::string_view span_kind_name(SpanKind k) {
       return "user";
   }
   return "?";
-}
-
-std::string_view intern(std::string_view s) {
-  // Node-based: a string never moves once inserted. Never freed: events outlive everything.
-  static std::mutex* mu = new std::mutex();
-  static auto* strings = new absl::node_hash_set<std::string>();
-  std::lock_guard<std::mutex> l(*mu);
-  const absl::string_view key(s.data(), s.size());
-  auto it = strings->find(key);
-  if (it == strings->end()) it = strings->emplace(s).first;
-  return *it;
 }
 
 std::string shapes_text(std::span<const Tensor> in, std::span<const Tensor> out) {

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/intern.h"
 #include "runtime/ops.h"
 
 namespace encore {
@@ -124,9 +125,6 @@ void start_session(const Options& options);
 Recorded stop_session();
 // Whether the session records operand shapes (Options::record_shapes).
 bool recording_shapes();
-
-// A copy of `s` that lives as long as the process (names and arguments of events).
-std::string_view intern(std::string_view s);
 
 // "float32[8], float32[8] -> float32[8]"
 std::string shapes_text(std::span<const Tensor> in, std::span<const Tensor> out);

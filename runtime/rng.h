@@ -34,8 +34,15 @@ class Generator {
   struct Stream {
     uint64_t seed;
     uint64_t offset;
+    bool operator==(const Stream&) const = default;
   };
-  // Restores a state read with seed() and offset().
+  // The seed and the offset of the next number, read together.
+  Stream state() {
+    std::lock_guard<std::mutex> l(mu_);
+    return {seed_, offset_};
+  }
+  // Restores a state read with state() (or seed() and offset()).
+  void set_state(Stream s) { set_state(s.seed, s.offset); }
   void set_state(uint64_t seed, uint64_t offset) {
     std::lock_guard<std::mutex> l(mu_);
     seed_ = seed;

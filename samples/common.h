@@ -187,4 +187,12 @@ inline std::string kib(int64_t bytes) {
   return buf;
 }
 
+// One line per cache entry of a static function: its signature and memory plan.
+inline void print_entries(const StaticStats& st) {
+  for (const EntryReport& e : st.cache)
+    std::printf("  entry %s: arena %s (lower bound %s, naive %s)\n", e.signature.c_str(),
+                kib(e.arena_bytes).c_str(), kib(e.lower_bound_bytes).c_str(),
+                kib(e.naive_bytes).c_str());
+}
+
 }  // namespace encore::samples

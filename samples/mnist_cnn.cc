@@ -111,10 +111,7 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
           static_cast<long long>(st.calls), static_cast<long long>(st.traces),
           static_cast<long long>(st.traces > 0 ? st.traces - 1 : 0),
           static_cast<long long>(st.hits));
-      for (const EntryReport& e : st.cache)
-        std::printf("  entry %s: arena %s (lower bound %s, naive %s)\n", e.signature.c_str(),
-                    samples::kib(e.arena_bytes).c_str(), samples::kib(e.lower_bound_bytes).c_str(),
-                    samples::kib(e.naive_bytes).c_str());
+      samples::print_entries(st);
     }
   }
   if (verbose)

@@ -68,10 +68,7 @@ int main(int argc, char** argv) {
       std::printf("\ntrain_step: %lld calls, %lld traces, %lld replays\n",
                   static_cast<long long>(st.calls), static_cast<long long>(st.traces),
                   static_cast<long long>(st.hits));
-      for (const EntryReport& e : st.cache)
-        std::printf("  entry %s: arena %s (lower bound %s, naive %s)\n", e.signature.c_str(),
-                    samples::kib(e.arena_bytes).c_str(), samples::kib(e.lower_bound_bytes).c_str(),
-                    samples::kib(e.naive_bytes).c_str());
+      samples::print_entries(st);
     }
     const AllocatorStats s = allocator_for(Device::cpu()).stats();
     std::printf("cpu allocator: peak %.2f MiB, %lld allocations, %lld from the system\n",

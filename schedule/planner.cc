@@ -354,9 +354,9 @@ void Plan::run_steps(Block& b, int begin, int end,
       profile_args_.reserve(steps_.size());
       for (const ExecStep& s : steps_) {
         const BufferView* sv = view_template_.data() + s.view;
-        profile_args_.push_back(profiler::intern(
-            profiler::shapes_text(std::span<const BufferView>(sv, s.n_in),
-                                  std::span<const BufferView>(sv + s.n_in, s.n_out))));
+        profile_args_.push_back(
+            intern(profiler::shapes_text(std::span<const BufferView>(sv, s.n_in),
+                                         std::span<const BufferView>(sv + s.n_in, s.n_out))));
       }
     }
     t = profiler::ticks();

@@ -8,7 +8,6 @@
 #include <list>
 #include <map>
 #include <mutex>
-#include <set>
 
 #include "runtime/autograd.h"
 #include "runtime/profiler.h"
@@ -41,13 +40,6 @@ int env_verify_every() {
 std::mutex g_mu;
 LogSink g_sink;
 std::vector<StaticGraph*> g_registry;
-std::set<std::string>* g_names = new std::set<std::string>();  // never freed: nodes refer to them
-
-// A copy of `name` that lives as long as the process (an autograd node's label).
-std::string_view intern(const std::string& name) {
-  std::lock_guard<std::mutex> l(g_mu);
-  return *g_names->insert(name).first;
-}
 
 void log_line(const std::string& line) {
   LogSink sink;
@@ -242,12 +234,14 @@ struct Entry {
 };
 
 // The name of a span of entry `e` (made while profiling only: interned names are never freed).
-std::string_view span_name(Entry& e, profiler::SpanKind kind) {
+std::string_view span_name(std::string_view name, int64_t id, profiler::SpanKind kind) {
   static constexpr const char* kWhat[] = {"forward replay", "backward replay", "trace",
                                           "trace backward"};
+  return intern(cat(name, " [entry ", id, "] ", kWhat[static_cast<int>(kind)]));
+}
+std::string_view span_name(Entry& e, profiler::SpanKind kind) {
   std::string_view& n = e.span_names[static_cast<int>(kind)];
-  if (n.empty())
-    n = profiler::intern(cat(e.name, " [entry ", e.id, "] ", kWhat[static_cast<int>(kind)]));
+  if (n.empty()) n = span_name(e.name, e.id, kind);
   return n;
 }
 
@@ -510,9 +504,8 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   {
     profiler::ScopedSpan span({}, profiler::SpanKind::Trace);
     if (span.recording()) {
-      span.set_name(profiler::intern(cat(g.config_.name, " [entry ", stats.traces + 1, "] trace")));
-      span.set_args(
-          profiler::intern(cat("reason: ", reason, "; signature: ", describe(sig, g.config_))));
+      span.set_name(span_name(g.config_.name, stats.traces + 1, profiler::SpanKind::Trace));
+      span.set_args(intern(cat("reason: ", reason, "; signature: ", describe(sig, g.config_))));
     }
     e = trace(args, std::move(sig), results);
   }
@@ -894,14 +887,14 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
     if (t.defined()) grads.emplace_back(t, t.impl()->grad);
   }
   Generator& gen = default_generator(Device::cpu());
-  const uint64_t seed = gen.seed(), offset = gen.offset();
+  const Generator::Stream gen_state = gen.state();
 
   auto vs = std::make_unique<VerifyState>();
   vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
   for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
   for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
-  gen.set_state(seed, offset);
+  gen.set_state(gen_state);
   std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
   return vs;
 }
@@ -912,10 +905,9 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   if (span.recording()) {
     span.set_name(span_name(*e, profiler::SpanKind::ForwardReplay));
     if (e->span_args.empty())
-      e->span_args =
-          profiler::intern(cat("signature: ", describe(e->sig, g.config_), "; arena bytes ",
-                               e->plan->memory().arena_bytes, "; steps ", e->plan->forward_steps(),
-                               " forward, ", e->plan->backward_steps(), " backward"));
+      e->span_args = intern(cat("signature: ", describe(e->sig, g.config_), "; arena bytes ",
+                                e->plan->memory().arena_bytes, "; steps ", e->plan->forward_steps(),
+                                " forward, ", e->plan->backward_steps(), " backward"));
     span.set_args(e->span_args);
   }
   const bool verify = verify_every > 0 && e->hits % verify_every == 0;

@@ -1,13 +1,13 @@
 // conv2d through the op harness (both CPU algorithms), nn::Conv2d, and argument errors.
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "encore/functions.h"
 #include "encore/nn.h"
+#include "kernels/cpu/conv.h"
 #include "op_harness.h"
 #include "runtime/parallel.h"
 
@@ -54,15 +54,11 @@ RefTensor ref_conv2d(const RefTensor& x, const RefTensor& w, const RefTensor* b,
   return y;
 }
 
-std::string size2_str(Size2 s) {
-  return absl::StrCat(s.h, "x", s.w);
-}
-
 OpCase conv_case(const ConvSpec& p) {
   std::string name =
       absl::StrCat("conv2d x ", dims_str(p.x), " w ", dims_str(p.w), p.bias ? " bias" : "",
-                   " stride ", size2_str(p.stride), " padding ", size2_str(p.padding), " dilation ",
-                   size2_str(p.dilation), " groups ", p.groups);
+                   " stride ", p.stride.str(), " padding ", p.padding.str(), " dilation ",
+                   p.dilation.str(), " groups ", p.groups);
   std::vector<InputSpec> inputs = {floating(p.x), floating(p.w)};
   if (p.bias) inputs.push_back(floating({p.w[0]}));
   return {name, inputs,
@@ -106,20 +102,12 @@ std::vector<ConvSpec> conv_specs() {
   };
 }
 
-// Runs `body` with ENCORE_CONV_IM2COL set to `value` (null: unset), restoring it afterwards.
+// Runs `body` with im2col + GEMM forced (or not), restoring the setting afterwards.
 template <typename Body>
-void with_im2col_env(const char* value, Body body) {
-  const char* old = std::getenv("ENCORE_CONV_IM2COL");
-  const std::string saved = old != nullptr ? old : "";
-  if (value != nullptr)
-    setenv("ENCORE_CONV_IM2COL", value, 1);
-  else
-    unsetenv("ENCORE_CONV_IM2COL");
+void with_im2col(bool on, Body body) {
+  const bool old = kernels::cpu::set_conv_im2col(on);
   body();
-  if (old != nullptr)
-    setenv("ENCORE_CONV_IM2COL", saved.c_str(), 1);
-  else
-    unsetenv("ENCORE_CONV_IM2COL");
+  kernels::cpu::set_conv_im2col(old);
 }
 
 Tensor leaf(const Shape& s, DType dt = DType::Float32) {
@@ -134,10 +122,10 @@ TEST_CASE("conv2d matches a plain-loop reference, gradients included", "[conv]")
   std::vector<OpCase> cases;
   for (const ConvSpec& p : conv_specs()) cases.push_back(conv_case(p));
   SECTION("default algorithm choice") {
-    with_im2col_env(nullptr, [&] { check_ops(cases); });
+    with_im2col(false, [&] { check_ops(cases); });
   }
   SECTION("im2col + GEMM forced") {
-    with_im2col_env("1", [&] { check_ops(cases); });
+    with_im2col(true, [&] { check_ops(cases); });
   }
 }
 
@@ -154,8 +142,8 @@ TEST_CASE("conv2d of a known input", "[conv]") {
 }
 
 TEST_CASE("conv2d over an empty batch", "[conv]") {
-  for (const char* env : {static_cast<const char*>(nullptr), "1"}) {
-    with_im2col_env(env, [&] {
+  for (bool im2col : {false, true}) {
+    with_im2col(im2col, [&] {
       Tensor x = leaf({0, 2, 5, 5});
       Tensor w = leaf({3, 2, 3, 3});
       Tensor b = leaf({3});

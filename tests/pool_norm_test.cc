@@ -121,12 +121,12 @@ OpCase avg_case(Dims shape, Size2 k, std::optional<Size2> s, Size2 p, bool inclu
 // Restores the cpu generator's state when the test ends (other tests seed it themselves).
 class GeneratorState {
  public:
-  GeneratorState() : seed_(gen().seed()), offset_(gen().offset()) {}
-  ~GeneratorState() { gen().set_state(seed_, offset_); }
+  GeneratorState() : saved_(gen().state()) {}
+  ~GeneratorState() { gen().set_state(saved_); }
   static Generator& gen() { return default_generator(Device::cpu()); }
 
  private:
-  uint64_t seed_, offset_;
+  Generator::Stream saved_;
 };
 
 int64_t count_zeros(const Tensor& t) {

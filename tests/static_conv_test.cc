@@ -45,13 +45,11 @@ struct StaticBnNet : BnNet {
   ENCORE_STATIC_GRAPH({.name = "bn_net", .arg_names = {"x"}});
 };
 
+// The CPU generator's position, saved before one run and restored before the other.
 struct GeneratorState {
-  uint64_t seed, offset;
-  static GeneratorState now() {
-    Generator& g = default_generator(Device::cpu());
-    return {g.seed(), g.offset()};
-  }
-  void restore() const { default_generator(Device::cpu()).set_state(seed, offset); }
+  Generator::Stream s;
+  static GeneratorState now() { return {default_generator(Device::cpu()).state()}; }
+  void restore() const { default_generator(Device::cpu()).set_state(s); }
   bool operator==(const GeneratorState&) const = default;
 };
 

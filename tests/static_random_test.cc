@@ -1309,8 +1309,8 @@ struct GenState {
 };
 
 GenState gen_state() {
-  Generator& g = default_generator(Device::cpu());
-  return {g.seed(), g.offset()};
+  const Generator::Stream s = default_generator(Device::cpu()).state();
+  return {s.seed, s.offset};
 }
 
 void set_gen_state(const GenState& s) {

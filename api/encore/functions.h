@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/autograd.h"
@@ -62,6 +63,7 @@ struct Size2 {
   Size2(int both) : h(both), w(both) {}  // NOLINT: implicit, so conv2d(x, w, b, 2, 1) reads well
   Size2(int height, int width) : h(height), w(width) {}
   bool operator==(const Size2&) const = default;
+  std::string str() const { return std::to_string(h) + "x" + std::to_string(w); }  // "3x1"
 };
 
 namespace functions {

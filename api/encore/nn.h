@@ -204,30 +204,33 @@ class Dropout : public Module {
   double ratio_;
 };
 
-class MaxPool2d : public Module {
- public:
-  explicit MaxPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
+// The window of a pooling module: kernel, stride (the kernel's by default) and padding.
+class Pool2d : public Module {
+ protected:
+  Pool2d(Size2 kernel, std::optional<Size2> stride, Size2 padding)
       : kernel_(kernel), stride_(stride), padding_(padding) {}
-  Tensor forward(const Tensor& x) override { return F::max_pool2d(x, kernel_, stride_, padding_); }
-  std::string describe() const override;
+  // "<name>(kernel 2x2, stride 2x2, padding 0x0)"
+  std::string describe_as(const char* name) const;
 
- private:
   Size2 kernel_;
   std::optional<Size2> stride_;
   Size2 padding_;
 };
 
-class AvgPool2d : public Module {
+class MaxPool2d : public Pool2d {
+ public:
+  explicit MaxPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
+      : Pool2d(kernel, stride, padding) {}
+  Tensor forward(const Tensor& x) override { return F::max_pool2d(x, kernel_, stride_, padding_); }
+  std::string describe() const override { return describe_as("MaxPool2d"); }
+};
+
+class AvgPool2d : public Pool2d {
  public:
   explicit AvgPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
-      : kernel_(kernel), stride_(stride), padding_(padding) {}
+      : Pool2d(kernel, stride, padding) {}
   Tensor forward(const Tensor& x) override { return F::avg_pool2d(x, kernel_, stride_, padding_); }
-  std::string describe() const override;
-
- private:
-  Size2 kernel_;
-  std::optional<Size2> stride_;
-  Size2 padding_;
+  std::string describe() const override { return describe_as("AvgPool2d"); }
 };
 
 // [N,C,H,W] -> [N,C].

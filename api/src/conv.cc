@@ -30,10 +30,6 @@ const bool kRegistered = [] {
   return true;
 }();
 
-std::string size2_str(Size2 s) {
-  return cat(s.h, "x", s.w);
-}
-
 }  // namespace
 
 namespace functions {
@@ -51,12 +47,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   ENCORE_CHECK(weight.size(0) > 0 && weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
                "conv2d: weight ", weight.shape(), " has an empty dimension (x is ", x.shape(), ")");
   ENCORE_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups, shapes());
-  ENCORE_CHECK(stride.h > 0 && stride.w > 0, "conv2d: stride must be positive, got ",
-               size2_str(stride), shapes());
+  ENCORE_CHECK(stride.h > 0 && stride.w > 0, "conv2d: stride must be positive, got ", stride.str(),
+               shapes());
   ENCORE_CHECK(dilation.h > 0 && dilation.w > 0, "conv2d: dilation must be positive, got ",
-               size2_str(dilation), shapes());
+               dilation.str(), shapes());
   ENCORE_CHECK(padding.h >= 0 && padding.w >= 0, "conv2d: padding must be non-negative, got ",
-               size2_str(padding), shapes());
+               padding.str(), shapes());
   const int64_t out_channels = weight.size(0);
   ENCORE_CHECK(out_channels % groups == 0, "conv2d: weight ", weight.shape(), " has ", out_channels,
                " output channels, not divisible by groups ", groups, " (x is ", x.shape(), ")");
@@ -68,17 +64,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   const int64_t padded_h = x.size(2) + 2 * static_cast<int64_t>(padding.h);
   const int64_t padded_w = x.size(3) + 2 * static_cast<int64_t>(padding.w);
   ENCORE_CHECK(extent_h <= padded_h && extent_w <= padded_w, "conv2d: the kernel ", weight.size(2),
-               "x", weight.size(3), " (dilation ", size2_str(dilation), ": ", extent_h, "x",
-               extent_w, ") is larger than the padded input ", padded_h, "x", padded_w, shapes());
+               "x", weight.size(3), " (dilation ", dilation.str(), ": ", extent_h, "x", extent_w,
+               ") is larger than the padded input ", padded_h, "x", padded_w, shapes());
   const Shape out_shape{x.size(0), out_channels, (padded_h - extent_h) / stride.h + 1,
                         (padded_w - extent_w) / stride.w + 1};
   Conv2dAttrs attrs;
-  attrs.stride[0] = stride.h;
-  attrs.stride[1] = stride.w;
-  attrs.padding[0] = padding.h;
-  attrs.padding[1] = padding.w;
-  attrs.dilation[0] = dilation.h;
-  attrs.dilation[1] = dilation.w;
+  detail::set_pair(attrs.stride, stride);
+  detail::set_pair(attrs.padding, padding);
+  detail::set_pair(attrs.dilation, dilation);
   attrs.groups = groups;
   if (!bias.defined())
     return call1(Op::Conv2d, {x, weight}, out_shape, x.dtype(), AttrBlob::of(attrs));
@@ -98,8 +91,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Conv2dOp
     : options_(options) {
   ENCORE_CHECK(in_channels > 0 && out_channels > 0, "Conv2d: channels must be positive, got ",
                in_channels, " -> ", out_channels);
-  ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, "Conv2d: kernel must be positive, got ",
-               size2_str(kernel));
+  ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, "Conv2d: kernel must be positive, got ", kernel.str());
   ENCORE_CHECK(
       options.groups > 0 && in_channels % options.groups == 0 && out_channels % options.groups == 0,
       "Conv2d: groups ", options.groups, " must be positive and divide both ", in_channels,
@@ -123,9 +115,9 @@ std::string Conv2d::describe() const {
   const Conv2dOptions& o = options_;
   std::string s = cat("Conv2d(", weight.size(1) * o.groups, " -> ", weight.size(0), ", kernel ",
                       weight.size(2), "x", weight.size(3));
-  if (o.stride != Size2(1)) s += cat(", stride ", size2_str(o.stride));
-  if (o.padding != Size2(0)) s += cat(", padding ", size2_str(o.padding));
-  if (o.dilation != Size2(1)) s += cat(", dilation ", size2_str(o.dilation));
+  if (o.stride != Size2(1)) s += cat(", stride ", o.stride.str());
+  if (o.padding != Size2(0)) s += cat(", padding ", o.padding.str());
+  if (o.dilation != Size2(1)) s += cat(", dilation ", o.dilation.str());
   if (o.groups != 1) s += cat(", groups ", o.groups);
   if (!bias.defined()) s += ", no bias";
   return s + ")";

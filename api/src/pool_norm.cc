@@ -11,10 +11,6 @@ using detail::check_floating;
 
 namespace {
 
-std::string size2_str(Size2 s) {
-  return cat(s.h, "x", s.w);
-}
-
 // ---- Pooling ------------------------------------------------------------------------------
 
 void max_pool2d_backward(BackwardContext& c) {
@@ -35,28 +31,25 @@ Pool2dAttrs pool_attrs(const char* op, const Tensor& x, Size2 kernel, std::optio
   check_floating(op, "x", x);
   ENCORE_CHECK(x.rank() == 4, op, ": x must be 4-D [N,C,H,W], it is ", x.shape());
   const Size2 st = stride.value_or(kernel);
-  ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, op, ": kernel must be positive, it is ",
-               size2_str(kernel), " (x is ", x.shape(), ")");
-  ENCORE_CHECK(st.h > 0 && st.w > 0, op, ": stride must be positive, it is ", size2_str(st),
+  ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, op, ": kernel must be positive, it is ", kernel.str(),
                " (x is ", x.shape(), ")");
+  ENCORE_CHECK(st.h > 0 && st.w > 0, op, ": stride must be positive, it is ", st.str(), " (x is ",
+               x.shape(), ")");
   ENCORE_CHECK(
       padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel.h && 2 * padding.w <= kernel.w,
-      op, ": padding ", size2_str(padding), " must be between 0 and half the kernel ",
-      size2_str(kernel), " (x is ", x.shape(), ")");
+      op, ": padding ", padding.str(), " must be between 0 and half the kernel ", kernel.str(),
+      " (x is ", x.shape(), ")");
   const int64_t h = x.size(2), w = x.size(3);
   ENCORE_CHECK(h > 0 && w > 0, op, ": x ", x.shape(), " has no elements in height or width");
   ENCORE_CHECK(h + 2 * padding.h >= kernel.h && w + 2 * padding.w >= kernel.w, op, ": kernel ",
-               size2_str(kernel), " is larger than the padded input: x is ", x.shape(),
-               ", padding ", size2_str(padding));
+               kernel.str(), " is larger than the padded input: x is ", x.shape(), ", padding ",
+               padding.str());
   out = Shape{x.size(0), x.size(1), (h + 2 * padding.h - kernel.h) / st.h + 1,
               (w + 2 * padding.w - kernel.w) / st.w + 1};
   Pool2dAttrs a;
-  a.kernel[0] = kernel.h;
-  a.kernel[1] = kernel.w;
-  a.stride[0] = st.h;
-  a.stride[1] = st.w;
-  a.padding[0] = padding.h;
-  a.padding[1] = padding.w;
+  detail::set_pair(a.kernel, kernel);
+  detail::set_pair(a.stride, st);
+  detail::set_pair(a.padding, padding);
   a.count_include_pad = count_include_pad;
   return a;
 }
@@ -265,14 +258,9 @@ std::string Dropout::describe() const {
   return cat("Dropout(", ratio_, ")");
 }
 
-std::string MaxPool2d::describe() const {
-  return cat("MaxPool2d(kernel ", size2_str(kernel_), ", stride ",
-             size2_str(stride_.value_or(kernel_)), ", padding ", size2_str(padding_), ")");
-}
-
-std::string AvgPool2d::describe() const {
-  return cat("AvgPool2d(kernel ", size2_str(kernel_), ", stride ",
-             size2_str(stride_.value_or(kernel_)), ", padding ", size2_str(padding_), ")");
+std::string Pool2d::describe_as(const char* name) const {
+  return cat(name, "(kernel ", kernel_.str(), ", stride ", stride_.value_or(kernel_).str(),
+             ", padding ", padding_.str(), ")");
 }
 
 }  // namespace nn

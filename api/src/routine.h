@@ -31,6 +31,12 @@ inline Tensor call1(Op op, std::initializer_list<Tensor> in, const Shape& shape,
   return out;
 }
 
+// Writes a height and width into an attribute pair ([0] height, [1] width).
+inline void set_pair(int32_t (&dst)[2], Size2 s) {
+  dst[0] = s.h;
+  dst[1] = s.w;
+}
+
 // Drops (set_to_none) or zeroes the gradients of `params` (Module and Optimizer zero_grad).
 void zero_grads(std::span<const Tensor> params, bool set_to_none);
 

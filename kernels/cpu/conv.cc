@@ -13,20 +13,21 @@
 // - im2col + OpenBLAS GEMM for other strides, for 1x1 unpadded stride-1 convolutions (the input
 //   is its own im2col: a plain GEMM, faster than the shifted tiles), and for weight gradients
 //   with many taps on small images (see use_shifted_grad_weight).
-// ENCORE_CONV_IM2COL=1 forces the second algorithm.
+// ENCORE_CONV_IM2COL=1 (or set_conv_im2col(true), kernels/cpu/conv.h) forces the second
+// algorithm.
 //
 // The shifted path splits images across threads (forward, input gradient) or the weight
 // gradient's tiles (each tile sums fixed chunks of images in order): each output element is
 // computed by one thread in a fixed order, so results are the same at any thread count.
-#include <cblas.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <new>
 
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernel.h"
 #include "runtime/parallel.h"
 
@@ -71,10 +72,14 @@ Geometry geometry(const Shape& x, const Shape& w, const Shape& y, const Conv2dAt
   return g;
 }
 
-// Read at every call (cheap next to a convolution), so a program can compare the paths.
-bool force_im2col() {
+// kernels/cpu/conv.h: read once from the environment, then set by set_conv_im2col().
+std::atomic<bool> g_force_im2col{[] {
   const char* v = std::getenv("ENCORE_CONV_IM2COL");
   return v != nullptr && v[0] != '\0' && v[0] != '0';
+}()};
+
+bool force_im2col() {
+  return g_force_im2col.load(std::memory_order_relaxed);
 }
 
 // ---- Scratch memory: per thread, growing, never shrinking ---------------------------------
@@ -452,26 +457,8 @@ void shifted_grad_weight(const Geometry& g, const T* x, const T* gy, T* gw) {
 
 // ---- im2col + GEMM ---------------------------------------------------------------------------
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
-
-void check_blas_sizes(Op op, const Geometry& g) {
-  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
-  for (int64_t v : {g.pixels(), g.taps(), g.og})
-    ENCORE_CHECK(v <= kMax, op_name(op), ": dimension ", v, " is too large for cblas (at most ",
-                 kMax, ")");
+void check_gemm_sizes(Op op, const Geometry& g) {
+  check_blas_sizes(op, {g.pixels(), g.taps(), g.og});
 }
 
 // The output columns c with 0 <= c s - p + j d < size: [lo, hi).
@@ -600,7 +587,7 @@ void conv2d_kernel(const KernelArgs& args) {
     if (y.numel() == 0) return;
     const T* pb = bias != nullptr ? bias->as<T>() : nullptr;
     if (use_shifted(g)) return shifted_forward(g, x.as<T>(), w.as<T>(), pb, y.as<T>());
-    check_blas_sizes(Op::Conv2d, g);
+    check_gemm_sizes(Op::Conv2d, g);
     gemm_forward(g, x.as<T>(), w.as<T>(), pb, y.as<T>());
   });
 }
@@ -612,7 +599,7 @@ void conv2d_grad_input_kernel(const KernelArgs& args) {
   switch_floating(gx.dtype, Op::Conv2dGradInput, [&]<typename T>(Type<T>) {
     if (gx.numel() == 0) return;
     if (use_shifted(g)) return shifted_grad_input(g, gy.as<T>(), w.as<T>(), gx.as<T>());
-    check_blas_sizes(Op::Conv2dGradInput, g);
+    check_gemm_sizes(Op::Conv2dGradInput, g);
     gemm_grad_input(g, gy.as<T>(), w.as<T>(), gx.as<T>());
   });
 }
@@ -625,7 +612,7 @@ void conv2d_grad_weight_kernel(const KernelArgs& args) {
     if (gw.numel() == 0) return;
     if (use_shifted_grad_weight(g))
       return shifted_grad_weight(g, x.as<T>(), gy.as<T>(), gw.as<T>());
-    check_blas_sizes(Op::Conv2dGradWeight, g);
+    check_gemm_sizes(Op::Conv2dGradWeight, g);
     gemm_grad_weight(g, x.as<T>(), gy.as<T>(), gw.as<T>());
   });
 }
@@ -638,4 +625,9 @@ void conv2d_grad_weight_kernel(const KernelArgs& args) {
 }();
 
 }  // namespace
+
+bool set_conv_im2col(bool on) {
+  return g_force_im2col.exchange(on);
+}
+
 }  // namespace encore::kernels::cpu

@@ -1,11 +1,9 @@
 // Matmul and linear through cblas (OpenBLAS), row-major.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
 
 namespace encore::kernels::cpu {
@@ -16,25 +14,11 @@ struct Gemm {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
 
-  void run(const float* a, const float* b, float* c, float beta) const {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n), blas_int(k), 1.0f, a,
-                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
+  template <typename T>
+  void run(const T* a, const T* b, T* c, T beta) const {
+    gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
-  void run(const double* a, const double* b, double* c, double beta) const {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n), blas_int(k), 1.0, a,
-                blas_int(lda), b, blas_int(ldb), beta, c, blas_int(ldc));
-  }
-  static blasint blas_int(int64_t v) { return static_cast<blasint>(v); }
-
-  // Fails unless every size fits cblas's integer type.
-  void check(Op op) const {
-    for (int64_t v : {m, n, k, lda, ldb, ldc})
-      ENCORE_CHECK(v <= static_cast<int64_t>(std::numeric_limits<blasint>::max()), op_name(op),
-                   ": dimension ", v, " is too large for cblas (at most ",
-                   std::numeric_limits<blasint>::max(), ")");
-  }
+  void check(Op op) const { check_blas_sizes(op, {m, n, k, lda, ldb, ldc}); }
 };
 
 // out [M,N] or [B,M,N] = op(a) op(b); a and b are 2-D (shared by every batch) or 3-D. The
