@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/dispatcher.h"
@@ -136,5 +137,9 @@ class Plan {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Block*> free_;
 };
+
+// A Graphviz string literal: `s` in double quotes, with quotes, backslashes and newlines
+// escaped (the schedule dump's labels).
+std::string dot_quote(std::string_view s);
 
 }  // namespace encore::schedule

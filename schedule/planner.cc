@@ -409,21 +409,25 @@ std::string named(const std::vector<std::string>& names, int i, std::string_view
   return cat(what, " ", i);
 }
 
-std::string dot_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 std::string attrs_note(const Step& s) {
   if (op_has_scalar_attrs(s.op)) return cat("scalar ", s.attrs.as<ScalarAttrs>().value);
   return {};
 }
 
 }  // namespace
+
+std::string dot_quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
 
 int Plan::in_place_input(const Step& s, int out) const {
   const Operand& o = s.out[out];
@@ -538,8 +542,10 @@ std::string Plan::steps_dot(const Names& names, const std::string& prefix) const
     }
   }
   auto buffer_node = [&](int b, const char* indent) {
-    return cat(indent, prefix, "b", b, " [shape=ellipse, label=\"b", b, " ", seen[b]->dtype,
-               seen[b]->shape, "\\n", dot_escape(location(b, names)), "\"];\n");
+    return cat(
+        indent, prefix, "b", b, " [shape=ellipse, label=",
+        dot_quote(cat("b", b, " ", seen[b]->dtype, seen[b]->shape, "\n", location(b, names))),
+        "];\n");
   };
   std::string out, edges;
   for (int phase = 0; phase < 2; ++phase) {

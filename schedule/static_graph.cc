@@ -1063,19 +1063,6 @@ std::string memory_text(const Plan& p) {
              p.arena_blocks() == 1 ? " arena" : " arenas", " allocated");
 }
 
-std::string dot_quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 std::string StaticGraph::schedule_text() const {
