@@ -9,21 +9,12 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/random_util.h"
 #include "runtime/parallel.h"
 #include "runtime/rng.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-template <typename T>
-T unit_draw(const Philox4& w) {
-  if constexpr (sizeof(T) == 4) {
-    return static_cast<T>(w.v[0] >> 8) * T(0x1p-24);
-  } else {
-    const uint64_t bits = ((static_cast<uint64_t>(w.v[0]) << 32) | w.v[1]) >> 11;
-    return static_cast<T>(bits) * T(0x1p-53);
-  }
-}
 
 void dropout_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0], &mask = args.out[1];
@@ -39,7 +30,7 @@ void dropout_kernel(const KernelArgs& args) {
     parallel_for(x.numel(), kGrain, [=](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const T m =
-            unit_draw<T>(philox(seed, base + static_cast<uint64_t>(i))) >= ratio ? scale : T(0);
+            unit<T>(philox(seed, base + static_cast<uint64_t>(i)).v) >= ratio ? scale : T(0);
         pm[i] = m;
         py[i] = px[i] * m;
       }

@@ -15,24 +15,11 @@
 #include <numbers>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/random_util.h"
 #include "runtime/rng.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-// Uniform in [0, 1) from one (float) or two (double) words starting at w.
-template <typename T>
-T unit(const uint32_t* w) {
-  if constexpr (sizeof(T) == 4) {
-    return static_cast<T>(w[0] >> 8) * T(0x1p-24);
-  } else {
-    const uint64_t bits = ((static_cast<uint64_t>(w[0]) << 32) | w[1]) >> 11;
-    return static_cast<T>(bits) * T(0x1p-53);
-  }
-}
-
-template <typename T>
-constexpr T kUnitStep = sizeof(T) == 4 ? T(0x1p-24) : T(0x1p-53);
 
 void uniform_kernel(const KernelArgs& args) {
   const BufferView& t = args.in[0];
