@@ -1,5 +1,6 @@
 #include "runtime/allocator.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -22,9 +23,10 @@ size_t size_class(size_t bytes) {
   return (bytes + quarter - 1) / quarter * quarter;
 }
 
-class CpuCachingAllocator final : public Allocator {
+class CachingAllocator final : public Allocator {
  public:
-  ~CpuCachingAllocator() override { empty_cache(); }
+  explicit CachingAllocator(RawMemory raw) : raw_(std::move(raw)) {}
+  ~CachingAllocator() override { empty_cache(); }
 
   void* allocate(size_t bytes) override {
     const size_t cls = size_class(bytes);
@@ -41,15 +43,16 @@ class CpuCachingAllocator final : public Allocator {
       return p;
     }
     ++stats_.system_allocations;
-    void* p = std::aligned_alloc(64, cls);
+    void* p = raw_.raw_alloc(raw_.ctx, cls);
     if (p == nullptr) {
       release_cached_locked();
-      p = std::aligned_alloc(64, cls);
+      p = raw_.raw_alloc(raw_.ctx, cls);
     }
     if (p == nullptr) {
       stats_.bytes_in_use -= cls;
       --stats_.live_blocks;
-      fail("allocate: out of memory allocating ", bytes, " bytes on cpu");
+      fail("allocate: out of memory allocating ", bytes, " bytes on ", raw_.device, " (",
+           stats_.bytes_in_use, " bytes in use, peak ", stats_.peak_bytes, ")");
     }
     return p;
   }
@@ -80,37 +83,63 @@ class CpuCachingAllocator final : public Allocator {
  private:
   void release_cached_locked() {
     for (auto& [cls, blocks] : free_)
-      for (void* p : blocks) std::free(p);
+      for (void* p : blocks) raw_.raw_free(raw_.ctx, p);
     free_.clear();
     stats_.bytes_cached = 0;
   }
 
+  RawMemory raw_;
   mutable std::mutex mu_;
   AllocatorStats stats_;
   absl::flat_hash_map<size_t, std::vector<void*>> free_;
 };
 
-Allocator*& slot(DeviceType t) {
-  static Allocator* allocators[kNumDeviceTypes] = {};
-  return allocators[static_cast<int>(t)];
+constexpr int kMaxDeviceIndex = 64;
+
+struct Registry {
+  std::mutex mu;
+  Allocator* (*factory[kNumDeviceTypes])(int) = {};
+  std::atomic<Allocator*> made[kNumDeviceTypes][kMaxDeviceIndex] = {};
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
 }
 
 }  // namespace
 
+std::unique_ptr<Allocator> make_caching_allocator(RawMemory raw) {
+  return std::make_unique<CachingAllocator>(std::move(raw));
+}
+
 Allocator& allocator_for(Device d) {
   if (d.type == DeviceType::CPU) {
     // Never destroyed: tensors in static objects may outlive any destruction order.
-    static Allocator* cpu = new CpuCachingAllocator();
+    static Allocator* cpu =
+        make_caching_allocator({[](void*, size_t n) { return std::aligned_alloc(64, n); },
+                                [](void*, void* p) { std::free(p); }, nullptr, "cpu"})
+            .release();
     return *cpu;
   }
-  Allocator* a = slot(d.type);
-  ENCORE_CHECK(a != nullptr, "allocator: no backend for device ", d,
-               " (this build has no CUDA support)");
-  return *a;
+  ENCORE_CHECK(d.index >= 0 && d.index < kMaxDeviceIndex, "allocator: bad device index ", d);
+  Registry& r = registry();
+  const int t = static_cast<int>(d.type);
+  std::atomic<Allocator*>& slot = r.made[t][d.index];
+  if (Allocator* a = slot.load(std::memory_order_acquire)) [[likely]]
+    return *a;
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (slot.load(std::memory_order_relaxed) == nullptr) {
+    ENCORE_CHECK(r.factory[t] != nullptr, "allocator: no backend for device ", d,
+                 " (this build has no CUDA support)");
+    slot.store(r.factory[t](d.index), std::memory_order_release);
+  }
+  return *slot.load(std::memory_order_relaxed);
 }
 
-void register_allocator(DeviceType t, Allocator* a) {
-  slot(t) = a;
+void register_allocator_factory(DeviceType t, Allocator* (*make)(int index)) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factory[static_cast<int>(t)] = make;
 }
 
 }  // namespace encore

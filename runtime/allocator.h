@@ -1,5 +1,5 @@
-// Device allocators with statistics. The CPU allocator caches freed blocks by size class so a
-// training loop reaches a steady state with no calls into the system allocator.
+// Device allocators with statistics. Each caches freed blocks by size class so a training loop
+// reaches a steady state with no calls into the system allocator (or cudaMalloc).
 //
 //   auto before = encore::allocator_for(Device::cpu()).stats().bytes_in_use;
 //   ... // train
@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "runtime/device.h"
 
@@ -35,9 +37,22 @@ class Allocator {
   virtual void empty_cache() = 0;
 };
 
-// The allocator of a device. Throws Error for a device type without a backend.
+// The allocator of a device. Throws Error for a device without a backend.
 Allocator& allocator_for(Device d);
-// Installs the allocator of a device type (a backend does this once at start-up).
-void register_allocator(DeviceType t, Allocator* a);
+// Installs how a backend makes the allocator of each device of type `t` (once, at start-up);
+// allocator_for() calls `make` on a device's first use and keeps the result for the process.
+void register_allocator_factory(DeviceType t, Allocator* (*make)(int index));
+
+// A caching allocator over raw memory: freed blocks are kept by size class (64-byte multiples up
+// to 4 KiB, then four classes per power of two) so a training loop reaches a steady state with no
+// calls to `raw_alloc`. `raw_alloc` returns null when out of memory (the cache is then released
+// and the call retried once); `device` names the memory in errors.
+struct RawMemory {
+  void* (*raw_alloc)(void* ctx, size_t bytes) = nullptr;
+  void (*raw_free)(void* ctx, void* p) = nullptr;
+  void* ctx = nullptr;
+  std::string device;
+};
+std::unique_ptr<Allocator> make_caching_allocator(RawMemory raw);
 
 }  // namespace encore

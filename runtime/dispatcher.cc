@@ -1,5 +1,7 @@
 #include "runtime/dispatcher.h"
 
+#include "runtime/cuda.h"
+
 #include "absl/container/inlined_vector.h"
 #include "runtime/autograd.h"
 #include "runtime/profiler.h"
@@ -161,8 +163,9 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
     ENCORE_CHECK(inputs[i].defined(), traits.name, ": argument ", i, " is an undefined tensor");
   const Device device = inputs[0].device();
   for (size_t i = 1; i < inputs.size(); ++i)
-    ENCORE_CHECK(inputs[i].device() == device, traits.name, ": argument ", i, " is on ",
-                 inputs[i].device(), " but argument 0 is on ", device);
+    ENCORE_CHECK(inputs[i].device() == device, traits.name, ": argument ", i, " ",
+                 inputs[i].shape(), " is on ", inputs[i].device(), " but argument 0 ",
+                 inputs[0].shape(), " is on ", device, "; move them to one device with .to()");
   for (size_t i = 0; i < outputs.size(); ++i)
     ENCORE_CHECK(outputs[i].defined() && outputs[i].device() == device, traits.name, ": output ", i,
                  " is not allocated on ", device);
@@ -177,6 +180,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
 
   if (kind != OpKind::View) {
     KernelFn fn = lookup_kernel(op, device.type);
+    if (device.type == DeviceType::CUDA) cuda::set_device(device.index);
     absl::InlinedVector<BufferView, 8> views;
     views.reserve(inputs.size() + outputs.size());
     for (const Tensor& t : inputs) views.push_back({t.raw_data(), t.shape(), t.dtype()});

@@ -195,6 +195,10 @@ struct RandomAttrs {
   double b = 1;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // CUDA only, 0 elsewhere: the device address of a {seed, offset} pair the kernel reads instead
+  // of the two fields above, so a replay captured in a CUDA graph draws fresh numbers each launch
+  // (the plan writes the pair before the launch).
+  uint64_t state_ptr = 0;
 };
 
 struct SgdAttrs {  // SgdUpdate, MomentumSgdUpdate

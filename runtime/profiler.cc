@@ -364,4 +364,8 @@ void record_span(std::string_view name, SpanKind kind, int64_t start, std::strin
   b.events.push_back(std::move(e));
 }
 
+int64_t ticks_from_ns(int64_t ns) {
+  return static_cast<int64_t>(static_cast<double>(ns) / ns_per_tick(registry()));
+}
+
 }  // namespace encore::profiler

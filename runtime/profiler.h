@@ -141,6 +141,8 @@ struct StepTime {
   std::string_view args;       // interned shapes text (may be empty)
   int64_t start = 0, end = 0;  // ticks()
 };
+// A duration measured elsewhere (a device's clock) in ticks().
+int64_t ticks_from_ns(int64_t ns);
 // Records the steps of one replay loop at once (one lock per run, not per step).
 void record_steps(std::span<const StepTime> steps);
 // Records a span from `start` (ticks()) to now (`name` and `args` interned).

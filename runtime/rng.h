@@ -13,6 +13,13 @@
 
 #include "runtime/device.h"
 
+// Functions CUDA device code shares with the host (Philox, the uniform mapping).
+#ifdef __CUDACC__
+#define ENCORE_HOST_DEVICE __host__ __device__
+#else
+#define ENCORE_HOST_DEVICE
+#endif
+
 namespace encore {
 
 class Generator {
@@ -76,7 +83,7 @@ void manual_seed(uint64_t seed);
 struct Philox4 {
   uint32_t v[4];
 };
-inline Philox4 philox(uint64_t seed, uint64_t counter) {
+ENCORE_HOST_DEVICE inline Philox4 philox(uint64_t seed, uint64_t counter) {
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
   uint32_t c2 = 0, c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);

@@ -7,8 +7,9 @@ namespace {
 std::atomic<uint64_t> g_next_serial{1};
 }
 
-Storage::Storage(size_t nbytes, Device device)
-    : data_(allocator_for(device).allocate(nbytes)),
+Storage::Storage(size_t nbytes, Device device, Allocator* allocator)
+    : allocator_(allocator != nullptr ? allocator : &allocator_for(device)),
+      data_(allocator_->allocate(nbytes)),
       nbytes_(nbytes),
       device_(device),
       serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)) {}
@@ -18,7 +19,7 @@ uint64_t Storage::next_serial() {
 }
 
 Storage::~Storage() {
-  allocator_for(device_).deallocate(data_, nbytes_);
+  allocator_->deallocate(data_, nbytes_);
 }
 
 }  // namespace encore

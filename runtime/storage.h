@@ -12,13 +12,15 @@ namespace encore {
 
 class Storage final : public RefCounted {
  public:
-  // Allocates `nbytes` from the device's allocator.
-  Storage(size_t nbytes, Device device);
+  // Allocates `nbytes` from the device's allocator, or from `allocator` (memory on `device`, e.g.
+  // pinned host memory for a cpu tensor).
+  Storage(size_t nbytes, Device device, Allocator* allocator = nullptr);
   ~Storage() override;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  Allocator& allocator() const { return *allocator_; }
 
   // Incremented by every in-place write; autograd compares it with the value saved at
   // record time to detect a saved tensor modified before backward.
@@ -31,6 +33,7 @@ class Storage final : public RefCounted {
   static uint64_t next_serial();
 
  private:
+  Allocator* allocator_;
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "runtime/autograd.h"
+#include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 
 namespace encore {
@@ -90,12 +91,50 @@ void read_as(const Tensor& t, T* dst, int64_t n) {
   }
 }
 
-void check_host_readable(const Tensor& t, const char* what) {
+// t itself on the cpu; a device tensor's values copied to the host (waiting for its stream).
+Tensor host_values(const Tensor& t, const char* what) {
   ENCORE_CHECK(t.defined(), what, ": undefined tensor");
-  ENCORE_CHECK(t.device().type == DeviceType::CPU, what, ": tensor is on ", t.device(),
-               "; copy it to the cpu first");
+  if (t.device().type == DeviceType::CPU) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  cuda::copy_bytes(h.raw_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
+  return h;
 }
 }  // namespace
+
+Tensor Tensor::to(Device device, bool non_blocking) const {
+  const TensorImpl& i = checked();
+  if (device == this->device()) return *this;
+  ENCORE_CHECK(!i.requires_grad || !i.grad_fn, "to: copies across devices are not recorded by ",
+               "autograd, and this ", shape(), " tensor is the output of ", op_name(i.grad_fn->op),
+               "; call detach() first");
+  notify_host_access("to");
+  Tensor out = empty(shape(), dtype(), device);
+  cuda::copy_bytes(out.raw_data(), device, raw_data(), this->device(), nbytes(), non_blocking);
+  if (non_blocking && this->device().type == DeviceType::CPU && device.type == DeviceType::CUDA) {
+    // The copy reads the source later: keep its storage (whose block the caching allocator would
+    // hand out again) until the stream has passed it.
+    auto* keep = new IntrusivePtr<Storage>(i.storage);
+    cuda::call_after_stream(
+        device.index, [](void* p) { delete static_cast<IntrusivePtr<Storage>*>(p); }, keep);
+  }
+  out.impl_->requires_grad = i.requires_grad;
+  return out;
+}
+
+Tensor Tensor::pin_memory() const {
+  ENCORE_CHECK(device().type == DeviceType::CPU, "pin_memory: the tensor is on ", device(),
+               "; only cpu tensors can be pinned");
+  if (is_pinned()) return *this;
+  auto storage = make_intrusive<Storage>(nbytes(), Device::cpu(), &cuda::pinned_allocator());
+  Tensor out(make_intrusive<TensorImpl>(std::move(storage), 0, shape(), dtype()));
+  if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
+  return out;
+}
+
+bool Tensor::is_pinned() const {
+  return device().type == DeviceType::CPU && cuda::is_built() && cuda::is_available() &&
+         &checked().storage->allocator() == &cuda::pinned_allocator();
+}
 
 void Tensor::notify_host_access(const char* what) const {
   if (Tracer* tr = current_tracer()) tr->on_host_read(*this, what);
@@ -103,20 +142,20 @@ void Tensor::notify_host_access(const char* what) const {
 
 template <typename T>
 T Tensor::item() const {
-  check_host_readable(*this, "item");
-  notify_host_access("item");
+  ENCORE_CHECK(defined(), "item: undefined tensor");
   ENCORE_CHECK(numel() == 1, "item: tensor must have one element, it is ", shape());
+  notify_host_access("item");
   T v{};
-  read_as<T>(*this, &v, 1);
+  read_as<T>(host_values(*this, "item"), &v, 1);
   return v;
 }
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  check_host_readable(*this, "to_vector");
+  const Tensor h = host_values(*this, "to_vector");
   notify_host_access("to_vector");
   std::vector<T> out(numel());
-  read_as<T>(*this, out.data(), numel());
+  read_as<T>(h, out.data(), numel());
   return out;
 }
 
@@ -135,11 +174,11 @@ std::string Tensor::str() const {
 }
 
 std::string to_string(const Tensor& t, int max_elements) {
-  if (!t.defined() || t.device().type != DeviceType::CPU) return t.str();
+  if (!t.defined()) return t.str();
   std::string out = t.str() + " {";
   const int64_t n = std::min<int64_t>(t.numel(), max_elements);
   std::vector<double> v(n);
-  read_as<double>(t, v.data(), n);
+  read_as<double>(host_values(t, "to_string"), v.data(), n);
   for (int64_t i = 0; i < n; ++i) out += cat(i ? ", " : "", v[i]);
   if (n < t.numel()) out += ", ...";
   return out + "}";

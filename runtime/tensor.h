@@ -82,6 +82,18 @@ class Tensor {
   template <typename T>
   std::vector<T> to_vector() const;
 
+  // A copy on `device`, or this tensor when it is already there. Copies are not recorded by
+  // autograd: a leaf that requires grad gives a new leaf that requires grad (as model.to() needs),
+  // a non-leaf that requires grad is an Error (detach() it first). With `non_blocking` the copy
+  // is only queued on the CUDA side's current stream (the source must stay unchanged until the
+  // stream reaches it: pinned host memory, see pin_memory()); otherwise it is finished on return.
+  // Inside a traced static function this is a host access, like item().
+  Tensor to(Device device, bool non_blocking = false) const;
+  // A copy of a cpu tensor in page-locked memory, whose copies to a CUDA device can overlap with
+  // the device's work. Throws Error without a CUDA device.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
+
   // Autograd.
   bool requires_grad() const { return checked().requires_grad; }
   // Marks a leaf as needing a gradient; throws for a non-leaf or a non-floating tensor.

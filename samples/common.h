@@ -189,10 +189,12 @@ inline std::string kib(int64_t bytes) {
 
 // One line per cache entry of a static function: its signature and memory plan.
 inline void print_entries(const StaticStats& st) {
-  for (const EntryReport& e : st.cache)
+  for (const EntryReport& e : st.cache) {
     std::printf("  entry %s: arena %s (lower bound %s, naive %s)\n", e.signature.c_str(),
                 kib(e.arena_bytes).c_str(), kib(e.lower_bound_bytes).c_str(),
                 kib(e.naive_bytes).c_str());
+    if (const std::string g = e.graph_text(); !g.empty()) std::printf("    %s\n", g.c_str());
+  }
 }
 
 }  // namespace encore::samples

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "schedule/recording.h"
 
@@ -36,6 +37,13 @@ struct MemoryPlan {
   int64_t in_place_steps = 0;
 };
 
+// A schedule phase captured as a CUDA graph for one set of buffer addresses.
+struct CapturedGraph {
+  std::vector<void*> key;  // the addresses of the phase's non-arena views at capture
+  cuda::Graph graph;
+  uint64_t last_use = 0;
+};
+
 // Per-call working state of one arena; reused by later calls once released.
 struct Block {
   void* arena = nullptr;
@@ -45,6 +53,25 @@ struct Block {
   std::vector<Tensor> held;                // tensors a backward reads (arguments, parameters)
   std::vector<uint32_t> versions;          // of `held`, at forward time
   bool backward_done = false;
+
+  // CUDA. Escaping storages kept for reuse once the caller has dropped them (same addresses,
+  // so a captured graph stays valid), per escape slot.
+  std::vector<std::vector<IntrusivePtr<Storage>>> escape_pool;
+  // Graph replay: the graphs read arguments and incoming gradients from staging copies (their
+  // callers' addresses change every call), and random steps their {seed, offset} from
+  // random_state, written before each launch.
+  std::vector<IntrusivePtr<Storage>> staging;  // per staged buffer (by stage slot)
+  IntrusivePtr<Storage> random_state;
+  std::vector<uint64_t> random_host;
+  std::vector<CapturedGraph> graphs[2];  // forward, backward
+};
+
+// How a plan's CUDA replays ran.
+struct GraphStats {
+  int64_t launches = 0;        // phases replayed as one CUDA-graph launch
+  int64_t captures = 0;        // graphs captured (a new arena, or new addresses of bound tensors)
+  int64_t stream_replays = 0;  // phases replayed kernel by kernel on the stream
+  std::string fallback;        // why this plan stopped capturing (empty: it did not)
 };
 
 class Plan {
@@ -81,12 +108,21 @@ class Plan {
   Block* acquire();
   void release(Block* b);
 
+  // The device every step runs on (cpu for a plan without steps).
+  Device device() const { return device_; }
+  // Gives the escaping buffers of the forward (or backward) steps their storage for this call:
+  // new storage, or on CUDA a kept one the previous caller has dropped.
+  void allocate_escapes(Block& b, bool backward);
   // Patches this call's addresses of non-arena buffers into the block's views.
   void bind(Block& b) const;
-  // Runs steps [begin, end). With `snapshots`, appends the bytes each step wrote. While the
-  // profiler records, each step is timed (the choice is made once per run, not per step).
+  // Runs steps [begin, end), the forward or the backward schedule. With `snapshots`, appends
+  // the bytes each step wrote. While the profiler records, each step is timed (the choice is
+  // made once per run, not per step; on CUDA with device events). On CUDA a whole phase without
+  // snapshots or profiling is one graph launch (captured on first use, and again when bound
+  // addresses change) unless graphs are off or capture failed (graph_stats().fallback).
   void run(Block& b, int begin, int end,
            std::vector<std::vector<unsigned char>>* snapshots = nullptr);
+  const GraphStats& graph_stats() const { return graph_stats_; }
 
   // ---- Schedule dump ----
   // Names of what a call binds: arguments by position, watched parameters by slot.
@@ -106,8 +142,12 @@ class Plan {
   int64_t arena_offset(int buf) const { return offset_[root_[buf]]; }
 
  private:
+  // `device_random`: random steps read their {seed, offset} from b.random_state.
   template <bool kProfile>
-  void run_steps(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots);
+  void run_steps(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots,
+                 bool device_random = false);
+  void run_graph(Block& b, bool backward);
+  void plan_graphs();
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
@@ -136,6 +176,19 @@ class Plan {
 
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Block*> free_;
+
+  // CUDA graph replay.
+  Device device_;
+  std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
+  size_t stage_slots_ = 0;
+  std::vector<int> staged_[2];    // staged buffers each phase reads
+  size_t forward_patches_ = 0;    // patches_ of forward steps come first
+  std::vector<int> random_slot_;  // per step: its {seed, offset} pair, or -1
+  int random_forward_ = 0;        // pairs of forward steps come first
+  size_t random_pairs_ = 0;
+  uint64_t graph_clock_ = 0;  // for least-recently-used eviction
+  GraphStats graph_stats_;
+  cuda::EventTimeline timeline_;  // profiled CUDA runs
 };
 
 // A Graphviz string literal: `s` in double quotes, with quotes, backslashes and newlines

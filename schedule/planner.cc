@@ -12,6 +12,9 @@ namespace encore::schedule {
 namespace {
 
 constexpr int64_t kAlign = 64;
+// Graphs kept per arena and phase: addresses alternate when a caller keeps the previous call's
+// outputs while making the next call (y = f(x) in a loop), so two or three sets are common.
+constexpr size_t kMaxGraphsPerPhase = 4;
 
 int64_t aligned(size_t n) {
   return (static_cast<int64_t>(n) + kAlign - 1) / kAlign * kAlign;
@@ -69,13 +72,48 @@ Plan::Plan(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {
   for (const Recording::Contribution& c : rec_->contributions) grads_.push_back(c.grad);
   add_copies();
   eliminate_dead_steps();
+  device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
   plan_memory();
   build_steps();
+  if (device_.type == DeviceType::CUDA) plan_graphs();
 }
 
 Plan::~Plan() {
   for (auto& b : blocks_)
-    if (b->arena != nullptr) allocator_for(Device::cpu()).deallocate(b->arena, memory_.arena_bytes);
+    if (b->arena != nullptr) allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
+}
+
+// What a CUDA graph of each phase reads from staging copies, and where random steps find their
+// {seed, offset}.
+void Plan::plan_graphs() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  stage_slot_.assign(bufs.size(), -1);
+  for (int buf : external_) {
+    const Buffer& b = bufs[buf];
+    // An argument written in place must be the caller's own buffer: it is keyed, not staged.
+    if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn)
+      stage_slot_[buf] = static_cast<int>(stage_slots_++);
+  }
+  // Views are numbered in step order, so the forward's patches come first. A buffer both
+  // phases read is staged once, by the forward (the backward holds the block).
+  const uint32_t first_backward_view = n_forward_ < static_cast<int>(steps_.size())
+                                           ? steps_[n_forward_].view
+                                           : static_cast<uint32_t>(view_template_.size());
+  std::vector<char> seen(bufs.size(), 0);
+  for (const auto& [vi, buf] : patches_) {
+    const bool backward = vi >= first_backward_view;
+    if (!backward) ++forward_patches_;
+    if (stage_slot_[buf] >= 0 && !seen[buf]) {
+      seen[buf] = 1;
+      staged_[backward].push_back(buf);
+    }
+  }
+  random_slot_.assign(steps_.size(), -1);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    if (!steps_[i].random) continue;
+    random_slot_[i] = static_cast<int>(random_pairs_++);
+    if (static_cast<int>(i) < n_forward_) random_forward_ = static_cast<int>(random_pairs_);
+  }
 }
 
 // Results and gradients leave the call: each gets a buffer of its own, written directly by
@@ -309,7 +347,7 @@ Block* Plan::acquire() {
   }
   auto b = std::make_unique<Block>();
   if (memory_.arena_bytes > 0)
-    b->arena = allocator_for(Device::cpu()).allocate(static_cast<size_t>(memory_.arena_bytes));
+    b->arena = allocator_for(device_).allocate(static_cast<size_t>(memory_.arena_bytes));
   b->views = view_template_;
   for (const auto& [vi, off] : arena_views_) b->views[vi].data = static_cast<char*>(b->arena) + off;
   b->ptrs.assign(rec_->buffers.size(), nullptr);
@@ -328,21 +366,145 @@ void Plan::release(Block* b) {
   free_.push_back(b);
 }
 
+void Plan::allocate_escapes(Block& b, bool backward) {
+  const Recording& rec = *rec_;
+  const bool reuse = device_.type == DeviceType::CUDA;
+  if (reuse && b.escape_pool.empty()) b.escape_pool.resize(escapes_);
+  for (int buf : backward ? bwd_escapes_ : fwd_escapes_) {
+    const int slot = escape_[buf];
+    IntrusivePtr<Storage>& s = b.own[slot];
+    s.reset();
+    if (reuse) {
+      // A kept storage only this plan holds is free to overwrite; one the caller still holds is
+      // left alone (its output stays valid), and a new one joins the pool.
+      for (const IntrusivePtr<Storage>& kept : b.escape_pool[slot])
+        if (kept->use_count() == 1) {
+          s = kept;
+          break;
+        }
+    }
+    if (!s) {
+      s = make_intrusive<Storage>(rec.buffers[buf].nbytes, rec.buffers[buf].device);
+      if (reuse && b.escape_pool[slot].size() < 4) b.escape_pool[slot].push_back(s);
+    }
+    b.ptrs[buf] = s->data();
+  }
+}
+
 void Plan::bind(Block& b) const {
   for (const auto& [vi, buf] : patches_) b.views[vi].data = b.ptrs[buf];
 }
 
 void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots) {
+  if (device_.type == DeviceType::CUDA) {
+    cuda::set_device(device_.index);
+    const bool whole_phase = (begin == 0 && end == n_forward_) ||
+                             (begin == n_forward_ && end == static_cast<int>(steps_.size()));
+    if (whole_phase && begin < end && snapshots == nullptr && !profiler::active() &&
+        graph_stats_.fallback.empty() && cuda::graphs_enabled()) {
+      run_graph(b, begin > 0);
+      return;
+    }
+    ++graph_stats_.stream_replays;
+  }
   if (profiler::active()) [[unlikely]]
     run_steps<true>(b, begin, end, snapshots);
   else
     run_steps<false>(b, begin, end, snapshots);
 }
 
+void Plan::run_graph(Block& b, bool backward) {
+  const int begin = backward ? n_forward_ : 0;
+  const int end = backward ? static_cast<int>(steps_.size()) : n_forward_;
+  const cuda::StreamHandle stream = cuda::current_stream(device_.index);
+  const std::vector<Buffer>& bufs = rec_->buffers;
+
+  // Arguments and incoming gradients: copied into the block's staging buffers, which the
+  // graph reads (an address of the caller's changes every call).
+  b.staging.resize(stage_slots_);
+  for (int buf : staged_[backward]) {
+    IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
+    if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes, device_);
+    cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
+  }
+  for (const auto& [vi, buf] : patches_)
+    if (stage_slot_[buf] >= 0) b.views[vi].data = b.staging[stage_slot_[buf]]->data();
+
+  // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
+  // reserves them, written where the captured kernels read them.
+  const int r0 = backward ? random_forward_ : 0;
+  int r1 = r0;
+  for (int i = begin; i < end; ++i)
+    if (random_slot_[i] >= 0) r1 = random_slot_[i] + 1;
+  if (r1 > r0) {
+    if (!b.random_state) {
+      b.random_state = make_intrusive<Storage>(random_pairs_ * 2 * sizeof(uint64_t), device_);
+      b.random_host.assign(random_pairs_ * 2, 0);
+    }
+    for (int i = begin; i < end; ++i) {
+      if (random_slot_[i] < 0) continue;
+      const Generator::Stream st = default_generator(device_).reserve(steps_[i].random_count);
+      b.random_host[2 * random_slot_[i]] = st.seed;
+      b.random_host[2 * random_slot_[i] + 1] = st.offset;
+    }
+    // From pageable memory: the bytes are taken before the call returns.
+    cuda::copy_bytes(static_cast<uint64_t*>(b.random_state->data()) + 2 * r0, device_,
+                     b.random_host.data() + 2 * r0, Device::cpu(),
+                     static_cast<size_t>(r1 - r0) * 2 * sizeof(uint64_t), /*non_blocking=*/true);
+  }
+
+  // The graph for these addresses, or a new capture.
+  const size_t p0 = backward ? forward_patches_ : 0;
+  const size_t p1 = backward ? patches_.size() : forward_patches_;
+  std::vector<CapturedGraph>& graphs = b.graphs[backward];
+  for (CapturedGraph& g : graphs) {
+    bool same = true;
+    for (size_t k = p0; k < p1 && same; ++k)
+      same = g.key[k - p0] == b.views[patches_[k].first].data;
+    if (!same) continue;
+    g.last_use = ++graph_clock_;
+    g.graph.launch(stream);
+    ++graph_stats_.launches;
+    return;
+  }
+  CapturedGraph* g = nullptr;
+  if (graphs.size() < kMaxGraphsPerPhase) {
+    g = &graphs.emplace_back();
+  } else {
+    g = &*std::min_element(graphs.begin(), graphs.end(),
+                           [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
+  }
+  g->key.clear();
+  for (size_t k = p0; k < p1; ++k) g->key.push_back(b.views[patches_[k].first].data);
+  g->last_use = ++graph_clock_;
+  std::string failure;
+  g->graph.begin_capture(stream);
+  try {
+    run_steps<false>(b, begin, end, nullptr, /*device_random=*/true);
+  } catch (const std::exception& e) {
+    g->graph.abort_capture();
+    failure = e.what();
+  }
+  if (failure.empty() && !g->graph.end_capture()) failure = g->graph.failure();
+  if (!failure.empty()) {
+    // Capture is impossible for this schedule: replay it on the stream from now on.
+    graph_stats_.fallback = cat(backward ? "backward" : "forward", " capture failed: ", failure);
+    graphs.clear();
+    ++graph_stats_.stream_replays;
+    run_steps<false>(b, begin, end, nullptr, /*device_random=*/true);
+    return;
+  }
+  ++graph_stats_.captures;
+  g->graph.launch(stream);
+  ++graph_stats_.launches;
+}
+
 template <bool kProfile>
 void Plan::run_steps(Block& b, int begin, int end,
-                     std::vector<std::vector<unsigned char>>* snapshots) {
+                     std::vector<std::vector<unsigned char>>* snapshots, bool device_random) {
   const BufferView* v = b.views.data();
+  const bool cuda = device_.type == DeviceType::CUDA;
+  [[maybe_unused]] cuda::StreamHandle stream = nullptr;
   [[maybe_unused]] bool shapes = false;
   [[maybe_unused]] std::vector<profiler::StepTime>* times = nullptr;
   [[maybe_unused]] int64_t t = 0;  // when the next step starts: the previous one's end
@@ -360,15 +522,24 @@ void Plan::run_steps(Block& b, int begin, int end,
       }
     }
     t = profiler::ticks();
+    if (cuda) {
+      stream = cuda::current_stream(device_.index);
+      timeline_.mark(stream);
+    }
   }
   for (int i = begin; i < end; ++i) {
     const ExecStep& s = steps_[i];
     const std::span<const BufferView> in(v + s.view, s.n_in), out(v + s.view + s.n_in, s.n_out);
     if (s.random) [[unlikely]] {
       RandomAttrs a = s.attrs.as<RandomAttrs>();
-      const Generator::Stream st = default_generator(s.device).reserve(s.random_count);
-      a.seed = st.seed;
-      a.offset = st.offset;
+      if (device_random) {
+        a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
+                                                 2 * random_slot_[i]);
+      } else {
+        const Generator::Stream st = default_generator(s.device).reserve(s.random_count);
+        a.seed = st.seed;
+        a.offset = st.offset;
+      }
       s.fn(KernelArgs{in, out, AttrBlob::of(a)});
     } else {
       s.fn(KernelArgs{in, out, s.attrs});
@@ -379,13 +550,16 @@ void Plan::run_steps(Block& b, int begin, int end,
       times->push_back({s.op, backward, backward ? i - n_forward_ : i,
                         shapes ? profile_args_[i] : std::string_view(), t, now});
       t = now;
+      if (cuda) timeline_.mark(stream);
     }
     if (snapshots != nullptr) {
       // One snapshot per step, as the recorder keeps them.
       std::vector<unsigned char>& snap = snapshots->emplace_back();
-      auto keep = [&snap](const BufferView& bv) {
-        const auto* p = static_cast<const unsigned char*>(bv.data);
-        snap.insert(snap.end(), p, p + bv.numel() * itemsize(bv.dtype));
+      auto keep = [&snap, this](const BufferView& bv) {
+        const size_t n = static_cast<size_t>(bv.numel()) * itemsize(bv.dtype);
+        const size_t at = snap.size();
+        snap.resize(at + n);
+        cuda::copy_bytes(snap.data() + at, Device::cpu(), bv.data, device_, n);
       };
       if (op_kind(s.op) == OpKind::Inplace) {
         for (int k = 0; k < s.n_in; ++k)
@@ -396,7 +570,20 @@ void Plan::run_steps(Block& b, int begin, int end,
       if constexpr (kProfile) t = profiler::ticks();  // the copy is not the next step's time
     }
   }
-  if constexpr (kProfile) profiler::record_steps(*times);
+  if constexpr (kProfile) {
+    if (cuda) {
+      // A step's time is its device time (its launch is only queued), laid end to end from
+      // the first launch.
+      const std::vector<int64_t> ns = timeline_.take_intervals_ns();
+      int64_t at = times->empty() ? 0 : times->front().start;
+      for (size_t k = 0; k < times->size() && k < ns.size(); ++k) {
+        (*times)[k].start = at;
+        at += profiler::ticks_from_ns(ns[k]);
+        (*times)[k].end = at;
+      }
+    }
+    profiler::record_steps(*times);
+  }
 }
 
 // ---- Schedule dump ---------------------------------------------------------------------

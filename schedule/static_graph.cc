@@ -361,15 +361,6 @@ void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
 
 void replay_backward(BackwardContext& ctx);
 
-void allocate_escapes(Plan& p, Block& b, const std::vector<int>& bufs) {
-  const Recording& rec = p.recording();
-  for (int buf : bufs) {
-    IntrusivePtr<Storage>& s = b.own[p.escape_slot(buf)];
-    s = make_intrusive<Storage>(rec.buffers[buf].nbytes, rec.buffers[buf].device);
-    b.ptrs[buf] = s->data();
-  }
-}
-
 }  // namespace
 
 bool set_enabled(bool on) {
@@ -852,7 +843,7 @@ void replay_backward(BackwardContext& ctx) {
     ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
                  b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
                  " -> ", b.held[i].version(), ")");
-  allocate_escapes(p, b, p.backward_escapes());
+  p.allocate_escapes(b, /*backward=*/true);
   p.bind(b);
   std::vector<std::vector<unsigned char>> snaps;
   p.run(b, p.forward_steps(), p.forward_steps() + p.backward_steps(), f.verify ? &snaps : nullptr);
@@ -878,21 +869,23 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
   for (int buf : e.plan->mutated_external()) {
     const Tensor* t = bound_tensor(e, rec.buffers[buf], args, scratch);
     if (t == nullptr || !t->defined()) continue;
-    const auto* d = static_cast<const unsigned char*>(t->raw_data());
-    saved.emplace_back(*t, std::vector<unsigned char>(d, d + t->nbytes()));
+    std::vector<unsigned char> bytes(t->nbytes());
+    cuda::copy_bytes(bytes.data(), Device::cpu(), t->raw_data(), t->device(), bytes.size());
+    saved.emplace_back(*t, std::move(bytes));
   }
   std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
   for (const Leaf& l : rec.leaves) {
     const Tensor& t = leaf_now(e, l);
     if (t.defined()) grads.emplace_back(t, t.impl()->grad);
   }
-  Generator& gen = default_generator(Device::cpu());
+  Generator& gen = default_generator(e.plan->device());
   const Generator::Stream gen_state = gen.state();
 
   auto vs = std::make_unique<VerifyState>();
   vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
-  for (auto& [t, bytes] : saved) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  for (auto& [t, bytes] : saved)
+    cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
   for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
   gen.set_state(gen_state);
   std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
@@ -931,7 +924,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
     if (t != nullptr) b->ptrs[buf] = t->raw_data();
   }
-  allocate_escapes(p, *b, p.forward_escapes());
+  p.allocate_escapes(*b, /*backward=*/false);
   p.bind(*b);
   p.run(*b, 0, p.forward_steps(), verify ? &snaps : nullptr);
   // In-place writes to bound tensors count as eager's do. A verified call's eager run already
@@ -1027,6 +1020,11 @@ StaticStats StaticGraph::stats() const {
       r.naive_bytes = m.naive_bytes;
       r.in_place_steps = m.in_place_steps;
       r.arenas = e->plan->arena_blocks();
+      const GraphStats& gs = e->plan->graph_stats();
+      r.graph_launches = gs.launches;
+      r.graph_captures = gs.captures;
+      r.stream_replays = gs.stream_replays;
+      r.graph_fallback = gs.fallback;
     }
     s.cache.push_back(std::move(r));
   }
@@ -1065,6 +1063,17 @@ std::string memory_text(const Plan& p) {
 
 }  // namespace
 
+std::string EntryReport::graph_text() const {
+  if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 && graph_fallback.empty())
+    return {};
+  std::string out =
+      cat("cuda graphs: ", graph_launches, graph_launches == 1 ? " launch, " : " launches, ",
+          graph_captures, graph_captures == 1 ? " capture, " : " captures, ", stream_replays,
+          " stream ", stream_replays == 1 ? "replay" : "replays");
+  if (!graph_fallback.empty()) out += cat(" (graphs off for this entry: ", graph_fallback, ")");
+  return out;
+}
+
 std::string StaticGraph::schedule_text() const {
   const std::vector<const Entry*> es = entries_by_id(impl_->entries);
   std::string out = cat("static function '", config_.name, "': ", es.size(),
@@ -1077,6 +1086,12 @@ std::string StaticGraph::schedule_text() const {
       continue;
     }
     out += cat("  ", memory_text(*e->plan), "\n");
+    if (e->plan->device().type == DeviceType::CUDA) {
+      const GraphStats& gs = e->plan->graph_stats();
+      out += cat("  on ", e->plan->device(), ": ", gs.launches, " graph launches, ", gs.captures,
+                 " captures, ", gs.stream_replays, " stream replays",
+                 gs.fallback.empty() ? std::string() : cat("; graphs off: ", gs.fallback), "\n");
+    }
     out += e->plan->steps_text(names_of(*e, config_), "  ");
   }
   return out;

@@ -56,6 +56,16 @@ struct EntryReport {
   int64_t in_place_steps = 0;     // steps writing over an input that dies there
   int64_t arenas = 0;             // arenas allocated (more than one: calls before backward)
   int64_t hits = 0;
+  // CUDA replay: schedules launched as one CUDA graph, graphs captured (per arena, and again
+  // when bound addresses change), schedules replayed kernel by kernel on the stream (graphs off,
+  // profiling, verify, or a failed capture), and why capture stopped (empty: it did not).
+  int64_t graph_launches = 0;
+  int64_t graph_captures = 0;
+  int64_t stream_replays = 0;
+  std::string graph_fallback;
+  // A line for reports: "cuda graphs: 40 launches, 2 captures" or the fallback reason ("" on
+  // the cpu).
+  std::string graph_text() const;
 };
 
 struct StaticStats {

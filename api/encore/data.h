@@ -50,12 +50,20 @@ class BatchIterator {
   bool next(Tensor& x, Tensor& t);
   int64_t batches_per_epoch() const;
   int64_t position() const { return pos_; }
+  // Batches in page-locked host memory (as PyTorch's DataLoader(pin_memory=True)), so
+  // x.to(Device::cuda(), /*non_blocking=*/true) overlaps with the device's work. Needs a CUDA
+  // device (the first batch throws Error otherwise).
+  BatchIterator& set_pin_memory(bool on = true) {
+    pin_memory_ = on;
+    return *this;
+  }
 
  private:
   void reshuffle();
   Dataset ds_;
   int64_t batch_size_;
   bool shuffle_;
+  bool pin_memory_ = false;
   uint64_t seed_;
   uint64_t epoch_ = 0;
   int64_t pos_ = 0;

@@ -53,6 +53,14 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
+  // State that is not a parameter (batch norm's running statistics), named as parameters are.
+  std::vector<std::pair<std::string, Tensor*>> named_buffer_slots() const;
+
+  // Moves every parameter and buffer of this module and its descendants to `device` (a
+  // parameter stays a leaf that requires grad; its gradient is dropped). Create optimizers after
+  // moving the model: they hold the parameters they were given.
+  void to(Device device);
+
   // Clears the gradients of all parameters (drops them by default, as PyTorch does).
   void zero_grad(bool set_to_none = true);
 
@@ -66,6 +74,8 @@ class Module {
  protected:
   // Registers a parameter held in a member of this module; marks it as requiring grad.
   void register_parameter(std::string name, Tensor* member);
+  // Registers state held in a member (moved by to(), not trained).
+  void register_buffer(std::string name, Tensor* member);
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
     children_.emplace_back(std::move(name), m);
@@ -73,9 +83,10 @@ class Module {
   }
 
  private:
-  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out,
+               bool buffers) const;
 
-  std::vector<std::pair<std::string, Tensor*>> params_;
+  std::vector<std::pair<std::string, Tensor*>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
   StaticHook* static_hook_ = nullptr;

@@ -19,17 +19,41 @@ void Module::register_parameter(std::string name, Tensor* member) {
   params_.emplace_back(std::move(name), member);
 }
 
-void Module::collect(const std::string& prefix,
-                     std::vector<std::pair<std::string, Tensor*>>& out) const {
-  for (const auto& [name, p] : params_)
+void Module::register_buffer(std::string name, Tensor* member) {
+  ENCORE_CHECK(member != nullptr, describe(), ": buffer '", name, "' is null");
+  for (const auto& [n, p] : buffers_)
+    ENCORE_CHECK(n != name, describe(), ": buffer '", name, "' registered twice");
+  buffers_.emplace_back(std::move(name), member);
+}
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out,
+                     bool buffers) const {
+  for (const auto& [name, p] : buffers ? buffers_ : params_)
     if (p->defined()) out.emplace_back(prefix + name, p);
-  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out, buffers);
 }
 
 std::vector<std::pair<std::string, Tensor*>> Module::named_parameter_slots() const {
   std::vector<std::pair<std::string, Tensor*>> out;
-  collect("", out);
+  collect("", out, false);
   return out;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::named_buffer_slots() const {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  collect("", out, true);
+  return out;
+}
+
+void Module::to(Device device) {
+  for (auto& [name, p] : named_parameter_slots()) {
+    if (p->device() == device) continue;
+    Tensor moved = p->detach().to(device);
+    moved.set_requires_grad(p->requires_grad());
+    *p = moved;
+  }
+  for (auto& [name, b] : named_buffer_slots())
+    if (b->device() != device) *b = b->to(device);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {

@@ -231,6 +231,8 @@ BatchNorm2d::BatchNorm2d(int64_t channels, BatchNormOptions options) : options_(
   ENCORE_CHECK(channels > 0, "BatchNorm2d: channels must be positive, it is ", channels);
   running_mean = zeros({channels}, options.dtype, options.device);
   running_var = ones({channels}, options.dtype, options.device);
+  register_buffer("running_mean", &running_mean);
+  register_buffer("running_var", &running_var);
   if (options.affine) {
     gamma = ones({channels}, options.dtype, options.device);
     beta = zeros({channels}, options.dtype, options.device);

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
-#include "kernels/cpu/random_util.h"
+#include "kernels/random_util.h"
 #include "runtime/parallel.h"
 #include "runtime/rng.h"
 

@@ -2,5 +2,5 @@
 // dtype switch.
 #pragma once
 
-#include "kernels/cpu/dtype_switch.h"
+#include "kernels/dtype_switch.h"
 #include "runtime/dispatcher.h"

@@ -15,7 +15,7 @@
 #include <numbers>
 
 #include "kernels/cpu/kernel.h"
-#include "kernels/cpu/random_util.h"
+#include "kernels/random_util.h"
 #include "runtime/rng.h"
 
 namespace encore::kernels::cpu {

@@ -1,4 +1,5 @@
-// Dtype dispatch for CPU kernels: calls a templated lambda with the C++ element type.
+// Dtype dispatch for kernels (cpu and cuda host code): calls a templated lambda with the C++
+// element type.
 //
 //   switch_floating(x.dtype, Op::Exp, [&]<typename T>(Type<T>) {
 //     exp_loop(x.as<T>(), y.as<T>(), x.numel());
@@ -15,7 +16,7 @@
 #include "runtime/error.h"
 #include "runtime/ops.h"
 
-namespace encore::kernels::cpu {
+namespace encore::kernels {
 
 template <typename T>
 using Type = std::type_identity<T>;
@@ -96,4 +97,4 @@ void switch_itemsize(DType dt, Op op, F&& f) {
   }
 }
 
-}  // namespace encore::kernels::cpu
+}  // namespace encore::kernels

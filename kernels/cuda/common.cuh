@@ -1,0 +1,67 @@
+// What every CUDA kernel file includes: the kernel contract (runtime/dispatcher.h), the dtype
+// switch, the current stream, launch geometry and error checks.
+//
+//   void relu(const KernelArgs& a) {
+//     switch_floating(a.in[0].dtype, Op::Relu, [&]<typename T>(Type<T>) {
+//       const int64_t n = a.in[0].numel();
+//       if (n == 0) return;
+//       relu_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(a.in[0].as<T>(), a.out[0].as<T>(),
+//       n); ENCORE_CUDA_LAUNCHED(Op::Relu);
+//     });
+//   }
+//   ENCORE_REGISTER_CUDA(Op::Relu, relu);
+//
+// Kernels run on the current stream of the current device (the dispatcher and the static replay
+// set both), allocate nothing, never synchronise, and give the same bits on every run (no
+// floating-point atomics), so a replay equals the eager run and can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype_switch.h"
+#include "runtime/cuda.h"
+#include "runtime/dispatcher.h"
+#include "runtime/error.h"
+
+namespace encore::kernels::cuda {
+
+inline constexpr int kThreads = 256;
+
+inline cudaStream_t stream() {
+  return static_cast<cudaStream_t>(encore::cuda::current_stream(encore::cuda::current_device()));
+}
+
+// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+// Throws Error naming the op, the failed call and CUDA's message.
+[[noreturn]] inline void fail_cuda(Op op, const char* call, cudaError_t e) {
+  fail(op_name(op), ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (",
+       cudaGetErrorString(e), ")");
+}
+
+}  // namespace encore::kernels::cuda
+
+#define ENCORE_CUDA_OK(op, call)                                  \
+  do {                                                            \
+    const cudaError_t encore_e_ = (call);                         \
+    if (encore_e_ != cudaSuccess) [[unlikely]]                    \
+      ::encore::kernels::cuda::fail_cuda((op), #call, encore_e_); \
+  } while (0)
+
+// After a <<<...>>> launch: a bad configuration becomes an Error naming the op.
+#define ENCORE_CUDA_LAUNCHED(op) ENCORE_CUDA_OK(op, cudaGetLastError())
+
+// Registers a CUDA kernel at static-initialisation time.
+#define ENCORE_REGISTER_CUDA(op, fn) ENCORE_REGISTER_CUDA_I(op, fn, __COUNTER__)
+#define ENCORE_REGISTER_CUDA_I(op, fn, n) ENCORE_REGISTER_CUDA_II(op, fn, n)
+#define ENCORE_REGISTER_CUDA_II(op, fn, n)                             \
+  [[maybe_unused]] static const bool encore_cuda_registered_##n = [] { \
+    ::encore::register_kernel((op), ::encore::DeviceType::CUDA, (fn)); \
+    return true;                                                       \
+  }()

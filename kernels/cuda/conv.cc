@@ -1,0 +1,375 @@
+// 2-D convolution on CUDA through cuDNN 9 (its convolution API): forward, input gradient and
+// weight gradient, with the semantics of kernels/cpu/conv.cc (NCHW cross-correlation, stride,
+// zero padding, dilation, groups; float32 and float64).
+//
+// - One cuDNN handle per device, created on first use; every call sets the current stream on it.
+// - A plan per (device, op, dtype, shapes, attributes) holds the descriptors and an algorithm
+//   chosen once by measurement (cudnnFind*, which allocates its own buffers), keeping only
+//   algorithms that succeeded and are deterministic, so a replay gives the eager run's bits.
+// - One workspace per device, grown (cudaMalloc) when a plan is made. A buffer it outgrows is
+//   kept, never freed: a captured CUDA graph may still point at it. The workspace assumes a
+//   device's convolutions run in order (one stream at a time, encore's default); convolutions on
+//   two streams of a device at once would need a workspace each.
+// - While the thread captures a CUDA graph, nothing is measured or allocated: a missing plan or
+//   a handle not yet created throws Error and the caller runs the work eagerly instead.
+// State is guarded by one mutex (cuDNN handles are not to be used by two threads at once).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kernels/cuda/common.cuh"
+
+namespace encore::kernels::cuda {
+namespace {
+
+[[noreturn]] void fail_cudnn(Op op, const char* call, cudnnStatus_t s) {
+  fail(op_name(op), ": cuDNN error in ", call, ": ", cudnnGetErrorString(s), " (status ",
+       static_cast<int>(s), ")");
+}
+
+#define ENCORE_CUDNN_OK(op, call)                       \
+  do {                                                  \
+    const cudnnStatus_t encore_s_ = (call);             \
+    if (encore_s_ != CUDNN_STATUS_SUCCESS) [[unlikely]] \
+      fail_cudnn((op), #call, encore_s_);               \
+  } while (0)
+
+enum class Kind : int32_t { Forward, GradInput, GradWeight };
+
+// The descriptors of one convolution and the algorithm chosen for it. x, w, y are the forward
+// roles (for the gradients: gx's shape, gw's shape, gy's shape).
+struct Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = 0;          // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  size_t workspace = 0;  // bytes the algorithm needs
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (x != nullptr) cudnnDestroyTensorDescriptor(x);
+    if (y != nullptr) cudnnDestroyTensorDescriptor(y);
+    if (bias != nullptr) cudnnDestroyTensorDescriptor(bias);
+    if (w != nullptr) cudnnDestroyFilterDescriptor(w);
+    if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+struct DeviceState {
+  cudnnHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::vector<void*> retired;  // outgrown workspaces, kept for graphs that point at them
+};
+
+// device, kind, dtype, x[4], w[4], y[4], stride[2], padding[2], dilation[2], groups.
+using Key = std::array<int32_t, 22>;
+
+struct State {
+  std::mutex mu;
+  absl::flat_hash_map<int, DeviceState> devices;
+  absl::flat_hash_map<Key, std::unique_ptr<Plan>> plans;
+};
+
+// Never destroyed: handles and buffers must outlive every static destructor that could still
+// launch work, and the driver reclaims them at exit.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+// Grows d's workspace to at least `bytes` (outside capture only). False when cudaMalloc fails.
+bool reserve(DeviceState& d, size_t bytes) {
+  if (bytes <= d.workspace_bytes) return true;
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return false;
+  }
+  if (d.workspace != nullptr) d.retired.push_back(d.workspace);
+  d.workspace = p;
+  d.workspace_bytes = bytes;
+  return true;
+}
+
+cudnnDataType_t data_type(DType dt) {
+  return dt == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+}
+
+int32_t dim(const Shape& s, int i) {
+  return static_cast<int32_t>(s[i]);
+}
+
+// The first measured algorithm (fastest first) that succeeded, is deterministic, and (float32)
+// does not use tensor-core math; its workspace is reserved. False when there is none.
+template <typename Perf, typename SizeFn>
+bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, DeviceState& d,
+            Plan& plan) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (fp32 &&
+        (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
+    size_t bytes = 0;
+    if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    bytes = std::max(bytes, p.memory);
+    if (!reserve(d, bytes)) continue;
+    plan.algo = static_cast<int>(p.algo);
+    plan.workspace = bytes;
+    return true;
+  }
+  return false;
+}
+
+// Builds the descriptors of a convolution and measures its algorithms (eager only).
+std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
+                                const Shape& ys, const Conv2dAttrs& a, DeviceState& d) {
+  auto plan = std::make_unique<Plan>();
+  Plan& p = *plan;
+  const cudnnHandle_t h = d.handle;
+  const cudnnDataType_t dt = data_type(dtype);
+  ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.x));
+  ENCORE_CUDNN_OK(op, cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, dim(xs, 0), dim(xs, 1),
+                                                 dim(xs, 2), dim(xs, 3)));
+  ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.y));
+  ENCORE_CUDNN_OK(op, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, dim(ys, 0), dim(ys, 1),
+                                                 dim(ys, 2), dim(ys, 3)));
+  ENCORE_CUDNN_OK(op, cudnnCreateFilterDescriptor(&p.w));
+  ENCORE_CUDNN_OK(op, cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, dim(ws, 0), dim(ws, 1),
+                                                 dim(ws, 2), dim(ws, 3)));
+  if (kind == Kind::Forward) {
+    ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.bias));
+    ENCORE_CUDNN_OK(op,
+                    cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1, dim(ws, 0), 1, 1));
+  }
+  ENCORE_CUDNN_OK(op, cudnnCreateConvolutionDescriptor(&p.conv));
+  ENCORE_CUDNN_OK(op, cudnnSetConvolution2dDescriptor(p.conv, a.padding[0], a.padding[1],
+                                                      a.stride[0], a.stride[1], a.dilation[0],
+                                                      a.dilation[1], CUDNN_CROSS_CORRELATION, dt));
+  ENCORE_CUDNN_OK(op, cudnnSetConvolutionGroupCount(p.conv, a.groups));
+  // float32 must not use TF32 tensor cores (10-bit mantissa products) so results stay close to
+  // the CPU's. CUDNN_DEFAULT_MATH permits TF32 on sm_80 and newer; CUDNN_FMA_MATH restricts
+  // cuDNN to FMA kernels (full float32). float64 keeps the default (float64 tensor cores, where
+  // used, compute in full float64).
+  const bool fp32 = dtype == DType::Float32;
+  ENCORE_CUDNN_OK(op,
+                  cudnnSetConvolutionMathType(p.conv, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+
+  int max = 0, got = 0;
+  bool chosen = false;
+  switch (kind) {
+    case Kind::Forward: {
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+      ENCORE_CUDNN_OK(op, cudnnFindConvolutionForwardAlgorithm(h, p.x, p.w, p.conv, p.y, max, &got,
+                                                               perf.data()));
+      chosen = choose(
+          perf.data(), got, fp32,
+          [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, algo, bytes);
+          },
+          d, p);
+      break;
+    }
+    case Kind::GradInput: {
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+      ENCORE_CUDNN_OK(op, cudnnFindConvolutionBackwardDataAlgorithm(h, p.w, p.y, p.conv, p.x, max,
+                                                                    &got, perf.data()));
+      chosen = choose(
+          perf.data(), got, fp32,
+          [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, algo,
+                                                                bytes);
+          },
+          d, p);
+      break;
+    }
+    case Kind::GradWeight: {
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+      ENCORE_CUDNN_OK(op, cudnnFindConvolutionBackwardFilterAlgorithm(h, p.x, p.y, p.conv, p.w, max,
+                                                                      &got, perf.data()));
+      chosen = choose(
+          perf.data(), got, fp32,
+          [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, algo,
+                                                                  bytes);
+          },
+          d, p);
+      break;
+    }
+  }
+  if (!chosen)
+    fail(op_name(op), ": cuDNN has no deterministic algorithm (of ", got,
+         " measured) whose workspace could be allocated for x ", xs, ", weight ", ws, ", y ", ys,
+         ", ", dtype);
+  return plan;
+}
+
+// The device's state with its handle set to the current stream. The caller holds state().mu.
+DeviceState& device_state(Op op) {
+  const int device = encore::cuda::current_device();
+  DeviceState& d = state().devices[device];
+  if (d.handle == nullptr) {
+    if (encore::cuda::capturing())
+      fail(op_name(op), ": the cuDNN handle of device ", device,
+           " cannot be created while a CUDA graph is captured (run the op eagerly first)");
+    ENCORE_CUDNN_OK(op, cudnnCreate(&d.handle));
+  }
+  ENCORE_CUDNN_OK(op, cudnnSetStream(d.handle, stream()));
+  return d;
+}
+
+// Runs run(handle, plan, workspace) under the state's lock with the plan of this convolution,
+// made (measured) on first use. x, w, y are the forward roles' shapes.
+template <typename F>
+void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
+               const Conv2dAttrs& a, F&& run) {
+  for (const Shape* s : {&xs, &ws, &ys})
+    if (s->numel() > INT_MAX)
+      fail(op_name(op), ": tensors of more than ", INT_MAX,
+           " elements are not supported on CUDA (x ", xs, ", weight ", ws, ", y ", ys, ")");
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  DeviceState& d = device_state(op);
+  const Key key{encore::cuda::current_device(),
+                static_cast<int32_t>(kind),
+                static_cast<int32_t>(dtype),
+                dim(xs, 0),
+                dim(xs, 1),
+                dim(xs, 2),
+                dim(xs, 3),
+                dim(ws, 0),
+                dim(ws, 1),
+                dim(ws, 2),
+                dim(ws, 3),
+                dim(ys, 0),
+                dim(ys, 1),
+                dim(ys, 2),
+                dim(ys, 3),
+                a.stride[0],
+                a.stride[1],
+                a.padding[0],
+                a.padding[1],
+                a.dilation[0],
+                a.dilation[1],
+                a.groups};
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) {
+    if (encore::cuda::capturing())
+      fail(op_name(op), ": no cuDNN algorithm has been chosen for x ", xs, ", weight ", ws, ", y ",
+           ys, " yet; it is measured eagerly, never while a CUDA graph is captured");
+    it = st.plans.emplace(key, make_plan(op, kind, dtype, xs, ws, ys, a, d)).first;
+  }
+  const Plan& p = *it->second;
+  if (p.workspace > d.workspace_bytes) {  // only after a failed reserve; never while capturing
+    if (encore::cuda::capturing() || !reserve(d, p.workspace))
+      fail(op_name(op), ": cannot allocate the cuDNN workspace of ", p.workspace, " bytes");
+  }
+  run(d.handle, p, d.workspace);
+}
+
+// x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo].
+void conv2d(const KernelArgs& args) {
+  const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
+  const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
+  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  switch_floating(y.dtype, Op::Conv2d, [&]<typename T>(Type<T>) {
+    if (y.numel() == 0) return;
+    const T one = 1, zero = 0;
+    if (x.numel() == 0) {
+      // An empty image (H or W 0) padded to a non-empty output: y is the bias, or zeros.
+      ENCORE_CUDA_OK(
+          Op::Conv2d,
+          cudaMemsetAsync(y.data, 0, static_cast<size_t>(y.numel()) * sizeof(T), stream()));
+      if (bias == nullptr) return;
+      if (y.numel() > INT_MAX)
+        fail(op_name(Op::Conv2d), ": y ", y.shape, " has more than ", INT_MAX, " elements");
+      std::lock_guard<std::mutex> lock(state().mu);
+      DeviceState& d = device_state(Op::Conv2d);
+      Plan p;  // descriptors only
+      const cudnnDataType_t dt = data_type(y.dtype);
+      ENCORE_CUDNN_OK(Op::Conv2d, cudnnCreateTensorDescriptor(&p.y));
+      ENCORE_CUDNN_OK(Op::Conv2d, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt,
+                                                             dim(y.shape, 0), dim(y.shape, 1),
+                                                             dim(y.shape, 2), dim(y.shape, 3)));
+      ENCORE_CUDNN_OK(Op::Conv2d, cudnnCreateTensorDescriptor(&p.bias));
+      ENCORE_CUDNN_OK(Op::Conv2d, cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1,
+                                                             dim(y.shape, 1), 1, 1));
+      ENCORE_CUDNN_OK(Op::Conv2d,
+                      cudnnAddTensor(d.handle, &one, p.bias, bias->data, &one, p.y, y.data));
+      return;
+    }
+    with_plan(Op::Conv2d, Kind::Forward, y.dtype, x.shape, w.shape, y.shape, a,
+              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
+                ENCORE_CUDNN_OK(Op::Conv2d, cudnnConvolutionForward(
+                                                h, &one, p.x, x.data, p.w, w.data, p.conv,
+                                                static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
+                                                workspace, p.workspace, &zero, p.y, y.data));
+                if (bias != nullptr)
+                  ENCORE_CUDNN_OK(Op::Conv2d,
+                                  cudnnAddTensor(h, &one, p.bias, bias->data, &one, p.y, y.data));
+              });
+  });
+}
+
+// gy [N,O,Ho,Wo], w -> gx [N,C,H,W].
+void conv2d_grad_input(const KernelArgs& args) {
+  const BufferView &gy = args.in[0], &w = args.in[1], &gx = args.out[0];
+  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  switch_floating(gx.dtype, Op::Conv2dGradInput, [&]<typename T>(Type<T>) {
+    if (gx.numel() == 0) return;  // else N > 0, so gy is not empty either
+    const T one = 1, zero = 0;
+    with_plan(Op::Conv2dGradInput, Kind::GradInput, gx.dtype, gx.shape, w.shape, gy.shape, a,
+              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
+                ENCORE_CUDNN_OK(
+                    Op::Conv2dGradInput,
+                    cudnnConvolutionBackwardData(h, &one, p.w, w.data, p.y, gy.data, p.conv,
+                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
+                                                 workspace, p.workspace, &zero, p.x, gx.data));
+              });
+  });
+}
+
+// x, gy -> gw [O,C/g,kh,kw].
+void conv2d_grad_weight(const KernelArgs& args) {
+  const BufferView &x = args.in[0], &gy = args.in[1], &gw = args.out[0];
+  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  switch_floating(gw.dtype, Op::Conv2dGradWeight, [&]<typename T>(Type<T>) {
+    if (gw.numel() == 0) return;
+    if (x.numel() == 0 || gy.numel() == 0) {  // an empty batch or image: a sum of nothing
+      ENCORE_CUDA_OK(
+          Op::Conv2dGradWeight,
+          cudaMemsetAsync(gw.data, 0, static_cast<size_t>(gw.numel()) * sizeof(T), stream()));
+      return;
+    }
+    const T one = 1, zero = 0;
+    with_plan(Op::Conv2dGradWeight, Kind::GradWeight, gw.dtype, x.shape, gw.shape, gy.shape, a,
+              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
+                ENCORE_CUDNN_OK(Op::Conv2dGradWeight,
+                                cudnnConvolutionBackwardFilter(
+                                    h, &one, p.x, x.data, p.y, gy.data, p.conv,
+                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), workspace,
+                                    p.workspace, &zero, p.w, gw.data));
+              });
+  });
+}
+
+ENCORE_REGISTER_CUDA(Op::Conv2d, conv2d);
+ENCORE_REGISTER_CUDA(Op::Conv2dGradInput, conv2d_grad_input);
+ENCORE_REGISTER_CUDA(Op::Conv2dGradWeight, conv2d_grad_weight);
+
+}  // namespace
+}  // namespace encore::kernels::cuda

@@ -1,0 +1,286 @@
+// Layout CUDA kernels, the same semantics as kernels/cpu/layout.cc: permute, broadcast_to,
+// concat, slice, slice_grad. Except slice_grad they move elements without looking at them, so
+// they run on unsigned integers of the dtype's size (concat on the widest unit its rows allow).
+//
+// Permute, broadcast_to and slice are one gather: out[i] = in[offset(i)] over the dimensions
+// left after cpu::make_strided_loop has dropped size-1 dimensions and merged contiguous ones; a
+// plain copy when that leaves one contiguous run, shared-memory tiles when the last two
+// dimensions are swapped. Index arithmetic is 32-bit when both buffers have fewer than 2^32
+// elements.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/strided_loop.h"
+#include "kernels/cuda/common.cuh"
+
+namespace encore::kernels::cuda {
+namespace {
+
+constexpr int kMaxRank = Shape::kMaxRank;
+
+template <typename Fn>
+void with_index_type(int64_t max_numel, Fn&& fn) {
+  if (max_numel <= int64_t{UINT32_MAX}) {
+    fn(Type<uint32_t>{});
+  } else {
+    fn(Type<uint64_t>{});
+  }
+}
+
+// The loop dimensions and the input's element strides over them; the output is contiguous over
+// the same dimensions, so its offset is the linear index itself.
+struct Gather {
+  int rank = 1;
+  int64_t dims[kMaxRank] = {1};
+  int64_t strides[kMaxRank] = {};
+};
+
+template <typename I>
+__device__ __forceinline__ I input_offset(const Gather& g, I i) {
+  I off = 0;
+  for (int d = g.rank - 1; d > 0; --d) {
+    const I dim = static_cast<I>(g.dims[d]);
+    const I q = i / dim;
+    off += (i - q * dim) * static_cast<I>(g.strides[d]);
+    i = q;
+  }
+  return off + i * static_cast<I>(g.strides[0]);
+}
+
+template <typename I, typename U>
+__global__ void gather_kernel(int64_t n, Gather g, U* out, const U* in) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = in[input_offset(g, static_cast<I>(i))];
+}
+
+constexpr int kTile = 32, kTileRows = 8;
+
+// For every batch b: out_b [rows, cols] = in_b^T, where in_b's rows hold `in_stride` elements;
+// out_b starts at b * rows * cols, in_b at input_offset(batch, b). One 32x32 tile per block and
+// step, read along in_b's rows and written along out_b's rows. Blocks are (32, 8) threads.
+template <typename U>
+__global__ void transpose_kernel(int64_t batches, Gather batch, int64_t rows, int64_t cols,
+                                 int64_t in_stride, U* out, const U* in) {
+  __shared__ U tile[kTile][kTile + 1];
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t b = blockIdx.z; b < batches; b += gridDim.z) {
+    const U* in_b = in + input_offset(batch, static_cast<uint64_t>(b));
+    U* out_b = out + b * rows * cols;
+    for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+      for (int64_t ct = blockIdx.x; ct < col_tiles; ct += gridDim.x) {
+        const int64_t r0 = rt * kTile, c0 = ct * kTile;
+        // tile[jj][ii] = in_b[(c0 + jj) * in_stride + r0 + ii] = out_b[r0 + ii][c0 + jj].
+        for (int jj = ty; jj < kTile; jj += kTileRows) {
+          const int64_t i = r0 + tx, j = c0 + jj;
+          if (i < rows && j < cols) tile[jj][tx] = in_b[j * in_stride + i];
+        }
+        __syncthreads();
+        for (int ii = ty; ii < kTile; ii += kTileRows) {
+          const int64_t i = r0 + ii, j = c0 + tx;
+          if (i < rows && j < cols) out_b[i * cols + j] = tile[tx][ii];
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+// out (contiguous, operand 0 of `loop`, n elements) = in read with the strides of operand 1,
+// whose offsets stay below in_numel.
+template <typename U>
+void gather(Op op, U* out, const U* in, const cpu::StridedLoop<2>& loop, int64_t n,
+            int64_t in_numel) {
+  if (n == 0) return;
+  const int r = loop.rank;
+  if (r == 1 && loop.strides[1][0] == 1) {
+    ENCORE_CUDA_OK(op, cudaMemcpyAsync(out, in, n * sizeof(U), cudaMemcpyDeviceToDevice, stream()));
+    return;
+  }
+  // The last two dimensions swapped (a transpose, possibly batched): tile them.
+  if (r >= 2 && loop.strides[1][r - 1] != 1 && loop.strides[1][r - 2] == 1 &&
+      loop.dims[r - 1] >= 8 && loop.dims[r - 2] >= 8) {
+    Gather batch;
+    int64_t batches = 1;
+    batch.rank = r > 2 ? r - 2 : 1;
+    for (int d = 0; d < r - 2; ++d) {
+      batch.dims[d] = loop.dims[d];
+      batch.strides[d] = loop.strides[1][d];
+      batches *= loop.dims[d];
+    }
+    const int64_t rows = loop.dims[r - 2], cols = loop.dims[r - 1];
+    const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(col_tiles, 65535)),
+                    static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)),
+                    static_cast<unsigned>(std::min<int64_t>(batches, 65535)));
+    transpose_kernel<<<grid, dim3(kTile, kTileRows), 0, stream()>>>(
+        batches, batch, rows, cols, loop.strides[1][r - 1], out, in);
+    ENCORE_CUDA_LAUNCHED(op);
+    return;
+  }
+  Gather g;
+  g.rank = r;
+  for (int d = 0; d < r; ++d) {
+    g.dims[d] = loop.dims[d];
+    g.strides[d] = loop.strides[1][d];
+  }
+  with_index_type(std::max(n, in_numel), [&]<typename I>(Type<I>) {
+    gather_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(n, g, out, in);
+    ENCORE_CUDA_LAUNCHED(op);
+  });
+}
+
+// out.shape[d] = x.shape[perm[d]].
+void permute_kernel(const KernelArgs& args) {
+  const BufferView &x = args.in[0], &out = args.out[0];
+  const PermuteAttrs& attrs = args.attr<PermuteAttrs>();
+  int64_t x_strides[kMaxRank];
+  cpu::contiguous_strides(x.shape, x_strides);
+  int64_t strides[2][kMaxRank];
+  cpu::contiguous_strides(out.shape, strides[0]);
+  for (int d = 0; d < out.shape.rank(); ++d) strides[1][d] = x_strides[attrs.perm[d]];
+  const cpu::StridedLoop<2> loop =
+      cpu::make_strided_loop<2>(out.shape.rank(), out.shape.begin(), strides);
+  switch_itemsize(x.dtype, Op::Permute, [&]<typename U>(Type<U>) {
+    gather(Op::Permute, out.as<U>(), x.as<U>(), loop, out.numel(), x.numel());
+  });
+}
+
+void broadcast_to_kernel(const KernelArgs& args) {
+  const BufferView &x = args.in[0], &out = args.out[0];
+  const cpu::StridedLoop<2> loop = cpu::broadcast_loop<2>(out.shape, {&x.shape});
+  switch_itemsize(x.dtype, Op::BroadcastTo, [&]<typename U>(Type<U>) {
+    gather(Op::BroadcastTo, out.as<U>(), x.as<U>(), loop, out.numel(), x.numel());
+  });
+}
+
+// y = x[..., start : stop : step, ...]: y viewed as [outer, count, inner] reads x from
+// x + start*inner with strides [dim*inner, step*inner, 1].
+void slice_kernel(const KernelArgs& args) {
+  const BufferView &x = args.in[0], &y = args.out[0];
+  const SliceAttrs& attrs = args.attr<SliceAttrs>();
+  if (y.numel() == 0) return;
+  const cpu::AxisSplit split = cpu::split_at(x.shape, static_cast<int>(attrs.axis));
+  const int64_t count = y.shape[static_cast<int>(attrs.axis)];
+  // A step past the axis length gives one position at most (count <= 1, a dimension the loop
+  // drops): clamping it keeps step * inner from overflowing.
+  const int64_t step = std::min(attrs.step, split.n);
+  const int64_t dims[3] = {split.outer, count, split.inner};
+  const int64_t strides[2][kMaxRank] = {{count * split.inner, split.inner, 1},
+                                        {split.n * split.inner, step * split.inner, 1}};
+  const cpu::StridedLoop<2> loop = cpu::make_strided_loop<2>(3, dims, strides);
+  switch_itemsize(x.dtype, Op::Slice, [&]<typename U>(Type<U>) {
+    gather(Op::Slice, y.as<U>(), x.as<U>() + attrs.start * split.inner, loop, y.numel(), x.numel());
+  });
+}
+
+// gx viewed as [outer, dim, inner]: gx[o, start + k*step, j] = gy[o, k, j] for k < count, and
+// 0 elsewhere; each element written once.
+template <typename I, typename T>
+__global__ void slice_grad_elements(int64_t n, I dim, I inner, I start, I step, I count, T* gx,
+                                    const T* gy) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += stride) {
+    const I i = static_cast<I>(idx);
+    const I t = i / inner;
+    const I j = i - t * inner;
+    const I o = t / dim;
+    const I a = t - o * dim;
+    T v = T(0);
+    if (a >= start) {
+      const I k = (a - start) / step;
+      if (k * step == a - start && k < count) v = gy[(o * count + k) * inner + j];
+    }
+    gx[i] = v;
+  }
+}
+
+void slice_grad_kernel(const KernelArgs& args) {
+  const BufferView &gy = args.in[0], &gx = args.out[0];
+  const SliceAttrs& attrs = args.attr<SliceAttrs>();
+  switch_floating(gx.dtype, Op::SliceGrad, [&]<typename T>(Type<T>) {
+    const int64_t n = gx.numel();
+    if (n == 0) return;
+    const cpu::AxisSplit split = cpu::split_at(gx.shape, static_cast<int>(attrs.axis));
+    const int64_t count = gy.shape[static_cast<int>(attrs.axis)];
+    // A step past the axis length gives one position at most (count <= 1): clamping it keeps
+    // that and fits I.
+    const int64_t step = std::min(attrs.step, split.n);
+    with_index_type(n, [&]<typename I>(Type<I>) {
+      slice_grad_elements<I><<<blocks_for(n), kThreads, 0, stream()>>>(
+          n, static_cast<I>(split.n), static_cast<I>(split.inner), static_cast<I>(attrs.start),
+          static_cast<I>(step), static_cast<I>(count), gx.as<T>(), gy.as<T>());
+      ENCORE_CUDA_LAUNCHED(Op::SliceGrad);
+    });
+  });
+}
+
+// Input x [outer, row] goes to columns [column, column + row) of out [outer, out_row]; all
+// three in units of W.
+template <typename I, typename W>
+__global__ void concat_part_kernel(int64_t n, I row, I out_row, I column, W* out, const W* x) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += stride) {
+    const I i = static_cast<I>(idx);
+    const I o = i / row;
+    out[o * out_row + column + (i - o * row)] = x[i];
+  }
+}
+
+template <typename W>
+void concat_part(int64_t outer, int64_t row_bytes, int64_t out_row_bytes, int64_t column_bytes,
+                 char* out, const char* x) {
+  constexpr int64_t w = sizeof(W);
+  const int64_t row = row_bytes / w, n = outer * row;
+  with_index_type(outer * (out_row_bytes / w), [&]<typename I>(Type<I>) {
+    concat_part_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(
+        n, static_cast<I>(row), static_cast<I>(out_row_bytes / w), static_cast<I>(column_bytes / w),
+        reinterpret_cast<W*>(out), reinterpret_cast<const W*>(x));
+    ENCORE_CUDA_LAUNCHED(Op::Concat);
+  });
+}
+
+// One launch per input, in units of the widest of 16, 8, 4, 2, 1 bytes that divides the row
+// sizes, the column and both addresses.
+void concat_kernel(const KernelArgs& args) {
+  const BufferView& out = args.out[0];
+  const int axis = args.attr<AxisAttrs>().axis;
+  const cpu::AxisSplit split = cpu::split_at(out.shape, axis);
+  const int64_t item = static_cast<int64_t>(itemsize(out.dtype));
+  const int64_t out_row = out.shape[axis] * split.inner * item;
+  char* po = static_cast<char*>(out.data);
+  int64_t column = 0;  // bytes into each output row where the current input goes
+  for (const BufferView& x : args.in) {
+    const int64_t row = x.shape[axis] * split.inner * item;
+    const char* px = static_cast<const char*>(x.data);
+    if (row != 0 && split.outer != 0) {
+      const uint64_t bits = static_cast<uint64_t>(row | out_row | column) |
+                            reinterpret_cast<uintptr_t>(po) | reinterpret_cast<uintptr_t>(px);
+      if (bits % 16 == 0) {
+        concat_part<uint4>(split.outer, row, out_row, column, po, px);
+      } else if (bits % 8 == 0) {
+        concat_part<uint64_t>(split.outer, row, out_row, column, po, px);
+      } else if (bits % 4 == 0) {
+        concat_part<uint32_t>(split.outer, row, out_row, column, po, px);
+      } else if (bits % 2 == 0) {
+        concat_part<uint16_t>(split.outer, row, out_row, column, po, px);
+      } else {
+        concat_part<uint8_t>(split.outer, row, out_row, column, po, px);
+      }
+    }
+    column += row;
+  }
+}
+
+}  // namespace
+
+ENCORE_REGISTER_CUDA(Op::Permute, &permute_kernel);
+ENCORE_REGISTER_CUDA(Op::BroadcastTo, &broadcast_to_kernel);
+ENCORE_REGISTER_CUDA(Op::Concat, &concat_kernel);
+ENCORE_REGISTER_CUDA(Op::Slice, &slice_kernel);
+ENCORE_REGISTER_CUDA(Op::SliceGrad, &slice_grad_kernel);
+
+}  // namespace encore::kernels::cuda

@@ -1,0 +1,476 @@
+// Softmax family and losses on CUDA (the semantics of kernels/cpu/softmax.cc and loss.cc).
+//
+// Softmax sees a tensor as [outer, n, inner] with n the softmax axis: each (outer, inner) pair is
+// a lane of n elements at stride inner. A lane goes to one thread (inner > 1 with many lanes:
+// adjacent threads read adjacent elements), a warp, or a block, whose threads join their partial
+// max and sums with a fixed shuffle/shared-memory tree.
+//
+// The scalar losses run in one block of 1024 threads, a warp per sample, joined in a fixed
+// order; sums over samples are in double as on the CPU. The cross-entropy gradient recounts the
+// non-ignored labels in each of its blocks rather than keeping the count in a scratch buffer.
+// A label outside [0, C) (other than the ignore label) cannot throw here without a host sync:
+// it makes the loss NaN and its gradient row NaN (the CPU throws; accuracy counts it a miss).
+#include <cuda/std/limits>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+
+namespace encore::kernels::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float exp_of(float v) {
+  return ::expf(v);
+}
+__device__ __forceinline__ double exp_of(double v) {
+  return ::exp(v);
+}
+__device__ __forceinline__ float log_of(float v) {
+  return ::logf(v);
+}
+__device__ __forceinline__ double log_of(double v) {
+  return ::log(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T nan_of() {
+  return ::cuda::std::numeric_limits<T>::quiet_NaN();
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ static T identity() {
+    return T(0);
+  }
+  template <typename T>
+  __device__ static T combine(T a, T b) {
+    return a + b;
+  }
+};
+
+// The CPU's lane_max: a NaN is never taken (a lane holding one is NaN through its sum anyway).
+struct LaneMaxOp {
+  template <typename T>
+  __device__ static T identity() {
+    return -::cuda::std::numeric_limits<T>::infinity();
+  }
+  template <typename T>
+  __device__ static T combine(T a, T b) {
+    return b > a ? b : a;
+  }
+};
+
+// Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast).
+template <typename R, typename T>
+__device__ __forceinline__ T warp_reduce(T v) {
+  for (int o = 16; o > 0; o /= 2) v = R::combine(v, __shfl_xor_sync(kFullMask, v, o));
+  return __shfl_sync(kFullMask, v, 0);
+}
+
+// The fold of one value per thread over a group of kGroup consecutive threads (1, a warp, or the
+// whole block), returned to every thread of the group. `sh` holds 32 values; with a whole-block
+// group every thread of the block must call this.
+template <typename R, int kGroup, typename T>
+__device__ __forceinline__ T group_reduce(T v, T* sh) {
+  if constexpr (kGroup == 1) {
+    (void)sh;
+    return v;
+  } else if constexpr (kGroup == 32) {
+    (void)sh;
+    return warp_reduce<R>(v);
+  } else {
+    static_assert(kGroup % 32 == 0 && kGroup <= 1024);
+    v = warp_reduce<R>(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < kGroup / 32 ? sh[lane] : R::template identity<T>();
+    v = warp_reduce<R>(v);
+    __syncthreads();  // sh is free again for the next call
+    return v;
+  }
+}
+
+// Threads of a block that runs groups of kGroup threads.
+template <int kGroup>
+inline constexpr int kBlockThreads = kGroup > kThreads ? kGroup : kThreads;
+
+// ---- Softmax, log-softmax and their gradients ---------------------------------------------
+
+// y = softmax(x) or log_softmax(x) along each lane.
+template <bool kLog, int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t lanes, int64_t n,
+                   int64_t inner) {
+  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
+  __shared__ T sh[32];
+  const int g = threadIdx.x % kGroup;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  for (int64_t lane = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
+       lane < lanes; lane += step) {  // uniform over each group
+    const int64_t base = lane / inner * n * inner + lane % inner;
+    const T* px = x + base;
+    T* py = y + base;
+    T m = LaneMaxOp::identity<T>();
+    for (int64_t i = g; i < n; i += kGroup) m = LaneMaxOp::combine(m, px[i * inner]);
+    m = group_reduce<LaneMaxOp, kGroup>(m, sh);
+    T sum = 0;
+    for (int64_t i = g; i < n; i += kGroup) sum += exp_of(px[i * inner] - m);
+    sum = group_reduce<SumOp, kGroup>(sum, sh);
+    if constexpr (kLog) {
+      const T log_sum = log_of(sum);
+      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = px[i * inner] - m - log_sum;
+    } else {
+      const T inv = T(1) / sum;
+      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = exp_of(px[i * inner] - m) * inv;
+    }
+  }
+}
+
+// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
+template <bool kLog, int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    softmax_grad_kernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
+                        int64_t lanes, int64_t n, int64_t inner) {
+  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
+  __shared__ T sh[32];
+  const int g = threadIdx.x % kGroup;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  for (int64_t lane = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
+       lane < lanes; lane += step) {  // uniform over each group
+    const int64_t base = lane / inner * n * inner + lane % inner;
+    const T* py = y + base;
+    const T* pg = gy + base;
+    T* px = gx + base;
+    T dot = 0;
+    for (int64_t i = g; i < n; i += kGroup) {
+      if constexpr (kLog) {
+        dot += pg[i * inner];
+      } else {
+        dot += pg[i * inner] * py[i * inner];
+      }
+    }
+    dot = group_reduce<SumOp, kGroup>(dot, sh);
+    for (int64_t i = g; i < n; i += kGroup) {
+      const int64_t k = i * inner;
+      if constexpr (kLog) {
+        px[k] = pg[k] - exp_of(py[k]) * dot;
+      } else {
+        px[k] = py[k] * (pg[k] - dot);
+      }
+    }
+  }
+}
+
+struct Lanes {
+  int64_t outer = 1, n = 1, inner = 1;
+  int64_t count() const { return outer * inner; }
+};
+
+Lanes lanes_along(const Shape& shape, int axis) {
+  Lanes l;
+  for (int d = 0; d < axis; ++d) l.outer *= shape[d];
+  l.n = shape[axis];
+  for (int d = axis + 1; d < shape.rank(); ++d) l.inner *= shape[d];
+  return l;
+}
+
+// Calls launch(std::integral_constant<int, kGroup>{}) with the threads per lane for `l`.
+template <typename Launch>
+void with_group(const Lanes& l, Launch&& launch) {
+  if (l.inner > 1 && (l.count() >= 2048 || l.n <= 32)) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (l.count() < 64 && l.n >= 8192) {
+    launch(std::integral_constant<int, 1024>{});
+  } else if (l.n > 1024) {
+    launch(std::integral_constant<int, kThreads>{});
+  } else {
+    launch(std::integral_constant<int, 32>{});
+  }
+}
+
+template <bool kLog>
+void softmax(const KernelArgs& args) {
+  constexpr Op kOp = kLog ? Op::LogSoftmax : Op::Softmax;
+  const BufferView &x = args.in[0], &y = args.out[0];
+  const int axis = args.attr<AxisAttrs>().axis;
+  switch_floating(x.dtype, kOp, [&]<typename T>(Type<T>) {
+    if (x.numel() == 0) return;
+    const Lanes l = lanes_along(x.shape, axis);
+    with_group(l, [&](auto group) {
+      constexpr int kGroup = decltype(group)::value;
+      constexpr int kBlock = kBlockThreads<kGroup>;
+      softmax_kernel<kLog, kGroup><<<blocks_for(l.count(), kBlock / kGroup), kBlock, 0, stream()>>>(
+          x.as<T>(), y.as<T>(), l.count(), l.n, l.inner);
+      ENCORE_CUDA_LAUNCHED(kOp);
+    });
+  });
+}
+
+template <bool kLog>
+void softmax_grad(const KernelArgs& args) {
+  constexpr Op kOp = kLog ? Op::LogSoftmaxGrad : Op::SoftmaxGrad;
+  const BufferView &y = args.in[0], &gy = args.in[1], &gx = args.out[0];
+  const int axis = args.attr<AxisAttrs>().axis;
+  switch_floating(y.dtype, kOp, [&]<typename T>(Type<T>) {
+    if (y.numel() == 0) return;
+    const Lanes l = lanes_along(y.shape, axis);
+    with_group(l, [&](auto group) {
+      constexpr int kGroup = decltype(group)::value;
+      constexpr int kBlock = kBlockThreads<kGroup>;
+      softmax_grad_kernel<kLog, kGroup>
+          <<<blocks_for(l.count(), kBlock / kGroup), kBlock, 0, stream()>>>(
+              y.as<T>(), gy.as<T>(), gx.as<T>(), l.count(), l.n, l.inner);
+      ENCORE_CUDA_LAUNCHED(kOp);
+    });
+  });
+}
+
+// ---- Losses and accuracy --------------------------------------------------------------------
+
+constexpr int kLossThreads = 1024;
+constexpr int kLossWarps = kLossThreads / 32;
+
+// The largest element of a contiguous row of n >= 1 elements, to every lane of the warp.
+template <typename T>
+__device__ __forceinline__ T warp_row_max(const T* row, int64_t n, int lane) {
+  T m = LaneMaxOp::identity<T>();
+  for (int64_t j = lane; j < n; j += 32) m = LaneMaxOp::combine(m, row[j]);
+  return warp_reduce<LaneMaxOp>(m);
+}
+
+// sum(exp(row - m)) over a contiguous row, to every lane of the warp.
+template <typename T>
+__device__ __forceinline__ T warp_row_sum_exp(const T* row, int64_t n, int lane, T m) {
+  T s = 0;
+  for (int64_t j = lane; j < n; j += 32) s += exp_of(row[j] - m);
+  return warp_reduce<SumOp>(s);
+}
+
+// The index the CPU's scan picks (it moves from arg to j when row[j] > row[arg]): the first
+// maximum among the non-NaN elements, or 0 when row[0] is NaN. n >= 1; to every lane.
+template <typename T>
+__device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, int lane) {
+  if (row[0] != row[0]) return 0;  // the same for all lanes
+  constexpr int64_t kNone = ::cuda::std::numeric_limits<int64_t>::max();
+  T best = T(0);
+  int64_t arg = kNone;
+  for (int64_t j = lane; j < n; j += 32) {
+    const T v = row[j];
+    if (arg == kNone ? v == v : v > best) {
+      best = v;
+      arg = j;
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const T other = __shfl_xor_sync(kFullMask, best, o);
+    const int64_t other_arg = __shfl_xor_sync(kFullMask, arg, o);
+    if (other_arg != kNone &&
+        (arg == kNone || other > best || (other == best && other_arg < arg))) {
+      best = other;
+      arg = other_arg;
+    }
+  }
+  return __shfl_sync(kFullMask, arg, 0);
+}
+
+// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kLossThreads)
+    cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
+                         int64_t rows, int64_t classes, int64_t ignore) {
+  __shared__ double sh_total[kLossWarps];
+  __shared__ int64_t sh_count[kLossWarps];
+  __shared__ int64_t sh_bad[kLossWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double total = 0;
+  int64_t count = 0, bad = 0;
+  for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label == ignore) continue;
+    ++count;
+    if (label < 0 || label >= classes) {
+      ++bad;
+      continue;
+    }
+    const T* row = x + i * classes;
+    const T m = warp_row_max(row, classes, lane);
+    const T log_sum_exp = m + log_of(warp_row_sum_exp(row, classes, lane, m));
+    total += static_cast<double>(log_sum_exp - row[label]);
+  }
+  if (lane == 0) {
+    sh_total[warp] = total;
+    sh_count[warp] = count;
+    sh_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    total = warp_reduce<SumOp>(lane < kLossWarps ? sh_total[lane] : 0.0);
+    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
+    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
+    if (lane == 0) {
+      *out = bad > 0      ? nan_of<T>()
+             : count == 0 ? T(0)
+                          : static_cast<T>(total / static_cast<double>(count));
+    }
+  }
+}
+
+constexpr int kGradMaxBlocks = 128;
+
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
+                              const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
+                              int64_t classes, int64_t ignore) {
+  __shared__ int64_t sh[32];
+  int64_t count = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kThreads)
+    count += static_cast<int64_t>(labels[i]) != ignore ? 1 : 0;
+  count = group_reduce<SumOp, kThreads>(count, sh);
+  const T scale = count == 0 ? T(0) : *gy / static_cast<T>(count);
+  constexpr int kPerBlock = kThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / 32; i < rows;
+       i += step) {  // uniform over each warp
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    const T* row = x + i * classes;
+    T* grow = gx + i * classes;
+    if (label == ignore) {
+      for (int64_t j = lane; j < classes; j += 32) grow[j] = T(0);
+      continue;
+    }
+    if (label < 0 || label >= classes) {
+      for (int64_t j = lane; j < classes; j += 32) grow[j] = nan_of<T>();
+      continue;
+    }
+    const T m = warp_row_max(row, classes, lane);
+    const T sum = warp_row_sum_exp(row, classes, lane, m);
+    const T f = scale / sum;
+    for (int64_t j = lane; j < classes; j += 32) {
+      T v = exp_of(row[j] - m) * f;
+      if (j == label) v -= scale;
+      grow[j] = v;
+    }
+  }
+}
+
+// mean((a - b)^2) over all elements, accumulated in double (0/0 = NaN for no elements).
+template <typename T>
+__global__ void __launch_bounds__(kLossThreads)
+    mean_squared_error_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                              int64_t n) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kLossThreads) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    acc += d * d;
+  }
+  acc = group_reduce<SumOp, kLossThreads>(acc, sh);
+  if (threadIdx.x == 0) *out = static_cast<T>(acc / static_cast<double>(n));
+}
+
+// Fraction of non-ignored samples whose first maximum is at the label; 0 when none. A label
+// outside [0, C) counts as a miss.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kLossThreads)
+    accuracy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
+                    int64_t rows, int64_t classes, int64_t ignore) {
+  __shared__ int64_t sh_count[kLossWarps];
+  __shared__ int64_t sh_correct[kLossWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t count = 0, correct = 0;
+  for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label == ignore) continue;
+    ++count;
+    if (classes == 0) continue;
+    correct += warp_first_argmax(x + i * classes, classes, lane) == label ? 1 : 0;
+  }
+  if (lane == 0) {
+    sh_count[warp] = count;
+    sh_correct[warp] = correct;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
+    correct = warp_reduce<SumOp>(lane < kLossWarps ? sh_correct[lane] : int64_t{0});
+    if (lane == 0) {
+      *out = count == 0 ? T(0)
+                        : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
+    }
+  }
+}
+
+void cross_entropy(const KernelArgs& args) {
+  constexpr Op kOp = Op::SoftmaxCrossEntropy;
+  const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
+      cross_entropy_kernel<<<1, kLossThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(),
+                                                             out.as<T>(), rows, classes, ignore);
+      ENCORE_CUDA_LAUNCHED(kOp);
+    });
+  });
+}
+
+void cross_entropy_grad(const KernelArgs& args) {
+  constexpr Op kOp = Op::SoftmaxCrossEntropyGrad;
+  const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
+  const BufferView& gx = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
+      if (gx.numel() == 0) return;
+      unsigned blocks = blocks_for(rows, kThreads / 32);
+      if (blocks > kGradMaxBlocks) blocks = kGradMaxBlocks;
+      cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(
+          logits.as<T>(), labels.as<L>(), gy.as<T>(), gx.as<T>(), rows, classes, ignore);
+      ENCORE_CUDA_LAUNCHED(kOp);
+    });
+  });
+}
+
+void mean_squared_error(const KernelArgs& args) {
+  constexpr Op kOp = Op::MeanSquaredError;
+  const BufferView &a = args.in[0], &b = args.in[1], &out = args.out[0];
+  switch_floating(a.dtype, kOp, [&]<typename T>(Type<T>) {
+    mean_squared_error_kernel<<<1, kLossThreads, 0, stream()>>>(a.as<T>(), b.as<T>(), out.as<T>(),
+                                                                a.numel());
+    ENCORE_CUDA_LAUNCHED(kOp);
+  });
+}
+
+void accuracy(const KernelArgs& args) {
+  constexpr Op kOp = Op::Accuracy;
+  const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
+  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const int64_t rows = logits.shape[0], classes = logits.shape[1];
+  switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
+    switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
+      accuracy_kernel<<<1, kLossThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(), out.as<T>(),
+                                                        rows, classes, ignore);
+      ENCORE_CUDA_LAUNCHED(kOp);
+    });
+  });
+}
+
+ENCORE_REGISTER_CUDA(Op::Softmax, &softmax<false>);
+ENCORE_REGISTER_CUDA(Op::LogSoftmax, &softmax<true>);
+ENCORE_REGISTER_CUDA(Op::SoftmaxGrad, &softmax_grad<false>);
+ENCORE_REGISTER_CUDA(Op::LogSoftmaxGrad, &softmax_grad<true>);
+ENCORE_REGISTER_CUDA(Op::SoftmaxCrossEntropy, &cross_entropy);
+ENCORE_REGISTER_CUDA(Op::SoftmaxCrossEntropyGrad, &cross_entropy_grad);
+ENCORE_REGISTER_CUDA(Op::MeanSquaredError, &mean_squared_error);
+ENCORE_REGISTER_CUDA(Op::Accuracy, &accuracy);
+
+}  // namespace
+}  // namespace encore::kernels::cuda

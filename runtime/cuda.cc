@@ -1,0 +1,492 @@
+#include "runtime/cuda.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "runtime/error.h"
+
+#ifdef ENCORE_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace encore::cuda {
+
+#ifndef ENCORE_HAS_CUDA
+
+namespace {
+[[noreturn]] void not_built(const char* what) {
+  fail(what, ": this build has no CUDA backend (built without nvcc, or with ENCORE_CUDA=OFF)");
+}
+}  // namespace
+
+bool is_built() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string unavailable_reason() {
+  return "this build has no CUDA backend (built without nvcc, or with ENCORE_CUDA=OFF)";
+}
+void require_device(int index, const char* what) {
+  fail(what, ": cuda:", index, " is not available: ", unavailable_reason());
+}
+int current_device() {
+  return 0;
+}
+void set_device(int) {
+  not_built("set_device");
+}
+StreamHandle current_stream(int) {
+  not_built("current_stream");
+}
+StreamGuard::StreamGuard(int device, StreamHandle) : device_(device), previous_(nullptr) {
+  not_built("StreamGuard");
+}
+StreamGuard::~StreamGuard() = default;
+StreamHandle create_stream(int) {
+  not_built("create_stream");
+}
+void destroy_stream(StreamHandle) {}
+void synchronize(int) {}
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                bool) {
+  if (dst_device.type != DeviceType::CPU || src_device.type != DeviceType::CPU) not_built("copy");
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+void call_after_stream(int, void (*)(void*), void*) {
+  not_built("call_after_stream");
+}
+Allocator& pinned_allocator() {
+  not_built("pin_memory");
+}
+bool graphs_enabled() {
+  return false;
+}
+bool set_graphs_enabled(bool) {
+  return false;
+}
+Graph::~Graph() = default;
+Graph::Graph(Graph&& o) noexcept = default;
+Graph& Graph::operator=(Graph&& o) noexcept = default;
+void Graph::begin_capture(StreamHandle) {
+  not_built("graph capture");
+}
+bool Graph::end_capture() {
+  return false;
+}
+void Graph::abort_capture() noexcept {}
+void Graph::launch(StreamHandle) const {
+  not_built("graph launch");
+}
+void Graph::reset() noexcept {}
+bool capturing() {
+  return false;
+}
+EventTimeline::~EventTimeline() = default;
+void EventTimeline::mark(StreamHandle) {
+  not_built("EventTimeline");
+}
+std::vector<int64_t> EventTimeline::take_intervals_ns() {
+  return {};
+}
+
+#else  // ENCORE_HAS_CUDA
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+[[noreturn]] void fail_call(std::string_view what, const char* call, cudaError_t e) {
+  fail(what, ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+#define CHECK_CUDA(what, call)          \
+  do {                                  \
+    const cudaError_t e_ = (call);      \
+    if (e_ != cudaSuccess) [[unlikely]] \
+      fail_call(what, #call, e_);       \
+  } while (0)
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      r.reason = cat("no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorName(e), ", ",
+                     cudaGetErrorString(e), ")");
+    } else if (n == 0) {
+      r.reason = "no CUDA device";
+    } else {
+      r.count = n < kMaxDevices ? n : kMaxDevices;
+    }
+    return r;
+  }();
+  return p;
+}
+
+// Per device: its default stream (non-blocking, created on first use).
+struct DeviceState {
+  std::once_flag once;
+  cudaStream_t stream = nullptr;
+};
+DeviceState* device_states() {
+  static DeviceState* s = new DeviceState[kMaxDevices];
+  return s;
+}
+
+thread_local int tl_device = -1;
+thread_local StreamHandle tl_stream[kMaxDevices] = {};
+thread_local bool tl_capturing = false;
+
+StreamHandle default_stream(int device) {
+  DeviceState& d = device_states()[device];
+  std::call_once(d.once, [&] {
+    const int previous = current_device();
+    set_device(device);
+    CHECK_CUDA("cuda stream", cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+    set_device(previous);
+  });
+  return d.stream;
+}
+
+// Device memory for the caching allocator of one device.
+struct DeviceMemory {
+  int index;
+};
+void* device_alloc(void* ctx, size_t n) {
+  const int index = static_cast<DeviceMemory*>(ctx)->index;
+  ENCORE_CHECK(!tl_capturing, "allocate: ", n, " bytes on cuda:", index,
+               " requested while capturing a CUDA graph");
+  const int previous = current_device();
+  set_device(index);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, n);
+  set_device(previous);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  CHECK_CUDA("allocate", e);
+  return p;
+}
+void device_free(void* ctx, void* p) {
+  const int index = static_cast<DeviceMemory*>(ctx)->index;
+  const int previous = current_device();
+  set_device(index);
+  // cudaFree waits for the device; a failure here (e.g. the driver shutting down at process
+  // exit) leaves nothing to recover.
+  (void)cudaFree(p);
+  set_device(previous);
+}
+
+Allocator* make_device_allocator(int index) {
+  require_device(index, "allocator");
+  auto* mem = new DeviceMemory{index};
+  return make_caching_allocator({&device_alloc, &device_free, mem, cat("cuda:", index)}).release();
+}
+
+[[maybe_unused]] const bool g_registered = [] {
+  register_allocator_factory(DeviceType::CUDA, &make_device_allocator);
+  return true;
+}();
+
+std::atomic<int> g_graphs{-1};  // -1: not read from the environment yet
+
+}  // namespace
+
+bool is_built() {
+  return true;
+}
+int device_count() {
+  return probe().count;
+}
+std::string unavailable_reason() {
+  return probe().reason;
+}
+void require_device(int index, const char* what) {
+  const Probe& p = probe();
+  ENCORE_CHECK(p.count > 0, what, ": cuda:", index, " is not available: ", p.reason);
+  ENCORE_CHECK(index >= 0 && index < p.count, what, ": device cuda:", index,
+               " does not exist (this machine has ", p.count, " CUDA device",
+               p.count == 1 ? "" : "s", ")");
+}
+
+int current_device() {
+  if (tl_device < 0) {
+    int d = 0;
+    if (probe().count > 0) CHECK_CUDA("current_device", cudaGetDevice(&d));
+    tl_device = d;
+  }
+  return tl_device;
+}
+
+void set_device(int index) {
+  if (tl_device == index) [[likely]]
+    return;
+  require_device(index, "set_device");
+  CHECK_CUDA("set_device", cudaSetDevice(index));
+  tl_device = index;
+}
+
+StreamHandle current_stream(int device) {
+  StreamHandle s = tl_stream[device];
+  return s != nullptr ? s : default_stream(device);
+}
+
+StreamGuard::StreamGuard(int device, StreamHandle stream)
+    : device_(device), previous_(tl_stream[device]) {
+  tl_stream[device] = stream;
+}
+StreamGuard::~StreamGuard() {
+  tl_stream[device_] = previous_;
+}
+
+StreamHandle create_stream(int device) {
+  require_device(device, "create_stream");
+  const int previous = current_device();
+  set_device(device);
+  cudaStream_t s = nullptr;
+  CHECK_CUDA("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  set_device(previous);
+  return s;
+}
+
+void destroy_stream(StreamHandle s) {
+  if (s != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+}
+
+void synchronize(int device) {
+  const int n = device_count();
+  for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d) {
+    require_device(d, "synchronize");
+    CHECK_CUDA("synchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream(d))));
+  }
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                bool non_blocking) {
+  const bool dst_cpu = dst_device.type == DeviceType::CPU;
+  const bool src_cpu = src_device.type == DeviceType::CPU;
+  if (dst_cpu && src_cpu) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return;
+  }
+  // The CUDA side whose stream orders the copy.
+  const int device = dst_cpu ? src_device.index : dst_device.index;
+  require_device(device, "copy");
+  if (bytes == 0) return;
+  ENCORE_CHECK(!tl_capturing || (!dst_cpu && !src_cpu), "copy: a copy of ", bytes,
+               " bytes between ", src_device, " and ", dst_device,
+               " cannot be captured in a CUDA graph");
+  set_device(device);
+  auto stream = static_cast<cudaStream_t>(current_stream(device));
+  if (!dst_cpu && !src_cpu && dst_device.index != src_device.index) {
+    CHECK_CUDA("copy",
+               cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream));
+  } else {
+    const cudaMemcpyKind kind = src_cpu   ? cudaMemcpyHostToDevice
+                                : dst_cpu ? cudaMemcpyDeviceToHost
+                                          : cudaMemcpyDeviceToDevice;
+    CHECK_CUDA("copy", cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  }
+  // A copy that involves the host is finished on return unless asked otherwise.
+  if ((dst_cpu || src_cpu) && !non_blocking) CHECK_CUDA("copy", cudaStreamSynchronize(stream));
+}
+
+void call_after_stream(int device, void (*fn)(void*), void* arg) {
+  require_device(device, "call_after_stream");
+  set_device(device);
+  CHECK_CUDA("call_after_stream",
+             cudaLaunchHostFunc(static_cast<cudaStream_t>(current_stream(device)), fn, arg));
+}
+
+Allocator& pinned_allocator() {
+  static Allocator* a = [] {
+    require_device(0, "pin_memory");
+    return make_caching_allocator(
+               {[](void*, size_t n) -> void* {
+                  ENCORE_CHECK(!tl_capturing, "pin_memory: allocation while capturing a graph");
+                  void* p = nullptr;
+                  const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocDefault);
+                  if (e == cudaErrorMemoryAllocation) {
+                    (void)cudaGetLastError();
+                    return nullptr;
+                  }
+                  CHECK_CUDA("pin_memory", e);
+                  return p;
+                },
+                [](void*, void* p) { (void)cudaFreeHost(p); }, nullptr, "pinned cpu memory"})
+        .release();
+  }();
+  return *a;
+}
+
+bool graphs_enabled() {
+  int v = g_graphs.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("ENCORE_CUDA_GRAPHS");
+    v = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
+    int expected = -1;
+    g_graphs.compare_exchange_strong(expected, v);
+    v = g_graphs.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool set_graphs_enabled(bool on) {
+  const bool previous = graphs_enabled();
+  g_graphs.store(on ? 1 : 0, std::memory_order_relaxed);
+  return previous;
+}
+
+bool capturing() {
+  return tl_capturing;
+}
+
+// ---- Graph ----------------------------------------------------------------------------
+
+Graph::~Graph() {
+  reset();
+}
+
+Graph::Graph(Graph&& o) noexcept
+    : stream_(o.stream_),
+      exec_(o.exec_),
+      capturing_(o.capturing_),
+      nodes_(o.nodes_),
+      failure_(std::move(o.failure_)) {
+  o.exec_ = nullptr;
+  o.capturing_ = false;
+}
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    stream_ = o.stream_;
+    exec_ = o.exec_;
+    capturing_ = o.capturing_;
+    nodes_ = o.nodes_;
+    failure_ = std::move(o.failure_);
+    o.exec_ = nullptr;
+    o.capturing_ = false;
+  }
+  return *this;
+}
+
+void Graph::reset() noexcept {
+  abort_capture();
+  if (exec_ != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = nullptr;
+}
+
+void Graph::begin_capture(StreamHandle stream) {
+  ENCORE_CHECK(!capturing_ && !tl_capturing, "graph capture: this thread is already capturing");
+  CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
+                                                     cudaStreamCaptureModeThreadLocal));
+  stream_ = stream;
+  capturing_ = true;
+  tl_capturing = true;
+  failure_.clear();
+}
+
+void Graph::abort_capture() noexcept {
+  if (!capturing_) return;
+  cudaGraph_t g = nullptr;
+  (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
+  if (g != nullptr) (void)cudaGraphDestroy(g);
+  (void)cudaGetLastError();
+  capturing_ = false;
+  tl_capturing = false;
+}
+
+bool Graph::end_capture() {
+  ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
+  capturing_ = false;
+  tl_capturing = false;
+  if (e != cudaSuccess || g == nullptr) {
+    (void)cudaGetLastError();
+    if (g != nullptr) (void)cudaGraphDestroy(g);
+    failure_ =
+        cat("stream capture failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+    return false;
+  }
+  size_t n = 0;
+  if (cudaGraphGetNodes(g, nullptr, &n) == cudaSuccess) nodes_ = static_cast<int>(n);
+  if (exec_ != nullptr) {
+    // Same topology (a recapture with other addresses): update the executable graph in place.
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(exec_), g, &info) == cudaSuccess) {
+      (void)cudaGraphDestroy(g);
+      return true;
+    }
+    (void)cudaGetLastError();
+    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+  (void)cudaGraphDestroy(g);
+  if (ie != cudaSuccess) {
+    (void)cudaGetLastError();
+    failure_ = cat("graph instantiation failed: ", cudaGetErrorName(ie), " (",
+                   cudaGetErrorString(ie), ")");
+    return false;
+  }
+  exec_ = exec;
+  return true;
+}
+
+void Graph::launch(StreamHandle stream) const {
+  ENCORE_CHECK(exec_ != nullptr, "graph launch: no graph was captured");
+  CHECK_CUDA("graph launch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
+                                             static_cast<cudaStream_t>(stream)));
+}
+
+// ---- EventTimeline --------------------------------------------------------------------
+
+EventTimeline::~EventTimeline() {
+  for (void* e : events_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void EventTimeline::mark(StreamHandle stream) {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    CHECK_CUDA("profiler", cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  CHECK_CUDA("profiler", cudaEventRecord(static_cast<cudaEvent_t>(events_[used_++]),
+                                         static_cast<cudaStream_t>(stream)));
+}
+
+std::vector<int64_t> EventTimeline::take_intervals_ns() {
+  std::vector<int64_t> out;
+  if (used_ == 0) return out;
+  CHECK_CUDA("profiler", cudaEventSynchronize(static_cast<cudaEvent_t>(events_[used_ - 1])));
+  out.reserve(used_ - 1);
+  for (size_t k = 1; k < used_; ++k) {
+    float ms = 0;
+    CHECK_CUDA("profiler", cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[k - 1]),
+                                                static_cast<cudaEvent_t>(events_[k])));
+    out.push_back(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+  }
+  used_ = 0;
+  return out;
+}
+
+#undef CHECK_CUDA
+
+#endif  // ENCORE_HAS_CUDA
+
+}  // namespace encore::cuda

@@ -1,0 +1,153 @@
+// The CUDA backend's runtime side: devices, streams, copies, pinned host memory and graphs.
+// Declared in every build; without CUDA (ENCORE_HAS_CUDA undefined) is_built() is false,
+// device_count() is 0 and the rest throws Error saying so.
+//
+//   if (encore::cuda::is_available()) {
+//     Tensor x = host_batch.to(Device::cuda());   // a copy on the device's current stream
+//     ...
+//     float loss = y.item<float>();               // waits for the stream, then reads
+//   }
+//
+// Every CUDA kernel runs on the current stream of its device (per thread). The default is one
+// non-blocking stream per device, created on first use; never the legacy NULL stream, so a
+// static replay can capture it into a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+namespace encore::cuda {
+
+// Whether this build has the CUDA backend.
+bool is_built();
+// Devices usable by this process: 0 without a driver or a GPU (never throws).
+int device_count();
+inline bool is_available() {
+  return device_count() > 0;
+}
+// Why device_count() is 0 ("this build has no CUDA backend", "no CUDA driver", ...); empty
+// when a device is available.
+std::string unavailable_reason();
+// Throws Error naming `what` unless device `index` exists.
+void require_device(int index, const char* what);
+
+// The current device of this thread (cudaSetDevice); the dispatcher switches to an op's device.
+int current_device();
+void set_device(int index);
+
+// An opaque cudaStream_t.
+using StreamHandle = void*;
+// The current stream of `device` on this thread.
+StreamHandle current_stream(int device);
+// Makes `stream` the current stream of `device` on this thread for the guard's lifetime.
+class StreamGuard {
+ public:
+  StreamGuard(int device, StreamHandle stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  int device_;
+  StreamHandle previous_;
+};
+// A new non-blocking stream on `device` (destroy with destroy_stream).
+StreamHandle create_stream(int device);
+void destroy_stream(StreamHandle s);
+// Waits for all work queued on the current stream of `device` (every device when -1).
+void synchronize(int device = -1);
+
+// Copies `bytes` between any two devices, in order with the current stream of the CUDA side.
+// Waits for the copy unless `non_blocking` is set and the host side is pinned memory (a
+// device-to-device copy never waits).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                bool non_blocking = false);
+
+// Calls fn(arg) on a driver thread once the current stream of `device` has reached this point
+// (cudaLaunchHostFunc). `fn` must not call CUDA; Tensor::to uses it to keep a pinned source
+// alive until its asynchronous copy has read it.
+void call_after_stream(int device, void (*fn)(void*), void* arg);
+
+// Page-locked host memory (cudaHostAlloc), cached like the other allocators. Tensors on it are
+// cpu tensors whose copies to a device can be asynchronous (Tensor::pin_memory).
+Allocator& pinned_allocator();
+
+// Whether static replay on CUDA captures its schedules as CUDA graphs: on by default,
+// ENCORE_CUDA_GRAPHS=0 (read once) or set_graphs_enabled(false) turns it off.
+bool graphs_enabled();
+// Returns the previous setting.
+bool set_graphs_enabled(bool on);
+
+// A captured sequence of work on one stream, replayed with one launch.
+//
+//   cuda::Graph g;
+//   g.begin_capture(stream);
+//   ... enqueue kernels on `stream` ...
+//   if (!g.end_capture()) use g.failure();   // capture was invalidated: run the work eagerly
+//   g.launch(stream);
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts capturing `stream` (thread-local mode: other threads are not affected).
+  void begin_capture(StreamHandle stream);
+  // Ends the capture and instantiates the graph, or updates the executable one in place when
+  // the topology is unchanged. False when the capture failed (the reason is failure()); the
+  // stream is usable again either way.
+  bool end_capture();
+  // Ends a capture abandoned because the enqueued work threw (no graph results).
+  void abort_capture() noexcept;
+  bool capturing() const { return capturing_; }
+  bool ready() const { return exec_ != nullptr; }
+  const std::string& failure() const { return failure_; }
+  // Replays the graph on `stream`.
+  void launch(StreamHandle stream) const;
+  // Kernel and copy nodes in the captured graph.
+  int nodes() const { return nodes_; }
+
+ private:
+  void reset() noexcept;
+  StreamHandle stream_ = nullptr;
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  bool capturing_ = false;
+  int nodes_ = 0;
+  std::string failure_;
+};
+
+// Device-side durations of consecutive pieces of work on one stream (how the profiler times a
+// replayed CUDA schedule: a host clock would only see the launches).
+//
+//   EventTimeline tl;
+//   tl.mark(s); step0(); tl.mark(s); step1(); tl.mark(s);
+//   std::vector<int64_t> ns = tl.take_intervals_ns();   // {step0, step1}, waiting for the stream
+class EventTimeline {
+ public:
+  EventTimeline() = default;
+  ~EventTimeline();
+  EventTimeline(const EventTimeline&) = delete;
+  EventTimeline& operator=(const EventTimeline&) = delete;
+  void mark(StreamHandle stream);
+  // Waits for the last mark; the nanoseconds between consecutive marks. Forgets the marks (the
+  // events are kept for reuse).
+  std::vector<int64_t> take_intervals_ns();
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t, created on demand
+  size_t used_ = 0;
+};
+
+// Whether the calling thread is capturing a stream into a graph (kernels that would allocate
+// or synchronise check this and throw instead).
+bool capturing();
+
+}  // namespace encore::cuda
