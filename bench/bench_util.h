@@ -1,16 +1,23 @@
-// Helpers shared by the benchmark cases: allocator counters, the BLAS thread count and the
-// check that a static case really replayed.
+// Helpers shared by the benchmark cases: allocator counters, the BLAS thread count, the check
+// that a static case really replayed, and the CUDA cases' registry (registered at run time, only
+// where a GPU is available).
 #pragma once
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "runtime/cuda.h"
 
 namespace encore::bench {
 
@@ -18,11 +25,11 @@ inline void set_blas_threads_counter(benchmark::State& state) {
   state.counters["blas_threads"] = openblas_get_num_threads();
 }
 
-// Records the CPU allocator's activity over the measured loop: construct just before the loop
-// (resets the peak), call report() after it.
+// Records the activity of a device's allocator (the CPU's by default) over the measured loop:
+// construct just before the loop (resets the peak), call report() after it.
 class AllocatorProbe {
  public:
-  AllocatorProbe() : allocator_(allocator_for(Device::cpu())) {
+  explicit AllocatorProbe(Device device = Device::cpu()) : allocator_(allocator_for(device)) {
     allocator_.reset_peak();
     start_ = allocator_.stats();
   }
@@ -46,6 +53,12 @@ class AllocatorProbe {
   Allocator& allocator_;
   AllocatorStats start_;
 };
+
+// A byte count as a counter (printed in binary units on the console).
+inline benchmark::Counter bytes_counter(int64_t bytes) {
+  return benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kDefaults,
+                            benchmark::Counter::kIs1024);
+}
 
 // Marks the run as failed unless every call of the static function since its creation
 // replayed except `traces` traces (a run that fell back to eager would be mislabelled).
@@ -74,11 +87,174 @@ struct TrainStep {
   }
 };
 
-// int32 labels 0, 7, 4, 1, ... ((i * 7) % 10).
-inline Tensor cyclic_labels(int64_t n) {
+// int32 labels 0, 7, 4, 1, ... ((i * 7) % 10), made on the host and copied to `device`.
+inline Tensor cyclic_labels(int64_t n, Device device = Device::cpu()) {
   Tensor t = Tensor::empty({n}, DType::Int32);
   for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % 10);
-  return t;
+  return t.to(device);
+}
+
+// ---- CUDA ----------------------------------------------------------------------------------
+// The "/cuda" cases run the CPU cases' models and data on Device::cuda() (made on the host with
+// the same seeds, then moved). Each iteration ends with cuda::synchronize(), so the wall time of
+// an iteration is the real time of a step, not of queueing it.
+
+inline bool on_cuda(Device device) {
+  return device.type == DeviceType::CUDA;
+}
+
+// Waits for the work queued on a CUDA device; nothing on the CPU.
+inline void finish_step(Device device) {
+  if (on_cuda(device)) cuda::synchronize(device.index);
+}
+
+// The measured loop: `step()` per iteration, followed on a CUDA device by a synchronize (the CPU
+// loop is exactly `for (auto _ : state) step();`).
+template <typename Step>
+void step_loop(benchmark::State& state, Device device, Step&& step) {
+  if (!on_cuda(device)) {
+    for (auto _ : state) step();
+    return;
+  }
+  for (auto _ : state) {
+    step();
+    cuda::synchronize(device.index);
+  }
+}
+
+// How a static case replays on CUDA: captured as CUDA graphs (the default) or as a stream of
+// kernel launches (`static_nograph`).
+enum class Replay { Graphs, NoGraphs };
+
+// For a `static_nograph` case, turns CUDA graphs off for its lifetime and restores the previous
+// setting; declare it before the static function, so that the function is traced, replayed and
+// destroyed without graphs. A `Graphs` case leaves the setting alone (ENCORE_CUDA_GRAPHS=0 or
+// set_graphs_enabled(false) stay in force), and ok() is false when graphs are off: the case then
+// ends with an error instead of showing stream-replay times under the graphs' name (as a static
+// case under ENCORE_STATIC=0 does). Does nothing on the CPU.
+class GraphsSetting {
+ public:
+  GraphsSetting(benchmark::State& state, Device device, Replay replay)
+      : restore_(on_cuda(device) && replay == Replay::NoGraphs) {
+    if (restore_) previous_ = cuda::set_graphs_enabled(false);
+    if (on_cuda(device) && replay == Replay::Graphs && !cuda::graphs_enabled()) {
+      state.SkipWithError("CUDA graphs are off (ENCORE_CUDA_GRAPHS=0?): see static_nograph");
+      ok_ = false;
+    }
+  }
+  ~GraphsSetting() {
+    if (restore_) cuda::set_graphs_enabled(previous_);
+  }
+  GraphsSetting(const GraphsSetting&) = delete;
+  GraphsSetting& operator=(const GraphsSetting&) = delete;
+
+  bool ok() const { return ok_; }
+
+ private:
+  bool restore_;
+  bool previous_ = true;
+  bool ok_ = true;
+};
+
+// A CUDA static case shows the static function's warnings (a capture that fell back to stream
+// replay says so there) as its label, so a row that did not run as named is visible.
+inline void label_warnings(benchmark::State& state, Device device, const StaticStats& stats) {
+  if (on_cuda(device) && !stats.warnings.empty()) state.SetLabel(stats.warnings.back());
+}
+
+// KernelSum/<case>/cuda: the summed device time of the kernels of one replayed step, the bound
+// a graph replay can approach. `replay()` runs one static step (without synchronizing). The
+// measured loop replays under the profiler, whose rows in mode Replay carry each replayed
+// step's device time on CUDA; the Time column is the wall time of those profiled steps.
+// Counters, per step:
+//   kernel_us:  the device time of the replayed steps (the Replay rows' total / iterations);
+//   replay_ops: replayed steps (op calls) per training step;
+//   other_ops:  ops run outside a replay per step (0 unless part of the step ran eagerly, whose
+//               kernels kernel_us would then miss);
+//   replay_us:  the same replay unprofiled (graphs as configured), timed over as many steps
+//               after the loop, as <case>/static/cuda measures it;
+//   replay_over_kernel: replay_us / kernel_us (the target for MlpSmall: <= 1.2).
+template <typename ReplayFn>
+void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) {
+  profiler::Options options;
+  options.record_shapes = false;
+  options.max_events = 1 << 14;  // the rows' totals stay exact when events are dropped
+  options.reserve_events = 1 << 14;
+  try {
+    profiler::start(options);
+  } catch (const Error& e) {
+    state.SkipWithError((std::string("profiler::start: ") + e.what()).c_str());
+    return;
+  }
+  step_loop(state, device, replay);
+  cuda::synchronize(device.index);
+  const profiler::Profile profile = profiler::stop();
+
+  const int64_t iterations = static_cast<int64_t>(state.iterations());
+  if (iterations == 0) return;
+  const auto iters = static_cast<double>(iterations);
+  int64_t replay_calls = 0;
+  for (const profiler::OpRow& row : profile.ops())
+    if (row.mode == profiler::Mode::Replay) replay_calls += row.calls;
+  const double kernel_ns = static_cast<double>(profile.total_ns(profiler::Mode::Replay)) / iters;
+  state.counters["kernel_us"] = kernel_ns * 1e-3;
+  state.counters["replay_ops"] = static_cast<double>(replay_calls) / iters;
+  state.counters["other_ops"] = static_cast<double>(profile.total_calls() - replay_calls) / iters;
+
+  // The unprofiled replay: two untimed steps first (the first replay after profiling may
+  // capture its graphs again).
+  for (int i = 0; i < 2; ++i) replay();
+  cuda::synchronize(device.index);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    replay();
+    cuda::synchronize(device.index);
+  }
+  const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
+  const double replay_ns = elapsed.count() / iters;
+  state.counters["replay_us"] = replay_ns * 1e-3;
+  state.counters["replay_over_kernel"] = kernel_ns > 0 ? replay_ns / kernel_ns : 0;
+}
+
+// The CUDA cases, registered with Google Benchmark at run time by register_cuda_cases() (from
+// main) when a device is available; the files that define them add them here with
+// add_cuda_case() during static initialisation, under #ifdef ENCORE_HAS_CUDA.
+struct CudaCase {
+  int order = 0;  // registration order (then by name)
+  std::string name;
+  std::function<void(benchmark::State&)> run;
+  benchmark::TimeUnit unit = benchmark::kMillisecond;
+};
+
+// The rooms' places in the registration order.
+inline constexpr int kOpChainOrder = 0, kMlpSmallOrder = 1, kMlpLargeOrder = 2, kSeedCnnOrder = 3,
+                     kKernelSumOrder = 4;
+
+inline std::vector<CudaCase>& cuda_cases() {
+  static std::vector<CudaCase> cases;
+  return cases;
+}
+
+inline void add_cuda_case(int order, std::string name, std::function<void(benchmark::State&)> run,
+                          benchmark::TimeUnit unit = benchmark::kMillisecond) {
+  cuda_cases().push_back({order, std::move(name), std::move(run), unit});
+}
+
+// Registers the CUDA cases (wall time, UseRealTime) when a CUDA device is available. Returns a
+// line for the context printed above the results: how many were registered, or why none were.
+inline std::string register_cuda_cases() {
+  if (!cuda::is_available()) {
+    const std::string why = cuda::is_built() ? cuda::unavailable_reason() : "not built";
+    return "no /cuda cases (" + why + ")";
+  }
+  std::vector<CudaCase> cases = cuda_cases();
+  std::stable_sort(cases.begin(), cases.end(), [](const CudaCase& a, const CudaCase& b) {
+    return a.order != b.order ? a.order < b.order : a.name < b.name;
+  });
+  for (CudaCase& c : cases)
+    benchmark::RegisterBenchmark(c.name.c_str(), c.run)->UseRealTime()->Unit(c.unit);
+  return std::to_string(cases.size()) + " /cuda cases on " + std::to_string(cuda::device_count()) +
+         " device(s)";
 }
 
 }  // namespace encore::bench

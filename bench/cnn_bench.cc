@@ -1,6 +1,8 @@
 // SeedCnn/eager, SeedCnn/static: one SGD training step (forward, softmax cross entropy,
 // zero_grad, backward, update) of Chainer's seed CNN (models::SeedCnn) at batch 32 on a rand
 // input fixed before the loop; static: the whole step as one static function, replayed.
+// With a GPU (registered at run time, see bench_util.h): SeedCnn/eager/cuda, static/cuda,
+// static_nograph/cuda and KernelSum/SeedCnn/cuda, the same step on Device::cuda().
 //
 // VarSize/eager, VarSize/static: training steps of the variable_size sample (models::VggSmall,
 // Adam, batch 8) on images whose height and width follow a fixed sequence of 16 sizes drawn
@@ -10,6 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <utility>
@@ -24,26 +27,52 @@ namespace {
 
 constexpr int kWarmupSteps = 3;
 
-void BM_SeedCnn(benchmark::State& state, bool static_on) {
-  manual_seed(0);
-  auto model = std::make_shared<models::SeedCnn>();
-  TrainStep<models::SeedCnn, optim::SGD> step{model, optim::SGD(model->parameters())};
-  const Tensor x = rand({32, 1, 28, 28}), labels = cyclic_labels(32);
-  auto static_step = static_graph([&](const Tensor& a, const Tensor& b) { return step(a, b); },
-                                  {.name = "seed_cnn_step", .modules = {model}});
-  auto run = [&] { return static_on ? static_step(x, labels) : step(x, labels); };
-  for (int i = 0; i < kWarmupSteps; ++i) run();
+// The SeedCnn step: model and data made on the host (seed 0), then moved to `device`.
+struct SeedCnnStep {
+  using StepFn = std::function<Tensor(const Tensor&, const Tensor&)>;
+  explicit SeedCnnStep(Device device)
+      : model(seeded_model(device)),
+        step{model, optim::SGD(model->parameters())},
+        x(rand({32, 1, 28, 28}).to(device)),
+        labels(cyclic_labels(32, device)),
+        static_step(
+            static_graph(StepFn([this](const Tensor& a, const Tensor& b) { return step(a, b); }),
+                         {.name = "seed_cnn_step", .modules = {model}})) {}
+  SeedCnnStep(const SeedCnnStep&) = delete;
+  SeedCnnStep& operator=(const SeedCnnStep&) = delete;
 
-  AllocatorProbe probe;
-  for (auto _ : state) run();
+  static std::shared_ptr<models::SeedCnn> seeded_model(Device device) {
+    manual_seed(0);
+    auto m = std::make_shared<models::SeedCnn>();
+    if (device != Device::cpu()) m->to(device);
+    return m;
+  }
+  Tensor replay() { return static_step(x, labels); }
+
+  std::shared_ptr<models::SeedCnn> model;
+  TrainStep<models::SeedCnn, optim::SGD> step;
+  Tensor x, labels;
+  StaticFunction<StepFn> static_step;
+};
+
+void BM_SeedCnn(benchmark::State& state, bool static_on, Device device = Device::cpu(),
+                Replay replay = Replay::Graphs) {
+  GraphsSetting graphs(state, device, replay);
+  if (!graphs.ok()) return;
+  SeedCnnStep s(device);
+  auto run = [&] { return static_on ? s.replay() : s.step(s.x, s.labels); };
+  for (int i = 0; i < kWarmupSteps; ++i) run();
+  finish_step(device);
+
+  AllocatorProbe probe(device);
+  step_loop(state, device, run);
   probe.report(state);
-  set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_blas_threads_counter(state);
   if (static_on) {
-    const StaticStats stats = static_step.stats();
+    const StaticStats stats = s.static_step.stats();
+    label_warnings(state, device, stats);
     if (!check_replayed(state, stats, /*traces=*/1)) return;
-    state.counters["arena_bytes"] =
-        benchmark::Counter(static_cast<double>(stats.cache.at(0).arena_bytes),
-                           benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
+    state.counters["arena_bytes"] = bytes_counter(stats.cache.at(0).arena_bytes);
   }
 }
 
@@ -97,6 +126,37 @@ BENCHMARK_CAPTURE(BM_VarSize, static, true)
     ->Name("VarSize/static")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+#ifdef ENCORE_HAS_CUDA
+// KernelSum/SeedCnn/cuda: the SeedCnn/static/cuda step replayed under the profiler (see
+// kernel_sum_loop() for the counters).
+void BM_SeedCnnKernelSum(benchmark::State& state) {
+  const Device device = Device::cuda();
+  SeedCnnStep s(device);
+  for (int i = 0; i < kWarmupSteps; ++i) s.replay();
+  finish_step(device);
+
+  AllocatorProbe probe(device);
+  kernel_sum_loop(state, device, [&] { s.replay(); });
+  probe.report(state);
+  const StaticStats stats = s.static_step.stats();
+  label_warnings(state, device, stats);
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  state.counters["arena_bytes"] = bytes_counter(stats.cache.at(0).arena_bytes);
+}
+
+[[maybe_unused]] const bool kCudaCasesAdded = [] {
+  const Device cuda = Device::cuda();
+  add_cuda_case(kSeedCnnOrder, "SeedCnn/eager/cuda",
+                [=](benchmark::State& s) { BM_SeedCnn(s, false, cuda); });
+  add_cuda_case(kSeedCnnOrder, "SeedCnn/static/cuda",
+                [=](benchmark::State& s) { BM_SeedCnn(s, true, cuda, Replay::Graphs); });
+  add_cuda_case(kSeedCnnOrder, "SeedCnn/static_nograph/cuda",
+                [=](benchmark::State& s) { BM_SeedCnn(s, true, cuda, Replay::NoGraphs); });
+  add_cuda_case(kKernelSumOrder, "KernelSum/SeedCnn/cuda", BM_SeedCnnKernelSum);
+  return true;
+}();
+#endif  // ENCORE_HAS_CUDA
 
 }  // namespace
 }  // namespace encore::bench

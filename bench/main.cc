@@ -1,10 +1,12 @@
-// The entry point of encore_bench: Google Benchmark's main with three additions.
+// The entry point of encore_bench: Google Benchmark's main with four additions.
 //  - The case names are fixed (results are compared across versions), but Google Benchmark
 //    appends "/real_time" to a case with UseRealTime() (and "/min_time:..." with MinTime()). A
 //    reporter in front of the console and file reporters drops those parts again.
 //  - --benchmark_min_time defaults to kDefaultMinTime: a plain run takes about 15 seconds,
 //    five repetitions under a minute and a half.
 //  - The OpenBLAS thread count and build go into the context printed above the results.
+//  - The /cuda cases are registered here, at run time, and only when a CUDA device is
+//    available (bench_util.h); the context says how many, or why there are none.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -12,6 +14,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "bench/bench_util.h"
 
 namespace {
 
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
   benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
   benchmark::AddCustomContext("openblas_config", openblas_get_config());
+  benchmark::AddCustomContext("cuda", encore::bench::register_cuda_cases());
 
   FixedNameReporter display(benchmark::CreateDefaultDisplayReporter());
   std::unique_ptr<FixedNameReporter> file;

@@ -3,9 +3,15 @@
 // before the loop. MlpSmall/static, MlpLarge/static: the same step as one static function,
 // replayed. Compare with GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm
 // calls alone.
+//
+// With a GPU (registered at run time, see bench_util.h): the same cases on Device::cuda() with
+// the suffix /cuda, static_nograph/cuda (static replay without CUDA graphs), and
+// KernelSum/MlpSmall/cuda, KernelSum/MlpLarge/cuda (the summed device time of the replayed
+// step's kernels).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <string>
 
 #include "bench/bench_util.h"
 #include "bench/mlp_step.h"
@@ -19,54 +25,103 @@ namespace {
 // the allocator's cache (static: the first traces, the others replay).
 constexpr int kWarmupSteps = 3;
 
-void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch) {
-  MlpStep step(hidden, batch);
+void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch, Device device) {
+  MlpStep step(hidden, batch, device);
   for (int i = 0; i < kWarmupSteps; ++i) step.run();
+  finish_step(device);
 
-  AllocatorProbe probe;
-  for (auto _ : state) step.run();
+  AllocatorProbe probe(device);
+  step_loop(state, device, [&] { step.run(); });
   probe.report(state);
-  set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_blas_threads_counter(state);
 }
 
-void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch) {
-  MlpStep step(hidden, batch);
+// The static step's plan: its arena against the lower bound and the naive plan.
+void report_arena(benchmark::State& state, const StaticStats& stats) {
+  const EntryReport& entry = stats.cache.at(0);
+  state.counters["arena_bytes"] = bytes_counter(entry.arena_bytes);
+  state.counters["lower_bound_bytes"] = bytes_counter(entry.lower_bound_bytes);
+  state.counters["naive_bytes"] = bytes_counter(entry.naive_bytes);
+}
+
+void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
+                  Replay replay) {
+  GraphsSetting graphs(state, device, replay);
+  if (!graphs.ok()) return;
+  MlpStep step(hidden, batch, device);
   auto static_step = step.make_static();
   for (int i = 0; i < kWarmupSteps; ++i) static_step(step.x(), step.labels());
+  finish_step(device);
 
-  AllocatorProbe probe;
-  for (auto _ : state) static_step(step.x(), step.labels());
+  AllocatorProbe probe(device);
+  step_loop(state, device, [&] { static_step(step.x(), step.labels()); });
   probe.report(state);
-  set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_blas_threads_counter(state);
 
   const StaticStats stats = static_step.stats();
+  label_warnings(state, device, stats);
   if (!check_replayed(state, stats, /*traces=*/1)) return;
-  const EntryReport& entry = stats.cache.at(0);
-  auto bytes = [](int64_t b) {
-    return benchmark::Counter(static_cast<double>(b), benchmark::Counter::kDefaults,
-                              benchmark::Counter::kIs1024);
-  };
-  state.counters["arena_bytes"] = bytes(entry.arena_bytes);
-  state.counters["lower_bound_bytes"] = bytes(entry.lower_bound_bytes);
-  state.counters["naive_bytes"] = bytes(entry.naive_bytes);
+  report_arena(state, stats);
 }
 
-BENCHMARK_CAPTURE(BM_MlpEager, small, kMlpSmallHidden, kMlpSmallBatch)
+BENCHMARK_CAPTURE(BM_MlpEager, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu())
     ->Name("MlpSmall/eager")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MlpStatic, small, kMlpSmallHidden, kMlpSmallBatch)
+BENCHMARK_CAPTURE(BM_MlpStatic, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu(),
+                  Replay::Graphs)
     ->Name("MlpSmall/static")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MlpEager, large, kMlpLargeHidden, kMlpLargeBatch)
+BENCHMARK_CAPTURE(BM_MlpEager, large, kMlpLargeHidden, kMlpLargeBatch, Device::cpu())
     ->Name("MlpLarge/eager")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MlpStatic, large, kMlpLargeHidden, kMlpLargeBatch)
+BENCHMARK_CAPTURE(BM_MlpStatic, large, kMlpLargeHidden, kMlpLargeBatch, Device::cpu(),
+                  Replay::Graphs)
     ->Name("MlpLarge/static")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+#ifdef ENCORE_HAS_CUDA
+// KernelSum/MlpX/cuda: the MlpX/static/cuda step replayed under the profiler (see
+// kernel_sum_loop() for the counters), with the plan's counters.
+void BM_MlpKernelSum(benchmark::State& state, int64_t hidden, int64_t batch) {
+  const Device device = Device::cuda();
+  MlpStep step(hidden, batch, device);
+  auto static_step = step.make_static();
+  for (int i = 0; i < kWarmupSteps; ++i) static_step(step.x(), step.labels());
+  finish_step(device);
+
+  AllocatorProbe probe(device);
+  kernel_sum_loop(state, device, [&] { static_step(step.x(), step.labels()); });
+  probe.report(state);
+
+  const StaticStats stats = static_step.stats();
+  label_warnings(state, device, stats);
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  report_arena(state, stats);
+}
+
+void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int64_t batch) {
+  const Device cuda = Device::cuda();
+  add_cuda_case(order, room + "/eager/cuda",
+                [=](benchmark::State& s) { BM_MlpEager(s, hidden, batch, cuda); });
+  add_cuda_case(order, room + "/static/cuda",
+                [=](benchmark::State& s) { BM_MlpStatic(s, hidden, batch, cuda, Replay::Graphs); });
+  add_cuda_case(order, room + "/static_nograph/cuda", [=](benchmark::State& s) {
+    BM_MlpStatic(s, hidden, batch, cuda, Replay::NoGraphs);
+  });
+  add_cuda_case(kKernelSumOrder, "KernelSum/" + room + "/cuda",
+                [=](benchmark::State& s) { BM_MlpKernelSum(s, hidden, batch); });
+}
+
+[[maybe_unused]] const bool kCudaCasesAdded = [] {
+  add_mlp_cuda_cases(kMlpSmallOrder, "MlpSmall", kMlpSmallHidden, kMlpSmallBatch);
+  add_mlp_cuda_cases(kMlpLargeOrder, "MlpLarge", kMlpLargeHidden, kMlpLargeBatch);
+  return true;
+}();
+#endif  // ENCORE_HAS_CUDA
 
 }  // namespace
 }  // namespace encore::bench

@@ -1,5 +1,7 @@
 // The training step timed by MlpSmall/*, MlpLarge/* and Retrace/first_call: the 784-h-h-10
-// perceptron, Adam with its defaults, a rand input and int32 labels fixed at construction.
+// perceptron, Adam with its defaults, a rand input and int32 labels fixed at construction. On a
+// CUDA device (the /cuda cases) the model and data are made on the host as for the CPU, then
+// moved, so both devices train the same weights on the same data.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +20,11 @@ inline constexpr int64_t kMlpLargeHidden = 1000, kMlpLargeBatch = 100;
 // function over it refer to them).
 class MlpStep {
  public:
-  MlpStep(int64_t hidden, int64_t batch)
-      : model_(seeded_mlp(hidden)),
+  MlpStep(int64_t hidden, int64_t batch, Device device = Device::cpu())
+      : model_(seeded_mlp(hidden, device)),
         step_{model_, optim::Adam(model_->parameters())},
-        x_(rand({batch, 784})),
-        labels_(cyclic_labels(batch)) {}
+        x_(rand({batch, 784}).to(device)),
+        labels_(cyclic_labels(batch, device)) {}
   MlpStep(const MlpStep&) = delete;
   MlpStep& operator=(const MlpStep&) = delete;
 
@@ -42,9 +44,12 @@ class MlpStep {
   const Tensor& labels() const { return labels_; }
 
  private:
-  static std::shared_ptr<nn::Sequential> seeded_mlp(int64_t hidden) {
+  // Made on the host, then moved (before the optimizer takes the parameters).
+  static std::shared_ptr<nn::Sequential> seeded_mlp(int64_t hidden, Device device) {
     manual_seed(0);
-    return nn::mlp(784, hidden, 10);
+    auto model = nn::mlp(784, hidden, 10);
+    if (device != Device::cpu()) model->to(device);
+    return model;
   }
 
   std::shared_ptr<nn::Sequential> model_;

@@ -4,6 +4,10 @@
 // tanhf, it was half of the static replay. Eager, the time is dispatch, autograd recording,
 // allocation and the backward engine; static, the chain and its sum are one static function, so
 // the time is the replay of its forward and backward schedules.
+//
+// With a GPU (registered at run time, see bench_util.h): OpChain/eager/cuda, static/cuda,
+// static_nograph/cuda and KernelSum/OpChain/cuda, the same chain on Device::cuda(); there every
+// op is at least one kernel launch, which is what CUDA graphs save.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -41,21 +45,25 @@ Tensor chain_sum(const Tensor& x, const Tensor& w) {
   return F::sum(y);
 }
 
-// The chain's input x (requires grad) and its tensor-tensor operand w (no grad).
+// The chain's input x (requires grad) and its tensor-tensor operand w (no grad), drawn on the
+// host and copied to `device`.
 struct ChainInputs {
-  Tensor x = rand({8}, DType::Float32, Device::cpu(), -1, 1).set_requires_grad();
-  Tensor w = rand({8}, DType::Float32, Device::cpu(), 0.5, 1.5);
+  explicit ChainInputs(Device device = Device::cpu())
+      : x(rand({8}, DType::Float32, Device::cpu(), -1, 1).to(device).set_requires_grad()),
+        w(rand({8}, DType::Float32, Device::cpu(), 0.5, 1.5).to(device)) {}
+  Tensor x, w;
 };
 
-// Times `iteration` (forward, backward and clearing x's gradient) after `warmup` untimed calls
-// and reports it per op.
+// Times `iteration` (forward, backward and clearing x's gradient; on CUDA then a synchronize)
+// after `warmup` untimed calls and reports it per op.
 template <typename Iteration>
-void time_chain(benchmark::State& state, int warmup, Iteration&& iteration) {
+void time_chain(benchmark::State& state, Device device, int warmup, Iteration&& iteration) {
   for (int i = 0; i < warmup; ++i) iteration();
+  finish_step(device);
 
-  AllocatorProbe probe;
+  AllocatorProbe probe(device);
   const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) iteration();
+  step_loop(state, device, iteration);
   const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
   probe.report(state);
 
@@ -68,30 +76,79 @@ void time_chain(benchmark::State& state, int warmup, Iteration&& iteration) {
   state.counters.erase("peak_bytes");
 }
 
-void BM_OpChainEager(benchmark::State& state) {
-  ChainInputs in;
-  time_chain(state, /*warmup=*/1, [&] {  // warm the allocator's cache
+void BM_OpChainEager(benchmark::State& state, Device device) {
+  ChainInputs in(device);
+  time_chain(state, device, /*warmup=*/1, [&] {  // warm the allocator's cache
     chain_sum(in.x, in.w).backward();
     in.x.set_grad(Tensor());
   });
 }
-BENCHMARK(BM_OpChainEager)->Name("OpChain/eager")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_OpChainEager, cpu, Device::cpu())
+    ->Name("OpChain/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
-void BM_OpChainStatic(benchmark::State& state) {
-  ChainInputs in;
+// The chain and its sum as one static function of x.
+auto make_static_chain(ChainInputs& in) {
   StaticOptions options;
   options.name = "op_chain";
   options.arg_names = {"x"};
-  auto chain = static_graph([&in](const Tensor& x) { return chain_sum(x, in.w); }, options);
+  return static_graph([&in](const Tensor& x) { return chain_sum(x, in.w); }, options);
+}
+
+void BM_OpChainStatic(benchmark::State& state, Device device, Replay replay) {
+  GraphsSetting graphs(state, device, replay);
+  if (!graphs.ok()) return;
+  ChainInputs in(device);
+  auto chain = make_static_chain(in);
   // Warm-up: the first call traces the forward and its backward the backward; two replays
   // warm the allocator's cache.
-  time_chain(state, /*warmup=*/3, [&] {
+  time_chain(state, device, /*warmup=*/3, [&] {
     chain(in.x).backward();
     in.x.set_grad(Tensor());
   });
+  label_warnings(state, device, chain.stats());
   check_replayed(state, chain.stats(), /*traces=*/1);
 }
-BENCHMARK(BM_OpChainStatic)->Name("OpChain/static")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_OpChainStatic, cpu, Device::cpu(), Replay::Graphs)
+    ->Name("OpChain/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+#ifdef ENCORE_HAS_CUDA
+// KernelSum/OpChain/cuda: the OpChain/static/cuda iteration replayed under the profiler (see
+// kernel_sum_loop() for the counters; kernel_us is per chain, forward and backward).
+void BM_OpChainKernelSum(benchmark::State& state) {
+  const Device device = Device::cuda();
+  ChainInputs in(device);
+  auto chain = make_static_chain(in);
+  auto iteration = [&] {
+    chain(in.x).backward();
+    in.x.set_grad(Tensor());
+  };
+  for (int i = 0; i < 3; ++i) iteration();
+  finish_step(device);
+  kernel_sum_loop(state, device, iteration);
+  label_warnings(state, device, chain.stats());
+  check_replayed(state, chain.stats(), /*traces=*/1);
+}
+
+[[maybe_unused]] const bool kCudaCasesAdded = [] {
+  const Device cuda = Device::cuda();
+  const auto us = benchmark::kMicrosecond;
+  add_cuda_case(
+      kOpChainOrder, "OpChain/eager/cuda", [=](benchmark::State& s) { BM_OpChainEager(s, cuda); },
+      us);
+  add_cuda_case(
+      kOpChainOrder, "OpChain/static/cuda",
+      [=](benchmark::State& s) { BM_OpChainStatic(s, cuda, Replay::Graphs); }, us);
+  add_cuda_case(
+      kOpChainOrder, "OpChain/static_nograph/cuda",
+      [=](benchmark::State& s) { BM_OpChainStatic(s, cuda, Replay::NoGraphs); }, us);
+  add_cuda_case(kKernelSumOrder, "KernelSum/OpChain/cuda", BM_OpChainKernelSum, us);
+  return true;
+}();
+#endif  // ENCORE_HAS_CUDA
 
 }  // namespace
 }  // namespace encore::bench

@@ -150,9 +150,13 @@ inline Eval evaluate(nn::Module& model, const data::Dataset& ds, int64_t batch =
   const bool was_training = model.is_training();
   model.eval();
   data::BatchIterator it(ds, batch, /*shuffle=*/false);
+  const std::vector<Tensor> params = model.parameters();
+  const Device device = params.empty() ? Device::cpu() : params[0].device();
   Tensor x, t;
   Eval e;
   while (it.next(x, t)) {
+    x = x.to(device);
+    t = t.to(device);
     Tensor logits = model(x);
     const auto b = static_cast<double>(t.size(0));
     e.loss += F::softmax_cross_entropy(logits, t).item<double>() * b;

@@ -30,7 +30,7 @@ struct StaticSeedCnn : models::SeedCnn {
 
 struct Flags {
   std::string data = data::kFashionMnistDir;
-  std::string profile, schedule;
+  std::string profile, schedule, device = "cpu";
   int64_t epochs = 1, batch = 32, seed = 0, limit = 0;
   bool static_forward = false, compare = false;
 };
@@ -45,8 +45,8 @@ struct RunResult {
 
 // Bytes the allocator's peak rose above what was in use before one call of `step`.
 template <typename Step>
-int64_t step_peak_bytes(Step&& step) {
-  Allocator& a = allocator_for(Device::cpu());
+int64_t step_peak_bytes(Device device, Step&& step) {
+  Allocator& a = allocator_for(device);
   a.reset_peak();
   const int64_t before = a.stats().bytes_in_use;
   step();
@@ -58,8 +58,12 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
   manual_seed(static_cast<uint64_t>(f.seed));
   std::shared_ptr<models::SeedCnn> model =
       static_forward ? std::make_shared<StaticSeedCnn>() : std::make_shared<models::SeedCnn>();
+  const Device device = Device::parse(f.device);
+  model->to(device);  // before the optimizer takes the parameters
   optim::SGD opt(model->parameters(), {.lr = 0.01});
   data::BatchIterator batches(train_set, f.batch, /*shuffle=*/true, static_cast<uint64_t>(f.seed));
+  const bool on_cuda = device.type == DeviceType::CUDA;
+  batches.set_pin_memory(on_cuda);
   auto step = [&](const Tensor& x, const Tensor& t) {
     Tensor loss = F::softmax_cross_entropy((*model)(x), t);
     model->zero_grad();
@@ -68,8 +72,8 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
     return loss;
   };
   if (verbose) {
-    std::printf("model %s, SGD lr 0.01, batch %lld, forward %s\n\n", model->describe().c_str(),
-                static_cast<long long>(f.batch),
+    std::printf("model %s on %s, SGD lr 0.01, batch %lld, forward %s\n\n",
+                model->describe().c_str(), device.str().c_str(), static_cast<long long>(f.batch),
                 static_forward ? "static (ENCORE_STATIC_GRAPH)" : "eager");
     samples::print_table_header();
   }
@@ -82,10 +86,14 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
     int64_t seen = 0, i = 0;
     Tensor x, t;
     while (batches.next(x, t)) {
+      if (on_cuda) {
+        x = x.to(device, /*non_blocking=*/true);
+        t = t.to(device, /*non_blocking=*/true);
+      }
       Tensor loss;
       // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
       if (++i == 3)
-        r.step_peak = step_peak_bytes([&] { loss = step(x, t); });
+        r.step_peak = step_peak_bytes(device, [&] { loss = step(x, t); });
       else
         loss = step(x, t);
       loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
@@ -169,6 +177,7 @@ int main(int argc, char** argv) {
            "train one epoch eager and one static from the same seed and compare");
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
   cli.text("schedule", &f.schedule, "with --static: write the schedules here (text) and .dot");
+  cli.text("device", &f.device, "cpu, or cuda / cuda:N to train on a GPU");
   cli.parse(argc, argv);
   try {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);

@@ -1,6 +1,8 @@
-"""Timing harness shared by torch_peers.py and chainer_peers.py (standard library only).
+"""Timing harness shared by the peers scripts (standard library only).
 
-Each case is a zero-argument `step()` that runs one training step. The harness mimics
+Each case is a zero-argument `step()` that runs one training step. With `sync` (the GPU script:
+torch.cuda.synchronize), sync() follows every step, so a step's time is the time to finish it
+on the device, as in encore_bench's /cuda cases. The harness mimics
 Google Benchmark's repetitions: it picks an iteration count so that one repetition lasts at
 least `min_time` seconds, runs `repetitions` repetitions of that many steps, and reports the
 median over repetitions of the wall time per step (and of the main thread's CPU time per step,
@@ -44,6 +46,17 @@ def parse_args(description, impls):
     return args
 
 
+def _synced(step, sync):
+    if sync is None:
+        return step
+
+    def synced_step():
+        step()
+        sync()
+
+    return synced_step
+
+
 def _timed(step, n):
     w0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(n):
@@ -53,6 +66,7 @@ def _timed(step, n):
 
 def measure(step, *, repetitions, min_time, warmup, sync=None):
     """Median ms per step over `repetitions`; see the module docstring."""
+    step = _synced(step, sync)
     for _ in range(warmup):
         step()
     # Calibrate as Google Benchmark does: grow n until one batch takes >= min_time / 10, then
@@ -78,11 +92,11 @@ def measure(step, *, repetitions, min_time, warmup, sync=None):
     }
 
 
-def run_cases(framework, builders, args, versions, notes=None):
+def run_cases(framework, builders, args, versions, notes=None, sync=None):
     """Runs builders[(case, impl)]() -> (step, extra) for the selected cases and prints them.
 
     `extra` is a dict merged into the result (e.g. the compile time). A builder or step that
-    raises gives an entry with "error" instead of a time.
+    raises gives an entry with "error" instead of a time. `sync` goes to measure().
     """
     results = []
     # In --json mode stdout carries the JSON alone: whatever the framework prints while it
@@ -92,7 +106,7 @@ def run_cases(framework, builders, args, versions, notes=None):
             if args.filter and args.filter not in case:
                 continue
             for impl in args.impl:
-                entry = _run_one(builders[(case, impl)], case, impl, args)
+                entry = _run_one(builders[(case, impl)], case, impl, args, sync)
                 results.append(entry)
                 if not args.json:
                     print_row(entry)
@@ -116,13 +130,13 @@ def run_cases(framework, builders, args, versions, notes=None):
     return report
 
 
-def _run_one(build, case, impl, args):
+def _run_one(build, case, impl, args, sync=None):
     entry = {"name": f"{case}/{impl}", "case": case, "impl": impl}
     try:
         step, extra = build()
         entry.update(extra)
         entry.update(measure(step, repetitions=args.repetitions, min_time=args.min_time,
-                             warmup=args.warmup))
+                             warmup=args.warmup, sync=sync))
     except Exception as e:  # reported, not fatal: the table shows n/a and the reason
         entry["error"] = f"{type(e).__name__}: {e}".strip()
         entry["traceback"] = traceback.format_exc()
@@ -141,8 +155,6 @@ def print_row(entry):
         first = entry["error"].splitlines()[0]
         print(f"{entry['name']:<28}  ERROR OCCURRED: '{first}'")
         return
-    extra = ""
-    if "compile_s" in entry:
-        extra = f"  compile_s={entry['compile_s']:.1f}"
+    extra = "".join(f"  {k}={entry[k]:.1f}" for k in ("compile_s", "capture_s") if k in entry)
     print(f"{entry['name']:<28}{entry['ms']:>11.3f} ms{entry['cpu_ms']:>11.3f} ms"
           f"{entry['iterations']:>12}{extra}")
