@@ -30,29 +30,39 @@ class CachingAllocator final : public Allocator {
 
   void* allocate(size_t bytes) override {
     const size_t cls = size_class(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.allocation_count;
-    ++stats_.live_blocks;
-    stats_.bytes_in_use += cls;
-    if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
-    auto it = free_.find(cls);
-    if (it != free_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      stats_.bytes_cached -= cls;
-      return p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.allocation_count;
+      ++stats_.live_blocks;
+      stats_.bytes_in_use += cls;
+      if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
+      auto it = free_.find(cls);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        stats_.bytes_cached -= cls;
+        return p;
+      }
+      ++stats_.system_allocations;
     }
-    ++stats_.system_allocations;
-    void* p = raw_.raw_alloc(raw_.ctx, cls);
-    if (p == nullptr) {
-      release_cached_locked();
+    // Outside the lock: a device's raw calls may wait for work that itself returns blocks here
+    // (a stream callback releasing a pinned buffer).
+    void* p = nullptr;
+    try {
       p = raw_.raw_alloc(raw_.ctx, cls);
+      if (p == nullptr) {
+        empty_cache();
+        p = raw_.raw_alloc(raw_.ctx, cls);
+      }
+    } catch (...) {
+      undo_allocation(cls);
+      throw;
     }
     if (p == nullptr) {
-      stats_.bytes_in_use -= cls;
-      --stats_.live_blocks;
+      undo_allocation(cls);
+      const AllocatorStats st = stats();
       fail("allocate: out of memory allocating ", bytes, " bytes on ", raw_.device, " (",
-           stats_.bytes_in_use, " bytes in use, peak ", stats_.peak_bytes, ")");
+           st.bytes_in_use, " bytes in use, peak ", st.peak_bytes, ")");
     }
     return p;
   }
@@ -76,16 +86,21 @@ class CachingAllocator final : public Allocator {
     stats_.peak_bytes = stats_.bytes_in_use;
   }
   void empty_cache() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    release_cached_locked();
+    absl::flat_hash_map<size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks.swap(free_);
+      stats_.bytes_cached = 0;
+    }
+    for (auto& [cls, list] : blocks)
+      for (void* p : list) raw_.raw_free(raw_.ctx, p);
   }
 
  private:
-  void release_cached_locked() {
-    for (auto& [cls, blocks] : free_)
-      for (void* p : blocks) raw_.raw_free(raw_.ctx, p);
-    free_.clear();
-    stats_.bytes_cached = 0;
+  void undo_allocation(size_t cls) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_in_use -= cls;
+    --stats_.live_blocks;
   }
 
   RawMemory raw_;

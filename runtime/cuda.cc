@@ -49,6 +49,9 @@ StreamGuard::~StreamGuard() = default;
 StreamHandle create_stream(int) {
   not_built("create_stream");
 }
+StreamHandle capture_stream(int) {
+  not_built("capture_stream");
+}
 void destroy_stream(StreamHandle) {}
 void synchronize(int) {}
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
@@ -263,6 +266,14 @@ StreamHandle create_stream(int device) {
 
 void destroy_stream(StreamHandle s) {
   if (s != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+}
+
+StreamHandle capture_stream(int device) {
+  // Per thread and device, kept for the thread's life (a graph's nodes do not refer to it).
+  thread_local StreamHandle streams[kMaxDevices] = {};
+  StreamHandle& s = streams[device];
+  if (s == nullptr) s = create_stream(device);
+  return s;
 }
 
 void synchronize(int device) {

@@ -59,6 +59,9 @@ class StreamGuard {
 // A new non-blocking stream on `device` (destroy with destroy_stream).
 StreamHandle create_stream(int device);
 void destroy_stream(StreamHandle s);
+// This thread's stream for capturing graphs on `device` (created on first use): work other
+// threads queue on the shared default stream never lands in a capture.
+StreamHandle capture_stream(int device);
 // Waits for all work queued on the current stream of `device` (every device when -1).
 void synchronize(int device = -1);
 
@@ -99,7 +102,9 @@ class Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
-  // Starts capturing `stream` (thread-local mode: other threads are not affected).
+  // Starts capturing `stream` in thread-local mode (this thread may not call unsafe APIs such as
+  // cudaMalloc meanwhile). Work any thread queues on `stream` lands in the graph, so capture on
+  // a stream no other thread uses (capture_stream()).
   void begin_capture(StreamHandle stream);
   // Ends the capture and instantiates the graph, or updates the executable one in place when
   // the topology is unchanged. False when the capture failed (the reason is failure()); the
@@ -137,6 +142,8 @@ class EventTimeline {
   EventTimeline(const EventTimeline&) = delete;
   EventTimeline& operator=(const EventTimeline&) = delete;
   void mark(StreamHandle stream);
+  // Forgets the marks (of a run cut short by an error).
+  void clear() { used_ = 0; }
   // Waits for the last mark; the nanoseconds between consecutive marks. Forgets the marks (the
   // events are kept for reuse).
   std::vector<int64_t> take_intervals_ns();

@@ -57,11 +57,16 @@ struct Block {
   // CUDA. Escaping storages kept for reuse once the caller has dropped them (same addresses,
   // so a captured graph stays valid), per escape slot.
   std::vector<std::vector<IntrusivePtr<Storage>>> escape_pool;
+  // Per escape slot: the buffer the steps write when every pooled storage is still held, and
+  // the (buffer, slot) pairs of this run to copy from it into the call's own storage.
+  std::vector<IntrusivePtr<Storage>> escape_fixed;
+  std::vector<std::pair<int, int>> copy_out;
   // Graph replay: the graphs read arguments and incoming gradients from staging copies (their
   // callers' addresses change every call), and random steps their {seed, offset} from
   // random_state, written before each launch.
   std::vector<IntrusivePtr<Storage>> staging;  // per staged buffer (by stage slot)
   IntrusivePtr<Storage> random_state;
+  bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   std::vector<CapturedGraph> graphs[2];  // forward, backward
 };
@@ -148,6 +153,7 @@ class Plan {
                  bool device_random = false);
   void run_graph(Block& b, bool backward);
   void plan_graphs();
+  void finish_copy_out(Block& b);
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
@@ -181,7 +187,8 @@ class Plan {
   Device device_;
   std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
   size_t stage_slots_ = 0;
-  std::vector<int> staged_[2];    // staged buffers each phase reads
+  std::vector<int> staged_[2];    // staged buffers the forward reads; only the backward reads
+  std::vector<int> staged_both_;  // staged buffers both phases read
   size_t forward_patches_ = 0;    // patches_ of forward steps come first
   std::vector<int> random_slot_;  // per step: its {seed, offset} pair, or -1
   int random_forward_ = 0;        // pairs of forward steps come first

@@ -15,6 +15,8 @@ constexpr int64_t kAlign = 64;
 // Graphs kept per arena and phase: addresses alternate when a caller keeps the previous call's
 // outputs while making the next call (y = f(x) in a loop), so two or three sets are common.
 constexpr size_t kMaxGraphsPerPhase = 4;
+// Escaping storages kept per escape slot and arena (CUDA).
+constexpr size_t kEscapePool = 4;
 
 int64_t aligned(size_t n) {
   return (static_cast<int64_t>(n) + kAlign - 1) / kAlign * kAlign;
@@ -95,18 +97,22 @@ void Plan::plan_graphs() {
       stage_slot_[buf] = static_cast<int>(stage_slots_++);
   }
   // Views are numbered in step order, so the forward's patches come first. A buffer both
-  // phases read is staged once, by the forward (the backward holds the block).
+  // phases read is staged once, by the forward (the backward holds the block), unless the
+  // forward ran on the stream.
   const uint32_t first_backward_view = n_forward_ < static_cast<int>(steps_.size())
                                            ? steps_[n_forward_].view
                                            : static_cast<uint32_t>(view_template_.size());
-  std::vector<char> seen(bufs.size(), 0);
+  std::vector<char> read(bufs.size(), 0);  // bit 0: by the forward, bit 1: by the backward
   for (const auto& [vi, buf] : patches_) {
     const bool backward = vi >= first_backward_view;
     if (!backward) ++forward_patches_;
-    if (stage_slot_[buf] >= 0 && !seen[buf]) {
-      seen[buf] = 1;
-      staged_[backward].push_back(buf);
-    }
+    read[buf] |= backward ? 2 : 1;
+  }
+  for (size_t buf = 0; buf < bufs.size(); ++buf) {
+    if (stage_slot_[buf] < 0) continue;
+    if (read[buf] & 1) staged_[0].push_back(static_cast<int>(buf));
+    if (read[buf] == 2) staged_[1].push_back(static_cast<int>(buf));
+    if (read[buf] == 3) staged_both_.push_back(static_cast<int>(buf));
   }
   random_slot_.assign(steps_.size(), -1);
   for (size_t i = 0; i < steps_.size(); ++i) {
@@ -363,32 +369,58 @@ void Plan::release(Block* b) {
   b->versions.clear();
   for (auto& s : b->own) s.reset();
   b->backward_done = false;
+  b->forward_staged = false;
   free_.push_back(b);
 }
 
 void Plan::allocate_escapes(Block& b, bool backward) {
   const Recording& rec = *rec_;
-  const bool reuse = device_.type == DeviceType::CUDA;
-  if (reuse && b.escape_pool.empty()) b.escape_pool.resize(escapes_);
+  const bool cuda = device_.type == DeviceType::CUDA;
+  if (cuda && b.escape_pool.empty()) {
+    b.escape_pool.resize(escapes_);
+    b.escape_fixed.resize(escapes_);
+  }
   for (int buf : backward ? bwd_escapes_ : fwd_escapes_) {
     const int slot = escape_[buf];
+    const size_t nbytes = rec.buffers[buf].nbytes;
     IntrusivePtr<Storage>& s = b.own[slot];
     s.reset();
-    if (reuse) {
-      // A kept storage only this plan holds is free to overwrite; one the caller still holds is
-      // left alone (its output stays valid), and a new one joins the pool.
-      for (const IntrusivePtr<Storage>& kept : b.escape_pool[slot])
-        if (kept->use_count() == 1) {
-          s = kept;
-          break;
-        }
+    if (!cuda) {
+      s = make_intrusive<Storage>(nbytes, device_);
+      b.ptrs[buf] = s->data();
+      continue;
     }
-    if (!s) {
-      s = make_intrusive<Storage>(rec.buffers[buf].nbytes, rec.buffers[buf].device);
-      if (reuse && b.escape_pool[slot].size() < 4) b.escape_pool[slot].push_back(s);
+    // On CUDA the addresses should repeat, so a captured graph stays valid: a kept storage only
+    // this plan holds is free to overwrite; one the caller still holds is left alone (its output
+    // stays valid) and a new one joins the pool. With the pool full of held outputs (a caller
+    // keeping every loss), the steps write a fixed buffer that is copied into new storage.
+    std::vector<IntrusivePtr<Storage>>& pool = b.escape_pool[slot];
+    for (const IntrusivePtr<Storage>& kept : pool)
+      if (kept->use_count() == 1) {
+        s = kept;
+        break;
+      }
+    if (!s && pool.size() < kEscapePool) {
+      s = make_intrusive<Storage>(nbytes, device_);
+      pool.push_back(s);
     }
-    b.ptrs[buf] = s->data();
+    if (s) {
+      b.ptrs[buf] = s->data();
+      continue;
+    }
+    s = make_intrusive<Storage>(nbytes, device_);
+    IntrusivePtr<Storage>& fixed = b.escape_fixed[slot];
+    if (!fixed) fixed = make_intrusive<Storage>(nbytes, device_);
+    b.ptrs[buf] = fixed->data();
+    b.copy_out.emplace_back(buf, slot);
   }
+}
+
+void Plan::finish_copy_out(Block& b) {
+  for (const auto& [buf, slot] : b.copy_out)
+    cuda::copy_bytes(b.own[slot]->data(), device_, b.escape_fixed[slot]->data(), device_,
+                     rec_->buffers[buf].nbytes);
+  b.copy_out.clear();
 }
 
 void Plan::bind(Block& b) const {
@@ -398,14 +430,21 @@ void Plan::bind(Block& b) const {
 void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots) {
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
-    const bool whole_phase = (begin == 0 && end == n_forward_) ||
-                             (begin == n_forward_ && end == static_cast<int>(steps_.size()));
-    if (whole_phase && begin < end && snapshots == nullptr && !profiler::active() &&
+    const bool forward = begin == 0 && end == n_forward_;
+    const bool backward = begin == n_forward_ && end == static_cast<int>(steps_.size());
+    if ((forward || backward) && begin < end && snapshots == nullptr && !profiler::active() &&
         graph_stats_.fallback.empty() && cuda::graphs_enabled()) {
-      run_graph(b, begin > 0);
-      return;
+      run_graph(b, backward);
+    } else {
+      ++graph_stats_.stream_replays;
+      if (begin == 0) b.forward_staged = false;
+      if (profiler::active()) [[unlikely]]
+        run_steps<true>(b, begin, end, snapshots);
+      else
+        run_steps<false>(b, begin, end, snapshots);
     }
-    ++graph_stats_.stream_replays;
+    finish_copy_out(b);
+    return;
   }
   if (profiler::active()) [[unlikely]]
     run_steps<true>(b, begin, end, snapshots);
@@ -422,11 +461,16 @@ void Plan::run_graph(Block& b, bool backward) {
   // Arguments and incoming gradients: copied into the block's staging buffers, which the
   // graph reads (an address of the caller's changes every call).
   b.staging.resize(stage_slots_);
-  for (int buf : staged_[backward]) {
-    IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
-    if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes, device_);
-    cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
-  }
+  auto stage = [&](const std::vector<int>& list) {
+    for (int buf : list) {
+      IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
+      if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes, device_);
+      cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
+    }
+  };
+  stage(staged_[backward]);
+  if (backward && !b.forward_staged) stage(staged_both_);
+  if (!backward) b.forward_staged = true;
   for (const auto& [vi, buf] : patches_)
     if (stage_slot_[buf] >= 0) b.views[vi].data = b.staging[stage_slot_[buf]]->data();
 
@@ -467,25 +511,21 @@ void Plan::run_graph(Block& b, bool backward) {
     ++graph_stats_.launches;
     return;
   }
-  CapturedGraph* g = nullptr;
-  if (graphs.size() < kMaxGraphsPerPhase) {
-    g = &graphs.emplace_back();
-  } else {
-    g = &*std::min_element(graphs.begin(), graphs.end(),
-                           [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
-  }
-  g->key.clear();
-  for (size_t k = p0; k < p1; ++k) g->key.push_back(b.views[patches_[k].first].data);
-  g->last_use = ++graph_clock_;
+  // Captured on this thread's own capture stream (no other thread puts work there), then
+  // launched on the current stream.
+  CapturedGraph fresh;
+  for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
   std::string failure;
-  g->graph.begin_capture(stream);
   try {
+    const cuda::StreamHandle side = cuda::capture_stream(device_.index);
+    const cuda::StreamGuard on_side(device_.index, side);
+    fresh.graph.begin_capture(side);
     run_steps<false>(b, begin, end, nullptr, /*device_random=*/true);
+    if (!fresh.graph.end_capture()) failure = fresh.graph.failure();
   } catch (const std::exception& e) {
-    g->graph.abort_capture();
+    fresh.graph.abort_capture();
     failure = e.what();
   }
-  if (failure.empty() && !g->graph.end_capture()) failure = g->graph.failure();
   if (!failure.empty()) {
     // Capture is impossible for this schedule: replay it on the stream from now on.
     graph_stats_.fallback = cat(backward ? "backward" : "forward", " capture failed: ", failure);
@@ -495,6 +535,15 @@ void Plan::run_graph(Block& b, bool backward) {
     return;
   }
   ++graph_stats_.captures;
+  fresh.last_use = ++graph_clock_;
+  CapturedGraph* g = nullptr;
+  if (graphs.size() < kMaxGraphsPerPhase) {
+    g = &graphs.emplace_back(std::move(fresh));
+  } else {
+    g = &*std::min_element(graphs.begin(), graphs.end(),
+                           [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
+    *g = std::move(fresh);
+  }
   g->graph.launch(stream);
   ++graph_stats_.launches;
 }
@@ -524,6 +573,7 @@ void Plan::run_steps(Block& b, int begin, int end,
     t = profiler::ticks();
     if (cuda) {
       stream = cuda::current_stream(device_.index);
+      timeline_.clear();
       timeline_.mark(stream);
     }
   }
