@@ -1,4 +1,5 @@
 #include "runtime/error.h"
+#include "runtime/cuda.h"
 #include "schedule/recording.h"
 
 namespace encore::schedule {
@@ -143,8 +144,9 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     // One snapshot per step: the bytes of everything it wrote, in operand order.
     std::vector<unsigned char>& snap = rec_.snapshots.emplace_back();
     auto keep = [&snap](const Tensor& t) {
-      const auto* p = static_cast<const unsigned char*>(t.raw_data());
-      snap.insert(snap.end(), p, p + t.nbytes());
+      const size_t at = snap.size();
+      snap.resize(at + t.nbytes());
+      cuda::copy_bytes(snap.data() + at, Device::cpu(), t.raw_data(), t.device(), t.nbytes());
     };
     if (kind == OpKind::Inplace) {
       for (size_t i = 0; i < inputs.size(); ++i)

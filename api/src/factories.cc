@@ -36,14 +36,15 @@ Tensor full_like(const Tensor& t, double value) {
 Tensor tensor(std::span<const double> values, const Shape& shape, DType dtype, Device device) {
   ENCORE_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "tensor: ", values.size(),
                " values do not fill shape ", shape, " (", shape.numel(), " elements)");
-  ENCORE_CHECK(device.type == DeviceType::CPU, "tensor: values can only be placed on the cpu, ",
-               "not ", device);
-  Tensor host = Tensor::empty(shape, DType::Float64, device);
+  // Converted on the cpu, then copied to the device.
+  Tensor host = Tensor::empty(shape, DType::Float64);
   std::copy(values.begin(), values.end(), host.data<double>());
-  if (dtype == DType::Float64) return host;
-  Tensor out = Tensor::empty(shape, dtype, device);
-  copy_(out, host);
-  return out;
+  if (dtype != DType::Float64) {
+    Tensor converted = Tensor::empty(shape, dtype);
+    copy_(converted, host);
+    host = converted;
+  }
+  return host.to(device);
 }
 
 Tensor tensor(std::initializer_list<double> values, const Shape& shape, DType dtype,
