@@ -1,5 +1,5 @@
-#include "runtime/error.h"
 #include "runtime/cuda.h"
+#include "runtime/error.h"
 #include "schedule/recording.h"
 
 namespace encore::schedule {

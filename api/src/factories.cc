@@ -111,8 +111,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
 namespace {
 void random_fill(Op op, const char* name, const Tensor& t, double a, double b) {
   check_floating(name, "t", t);
-  const Generator::Stream s =
-      default_generator(t.device()).reserve(random_count(t.numel()));
+  const Generator::Stream s = default_generator(t.device()).reserve(random_count(t.numel()));
   RandomAttrs attrs{a, b, s.seed, s.offset};
   dispatch(op, {t}, {}, AttrBlob::of(attrs));
 }
