@@ -8,6 +8,7 @@
 #include "encore/functions.h"
 #include "encore/nn.h"
 #include "kernels/cpu/conv.h"
+#include "op_cases_image.h"
 #include "op_harness.h"
 #include "runtime/parallel.h"
 
@@ -16,91 +17,6 @@ using namespace encore::optest;
 using Catch::Matchers::Contains;
 
 namespace {
-
-struct ConvSpec {
-  Dims x, w;
-  bool bias = false;
-  Size2 stride = 1, padding = 0, dilation = 1;
-  int groups = 1;
-};
-
-// y[n][o][r][c] = b[o] + sum_{s,i,j} w[o][s][i][j] x[n][g cg + s][r sh - ph + i dh][c sw - pw + j
-// dw]
-RefTensor ref_conv2d(const RefTensor& x, const RefTensor& w, const RefTensor* b,
-                     const ConvSpec& p) {
-  const int64_t n = x.shape[0], h = x.shape[2], wd = x.shape[3];
-  const int64_t o = w.shape[0], cg = w.shape[1], kh = w.shape[2], kw = w.shape[3];
-  const int64_t og = o / p.groups, c = x.shape[1];
-  const int64_t ho = (h + 2 * p.padding.h - p.dilation.h * (kh - 1) - 1) / p.stride.h + 1;
-  const int64_t wo = (wd + 2 * p.padding.w - p.dilation.w * (kw - 1) - 1) / p.stride.w + 1;
-  RefTensor y = ref::filled({n, o, ho, wo});
-  for (int64_t in = 0; in < n; ++in)
-    for (int64_t oc = 0; oc < o; ++oc)
-      for (int64_t r = 0; r < ho; ++r)
-        for (int64_t col = 0; col < wo; ++col) {
-          double acc = b != nullptr ? b->v[oc] : 0.0;
-          for (int64_t s = 0; s < cg; ++s)
-            for (int64_t i = 0; i < kh; ++i)
-              for (int64_t j = 0; j < kw; ++j) {
-                const int64_t ih = r * p.stride.h - p.padding.h + i * p.dilation.h;
-                const int64_t iw = col * p.stride.w - p.padding.w + j * p.dilation.w;
-                if (ih < 0 || ih >= h || iw < 0 || iw >= wd) continue;
-                const int64_t ic = oc / og * cg + s;
-                acc += w.v[((oc * cg + s) * kh + i) * kw + j] *
-                       x.v[((in * c + ic) * h + ih) * wd + iw];
-              }
-          y.v[((in * o + oc) * ho + r) * wo + col] = acc;
-        }
-  return y;
-}
-
-OpCase conv_case(const ConvSpec& p) {
-  std::string name =
-      absl::StrCat("conv2d x ", dims_str(p.x), " w ", dims_str(p.w), p.bias ? " bias" : "",
-                   " stride ", p.stride.str(), " padding ", p.padding.str(), " dilation ",
-                   p.dilation.str(), " groups ", p.groups);
-  std::vector<InputSpec> inputs = {floating(p.x), floating(p.w)};
-  if (p.bias) inputs.push_back(floating({p.w[0]}));
-  return {name, inputs,
-          [p](const Inputs& x) {
-            return F::conv2d(x[0], x[1], p.bias ? x[2] : Tensor(), p.stride, p.padding, p.dilation,
-                             p.groups);
-          },
-          [p](const Refs& x) { return ref_conv2d(x[0], x[1], p.bias ? &x[2] : nullptr, p); }};
-}
-
-std::vector<ConvSpec> conv_specs() {
-  return {
-      // 3x3, padding 1, with and without bias.
-      {{2, 3, 5, 6}, {4, 3, 3, 3}, true, 1, 1},
-      {{2, 3, 5, 6}, {4, 3, 3, 3}, false, 1, 1},
-      // Stride 2; non-square kernel, stride and padding.
-      {{2, 2, 7, 6}, {3, 2, 3, 3}, false, 2, 1},
-      {{1, 2, 6, 9}, {3, 2, 2, 4}, true, {2, 1}, {1, 2}},
-      // Dilation, square and not, with stride.
-      {{2, 2, 7, 8}, {2, 2, 3, 3}, true, 1, 2, 2},
-      {{1, 2, 7, 6}, {3, 2, 3, 2}, false, 1, {1, 0}, {2, 1}},
-      {{2, 4, 9, 8}, {4, 2, 3, 2}, true, {2, 3}, {1, 2}, {2, 1}, 2},
-      // Groups; depthwise; depthwise with a channel multiplier.
-      {{2, 4, 5, 5}, {6, 2, 3, 3}, true, 1, 1, 1, 2},
-      {{2, 3, 6, 5}, {3, 1, 3, 3}, false, 1, 1, 1, 3},
-      {{1, 2, 5, 5}, {4, 1, 3, 3}, true, 1, 0, 1, 2},
-      // 1x1: unpadded stride 1 (the input is its own im2col), strided, padded.
-      {{2, 5, 4, 3}, {3, 5, 1, 1}, true},
-      {{2, 3, 5, 5}, {2, 3, 1, 1}, false, 2},
-      {{1, 2, 3, 4}, {3, 2, 1, 1}, true, 1, 1},
-      // The kernel covers the whole input (1x1 output); padding beyond the kernel's reach
-      // (the input gradient crops); a 1-pixel-high input.
-      {{2, 2, 3, 3}, {4, 2, 3, 3}, true},
-      {{1, 2, 4, 4}, {2, 2, 2, 2}, false, 1, 2},
-      {{2, 2, 1, 7}, {3, 2, 1, 3}, true, 1, {0, 1}},
-      // Wider than one register tile; output channels not a multiple of 8; taps not a multiple
-      // of 3.
-      {{2, 3, 5, 40}, {9, 3, 3, 3}, true, 1, 1},
-      {{1, 4, 6, 7}, {7, 4, 2, 2}, true, 1, 1},
-      {{1, 13, 4, 4}, {11, 13, 1, 1}, false, 1, 0},
-  };
-}
 
 // Runs `body` with im2col + GEMM forced (or not), restoring the setting afterwards.
 template <typename Body>
@@ -119,8 +35,7 @@ Tensor leaf(const Shape& s, DType dt = DType::Float32) {
 }  // namespace
 
 TEST_CASE("conv2d matches a plain-loop reference, gradients included", "[conv]") {
-  std::vector<OpCase> cases;
-  for (const ConvSpec& p : conv_specs()) cases.push_back(conv_case(p));
+  const std::vector<OpCase> cases = conv_cases();
   SECTION("default algorithm choice") {
     with_im2col(false, [&] { check_ops(cases); });
   }

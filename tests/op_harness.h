@@ -8,6 +8,8 @@
 //   2. in float64, backward with a random upstream gradient gy against central differences of
 //      L = sum(out * gy) for every element of every differentiable input;
 //   3. in float32, backward against the float64 analytic gradients (loose tolerance).
+// check_op_against_cpu() runs those on another device (cuda:0), then compares that device's
+// outputs and gradients with the cpu's from the same inputs (DeviceTolerance).
 //
 //   OpCase c{"exp [2,3]", {floating({2, 3}, uniform(-2, 2))},
 //            [](const Inputs& x) { return F::exp(x[0]); },
@@ -266,11 +268,11 @@ inline DType dtype_of_kind(Kind k, DType floating_dtype) {
   return floating_dtype;
 }
 
-// A tensor on `device` holding r's values. On the cpu the bytes are written directly, so no
-// kernel is involved in making inputs.
+// A tensor on `device` holding r's values. The bytes are written directly on the cpu, so no
+// kernel is involved in making inputs; another device gets a copy of the cpu tensor.
 inline Tensor make_tensor(const RefTensor& r, DType dtype, Device device) {
+  if (device.type != DeviceType::CPU) return make_tensor(r, dtype, Device::cpu()).to(device);
   const Shape shape{std::span<const int64_t>(r.shape)};
-  if (device.type != DeviceType::CPU) return encore::tensor(r.v, shape, dtype, device);
   Tensor t = Tensor::empty(shape, dtype, device);
   for (int64_t i = 0; i < r.numel(); ++i) {
     switch (dtype) {
@@ -294,7 +296,7 @@ inline Tensor make_tensor(const RefTensor& r, DType dtype, Device device) {
   return t;
 }
 
-// The values of `t` on the host. (A device backend adds its device-to-host copy here.)
+// The values of `t` on the host (to_vector copies a device tensor's values).
 inline RefTensor read_back(const Tensor& t) {
   const auto d = t.shape().dims();
   return {Dims(d.begin(), d.end()), t.to_vector<double>()};
@@ -447,6 +449,7 @@ inline std::optional<Refs> analytic_gradients(const OpCase& c, const Refs& xs, c
       return std::nullopt;
     }
     CHECK(dtype_str(g.dtype()) == dtype_str(dt));
+    CHECK(g.device() == device);
     grads[i] = read_back(g);
   }
   return grads;
@@ -468,18 +471,27 @@ inline RefTensor numerical_gradient(const OpCase& c, const Refs& xs, size_t i, c
   return g;
 }
 
-inline void check_gradients(const OpCase& c, const Refs& xs, Device device) {
+// The upstream gradient of a case: random values (rounded to float32) of the output's shape, which
+// a float64 forward on `device` gives (empty when it throws).
+inline std::optional<RefTensor> upstream_gradient(const OpCase& c, const Refs& xs, Device device) {
   RefTensor gy;
   try {
     NoGradGuard no_grad;
     gy.shape = read_back(c.build(make_inputs(c, xs, DType::Float64, device, false))).shape;
   } catch (const std::exception& e) {
     FAIL_CHECK("forward threw: " << e.what());
-    return;
+    return std::nullopt;
   }
   std::mt19937_64 rng(seed_of(c.name) + 1);
   gy.v = uniform(-1, 1)(ref::numel(gy.shape), rng);
   for (double& v : gy.v) v = static_cast<double>(static_cast<float>(v));
+  return gy;
+}
+
+inline void check_gradients(const OpCase& c, const Refs& xs, Device device) {
+  const std::optional<RefTensor> upstream = upstream_gradient(c, xs, device);
+  if (!upstream) return;
+  const RefTensor& gy = *upstream;
 
   const std::optional<Refs> g64 = analytic_gradients(c, xs, gy, DType::Float64, device);
   if (!g64) return;
@@ -513,7 +525,8 @@ inline void check_op(const OpCase& c, Device device = Device::cpu()) {
   if (has_differentiable_input(c)) check_gradients(c, xs, device);
 }
 
-// The devices every case runs on: each backend adds its device here.
+// The devices the cpu tests run every case on. (The CUDA tests run the same cases on cuda:0 with
+// check_ops_against_cpu, in their own binary, which is skipped without a GPU.)
 inline std::vector<Device> devices_under_test() {
   return {Device::cpu()};
 }
@@ -522,6 +535,82 @@ inline void check_ops(const std::vector<OpCase>& cases,
                       const std::vector<Device>& devices = devices_under_test()) {
   for (const Device& device : devices)
     for (const OpCase& c : cases) check_op(c, device);
+}
+
+// ---- A device against the cpu -----------------------------------------------------------
+
+// How far a device's results may be from the cpu's on the same inputs in the same dtype (another
+// summation order, other math libraries). A case's tol_scale widens these too.
+struct DeviceTolerance {
+  Tolerance forward64{1e-10, 1e-12};
+  Tolerance forward32{1e-5, 1e-5};
+  Tolerance grad64{1e-10, 1e-11};
+  Tolerance grad32{1e-4, 1e-5};
+};
+
+// The forward in `dt` on `device` against the cpu's from the same inputs.
+inline void check_forward_against_cpu(const OpCase& c, const Refs& xs, DType dt, Device device,
+                                      const DeviceTolerance& tol) {
+  INFO("forward in " << dtype_str(dt) << " on " << device.str() << " against the cpu");
+  Tensor got, want;
+  try {
+    NoGradGuard no_grad;
+    want = c.build(make_inputs(c, xs, dt, Device::cpu(), false));
+    got = c.build(make_inputs(c, xs, dt, device, false));
+  } catch (const std::exception& e) {
+    FAIL_CHECK("forward threw: " << e.what());
+    return;
+  }
+  CHECK(dtype_str(got.dtype()) == dtype_str(want.dtype()));
+  CHECK(got.device() == device);
+  const Tolerance t = !is_floating(want.dtype()) ? Tolerance{0, 0}
+                      : dt == DType::Float64     ? tol.forward64
+                                                 : tol.forward32;
+  expect_close("output against the cpu's", read_back(got), read_back(want), scaled(t, c.tol_scale));
+}
+
+// The gradients of every differentiable input in both dtypes on `device` against the cpu's, with
+// the same upstream gradient.
+inline void check_gradients_against_cpu(const OpCase& c, const Refs& xs, Device device,
+                                        const DeviceTolerance& tol) {
+  const std::optional<RefTensor> gy = upstream_gradient(c, xs, Device::cpu());
+  if (!gy) return;
+  for (DType dt : {DType::Float64, DType::Float32}) {
+    const std::optional<Refs> want = analytic_gradients(c, xs, *gy, dt, Device::cpu());
+    const std::optional<Refs> got = analytic_gradients(c, xs, *gy, dt, device);
+    if (!want || !got) continue;
+    const Tolerance t = scaled(dt == DType::Float64 ? tol.grad64 : tol.grad32, c.tol_scale);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!c.inputs[i].differentiable) continue;
+      expect_close(absl::StrCat(dtype_str(dt), " gradient of input ", i, " on ", device.str(),
+                                " against the cpu's"),
+                   (*got)[i], (*want)[i], t);
+    }
+  }
+}
+
+// The outputs (both dtypes) and gradients of a case on `device` against the cpu's from the same
+// inputs. The case's reference is not used.
+inline void compare_with_cpu(const OpCase& c, Device device,
+                             const DeviceTolerance& tol = DeviceTolerance{}) {
+  INFO("op case: " << c.name);
+  const Refs xs = draw_inputs(c);
+  check_forward_against_cpu(c, xs, DType::Float64, device, tol);
+  if (has_floating_input(c)) check_forward_against_cpu(c, xs, DType::Float32, device, tol);
+  if (has_differentiable_input(c)) check_gradients_against_cpu(c, xs, device, tol);
+}
+
+// Every check of check_op on `device` (against the reference, numerical gradients in float64),
+// then compare_with_cpu.
+inline void check_op_against_cpu(const OpCase& c, Device device,
+                                 const DeviceTolerance& tol = DeviceTolerance{}) {
+  check_op(c, device);
+  compare_with_cpu(c, device, tol);
+}
+
+inline void check_ops_against_cpu(const std::vector<OpCase>& cases, Device device,
+                                  const DeviceTolerance& tol = DeviceTolerance{}) {
+  for (const OpCase& c : cases) check_op_against_cpu(c, device, tol);
 }
 
 }  // namespace encore::optest

@@ -1,5 +1,5 @@
-// Pooling, batch normalisation and dropout: op-harness cases (forward against plain-loop
-// references in float64 and float32, numerical gradients in float64), running statistics
+// Pooling, batch normalisation and dropout: op-harness cases (op_cases_image.h: forward against
+// plain-loop references in float64 and float32, numerical gradients in float64), running statistics
 // against a hand computation, dropout's statistics and determinism, modules, and errors.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,6 +10,7 @@
 
 #include "encore/functions.h"
 #include "encore/nn.h"
+#include "op_cases_image.h"
 #include "op_harness.h"
 #include "runtime/dispatcher.h"
 #include "runtime/parallel.h"
@@ -20,103 +21,6 @@ using namespace encore::optest;
 using Catch::Matchers::Contains;
 
 namespace {
-
-// ---- References -----------------------------------------------------------------------------
-
-struct PoolSpec {
-  int kh, kw, sh, sw, ph, pw;
-  bool include_pad = true;
-};
-
-// Max or average pooling of x [N,C,H,W] by direct loops over each window.
-RefTensor ref_pool(const RefTensor& x, const PoolSpec& p, bool is_max) {
-  const int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
-  const int64_t ho = (h + 2 * p.ph - p.kh) / p.sh + 1, wo = (w + 2 * p.pw - p.kw) / p.sw + 1;
-  RefTensor y = ref::filled({n, c, ho, wo});
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t i = 0; i < ho; ++i)
-        for (int64_t j = 0; j < wo; ++j) {
-          double best = -std::numeric_limits<double>::infinity(), sum = 0;
-          int64_t inside = 0;
-          for (int64_t di = 0; di < p.kh; ++di)
-            for (int64_t dj = 0; dj < p.kw; ++dj) {
-              const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
-              if (r < 0 || r >= h || q < 0 || q >= w) continue;
-              const double v = x.v[ref::ravel({b, ch, r, q}, x.shape)];
-              best = std::max(best, v);
-              sum += v;
-              ++inside;
-            }
-          const double divisor = p.include_pad ? p.kh * p.kw : static_cast<double>(inside);
-          y.v[ref::ravel({b, ch, i, j}, y.shape)] = is_max ? best : sum / divisor;
-        }
-  return y;
-}
-
-// Batch statistics of channel c of x [N,C,...]: mean and biased variance.
-std::pair<double, double> ref_channel_stats(const RefTensor& x, int64_t c) {
-  const int64_t channels = x.shape[1];
-  int64_t s = 1;
-  for (int i = 2; i < x.rank(); ++i) s *= x.shape[i];
-  double sum = 0, squares = 0;
-  const double count = static_cast<double>(x.numel() / channels);
-  for (int64_t i = 0; i < x.numel(); ++i)
-    if ((i / s) % channels == c) sum += x.v[i];
-  const double mean = sum / count;
-  for (int64_t i = 0; i < x.numel(); ++i)
-    if ((i / s) % channels == c) squares += (x.v[i] - mean) * (x.v[i] - mean);
-  return {mean, squares / count};
-}
-
-// (x - mean) / sqrt(var + eps) * gamma + beta per channel; mean and var from `stats(c)`.
-template <typename Stats>
-RefTensor ref_normalize(const RefTensor& x, Stats stats, const RefTensor* gamma,
-                        const RefTensor* beta, double eps) {
-  const int64_t channels = x.shape[1];
-  int64_t s = 1;
-  for (int i = 2; i < x.rank(); ++i) s *= x.shape[i];
-  RefTensor y = x;
-  for (int64_t c = 0; c < channels; ++c) {
-    const auto [mean, var] = stats(c);
-    for (int64_t i = 0; i < x.numel(); ++i)
-      if ((i / s) % channels == c) {
-        const double xhat = (x.v[i] - mean) / std::sqrt(var + eps);
-        y.v[i] = xhat * (gamma ? gamma->v[c] : 1.0) + (beta ? beta->v[c] : 0.0);
-      }
-  }
-  return y;
-}
-
-RefTensor ref_batch_norm_train(const RefTensor& x, const RefTensor* gamma, const RefTensor* beta,
-                               double eps = 1e-5) {
-  return ref_normalize(
-      x, [&](int64_t c) { return ref_channel_stats(x, c); }, gamma, beta, eps);
-}
-
-RefTensor ref_batch_norm_eval(const RefTensor& x, const RefTensor& mean, const RefTensor& var,
-                              const RefTensor* gamma, const RefTensor* beta, double eps = 1e-5) {
-  return ref_normalize(
-      x, [&](int64_t c) { return std::make_pair(mean.v[c], var.v[c]); }, gamma, beta, eps);
-}
-
-OpCase max_case(Dims shape, Size2 k, std::optional<Size2> s, Size2 p, ValueGen gen) {
-  const PoolSpec spec{k.h, k.w, s.value_or(k).h, s.value_or(k).w, p.h, p.w};
-  return {absl::StrCat("max_pool2d ", dims_str(shape), " k", k.h, "x", k.w, " s", spec.sh, "x",
-                       spec.sw, " p", p.h, "x", p.w),
-          {floating(shape, std::move(gen))},
-          [=](const Inputs& x) { return F::max_pool2d(x[0], k, s, p); },
-          [=](const Refs& x) { return ref_pool(x[0], spec, true); }};
-}
-
-OpCase avg_case(Dims shape, Size2 k, std::optional<Size2> s, Size2 p, bool include_pad) {
-  const PoolSpec spec{k.h, k.w, s.value_or(k).h, s.value_or(k).w, p.h, p.w, include_pad};
-  return {absl::StrCat("avg_pool2d ", dims_str(shape), " k", k.h, "x", k.w, " s", spec.sh, "x",
-                       spec.sw, " p", p.h, "x", p.w, include_pad ? "" : " exclude_pad"),
-          {floating(shape)},
-          [=](const Inputs& x) { return F::avg_pool2d(x[0], k, s, p, include_pad); },
-          [=](const Refs& x) { return ref_pool(x[0], spec, false); }};
-}
 
 // Restores the cpu generator's state when the test ends (other tests seed it themselves).
 class GeneratorState {
@@ -165,21 +69,7 @@ std::vector<int64_t> ref_first_max(const std::vector<double>& x, const Dims& sha
 // ---- Pooling ------------------------------------------------------------------------------
 
 TEST_CASE("max_pool2d against a reference, with gradients", "[pool_norm]") {
-  check_ops({
-      // Floor output size: 7x9 pooled by 2 is 3x4 (the last row and column are dropped).
-      max_case({2, 3, 7, 9}, 2, std::nullopt, 0, distinct(-1, 1)),
-      // Padding never wins: every value is negative, so a padded zero would be the maximum.
-      max_case({2, 2, 7, 9}, 3, Size2(2), 1, distinct(-2, -1)),
-      // Non-square kernel, stride and padding; windows overlap in height.
-      max_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 0), distinct(-1, 1)),
-      // Overlapping windows: one element can be the maximum of several windows.
-      max_case({2, 2, 6, 6}, 3, Size2(1), 0, distinct(-1, 1)),
-      // Rows of several vector chunks (the last one overlapping) and of fewer outputs than one.
-      max_case({1, 2, 5, 41}, 2, std::nullopt, 0, distinct(-1, 1)),
-      max_case({3, 2, 5, 5}, 2, std::nullopt, 0, distinct(-1, 1)),
-      // The stride divides the width: all the rows of a block of planes in one loop.
-      max_case({2, 3, 8, 10}, 3, Size2(2), 1, distinct(-1, 1)),
-  });
+  check_ops(max_pool_cases());
 }
 
 TEST_CASE("max_pool2d sends the gradient to the first maximum of a window", "[pool_norm]") {
@@ -236,67 +126,21 @@ TEST_CASE(
 }
 
 TEST_CASE("avg_pool2d against a reference, with gradients", "[pool_norm]") {
-  check_ops({
-      avg_case({2, 3, 7, 9}, 2, std::nullopt, 0, true),
-      avg_case({2, 2, 7, 9}, 3, Size2(2), 1, true),
-      avg_case({2, 2, 7, 9}, 3, Size2(2), 1, false),
-      avg_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 1), false),
-      avg_case({1, 2, 5, 7}, Size2(3, 2), Size2(1, 2), Size2(1, 1), true),
-      avg_case({2, 2, 6, 6}, 3, Size2(1), 0, true),
-      avg_case({1, 2, 5, 41}, 2, std::nullopt, 0, true),
-      avg_case({3, 2, 5, 5}, 2, std::nullopt, 0, false),
-      avg_case({2, 3, 8, 10}, 3, Size2(1), 1, false),
-      avg_case({2, 3, 8, 10}, 3, Size2(2), 1, true),
-      avg_case({2, 2, 9, 8}, Size2(3, 2), Size2(3, 2), 0, true),
-  });
+  check_ops(avg_pool_cases());
 }
 
 TEST_CASE("global_avg_pool2d against a reference, with gradients", "[pool_norm]") {
-  check_op({"global_avg_pool2d [2,3,4,5]",
-            {floating({2, 3, 4, 5})},
-            [](const Inputs& x) { return F::global_avg_pool2d(x[0]); },
-            [](const Refs& x) {
-              RefTensor y = ref::filled({2, 3});
-              for (int64_t i = 0; i < x[0].numel(); ++i) y.v[i / 20] += x[0].v[i] / 20;
-              return y;
-            }});
+  check_op(global_avg_pool_case());
 }
 
 // ---- Batch normalisation -------------------------------------------------------------------
 
 TEST_CASE("batch_norm in training against a reference, with gradients", "[pool_norm]") {
-  check_ops({
-      {"batch_norm train [3,4,3,5] affine",
-       {floating({3, 4, 3, 5}, uniform(-2, 3)), floating({4}, uniform(0.5, 2)), floating({4})},
-       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, x[1], x[2], true); },
-       [](const Refs& x) { return ref_batch_norm_train(x[0], &x[1], &x[2]); }},
-      {"batch_norm train [2,3,4,4]",
-       {floating({2, 3, 4, 4}, uniform(-1, 2))},
-       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, {}, {}, true); },
-       [](const Refs& x) { return ref_batch_norm_train(x[0], nullptr, nullptr); }},
-      {"batch_norm train [8,5] affine",
-       {floating({8, 5}), floating({5}, uniform(0.5, 2)), floating({5})},
-       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, x[1], x[2], true, 0.1, 1e-3); },
-       [](const Refs& x) { return ref_batch_norm_train(x[0], &x[1], &x[2], 1e-3); }},
-      {"batch_norm train [6,4]",
-       {floating({6, 4}, uniform(-3, 1))},
-       [](const Inputs& x) { return F::batch_norm(x[0], {}, {}, {}, {}, true); },
-       [](const Refs& x) { return ref_batch_norm_train(x[0], nullptr, nullptr); }},
-  });
+  check_ops(batch_norm_train_cases());
 }
 
 TEST_CASE("batch_norm in eval mode against a reference, with gradients", "[pool_norm]") {
-  check_ops({
-      {"batch_norm eval [2,3,4,4] affine",
-       {floating({2, 3, 4, 4}), constant({3}, uniform(-0.5, 0.5)), constant({3}, positive(0.5, 2)),
-        floating({3}, uniform(0.5, 2)), floating({3})},
-       [](const Inputs& x) { return F::batch_norm(x[0], x[1], x[2], x[3], x[4], false); },
-       [](const Refs& x) { return ref_batch_norm_eval(x[0], x[1], x[2], &x[3], &x[4]); }},
-      {"batch_norm eval [5,3]",
-       {floating({5, 3}), constant({3}, uniform(-0.5, 0.5)), constant({3}, positive(0.5, 2))},
-       [](const Inputs& x) { return F::batch_norm(x[0], x[1], x[2], {}, {}, false); },
-       [](const Refs& x) { return ref_batch_norm_eval(x[0], x[1], x[2], nullptr, nullptr); }},
-  });
+  check_ops(batch_norm_eval_cases());
 }
 
 TEST_CASE("batch_norm is accurate when the mean is large against the spread", "[pool_norm]") {

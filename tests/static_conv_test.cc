@@ -10,6 +10,7 @@
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "tests/static_models.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -17,33 +18,6 @@ using namespace encore::testing;
 using Catch::Matchers::Contains;
 
 namespace {
-
-struct StaticSeedCnn : models::SeedCnn {
-  ENCORE_STATIC_GRAPH({.name = "seed_cnn", .arg_names = {"x"}});
-};
-
-// conv -> batch norm -> relu -> dropout -> linear, small enough for a test.
-class BnNet : public nn::Module {
- public:
-  BnNet()
-      : conv(register_module(
-            "conv", std::make_shared<nn::Conv2d>(2, 4, 3, nn::Conv2dOptions{.padding = 1}))),
-        bn(register_module("bn", std::make_shared<nn::BatchNorm2d>(4))),
-        drop(register_module("drop", std::make_shared<nn::Dropout>(0.3))),
-        fc(register_module("fc", std::make_shared<nn::Linear>(4 * 5 * 5, 3))) {}
-  Tensor forward(const Tensor& x) override {
-    Tensor h = (*drop)(F::relu((*bn)((*conv)(x))));
-    return (*fc)(F::flatten(h, 1));
-  }
-  std::shared_ptr<nn::Conv2d> conv;
-  std::shared_ptr<nn::BatchNorm2d> bn;
-  std::shared_ptr<nn::Dropout> drop;
-  std::shared_ptr<nn::Linear> fc;
-};
-
-struct StaticBnNet : BnNet {
-  ENCORE_STATIC_GRAPH({.name = "bn_net", .arg_names = {"x"}});
-};
 
 // The CPU generator's position, saved before one run and restored before the other.
 struct GeneratorState {

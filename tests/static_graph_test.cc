@@ -11,6 +11,7 @@
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "tests/static_models.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -35,18 +36,7 @@ std::string joined(const std::vector<std::string>& lines) {
   return s;
 }
 
-// The MLP of the examples with its forward marked static (the module form).
-class StaticMlp : public nn::Module {
- public:
-  StaticMlp(int64_t in, int64_t hidden, int64_t out)
-      : net(register_module("net", nn::mlp(in, hidden, out))) {}
-  Tensor forward(const Tensor& x) override { return (*net)(x); }
-
-  std::shared_ptr<nn::Sequential> net;
-  ENCORE_STATIC_GRAPH({.name = "static_mlp", .arg_names = {"x"}});
-};
-
-// The same, replays checked against eager on every call.
+// The MLP of StaticMlp (static_models.h), replays checked against eager on every call.
 class VerifiedMlp : public nn::Module {
  public:
   VerifiedMlp(int64_t in, int64_t hidden, int64_t out)
@@ -69,44 +59,6 @@ class LazyNet : public nn::Module {
 
  private:
   std::shared_ptr<nn::Linear> lin_;
-};
-
-struct Batch {
-  Tensor x, t;
-};
-
-std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features, uint64_t seed) {
-  const auto ds = data::synthetic_classification(count * batch, features, 10, seed);
-  data::BatchIterator it(ds, batch, /*shuffle=*/false);
-  std::vector<Batch> out;
-  Batch b;
-  while (it.next(b.x, b.t)) out.push_back(b);
-  return out;
-}
-
-// One Adam training step of a model on a batch: zero_grad, forward, softmax cross-entropy,
-// backward, update. Called directly it is the eager reference; make_static() wraps it whole.
-class AdamStep {
- public:
-  explicit AdamStep(std::shared_ptr<nn::Module> model)
-      : model_(std::move(model)), opt_(model_->parameters(), {.lr = 1e-3}) {}
-  Tensor operator()(const Tensor& x, const Tensor& t) {
-    opt_.zero_grad();
-    Tensor loss = F::softmax_cross_entropy((*model_)(x), t);
-    loss.backward();
-    opt_.step();
-    return loss;
-  }
-  Tensor operator()(const Batch& b) { return (*this)(b.x, b.t); }
-  auto make_static(StaticOptions options) {
-    options.modules = {model_};
-    return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
-                        std::move(options));
-  }
-
- private:
-  std::shared_ptr<nn::Module> model_;
-  optim::Adam opt_;
 };
 
 // The elementwise body several tests make static; called directly it is the eager reference.

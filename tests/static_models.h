@@ -1,0 +1,92 @@
+// Models and training steps shared by the static_graph tests on the cpu (static_graph_test.cc,
+// static_conv_test.cc) and on cuda:0 (cuda/cuda_static_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+namespace encore::testing {
+
+// The MLP of the examples with its forward marked static (the module form).
+class StaticMlp : public nn::Module {
+ public:
+  StaticMlp(int64_t in, int64_t hidden, int64_t out)
+      : net(register_module("net", nn::mlp(in, hidden, out))) {}
+  Tensor forward(const Tensor& x) override { return (*net)(x); }
+
+  std::shared_ptr<nn::Sequential> net;
+  ENCORE_STATIC_GRAPH({.name = "static_mlp", .arg_names = {"x"}});
+};
+
+struct Batch {
+  Tensor x, t;
+};
+
+inline std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features,
+                                      uint64_t seed) {
+  const auto ds = data::synthetic_classification(count * batch, features, 10, seed);
+  data::BatchIterator it(ds, batch, /*shuffle=*/false);
+  std::vector<Batch> out;
+  Batch b;
+  while (it.next(b.x, b.t)) out.push_back(b);
+  return out;
+}
+
+// One Adam training step of a model on a batch: zero_grad, forward, softmax cross-entropy,
+// backward, update. Called directly it is the eager reference; make_static() wraps it whole.
+class AdamStep {
+ public:
+  explicit AdamStep(std::shared_ptr<nn::Module> model)
+      : model_(std::move(model)), opt_(model_->parameters(), {.lr = 1e-3}) {}
+  Tensor operator()(const Tensor& x, const Tensor& t) {
+    opt_.zero_grad();
+    Tensor loss = F::softmax_cross_entropy((*model_)(x), t);
+    loss.backward();
+    opt_.step();
+    return loss;
+  }
+  Tensor operator()(const Batch& b) { return (*this)(b.x, b.t); }
+  auto make_static(StaticOptions options) {
+    options.modules = {model_};
+    return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
+                        std::move(options));
+  }
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  optim::Adam opt_;
+};
+
+struct StaticSeedCnn : models::SeedCnn {
+  ENCORE_STATIC_GRAPH({.name = "seed_cnn", .arg_names = {"x"}});
+};
+
+// conv -> batch norm -> relu -> dropout -> linear, small enough for a test.
+class BnNet : public nn::Module {
+ public:
+  BnNet()
+      : conv(register_module(
+            "conv", std::make_shared<nn::Conv2d>(2, 4, 3, nn::Conv2dOptions{.padding = 1}))),
+        bn(register_module("bn", std::make_shared<nn::BatchNorm2d>(4))),
+        drop(register_module("drop", std::make_shared<nn::Dropout>(0.3))),
+        fc(register_module("fc", std::make_shared<nn::Linear>(4 * 5 * 5, 3))) {}
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*drop)(F::relu((*bn)((*conv)(x))));
+    return (*fc)(F::flatten(h, 1));
+  }
+  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::BatchNorm2d> bn;
+  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+struct StaticBnNet : BnNet {
+  ENCORE_STATIC_GRAPH({.name = "bn_net", .arg_names = {"x"}});
+};
+
+}  // namespace encore::testing
