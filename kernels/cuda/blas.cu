@@ -124,24 +124,9 @@ __global__ void fill_rows_kernel(const T* __restrict__ bias, T* __restrict__ y, 
     y[i] = bias[i % n];
 }
 
-// out [M,N] or [B,M,N] = op(a) op(b); a and b are 2-D (shared by every batch) or 3-D, as on the
-// CPU.
 void matmul_kernel(const KernelArgs& args) {
   const BufferView &a = args.in[0], &b = args.in[1], &c = args.out[0];
-  const MatmulAttrs& attrs = args.attr<MatmulAttrs>();
-  GemmShape g;
-  g.trans_a = attrs.trans_a;
-  g.trans_b = attrs.trans_b;
-  g.m = c.shape.at(-2);
-  g.n = c.shape.at(-1);
-  g.k = attrs.trans_a ? a.shape.at(-2) : a.shape.at(-1);
-  g.lda = std::max<int64_t>(attrs.trans_a ? g.m : g.k, 1);
-  g.ldb = std::max<int64_t>(attrs.trans_b ? g.k : g.n, 1);
-  g.ldc = std::max<int64_t>(g.n, 1);
-  g.batches = c.shape.rank() == 3 ? c.shape[0] : 1;
-  g.stride_a = a.shape.rank() == 3 ? g.m * g.k : 0;
-  g.stride_b = b.shape.rank() == 3 ? g.k * g.n : 0;
-  g.stride_c = g.m * g.n;
+  const GemmShape g = matmul_shape(args);
   switch_floating(c.dtype, Op::Matmul, [&]<typename T>(Type<T>) {
     if (c.numel() == 0) return;
     if (g.k == 0) {
@@ -156,18 +141,10 @@ void matmul_kernel(const KernelArgs& args) {
   });
 }
 
-// y [R,out] = x [R,in] w^T (+ bias), R = x.numel() / in.
 void linear_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
   const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
-  GemmShape g;
-  g.trans_b = true;
-  g.n = w.shape[0];
-  g.k = w.shape[1];
-  g.m = g.k == 0 ? y.numel() / std::max<int64_t>(g.n, 1) : x.numel() / g.k;
-  g.lda = std::max<int64_t>(g.k, 1);
-  g.ldb = std::max<int64_t>(g.k, 1);
-  g.ldc = std::max<int64_t>(g.n, 1);
+  const GemmShape g = linear_shape(args);
   switch_floating(y.dtype, Op::Linear, [&]<typename T>(Type<T>) {
     T* py = y.as<T>();
     const int64_t total = y.numel();

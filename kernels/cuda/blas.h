@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "kernels/gemm_shape.h"
 #include "runtime/ops.h"
 
 namespace encore::kernels::cuda {
@@ -42,16 +43,6 @@ class CublasLease {
  private:
   std::unique_lock<std::mutex> lock_;
   cublasHandle_t handle_ = nullptr;
-};
-
-// c = op(a) op(b) + beta c over row-major matrices, `batches` times (a, b and c advanced by their
-// strides in elements each time; a stride of 0 shares one matrix across the batch). op transposes
-// when its flag is set; m, n, k are the sizes of c [m, n] and the inner dimension, lda, ldb, ldc
-// the row lengths of the stored matrices, as for cblas with CblasRowMajor.
-struct GemmShape {
-  bool trans_a = false, trans_b = false;
-  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-  int64_t batches = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // Fails, naming `op`, unless every size fits cuBLAS's int.
