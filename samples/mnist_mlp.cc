@@ -13,7 +13,7 @@
 using namespace encore;
 
 int main(int argc, char** argv) {
-  std::string dir = data::kFashionMnistDir;
+  std::string dir = data::kFashionMnistDir, device_name = "cpu";
   int64_t epochs = 5, batch = 100, unit = 1000, seed = 0, limit = 0;
   bool static_step = false;
   samples::Cli cli("mnist_mlp",
@@ -25,13 +25,18 @@ int main(int argc, char** argv) {
   cli.integer("seed", &seed, 0, "seed for initialisation and shuffling");
   cli.integer("limit", &limit, 0, "use only the first N samples of each split (0: all)");
   cli.flag("static", &static_step, "run the training step as a static graph");
+  cli.text("device", &device_name, "cpu, or cuda / cuda:N to train on a GPU");
   cli.parse(argc, argv);
   try {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_mlp", dir, limit);
     manual_seed(static_cast<uint64_t>(seed));
     auto model = nn::mlp(784, unit, 10);
+    const Device device = Device::parse(device_name);
+    model->to(device);  // before the optimizer takes the parameters
     optim::Adam opt(model->parameters(), {.lr = 1e-3});
     data::BatchIterator batches(train_set, batch, /*shuffle=*/true, static_cast<uint64_t>(seed));
+    const bool on_cuda = device.type == DeviceType::CUDA;
+    batches.set_pin_memory(on_cuda);
     auto step_fn = [&](const Tensor& x, const Tensor& t) {
       Tensor loss = F::softmax_cross_entropy((*model)(x), t);
       opt.zero_grad();
@@ -41,8 +46,8 @@ int main(int argc, char** argv) {
     };
     auto static_step_fn =
         static_graph(step_fn, {.name = "train_step", .arg_names = {"x", "t"}, .modules = {model}});
-    std::printf("model %s, Adam lr 1e-3, batch %lld, step %s\n\n", model->describe().c_str(),
-                static_cast<long long>(batch),
+    std::printf("model %s on %s, Adam lr 1e-3, batch %lld, step %s\n\n", model->describe().c_str(),
+                device.str().c_str(), static_cast<long long>(batch),
                 static_step ? "static (traced once, then replayed)" : "eager");
 
     samples::print_table_header();
@@ -53,6 +58,10 @@ int main(int argc, char** argv) {
       int64_t seen = 0, i = 0;
       Tensor x, t;
       while (batches.next(x, t)) {
+        if (on_cuda) {
+          x = x.to(device, /*non_blocking=*/true);
+          t = t.to(device, /*non_blocking=*/true);
+        }
         Tensor loss = static_step ? static_step_fn(x, t) : step_fn(x, t);
         loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
         seen += t.size(0);
@@ -70,9 +79,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(st.hits));
       samples::print_entries(st);
     }
-    const AllocatorStats s = allocator_for(Device::cpu()).stats();
-    std::printf("cpu allocator: peak %.2f MiB, %lld allocations, %lld from the system\n",
-                static_cast<double>(s.peak_bytes) / (1 << 20),
+    const AllocatorStats s = allocator_for(device).stats();
+    std::printf("%s allocator: peak %.2f MiB, %lld allocations, %lld from the system\n",
+                device.str().c_str(), static_cast<double>(s.peak_bytes) / (1 << 20),
                 static_cast<long long>(s.allocation_count),
                 static_cast<long long>(s.system_allocations));
     return 0;
