@@ -1,0 +1,41 @@
+// Warp and block folds shared by the reduction kernels (reduce.cu, softmax_loss.cu). A fold op R
+// has `template <typename T> static T identity()` and `static T combine(T, T)`; the tree of a
+// fold is fixed by the group size alone, so every run gives the same bits.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace encore::kernels::cuda {
+
+// Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast).
+template <typename R, typename T>
+__device__ __forceinline__ T warp_reduce(T v) {
+  for (int o = 16; o > 0; o /= 2) v = R::combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// The fold of one value per thread over a group of kGroup consecutive threads (1, a warp, or the
+// whole block), returned to every thread of the group. `sh` holds 32 values; with a whole-block
+// group every thread of the block must call this.
+template <typename R, int kGroup, typename T>
+__device__ __forceinline__ T group_reduce(T v, T* sh) {
+  if constexpr (kGroup == 1) {
+    (void)sh;
+    return v;
+  } else if constexpr (kGroup == 32) {
+    (void)sh;
+    return warp_reduce<R>(v);
+  } else {
+    static_assert(kGroup % 32 == 0 && kGroup <= 1024);
+    v = warp_reduce<R>(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < kGroup / 32 ? sh[lane] : R::template identity<T>();
+    v = warp_reduce<R>(v);
+    __syncthreads();  // sh is free again for the next call
+    return v;
+  }
+}
+
+}  // namespace encore::kernels::cuda
