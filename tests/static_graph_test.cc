@@ -12,6 +12,7 @@
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "tests/static_models.h"
+#include "tests/static_scenarios.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -37,13 +38,8 @@ std::string joined(const std::vector<std::string>& lines) {
 }
 
 // The MLP of StaticMlp (static_models.h), replays checked against eager on every call.
-class VerifiedMlp : public nn::Module {
- public:
-  VerifiedMlp(int64_t in, int64_t hidden, int64_t out)
-      : net(register_module("net", nn::mlp(in, hidden, out))) {}
-  Tensor forward(const Tensor& x) override { return (*net)(x); }
-
-  std::shared_ptr<nn::Sequential> net;
+struct VerifiedMlp : MlpNet {
+  using MlpNet::MlpNet;
   ENCORE_STATIC_GRAPH({.name = "verified_mlp", .verify_every = 1});
 };
 
@@ -70,146 +66,23 @@ Tensor pointwise(const Tensor& x) {
 
 // ---- Replay equals eager -------------------------------------------------------------------
 
+// The scenarios shared with the CUDA tests are in static_scenarios.h.
+
 TEST_CASE("MLP training with a static forward (module form) equals eager bit for bit", "[static]") {
-  StaticEnabled on;
-  const auto batches = mlp_batches(20, 32, 784, 11);
-  REQUIRE(batches.size() == 20);
-  manual_seed(0);
-  auto eager = nn::mlp(784, 100, 10);
-  manual_seed(0);
-  auto model = std::make_shared<StaticMlp>(784, 100, 10);
-  check_same_parameters(*eager, *model, "after construction");
-  AdamStep eager_step(eager), static_step(model);
-
-  for (int step = 0; step < 20; ++step) {
-    const Batch& b = batches[step];
-    Tensor eager_loss = eager_step(b);
-    Tensor static_loss = static_step(b);  // its forward is static
-
-    INFO("step " << step);
-    CHECK(bit_diff(eager_loss, static_loss) == "");
-    check_same_parameters(*eager, *model, cat("step ", step));
-  }
-  const StaticStats s = static_stats(*model);
-  CHECK(s.calls == 20);
-  CHECK(s.traces == 1);
-  CHECK(s.hits == 19);
-  CHECK(s.eager_calls == 0);
-  CHECK(s.entries == 1);
-  REQUIRE(s.cache.size() == 1);
-  CHECK(s.cache[0].complete);
-  CHECK(s.cache[0].forward_steps > 0);
-  CHECK(s.cache[0].backward_steps > 0);
+  check_mlp_module_form(Device::cpu());
 }
 
 TEST_CASE("MLP training with the whole step static (function form) equals eager bit for bit",
           "[static]") {
-  StaticEnabled on;
-  const auto batches = mlp_batches(20, 32, 784, 12);
-  REQUIRE(batches.size() == 20);
-  manual_seed(0);
-  auto eager = nn::mlp(784, 100, 10);
-  manual_seed(0);
-  auto model = nn::mlp(784, 100, 10);
-  AdamStep eager_step(eager), model_step(model);
-  auto step = model_step.make_static({.name = "mlp_step", .arg_names = {"x", "t"}});
-
-  for (int i = 0; i < 20; ++i) {
-    const Batch& b = batches[i];
-    Tensor eager_loss = eager_step(b);
-    Tensor static_loss = step(b.x, b.t);
-
-    INFO("step " << i);
-    CHECK(bit_diff(eager_loss, static_loss) == "");
-    check_same_parameters(*eager, *model, cat("step ", i));
-  }
-  const StaticStats s = step.stats();
-  CHECK(s.name == "mlp_step");
-  CHECK(s.calls == 20);
-  CHECK(s.traces == 1);
-  CHECK(s.hits == 19);
-  CHECK(s.eager_calls == 0);
+  check_mlp_function_form(Device::cpu());
 }
 
 TEST_CASE("two forwards before one backward give eager's gradients", "[static]") {
-  StaticEnabled on;
-  const auto batches = mlp_batches(4, 16, 20, 13);
-  REQUIRE(batches.size() == 4);
-  manual_seed(1);
-  auto eager = nn::mlp(20, 32, 10);
-  manual_seed(1);
-  auto model = std::make_shared<StaticMlp>(20, 32, 10);
-
-  // Complete the entry: one traced call and its backward.
-  F::softmax_cross_entropy((*eager)(batches[0].x), batches[0].t).backward();
-  F::softmax_cross_entropy((*model)(batches[0].x), batches[0].t).backward();
-  check_same_parameters(*eager, *model, "after the traced call");
-  eager->zero_grad();
-  model->zero_grad();
-
-  // Two replayed calls, one backward through both.
-  Tensor e1 = F::softmax_cross_entropy((*eager)(batches[1].x), batches[1].t);
-  Tensor e2 = F::softmax_cross_entropy((*eager)(batches[2].x), batches[2].t);
-  Tensor s1 = F::softmax_cross_entropy((*model)(batches[1].x), batches[1].t);
-  Tensor s2 = F::softmax_cross_entropy((*model)(batches[2].x), batches[2].t);
-  CHECK(bit_diff(e1, s1) == "");
-  CHECK(bit_diff(e2, s2) == "");
-  (e1 + e2).backward();
-  (s1 + s2).backward();
-  check_same_parameters(*eager, *model, "after two forwards and one backward");
-
-  // A third replayed call whose backward accumulates into the existing .grad.
-  F::softmax_cross_entropy((*eager)(batches[3].x), batches[3].t).backward();
-  F::softmax_cross_entropy((*model)(batches[3].x), batches[3].t).backward();
-  check_same_parameters(*eager, *model, "after accumulating into existing gradients");
-
-  const StaticStats s = static_stats(*model);
-  CHECK(s.traces == 1);
-  CHECK(s.hits == 3);
-  REQUIRE(s.cache.size() == 1);
-  CHECK(s.cache[0].arenas >= 2);  // the second call could not reuse the first one's arena
+  check_two_forwards_one_backward(Device::cpu());
 }
 
 TEST_CASE("a replaced parameter is rebound, or retraced when its shape changes", "[static]") {
-  StaticEnabled on;
-  manual_seed(2);
-  auto lin = std::make_shared<nn::Linear>(4, 3, nn::LinearOptions{.bias = false});
-  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
-                        {.name = "replaced", .modules = {lin}});
-  const Tensor x = rand({2, 4}, DType::Float32, Device::cpu(), -1, 1);
-
-  F::sum(f(x)).backward();  // trace, completed by its backward
-  F::sum(f(x)).backward();  // replay
-  REQUIRE(f.stats().hits == 1);
-  const Tensor old_w = lin->weight;
-  const Tensor old_grad = clone(old_w.grad());
-
-  Tensor new_w = rand({3, 4}, DType::Float32, Device::cpu(), -1, 1);
-  new_w.set_requires_grad();
-  lin->weight = new_w;
-  Tensor out = f(x);
-  CHECK(f.stats().traces == 1);
-  CHECK(f.stats().hits == 2);
-  CHECK(bit_diff(out, (*lin)(x)) == "");
-  F::sum(out).backward();
-  REQUIRE(new_w.grad().defined());
-  const Tensor static_grad = clone(new_w.grad());
-  CHECK(bit_diff(old_w.grad(), old_grad) == "");  // the old weight is no longer written
-  new_w.set_grad(Tensor());
-  F::sum((*lin)(x)).backward();
-  CHECK(bit_diff(static_grad, new_w.grad()) == "");
-
-  Tensor wide = rand({5, 4}, DType::Float32, Device::cpu(), -1, 1);
-  wide.set_requires_grad();
-  lin->weight = wide;
-  Tensor out5 = f(x);
-  const StaticStats s = f.stats();
-  CHECK(s.traces == 2);
-  REQUIRE(s.traces_history.size() == 2);
-  const std::string reason = s.traces_history[1].reason;
-  CHECK_THAT(reason, Contains("parameter '") && Contains("weight") && Contains("shape changed"));
-  CHECK(out5.shape() == Shape{2, 5});
-  CHECK(bit_diff(out5, (*lin)(x)) == "");
+  check_replaced_parameter(Device::cpu());
 }
 
 TEST_CASE("freezing a parameter retraces and its gradient stops", "[static]") {
@@ -232,25 +105,7 @@ TEST_CASE("freezing a parameter retraces and its gradient stops", "[static]") {
 
 TEST_CASE("a function that updates its argument in place replays the update and its backward",
           "[static]") {
-  StaticEnabled on;
-  Tensor w = rand({3, 2}).set_requires_grad();
-  auto body = [&](const Tensor& x) {
-    add_(x, full_like(x, 1.0));
-    return F::sum(F::matmul(x, w));
-  };
-  auto f = static_graph(body, {.name = "in_place_arg"});
-  for (int i = 0; i < 3; ++i) {
-    Tensor xs = rand({4, 3});
-    Tensor xe = clone(xs);
-    w.set_grad(Tensor());
-    f(xs).backward();
-    const Tensor static_grad = clone(w.grad());
-    w.set_grad(Tensor());
-    body(xe).backward();
-    CHECK(bit_diff(static_grad, w.grad()) == "");
-    CHECK(bit_diff(xs, xe) == "");
-  }
-  CHECK(f.stats().hits == 2);
+  check_in_place_argument_update(Device::cpu());
 }
 
 TEST_CASE("optimizer updates between static calls are seen by the next replay", "[static]") {
@@ -287,28 +142,7 @@ TEST_CASE("outputs handed out stay valid after later calls", "[static]") {
     CHECK(bit_diff(kept, expected) == "");
   }
   SECTION("a model forward, with its backward after the later calls") {
-    manual_seed(4);
-    auto model = nn::mlp(6, 8, 3);
-    auto f = static_graph([&](const Tensor& x) { return (*model)(x); },
-                          {.name = "kept_forward", .modules = {model}});
-    F::sum(f(rand({4, 6}))).backward();  // trace and complete
-    model->zero_grad();
-    const Tensor x1 = rand({4, 6}, DType::Float32, Device::cpu(), -1, 1);
-    const Tensor kept = f(x1);
-    for (int i = 2; i <= 5; ++i) f(rand({4, 6}, DType::Float32, Device::cpu(), -1, 1));
-    CHECK(f.stats().hits == 5);
-    F::sum(kept).backward();  // the saved activations of call 1 are intact
-    std::vector<Tensor> static_grads;
-    for (const Tensor& p : model->parameters()) static_grads.push_back(clone(p.grad()));
-    model->zero_grad();
-    const Tensor expected = (*model)(x1);
-    CHECK(bit_diff(kept, expected) == "");
-    F::sum(expected).backward();
-    const auto params = model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      INFO("parameter " << i);
-      CHECK(bit_diff(static_grads[i], params[i].grad()) == "");
-    }
+    check_kept_output_and_activations(Device::cpu());
   }
 }
 

@@ -1,5 +1,6 @@
 // Models and training steps shared by the static_graph tests on the cpu (static_graph_test.cc,
-// static_conv_test.cc) and on cuda:0 (cuda/cuda_static_test.cc).
+// static_conv_test.cc) and on cuda:0 (cuda/cuda_static_test.cc), whose common scenarios are in
+// static_scenarios.h.
 #pragma once
 
 #include <cstdint>
@@ -12,14 +13,19 @@
 
 namespace encore::testing {
 
-// The MLP of the examples with its forward marked static (the module form).
-class StaticMlp : public nn::Module {
+// The MLP of the examples (nn::mlp) as a module of its own, for subclasses to mark static.
+class MlpNet : public nn::Module {
  public:
-  StaticMlp(int64_t in, int64_t hidden, int64_t out)
+  MlpNet(int64_t in, int64_t hidden, int64_t out)
       : net(register_module("net", nn::mlp(in, hidden, out))) {}
   Tensor forward(const Tensor& x) override { return (*net)(x); }
 
   std::shared_ptr<nn::Sequential> net;
+};
+
+// The MLP with its forward marked static (the module form).
+struct StaticMlp : MlpNet {
+  using MlpNet::MlpNet;
   ENCORE_STATIC_GRAPH({.name = "static_mlp", .arg_names = {"x"}});
 };
 
@@ -27,13 +33,14 @@ struct Batch {
   Tensor x, t;
 };
 
-inline std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features,
-                                      uint64_t seed) {
+// `count` batches of a synthetic 10-class problem, moved to `device`.
+inline std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t features, uint64_t seed,
+                                      Device device = Device::cpu()) {
   const auto ds = data::synthetic_classification(count * batch, features, 10, seed);
   data::BatchIterator it(ds, batch, /*shuffle=*/false);
   std::vector<Batch> out;
   Batch b;
-  while (it.next(b.x, b.t)) out.push_back(b);
+  while (it.next(b.x, b.t)) out.push_back({b.x.to(device), b.t.to(device)});
   return out;
 }
 

@@ -1,5 +1,5 @@
-// Helpers shared by the tests: bitwise tensor comparison, parameter comparison, the message of
-// a thrown Error, and a scope that turns static graphs on.
+// Helpers shared by the tests: host copies, bitwise tensor comparison (on any device),
+// parameter comparison, the message of a thrown Error, and a scope that turns static graphs on.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -7,15 +7,28 @@
 #include <string>
 
 #include "encore/encore.h"
+#include "runtime/cuda.h"
 
 namespace encore::testing {
 
-// "" when a and b hold the same bits; otherwise what differs (the first differing element).
+// A new cpu tensor holding a copy of t's bytes, made without an op or autograd (undefined stays
+// undefined). Waits for the stream of t's device.
+inline Tensor on_host(const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  cuda::copy_bytes(h.raw_data(), Device::cpu(), t.raw_data(), t.device(), t.nbytes());
+  return h;
+}
+
+// "" when a and b live on one device and hold the same bits; otherwise what differs (the first
+// differing element). Tensors on a device are compared through host copies.
 inline std::string bit_diff(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined())
     return a.defined() == b.defined()
                ? ""
                : cat("one tensor is undefined: ", a.defined(), " vs ", b.defined());
+  if (a.device() != b.device()) return cat("devices differ: ", a.device(), " vs ", b.device());
+  if (a.device().type != DeviceType::CPU) return bit_diff(on_host(a), on_host(b));
   if (!(a.shape() == b.shape())) return cat("shapes differ: ", a.shape(), " vs ", b.shape());
   if (a.dtype() != b.dtype()) return cat("dtypes differ: ", a.dtype(), " vs ", b.dtype());
   if (std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0) return "";
@@ -36,7 +49,7 @@ inline std::string bit_diff(const Tensor& a, const Tensor& b) {
   return "bytes differ";
 }
 
-// Compares every parameter (and its gradient) of two models of the same structure.
+// Compares every parameter (and its gradient) of two models of the same structure, on one device.
 inline void check_same_parameters(const nn::Module& a, const nn::Module& b,
                                   const std::string& when) {
   const auto pa = a.named_parameters();
