@@ -39,6 +39,49 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
 }
 
+// Calls fn(Type<uint32_t>) when every index below `max_numel` fits 32 bits (cheaper division in
+// index arithmetic), else fn(Type<uint64_t>).
+template <typename Fn>
+void with_index_type(int64_t max_numel, Fn&& fn) {
+  if (max_numel <= int64_t{UINT32_MAX}) {
+    fn(Type<uint32_t>{});
+  } else {
+    fn(Type<uint64_t>{});
+  }
+}
+
+// The device's math functions by element type.
+__device__ __forceinline__ float dev_exp(float x) {
+  return ::expf(x);
+}
+__device__ __forceinline__ double dev_exp(double x) {
+  return ::exp(x);
+}
+__device__ __forceinline__ float dev_log(float x) {
+  return ::logf(x);
+}
+__device__ __forceinline__ double dev_log(double x) {
+  return ::log(x);
+}
+__device__ __forceinline__ float dev_sqrt(float x) {
+  return ::sqrtf(x);
+}
+__device__ __forceinline__ double dev_sqrt(double x) {
+  return ::sqrt(x);
+}
+__device__ __forceinline__ float dev_tanh(float x) {
+  return ::tanhf(x);
+}
+__device__ __forceinline__ double dev_tanh(double x) {
+  return ::tanh(x);
+}
+__device__ __forceinline__ float dev_abs(float x) {
+  return ::fabsf(x);
+}
+__device__ __forceinline__ double dev_abs(double x) {
+  return ::fabs(x);
+}
+
 // Throws Error naming the op, the failed call and CUDA's message.
 [[noreturn]] inline void fail_cuda(Op op, const char* call, cudaError_t e) {
   fail(op_name(op), ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (",

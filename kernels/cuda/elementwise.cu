@@ -108,15 +108,6 @@ __device__ __forceinline__ void input_offsets(const Strided<N>& s, I i, I (&off)
   for (int k = 0; k < N; ++k) off[k] += i * static_cast<I>(s.strides[k][0]);
 }
 
-template <typename Fn>
-void with_index_type(int64_t max_numel, Fn&& fn) {
-  if (max_numel <= int64_t{UINT32_MAX}) {
-    fn(Type<uint32_t>{});
-  } else {
-    fn(Type<uint64_t>{});
-  }
-}
-
 template <typename I, typename F, typename R, typename T>
 __global__ void binary_strided_kernel(F f, int64_t n, Strided<2> s, R* out, const T* a,
                                       const T* b) {
@@ -253,36 +244,6 @@ void where_kernel(const KernelArgs& args) {
 
 // ---- Tensor-scalar ops and activations ----------------------------------------------------
 
-__device__ __forceinline__ float dev_exp(float x) {
-  return ::expf(x);
-}
-__device__ __forceinline__ double dev_exp(double x) {
-  return ::exp(x);
-}
-__device__ __forceinline__ float dev_log(float x) {
-  return ::logf(x);
-}
-__device__ __forceinline__ double dev_log(double x) {
-  return ::log(x);
-}
-__device__ __forceinline__ float dev_sqrt(float x) {
-  return ::sqrtf(x);
-}
-__device__ __forceinline__ double dev_sqrt(double x) {
-  return ::sqrt(x);
-}
-__device__ __forceinline__ float dev_tanh(float x) {
-  return ::tanhf(x);
-}
-__device__ __forceinline__ double dev_tanh(double x) {
-  return ::tanh(x);
-}
-__device__ __forceinline__ float dev_abs(float x) {
-  return ::fabsf(x);
-}
-__device__ __forceinline__ double dev_abs(double x) {
-  return ::fabs(x);
-}
 __device__ __forceinline__ float dev_pow(float x, float y) {
   return ::powf(x, y);
 }

@@ -18,15 +18,6 @@ namespace {
 
 constexpr int kMaxRank = Shape::kMaxRank;
 
-template <typename Fn>
-void with_index_type(int64_t max_numel, Fn&& fn) {
-  if (max_numel <= int64_t{UINT32_MAX}) {
-    fn(Type<uint32_t>{});
-  } else {
-    fn(Type<uint64_t>{});
-  }
-}
-
 // The loop dimensions and the input's element strides over them; the output is contiguous over
 // the same dimensions, so its offset is the linear index itself.
 struct Gather {

@@ -22,17 +22,6 @@ namespace {
 
 constexpr int kMaxRank = Shape::kMaxRank;
 
-struct SumOp {
-  template <typename T>
-  __host__ __device__ static T identity() {
-    return T(0);
-  }
-  template <typename T>
-  __device__ static T combine(T a, T b) {
-    return a + b;
-  }
-};
-
 struct MaxOp {
   template <typename T>
   __host__ __device__ static T identity() {

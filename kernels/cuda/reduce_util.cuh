@@ -7,6 +7,17 @@
 
 namespace encore::kernels::cuda {
 
+struct SumOp {
+  template <typename T>
+  __host__ __device__ static T identity() {
+    return T(0);
+  }
+  template <typename T>
+  __device__ static T combine(T a, T b) {
+    return a + b;
+  }
+};
+
 // Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast).
 template <typename R, typename T>
 __device__ __forceinline__ T warp_reduce(T v) {

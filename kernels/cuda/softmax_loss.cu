@@ -23,34 +23,10 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float exp_of(float v) {
-  return ::expf(v);
-}
-__device__ __forceinline__ double exp_of(double v) {
-  return ::exp(v);
-}
-__device__ __forceinline__ float log_of(float v) {
-  return ::logf(v);
-}
-__device__ __forceinline__ double log_of(double v) {
-  return ::log(v);
-}
-
 template <typename T>
 __device__ __forceinline__ T nan_of() {
   return ::cuda::std::numeric_limits<T>::quiet_NaN();
 }
-
-struct SumOp {
-  template <typename T>
-  __device__ static T identity() {
-    return T(0);
-  }
-  template <typename T>
-  __device__ static T combine(T a, T b) {
-    return a + b;
-  }
-};
 
 // The CPU's lane_max: a NaN is never taken (a lane holding one is NaN through its sum anyway).
 struct LaneMaxOp {
@@ -88,14 +64,14 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     for (int64_t i = g; i < n; i += kGroup) m = LaneMaxOp::combine(m, px[i * inner]);
     m = group_reduce<LaneMaxOp, kGroup>(m, sh);
     T sum = 0;
-    for (int64_t i = g; i < n; i += kGroup) sum += exp_of(px[i * inner] - m);
+    for (int64_t i = g; i < n; i += kGroup) sum += dev_exp(px[i * inner] - m);
     sum = group_reduce<SumOp, kGroup>(sum, sh);
     if constexpr (kLog) {
-      const T log_sum = log_of(sum);
+      const T log_sum = dev_log(sum);
       for (int64_t i = g; i < n; i += kGroup) py[i * inner] = px[i * inner] - m - log_sum;
     } else {
       const T inv = T(1) / sum;
-      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = exp_of(px[i * inner] - m) * inv;
+      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = dev_exp(px[i * inner] - m) * inv;
     }
   }
 }
@@ -127,7 +103,7 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     for (int64_t i = g; i < n; i += kGroup) {
       const int64_t k = i * inner;
       if constexpr (kLog) {
-        px[k] = pg[k] - exp_of(py[k]) * dot;
+        px[k] = pg[k] - dev_exp(py[k]) * dot;
       } else {
         px[k] = py[k] * (pg[k] - dot);
       }
@@ -216,7 +192,7 @@ __device__ __forceinline__ T warp_row_max(const T* row, int64_t n, int lane) {
 template <typename T>
 __device__ __forceinline__ T warp_row_sum_exp(const T* row, int64_t n, int lane, T m) {
   T s = 0;
-  for (int64_t j = lane; j < n; j += 32) s += exp_of(row[j] - m);
+  for (int64_t j = lane; j < n; j += 32) s += dev_exp(row[j] - m);
   return warp_reduce<SumOp>(s);
 }
 
@@ -268,7 +244,7 @@ __global__ void __launch_bounds__(kLossThreads)
     }
     const T* row = x + i * classes;
     const T m = warp_row_max(row, classes, lane);
-    const T log_sum_exp = m + log_of(warp_row_sum_exp(row, classes, lane, m));
+    const T log_sum_exp = m + dev_log(warp_row_sum_exp(row, classes, lane, m));
     total += static_cast<double>(log_sum_exp - row[label]);
   }
   if (lane == 0) {
@@ -323,7 +299,7 @@ __global__ void __launch_bounds__(kThreads)
     const T sum = warp_row_sum_exp(row, classes, lane, m);
     const T f = scale / sum;
     for (int64_t j = lane; j < classes; j += 32) {
-      T v = exp_of(row[j] - m) * f;
+      T v = dev_exp(row[j] - m) * f;
       if (j == label) v -= scale;
       grow[j] = v;
     }
