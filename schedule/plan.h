@@ -187,13 +187,13 @@ class Plan {
   Device device_;
   std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
   size_t stage_slots_ = 0;
-  std::vector<int> staged_[2];    // staged buffers the forward reads; only the backward reads
-  std::vector<int> staged_both_;  // staged buffers both phases read
-  size_t forward_patches_ = 0;    // patches_ of forward steps come first
-  std::vector<int> random_slot_;  // per step: its {seed, offset} pair, or -1
-  int random_forward_ = 0;        // pairs of forward steps come first
-  size_t random_pairs_ = 0;
-  uint64_t graph_clock_ = 0;  // for least-recently-used eviction
+  std::vector<std::pair<uint32_t, int>> staged_views_;  // view -> staging slot
+  std::vector<int> staged_[2];     // staged buffers the forward reads; only the backward reads
+  std::vector<int> staged_both_;   // staged buffers both phases read
+  size_t forward_patches_ = 0;     // patches_ of forward steps come first
+  std::vector<int> random_steps_;  // in step order: step r uses {seed, offset} pair r
+  size_t random_forward_ = 0;      // random steps of the forward (they come first)
+  uint64_t graph_clock_ = 0;       // for least-recently-used eviction
   GraphStats graph_stats_;
   cuda::EventTimeline timeline_;  // profiled CUDA runs
 };

@@ -107,6 +107,7 @@ void Plan::plan_graphs() {
     const bool backward = vi >= first_backward_view;
     if (!backward) ++forward_patches_;
     read[buf] |= backward ? 2 : 1;
+    if (stage_slot_[buf] >= 0) staged_views_.emplace_back(vi, stage_slot_[buf]);
   }
   for (size_t buf = 0; buf < bufs.size(); ++buf) {
     if (stage_slot_[buf] < 0) continue;
@@ -114,11 +115,10 @@ void Plan::plan_graphs() {
     if (read[buf] == 2) staged_[1].push_back(static_cast<int>(buf));
     if (read[buf] == 3) staged_both_.push_back(static_cast<int>(buf));
   }
-  random_slot_.assign(steps_.size(), -1);
-  for (size_t i = 0; i < steps_.size(); ++i) {
+  for (int i = 0; i < static_cast<int>(steps_.size()); ++i) {
     if (!steps_[i].random) continue;
-    random_slot_[i] = static_cast<int>(random_pairs_++);
-    if (static_cast<int>(i) < n_forward_) random_forward_ = static_cast<int>(random_pairs_);
+    random_steps_.push_back(i);
+    if (i < n_forward_) random_forward_ = random_steps_.size();
   }
 }
 
@@ -471,30 +471,28 @@ void Plan::run_graph(Block& b, bool backward) {
   stage(staged_[backward]);
   if (backward && !b.forward_staged) stage(staged_both_);
   if (!backward) b.forward_staged = true;
-  for (const auto& [vi, buf] : patches_)
-    if (stage_slot_[buf] >= 0) b.views[vi].data = b.staging[stage_slot_[buf]]->data();
+  for (const auto& [vi, slot] : staged_views_) b.views[vi].data = b.staging[slot]->data();
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
-  const int r0 = backward ? random_forward_ : 0;
-  int r1 = r0;
-  for (int i = begin; i < end; ++i)
-    if (random_slot_[i] >= 0) r1 = random_slot_[i] + 1;
+  const size_t r0 = backward ? random_forward_ : 0;
+  const size_t r1 = backward ? random_steps_.size() : random_forward_;
   if (r1 > r0) {
     if (!b.random_state) {
-      b.random_state = make_intrusive<Storage>(random_pairs_ * 2 * sizeof(uint64_t), device_);
-      b.random_host.assign(random_pairs_ * 2, 0);
+      b.random_state =
+          make_intrusive<Storage>(random_steps_.size() * 2 * sizeof(uint64_t), device_);
+      b.random_host.assign(random_steps_.size() * 2, 0);
     }
-    for (int i = begin; i < end; ++i) {
-      if (random_slot_[i] < 0) continue;
-      const Generator::Stream st = default_generator(device_).reserve(steps_[i].random_count);
-      b.random_host[2 * random_slot_[i]] = st.seed;
-      b.random_host[2 * random_slot_[i] + 1] = st.offset;
+    for (size_t r = r0; r < r1; ++r) {
+      const Generator::Stream st =
+          default_generator(device_).reserve(steps_[random_steps_[r]].random_count);
+      b.random_host[2 * r] = st.seed;
+      b.random_host[2 * r + 1] = st.offset;
     }
     // From pageable memory: the bytes are taken before the call returns.
     cuda::copy_bytes(static_cast<uint64_t*>(b.random_state->data()) + 2 * r0, device_,
-                     b.random_host.data() + 2 * r0, Device::cpu(),
-                     static_cast<size_t>(r1 - r0) * 2 * sizeof(uint64_t), /*non_blocking=*/true);
+                     b.random_host.data() + 2 * r0, Device::cpu(), (r1 - r0) * 2 * sizeof(uint64_t),
+                     /*non_blocking=*/true);
   }
 
   // The graph for these addresses, or a new capture.
@@ -553,6 +551,8 @@ void Plan::run_steps(Block& b, int begin, int end,
                      std::vector<std::vector<unsigned char>>* snapshots, bool device_random) {
   const BufferView* v = b.views.data();
   const bool cuda = device_.type == DeviceType::CUDA;
+  // device_random runs a whole phase: its random steps use the phase's pairs in order.
+  size_t next_random = begin >= n_forward_ ? random_forward_ : 0;
   [[maybe_unused]] cuda::StreamHandle stream = nullptr;
   [[maybe_unused]] bool shapes = false;
   [[maybe_unused]] std::vector<profiler::StepTime>* times = nullptr;
@@ -584,7 +584,7 @@ void Plan::run_steps(Block& b, int begin, int end,
       RandomAttrs a = s.attrs.as<RandomAttrs>();
       if (device_random) {
         a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
-                                                 2 * random_slot_[i]);
+                                                 2 * next_random++);
       } else {
         const Generator::Stream st = default_generator(s.device).reserve(s.random_count);
         a.seed = st.seed;
