@@ -151,12 +151,10 @@ inline Eval evaluate(nn::Module& model, const data::Dataset& ds, int64_t batch =
   model.eval();
   data::BatchIterator it(ds, batch, /*shuffle=*/false);
   const std::vector<Tensor> params = model.parameters();
-  const Device device = params.empty() ? Device::cpu() : params[0].device();
+  it.set_device(params.empty() ? Device::cpu() : params[0].device());
   Tensor x, t;
   Eval e;
   while (it.next(x, t)) {
-    x = x.to(device);
-    t = t.to(device);
     Tensor logits = model(x);
     const auto b = static_cast<double>(t.size(0));
     e.loss += F::softmax_cross_entropy(logits, t).item<double>() * b;

@@ -62,8 +62,7 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
   model->to(device);  // before the optimizer takes the parameters
   optim::SGD opt(model->parameters(), {.lr = 0.01});
   data::BatchIterator batches(train_set, f.batch, /*shuffle=*/true, static_cast<uint64_t>(f.seed));
-  const bool on_cuda = device.type == DeviceType::CUDA;
-  batches.set_pin_memory(on_cuda);
+  batches.set_device(device);
   auto step = [&](const Tensor& x, const Tensor& t) {
     Tensor loss = F::softmax_cross_entropy((*model)(x), t);
     model->zero_grad();
@@ -86,10 +85,6 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
     int64_t seen = 0, i = 0;
     Tensor x, t;
     while (batches.next(x, t)) {
-      if (on_cuda) {
-        x = x.to(device, /*non_blocking=*/true);
-        t = t.to(device, /*non_blocking=*/true);
-      }
       Tensor loss;
       // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
       if (++i == 3)

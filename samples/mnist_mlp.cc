@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
     model->to(device);  // before the optimizer takes the parameters
     optim::Adam opt(model->parameters(), {.lr = 1e-3});
     data::BatchIterator batches(train_set, batch, /*shuffle=*/true, static_cast<uint64_t>(seed));
-    const bool on_cuda = device.type == DeviceType::CUDA;
-    batches.set_pin_memory(on_cuda);
+    batches.set_device(device);
     auto step_fn = [&](const Tensor& x, const Tensor& t) {
       Tensor loss = F::softmax_cross_entropy((*model)(x), t);
       opt.zero_grad();
@@ -58,10 +57,6 @@ int main(int argc, char** argv) {
       int64_t seen = 0, i = 0;
       Tensor x, t;
       while (batches.next(x, t)) {
-        if (on_cuda) {
-          x = x.to(device, /*non_blocking=*/true);
-          t = t.to(device, /*non_blocking=*/true);
-        }
         Tensor loss = static_step ? static_step_fn(x, t) : step_fn(x, t);
         loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
         seen += t.size(0);

@@ -57,6 +57,13 @@ class BatchIterator {
     pin_memory_ = on;
     return *this;
   }
+  // Batches on `device`. On a CUDA device they are gathered in pinned memory and copied without
+  // blocking (queued on the device's stream), so the copy overlaps with the previous step.
+  BatchIterator& set_device(Device device) {
+    device_ = device;
+    pin_memory_ = device.type == DeviceType::CUDA;
+    return *this;
+  }
 
  private:
   void reshuffle();
@@ -64,6 +71,7 @@ class BatchIterator {
   int64_t batch_size_;
   bool shuffle_;
   bool pin_memory_ = false;
+  Device device_ = Device::cpu();
   uint64_t seed_;
   uint64_t epoch_ = 0;
   int64_t pos_ = 0;

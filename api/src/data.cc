@@ -330,8 +330,8 @@ bool BatchIterator::next(Tensor& x, Tensor& t) {
                   from + static_cast<size_t>(order_[static_cast<size_t>(pos_ + i)]) * row, row);
     return out;
   };
-  x = gather(ds_.images);
-  t = gather(ds_.labels);
+  x = gather(ds_.images).to(device_, /*non_blocking=*/true);
+  t = gather(ds_.labels).to(device_, /*non_blocking=*/true);
   pos_ += b;
   return true;
 }
