@@ -110,9 +110,10 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
   notify_host_access("to");
   Tensor out = empty(shape(), dtype(), device);
   cuda::copy_bytes(out.raw_data(), device, raw_data(), this->device(), nbytes(), non_blocking);
-  if (non_blocking && this->device().type == DeviceType::CPU && device.type == DeviceType::CUDA) {
-    // The copy reads the source later: keep its storage (whose block the caching allocator would
-    // hand out again) until the stream has passed it.
+  if (non_blocking && device.type == DeviceType::CUDA && is_pinned()) {
+    // The copy reads pinned memory later (pageable memory is staged before the call returns):
+    // keep its storage, whose block the caching allocator would hand out again, until the stream
+    // has passed the copy.
     auto* keep = new IntrusivePtr<Storage>(i.storage);
     cuda::call_after_stream(
         device.index, [](void* p) { delete static_cast<IntrusivePtr<Storage>*>(p); }, keep);

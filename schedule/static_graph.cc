@@ -1063,15 +1063,21 @@ std::string memory_text(const Plan& p) {
 
 }  // namespace
 
+namespace {
+// "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
+std::string graph_counts(int64_t launches, int64_t captures, int64_t replays,
+                         const std::string& fallback) {
+  return cat(launches, launches == 1 ? " graph launch, " : " graph launches, ", captures,
+             captures == 1 ? " capture, " : " captures, ", replays,
+             replays == 1 ? " stream replay" : " stream replays",
+             fallback.empty() ? std::string() : cat("; graphs off: ", fallback));
+}
+}  // namespace
+
 std::string EntryReport::graph_text() const {
   if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 && graph_fallback.empty())
     return {};
-  std::string out =
-      cat("cuda graphs: ", graph_launches, graph_launches == 1 ? " launch, " : " launches, ",
-          graph_captures, graph_captures == 1 ? " capture, " : " captures, ", stream_replays,
-          " stream ", stream_replays == 1 ? "replay" : "replays");
-  if (!graph_fallback.empty()) out += cat(" (graphs off for this entry: ", graph_fallback, ")");
-  return out;
+  return graph_counts(graph_launches, graph_captures, stream_replays, graph_fallback);
 }
 
 std::string StaticGraph::schedule_text() const {
@@ -1088,9 +1094,8 @@ std::string StaticGraph::schedule_text() const {
     out += cat("  ", memory_text(*e->plan), "\n");
     if (e->plan->device().type == DeviceType::CUDA) {
       const GraphStats& gs = e->plan->graph_stats();
-      out += cat("  on ", e->plan->device(), ": ", gs.launches, " graph launches, ", gs.captures,
-                 " captures, ", gs.stream_replays, " stream replays",
-                 gs.fallback.empty() ? std::string() : cat("; graphs off: ", gs.fallback), "\n");
+      out += cat("  on ", e->plan->device(), ": ",
+                 graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.fallback), "\n");
     }
     out += e->plan->steps_text(names_of(*e, config_), "  ");
   }
