@@ -243,23 +243,5 @@ TEST_CASE("max propagates NaN", "[ops]") {
 TEST_CASE("the Matmul kernel takes a 2-D operand shared by every batch", "[ops]") {
   // The routine always passes equal ranks; the kernel's documented contract also allows a 2-D
   // a or b with a 3-D other operand, with or without transposes.
-  auto kernel = [](const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& out) {
-    Tensor c = empty(out, a.dtype());
-    dispatch(Op::Matmul, {a, b}, {c}, AttrBlob::of(MatmulAttrs{ta, tb}));
-    return c.to_vector<double>();
-  };
-  auto close = [](const std::vector<double>& got, const Tensor& want) {
-    const std::vector<double> w = want.to_vector<double>();
-    REQUIRE(got.size() == w.size());
-    for (size_t i = 0; i < w.size(); ++i) CHECK(got[i] == Approx(w[i]).margin(1e-12));
-  };
-  const Tensor a3 = randn({2, 3, 4}, DType::Float64), b2 = randn({4, 5}, DType::Float64);
-  const Tensor a2 = randn({3, 4}, DType::Float64), b3 = randn({2, 4, 5}, DType::Float64);
-  close(kernel(a3, b2, false, false, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a2, b3, false, false, {2, 3, 5}), F::matmul(a2, b3));
-  const Tensor a3t = F::permute(a3, {0, 2, 1}), b2t = F::transpose(b2);  // [2,4,3], [5,4]
-  close(kernel(a3t, b2, true, false, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a3, b2t, false, true, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a3t, b2t, true, true, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(F::transpose(a2), b3, true, false, {2, 3, 5}), F::matmul(a2, b3));
+  check_matmul_kernel_contract(Device::cpu());
 }

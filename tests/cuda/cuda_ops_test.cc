@@ -328,29 +328,7 @@ TEST_CASE(
     "the Matmul kernel on cuda takes transposed operands and a 2-D operand shared by every "
     "batch",
     "[cuda][ops]") {
-  auto kernel = [](const Tensor& a, const Tensor& b, bool ta, bool tb, const Shape& out) {
-    Tensor c = empty(out, a.dtype(), kCuda);
-    dispatch(Op::Matmul, {a.to(kCuda), b.to(kCuda)}, {c}, AttrBlob::of(MatmulAttrs{ta, tb}));
-    return c.to_vector<double>();
-  };
-  auto close = [](const std::vector<double>& got, const Tensor& want) {
-    const std::vector<double> w = want.to_vector<double>();
-    REQUIRE(got.size() == w.size());
-    for (size_t i = 0; i < w.size(); ++i) CHECK(got[i] == Approx(w[i]).margin(1e-12));
-  };
-  const Tensor a3 = randn({2, 3, 4}, DType::Float64), b2 = randn({4, 5}, DType::Float64);
-  const Tensor a2 = randn({3, 4}, DType::Float64), b3 = randn({2, 4, 5}, DType::Float64);
-  const Tensor b3b = randn({2, 4, 5}, DType::Float64);
-  close(kernel(a3, b2, false, false, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a2, b3, false, false, {2, 3, 5}), F::matmul(a2, b3));
-  close(kernel(a3, b3b, false, false, {2, 3, 5}), F::matmul(a3, b3b));
-  const Tensor a3t = F::permute(a3, {0, 2, 1}), b2t = F::transpose(b2);  // [2,4,3], [5,4]
-  close(kernel(a3t, b2, true, false, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a3, b2t, false, true, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(a3t, b2t, true, true, {2, 3, 5}), F::matmul(a3, b2));
-  close(kernel(F::transpose(a2), b3, true, false, {2, 3, 5}), F::matmul(a2, b3));
-  close(kernel(a3t, F::permute(b3b, {0, 2, 1}), true, true, {2, 3, 5}), F::matmul(a3, b3b));
-  close(kernel(F::transpose(a2), F::transpose(b2), true, true, {3, 5}), F::matmul(a2, b2));
+  check_matmul_kernel_contract(kCuda);
 }
 
 TEST_CASE("conv2d over an empty batch on cuda", "[cuda][ops][conv]") {
