@@ -435,21 +435,17 @@ void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned ch
     if ((forward || backward) && begin < end && snapshots == nullptr && !profiler::active() &&
         graph_stats_.fallback.empty() && cuda::graphs_enabled()) {
       run_graph(b, backward);
-    } else {
-      ++graph_stats_.stream_replays;
-      if (begin == 0) b.forward_staged = false;
-      if (profiler::active()) [[unlikely]]
-        run_steps<true>(b, begin, end, snapshots);
-      else
-        run_steps<false>(b, begin, end, snapshots);
+      finish_copy_out(b);
+      return;
     }
-    finish_copy_out(b);
-    return;
+    ++graph_stats_.stream_replays;
+    if (begin == 0) b.forward_staged = false;
   }
   if (profiler::active()) [[unlikely]]
     run_steps<true>(b, begin, end, snapshots);
   else
     run_steps<false>(b, begin, end, snapshots);
+  finish_copy_out(b);  // (only CUDA escapes are ever copied out)
 }
 
 void Plan::run_graph(Block& b, bool backward) {
