@@ -14,8 +14,8 @@ struct OpTraits {
   std::string_view name;
   OpKind kind;
   int8_t min_inputs;
-  int8_t max_inputs;  // -1: any number
-  int8_t outputs;
+  int8_t max_inputs;    // -1: any number
+  int8_t outputs;       // -1: a planner-made op, never dispatched
   uint8_t mutates = 0;  // Inplace: bit i set when input i is written
   bool random = false;  // draws from a Generator (RandomAttrs)
 };
@@ -89,6 +89,7 @@ constexpr OpTraits kOpTraits[] = {
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
     {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, 0b11101},
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0, 0b11},
+    {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1},
 };
 constexpr bool lists_every_op_in_order() {
   if (std::size(kOpTraits) != kNumOps) return false;

@@ -89,6 +89,9 @@ enum class Op : uint16_t {
   // running mean, running var, batch mean, batch var: running = (1-m) running + m batch, the
   // variance unbiased by count/(count-1).
   BatchNormStatsUpdate,
+  // Made by the planner, never dispatched: a run of elementwise steps of a cpu plan executed
+  // block by block (FusedAttrs).
+  FusedElementwise,
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
@@ -199,6 +202,12 @@ struct RandomAttrs {
   // of the two fields above, so a replay captured in a CUDA graph draws fresh numbers each launch
   // (the plan writes the pair before the launch).
   uint64_t state_ptr = 0;
+};
+
+// FusedElementwise: the program of the step, owned by its plan.
+struct FusedProgram;
+struct FusedAttrs {
+  const FusedProgram* program = nullptr;
 };
 
 struct SgdAttrs {  // SgdUpdate, MomentumSgdUpdate

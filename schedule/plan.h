@@ -13,6 +13,7 @@
 
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
+#include "runtime/fused.h"
 #include "schedule/recording.h"
 
 namespace encore::schedule {
@@ -35,6 +36,14 @@ struct MemoryPlan {
   int64_t lower_bound_bytes = 0;
   int64_t naive_bytes = 0;
   int64_t in_place_steps = 0;
+};
+
+// Verify mode: what a replayed step wrote (its outputs, or the inputs it updates in place), and
+// the recorded step that wrote them eagerly (-1: a copy added by the plan). A fused step gives
+// one per output.
+struct StepSnapshot {
+  int trace_index = -1;
+  std::vector<unsigned char> bytes;
 };
 
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.
@@ -121,12 +130,11 @@ class Plan {
   // Patches this call's addresses of non-arena buffers into the block's views.
   void bind(Block& b) const;
   // Runs steps [begin, end), the forward or the backward schedule. With `snapshots`, appends
-  // the bytes each step wrote. While the profiler records, each step is timed (the choice is
+  // what each step wrote. While the profiler records, each step is timed (the choice is
   // made once per run, not per step; on CUDA with device events). On CUDA a whole phase without
   // snapshots or profiling is one graph launch (captured on first use, and again when bound
   // addresses change) unless graphs are off or capture failed (graph_stats().fallback).
-  void run(Block& b, int begin, int end,
-           std::vector<std::vector<unsigned char>>* snapshots = nullptr);
+  void run(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots = nullptr);
   const GraphStats& graph_stats() const { return graph_stats_; }
 
   // ---- Schedule dump ----
@@ -149,7 +157,7 @@ class Plan {
  private:
   // `device_random`: random steps read their {seed, offset} from b.random_state.
   template <bool kProfile>
-  void run_steps(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots,
+  void run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
   void run_graph(Block& b, bool backward);
   void plan_graphs();
@@ -158,6 +166,7 @@ class Plan {
   int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
+  void fuse_elementwise();
   void plan_memory();
   void build_steps();
 
@@ -177,6 +186,7 @@ class Plan {
   std::vector<std::pair<uint32_t, int64_t>> arena_views_;  // view -> arena offset
   MemoryPlan memory_;
   int escapes_ = 0;
+  std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
 
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
 

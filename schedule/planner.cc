@@ -4,9 +4,11 @@
 #include <cstring>
 
 #include "runtime/allocator.h"
+#include "runtime/fused.h"
 #include "runtime/profiler.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
+#include "schedule/static_graph.h"
 
 namespace encore::schedule {
 namespace {
@@ -48,6 +50,24 @@ bool elementwise(Op op) {
   }
 }
 
+// Elementwise ops that broadcast an operand (here: one of a single element).
+bool broadcasting(Op op) {
+  return op == Op::Add || op == Op::Sub || op == Op::Mul || op == Op::Div;
+}
+
+// Fusable ops reading two tensors.
+bool reads_two(Op op) {
+  switch (op) {
+    case Op::ReluGrad:
+    case Op::LeakyReluGrad:
+    case Op::SigmoidGrad:
+    case Op::TanhGrad:
+      return true;
+    default:
+      return broadcasting(op);
+  }
+}
+
 // The step times of one profiled replay loop, handed to the profiler once the loop ends.
 std::vector<profiler::StepTime>& step_times() {
   thread_local std::vector<profiler::StepTime> times;
@@ -75,6 +95,7 @@ Plan::Plan(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {
   add_copies();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
+  if (device_.type == DeviceType::CPU && fusion_enabled()) fuse_elementwise();
   plan_memory();
   build_steps();
   if (device_.type == DeviceType::CUDA) plan_graphs();
@@ -201,6 +222,128 @@ void Plan::eliminate_dead_steps() {
     kept.push_back(std::move(all_[t]));
   }
   all_ = std::move(kept);
+  n_forward_ = n_forward;
+}
+
+// Runs of adjacent elementwise steps of one phase, dtype and element count become one
+// FusedElementwise step (cpu plans). Its kernel runs the steps block by block: a value only
+// the run reads lives in a scratch block (never in the arena), and one the rest of the
+// schedule reads (a saved activation, a result, a gradient) is an output of the fused step.
+void Plan::fuse_elementwise() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  const int n = static_cast<int>(all_.size());
+  std::vector<int> last_read(bufs.size(), -1);
+  for (int t = 0; t < n; ++t)
+    for (const Operand& o : all_[t].in) last_read[o.buf] = t;
+  // Whether `s` can join a run over `numel` elements of `dtype`.
+  auto joins = [&](const Step& s, DType dtype, int64_t numel) {
+    if (!fusable_op(s.op) || s.out.size() != 1) return false;
+    const Operand& o = s.out[0];
+    if (o.dtype != dtype || o.shape.numel() != numel || bufs[o.buf].kind != BufKind::Temp)
+      return false;
+    for (const Operand& i : s.in) {
+      const int64_t k = i.shape.numel();
+      if (i.dtype != dtype || (k != numel && !(k == 1 && broadcasting(s.op)))) return false;
+    }
+    return true;
+  };
+
+  std::vector<int> group_of(bufs.size(), -1);  // per buffer: the run producing it (its start)
+  std::vector<int> reg(bufs.size(), -1);       // per buffer: its register in the current run
+  std::vector<int> last_in(bufs.size(), -1);   // per buffer: its last read inside the run
+  std::vector<Step> steps;
+  int n_forward = 0;
+  for (int t = 0; t < n;) {
+    const Step& first = all_[t];
+    const int phase_end = t < n_forward_ ? n_forward_ : n;
+    int e = t;
+    if (!first.out.empty() &&
+        (first.out[0].dtype == DType::Float32 || first.out[0].dtype == DType::Float64)) {
+      const DType dtype = first.out[0].dtype;
+      const int64_t numel = first.out[0].shape.numel();
+      int inputs = 0;
+      while (e < phase_end && e - t < FusedProgram::kMaxSteps && joins(all_[e], dtype, numel)) {
+        int fresh = 0;  // inputs the run does not read yet (one counted twice at worst)
+        for (const Operand& i : all_[e].in) fresh += group_of[i.buf] != t && last_in[i.buf] < t;
+        if (inputs + fresh > FusedProgram::kMaxInputs) break;
+        for (const Operand& i : all_[e].in) {
+          if (group_of[i.buf] != t && last_in[i.buf] < t) ++inputs;
+          last_in[i.buf] = e;
+        }
+        group_of[all_[e].out[0].buf] = t;
+        ++e;
+      }
+    }
+    if (t < n_forward_) n_forward += 1;
+    if (e - t < 2) {
+      steps.push_back(std::move(all_[t]));
+      t += 1;
+      continue;
+    }
+
+    auto program = std::make_unique<FusedProgram>();
+    FusedProgram& p = *program;
+    p.dtype = all_[t].out[0].dtype;
+    p.numel = all_[t].out[0].shape.numel();
+    Step fused{Op::FusedElementwise, AttrBlob::of(FusedAttrs{program.get()}), -1, {}, {}};
+    // Inputs in order of first read; then which produced values leave the run (outputs) and
+    // which live in scratch slots, reused once their last reader inside the run has read them.
+    std::vector<int> touched;
+    for (int j = t; j < e; ++j)
+      for (const Operand& i : all_[j].in)
+        if (group_of[i.buf] != t && reg[i.buf] < 0) {
+          if (i.shape.numel() == 1 && p.numel > 1) p.broadcast |= uint64_t{1} << p.n_in;
+          reg[i.buf] = p.n_in++;
+          touched.push_back(i.buf);
+          fused.in.push_back(i);
+        }
+    // Until every output is known: reg -2 - k for scratch slot k, kOut - k for output k.
+    constexpr int kOut = -1000;
+    bool used[FusedProgram::kMaxScratch] = {};
+    for (int j = t; j < e; ++j) {
+      const Step& s = all_[j];
+      for (const Operand& i : s.in)  // a value read for the last time frees its slot
+        if (group_of[i.buf] == t && last_in[i.buf] == j && reg[i.buf] <= -2 && reg[i.buf] > kOut)
+          used[-2 - reg[i.buf]] = false;
+      const int b = s.out[0].buf;
+      touched.push_back(b);
+      int free_slot = -1;
+      if (escape_[b] < 0 && last_read[b] < e && last_in[b] >= 0)
+        for (int k = 0; k < FusedProgram::kMaxScratch && free_slot < 0; ++k)
+          if (!used[k]) free_slot = k;
+      if (free_slot >= 0) {
+        used[free_slot] = true;
+        reg[b] = -2 - free_slot;
+        p.n_scratch = std::max(p.n_scratch, free_slot + 1);
+      } else {  // read after the run, or no slot free
+        reg[b] = kOut - p.n_out++;
+        p.out_instr.push_back(j - t);
+        fused.out.push_back(s.out[0]);
+      }
+    }
+    auto reg_of = [&](int b) {
+      const int r = reg[b];
+      if (r >= 0) return r;                       // an input
+      if (r <= kOut) return p.n_in + (kOut - r);  // an output
+      return p.n_in + p.n_out + (-2 - r);         // a scratch slot
+    };
+    for (int j = t; j < e; ++j) {
+      const Step& s = all_[j];
+      FusedInstr ins;
+      ins.op = s.op;
+      ins.out = static_cast<uint8_t>(reg_of(s.out[0].buf));
+      ins.a = static_cast<uint8_t>(reg_of(s.in[0].buf));
+      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg_of(s.in[1].buf)) : ins.a;
+      if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
+      p.instrs.push_back(ins);
+      p.trace_index.push_back(s.index);
+    }
+    for (int b : touched) reg[b] = -1;
+    programs_.push_back(std::move(program));
+    steps.push_back(std::move(fused));
+    t = e;
+  }
+  all_ = std::move(steps);
   n_forward_ = n_forward;
 }
 
@@ -427,7 +570,7 @@ void Plan::bind(Block& b) const {
   for (const auto& [vi, buf] : patches_) b.views[vi].data = b.ptrs[buf];
 }
 
-void Plan::run(Block& b, int begin, int end, std::vector<std::vector<unsigned char>>* snapshots) {
+void Plan::run(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots) {
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
     const bool forward = begin == 0 && end == n_forward_;
@@ -543,8 +686,8 @@ void Plan::run_graph(Block& b, bool backward) {
 }
 
 template <bool kProfile>
-void Plan::run_steps(Block& b, int begin, int end,
-                     std::vector<std::vector<unsigned char>>* snapshots, bool device_random) {
+void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
+                     bool device_random) {
   const BufferView* v = b.views.data();
   const bool cuda = device_.type == DeviceType::CUDA;
   // device_random runs a whole phase: its random steps use the phase's pairs in order.
@@ -599,19 +742,25 @@ void Plan::run_steps(Block& b, int begin, int end,
       if (cuda) timeline_.mark(stream);
     }
     if (snapshots != nullptr) {
-      // One snapshot per step, as the recorder keeps them.
-      std::vector<unsigned char>& snap = snapshots->emplace_back();
-      auto keep = [&snap, this](const BufferView& bv) {
+      // Per recorded step, as the recorder keeps them.
+      auto keep = [&](StepSnapshot& snap, const BufferView& bv) {
         const size_t n = static_cast<size_t>(bv.numel()) * itemsize(bv.dtype);
-        const size_t at = snap.size();
-        snap.resize(at + n);
-        cuda::copy_bytes(snap.data() + at, Device::cpu(), bv.data, device_, n);
+        const size_t at = snap.bytes.size();
+        snap.bytes.resize(at + n);
+        cuda::copy_bytes(snap.bytes.data() + at, Device::cpu(), bv.data, device_, n);
       };
-      if (op_kind(s.op) == OpKind::Inplace) {
-        for (int k = 0; k < s.n_in; ++k)
-          if (op_mutated_inputs(s.op) >> k & 1) keep(in[k]);
+      if (s.op == Op::FusedElementwise) {
+        const FusedProgram& p = *s.attrs.as<FusedAttrs>().program;
+        for (int k = 0; k < s.n_out; ++k)
+          keep(snapshots->emplace_back(StepSnapshot{p.trace_index[p.out_instr[k]], {}}), out[k]);
       } else {
-        for (const BufferView& o : out) keep(o);
+        StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
+        if (op_kind(s.op) == OpKind::Inplace) {
+          for (int k = 0; k < s.n_in; ++k)
+            if (op_mutated_inputs(s.op) >> k & 1) keep(snap, in[k]);
+        } else {
+          for (const BufferView& o : out) keep(snap, o);
+        }
       }
       if constexpr (kProfile) t = profiler::ticks();  // the copy is not the next step's time
     }
@@ -640,6 +789,23 @@ std::string named(const std::vector<std::string>& names, int i, std::string_view
   if (i >= 0 && i < static_cast<int>(names.size()) && !names[i].empty())
     return cat(what, " ", i, " '", names[i], "'");
   return cat(what, " ", i);
+}
+
+// A fused step's instructions, one per line: "out 1 = tanh(scratch 0)".
+std::string fused_text(const FusedProgram& p, const std::string& indent) {
+  auto name = [&p](int r) {
+    if (r < p.n_in) return cat("in ", r);
+    if (r < p.n_in + p.n_out) return cat("out ", r - p.n_in);
+    return cat("scratch ", r - p.n_in - p.n_out);
+  };
+  std::string out;
+  for (const FusedInstr& ins : p.instrs) {
+    out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", name(ins.a));
+    if (reads_two(ins.op)) out += cat(", ", name(ins.b));
+    if (op_has_scalar_attrs(ins.op)) out += cat(", ", ins.scalar);
+    out += ")\n";
+  }
+  return out;
 }
 
 std::string attrs_note(const Step& s) {
@@ -737,7 +903,13 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
         if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
       const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
       if (mutates != 0) mark("updates its input in place");
-      if (s.index < 0) mark("added by the plan");
+      const FusedProgram* fused =
+          s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
+      if (fused != nullptr)
+        mark(cat("fuses ", fused->instrs.size(), " steps, ", fused->n_scratch,
+                 fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
+      else if (s.index < 0)
+        mark("added by the plan");
       std::snprintf(head, sizeof head, marks.empty() ? "%s  %4d  %s" : "%s  %4d  %-26s",
                     indent.c_str(), t - begin, std::string(op_name(s.op)).c_str());
       out += head;
@@ -754,6 +926,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
         const int over = in_place_input(s, static_cast<int>(k));
         operand("out", k, s.out[k], over >= 0 ? cat("(in place over in ", over, ")") : "");
       }
+      if (fused != nullptr) out += fused_text(*fused, indent + "          ");
     }
   }
   return out;

@@ -27,6 +27,7 @@ bool env_flag_off(const char* name) {
 }
 
 std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
+std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
 std::atomic<bool> g_log_retraces{[] {
   const char* v = std::getenv("ENCORE_LOG");
   return v != nullptr && std::strstr(v, "retrace") != nullptr;
@@ -368,6 +369,12 @@ bool set_enabled(bool on) {
 }
 bool enabled() {
   return g_enabled.load();
+}
+bool set_fusion_enabled(bool on) {
+  return g_fusion.exchange(on);
+}
+bool fusion_enabled() {
+  return g_fusion.load();
 }
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -775,7 +782,7 @@ bool same_attrs(Op op, const AttrBlob& a, const AttrBlob& b) {
 
 // Compares a fresh eager recording with the plan's, step by step (structure, then values).
 void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
-                  const std::vector<std::vector<unsigned char>>& replayed, bool backward) {
+                  const std::vector<StepSnapshot>& replayed, bool backward) {
   const std::vector<Step>& want = p.trace_steps();
   const int begin = backward ? p.recorded_forward() : 0;
   const int end = backward ? static_cast<int>(want.size()) : p.recorded_forward();
@@ -804,17 +811,12 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
                ": the eager run did ", got.size(), " ", phase, " ops; the schedule has ",
                end - begin, ": the function is not static");
   const int offset = backward ? static_cast<int>(eager.forward.size()) : 0;
-  const int s_begin = backward ? p.forward_steps() : 0;
-  const int s_end = backward ? p.forward_steps() + p.backward_steps() : p.forward_steps();
-  for (int s = s_begin; s < s_end; ++s) {
-    const ExecStep& st = p.steps()[s];
-    if (st.trace_index < 0) continue;
-    const int k = st.trace_index - begin;
-    const auto& mine = replayed[s - s_begin];
-    const auto& theirs = eager.snapshots[offset + k];
-    const Step& a = want[st.trace_index];
-    ENCORE_CHECK(mine == theirs, "verify: ", name, ": ", phase, " op ", k, " ",
-                 step_text(a.op, a.in, a.out, a.attrs),
+  for (const StepSnapshot& mine : replayed) {
+    if (mine.trace_index < 0) continue;
+    const int k = mine.trace_index - begin;
+    const Step& a = want[mine.trace_index];
+    ENCORE_CHECK(mine.bytes == eager.snapshots[offset + k], "verify: ", name, ": ", phase, " op ",
+                 k, " ", step_text(a.op, a.in, a.out, a.attrs),
                  " computed different values in the replay and in the eager run: the function "
                  "is not static (it reads values the schedule bound at trace time)");
   }
@@ -845,7 +847,7 @@ void replay_backward(BackwardContext& ctx) {
                  " -> ", b.held[i].version(), ")");
   p.allocate_escapes(b, /*backward=*/true);
   p.bind(b);
-  std::vector<std::vector<unsigned char>> snaps;
+  std::vector<StepSnapshot> snaps;
   p.run(b, p.forward_steps(), p.forward_steps() + p.backward_steps(), f.verify ? &snaps : nullptr);
   b.backward_done = true;
   if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, true);
@@ -907,7 +909,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   Plan& p = *e->plan;
   const Recording& rec = p.recording();
   std::unique_ptr<VerifyState> vs;
-  std::vector<std::vector<unsigned char>> snaps;
+  std::vector<StepSnapshot> snaps;
   if (verify) vs = run_for_verify(*e, args);
 
   for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();

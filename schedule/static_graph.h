@@ -85,6 +85,10 @@ struct StaticStats {
 // The process-wide switch (ENCORE_STATIC=0 starts it off).
 bool set_enabled(bool on);
 bool enabled();
+// Whether plans built from now on fuse runs of elementwise steps on the cpu
+// (ENCORE_STATIC_FUSE=0 starts it off). Returns the previous setting.
+bool set_fusion_enabled(bool on);
+bool fusion_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

@@ -19,6 +19,7 @@
 
 #include "encore/encore.h"
 #include "encore/profiler.h"
+#include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
@@ -347,6 +348,7 @@ TEST_CASE("a second start while recording throws", "[profiler]") {
 }
 
 TEST_CASE("replays of a static function are counted under replay, step by step", "[profiler]") {
+  const testing::StaticFusion unfused(false);  // every op its own step
   const Tensor w = rand({8}, DType::Float32, Device::cpu(), -1, 1);
   auto f = static_graph(
       [&w](const Tensor& x) { return F::sum(F::tanh(F::mul(F::relu(F::mul(x, w)), 0.5))); },

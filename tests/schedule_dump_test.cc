@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "encore/encore.h"
+#include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
@@ -78,6 +79,7 @@ class DumpNet : public nn::Module {
 
 TEST_CASE("the schedule text lists each step in order with its operands and in-place marks",
           "[schedule_dump]") {
+  const testing::StaticFusion unfused(false);  // every op its own step, some in place
   auto f = static_graph(
       [](const Tensor& x) {
         Tensor y = F::mul(x, 2.0);
@@ -127,6 +129,7 @@ TEST_CASE("the schedule text lists each step in order with its operands and in-p
 
 TEST_CASE("the schedule DOT is a digraph with one node per step and a cluster per schedule",
           "[schedule_dump]") {
+  const testing::StaticFusion unfused(false);  // every op its own step
   auto f = static_graph([](const Tensor& x) { return F::sum(F::relu(F::mul(x, 3.0))); },
                         {.name = "dump_dot"});
   const Tensor x = rand({5}).set_requires_grad();

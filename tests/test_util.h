@@ -1,5 +1,6 @@
 // Helpers shared by the tests: host copies, bitwise tensor comparison (on any device),
-// parameter comparison, the message of a thrown Error, and a scope that turns static graphs on.
+// parameter comparison, the message of a thrown Error, and scopes that turn static graphs and
+// their elementwise fusion on or off.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -80,6 +81,19 @@ class StaticEnabled {
   ~StaticEnabled() { set_static_enabled(previous_); }
   StaticEnabled(const StaticEnabled&) = delete;
   StaticEnabled& operator=(const StaticEnabled&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Sets whether static functions traced in the scope fuse elementwise steps (ENCORE_STATIC_FUSE=0
+// in the environment would turn fusion off).
+class StaticFusion {
+ public:
+  explicit StaticFusion(bool on) : previous_(set_static_fusion_enabled(on)) {}
+  ~StaticFusion() { set_static_fusion_enabled(previous_); }
+  StaticFusion(const StaticFusion&) = delete;
+  StaticFusion& operator=(const StaticFusion&) = delete;
 
  private:
   bool previous_;

@@ -81,6 +81,12 @@ struct StaticKey {
 // ENCORE_STATIC=0). Returns the previous setting.
 bool set_static_enabled(bool on);
 bool static_enabled();
+// Whether static functions traced from now on fuse each run of adjacent elementwise steps of a
+// cpu schedule into one step (the default, unless ENCORE_STATIC_FUSE=0). Fused or not, a
+// replay gives the same bits; off, the profiler and the schedule dump show every op on its own.
+// Returns the previous setting.
+bool set_static_fusion_enabled(bool on);
+bool static_fusion_enabled();
 
 // Statistics of every live static function in the process.
 std::vector<StaticStats> static_graph_report();

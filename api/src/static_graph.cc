@@ -8,6 +8,12 @@ bool set_static_enabled(bool on) {
 bool static_enabled() {
   return schedule::enabled();
 }
+bool set_static_fusion_enabled(bool on) {
+  return schedule::set_fusion_enabled(on);
+}
+bool static_fusion_enabled() {
+  return schedule::fusion_enabled();
+}
 std::vector<StaticStats> static_graph_report() {
   return schedule::report_all();
 }

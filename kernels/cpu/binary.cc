@@ -1,24 +1,12 @@
 // Broadcasting binary kernels: add, sub, mul, div, equal, greater, where, add_.
 #include <cstdint>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-template <Op kOp>
-struct BinaryOp {
-  template <typename T>
-  auto operator()(T a, T b) const {
-    if constexpr (kOp == Op::Add || kOp == Op::AddInplace) return a + b;
-    if constexpr (kOp == Op::Sub) return a - b;
-    if constexpr (kOp == Op::Mul) return a * b;
-    if constexpr (kOp == Op::Div) return a / b;
-    if constexpr (kOp == Op::Equal) return a == b;
-    if constexpr (kOp == Op::Greater) return a > b;
-  }
-};
 
 // o[i] = f(a[i*sa], b[i*sb]), with the common stride patterns as tight loops.
 template <typename T, typename R, typename F>

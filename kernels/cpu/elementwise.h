@@ -1,0 +1,109 @@
+// The element functions of the elementwise kernels: unary.cc, binary.cc and the fused
+// elementwise kernel (fused.cc) compute every element with these, so a fused step gives the
+// bits of the steps it replaces.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <type_traits>
+
+#include "runtime/ops.h"
+
+namespace encore::kernels::cpu {
+
+template <Op kOp>
+struct BinaryOp {
+  template <typename T>
+  auto operator()(T a, T b) const {
+    if constexpr (kOp == Op::Add || kOp == Op::AddInplace) return a + b;
+    if constexpr (kOp == Op::Sub) return a - b;
+    if constexpr (kOp == Op::Mul) return a * b;
+    if constexpr (kOp == Op::Div) return a / b;
+    if constexpr (kOp == Op::Equal) return a == b;
+    if constexpr (kOp == Op::Greater) return a > b;
+  }
+};
+
+// ---- y = f(x, s), s = ScalarAttrs.value cast to T ----------------------------------------
+
+template <Op kOp, typename T>
+inline T scalar_op(T x, T s) {
+  if constexpr (kOp == Op::AddScalar) return x + s;
+  if constexpr (kOp == Op::MulScalar) return x * s;
+  if constexpr (kOp == Op::RsubScalar) return s - x;
+  if constexpr (kOp == Op::DivScalar) return x / s;
+  if constexpr (kOp == Op::RdivScalar) return s / x;
+  if constexpr (kOp == Op::PowScalar) return std::pow(x, s);
+  if constexpr (kOp == Op::LeakyRelu) return x > T(0) ? x : s * x;
+}
+
+// ---- y = f(x) ----------------------------------------------------------------------------
+
+// tanh in float32 without libm, so that GCC vectorises the loop (glibc's tanhf is scalar).
+// Within 1 ulp of the correctly rounded result for every float, with or without FMA
+// contraction (checked over all 2^32 inputs; tests/tanh_accuracy_test.cc sweeps a subset).
+// For |x| < 0.75 an odd polynomial, x + x^3 P(x^2); above, 1 - 2 / (exp(2|x|) + 1) with
+// exp(z) = 2^k exp(r), z = k ln2 + r, |r| <= ln2 / 2. |x| is clamped at 10, past which tanh
+// rounds to 1, so 2^k cannot overflow. NaN passes through every step; the sign is x's.
+inline float tanh_float(float x) {
+  const float a = std::abs(x);
+
+  // Near-minimax fit of (tanh(x) - x) / x^3 in s = x^2 over [0, 0.75^2]; error below 2^-31.
+  constexpr float kTanhP[] = {-6.9653303e-4f, 3.0899264e-3f, -8.6847170e-3f, 2.1835781e-2f,
+                              -5.3965168e-2f, 1.3333323e-1f, -3.3333333e-1f};
+  const float s = a * a;
+  float p = kTanhP[0];
+  for (size_t i = 1; i < std::size(kTanhP); ++i) p = p * s + kTanhP[i];
+  const float small = a + a * s * p;
+
+  // e^z: k = round(z / ln2) by the 1.5 * 2^23 trick, whose low mantissa bits then hold k;
+  // ln2 in two parts (the first has 9 significant bits, so k ln2_hi is exact); e^r =
+  // 1 + r + r^2 Q(r), Q a near-minimax fit of (e^r - 1 - r) / r^2 (error below 2^-32).
+  constexpr float kShift = 0x1.8p23f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  constexpr float kExpQ[] = {1.9890981e-4f, 1.3933641e-3f, 8.3333109e-3f,
+                             4.1666465e-2f, 1.6666667e-1f, 0.5f};
+  const float z = 2.0f * std::min(a, 10.0f);
+  const float k_shifted = z * 1.44269504f + kShift;
+  const float k = k_shifted - kShift;
+  const float r = (z - k * kLn2Hi) - k * kLn2Lo;
+  float q = kExpQ[0];
+  for (size_t i = 1; i < std::size(kExpQ); ++i) q = q * r + kExpQ[i];
+  const float exp_r = 1.0f + (r + r * r * q);
+  const float two_k = std::bit_cast<float>((std::bit_cast<uint32_t>(k_shifted) + 127u) << 23);
+  const float large = 1.0f - 2.0f / (exp_r * two_k + 1.0f);
+
+  return std::copysign(a < 0.75f ? small : large, x);
+}
+
+template <Op kOp, typename T>
+inline T unary_op(T x) {
+  if constexpr (kOp == Op::Neg) return -x;
+  if constexpr (kOp == Op::Exp) return std::exp(x);
+  if constexpr (kOp == Op::Log) return std::log(x);
+  if constexpr (kOp == Op::Relu) return x > T(0) ? x : T(0);
+  if constexpr (kOp == Op::Sigmoid) {  // exp(-|x|) never overflows
+    const T e = std::exp(-std::abs(x));
+    const T r = T(1) / (T(1) + e);
+    return x >= T(0) ? r : e * r;
+  }
+  if constexpr (kOp == Op::Tanh) {
+    if constexpr (std::is_same_v<T, float>) return tanh_float(x);
+    return std::tanh(x);
+  }
+}
+
+// ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad ----------
+
+template <Op kOp, typename T>
+inline T activation_grad(T a, T gy, T slope) {
+  if constexpr (kOp == Op::ReluGrad) return a > T(0) ? gy : T(0);
+  if constexpr (kOp == Op::LeakyReluGrad) return a > T(0) ? gy : slope * gy;
+  if constexpr (kOp == Op::SigmoidGrad) return gy * a * (T(1) - a);
+  if constexpr (kOp == Op::TanhGrad) return gy * (T(1) - a * a);
+}
+
+}  // namespace encore::kernels::cpu
