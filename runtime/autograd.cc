@@ -113,14 +113,14 @@ void GradMode::set_enabled(bool on) {
 }
 
 const Tensor& BackwardContext::input(int i) const {
-  ENCORE_CHECK(node_.save_inputs >> i & 1, "backward of ", op_name(node_.op), ": input ", i,
-               " was not saved");
+  ENCORE_CHECK(i >= 0 && mask_bit(node_.save_inputs, static_cast<size_t>(i)), "backward of ",
+               op_name(node_.op), ": input ", i, " was not saved");
   return node_.saved[std::popcount(static_cast<unsigned>(node_.save_inputs & ((1u << i) - 1)))];
 }
 
 const Tensor& BackwardContext::output(int i) const {
-  ENCORE_CHECK(node_.save_outputs >> i & 1, "backward of ", op_name(node_.op), ": output ", i,
-               " was not saved");
+  ENCORE_CHECK(i >= 0 && mask_bit(node_.save_outputs, static_cast<size_t>(i)), "backward of ",
+               op_name(node_.op), ": output ", i, " was not saved");
   return node_.saved[std::popcount(static_cast<unsigned>(node_.save_inputs)) +
                      std::popcount(static_cast<unsigned>(node_.save_outputs & ((1u << i) - 1)))];
 }
@@ -153,7 +153,7 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     node->inputs.push_back(TensorMeta::of(t));
-    if (def.save_inputs >> i & 1) {
+    if (mask_bit(def.save_inputs, i)) {
       node->saved.push_back(t);
       node->saved_versions.push_back(t.version());
     }
@@ -162,14 +162,14 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   node->outputs.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     node->outputs.push_back(TensorMeta::of(outputs[i]));
-    if (def.save_outputs >> i & 1) {
+    if (mask_bit(def.save_outputs, i)) {
       // A detached alias: saving the output itself would make the node own itself.
       node->saved.push_back(Tensor::view_of(outputs[i], outputs[i].shape()));
       node->saved_versions.push_back(outputs[i].version());
     }
   }
   for (size_t i = 0; i < outputs.size(); ++i)
-    if (!(def.no_grad_outputs >> i & 1))
+    if (!mask_bit(def.no_grad_outputs, i))
       set_gradient_edge(*outputs[i].impl(), node, static_cast<uint32_t>(i));
 }
 
@@ -179,8 +179,9 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
   profiler::ScopedSpan span("autograd backward", profiler::SpanKind::Backward);
   if (Tracer* tracer = current_tracer()) tracer->on_backward();
   NoGradGuard no_grad;
-  std::vector<Node*> heap;
-  std::vector<IntrusivePtr<Node>> keep;  // roots' nodes stay alive for the pass
+  // Inline storage: a static function's backward is one node, so a pass allocates nothing here.
+  absl::InlinedVector<Node*, 8> heap;
+  absl::InlinedVector<IntrusivePtr<Node>, 2> keep;  // roots' nodes stay alive for the pass
 
   auto deliver = [&](const Edge& e, Tensor g) {
     if (e.leaf) {
@@ -219,7 +220,7 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
 
   // On an error, leave no node marked as queued or holding gradients of the aborted pass.
   struct ResetOnError {
-    std::vector<Node*>& heap;
+    absl::InlinedVector<Node*, 8>& heap;
     ~ResetOnError() {
       for (Node* n : heap) {
         n->enqueued = false;
@@ -255,7 +256,7 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
                    "(version ", node->saved_versions[s], " -> ", t.version(), ")");
     }
     for (size_t i = 0; i < grad_outputs.size(); ++i)
-      if (!grad_outputs[i].defined() && !(node->no_grad_outputs >> i & 1))
+      if (!grad_outputs[i].defined() && !mask_bit(node->no_grad_outputs, i))
         grad_outputs[i] = filled(node->outputs[i], 0.0);
 
     grad_inputs.assign(node->inputs.size(), Tensor());

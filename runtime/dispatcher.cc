@@ -174,7 +174,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
   const uint8_t mutates = traits.mutates;
   if (kind == OpKind::Inplace && GradMode::enabled()) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      ENCORE_CHECK(!(mutates >> i & 1) || !inputs[i].requires_grad(), traits.name,
+      ENCORE_CHECK(!mask_bit(mutates, i) || !inputs[i].requires_grad(), traits.name,
                    ": in-place update of argument ", i, " ", inputs[i].shape(),
                    ", which requires grad, while grad mode is on; run it under NoGradGuard");
   }
@@ -192,7 +192,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
 
   if (kind == OpKind::Inplace) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (mutates >> i & 1) inputs[i].impl()->storage->bump_version();
+      if (mask_bit(mutates, i)) inputs[i].impl()->storage->bump_version();
   } else if (GradMode::enabled()) {
     const BackwardDef& def = g_backward[static_cast<int>(op)];
     if (def.fn != nullptr) autograd::record(op, attrs, def, inputs, outputs);

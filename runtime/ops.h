@@ -3,6 +3,7 @@
 // them. An attribute struct is trivially copyable so a schedule can store it by value.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -102,6 +103,12 @@ enum class OpKind : uint8_t {
   View,     // output aliases input 0's storage; no kernel runs
   Inplace,  // writes input 0 (and, for optimizer updates, its state inputs); no outputs
 };
+
+// Bit i of a per-operand mask (mutated, saved inputs ...); false past the mask's width, since
+// ops such as concat take any number of operands.
+constexpr bool mask_bit(uint8_t mask, size_t i) {
+  return i < 8 && (mask >> i & 1) != 0;
+}
 
 std::string_view op_name(Op op);
 OpKind op_kind(Op op);

@@ -208,7 +208,7 @@ void Plan::eliminate_dead_steps() {
     bool k = op_draws_random(s.op);
     const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
     for (size_t i = 0; i < s.in.size(); ++i)
-      if (mutates >> i & 1) k |= needed[s.in[i].buf] != 0;
+      if (mask_bit(mutates, i)) k |= needed[s.in[i].buf] != 0;
     for (const Operand& o : s.out) k |= needed[o.buf] != 0;
     if (!k) continue;
     keep[t] = 1;
@@ -757,7 +757,7 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
         StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
         if (op_kind(s.op) == OpKind::Inplace) {
           for (int k = 0; k < s.n_in; ++k)
-            if (op_mutated_inputs(s.op) >> k & 1) keep(snap, in[k]);
+            if (mask_bit(op_mutated_inputs(s.op), k)) keep(snap, in[k]);
         } else {
           for (const BufferView& o : out) keep(snap, o);
         }
@@ -921,7 +921,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
         out += cat(head, location(o.buf, names), note.empty() ? "" : "  " + note, "\n");
       };
       for (size_t k = 0; k < s.in.size(); ++k)
-        operand("in", k, s.in[k], mutates >> k & 1 ? "(written in place)" : "");
+        operand("in", k, s.in[k], mask_bit(mutates, k) ? "(written in place)" : "");
       for (size_t k = 0; k < s.out.size(); ++k) {
         const int over = in_place_input(s, static_cast<int>(k));
         operand("out", k, s.out[k], over >= 0 ? cat("(in place over in ", over, ")") : "");
@@ -975,7 +975,7 @@ std::string Plan::steps_dot(const Names& names, const std::string& prefix) const
       for (size_t k = 0; k < s.in.size(); ++k) {
         const int b = s.in[k].buf;
         edges += cat("    ", prefix, "b", b, " -> ", prefix, "s", t, ";\n");
-        if (mutates >> k & 1)
+        if (mask_bit(mutates, k))
           edges += cat("    ", prefix, "s", t, " -> ", prefix, "b", b,
                        " [style=dashed, label=\"updates\"];\n");
       }

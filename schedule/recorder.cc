@@ -122,7 +122,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   Step s{op, attrs, -1, {}, {}};
   const uint8_t mutates = op_mutated_inputs(op);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool written = kind == OpKind::Inplace && (mutates >> i & 1);
+    const bool written = kind == OpKind::Inplace && mask_bit(mutates, i);
     const int b = resolve_input(inputs[i], written);
     if (rec_.buffers[b].kind == BufKind::Temp && inputs[i].requires_grad() && inputs[i].is_leaf())
       unsafe(lazy_parameter(inputs[i]));
@@ -150,7 +150,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     };
     if (kind == OpKind::Inplace) {
       for (size_t i = 0; i < inputs.size(); ++i)
-        if (mutates >> i & 1) keep(inputs[i]);
+        if (mask_bit(mutates, i)) keep(inputs[i]);
     } else {
       for (const Tensor& t : outputs) keep(t);
     }

@@ -127,7 +127,8 @@ TEST_CASE("a fused run keeps in the arena only what outlives it", "[static][fusi
   CHECK_THAT(text, Contains("out 1 = add_scalar(out 0, 2)"));
   // Forward: the fused step and the sum; the arena holds tanh's output and the run's last value
   // (read by the sum), never the scratch values.
-  const EntryReport& r = f.stats().cache[0];
+  const StaticStats st = f.stats();
+  const EntryReport& r = st.cache[0];
   CHECK(r.forward_steps == 2);
   CHECK(r.arena_bytes <= 3 * 256);
 }
@@ -170,7 +171,8 @@ TEST_CASE("a run with more inputs than a fused step takes is split", "[static][f
     const Tensor x = rand({5});
     CHECK(bit_diff(f(x), body(x)) == "");
   }
-  const EntryReport& r = f.stats().cache[0];
+  const StaticStats st = f.stats();
+  const EntryReport& r = st.cache[0];
   CHECK(r.forward_steps == 2);  // 64 inputs (x and 63 of w), then the other 37
   CHECK(count_of(f.schedule_text(), R"(fuses (\d+) steps)") == 2);
 }

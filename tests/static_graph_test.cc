@@ -77,6 +77,29 @@ TEST_CASE("MLP training with the whole step static (function form) equals eager 
   check_mlp_function_form(Device::cpu());
 }
 
+TEST_CASE("an op with more operands than a mask has bits traces, replays and differentiates",
+          "[static]") {
+  // concat of 40 tensors: operand masks (saved, mutated) are 8 bits wide.
+  StaticEnabled on;
+  std::vector<Tensor> xs;
+  for (int k = 0; k < 40; ++k) xs.push_back(rand({2, 3}).set_requires_grad());
+  auto body = [](std::span<const Tensor> parts) { return F::sum(F::tanh(F::concat(parts))); };
+  StaticOptions options;
+  options.name = "wide_concat";
+  auto f = static_graph([&xs, &body](const Tensor&) { return body(xs); }, options);
+  const Tensor unused = rand({1});
+  for (int call = 0; call < 3; ++call) {
+    for (Tensor& x : xs) x.set_grad(Tensor());
+    f(unused).backward();
+    std::vector<Tensor> static_grads;
+    for (const Tensor& x : xs) static_grads.push_back(x.grad());
+    for (Tensor& x : xs) x.set_grad(Tensor());
+    body(xs).backward();
+    for (size_t k = 0; k < xs.size(); ++k) CHECK(bit_diff(static_grads[k], xs[k].grad()) == "");
+  }
+  CHECK(f.stats().traces == 1);
+}
+
 TEST_CASE("two forwards before one backward give eager's gradients", "[static]") {
   check_two_forwards_one_backward(Device::cpu());
 }
