@@ -3,18 +3,12 @@
 namespace encore {
 
 bool fusable_op(Op op) {
+  if (op_has_scalar_attrs(op)) return op != Op::Fill;  // x op s, leaky_relu and its gradient
   switch (op) {
     case Op::Add:
     case Op::Sub:
     case Op::Mul:
     case Op::Div:
-    case Op::AddScalar:
-    case Op::MulScalar:
-    case Op::RsubScalar:
-    case Op::DivScalar:
-    case Op::RdivScalar:
-    case Op::PowScalar:
-    case Op::LeakyRelu:
     case Op::Neg:
     case Op::Exp:
     case Op::Log:
@@ -23,7 +17,6 @@ bool fusable_op(Op op) {
     case Op::Sigmoid:
     case Op::Tanh:
     case Op::ReluGrad:
-    case Op::LeakyReluGrad:
     case Op::SigmoidGrad:
     case Op::TanhGrad:
       return true;

@@ -27,27 +27,7 @@ int64_t aligned(size_t n) {
 // Ops whose output element i depends only on element i of inputs of the output's shape, so
 // the output may overwrite such an input.
 bool elementwise(Op op) {
-  if (op_has_scalar_attrs(op)) return op != Op::Fill;  // x op s, leaky_relu and its gradient
-  switch (op) {
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Neg:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Relu:
-    case Op::Sigmoid:
-    case Op::Tanh:
-    case Op::ReluGrad:
-    case Op::SigmoidGrad:
-    case Op::TanhGrad:
-    case Op::Copy:
-      return true;
-    default:
-      return false;
-  }
+  return op == Op::Copy || fusable_op(op);
 }
 
 // Elementwise ops that broadcast an operand (here: one of a single element).
