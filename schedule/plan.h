@@ -90,8 +90,9 @@ struct GraphStats {
 
 class Plan {
  public:
-  // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps.
-  explicit Plan(std::shared_ptr<Recording> rec);
+  // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps. `fuse`:
+  // a cpu plan fuses runs of elementwise steps.
+  Plan(std::shared_ptr<Recording> rec, bool fuse);
   ~Plan();
 
   const Recording& recording() const { return *rec_; }

@@ -8,7 +8,6 @@
 #include "runtime/profiler.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
-#include "schedule/static_graph.h"
 
 namespace encore::schedule {
 namespace {
@@ -61,7 +60,7 @@ Device device_of(const Step& s, const Recording& rec) {
 
 }  // namespace
 
-Plan::Plan(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {
+Plan::Plan(std::shared_ptr<Recording> rec, bool fuse) : rec_(std::move(rec)) {
   n_forward_ = static_cast<int>(rec_->forward.size());
   all_ = std::move(rec_->forward);
   for (Step& s : rec_->backward) all_.push_back(std::move(s));
@@ -75,7 +74,7 @@ Plan::Plan(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {
   add_copies();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
-  if (device_.type == DeviceType::CPU && fusion_enabled()) fuse_elementwise();
+  if (device_.type == DeviceType::CPU && fuse) fuse_elementwise();
   plan_memory();
   build_steps();
   if (device_.type == DeviceType::CUDA) plan_graphs();

@@ -85,7 +85,7 @@ struct StaticStats {
 // The process-wide switch (ENCORE_STATIC=0 starts it off).
 bool set_enabled(bool on);
 bool enabled();
-// Whether plans built from now on fuse runs of elementwise steps on the cpu
+// Whether signatures traced from now on fuse runs of elementwise steps of their cpu plans
 // (ENCORE_STATIC_FUSE=0 starts it off). Returns the previous setting.
 bool set_fusion_enabled(bool on);
 bool fusion_enabled();

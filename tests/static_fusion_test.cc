@@ -5,6 +5,8 @@
 // scratch blocks and more inputs than one step takes; verify mode and the profiler see it.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
 #include <regex>
 #include <string>
 #include <vector>
@@ -209,4 +211,50 @@ TEST_CASE("the profiler counts a fused step under replay", "[static][fusion][pro
   CHECK(p.calls("fused_elementwise", profiler::Mode::Replay) == 6);
   CHECK(p.calls("relu", profiler::Mode::Replay) == 0);
   CHECK(p.calls("sum", profiler::Mode::Replay) == 3);
+}
+
+TEST_CASE("verify mode accepts a fused step whose NaNs differ only in sign or payload",
+          "[static][fusion]") {
+  // x86 returns the first operand of an operation on two NaNs, and the compiler may order the
+  // operands of a commutative op differently in the fused loop than in the op's own kernel.
+  StaticEnabled on;
+  const StaticFusion fused(true);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t n : {int64_t{7}, int64_t{64}, int64_t{300}}) {
+    INFO(n << " elements");
+    const Tensor a = full({n}, nan), b = full({n}, -nan);
+    for (int which = 0; which < 2; ++which) {
+      auto f = static_graph(
+          [which](const Tensor& x, const Tensor& y) {
+            return F::mul(which == 0 ? F::add(x, y) : F::mul(x, y), 1.0);
+          },
+          {.name = "nan_verified", .verify_every = 1});
+      for (int call = 0; call < 3; ++call) {
+        Tensor r;
+        CHECK_NOTHROW(r = f(a, b));
+        for (float v : r.to_vector<float>()) CHECK(std::isnan(v));
+      }
+      CHECK(f.stats().verifications == 2);
+    }
+  }
+}
+
+TEST_CASE("the fusion setting is read when a signature is traced", "[static][fusion]") {
+  StaticEnabled on;
+  auto f = static_graph([](const Tensor& x) { return F::sum(F::tanh(F::mul(x, 2.0))); },
+                        {.name = "setting_at_trace"});
+  const Tensor x = rand({6}).set_requires_grad();
+  Tensor y;
+  {
+    const StaticFusion off(false);
+    y = f(x);  // traced with fusion off ...
+  }
+  const StaticFusion fusion_on(true);
+  y.backward();  // ... and planned here, at its first backward, with fusion on again
+  f(x).backward();
+  const std::string text = f.schedule_text();
+  INFO(text);
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 1);
+  CHECK_THAT(text, !Contains("fused_elementwise") && Contains("  tanh"));
 }

@@ -81,9 +81,10 @@ struct StaticKey {
 // ENCORE_STATIC=0). Returns the previous setting.
 bool set_static_enabled(bool on);
 bool static_enabled();
-// Whether static functions traced from now on fuse each run of adjacent elementwise steps of a
-// cpu schedule into one step (the default, unless ENCORE_STATIC_FUSE=0). Fused or not, a
-// replay gives the same bits; off, the profiler and the schedule dump show every op on its own.
+// Whether signatures traced from now on fuse each run of adjacent elementwise steps of their
+// cpu schedules into one step (the default, unless ENCORE_STATIC_FUSE=0). Fused or not, a
+// replay gives the same values bit for bit (a NaN aside: which NaN an operation on two NaNs
+// returns may differ); off, the profiler and the schedule dump show every op on its own.
 // Returns the previous setting.
 bool set_static_fusion_enabled(bool on);
 bool static_fusion_enabled();
