@@ -51,6 +51,11 @@ struct MaxOp {
 template <typename R, typename T>
 T reduce_contiguous(const T* x, int64_t n) {
   constexpr int kLanes = 128 / sizeof(T);
+  if (n < kLanes) {  // the lanes would all fold to init: the same bits without them
+    T r = R::template init<T>();
+    for (int64_t i = 0; i < n; ++i) r = R::combine(r, x[i]);
+    return r;
+  }
   T acc[kLanes];
   for (int j = 0; j < kLanes; ++j) acc[j] = R::template init<T>();
   int64_t i = 0;
