@@ -3,7 +3,8 @@
 // operations block by block: intermediates only the run reads live in a scratch block, never
 // in the arena, and every operand is read and written once per block instead of once per
 // step. Each instruction computes exactly what its op's kernel computes (the same element
-// functions), so a fused step gives the bits of the steps it stands for.
+// functions), so a fused step gives the bits of the steps it stands for, except which NaN an
+// operation on two NaNs returns (it follows the operand order the compiler chose).
 #pragma once
 
 #include <cstdint>

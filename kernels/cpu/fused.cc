@@ -2,7 +2,8 @@
 // block by block. Every instruction runs over one block of up to kBlock elements before the
 // next starts, so the block stays in L1 and the intermediates only the run reads live in
 // scratch blocks on the stack. Each instruction computes its elements with the element
-// function of its op's own kernel (elementwise.h), so the bits equal the unfused steps'.
+// function of its op's own kernel (elementwise.h), so the bits equal the unfused steps' (but
+// for which NaN an operation on two NaNs returns: see runtime/fused.h).
 #include <algorithm>
 #include <cstdint>
 
