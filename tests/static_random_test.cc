@@ -27,14 +27,24 @@
 // ENCORE_RANDOM_SEED sets the first program's seed (program i has seed + i),
 // ENCORE_RANDOM_PROGRAMS the number of programs; ENCORE_RANDOM_COVERAGE=1 prints how many
 // programs had each op. A run of 2000 programs or more also checks that every op was made.
+//
+// The cpu plans fuse runs of elementwise steps (the default); a second run turns fusion off,
+// so the unfused schedule (every elementwise op its own step, some in place) is tested as well.
 #include <catch2/catch.hpp>
 #include <cstdint>
 
 #include "random_program_check.h"
+#include "tests/test_util.h"
 
 using namespace encore;
 
 TEST_CASE("static_graph replays random programs bit for bit as eager runs them",
           "[static][random]") {
+  const testing::StaticFusion fused(true);
   random_program::run_random_programs(Device::cpu(), /*default_programs=*/5000);
+}
+
+TEST_CASE("static_graph replays random programs bit for bit with fusion off", "[static][random]") {
+  const testing::StaticFusion unfused(false);
+  random_program::run_random_programs(Device::cpu(), /*default_programs=*/2000);
 }
