@@ -128,14 +128,15 @@ class Plan {
   // Gives the escaping buffers of the forward (or backward) steps their storage for this call:
   // new storage, or on CUDA a kept one the previous caller has dropped.
   void allocate_escapes(Block& b, bool backward);
-  // Patches this call's addresses of non-arena buffers into the block's views.
-  void bind(Block& b) const;
-  // Runs steps [begin, end), the forward or the backward schedule. With `snapshots`, appends
-  // what each step wrote. While the profiler records, each step is timed (the choice is
-  // made once per run, not per step; on CUDA with device events). On CUDA a whole phase without
-  // snapshots or profiling is one graph launch (captured on first use, and again when bound
-  // addresses change) unless graphs are off or capture failed (graph_stats().fallback).
-  void run(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots = nullptr);
+  // Patches this call's addresses of the non-arena buffers the forward (or backward) steps read
+  // or write into the block's views.
+  void bind(Block& b, bool backward) const;
+  // Runs the forward (or backward) schedule. With `snapshots`, appends what each step wrote. While
+  // the profiler records, each step is timed (the choice is made once per run, not per step; on
+  // CUDA with device events). On CUDA a whole phase without snapshots or profiling is one graph
+  // launch (captured on first use, and again when bound addresses change) unless graphs are off or
+  // capture failed (graph_stats().fallback).
+  void run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots = nullptr);
   const GraphStats& graph_stats() const { return graph_stats_; }
 
   // ---- Schedule dump ----
@@ -160,9 +161,14 @@ class Plan {
   template <bool kProfile>
   void run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
-  void run_graph(Block& b, bool backward);
+  void run_graph(Block& b, bool backward, int begin, int end);
   void plan_graphs();
   void finish_copy_out(Block& b);
+  // The forward's (or backward's) range of patches_.
+  std::pair<size_t, size_t> patch_range(bool backward) const {
+    return backward ? std::pair{forward_patches_, patches_.size()}
+                    : std::pair{size_t{0}, forward_patches_};
+  }
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
@@ -181,7 +187,8 @@ class Plan {
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares
   std::vector<int64_t> offset_;
   std::vector<int> external_, mutated_external_, backward_reads_, fwd_escapes_, bwd_escapes_;
-  std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer
+  std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer, in step order
+  size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;
   std::vector<BufferView> view_template_;
   std::vector<std::pair<uint32_t, int64_t>> arena_views_;  // view -> arena offset
@@ -198,10 +205,9 @@ class Plan {
   Device device_;
   std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
   size_t stage_slots_ = 0;
-  std::vector<std::pair<uint32_t, int>> staged_views_;  // view -> staging slot
+  std::vector<std::pair<uint32_t, int>> staged_views_[2];  // per phase: view -> staging slot
   std::vector<int> staged_[2];     // staged buffers the forward reads; only the backward reads
   std::vector<int> staged_both_;   // staged buffers both phases read
-  size_t forward_patches_ = 0;     // patches_ of forward steps come first
   std::vector<int> random_steps_;  // in step order: step r uses {seed, offset} pair r
   size_t random_forward_ = 0;      // random steps of the forward (they come first)
   uint64_t graph_clock_ = 0;       // for least-recently-used eviction

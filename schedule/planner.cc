@@ -96,18 +96,14 @@ void Plan::plan_graphs() {
     if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn)
       stage_slot_[buf] = static_cast<int>(stage_slots_++);
   }
-  // Views are numbered in step order, so the forward's patches come first. A buffer both
-  // phases read is staged once, by the forward (the backward holds the block), unless the
-  // forward ran on the stream.
-  const uint32_t first_backward_view = n_forward_ < static_cast<int>(steps_.size())
-                                           ? steps_[n_forward_].view
-                                           : static_cast<uint32_t>(view_template_.size());
+  // A buffer both phases read is staged once, by the forward (the backward holds the block),
+  // unless the forward ran on the stream.
   std::vector<char> read(bufs.size(), 0);  // bit 0: by the forward, bit 1: by the backward
-  for (const auto& [vi, buf] : patches_) {
-    const bool backward = vi >= first_backward_view;
-    if (!backward) ++forward_patches_;
+  for (size_t k = 0; k < patches_.size(); ++k) {
+    const auto& [vi, buf] = patches_[k];
+    const bool backward = k >= forward_patches_;
     read[buf] |= backward ? 2 : 1;
-    if (stage_slot_[buf] >= 0) staged_views_.emplace_back(vi, stage_slot_[buf]);
+    if (stage_slot_[buf] >= 0) staged_views_[backward].emplace_back(vi, stage_slot_[buf]);
   }
   for (size_t buf = 0; buf < bufs.size(); ++buf) {
     if (stage_slot_[buf] < 0) continue;
@@ -420,6 +416,7 @@ void Plan::build_steps() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   std::vector<char> external(bufs.size(), 0), bwd_read(bufs.size(), 0);
   for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    if (t == n_forward_) forward_patches_ = patches_.size();
     const Step& s = all_[t];
     ExecStep e;
     e.op = s.op;
@@ -448,6 +445,7 @@ void Plan::build_steps() {
     for (const Operand& o : s.out) add_view(o, false);
     steps_.push_back(e);
   }
+  if (n_forward_ == static_cast<int>(all_.size())) forward_patches_ = patches_.size();
   for (const Operand& r : results_) external[r.buf] = 1;
   std::vector<char> seen(bufs.size(), 0);
   for (int t = 0; t < static_cast<int>(all_.size()); ++t)
@@ -545,23 +543,24 @@ void Plan::finish_copy_out(Block& b) {
   b.copy_out.clear();
 }
 
-void Plan::bind(Block& b) const {
-  for (const auto& [vi, buf] : patches_) b.views[vi].data = b.ptrs[buf];
+void Plan::bind(Block& b, bool backward) const {
+  const auto [p0, p1] = patch_range(backward);
+  for (size_t k = p0; k < p1; ++k) b.views[patches_[k].first].data = b.ptrs[patches_[k].second];
 }
 
-void Plan::run(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots) {
+void Plan::run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots) {
+  const int begin = backward ? n_forward_ : 0;
+  const int end = backward ? static_cast<int>(steps_.size()) : n_forward_;
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
-    const bool forward = begin == 0 && end == n_forward_;
-    const bool backward = begin == n_forward_ && end == static_cast<int>(steps_.size());
-    if ((forward || backward) && begin < end && snapshots == nullptr && !profiler::active() &&
+    if (begin < end && snapshots == nullptr && !profiler::active() &&
         graph_stats_.fallback.empty() && cuda::graphs_enabled()) {
-      run_graph(b, backward);
+      run_graph(b, backward, begin, end);
       finish_copy_out(b);
       return;
     }
     ++graph_stats_.stream_replays;
-    if (begin == 0) b.forward_staged = false;
+    if (!backward) b.forward_staged = false;
   }
   if (profiler::active()) [[unlikely]]
     run_steps<true>(b, begin, end, snapshots);
@@ -570,9 +569,7 @@ void Plan::run(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshot
   finish_copy_out(b);  // (only CUDA escapes are ever copied out)
 }
 
-void Plan::run_graph(Block& b, bool backward) {
-  const int begin = backward ? n_forward_ : 0;
-  const int end = backward ? static_cast<int>(steps_.size()) : n_forward_;
+void Plan::run_graph(Block& b, bool backward, int begin, int end) {
   const cuda::StreamHandle stream = cuda::current_stream(device_.index);
   const std::vector<Buffer>& bufs = rec_->buffers;
 
@@ -589,7 +586,7 @@ void Plan::run_graph(Block& b, bool backward) {
   stage(staged_[backward]);
   if (backward && !b.forward_staged) stage(staged_both_);
   if (!backward) b.forward_staged = true;
-  for (const auto& [vi, slot] : staged_views_) b.views[vi].data = b.staging[slot]->data();
+  for (const auto& [vi, slot] : staged_views_[backward]) b.views[vi].data = b.staging[slot]->data();
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
@@ -614,8 +611,7 @@ void Plan::run_graph(Block& b, bool backward) {
   }
 
   // The graph for these addresses, or a new capture.
-  const size_t p0 = backward ? forward_patches_ : 0;
-  const size_t p1 = backward ? patches_.size() : forward_patches_;
+  const auto [p0, p1] = patch_range(backward);
   std::vector<CapturedGraph>& graphs = b.graphs[backward];
   for (CapturedGraph& g : graphs) {
     bool same = true;

@@ -888,9 +888,9 @@ void replay_backward(BackwardContext& ctx) {
                  b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
                  " -> ", b.held[i].version(), ")");
   p.allocate_escapes(b, /*backward=*/true);
-  p.bind(b);
+  p.bind(b, /*backward=*/true);
   std::vector<StepSnapshot> snaps;
-  p.run(b, p.forward_steps(), p.forward_steps() + p.backward_steps(), f.verify ? &snaps : nullptr);
+  p.run(b, /*backward=*/true, f.verify ? &snaps : nullptr);
   b.backward_done = true;
   if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, true);
   const std::vector<Operand>& grads = p.grads();
@@ -969,8 +969,8 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     if (t != nullptr) b->ptrs[buf] = t->raw_data();
   }
   p.allocate_escapes(*b, /*backward=*/false);
-  p.bind(*b);
-  p.run(*b, 0, p.forward_steps(), verify ? &snaps : nullptr);
+  p.bind(*b, /*backward=*/false);
+  p.run(*b, /*backward=*/false, verify ? &snaps : nullptr);
   // In-place writes to bound tensors count as eager's do. A verified call's eager run already
   // bumped their versions (its state restore does not), and the tensors it saved for backward
   // were saved at those versions.
