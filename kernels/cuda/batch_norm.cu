@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/reduce_util.cuh"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -55,16 +56,9 @@ struct ChannelCursor {
 };
 
 // The sum of v over the block (every thread gets it); all threads of the block must call it.
-// `sh` holds kBlock / 32 doubles. The order of additions depends only on kBlock.
-__device__ double block_sum(double v, double* sh) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  v = lane < kBlock / 32 ? sh[lane] : 0.0;
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // sh is free again for the next call
-  return v;
+// `sh` holds 32 doubles. The order of additions depends only on kBlock.
+__device__ __forceinline__ double block_sum(double v, double* sh) {
+  return group_reduce<SumOp, kBlock>(v, sh);
 }
 
 // 1/sqrt(var + eps) in the dtype of the statistics, computed in double as the CPU does (IEEE
@@ -111,12 +105,10 @@ __host__ __device__ void partial_grad_sums(const T* x, const T* gy, T m, const C
   }
 }
 
-// The mean of a channel from its sum, and the biased variance from its squared deviations.
-__host__ __device__ inline double mean_of(double sum, int64_t count) {
-  return count > 0 ? sum / static_cast<double>(count) : 0.0;
-}
-__host__ __device__ inline double variance_of(double squares, int64_t count) {
-  return count > 0 ? squares / static_cast<double>(count) : 0.0;
+// total / count, 0 for an empty channel: the mean from the sum, the biased variance from the
+// squared deviations.
+__host__ __device__ inline double per_element(double total, int64_t count) {
+  return count > 0 ? total / static_cast<double>(count) : 0.0;
 }
 
 // y = (x - m) * scale + shift for one channel: scale = gamma invstd, shift = beta (gamma, beta:
@@ -162,14 +154,14 @@ template <typename T>
 __global__ void __launch_bounds__(kBlock)
     stats_kernel(const T* __restrict__ x, T* __restrict__ mean_out, T* __restrict__ var_out,
                  ChannelLayout l) {
-  __shared__ double sh[kBlock / 32];
+  __shared__ double sh[32];
   for (int64_t ch = blockIdx.x; ch < l.c; ch += gridDim.x) {
     const double sum = block_sum(partial_sum(x, l, ch, threadIdx.x, kBlock), sh);
-    const double mean = mean_of(sum, l.count());
+    const double mean = per_element(sum, l.count());
     const double squares = block_sum(partial_squares(x, mean, l, ch, threadIdx.x, kBlock), sh);
     if (threadIdx.x == 0) {
       mean_out[ch] = static_cast<T>(mean);
-      var_out[ch] = static_cast<T>(variance_of(squares, l.count()));
+      var_out[ch] = static_cast<T>(per_element(squares, l.count()));
     }
   }
 }
@@ -197,7 +189,7 @@ __global__ void __launch_bounds__(kBlock)
     grad_kernel(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ var,
                 const T* __restrict__ gy, const T* __restrict__ gamma, T* __restrict__ gx,
                 T* __restrict__ ggamma, T* __restrict__ gbeta, double eps, ChannelLayout l) {
-  __shared__ double sh[kBlock / 32];
+  __shared__ double sh[32];
   for (int64_t ch = blockIdx.x; ch < l.c; ch += gridDim.x) {
     const T m = mean[ch];
     double sum_gy, sum_gy_xc;

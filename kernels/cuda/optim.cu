@@ -39,15 +39,6 @@ __global__ void increment_kernel(int64_t* t) {
   *t += 1;
 }
 
-template <typename T>
-__device__ T root(T x) {
-  if constexpr (sizeof(T) == 4) {
-    return sqrtf(x);
-  } else {
-    return sqrt(x);
-  }
-}
-
 struct AdamScalars {
   double lr, beta1, beta2;
 };
@@ -77,7 +68,7 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
     const T vi = b2 * v[i] + c2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi * decay - step_size * mi / (root(vi) * inv_sqrt_bc2 + eps);
+    p[i] = pi * decay - step_size * mi / (dev_sqrt(vi) * inv_sqrt_bc2 + eps);
   }
 }
 

@@ -97,27 +97,19 @@ __device__ __forceinline__ T finish(T v, int64_t count) {
   }
 }
 
-// Threads of a block that runs groups of kGroup threads.
-template <int kGroup>
-inline constexpr int kBlockThreads = kGroup > kThreads ? kGroup : kThreads;
-
 // Output `row` folds the n elements of the reduced space (innermost stride 1) at its offset.
 template <typename R, bool kMean, int kGroup, typename T>
 __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     reduce_rows(const T* __restrict__ x, T* __restrict__ y, Space kept, Space reduced, int64_t rows,
                 int64_t n) {
-  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
   __shared__ T sh[32];
-  const int g = threadIdx.x % kGroup;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
-       row < rows; row += step) {  // uniform over each group
+  for_each_group_item<kGroup>(rows, [&](int64_t row, int g) {
     const T* px = x + offset_of(kept, row);
     T acc = R::template identity<T>();
     for (int64_t r = g; r < n; r += kGroup) acc = R::combine(acc, px[offset_of(reduced, r)]);
     acc = group_reduce<R, kGroup>(acc, sh);
     if (g == 0) y[row] = finish<kMean>(acc, n);
-  }
+  });
 }
 
 constexpr int kMaxSplit = 32;

@@ -1,6 +1,7 @@
-// Warp and block folds shared by the reduction kernels (reduce.cu, softmax_loss.cu). A fold op R
-// has `template <typename T> static T identity()` and `static T combine(T, T)`; the tree of a
-// fold is fixed by the group size alone, so every run gives the same bits.
+// Warp and block folds shared by the reduction kernels (reduce.cu, softmax_loss.cu,
+// batch_norm.cu). A fold op R has `template <typename T> static T identity()` and
+// `static T combine(T, T)`; the tree of a fold is fixed by the group size alone, so every run
+// gives the same bits.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -17,6 +18,23 @@ struct SumOp {
     return a + b;
   }
 };
+
+// Threads of a block that runs groups of kGroup threads.
+template <int kGroup>
+inline constexpr int kBlockThreads = kGroup > kThreads ? kGroup : kThreads;
+
+// In a kernel of kBlockThreads<kGroup> threads per block: calls body(item, g) for every item <
+// items that falls to this thread's group (the block's groups take consecutive items, then the
+// grid strides), g the thread's index in its group. Uniform over each group.
+template <int kGroup, typename Body>
+__device__ __forceinline__ void for_each_group_item(int64_t items, Body&& body) {
+  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
+  const int g = threadIdx.x % kGroup;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
+       item < items; item += step)
+    body(item, g);
+}
 
 // Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast).
 template <typename R, typename T>

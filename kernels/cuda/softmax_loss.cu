@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/strided_loop.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
 
@@ -40,10 +41,6 @@ struct LaneMaxOp {
   }
 };
 
-// Threads of a block that runs groups of kGroup threads.
-template <int kGroup>
-inline constexpr int kBlockThreads = kGroup > kThreads ? kGroup : kThreads;
-
 // ---- Softmax, log-softmax and their gradients ---------------------------------------------
 
 // y = softmax(x) or log_softmax(x) along each lane.
@@ -51,12 +48,8 @@ template <bool kLog, int kGroup, typename T>
 __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t lanes, int64_t n,
                    int64_t inner) {
-  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
   __shared__ T sh[32];
-  const int g = threadIdx.x % kGroup;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
-  for (int64_t lane = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
-       lane < lanes; lane += step) {  // uniform over each group
+  for_each_group_item<kGroup>(lanes, [&](int64_t lane, int g) {
     const int64_t base = lane / inner * n * inner + lane % inner;
     const T* px = x + base;
     T* py = y + base;
@@ -73,7 +66,7 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
       const T inv = T(1) / sum;
       for (int64_t i = g; i < n; i += kGroup) py[i * inner] = dev_exp(px[i * inner] - m) * inv;
     }
-  }
+  });
 }
 
 // softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
@@ -81,12 +74,8 @@ template <bool kLog, int kGroup, typename T>
 __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     softmax_grad_kernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
                         int64_t lanes, int64_t n, int64_t inner) {
-  constexpr int kPerBlock = kBlockThreads<kGroup> / kGroup;
   __shared__ T sh[32];
-  const int g = threadIdx.x % kGroup;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
-  for (int64_t lane = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
-       lane < lanes; lane += step) {  // uniform over each group
+  for_each_group_item<kGroup>(lanes, [&](int64_t lane, int g) {
     const int64_t base = lane / inner * n * inner + lane % inner;
     const T* py = y + base;
     const T* pg = gy + base;
@@ -108,28 +97,17 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
         px[k] = py[k] * (pg[k] - dot);
       }
     }
-  }
+  });
 }
 
-struct Lanes {
-  int64_t outer = 1, n = 1, inner = 1;
-  int64_t count() const { return outer * inner; }
-};
-
-Lanes lanes_along(const Shape& shape, int axis) {
-  Lanes l;
-  for (int d = 0; d < axis; ++d) l.outer *= shape[d];
-  l.n = shape[axis];
-  for (int d = axis + 1; d < shape.rank(); ++d) l.inner *= shape[d];
-  return l;
-}
-
-// Calls launch(std::integral_constant<int, kGroup>{}) with the threads per lane for `l`.
+// Calls launch(std::integral_constant<int, kGroup>{}) with the threads per lane for `l`
+// (outer * inner lanes of n elements).
 template <typename Launch>
-void with_group(const Lanes& l, Launch&& launch) {
-  if (l.inner > 1 && (l.count() >= 2048 || l.n <= 32)) {
+void with_group(const cpu::AxisSplit& l, Launch&& launch) {
+  const int64_t lanes = l.outer * l.inner;
+  if (l.inner > 1 && (lanes >= 2048 || l.n <= 32)) {
     launch(std::integral_constant<int, 1>{});
-  } else if (l.count() < 64 && l.n >= 8192) {
+  } else if (lanes < 64 && l.n >= 8192) {
     launch(std::integral_constant<int, 1024>{});
   } else if (l.n > 1024) {
     launch(std::integral_constant<int, kThreads>{});
@@ -145,12 +123,13 @@ void softmax(const KernelArgs& args) {
   const int axis = args.attr<AxisAttrs>().axis;
   switch_floating(x.dtype, kOp, [&]<typename T>(Type<T>) {
     if (x.numel() == 0) return;
-    const Lanes l = lanes_along(x.shape, axis);
+    const cpu::AxisSplit l = cpu::split_at(x.shape, axis);
+    const int64_t lanes = l.outer * l.inner;
     with_group(l, [&](auto group) {
       constexpr int kGroup = decltype(group)::value;
       constexpr int kBlock = kBlockThreads<kGroup>;
-      softmax_kernel<kLog, kGroup><<<blocks_for(l.count(), kBlock / kGroup), kBlock, 0, stream()>>>(
-          x.as<T>(), y.as<T>(), l.count(), l.n, l.inner);
+      softmax_kernel<kLog, kGroup><<<blocks_for(lanes, kBlock / kGroup), kBlock, 0, stream()>>>(
+          x.as<T>(), y.as<T>(), lanes, l.n, l.inner);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });
@@ -163,13 +142,14 @@ void softmax_grad(const KernelArgs& args) {
   const int axis = args.attr<AxisAttrs>().axis;
   switch_floating(y.dtype, kOp, [&]<typename T>(Type<T>) {
     if (y.numel() == 0) return;
-    const Lanes l = lanes_along(y.shape, axis);
+    const cpu::AxisSplit l = cpu::split_at(y.shape, axis);
+    const int64_t lanes = l.outer * l.inner;
     with_group(l, [&](auto group) {
       constexpr int kGroup = decltype(group)::value;
       constexpr int kBlock = kBlockThreads<kGroup>;
       softmax_grad_kernel<kLog, kGroup>
-          <<<blocks_for(l.count(), kBlock / kGroup), kBlock, 0, stream()>>>(
-              y.as<T>(), gy.as<T>(), gx.as<T>(), l.count(), l.n, l.inner);
+          <<<blocks_for(lanes, kBlock / kGroup), kBlock, 0, stream()>>>(
+              y.as<T>(), gy.as<T>(), gx.as<T>(), lanes, l.n, l.inner);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });
