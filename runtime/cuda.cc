@@ -153,12 +153,7 @@ thread_local bool tl_capturing = false;
 
 StreamHandle default_stream(int device) {
   DeviceState& d = device_states()[device];
-  std::call_once(d.once, [&] {
-    const int previous = current_device();
-    set_device(device);
-    CHECK_CUDA("cuda stream", cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
-    set_device(previous);
-  });
+  std::call_once(d.once, [&] { d.stream = static_cast<cudaStream_t>(create_stream(device)); });
   return d.stream;
 }
 
@@ -374,7 +369,6 @@ Graph::Graph(Graph&& o) noexcept
     : stream_(o.stream_),
       exec_(o.exec_),
       capturing_(o.capturing_),
-      nodes_(o.nodes_),
       failure_(std::move(o.failure_)) {
   o.exec_ = nullptr;
   o.capturing_ = false;
@@ -386,7 +380,6 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     stream_ = o.stream_;
     exec_ = o.exec_;
     capturing_ = o.capturing_;
-    nodes_ = o.nodes_;
     failure_ = std::move(o.failure_);
     o.exec_ = nullptr;
     o.capturing_ = false;
@@ -433,8 +426,6 @@ bool Graph::end_capture() {
         cat("stream capture failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
     return false;
   }
-  size_t n = 0;
-  if (cudaGraphGetNodes(g, nullptr, &n) == cudaSuccess) nodes_ = static_cast<int>(n);
   if (exec_ != nullptr) {
     // Same topology (a recapture with other addresses): update the executable graph in place.
     cudaGraphExecUpdateResultInfo info{};

@@ -112,20 +112,15 @@ class Graph {
   bool end_capture();
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
-  bool capturing() const { return capturing_; }
-  bool ready() const { return exec_ != nullptr; }
   const std::string& failure() const { return failure_; }
   // Replays the graph on `stream`.
   void launch(StreamHandle stream) const;
-  // Kernel and copy nodes in the captured graph.
-  int nodes() const { return nodes_; }
 
  private:
   void reset() noexcept;
   StreamHandle stream_ = nullptr;
   void* exec_ = nullptr;  // cudaGraphExec_t
   bool capturing_ = false;
-  int nodes_ = 0;
   std::string failure_;
 };
 
