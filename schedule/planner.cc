@@ -480,6 +480,11 @@ Block* Plan::acquire() {
   b->own.resize(escapes_);
   b->held.reserve(backward_reads_.size());
   b->versions.reserve(backward_reads_.size());
+  if (device_.type == DeviceType::CUDA) {
+    b->escape_pool.resize(escapes_);
+    b->escape_fixed.resize(escapes_);
+    b->staging.resize(stage_slots_);
+  }
   blocks_.push_back(std::move(b));
   return blocks_.back().get();
 }
@@ -496,10 +501,6 @@ void Plan::release(Block* b) {
 void Plan::allocate_escapes(Block& b, bool backward) {
   const Recording& rec = *rec_;
   const bool cuda = device_.type == DeviceType::CUDA;
-  if (cuda && b.escape_pool.empty()) {
-    b.escape_pool.resize(escapes_);
-    b.escape_fixed.resize(escapes_);
-  }
   for (int buf : backward ? bwd_escapes_ : fwd_escapes_) {
     const int slot = escape_[buf];
     const size_t nbytes = rec.buffers[buf].nbytes;
@@ -575,7 +576,6 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
 
   // Arguments and incoming gradients: copied into the block's staging buffers, which the
   // graph reads (an address of the caller's changes every call).
-  b.staging.resize(stage_slots_);
   auto stage = [&](const std::vector<int>& list) {
     for (int buf : list) {
       IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
