@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace encore {
@@ -112,8 +113,20 @@ constexpr bool mask_bit(uint8_t mask, size_t i) {
 
 std::string_view op_name(Op op);
 OpKind op_kind(Op op);
-// For Inplace ops: bit i is set when input i is written (its version counter is bumped).
+// Bit i is set when input i is written in place (its version counter is bumped); 0 for ops
+// that are not Inplace.
 uint8_t op_mutated_inputs(Op op);
+// Calls f on each operand a step of `op` writes, in order: the inputs an Inplace op updates,
+// else the outputs. (The bytes verify mode compares.)
+template <typename T, typename F>
+void for_each_written(Op op, std::span<const T> in, std::span<const T> out, F&& f) {
+  if (const uint8_t mutates = op_mutated_inputs(op); mutates != 0) {
+    for (size_t i = 0; i < in.size(); ++i)
+      if (mask_bit(mutates, i)) f(in[i]);
+  } else {
+    for (const T& o : out) f(o);
+  }
+}
 // Whether the op draws from a device Generator (its RandomAttrs seed and offset were reserved at
 // call time; a replay must reserve fresh ones).
 bool op_draws_random(Op op);

@@ -181,7 +181,7 @@ void Plan::eliminate_dead_steps() {
   for (int t = static_cast<int>(all_.size()) - 1; t >= 0; --t) {
     const Step& s = all_[t];
     bool k = op_draws_random(s.op);
-    const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
+    const uint8_t mutates = op_mutated_inputs(s.op);
     for (size_t i = 0; i < s.in.size(); ++i)
       if (mask_bit(mutates, i)) k |= needed[s.in[i].buf] != 0;
     for (const Operand& o : s.out) k |= needed[o.buf] != 0;
@@ -730,12 +730,7 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[p.out_instr[k]], {}}), out[k]);
       } else {
         StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
-        if (op_kind(s.op) == OpKind::Inplace) {
-          for (int k = 0; k < s.n_in; ++k)
-            if (mask_bit(op_mutated_inputs(s.op), k)) keep(snap, in[k]);
-        } else {
-          for (const BufferView& o : out) keep(snap, o);
-        }
+        for_each_written(s.op, in, out, [&](const BufferView& bv) { keep(snap, bv); });
       }
       if constexpr (kProfile) t = profiler::ticks();  // the copy is not the next step's time
     }
@@ -876,7 +871,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       if (op_draws_random(s.op)) mark("random");
       for (size_t k = 0; k < s.out.size(); ++k)
         if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
-      const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
+      const uint8_t mutates = op_mutated_inputs(s.op);
       if (mutates != 0) mark("updates its input in place");
       const FusedProgram* fused =
           s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
@@ -946,7 +941,7 @@ std::string Plan::steps_dot(const Names& names, const std::string& prefix) const
                  ", label=\"", phase == 0 ? "fwd " : "bwd ", t - begin, ": ", op_name(s.op),
                  note.empty() ? "" : "\\n" + note, in_place ? "\\n(in place)" : "",
                  random ? "\\n(random)" : "", "\"];\n");
-      const uint8_t mutates = op_kind(s.op) == OpKind::Inplace ? op_mutated_inputs(s.op) : 0;
+      const uint8_t mutates = op_mutated_inputs(s.op);
       for (size_t k = 0; k < s.in.size(); ++k) {
         const int b = s.in[k].buf;
         edges += cat("    ", prefix, "b", b, " -> ", prefix, "s", t, ";\n");

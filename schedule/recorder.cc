@@ -122,7 +122,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   Step s{op, attrs, -1, {}, {}};
   const uint8_t mutates = op_mutated_inputs(op);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool written = kind == OpKind::Inplace && mask_bit(mutates, i);
+    const bool written = mask_bit(mutates, i);
     const int b = resolve_input(inputs[i], written);
     if (rec_.buffers[b].kind == BufKind::Temp && inputs[i].requires_grad() && inputs[i].is_leaf())
       unsafe(lazy_parameter(inputs[i]));
@@ -143,17 +143,11 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   if (snapshot_) {
     // One snapshot per step: the bytes of everything it wrote, in operand order.
     std::vector<unsigned char>& snap = rec_.snapshots.emplace_back();
-    auto keep = [&snap](const Tensor& t) {
+    for_each_written(op, inputs, outputs, [&snap](const Tensor& t) {
       const size_t at = snap.size();
       snap.resize(at + t.nbytes());
       cuda::copy_bytes(snap.data() + at, Device::cpu(), t.raw_data(), t.device(), t.nbytes());
-    };
-    if (kind == OpKind::Inplace) {
-      for (size_t i = 0; i < inputs.size(); ++i)
-        if (mask_bit(mutates, i)) keep(inputs[i]);
-    } else {
-      for (const Tensor& t : outputs) keep(t);
-    }
+    });
   }
   (phase_ == Phase::Forward ? rec_.forward : rec_.backward).push_back(std::move(s));
 }

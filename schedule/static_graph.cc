@@ -811,15 +811,10 @@ bool same_values(const Step& s, const std::vector<unsigned char>& a,
     if (o.dtype == DType::Float64) return same_floats(double{});
     return std::memcmp(x, y, n) == 0;
   };
-  // The snapshot holds the step's outputs, or the inputs it updates in place, in order.
-  if (op_kind(s.op) == OpKind::Inplace) {
-    for (size_t k = 0; k < s.in.size(); ++k)
-      if (mask_bit(op_mutated_inputs(s.op), k) && !same_part(s.in[k])) return false;
-  } else {
-    for (const Operand& o : s.out)
-      if (!same_part(o)) return false;
-  }
-  return at == a.size();
+  bool same = true;
+  for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                   [&](const Operand& o) { same = same && same_part(o); });
+  return same && at == a.size();
 }
 
 // Compares a fresh eager recording with the plan's, step by step (structure, then values).
