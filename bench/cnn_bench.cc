@@ -55,17 +55,19 @@ struct SeedCnnStep {
   StaticFunction<StepFn> static_step;
 };
 
-void BM_SeedCnn(benchmark::State& state, bool static_on, Device device = Device::cpu(),
-                Replay replay = Replay::Graphs) {
-  GraphsSetting graphs(state, device, replay);
-  if (!graphs.ok()) return;
+// The eager or static (`static_on`) step after its warm-up, measured per step by step_loop() or,
+// with `kernel_sum`, by kernel_sum_loop(); a static run fails unless every measured call replayed.
+void measure_seed_cnn(benchmark::State& state, bool static_on, Device device, bool kernel_sum) {
   SeedCnnStep s(device);
   auto run = [&] { return static_on ? s.replay() : s.step(s.x, s.labels); };
   for (int i = 0; i < kWarmupSteps; ++i) run();
   finish_step(device);
 
   AllocatorProbe probe(device);
-  step_loop(state, device, run);
+  if (kernel_sum)
+    kernel_sum_loop(state, device, run);
+  else
+    step_loop(state, device, run);
   probe.report(state);
   if (!on_cuda(device)) set_blas_threads_counter(state);
   if (static_on) {
@@ -74,6 +76,13 @@ void BM_SeedCnn(benchmark::State& state, bool static_on, Device device = Device:
     if (!check_replayed(state, stats, /*traces=*/1)) return;
     state.counters["arena_bytes"] = bytes_counter(stats.cache.at(0).arena_bytes);
   }
+}
+
+void BM_SeedCnn(benchmark::State& state, bool static_on, Device device = Device::cpu(),
+                Replay replay = Replay::Graphs) {
+  GraphsSetting graphs(state, device, replay);
+  if (!graphs.ok()) return;
+  measure_seed_cnn(state, static_on, device, /*kernel_sum=*/false);
 }
 
 void BM_VarSize(benchmark::State& state, bool static_on) {
@@ -131,18 +140,7 @@ BENCHMARK_CAPTURE(BM_VarSize, static, true)
 // KernelSum/SeedCnn/cuda: the SeedCnn/static/cuda step replayed under the profiler (see
 // kernel_sum_loop() for the counters).
 void BM_SeedCnnKernelSum(benchmark::State& state) {
-  const Device device = Device::cuda();
-  SeedCnnStep s(device);
-  for (int i = 0; i < kWarmupSteps; ++i) s.replay();
-  finish_step(device);
-
-  AllocatorProbe probe(device);
-  kernel_sum_loop(state, device, [&] { s.replay(); });
-  probe.report(state);
-  const StaticStats stats = s.static_step.stats();
-  label_warnings(state, device, stats);
-  if (!check_replayed(state, stats, /*traces=*/1)) return;
-  state.counters["arena_bytes"] = bytes_counter(stats.cache.at(0).arena_bytes);
+  measure_seed_cnn(state, /*static_on=*/true, Device::cuda(), /*kernel_sum=*/true);
 }
 
 [[maybe_unused]] const bool kCudaCasesAdded = [] {

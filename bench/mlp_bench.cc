@@ -44,17 +44,21 @@ void report_arena(benchmark::State& state, const StaticStats& stats) {
   state.counters["naive_bytes"] = bytes_counter(entry.naive_bytes);
 }
 
-void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
-                  Replay replay) {
-  GraphsSetting graphs(state, device, replay);
-  if (!graphs.ok()) return;
+// The static step after its warm-up, measured per step by step_loop() or, with `kernel_sum`,
+// by kernel_sum_loop(); the run fails unless every measured call replayed.
+void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
+                         bool kernel_sum) {
   MlpStep step(hidden, batch, device);
   auto static_step = step.make_static();
   for (int i = 0; i < kWarmupSteps; ++i) static_step(step.x(), step.labels());
   finish_step(device);
 
   AllocatorProbe probe(device);
-  step_loop(state, device, [&] { static_step(step.x(), step.labels()); });
+  const auto replay = [&] { static_step(step.x(), step.labels()); };
+  if (kernel_sum)
+    kernel_sum_loop(state, device, replay);
+  else
+    step_loop(state, device, replay);
   probe.report(state);
   if (!on_cuda(device)) set_blas_threads_counter(state);
 
@@ -62,6 +66,13 @@ void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device
   label_warnings(state, device, stats);
   if (!check_replayed(state, stats, /*traces=*/1)) return;
   report_arena(state, stats);
+}
+
+void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
+                  Replay replay) {
+  GraphsSetting graphs(state, device, replay);
+  if (!graphs.ok()) return;
+  measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false);
 }
 
 BENCHMARK_CAPTURE(BM_MlpEager, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu())
@@ -87,20 +98,7 @@ BENCHMARK_CAPTURE(BM_MlpStatic, large, kMlpLargeHidden, kMlpLargeBatch, Device::
 // KernelSum/MlpX/cuda: the MlpX/static/cuda step replayed under the profiler (see
 // kernel_sum_loop() for the counters), with the plan's counters.
 void BM_MlpKernelSum(benchmark::State& state, int64_t hidden, int64_t batch) {
-  const Device device = Device::cuda();
-  MlpStep step(hidden, batch, device);
-  auto static_step = step.make_static();
-  for (int i = 0; i < kWarmupSteps; ++i) static_step(step.x(), step.labels());
-  finish_step(device);
-
-  AllocatorProbe probe(device);
-  kernel_sum_loop(state, device, [&] { static_step(step.x(), step.labels()); });
-  probe.report(state);
-
-  const StaticStats stats = static_step.stats();
-  label_warnings(state, device, stats);
-  if (!check_replayed(state, stats, /*traces=*/1)) return;
-  report_arena(state, stats);
+  measure_static_step(state, hidden, batch, Device::cuda(), /*kernel_sum=*/true);
 }
 
 void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int64_t batch) {

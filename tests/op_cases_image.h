@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -118,6 +119,26 @@ struct PoolSpec {
   int kh, kw, sh, sw, ph, pw;
   bool include_pad = true;
 };
+
+// Max pooling with ties, zeros of both signs and NaN, checked outside the harness
+// (pool_norm_test.cc against the first maximum of each window, cuda_ops_test.cc against the cpu):
+// windows tiling 2x2 (their own loops), overlapping, padded, clipped; rows wide (several vector
+// chunks) and narrow (fewer outputs than a vector).
+inline std::vector<PoolSpec> tie_pool_specs() {
+  return {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {2, 2, 1, 1, 0, 0},
+          {2, 2, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}, {3, 3, 3, 3, 0, 0}};
+}
+inline std::vector<Dims> tie_pool_shapes() {
+  return {{2, 3, 7, 9}, {1, 2, 6, 40}, {3, 2, 3, 5}, {2, 2, 8, 10}};
+}
+// n inputs for them: mostly ties, some NaN.
+inline std::vector<double> tie_pool_values(int64_t n, std::mt19937& rng) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double pool[] = {-1, -0.0, 0, 0, 1, 1, 2, -2, nan};
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = pool[rng() % 9 == 0 ? 8 : rng() % 8];
+  return v;
+}
 
 // Max or average pooling of x [N,C,H,W] by direct loops over each window.
 inline RefTensor ref_pool(const RefTensor& x, const PoolSpec& p, bool is_max) {

@@ -308,6 +308,20 @@ inline std::string dims_str(const Dims& d) {
   return s + "]";
 }
 
+// How many elements of `got` differ from `want` (-1 when the sizes differ): equal means NaN where
+// `want` holds NaN, else the same value with the same sign (-0 differs from +0).
+inline int64_t count_unequal(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return -1;
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool same = std::isnan(want[i])
+                          ? std::isnan(got[i])
+                          : got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i]);
+    bad += same ? 0 : 1;
+  }
+  return bad;
+}
+
 // Compares `got` with `want` elementwise; reports up to four mismatching elements (flat and
 // multi-index) and makes one assertion. `what` says which tensor this is.
 inline bool expect_close(const std::string& what, const RefTensor& got, const RefTensor& want,

@@ -84,23 +84,16 @@ TEST_CASE("max_pool2d sends the gradient to the first maximum of a window", "[po
 TEST_CASE(
     "max_pool2d with ties, zeros of both signs and NaN: value and gradient of the first maximum",
     "[pool_norm]") {
-  // Windows tiling 2x2 (their own loops), overlapping, padded, clipped; rows wide (several
-  // vector chunks) and narrow (fewer outputs than a vector).
-  const std::vector<PoolSpec> specs = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {2, 2, 1, 1, 0, 0},
-                                       {2, 2, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}, {3, 3, 3, 3, 0, 0}};
-  const std::vector<Dims> shapes = {{2, 3, 7, 9}, {1, 2, 6, 40}, {3, 2, 3, 5}, {2, 2, 8, 10}};
+  const std::vector<PoolSpec> specs = tie_pool_specs();
+  const std::vector<Dims> shapes = tie_pool_shapes();
   std::mt19937 rng(11);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const double pool[] = {-1, -0.0, 0, 0, 1, 1, 2, -2, nan};  // mostly ties, some NaN
   for (const DType dtype : {DType::Float32, DType::Float64})
     for (const PoolSpec& p : specs)
       for (const Dims& shape : shapes) {
         INFO(name(dtype) << " " << dims_str(shape) << " k" << p.kh << "x" << p.kw << " s" << p.sh
                          << "x" << p.sw << " p" << p.ph << "x" << p.pw);
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        std::vector<double> xv(n);
-        for (double& v : xv) v = pool[rng() % 9 == 0 ? 8 : rng() % 8];
+        const int64_t n = ref::numel(shape);
+        const std::vector<double> xv = tie_pool_values(n, rng);
         const std::vector<int64_t> at = ref_first_max(xv, shape, p);
         std::vector<double> gyv(at.size()), want_gx(n, 0.0);
         for (size_t k = 0; k < at.size(); ++k) {
@@ -111,17 +104,10 @@ TEST_CASE(
         Tensor y = F::max_pool2d(x, Size2(p.kh, p.kw), Size2(p.sh, p.sw), Size2(p.ph, p.pw));
         REQUIRE(y.numel() == static_cast<int64_t>(at.size()));
         y.backward(tensor(gyv, y.shape(), dtype));
-        const std::vector<double> yv = y.to_vector<double>(), gx = x.grad().to_vector<double>();
-        int64_t wrong_y = 0;
-        for (size_t k = 0; k < at.size(); ++k) {
-          const double want = xv[at[k]];
-          const bool same = std::isnan(want)
-                                ? std::isnan(yv[k])
-                                : yv[k] == want && std::signbit(yv[k]) == std::signbit(want);
-          wrong_y += same ? 0 : 1;
-        }
-        CHECK(wrong_y == 0);
-        CHECK(gx == want_gx);
+        std::vector<double> want_y(at.size());
+        for (size_t k = 0; k < at.size(); ++k) want_y[k] = xv[at[k]];
+        CHECK(count_unequal(y.to_vector<double>(), want_y) == 0);
+        CHECK(x.grad().to_vector<double>() == want_gx);
       }
 }
 

@@ -170,6 +170,33 @@ class ProgramGenerator {
 
   static double sq_bound(double b) { return 1 + b * b; }
 
+  // The optional bias of conv2d and linear, `features` elements (-1 for none): an existing value
+  // or a new leaf (a parameter with probability `param_chance`).
+  int optional_bias(int64_t features, double param_chance) {
+    if (!chance(0.6)) return -1;
+    int bias = pick([&](int v) { return shape(v) == Dims{features}; });
+    if (bias < 0 || chance(0.5)) {
+      const int leaf = new_leaf_of({features}, chance(param_chance), 0.85);
+      if (leaf >= 0) bias = leaf;
+    }
+    return bias;
+  }
+
+  // The inputs of a product of x and w summing `terms` products per output, plus bias when >= 0,
+  // each squashed to keep values bounded, and a bound of the result.
+  std::pair<std::vector<int>, double> product_inputs(int x, int w, int bias, int64_t terms) {
+    x = squash(x, 3);
+    w = squash(w, 3);
+    std::vector<int> ins = {x, w};
+    double bound = static_cast<double>(terms) * val(x).bound * val(w).bound;
+    if (bias >= 0) {
+      bias = squash(bias, 1e3);
+      ins.push_back(bias);
+      bound += val(bias).bound;
+    }
+    return {ins, bound};
+  }
+
   bool try_emit(OpKind op, int forced) {
     auto any = [](int) { return true; };
     auto ranked = [this](int lo, int hi) {
@@ -432,23 +459,8 @@ class ProgramGenerator {
     if (numel_of(out) > kMaxNumel || numel_of(out) * taps > kMaxConvWork) return false;
     if (w < 0) w = new_leaf_of(sw, chance(0.9), 0.85);
     if (w < 0) return false;
-    int bias = -1;
-    if (chance(0.6)) {
-      bias = pick([&](int v) { return shape(v) == Dims{sw[0]}; });
-      if (bias < 0 || chance(0.5)) {
-        const int leaf = new_leaf_of({sw[0]}, chance(0.85), 0.85);
-        if (leaf >= 0) bias = leaf;
-      }
-    }
-    x = squash(x, 3);
-    w = squash(w, 3);
-    std::vector<int> ins = {x, w};
-    double bound = static_cast<double>(taps) * val(x).bound * val(w).bound;
-    if (bias >= 0) {
-      bias = squash(bias, 1e3);
-      ins.push_back(bias);
-      bound += val(bias).bound;
-    }
+    const int bias = optional_bias(sw[0], 0.85);
+    const auto [ins, bound] = product_inputs(x, w, bias, taps);
     emit(OpKind::Conv2d, ins, out, bound,
          {wh->stride, ww->stride, wh->padding, ww->padding, wh->dilation, ww->dilation, groups}, 0,
          bias >= 0);
@@ -627,10 +639,8 @@ class ProgramGenerator {
     out.push_back(s0[s0.size() - 2]);
     out.push_back(s1.back());
     if (numel_of(out) > kMaxNumel) return false;
-    const double kk = static_cast<double>(s0.back());
-    a = squash(a, 3);
-    b = squash(b, 3);
-    emit(OpKind::Matmul, {a, b}, out, kk * val(a).bound * val(b).bound);
+    const auto [ins, bound] = product_inputs(a, b, -1, s0.back());
+    emit(OpKind::Matmul, ins, out, bound);
     return true;
   }
 
@@ -650,23 +660,8 @@ class ProgramGenerator {
     Dims out(sx.begin(), sx.end() - 1);
     out.push_back(out_features);
     if (numel_of(out) > kMaxNumel) return false;
-    int bias = -1;
-    if (chance(0.6)) {
-      bias = pick([&](int v) { return shape(v) == Dims{out_features}; });
-      if (bias < 0 || chance(0.5)) {
-        const int leaf = new_leaf_of({out_features}, chance(0.8), 0.85);
-        if (leaf >= 0) bias = leaf;
-      }
-    }
-    x = squash(x, 3);
-    w = squash(w, 3);
-    std::vector<int> ins = {x, w};
-    double bound = static_cast<double>(in) * val(x).bound * val(w).bound;
-    if (bias >= 0) {
-      bias = squash(bias, 1e3);
-      ins.push_back(bias);
-      bound += val(bias).bound;
-    }
+    const int bias = optional_bias(out_features, 0.8);
+    const auto [ins, bound] = product_inputs(x, w, bias, in);
     emit(OpKind::Linear, ins, out, bound, {}, 0, bias >= 0);
     return true;
   }

@@ -74,29 +74,27 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
-// Turns static graphs on for a test (ENCORE_STATIC=0 in the environment would turn them off).
-class StaticEnabled {
+// Sets a process-wide switch for a scope and restores the previous setting at its end; `Set`
+// returns the previous setting.
+template <bool (*Set)(bool)>
+class SwitchScope {
  public:
-  explicit StaticEnabled(bool on = true) : previous_(set_static_enabled(on)) {}
-  ~StaticEnabled() { set_static_enabled(previous_); }
-  StaticEnabled(const StaticEnabled&) = delete;
-  StaticEnabled& operator=(const StaticEnabled&) = delete;
+  explicit SwitchScope(bool on) : previous_(Set(on)) {}
+  ~SwitchScope() { Set(previous_); }
+  SwitchScope(const SwitchScope&) = delete;
+  SwitchScope& operator=(const SwitchScope&) = delete;
 
  private:
   bool previous_;
+};
+
+// Turns static graphs on for a test (ENCORE_STATIC=0 in the environment would turn them off).
+struct StaticEnabled : SwitchScope<set_static_enabled> {
+  explicit StaticEnabled(bool on = true) : SwitchScope(on) {}
 };
 
 // Sets whether static functions traced in the scope fuse elementwise steps (ENCORE_STATIC_FUSE=0
 // in the environment would turn fusion off).
-class StaticFusion {
- public:
-  explicit StaticFusion(bool on) : previous_(set_static_fusion_enabled(on)) {}
-  ~StaticFusion() { set_static_fusion_enabled(previous_); }
-  StaticFusion(const StaticFusion&) = delete;
-  StaticFusion& operator=(const StaticFusion&) = delete;
-
- private:
-  bool previous_;
-};
+using StaticFusion = SwitchScope<set_static_fusion_enabled>;
 
 }  // namespace encore::testing

@@ -50,19 +50,6 @@ std::vector<double> host_values(const Tensor& t) {
   return t.to_vector<double>();
 }
 
-// Equal values with NaN where the other has NaN and zeros of the same sign.
-int64_t count_unequal(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return -1;
-  int64_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const bool same = std::isnan(want[i])
-                          ? std::isnan(got[i])
-                          : got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i]);
-    bad += same ? 0 : 1;
-  }
-  return bad;
-}
-
 }  // namespace
 
 // ---- Every case of the cpu harness ---------------------------------------------------------
@@ -228,20 +215,16 @@ TEST_CASE(
 
 TEST_CASE("max_pool2d with ties, signed zeros and NaN gives the cpu's values and gradients",
           "[cuda][ops][pool_norm]") {
-  const std::vector<PoolSpec> specs = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {2, 2, 1, 1, 0, 0},
-                                       {2, 2, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}, {3, 3, 3, 3, 0, 0}};
-  const std::vector<Dims> shapes = {{2, 3, 7, 9}, {1, 2, 6, 40}, {3, 2, 3, 5}, {2, 2, 8, 10}};
+  const std::vector<PoolSpec> specs = tie_pool_specs();
+  const std::vector<Dims> shapes = tie_pool_shapes();
   std::mt19937 rng(12);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  const double pool[] = {-1, -0.0, 0, 0, 1, 1, 2, -2, nan};  // mostly ties, some NaN
   for (const DType dtype : {DType::Float32, DType::Float64})
     for (const PoolSpec& p : specs)
       for (const Dims& dims : shapes) {
         INFO(name(dtype) << " " << dims_str(dims) << " k" << p.kh << "x" << p.kw << " s" << p.sh
                          << "x" << p.sw << " p" << p.ph << "x" << p.pw);
         const Shape shape{std::span<const int64_t>(dims)};
-        std::vector<double> xv(static_cast<size_t>(shape.numel()));
-        for (double& v : xv) v = pool[rng() % 9 == 0 ? 8 : rng() % 8];
+        const std::vector<double> xv = tie_pool_values(shape.numel(), rng);
         auto run = [&](Device device, const std::vector<double>& gyv) {
           Tensor x = tensor(xv, shape, dtype).to(device).set_requires_grad();
           Tensor y = F::max_pool2d(x, Size2(p.kh, p.kw), Size2(p.sh, p.sw), Size2(p.ph, p.pw));

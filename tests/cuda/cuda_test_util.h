@@ -12,16 +12,7 @@ namespace encore::testing {
 inline constexpr Device kCuda = Device::cuda(0);
 
 // Sets whether static replay on CUDA uses CUDA graphs for a scope.
-class GraphsEnabled {
- public:
-  explicit GraphsEnabled(bool on) : previous_(cuda::set_graphs_enabled(on)) {}
-  ~GraphsEnabled() { cuda::set_graphs_enabled(previous_); }
-  GraphsEnabled(const GraphsEnabled&) = delete;
-  GraphsEnabled& operator=(const GraphsEnabled&) = delete;
-
- private:
-  bool previous_;
-};
+using GraphsEnabled = SwitchScope<cuda::set_graphs_enabled>;
 
 // Restores the cpu's and cuda:0's generators when the scope ends.
 class KeepGenerators {
