@@ -23,6 +23,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(make_intrusive<TensorImpl>(std::move(storage), 0, shape, dtype));
 }
 
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  auto storage = make_intrusive<Storage>(shape.numel() * itemsize(dtype), Device::cpu(),
+                                         &cuda::pinned_allocator());
+  return Tensor(make_intrusive<TensorImpl>(std::move(storage), 0, shape, dtype));
+}
+
 Tensor Tensor::view_of(const Tensor& base, const Shape& shape) {
   ENCORE_CHECK(base.numel() == shape.numel(), "view: cannot view ", base.shape(), " as ", shape);
   const TensorImpl& b = *base.impl();
@@ -126,8 +132,7 @@ Tensor Tensor::pin_memory() const {
   ENCORE_CHECK(device().type == DeviceType::CPU, "pin_memory: the tensor is on ", device(),
                "; only cpu tensors can be pinned");
   if (is_pinned()) return *this;
-  auto storage = make_intrusive<Storage>(nbytes(), Device::cpu(), &cuda::pinned_allocator());
-  Tensor out(make_intrusive<TensorImpl>(std::move(storage), 0, shape(), dtype()));
+  Tensor out = empty_pinned(shape(), dtype());
   if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
   return out;
 }

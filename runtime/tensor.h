@@ -45,6 +45,8 @@ class Tensor {
   // A new uninitialised tensor.
   static Tensor empty(const Shape& shape, DType dtype = DType::Float32,
                       Device device = Device::cpu());
+  // A new uninitialised cpu tensor in page-locked memory (cuda::pinned_allocator()).
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::Float32);
   // A tensor sharing `base`'s storage with another shape (same element count, no copy).
   static Tensor view_of(const Tensor& base, const Shape& shape);
 

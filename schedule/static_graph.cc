@@ -1100,9 +1100,6 @@ std::string memory_text(const Plan& p) {
              p.arena_blocks() == 1 ? " arena" : " arenas", " allocated");
 }
 
-}  // namespace
-
-namespace {
 // "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
 std::string graph_counts(int64_t launches, int64_t captures, int64_t replays,
                          const std::string& fallback) {

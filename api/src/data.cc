@@ -1,7 +1,5 @@
 #include "encore/data.h"
 
-#include "runtime/cuda.h"
-
 #include <zlib.h>
 
 #include <algorithm>
@@ -317,12 +315,7 @@ bool BatchIterator::next(Tensor& x, Tensor& t) {
     Shape s = src.shape();
     const size_t row = src.nbytes() / static_cast<size_t>(n);
     s.set(0, b);
-    Tensor out = pin_memory_
-                     ? Tensor(make_intrusive<TensorImpl>(
-                           make_intrusive<Storage>(s.numel() * itemsize(src.dtype()), Device::cpu(),
-                                                   &cuda::pinned_allocator()),
-                           0, s, src.dtype()))
-                     : Tensor::empty(s, src.dtype());
+    Tensor out = pin_memory_ ? Tensor::empty_pinned(s, src.dtype()) : Tensor::empty(s, src.dtype());
     const char* from = static_cast<const char*>(src.raw_data());
     char* to = static_cast<char*>(out.raw_data());
     for (int64_t i = 0; i < b; ++i)
