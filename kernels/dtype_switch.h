@@ -21,65 +21,37 @@ namespace encore::kernels {
 template <typename T>
 using Type = std::type_identity<T>;
 
+// Calls f(Type<T>{}) with the T of Ts whose dtype is `dt`; any other dtype fails, naming the op,
+// the dtype and then `expected`.
+template <typename... Ts, typename F>
+void switch_among(DType dt, Op op, const char* expected, F&& f) {
+  if (!((dt == dtype_of<Ts> && (f(Type<Ts>{}), true)) || ...))
+    fail(op_name(op), ": unsupported dtype ", dt, expected);
+}
+
 // float32, float64.
 template <typename F>
 void switch_floating(DType dt, Op op, F&& f) {
-  switch (dt) {
-    case DType::Float32:
-      return f(Type<float>{});
-    case DType::Float64:
-      return f(Type<double>{});
-    default:
-      fail(op_name(op), ": unsupported dtype ", dt, " (expected float32 or float64)");
-  }
+  switch_among<float, double>(dt, op, " (expected float32 or float64)", f);
 }
 
 // float32, float64, int32, int64.
 template <typename F>
 void switch_numeric(DType dt, Op op, F&& f) {
-  switch (dt) {
-    case DType::Float32:
-      return f(Type<float>{});
-    case DType::Float64:
-      return f(Type<double>{});
-    case DType::Int32:
-      return f(Type<int32_t>{});
-    case DType::Int64:
-      return f(Type<int64_t>{});
-    default:
-      fail(op_name(op), ": unsupported dtype ", dt, " (expected float32, float64, int32 or int64)");
-  }
+  switch_among<float, double, int32_t, int64_t>(dt, op,
+                                                " (expected float32, float64, int32 or int64)", f);
 }
 
 // int32, int64 (labels).
 template <typename F>
 void switch_integral(DType dt, Op op, F&& f) {
-  switch (dt) {
-    case DType::Int32:
-      return f(Type<int32_t>{});
-    case DType::Int64:
-      return f(Type<int64_t>{});
-    default:
-      fail(op_name(op), ": unsupported dtype ", dt, " (expected int32 or int64)");
-  }
+  switch_among<int32_t, int64_t>(dt, op, " (expected int32 or int64)", f);
 }
 
 // Every dtype.
 template <typename F>
 void switch_all(DType dt, Op op, F&& f) {
-  switch (dt) {
-    case DType::Float32:
-      return f(Type<float>{});
-    case DType::Float64:
-      return f(Type<double>{});
-    case DType::Int32:
-      return f(Type<int32_t>{});
-    case DType::Int64:
-      return f(Type<int64_t>{});
-    case DType::Bool:
-      return f(Type<bool>{});
-  }
-  fail(op_name(op), ": unsupported dtype ", dt);
+  switch_among<float, double, int32_t, int64_t, bool>(dt, op, "", f);
 }
 
 // An unsigned integer type of the dtype's size, for kernels that only move bytes.
