@@ -23,9 +23,9 @@ struct FusedInstr {
   double scalar = 0;
 };
 
-// Registers: the step's inputs [0, n_in), its outputs [n_in, n_in + n_out), then scratch
-// blocks. An input with one element (bit set in `broadcast`) is read as a scalar by a binary
-// op; every other operand has `numel` elements.
+// Registers: the step's inputs [0, n_in), then kMaxScratch scratch blocks (n_scratch of them
+// used), then its outputs. An input with one element (bit set in `broadcast`) is read as a scalar
+// by a binary op; every other operand has `numel` elements.
 struct FusedProgram {
   static constexpr int kMaxInputs = 64;
   static constexpr int kMaxScratch = 8;
@@ -39,6 +39,9 @@ struct FusedProgram {
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
   std::vector<int> out_instr;    // per output: the instruction writing it
+
+  int scratch_reg(int k) const { return n_in + k; }
+  int out_reg(int k) const { return n_in + kMaxScratch + k; }
 };
 
 // Whether a step of `op` can be part of a fused run (elementwise, one output, computed by

@@ -272,14 +272,15 @@ void Plan::fuse_elementwise() {
           touched.push_back(i.buf);
           fused.in.push_back(i);
         }
-    // Until every output is known: reg -2 - k for scratch slot k, kOut - k for output k.
-    constexpr int kOut = -1000;
+    auto scratch_slot = [&](int b) {  // the scratch slot holding b, or -1
+      const int k = reg[b] - p.n_in;
+      return group_of[b] == t && k >= 0 && k < FusedProgram::kMaxScratch ? k : -1;
+    };
     bool used[FusedProgram::kMaxScratch] = {};
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
       for (const Operand& i : s.in)  // a value read for the last time frees its slot
-        if (group_of[i.buf] == t && last_in[i.buf] == j && reg[i.buf] <= -2 && reg[i.buf] > kOut)
-          used[-2 - reg[i.buf]] = false;
+        if (const int k = scratch_slot(i.buf); k >= 0 && last_in[i.buf] == j) used[k] = false;
       const int b = s.out[0].buf;
       touched.push_back(b);
       int free_slot = -1;
@@ -288,27 +289,21 @@ void Plan::fuse_elementwise() {
           if (!used[k]) free_slot = k;
       if (free_slot >= 0) {
         used[free_slot] = true;
-        reg[b] = -2 - free_slot;
+        reg[b] = p.scratch_reg(free_slot);
         p.n_scratch = std::max(p.n_scratch, free_slot + 1);
       } else {  // read after the run, or no slot free
-        reg[b] = kOut - p.n_out++;
+        reg[b] = p.out_reg(p.n_out++);
         p.out_instr.push_back(j - t);
         fused.out.push_back(s.out[0]);
       }
     }
-    auto reg_of = [&](int b) {
-      const int r = reg[b];
-      if (r >= 0) return r;                       // an input
-      if (r <= kOut) return p.n_in + (kOut - r);  // an output
-      return p.n_in + p.n_out + (-2 - r);         // a scratch slot
-    };
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
       FusedInstr ins;
       ins.op = s.op;
-      ins.out = static_cast<uint8_t>(reg_of(s.out[0].buf));
-      ins.a = static_cast<uint8_t>(reg_of(s.in[0].buf));
-      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg_of(s.in[1].buf)) : ins.a;
+      ins.out = static_cast<uint8_t>(reg[s.out[0].buf]);
+      ins.a = static_cast<uint8_t>(reg[s.in[0].buf]);
+      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[s.in[1].buf]) : ins.a;
       if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
       p.instrs.push_back(ins);
       p.trace_index.push_back(s.index);
@@ -765,8 +760,8 @@ std::string named(const std::vector<std::string>& names, int i, std::string_view
 std::string fused_text(const FusedProgram& p, const std::string& indent) {
   auto name = [&p](int r) {
     if (r < p.n_in) return cat("in ", r);
-    if (r < p.n_in + p.n_out) return cat("out ", r - p.n_in);
-    return cat("scratch ", r - p.n_in - p.n_out);
+    if (r < p.out_reg(0)) return cat("scratch ", r - p.scratch_reg(0));
+    return cat("out ", r - p.out_reg(0));
   };
   std::string out;
   for (const FusedInstr& ins : p.instrs) {

@@ -115,13 +115,12 @@ void fused_kernel(const KernelArgs& args) {
     // Written before read: every scratch register is an instruction's output first.
     alignas(64) T scratch[FusedProgram::kMaxScratch][kBlock];
     T* reg[FusedProgram::kMaxRegisters];
-    const int n_io = p.n_in + p.n_out;
-    for (int s = 0; s < p.n_scratch; ++s) reg[n_io + s] = scratch[s];
+    for (int s = 0; s < p.n_scratch; ++s) reg[p.scratch_reg(s)] = scratch[s];
     for (int64_t i0 = 0; i0 < p.numel; i0 += kBlock) {
       const int64_t n = std::min(kBlock, p.numel - i0);
       for (int r = 0; r < p.n_in; ++r)
         reg[r] = const_cast<T*>(args.in[r].as<T>()) + ((p.broadcast >> r & 1) ? 0 : i0);
-      for (int r = 0; r < p.n_out; ++r) reg[p.n_in + r] = args.out[r].as<T>() + i0;
+      for (int r = 0; r < p.n_out; ++r) reg[p.out_reg(r)] = args.out[r].as<T>() + i0;
       for (const FusedInstr& ins : p.instrs) run(ins, reg, p.broadcast, n);
     }
   });
