@@ -26,7 +26,6 @@ struct ExecStep {
   uint8_t n_in = 0;
   uint8_t n_out = 0;
   bool random = false;  // draws fresh numbers on every run
-  Device device;
   uint64_t random_count = 0;
   int trace_index = 0;  // its position in the recording's forward then backward lists
 };

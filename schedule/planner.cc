@@ -416,8 +416,7 @@ void Plan::build_steps() {
     ExecStep e;
     e.op = s.op;
     e.trace_index = s.index;
-    e.device = device_of(s, *rec_);
-    e.fn = lookup_kernel(s.op, e.device.type);
+    e.fn = lookup_kernel(s.op, device_.type);
     e.attrs = s.attrs;
     e.view = static_cast<uint32_t>(view_template_.size());
     e.n_in = static_cast<uint8_t>(s.in.size());
@@ -695,7 +694,7 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
         a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
                                                  2 * next_random++);
       } else {
-        const Generator::Stream st = default_generator(s.device).reserve(s.random_count);
+        const Generator::Stream st = default_generator(device_).reserve(s.random_count);
         a.seed = st.seed;
         a.offset = st.offset;
       }

@@ -119,6 +119,13 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     resolve_input(inputs[0], false);
     return;
   }
+  const Device device = (inputs.empty() ? outputs : inputs)[0].device();
+  if (!device_)
+    device_ = device;
+  else if (device != *device_)
+    unsafe(cat(name_, ": the traced function runs ops on ", *device_, " and on ", device,
+               "; a static function's schedule runs on one device. Move its tensors to one "
+               "device, or pass on_unsafe = OnUnsafe::Eager"));
   Step s{op, attrs, -1, {}, {}};
   const uint8_t mutates = op_mutated_inputs(op);
   for (size_t i = 0; i < inputs.size(); ++i) {

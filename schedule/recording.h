@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,7 @@ class Recorder final : public Tracer {
   bool throw_unsafe_;
   bool snapshot_;
   Phase phase_ = Phase::Forward;
+  std::optional<Device> device_;  // of the first op: a schedule runs on one device
   uint64_t start_serial_;
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot

@@ -118,6 +118,29 @@ TEST_CASE("outputs and saved activations on cuda outlive later calls", "[cuda][s
 
 // A failure prints each failing program's seed and listing; to run one alone:
 //   ENCORE_RANDOM_SEED=<seed> ENCORE_RANDOM_PROGRAMS=1 encore_cuda_tests "[random]"
+TEST_CASE("a static function with ops on the cpu and on cuda is refused, or runs eagerly",
+          "[cuda][static]") {
+  // A schedule and its arena live on one device.
+  StaticEnabled on;
+  const Tensor a = rand({4}), b = rand({4}).to(kCuda);
+  auto body = [](const Tensor& x, const Tensor& y) {
+    return std::pair{F::mul(x, 2.0), F::mul(y, 2.0)};
+  };
+  auto refused = static_graph(body, {.name = "two_devices"});
+  CHECK_THAT(error_of([&] { refused(a, b); }),
+             Catch::Matchers::Contains("runs ops on cpu and on cuda:0"));
+  auto eager = static_graph(body, {.name = "two_devices_eager", .on_unsafe = OnUnsafe::Eager});
+  for (int call = 0; call < 3; ++call) {
+    const auto [x2, y2] = eager(a, b);
+    CHECK(bit_diff(x2, F::mul(a, 2.0)) == "");
+    CHECK(bit_diff(y2, F::mul(b, 2.0)) == "");
+  }
+  const StaticStats st = eager.stats();
+  CHECK(st.traces == 1);  // the first call traced (eagerly), the others ran eagerly
+  CHECK(st.hits == 0);
+  CHECK(st.eager_calls == 2);
+}
+
 TEST_CASE("static_graph on cuda replays random programs bit for bit as eager runs them",
           "[cuda][static][random]") {
   GraphsEnabled use_graphs(true);
