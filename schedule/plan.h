@@ -5,6 +5,7 @@
 // gap). The Executor part runs the steps over an arena with no lookups or allocation.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,7 +53,8 @@ struct CapturedGraph {
   uint64_t last_use = 0;
 };
 
-// Per-call working state of one arena; reused by later calls once released.
+// Per-call working state of one arena; reused by later calls once released. A block belongs to
+// one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between threads.
 struct Block {
   void* arena = nullptr;
   std::vector<BufferView> views;
@@ -77,6 +79,7 @@ struct Block {
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   std::vector<CapturedGraph> graphs[2];  // forward, backward
+  cuda::EventTimeline timeline;          // profiled CUDA runs
 };
 
 // How a plan's CUDA replays ran.
@@ -104,7 +107,8 @@ class Plan {
   int recorded_forward() const { return recorded_forward_; }
   // Per buffer: its escape slot (own storage each call), or -1.
   int escape_slot(int buf) const { return escape_[buf]; }
-  int arena_blocks() const { return static_cast<int>(blocks_.size()); }
+  // Arenas allocated so far (one per call that was under way at once).
+  int arena_blocks() const;
   // Buffers of the forward results (after the Copy pass) and of the gradients. A result is in
   // an escaping buffer, or in a bound one (argument, parameter, external): a view of it.
   const std::vector<Operand>& results() const { return results_; }
@@ -119,6 +123,8 @@ class Plan {
   const std::vector<int>& forward_escapes() const { return fwd_escapes_; }
   const std::vector<int>& backward_escapes() const { return bwd_escapes_; }
 
+  // A free block for one call (a new arena when every block is taken), and its return. Safe
+  // from several threads at once; the replay itself takes no lock.
   Block* acquire();
   void release(Block* b);
 
@@ -136,7 +142,7 @@ class Plan {
   // launch (captured on first use, and again when bound addresses change) unless graphs are off or
   // capture failed (graph_stats().fallback).
   void run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots = nullptr);
-  const GraphStats& graph_stats() const { return graph_stats_; }
+  GraphStats graph_stats() const;
 
   // ---- Schedule dump ----
   // Names of what a call binds: arguments by position, watched parameters by slot.
@@ -196,7 +202,9 @@ class Plan {
   std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
 
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
+  std::once_flag profile_args_once_;
 
+  mutable std::mutex pool_mu_;  // guards blocks_ and free_
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Block*> free_;
 
@@ -209,9 +217,13 @@ class Plan {
   std::vector<int> staged_both_;   // staged buffers both phases read
   std::vector<int> random_steps_;  // in step order: step r uses {seed, offset} pair r
   size_t random_forward_ = 0;      // random steps of the forward (they come first)
-  uint64_t graph_clock_ = 0;       // for least-recently-used eviction
-  GraphStats graph_stats_;
-  cuda::EventTimeline timeline_;  // profiled CUDA runs
+  std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
+  // GraphStats, counted by concurrent calls; the fallback reason is written once, under its
+  // mutex, before `graphs_off_` is set.
+  std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0};
+  std::atomic<bool> graphs_off_{false};
+  mutable std::mutex fallback_mu_;
+  std::string fallback_;
 };
 
 // A Graphviz string literal: `s` in double quotes, with quotes, backslashes and newlines

@@ -223,9 +223,15 @@ void Plan::fuse_elementwise() {
     return true;
   };
 
-  std::vector<int> group_of(bufs.size(), -1);  // per buffer: the run producing it (its start)
-  std::vector<int> reg(bufs.size(), -1);       // per buffer: its register in the current run
-  std::vector<int> last_in(bufs.size(), -1);   // per buffer: its last read inside the run
+  // A buffer read with the run's element count and one read as a broadcast single element are
+  // two inputs (two arguments may alias one buffer with different shapes): reg and last_in are
+  // per read, indexed by read_key.
+  auto read_key = [](const Operand& o, int64_t numel) {
+    return 2 * o.buf + (o.shape.numel() == 1 && numel > 1);
+  };
+  std::vector<int> group_of(bufs.size(), -1);     // per buffer: the run producing it (its start)
+  std::vector<int> reg(2 * bufs.size(), -1);      // per read: its register in the current run
+  std::vector<int> last_in(2 * bufs.size(), -1);  // per read: its last inside the run
   std::vector<Step> steps;
   int n_forward = 0;
   for (int t = 0; t < n;) {
@@ -239,11 +245,12 @@ void Plan::fuse_elementwise() {
       int inputs = 0;
       while (e < phase_end && e - t < FusedProgram::kMaxSteps && joins(all_[e], dtype, numel)) {
         int fresh = 0;  // inputs the run does not read yet (one counted twice at worst)
-        for (const Operand& i : all_[e].in) fresh += group_of[i.buf] != t && last_in[i.buf] < t;
+        for (const Operand& i : all_[e].in)
+          fresh += group_of[i.buf] != t && last_in[read_key(i, numel)] < t;
         if (inputs + fresh > FusedProgram::kMaxInputs) break;
         for (const Operand& i : all_[e].in) {
-          if (group_of[i.buf] != t && last_in[i.buf] < t) ++inputs;
-          last_in[i.buf] = e;
+          if (group_of[i.buf] != t && last_in[read_key(i, numel)] < t) ++inputs;
+          last_in[read_key(i, numel)] = e;
         }
         group_of[all_[e].out[0].buf] = t;
         ++e;
@@ -263,36 +270,37 @@ void Plan::fuse_elementwise() {
     Step fused{Op::FusedElementwise, AttrBlob::of(FusedAttrs{program.get()}), -1, {}, {}};
     // Inputs in order of first read; then which produced values leave the run (outputs) and
     // which live in scratch slots, reused once their last reader inside the run has read them.
+    // A value the run produces has its element count: its read key is 2 * buffer.
     std::vector<int> touched;
     for (int j = t; j < e; ++j)
       for (const Operand& i : all_[j].in)
-        if (group_of[i.buf] != t && reg[i.buf] < 0) {
-          if (i.shape.numel() == 1 && p.numel > 1) p.broadcast |= uint64_t{1} << p.n_in;
-          reg[i.buf] = p.n_in++;
-          touched.push_back(i.buf);
+        if (const int k = read_key(i, p.numel); group_of[i.buf] != t && reg[k] < 0) {
+          if (k % 2) p.broadcast |= uint64_t{1} << p.n_in;
+          reg[k] = p.n_in++;
+          touched.push_back(k);
           fused.in.push_back(i);
         }
     auto scratch_slot = [&](int b) {  // the scratch slot holding b, or -1
-      const int k = reg[b] - p.n_in;
+      const int k = reg[2 * b] - p.n_in;
       return group_of[b] == t && k >= 0 && k < FusedProgram::kMaxScratch ? k : -1;
     };
     bool used[FusedProgram::kMaxScratch] = {};
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
       for (const Operand& i : s.in)  // a value read for the last time frees its slot
-        if (const int k = scratch_slot(i.buf); k >= 0 && last_in[i.buf] == j) used[k] = false;
+        if (const int k = scratch_slot(i.buf); k >= 0 && last_in[2 * i.buf] == j) used[k] = false;
       const int b = s.out[0].buf;
-      touched.push_back(b);
+      touched.push_back(2 * b);
       int free_slot = -1;
-      if (escape_[b] < 0 && last_read[b] < e && last_in[b] >= 0)
+      if (escape_[b] < 0 && last_read[b] < e && last_in[2 * b] >= 0)
         for (int k = 0; k < FusedProgram::kMaxScratch && free_slot < 0; ++k)
           if (!used[k]) free_slot = k;
       if (free_slot >= 0) {
         used[free_slot] = true;
-        reg[b] = p.scratch_reg(free_slot);
+        reg[2 * b] = p.scratch_reg(free_slot);
         p.n_scratch = std::max(p.n_scratch, free_slot + 1);
       } else {  // read after the run, or no slot free
-        reg[b] = p.out_reg(p.n_out++);
+        reg[2 * b] = p.out_reg(p.n_out++);
         p.out_instr.push_back(j - t);
         fused.out.push_back(s.out[0]);
       }
@@ -301,14 +309,14 @@ void Plan::fuse_elementwise() {
       const Step& s = all_[j];
       FusedInstr ins;
       ins.op = s.op;
-      ins.out = static_cast<uint8_t>(reg[s.out[0].buf]);
-      ins.a = static_cast<uint8_t>(reg[s.in[0].buf]);
-      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[s.in[1].buf]) : ins.a;
+      ins.out = static_cast<uint8_t>(reg[2 * s.out[0].buf]);
+      ins.a = static_cast<uint8_t>(reg[read_key(s.in[0], p.numel)]);
+      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[read_key(s.in[1], p.numel)]) : ins.a;
       if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
       p.instrs.push_back(ins);
       p.trace_index.push_back(s.index);
     }
-    for (int b : touched) reg[b] = -1;
+    for (int k : touched) reg[k] = -1;
     programs_.push_back(std::move(program));
     steps.push_back(std::move(fused));
     t = e;
@@ -460,10 +468,13 @@ void Plan::build_steps() {
 }
 
 Block* Plan::acquire() {
-  if (!free_.empty()) {
-    Block* b = free_.back();
-    free_.pop_back();
-    return b;
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    if (!free_.empty()) {
+      Block* b = free_.back();
+      free_.pop_back();
+      return b;
+    }
   }
   auto b = std::make_unique<Block>();
   if (memory_.arena_bytes > 0)
@@ -479,8 +490,10 @@ Block* Plan::acquire() {
     b->escape_fixed.resize(escapes_);
     b->staging.resize(stage_slots_);
   }
+  Block* out = b.get();
+  std::lock_guard<std::mutex> l(pool_mu_);
   blocks_.push_back(std::move(b));
-  return blocks_.back().get();
+  return out;
 }
 
 void Plan::release(Block* b) {
@@ -489,7 +502,25 @@ void Plan::release(Block* b) {
   for (auto& s : b->own) s.reset();
   b->backward_done = false;
   b->forward_staged = false;
+  std::lock_guard<std::mutex> l(pool_mu_);
   free_.push_back(b);
+}
+
+int Plan::arena_blocks() const {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  return static_cast<int>(blocks_.size());
+}
+
+GraphStats Plan::graph_stats() const {
+  GraphStats s;
+  s.launches = graph_launches_.load(std::memory_order_relaxed);
+  s.captures = graph_captures_.load(std::memory_order_relaxed);
+  s.stream_replays = stream_replays_.load(std::memory_order_relaxed);
+  if (graphs_off_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> l(fallback_mu_);
+    s.fallback = fallback_;
+  }
+  return s;
 }
 
 void Plan::allocate_escapes(Block& b, bool backward) {
@@ -549,12 +580,12 @@ void Plan::run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots) {
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
     if (begin < end && snapshots == nullptr && !profiler::active() &&
-        graph_stats_.fallback.empty() && cuda::graphs_enabled()) {
+        !graphs_off_.load(std::memory_order_acquire) && cuda::graphs_enabled()) {
       run_graph(b, backward, begin, end);
       finish_copy_out(b);
       return;
     }
-    ++graph_stats_.stream_replays;
+    stream_replays_.fetch_add(1, std::memory_order_relaxed);
     if (!backward) b.forward_staged = false;
   }
   if (profiler::active()) [[unlikely]]
@@ -612,9 +643,9 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
     for (size_t k = p0; k < p1 && same; ++k)
       same = g.key[k - p0] == b.views[patches_[k].first].data;
     if (!same) continue;
-    g.last_use = ++graph_clock_;
+    g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     g.graph.launch(stream);
-    ++graph_stats_.launches;
+    graph_launches_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), then
@@ -634,14 +665,19 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
   }
   if (!failure.empty()) {
     // Capture is impossible for this schedule: replay it on the stream from now on.
-    graph_stats_.fallback = cat(backward ? "backward" : "forward", " capture failed: ", failure);
+    {
+      std::lock_guard<std::mutex> l(fallback_mu_);
+      if (!graphs_off_.load(std::memory_order_relaxed))
+        fallback_ = cat(backward ? "backward" : "forward", " capture failed: ", failure);
+      graphs_off_.store(true, std::memory_order_release);
+    }
     graphs.clear();
-    ++graph_stats_.stream_replays;
+    stream_replays_.fetch_add(1, std::memory_order_relaxed);
     run_steps<false>(b, begin, end, nullptr, /*device_random=*/true);
     return;
   }
-  ++graph_stats_.captures;
-  fresh.last_use = ++graph_clock_;
+  graph_captures_.fetch_add(1, std::memory_order_relaxed);
+  fresh.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   CapturedGraph* g = nullptr;
   if (graphs.size() < kMaxGraphsPerPhase) {
     g = &graphs.emplace_back(std::move(fresh));
@@ -651,7 +687,7 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
     *g = std::move(fresh);
   }
   g->graph.launch(stream);
-  ++graph_stats_.launches;
+  graph_launches_.fetch_add(1, std::memory_order_relaxed);
 }
 
 template <bool kProfile>
@@ -669,20 +705,22 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
     times = &step_times();
     times->clear();
     shapes = profiler::recording_shapes();
-    if (shapes && profile_args_.empty()) {
-      profile_args_.reserve(steps_.size());
-      for (const ExecStep& s : steps_) {
-        const BufferView* sv = view_template_.data() + s.view;
-        profile_args_.push_back(
-            intern(profiler::shapes_text(std::span<const BufferView>(sv, s.n_in),
-                                         std::span<const BufferView>(sv + s.n_in, s.n_out))));
-      }
+    if (shapes) {
+      std::call_once(profile_args_once_, [this] {
+        profile_args_.reserve(steps_.size());
+        for (const ExecStep& s : steps_) {
+          const BufferView* sv = view_template_.data() + s.view;
+          profile_args_.push_back(
+              intern(profiler::shapes_text(std::span<const BufferView>(sv, s.n_in),
+                                           std::span<const BufferView>(sv + s.n_in, s.n_out))));
+        }
+      });
     }
     t = profiler::ticks();
     if (cuda) {
       stream = cuda::current_stream(device_.index);
-      timeline_.clear();
-      timeline_.mark(stream);
+      b.timeline.clear();
+      b.timeline.mark(stream);
     }
   }
   for (int i = begin; i < end; ++i) {
@@ -708,7 +746,7 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
       times->push_back({s.op, backward, backward ? i - n_forward_ : i,
                         shapes ? profile_args_[i] : std::string_view(), t, now});
       t = now;
-      if (cuda) timeline_.mark(stream);
+      if (cuda) b.timeline.mark(stream);
     }
     if (snapshots != nullptr) {
       // Per recorded step, as the recorder keeps them.
@@ -733,7 +771,7 @@ void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* sn
     if (cuda) {
       // A step's time is its device time (its launch is only queued), laid end to end from
       // the first launch.
-      const std::vector<int64_t> ns = timeline_.take_intervals_ns();
+      const std::vector<int64_t> ns = b.timeline.take_intervals_ns();
       int64_t at = times->empty() ? 0 : times->front().start;
       for (size_t k = 0; k < times->size() && k < ns.size(); ++k) {
         (*times)[k].start = at;

@@ -66,7 +66,12 @@ struct ArgSig {
   DType dtype;
   Device device;
   bool requires_grad;
-  int alias_of;  // the first argument sharing its storage, or -1
+  // Aliasing between arguments: the first earlier argument that is this very tensor (the
+  // function's graph then has one leaf for both), and the first earlier argument on the same
+  // storage with the byte offset from it (the schedule binds one buffer per storage and offset).
+  int same_as = -1;
+  int shares_with = -1;
+  int64_t shared_offset = 0;
 };
 
 struct Signature {
@@ -76,12 +81,23 @@ struct Signature {
   std::string key;
 };
 
-int alias_of(std::span<const Tensor> args, size_t i) {
-  for (size_t j = 0; j < i; ++j)
-    if (args[j].impl()->storage == args[i].impl()->storage &&
-        args[j].impl()->offset == args[i].impl()->offset)
-      return static_cast<int>(j);
-  return -1;
+int64_t byte_offset(const TensorImpl& t) {
+  return t.offset * static_cast<int64_t>(itemsize(t.dtype));
+}
+
+// The aliasing fields of argument i's ArgSig.
+void alias_of(std::span<const Tensor> args, size_t i, ArgSig& a) {
+  const TensorImpl& t = *args[i].impl();
+  a.same_as = a.shares_with = -1;
+  a.shared_offset = 0;
+  for (size_t j = 0; j < i; ++j) {
+    const TensorImpl& u = *args[j].impl();
+    if (a.same_as < 0 && &u == &t) a.same_as = static_cast<int>(j);
+    if (a.shares_with < 0 && u.storage == t.storage) {
+      a.shares_with = static_cast<int>(j);
+      a.shared_offset = byte_offset(t) - byte_offset(u);
+    }
+  }
 }
 
 Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode) {
@@ -89,7 +105,8 @@ Signature signature_of(std::span<const Tensor> args, const std::string* key, int
   s.args.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const Tensor& t = args[i];
-    s.args.push_back({t.shape(), t.dtype(), t.device(), t.requires_grad(), alias_of(args, i)});
+    ArgSig& a = s.args.emplace_back(ArgSig{t.shape(), t.dtype(), t.device(), t.requires_grad()});
+    alias_of(args, i, a);
   }
   s.grad = GradMode::enabled();
   s.mode = mode;
@@ -108,9 +125,23 @@ bool matches(const Signature& s, std::span<const Tensor> args, const std::string
         t.storage->device() != a.device)
       return false;
   }
-  for (size_t i = 1; i < args.size(); ++i)
-    if (alias_of(args, i) != s.args[i].alias_of) return false;
+  for (size_t i = 1; i < args.size(); ++i) {
+    ArgSig now;
+    alias_of(args, i, now);
+    const ArgSig& a = s.args[i];
+    if (now.same_as != a.same_as || now.shares_with != a.shares_with ||
+        now.shared_offset != a.shared_offset)
+      return false;
+  }
   return true;
+}
+
+// " (same tensor as argument 0)", " (shares storage with argument 0 at byte offset 16)", "".
+std::string alias_text(const ArgSig& a) {
+  if (a.same_as >= 0) return cat(" (same tensor as argument ", a.same_as, ")");
+  if (a.shares_with < 0) return {};
+  return cat(" (shares storage with argument ", a.shares_with,
+             a.shared_offset == 0 ? std::string() : cat(" at byte offset ", a.shared_offset), ")");
 }
 
 std::string mode_name(int mode) {
@@ -139,8 +170,7 @@ std::string describe(const Signature& s, const Config& c) {
     out += cat(i ? ", " : "",
                i < c.arg_names.size() && !c.arg_names[i].empty() ? c.arg_names[i] : cat("arg", i),
                ": ", a.dtype, a.shape, a.device == Device::cpu() ? "" : cat(" ", a.device),
-               a.requires_grad ? " requires_grad" : "",
-               a.alias_of >= 0 ? cat(" (same tensor as argument ", a.alias_of, ")") : "");
+               a.requires_grad ? " requires_grad" : "", alias_text(a));
   }
   return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode),
              s.key.empty() ? "" : cat("; key '", s.key, "'"));
@@ -178,11 +208,12 @@ std::vector<Change> diff(const Signature& old, const Signature& now, const Confi
       out.push_back({arg + " requires_grad",
                      cat(arg, " requires_grad changed ", a.requires_grad ? "true" : "false", " -> ",
                          b.requires_grad ? "true" : "false")});
-    if (a.alias_of != b.alias_of)
+    if (alias_text(a) != alias_text(b)) {
+      const std::string was = alias_text(a), now = alias_text(b);
       out.push_back(
-          {arg + " aliasing", cat(arg, " aliasing changed (shares storage with ",
-                                  a.alias_of < 0 ? "nothing" : cat("argument ", a.alias_of), " -> ",
-                                  b.alias_of < 0 ? "nothing" : cat("argument ", b.alias_of), ")")});
+          {arg + " aliasing", cat(arg, " aliasing changed", was.empty() ? " (no alias)" : was,
+                                  " ->", now.empty() ? " (no alias)" : now)});
+    }
   }
   if (old.grad != now.grad)
     out.push_back({"grad mode", cat("grad mode changed ", old.grad ? "on" : "off", " -> ",
@@ -211,13 +242,23 @@ struct GradGuard {
   Shape shape;
 };
 
+// Where an entry is in its life. Tracing, it is a placeholder: other calls with its signature
+// run eagerly meanwhile, and only its signature may be read. The trace publishes Ready (planned),
+// Waiting (for the first backward through its outputs) or Eager (unsafe); from Waiting, that
+// backward makes it Ready or Failed, and outputs that die unused make it Abandoned. The state is
+// stored (release) after the fields it publishes are written, and loaded (acquire) before they
+// are read.
+enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned };
+
 struct Entry {
   std::string_view name;  // the function's (interned)
   int64_t id = 0;         // the trace that made it (1, 2, ...)
   int64_t traced_call = 0;
   Signature sig;
-  std::shared_ptr<Recording> rec;  // until planned
-  std::shared_ptr<Plan> plan;
+  std::weak_ptr<StaticGraph::Impl> owner;  // told when the first backward fails
+  std::atomic<EntryState> state{EntryState::Tracing};
+  std::shared_ptr<Recording> rec;
+  std::shared_ptr<Plan> plan;  // Ready
   bool eager_only = false;
   bool node = false;  // results carry a subgraph node
   bool fuse = true;   // fusion_enabled() when the trace began
@@ -225,15 +266,22 @@ struct Entry {
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
-  int64_t hits = 0;
-  bool abandoned = false;  // the traced call's outputs died before any backward reached them
+  int64_t hits = 0;          // guarded by the function's mutex
+  // Failed: why, and how many first backwards of this signature failed in a row (a retrace
+  // carries the count over).
+  std::string failure;
+  int backward_failures = 0;
   // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the
   // old gradients are freed before the new ones are allocated.
   std::vector<int> early_clear;
   // Profiler span names by SpanKind (forward replay ... trace backward), interned on first use,
   // and the arguments its spans carry.
+  std::once_flag span_names_once, span_args_once;
   std::string_view span_names[4];
   std::string_view span_args;
+
+  EntryState load_state() const { return state.load(std::memory_order_acquire); }
+  void publish(EntryState s) { state.store(s, std::memory_order_release); }
 };
 
 // The name of a span of entry `e` (made while profiling only: interned names are never freed).
@@ -243,9 +291,11 @@ std::string_view span_name(std::string_view name, int64_t id, profiler::SpanKind
   return intern(cat(name, " [entry ", id, "] ", kWhat[static_cast<int>(kind)]));
 }
 std::string_view span_name(Entry& e, profiler::SpanKind kind) {
-  std::string_view& n = e.span_names[static_cast<int>(kind)];
-  if (n.empty()) n = span_name(e.name, e.id, kind);
-  return n;
+  std::call_once(e.span_names_once, [&e] {
+    for (int k = 0; k < 4; ++k)
+      e.span_names[k] = span_name(e.name, e.id, static_cast<profiler::SpanKind>(k));
+  });
+  return e.span_names[static_cast<int>(kind)];
 }
 
 const Tensor& leaf_now(const Entry& e, const Leaf& l) {
@@ -275,7 +325,7 @@ std::string guard_failure(const Entry& e) {
                  g.requires_grad ? "true -> false" : "false -> true");
   }
   for (const GradGuard& g : e.grads) {
-    const Leaf& l = (e.plan ? e.plan->recording() : *e.rec).leaves[g.leaf];
+    const Leaf& l = e.rec->leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);
     const Tensor grad = t.defined() ? t.grad() : Tensor();
     if (grad.defined() != g.defined)
@@ -332,10 +382,10 @@ void add_output(const IntrusivePtr<Node>& n, TensorImpl& out) {
   set_gradient_edge(out, n, static_cast<uint32_t>(n->outputs.size() - 1));
 }
 
-// Plans a recording whose schedules are complete.
+// Plans a recording whose schedules are complete. The entry keeps its recording (the plan
+// shares it): calls that check the guards of a Waiting entry read its leaves meanwhile.
 void complete_entry(Entry& e) {
-  e.plan = std::make_shared<Plan>(std::move(e.rec), e.fuse);
-  e.rec.reset();
+  e.plan = std::make_shared<Plan>(e.rec, e.fuse);
 }
 
 Tensor tensor_on(const IntrusivePtr<Storage>& s, const Operand& o) {
@@ -389,53 +439,93 @@ bool set_log_retraces(bool on) {
 
 // ---- StaticGraph ----------------------------------------------------------------------------
 
-struct StaticGraph::Impl {
-  static constexpr size_t kHistory = 64;  // traces kept in stats().traces_history
-  StaticGraph& g;
+// A function's cache and statistics, shared by the threads that call it: `mu` guards the entry
+// list, the statistics and every entry's hit count; an entry's other fields are published by its
+// state (Entry::publish). A call holds the lock to find its entry, never while it traces or
+// replays. Held by shared_ptr, so an entry whose first backward outlives the function can still
+// tell it (weak_ptr).
+struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
+  static constexpr size_t kHistory = 64;   // traces kept in stats().traces_history
+  static constexpr size_t kWarnings = 64;  // warnings kept in stats().warnings
+  static constexpr size_t kSubjects = 64;  // changing signature parts the storm warning tracks
+  // First backwards of one signature that may fail in a row before it runs eagerly for good.
+  static constexpr int kMaxBackwardFailures = 3;
+
+  const Body body;
+  const Config config;
+  const int verify_every;
+  const std::string_view label;  // the name, interned: nodes may outlive the function
+
+  std::mutex mu;
   std::list<std::shared_ptr<Entry>> entries;  // most recently used first
   StaticStats stats;
   std::vector<char> recent;  // whether each of the last calls traced (ring of 10)
   size_t recent_pos = 0;
   int64_t last_storm_warning = -100;
   std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
-  int verify_every;
-  std::string_view label;  // the name, interned: nodes may outlive the function
+  std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
 
-  explicit Impl(StaticGraph& graph)
-      : g(graph),
-        verify_every(graph.config_.verify_every > 0 ? graph.config_.verify_every
-                                                    : env_verify_every()),
-        label(intern(graph.config_.name)) {
-    stats.name = graph.config_.name;
+  Impl(Body b, Config c)
+      : body(std::move(b)),
+        config(std::move(c)),
+        verify_every(config.verify_every > 0 ? config.verify_every : env_verify_every()),
+        label(intern(config.name)) {
+    stats.name = config.name;
     recent.assign(10, 0);
   }
 
-  int mode() const { return g.config_.mode ? g.config_.mode() : -1; }
+  int mode() const { return config.mode ? config.mode() : -1; }
+  // With `mu` held.
   void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
   void warn(std::string w) {
-    log_line(w);
-    stats.warnings.push_back(std::move(w));
+    unlogged.push_back(w);
+    if (keep_bounded(stats.warnings, std::move(w), kWarnings)) ++stats.warnings_dropped;
+  }
+  // Releases `lock`, then prints what was noted under it.
+  void unlock_and_log(std::unique_lock<std::mutex>& lock) {
+    std::vector<std::string> lines = std::move(unlogged);
+    unlogged.clear();
+    lock.unlock();
+    for (const std::string& l : lines) log_line(l);
+  }
+  // Appends `item`, keeping the first and the latest `cap` items; whether one was dropped.
+  template <typename T>
+  static bool keep_bounded(std::vector<T>& list, T item, size_t cap) {
+    const bool drop = list.size() >= cap;
+    if (drop) list.erase(list.begin() + 1);
+    list.push_back(std::move(item));
+    return drop;
   }
 
   void call(std::span<const Tensor> args, const std::string* key, std::vector<Tensor>& results);
-  void eager(std::span<const Tensor> args, std::vector<Tensor>& results) {
-    ++stats.eager_calls;
-    g.body_(args, results);
-  }
-  std::shared_ptr<Entry> trace(std::span<const Tensor> args, Signature sig,
-                               std::vector<Tensor>& results);
+  // Traces `e` (a placeholder in the cache): runs the function under a recorder, fills the
+  // entry's fields and plans it when its schedules are complete. Returns why the trace is
+  // unsafe ("" when it is not).
+  std::string trace(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+                    std::vector<Tensor>& results);
   void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
-              std::vector<Tensor>& results);
+              std::vector<Tensor>& results, bool verify);
   std::unique_ptr<VerifyState> run_for_verify(const Entry& e, std::span<const Tensor> args);
-  void after_trace(const std::string& reason, const std::vector<Change>& changes, double ms);
+  void after_trace(const Entry& e, const std::string& reason, const std::vector<Change>& changes,
+                   double ms);
+  // The first backward through the outputs of a trace of `e` failed (e is Failed).
+  void backward_failed(const Entry& e);
 
   // Runs the function eagerly under `recorder` on leaves standing for its arguments (so the
-  // backward of its graph stops at the subgraph's boundary), returned in `aliases`.
+  // backward of its graph stops at the subgraph's boundary), returned in `aliases`. An argument
+  // passed twice has one alias, so the function's graph has one leaf for it, as eagerly.
   std::vector<Tensor> run_recorded(Recorder& recorder, std::span<const Tensor> args,
                                    const std::vector<ParamSlot>& slots,
                                    std::vector<Tensor>& aliases) {
     aliases.clear();
-    for (const Tensor& a : args) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Tensor& a = args[i];
+      const auto same = std::find_if(args.begin(), args.begin() + i,
+                                     [&a](const Tensor& b) { return b.impl() == a.impl(); });
+      if (same != args.begin() + i) {
+        aliases.push_back(aliases[same - args.begin()]);
+        continue;
+      }
       Tensor alias = a.detach();
       if (a.requires_grad()) alias.set_requires_grad(true);
       aliases.push_back(std::move(alias));
@@ -444,49 +534,72 @@ struct StaticGraph::Impl {
     recorder.add_watched(slots);
     std::vector<Tensor> results;
     TracerScope scope(&recorder);
-    g.body_(aliases, results);
+    body(aliases, results);
     return results;
   }
 };
 
 void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* key,
                              std::vector<Tensor>& results) {
-  ++stats.calls;
   for (size_t i = 0; i < args.size(); ++i)
-    ENCORE_CHECK(args[i].defined(), g.config_.name, ": ", arg_label(g.config_, i),
+    ENCORE_CHECK(args[i].defined(), config.name, ": ", arg_label(config, i),
                  " is an undefined tensor");
   // Off, or inside another static function's trace (which records these ops itself).
   if (!enabled() || current_tracer() != nullptr) {
-    note_call(false);
-    return eager(args, results);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      ++stats.calls;
+      ++stats.eager_calls;
+      note_call(false);
+    }
+    return body(args, results);
   }
   const bool grad = GradMode::enabled();
   const int m = mode();
+  std::unique_lock<std::mutex> lock(mu);
+  ++stats.calls;
   std::string guard_reason;
+  int failures = 0;  // failed first backwards of this signature, carried into its next trace
   for (auto it = entries.begin(); it != entries.end(); ++it) {
-    if (!matches((*it)->sig, args, key, grad, m)) continue;
-    if ((*it)->abandoned) {
-      guard_reason =
-          "no backward reached the outputs of the previous trace (evaluating in grad "
-          "mode? wrap it in NoGradGuard)";
+    Entry& e = **it;
+    if (!matches(e.sig, args, key, grad, m)) continue;
+    const EntryState state = e.load_state();
+    if (state == EntryState::Abandoned ||
+        (state == EntryState::Failed && e.backward_failures < kMaxBackwardFailures)) {
+      guard_reason = state == EntryState::Abandoned
+                         ? "no backward reached the outputs of the previous trace (evaluating in "
+                           "grad mode? wrap it in NoGradGuard)"
+                         : cat("the first backward of the previous trace failed (", e.failure, ")");
+      if (state == EntryState::Failed) failures = e.backward_failures;
       entries.erase(it);
       break;
     }
-    std::string why = guard_failure(**it);
-    if (!why.empty()) {
-      if (guard_reason.empty()) guard_reason = std::move(why);
-      continue;
+    if (state != EntryState::Tracing) {
+      std::string why = guard_failure(e);
+      if (!why.empty()) {
+        if (guard_reason.empty()) guard_reason = std::move(why);
+        continue;
+      }
     }
-    std::shared_ptr<Entry> e = *it;
+    std::shared_ptr<Entry> hit = *it;
     entries.splice(entries.begin(), entries, it);
     note_call(false);
-    if (e->eager_only || !e->plan) return eager(args, results);
-    ++e->hits;
+    if (state != EntryState::Ready) {
+      // Being traced by another call, waiting for its first backward, unsafe, or its first
+      // backward failed too often: the function runs eagerly.
+      ++stats.eager_calls;
+      lock.unlock();
+      return body(args, results);
+    }
+    const int64_t hits = ++hit->hits;
     ++stats.hits;
-    return replay(e, args, results);
+    const bool verify = verify_every > 0 && hits % verify_every == 0;
+    lock.unlock();
+    return replay(hit, args, results, verify);
   }
 
-  // A new signature: trace it.
+  // A new signature: a placeholder entry, so that concurrent calls with it run eagerly while
+  // this one traces outside the lock.
   const auto t0 = std::chrono::steady_clock::now();
   Signature sig = signature_of(args, key, m);
   std::vector<Change> ch;
@@ -496,36 +609,53 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   } else if (entries.empty()) {
     reason = "first call";
   } else {
-    ch = diff(entries.front()->sig, sig, g.config_);
+    ch = diff(entries.front()->sig, sig, config);
     for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
   }
   note_call(true);
-  std::shared_ptr<Entry> e;
-  {
-    profiler::ScopedSpan span({}, profiler::SpanKind::Trace);
-    if (span.recording()) {
-      span.set_name(span_name(g.config_.name, stats.traces + 1, profiler::SpanKind::Trace));
-      span.set_args(intern(cat("reason: ", reason, "; signature: ", describe(sig, g.config_))));
-    }
-    e = trace(args, std::move(sig), results);
-  }
+  auto e = std::make_shared<Entry>();
+  e->name = label;
+  e->id = ++stats.traces;
+  e->traced_call = stats.calls;
+  e->fuse = fusion_enabled();
+  e->sig = std::move(sig);
+  e->owner = weak_from_this();
+  e->backward_failures = failures;
   entries.push_front(e);
-  while (static_cast<int>(entries.size()) > std::max(1, g.config_.cache_limit)) {
+  while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
     ++stats.evictions;
-    warn(cat(g.config_.name, ": cache full (", g.config_.cache_limit,
+    warn(cat(config.name, ": cache full (", config.cache_limit,
              " entries); evicted the least recently used signature (",
-             describe(entries.back()->sig, g.config_), ")"));
+             describe(entries.back()->sig, config), ")"));
     entries.pop_back();
   }
-  after_trace(reason, ch, ms_since(t0));
+  unlock_and_log(lock);
+
+  std::string unsafe;
+  try {
+    profiler::ScopedSpan span({}, profiler::SpanKind::Trace);
+    if (span.recording()) {
+      span.set_name(span_name(*e, profiler::SpanKind::Trace));
+      span.set_args(intern(cat("reason: ", reason, "; signature: ", describe(e->sig, config))));
+    }
+    unsafe = trace(e, args, results);
+  } catch (...) {
+    lock.lock();
+    entries.remove(e);
+    throw;
+  }
+  lock.lock();
+  e->publish(e->eager_only ? EntryState::Eager : e->node ? EntryState::Waiting : EntryState::Ready);
+  if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
+  after_trace(*e, reason, ch, ms_since(t0));
+  unlock_and_log(lock);
 }
 
-void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector<Change>& ch,
-                                    double ms) {
-  ++stats.traces;
+void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
+                                    const std::vector<Change>& ch, double ms) {
   RetraceEvent ev;
-  ev.trace = stats.traces;
-  ev.call = stats.calls;
+  ev.trace = e.id;
+  ev.call = e.traced_call;
   ev.cost_ms = ms;
   ev.reason = reason;
   ev.entries = static_cast<int>(entries.size());
@@ -533,18 +663,21 @@ void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector
   std::snprintf(cost, sizeof cost, ms < 10 ? "%.2f" : "%.1f", ms);
   ev.message =
       ev.trace == 1
-          ? cat(g.config_.name, ": trace (cost ", cost, " ms): ", reason, "; cache now ",
-                ev.entries, ev.entries == 1 ? " entry" : " entries")
-          : cat(g.config_.name, ": retrace #", ev.trace - 1, " (cost ", cost, " ms): ", reason,
+          ? cat(config.name, ": trace (cost ", cost, " ms): ", reason, "; cache now ", ev.entries,
+                ev.entries == 1 ? " entry" : " entries")
+          : cat(config.name, ": retrace #", ev.trace - 1, " (cost ", cost, " ms): ", reason,
                 "; cache now ", ev.entries, ev.entries == 1 ? " entry" : " entries");
-  if (g_log_retraces.load()) log_line(ev.message);
+  if (g_log_retraces.load()) unlogged.push_back(ev.message);
   // The history keeps the first trace and the latest ones, so a storm cannot grow it forever.
-  if (stats.traces_history.size() >= kHistory)
-    stats.traces_history.erase(stats.traces_history.begin() + 1);
-  stats.traces_history.push_back(ev);
+  keep_bounded(stats.traces_history, std::move(ev), kHistory);
   for (const Change& c : ch) {
     if (c.value < 0) continue;
-    std::vector<int64_t>& values = changes[c.subject];
+    auto it = changes.find(c.subject);
+    if (it == changes.end()) {
+      if (changes.size() >= kSubjects) continue;
+      it = changes.emplace(c.subject, std::vector<int64_t>()).first;
+    }
+    std::vector<int64_t>& values = it->second;
     if (values.size() >= 16) values.erase(values.begin());
     values.push_back(c.value);
   }
@@ -565,13 +698,26 @@ void StaticGraph::Impl::after_trace(const std::string& reason, const std::vector
           seen += cat(seen.empty() ? "" : ", ", values[i]);
         what = cat(subject, " keeps changing (recent values ", seen, ")");
       }
-    warn(cat(g.config_.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
+    warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
              ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
              "raise cache_limit (now ",
-             g.config_.cache_limit,
+             config.cache_limit,
              ") if only a few values occur, or run this function "
              "eagerly (ENCORE_STATIC=0)"));
   }
+}
+
+void StaticGraph::Impl::backward_failed(const Entry& e) {
+  std::unique_lock<std::mutex> lock(mu);
+  ++stats.failed_backwards;
+  warn(e.backward_failures < kMaxBackwardFailures
+           ? cat(config.name, ": the first backward through the outputs of trace ", e.id,
+                 " failed (", e.failure, "); the next call with its signature traces again")
+           : cat(config.name, ": the first backward through the outputs of trace ", e.id,
+                 " failed (", e.failure, "), ", e.backward_failures,
+                 " times in a row for its signature; that signature runs eagerly from now on "
+                 "(clear() traces it again)"));
+  unlock_and_log(lock);
 }
 
 namespace {
@@ -585,10 +731,14 @@ struct TraceFrame final : RefCounted {
   std::vector<Tensor> args;     // the call's arguments
   std::vector<Tensor> aliases;  // the arguments as the function saw them (leaves)
   std::vector<Tensor> inner;    // its differentiable results, with their graph
-  std::vector<int> node_args;   // arguments with a producer: the node's inputs
+  // Arguments with a producer, each tensor once (its first position): the node's inputs.
+  std::vector<int> node_args;
   bool recorded = false;
   ~TraceFrame() override {
-    if (!recorded) entry->abandoned = true;
+    EntryState waiting = EntryState::Waiting;
+    if (!recorded)
+      entry->state.compare_exchange_strong(waiting, EntryState::Abandoned,
+                                           std::memory_order_acq_rel);
   }
 };
 
@@ -596,39 +746,31 @@ void trace_backward(BackwardContext& ctx);
 
 }  // namespace
 
-std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Signature sig,
-                                                std::vector<Tensor>& results) {
-  auto e = std::make_shared<Entry>();
-  e->name = label;
-  e->id = stats.traces + 1;
-  e->traced_call = stats.calls;
-  e->fuse = fusion_enabled();
-  e->sig = std::move(sig);
-  if (g.config_.params) e->slots = g.config_.params();
+std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
+                                     std::span<const Tensor> args, std::vector<Tensor>& results) {
+  Entry& e = *entry;
+  if (config.params) e.slots = config.params();
   auto rec = std::make_shared<Recording>();
-  auto recorder = std::make_unique<Recorder>(*rec, g.config_.name,
-                                             g.config_.on_unsafe == OnUnsafe::Error, false);
+  auto recorder =
+      std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
   std::vector<Tensor> aliases;
-  const std::vector<Tensor> inner = run_recorded(*recorder, args, e->slots, aliases);
+  const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
   for (const Tensor& r : inner) {
-    ENCORE_CHECK(r.defined(), g.config_.name, ": the function returned an undefined tensor");
+    ENCORE_CHECK(r.defined(), config.name, ": the function returned an undefined tensor");
     rec->results.push_back(recorder->operand_of(r));
   }
-  if (!rec->unsafe.empty()) {
-    e->eager_only = true;
-    warn(cat(rec->unsafe, " (running this signature eagerly)"));
-  }
+  e.eager_only = !rec->unsafe.empty();
 
   const bool node =
       GradMode::enabled() && !rec->saw_backward &&
       std::any_of(inner.begin(), inner.end(), [](const Tensor& t) { return t.requires_grad(); });
-  e->node = node;
+  e.node = node;
   // Guards: watched parameters' shapes; the state of .grad the trace depended on.
   for (size_t b = 0; b < rec->buffers.size(); ++b) {
     const Buffer& buf = rec->buffers[b];
     if (buf.kind == BufKind::Param)
-      e->params.push_back({static_cast<int>(b), buf.index, buf.bound.shape(), buf.bound.dtype(),
-                           buf.bound.device(), buf.bound.requires_grad()});
+      e.params.push_back({static_cast<int>(b), buf.index, buf.bound.shape(), buf.bound.dtype(),
+                          buf.bound.device(), buf.bound.requires_grad()});
   }
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
@@ -637,22 +779,20 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Si
           return b.kind == BufKind::GradSlot && b.index == static_cast<int>(i);
         });
     if (l.first == Leaf::First::Replaced && !entry_read)
-      e->early_clear.push_back(static_cast<int>(i));
+      e.early_clear.push_back(static_cast<int>(i));
     if (l.first == Leaf::First::EngineSet)
-      e->grads.push_back({static_cast<int>(i), false, Shape()});
+      e.grads.push_back({static_cast<int>(i), false, Shape()});
     else if (l.first == Leaf::First::Read)
-      e->grads.push_back({static_cast<int>(i), true, l.entry_grad.shape()});
+      e.grads.push_back({static_cast<int>(i), true, l.entry_grad.shape()});
   }
+  e.rec = rec;
 
   results.clear();
   if (!node) {
     // Results leave the trace cut from its graph (a whole step already ran its backward).
     for (const Tensor& r : inner) results.push_back(r.requires_grad() ? r.detach() : r);
-    if (!e->eager_only) {
-      e->rec = std::move(rec);
-      complete_entry(*e);
-    }
-    return e;
+    if (!e.eager_only) complete_entry(e);
+    return rec->unsafe;
   }
 
   // The subgraph node: its inputs are the arguments with a producer (leaves, parameters
@@ -660,7 +800,7 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Si
   // results.
   auto frame = make_intrusive<TraceFrame>();
   for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].requires_grad() && !args[i].is_leaf())
+    if (args[i].requires_grad() && !args[i].is_leaf() && e.sig.args[i].same_as < 0)
       frame->node_args.push_back(static_cast<int>(i));
   for (size_t k = 0; k < inner.size(); ++k)
     if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
@@ -676,23 +816,55 @@ std::shared_ptr<Entry> StaticGraph::Impl::trace(std::span<const Tensor> args, Si
     }
     results.push_back(std::move(out));
   }
-  frame->entry = e;
+  frame->entry = entry;
   frame->rec = rec;
   frame->recorder = std::move(recorder);
   frame->aliases = std::move(aliases);
   frame->args.assign(args.begin(), args.end());
-  e->rec = rec;
-  if (e->eager_only) frame->recorded = true;  // nothing to record; just the gradients
+  if (e.eager_only) frame->recorded = true;  // nothing to record; just the gradients
   n->payload = std::move(frame);
-  return e;
+  return rec->unsafe;
 }
 
 namespace {
+
+// Records the first backward of a traced call and plans its entry; a failure makes the entry
+// Failed (the next call with its signature traces again) and reaches the caller.
+void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
+  Entry& e = *f.entry;
+  try {
+    f.recorder->set_phase(Recorder::Phase::Backward);
+    for (size_t k = 0; k < grads_out.size(); ++k)
+      f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
+    {
+      TracerScope scope(f.recorder.get());
+      autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+    }
+    if (e.eager_only) return;
+    const Recording& rec = *f.rec;
+    for (size_t b = 0; b < rec.buffers.size(); ++b)
+      if (rec.buffers[b].kind == BufKind::GradIn) {
+        if (e.grad_in.size() <= static_cast<size_t>(rec.buffers[b].index))
+          e.grad_in.resize(rec.buffers[b].index + 1, -1);
+        e.grad_in[rec.buffers[b].index] = static_cast<int>(b);
+      }
+    f.recorder.reset();
+    complete_entry(e);
+    e.publish(EntryState::Ready);
+  } catch (const std::exception& ex) {
+    if (e.eager_only) throw;
+    e.failure = ex.what();
+    ++e.backward_failures;
+    e.publish(EntryState::Failed);
+    if (std::shared_ptr<StaticGraph::Impl> owner = e.owner.lock()) owner->backward_failed(e);
+    throw;
+  }
+}
+
 void trace_backward(BackwardContext& ctx) {
   TraceFrame& f = static_cast<TraceFrame&>(*ctx.payload());
   profiler::ScopedSpan span({}, profiler::SpanKind::TraceBackward);
   if (span.recording()) span.set_name(span_name(*f.entry, profiler::SpanKind::TraceBackward));
-  Recording& rec = *f.rec;
   const bool record = !f.recorded;
   f.recorded = true;
   std::vector<Tensor> grads_out;
@@ -703,31 +875,16 @@ void trace_backward(BackwardContext& ctx) {
   for (size_t i = 0; i < f.aliases.size(); ++i)
     if (f.aliases[i].requires_grad())
       f.aliases[i].impl()->grad = f.args[i].is_leaf() ? f.args[i].impl()->grad : nullptr;
-  if (record) {
-    f.recorder->set_phase(Recorder::Phase::Backward);
-    for (size_t k = 0; k < grads_out.size(); ++k)
-      f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
-    TracerScope scope(f.recorder.get());
+  if (record)
+    record_backward(f, grads_out);
+  else
     autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
-  } else {
-    autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
-  }
   for (size_t i = 0; i < f.aliases.size(); ++i)
     if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
       f.args[i].impl()->grad = f.aliases[i].impl()->grad;
   for (size_t j = 0; j < f.node_args.size(); ++j) {
     Tensor g = f.aliases[f.node_args[j]].grad();
     if (g.defined()) ctx.set_input_grad(static_cast<int>(j), std::move(g));
-  }
-  if (record && !f.entry->eager_only) {
-    for (size_t b = 0; b < rec.buffers.size(); ++b)
-      if (rec.buffers[b].kind == BufKind::GradIn) {
-        if (f.entry->grad_in.size() <= static_cast<size_t>(rec.buffers[b].index))
-          f.entry->grad_in.resize(rec.buffers[b].index + 1, -1);
-        f.entry->grad_in[rec.buffers[b].index] = static_cast<int>(b);
-      }
-    f.recorder.reset();
-    complete_entry(*f.entry);
   }
 }
 }  // namespace
@@ -901,7 +1058,10 @@ void replay_backward(BackwardContext& ctx) {
 // same state.
 std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
                                                                std::span<const Tensor> args) {
-  ++stats.verifications;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ++stats.verifications;
+  }
   const Recording& rec = e.plan->recording();
   std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
   Tensor scratch;
@@ -921,7 +1081,7 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
   const Generator::Stream gen_state = gen.state();
 
   auto vs = std::make_unique<VerifyState>();
-  vs->recorder = std::make_unique<Recorder>(vs->rec, g.config_.name, false, true);
+  vs->recorder = std::make_unique<Recorder>(vs->rec, config.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
   for (auto& [t, bytes] : saved)
     cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
@@ -932,17 +1092,17 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
 }
 
 void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
-                               std::vector<Tensor>& results) {
+                               std::vector<Tensor>& results, bool verify) {
   profiler::ScopedSpan span({}, profiler::SpanKind::ForwardReplay);
   if (span.recording()) {
     span.set_name(span_name(*e, profiler::SpanKind::ForwardReplay));
-    if (e->span_args.empty())
-      e->span_args = intern(cat("signature: ", describe(e->sig, g.config_), "; arena bytes ",
+    std::call_once(e->span_args_once, [&] {
+      e->span_args = intern(cat("signature: ", describe(e->sig, config), "; arena bytes ",
                                 e->plan->memory().arena_bytes, "; steps ", e->plan->forward_steps(),
                                 " forward, ", e->plan->backward_steps(), " backward"));
+    });
     span.set_args(e->span_args);
   }
-  const bool verify = verify_every > 0 && e->hits % verify_every == 0;
   Plan& p = *e->plan;
   const Recording& rec = p.recording();
   std::unique_ptr<VerifyState> vs;
@@ -999,7 +1159,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     }
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
   }
-  if (verify) compare_runs(g.config_.name, p, vs->rec, snaps, false);
+  if (verify) compare_runs(config.name, p, vs->rec, snaps, false);
 
   if (!e->node) return;  // the guard releases the block
   auto frame = make_intrusive<Frame>();
@@ -1021,7 +1181,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
 }
 
 StaticGraph::StaticGraph(Body body, Config config)
-    : body_(std::move(body)), config_(std::move(config)), impl_(std::make_unique<Impl>(*this)) {
+    : impl_(std::make_shared<Impl>(std::move(body), std::move(config))) {
   std::lock_guard<std::mutex> l(g_mu);
   g_registry.push_back(this);
 }
@@ -1031,26 +1191,33 @@ StaticGraph::~StaticGraph() {
   std::erase(g_registry, this);
 }
 
+const Config& StaticGraph::config() const {
+  return impl_->config;
+}
+
 void StaticGraph::call(std::span<const Tensor> args, const std::string* key,
                        std::vector<Tensor>& results) {
   impl_->call(args, key, results);
 }
 
 void StaticGraph::clear() {
+  std::lock_guard<std::mutex> l(impl_->mu);
   impl_->entries.clear();
 }
 
 StaticStats StaticGraph::stats() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
   StaticStats s = impl_->stats;
   s.entries = static_cast<int>(impl_->entries.size());
   for (const auto& e : impl_->entries) {
+    const EntryState state = e->load_state();
     EntryReport r;
     r.id = e->id;
-    r.signature = describe(e->sig, config_);
-    r.complete = e->plan != nullptr;
-    r.eager_only = e->eager_only;
+    r.signature = describe(e->sig, impl_->config);
+    r.complete = state == EntryState::Ready;
+    r.eager_only = state == EntryState::Eager;
     r.hits = e->hits;
-    if (e->plan) {
+    if (state == EntryState::Ready) {
       const MemoryPlan& m = e->plan->memory();
       r.forward_steps = e->plan->forward_steps();
       r.backward_steps = e->plan->backward_steps();
@@ -1059,7 +1226,7 @@ StaticStats StaticGraph::stats() const {
       r.naive_bytes = m.naive_bytes;
       r.in_place_steps = m.in_place_steps;
       r.arenas = e->plan->arena_blocks();
-      const GraphStats& gs = e->plan->graph_stats();
+      const GraphStats gs = e->plan->graph_stats();
       r.graph_launches = gs.launches;
       r.graph_captures = gs.captures;
       r.stream_replays = gs.stream_replays;
@@ -1072,10 +1239,22 @@ StaticStats StaticGraph::stats() const {
 
 namespace {
 
-std::vector<const Entry*> entries_by_id(const std::list<std::shared_ptr<Entry>>& entries) {
-  std::vector<const Entry*> out;
-  for (const auto& e : entries) out.push_back(e.get());
-  std::sort(out.begin(), out.end(), [](const Entry* a, const Entry* b) { return a->id < b->id; });
+// A cache entry as the schedule dump shows it: the entry, its state and its hits when listed.
+struct Listed {
+  std::shared_ptr<const Entry> entry;
+  EntryState state;
+  int64_t hits;
+};
+
+// The cache's entries by id (the trace that made each).
+std::vector<Listed> entries_by_id(StaticGraph::Impl& impl) {
+  std::vector<Listed> out;
+  {
+    std::lock_guard<std::mutex> l(impl.mu);
+    for (const auto& e : impl.entries) out.push_back({e, e->load_state(), e->hits});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Listed& a, const Listed& b) { return a.entry->id < b.entry->id; });
   return out;
 }
 
@@ -1087,9 +1266,21 @@ Plan::Names names_of(const Entry& e, const Config& c) {
 }
 
 // Why an entry has no schedules to show (empty: it has).
-std::string no_schedule(const Entry& e) {
-  if (e.eager_only) return "runs eagerly: its trace was unsafe";
-  if (!e.plan) return "not planned yet: waits for the first backward through its outputs";
+std::string no_schedule(const Entry& e, EntryState state) {
+  switch (state) {
+    case EntryState::Ready:
+      return {};
+    case EntryState::Tracing:
+      return "being traced";
+    case EntryState::Eager:
+      return "runs eagerly: its trace was unsafe";
+    case EntryState::Waiting:
+      return "not planned yet: waits for the first backward through its outputs";
+    case EntryState::Failed:
+      return cat("the first backward through its outputs failed (", e.failure, ")");
+    case EntryState::Abandoned:
+      return "no backward reached the outputs of its trace; the next call traces again";
+  }
   return {};
 }
 
@@ -1117,19 +1308,20 @@ std::string EntryReport::graph_text() const {
 }
 
 std::string StaticGraph::schedule_text() const {
-  const std::vector<const Entry*> es = entries_by_id(impl_->entries);
+  const Config& config_ = impl_->config;
+  const std::vector<Listed> es = entries_by_id(*impl_);
   std::string out = cat("static function '", config_.name, "': ", es.size(),
                         es.size() == 1 ? " cache entry\n" : " cache entries\n");
-  for (const Entry* e : es) {
-    out += cat("\nentry ", e->id, " (traced at call ", e->traced_call, ", ", e->hits,
-               e->hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config_), "\n");
-    if (std::string why = no_schedule(*e); !why.empty()) {
+  for (const auto& [e, state, hits] : es) {
+    out += cat("\nentry ", e->id, " (traced at call ", e->traced_call, ", ", hits,
+               hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config_), "\n");
+    if (std::string why = no_schedule(*e, state); !why.empty()) {
       out += cat("  ", why, "\n");
       continue;
     }
     out += cat("  ", memory_text(*e->plan), "\n");
     if (e->plan->device().type == DeviceType::CUDA) {
-      const GraphStats& gs = e->plan->graph_stats();
+      const GraphStats gs = e->plan->graph_stats();
       out += cat("  on ", e->plan->device(), ": ",
                  graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.fallback), "\n");
     }
@@ -1139,14 +1331,15 @@ std::string StaticGraph::schedule_text() const {
 }
 
 std::string StaticGraph::schedule_dot() const {
+  const Config& config_ = impl_->config;
   std::string out = cat("digraph ", dot_quote(cat("static function '", config_.name, "'")),
                         " {\n  graph [fontname=\"monospace\", fontsize=10];\n"
                         "  node [fontname=\"monospace\", fontsize=10];\n"
                         "  edge [fontname=\"monospace\", fontsize=9];\n");
-  for (const Entry* e : entries_by_id(impl_->entries)) {
+  for (const auto& [e, state, hits] : entries_by_id(*impl_)) {
     const std::string prefix = cat("e", e->id, "_");
     std::string label = cat("entry ", e->id, ": ", describe(e->sig, config_));
-    const std::string why = no_schedule(*e);
+    const std::string why = no_schedule(*e, state);
     label += "\n" + (why.empty() ? memory_text(*e->plan) : why);
     out += cat("  subgraph cluster_e", e->id, " {\n    label=", dot_quote(label), ";\n");
     if (why.empty())
@@ -1159,13 +1352,11 @@ std::string StaticGraph::schedule_dot() const {
 }
 
 std::vector<StaticStats> report_all() {
-  std::vector<StaticGraph*> graphs;
-  {
-    std::lock_guard<std::mutex> l(g_mu);
-    graphs = g_registry;
-  }
+  // Under the registry's lock, so no function is destroyed meanwhile (a function's own lock is
+  // never held while the registry's is taken).
+  std::lock_guard<std::mutex> l(g_mu);
   std::vector<StaticStats> out;
-  for (StaticGraph* g : graphs) out.push_back(g->stats());
+  for (StaticGraph* g : g_registry) out.push_back(g->stats());
   return out;
 }
 

@@ -70,16 +70,22 @@ struct EntryReport {
 
 struct StaticStats {
   std::string name;
-  int64_t calls = 0;        // every call, eager ones included
-  int64_t traces = 0;       // calls that traced
-  int64_t hits = 0;         // calls that replayed
-  int64_t eager_calls = 0;  // calls run eagerly (switch off, unsafe, nested, waiting backward)
+  int64_t calls = 0;   // every call, eager ones included
+  int64_t traces = 0;  // calls that traced
+  int64_t hits = 0;    // calls that replayed
+  // Calls run eagerly: switch off, unsafe, nested, waiting for the first backward, or while
+  // another thread traces their signature.
+  int64_t eager_calls = 0;
   int64_t evictions = 0;
-  int64_t verifications = 0;  // replays checked against eager
+  int64_t verifications = 0;     // replays checked against eager
+  int64_t failed_backwards = 0;  // recorded first backwards that failed (each retraces)
   int entries = 0;
   std::vector<RetraceEvent> traces_history;  // the first trace and the latest (up to 64)
-  std::vector<std::string> warnings;         // retrace storms, evictions, unsafe traces
-  std::vector<EntryReport> cache;            // most recently used first
+  // Retrace storms, evictions, unsafe traces, failed first backwards: the first and the latest
+  // (up to 64); `warnings_dropped` counts those left out.
+  std::vector<std::string> warnings;
+  int64_t warnings_dropped = 0;
+  std::vector<EntryReport> cache;  // most recently used first
 };
 
 // The process-wide switch (ENCORE_STATIC=0 starts it off).
@@ -115,14 +121,12 @@ class StaticGraph {
   // The same as a Graphviz digraph: a cluster per entry, in it one per schedule.
   std::string schedule_dot() const;
   void clear();
-  const Config& config() const { return config_; }
+  const Config& config() const;
 
   struct Impl;
 
  private:
-  Body body_;
-  Config config_;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 // Every live StaticGraph's stats, in creation order.

@@ -151,6 +151,13 @@ struct Program {
   bool update_params = false;  // parameters get new values (in place) between calls
   bool preset_grads = false;   // leaves needing a gradient have a .grad before the first call
   GradState param_grads = GradState::Kept;
+  // Aliased arguments, at every call: argument `alias_arg` is the very tensor of argument
+  // `alias_of` (alias_same), or a view into one storage with it, starting `alias_shift`
+  // elements after it (the two overlap unless the shift passes its end). -1: none.
+  int alias_arg = -1;
+  int alias_of = -1;
+  bool alias_same = false;
+  int64_t alias_shift = 0;
 
   std::string listing() const;
 };
@@ -234,6 +241,10 @@ inline std::string Program::listing() const {
     s << "; between calls running statistics overwritten in place";
   if (random) s << "; a dropout draws on every call (call D replays C's inputs)";
   if (preset_grads) s << "; arguments (at every call) and parameters start with a .grad";
+  if (alias_arg >= 0)
+    s << "; argument " << alias_arg
+      << (alias_same ? " is the same tensor as argument " : " shares one storage with argument ")
+      << alias_of << (alias_same ? "" : absl::StrCat(", ", alias_shift, " elements after it"));
   return s.str();
 }
 

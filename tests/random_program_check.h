@@ -255,12 +255,37 @@ inline Tensor make_leaf(const Program& p, const Leaf& l, const std::vector<doubl
   return t;
 }
 
+// Makes argument alias_arg the tensor of argument alias_of, or puts both into one storage as
+// views alias_shift elements apart (alias_of's values win where they overlap).
+inline void alias_args(const Program& p, std::vector<Tensor>& args) {
+  if (p.alias_same) {
+    args[p.alias_arg] = args[p.alias_of];
+    return;
+  }
+  const Tensor a = args[p.alias_of], b = args[p.alias_arg];
+  const int64_t shift = p.alias_shift;
+  const Device device = a.device();
+  const size_t item = itemsize(a.dtype());
+  Tensor base = Tensor::empty(Shape{std::max(a.numel(), shift + b.numel())}, a.dtype(), device);
+  char* at = static_cast<char*>(base.raw_data());
+  cuda::copy_bytes(at + shift * item, device, b.raw_data(), device, b.nbytes());
+  cuda::copy_bytes(at, device, a.raw_data(), device, a.nbytes());
+  auto view = [&base](const Tensor& like, int64_t offset) {
+    Tensor v(make_intrusive<TensorImpl>(base.impl()->storage, offset, like.shape(), like.dtype()));
+    if (like.requires_grad()) v.set_requires_grad();
+    return v;
+  };
+  args[p.alias_of] = view(a, 0);
+  args[p.alias_arg] = view(b, shift);
+}
+
 // The arguments of one call, in argument order.
 inline std::vector<Tensor> make_args(const Program& p, const CallData& d, Device device) {
   std::vector<Tensor> args(p.num_args);
   for (size_t i = 0; i < p.leaves.size(); ++i)
     if (!p.leaves[i].param)
       args[p.leaves[i].index] = make_leaf(p, p.leaves[i], d.leaves[i], device);
+  if (p.alias_arg >= 0) alias_args(p, args);
   return args;
 }
 
@@ -470,6 +495,9 @@ struct Coverage {
   int64_t with_states = 0;                // programs with running statistics
   int64_t shared_states = 0;              // ... read by two batch_norm steps or more
   int64_t fresh_mask_checks = 0;          // dropout outputs compared between calls C and D
+  int64_t same_tensor_args = 0;           // one tensor passed as two arguments
+  int64_t overlapping_args = 0;           // two arguments overlapping in one storage
+  int64_t aliased_grad_args = 0;          // ... either, with both requiring a gradient
 
   void add(const Program& p) {
     bool seen[std::size(kOps)] = {};
@@ -482,6 +510,15 @@ struct Coverage {
     drawing += p.random;
     with_states += !p.states.empty();
     shared_states += std::any_of(uses.begin(), uses.end(), [](int u) { return u > 1; });
+    if (p.alias_arg >= 0) {
+      const Value* v[2] = {};
+      for (const Leaf& l : p.leaves)
+        if (!l.param && (l.index == p.alias_arg || l.index == p.alias_of))
+          v[l.index == p.alias_arg] = &p.values[l.value];
+      same_tensor_args += p.alias_same;
+      overlapping_args += !p.alias_same && p.alias_shift < numel_of(v[0]->shape);
+      aliased_grad_args += v[0]->requires_grad && v[1]->requires_grad;
+    }
   }
 
   std::string str(int64_t programs) const {
@@ -489,7 +526,9 @@ struct Coverage {
     for (size_t k = 0; k < std::size(kOps); ++k)
       absl::StrAppend(&s, kOps[k].name, " ", with_op[k], ", ");
     absl::StrAppend(&s, "a dropout that draws ", drawing, ", running statistics ", with_states,
-                    " (shared ", shared_states, "); fresh-mask comparisons ", fresh_mask_checks);
+                    " (shared ", shared_states, "); fresh-mask comparisons ", fresh_mask_checks,
+                    "; arguments passed as one tensor ", same_tensor_args, ", overlapping ",
+                    overlapping_args, ", aliased and both requiring grad ", aliased_grad_args);
     return s;
   }
 };
@@ -714,6 +753,9 @@ inline void run_random_programs(Device device, int64_t default_programs) {
     CHECK(cover.drawing >= programs / 50);
     CHECK(cover.shared_states >= programs / 500);
     CHECK(cover.fresh_mask_checks >= programs / 200);
+    CHECK(cover.same_tensor_args >= programs / 100);
+    CHECK(cover.overlapping_args >= programs / 100);
+    CHECK(cover.aliased_grad_args >= programs / 100);
   }
 }
 

@@ -70,6 +70,7 @@ class ProgramGenerator {
     p_.update_params = chance(0.5);
     p_.preset_grads = chance(0.2);
     p_.param_grads = static_cast<GradState>(between(0, 2));
+    alias_arguments();
     return std::move(p_);
   }
 
@@ -106,6 +107,32 @@ class ProgramGenerator {
   int add_value(Dims shape, bool requires_grad, double bound) {
     p_.values.push_back({std::move(shape), requires_grad, bound});
     return static_cast<int>(p_.values.size()) - 1;
+  }
+
+  // Sometimes passes one float argument as another (when their shapes and requires_grad agree)
+  // or as a view overlapping it in one storage. Drawn from a generator of its own, so the rest
+  // of the program is what the seed gave before.
+  void alias_arguments() {
+    std::mt19937_64 rng(p_.seed ^ 0xa11a5ed0a11a5ed0ull);
+    auto draw = [&rng](int64_t n) {
+      return static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    };
+    std::vector<const Leaf*> floats;
+    for (const Leaf& l : p_.leaves)
+      if (!l.param && !val(l.value).labels) floats.push_back(&l);
+    if (floats.size() < 2 || draw(10) >= 4) return;
+    const Leaf& a = *floats[draw(static_cast<int64_t>(floats.size()))];
+    const Leaf* b = nullptr;
+    for (const Leaf* l : floats)
+      if (l != &a && (b == nullptr || draw(2) == 0)) b = l;
+    const Leaf& first = a.index < b->index ? a : *b;
+    const Leaf& second = a.index < b->index ? *b : a;
+    p_.alias_of = first.index;
+    p_.alias_arg = second.index;
+    p_.alias_same = val(first.value).shape == val(second.value).shape &&
+                    val(first.value).requires_grad == val(second.value).requires_grad &&
+                    draw(2) == 0;
+    if (!p_.alias_same) p_.alias_shift = draw(numel_of(val(first.value).shape) + 1);
   }
 
   bool can_add_leaf(bool param) const {
