@@ -1,5 +1,6 @@
 #include "runtime/allocator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -35,12 +36,12 @@ class CachingAllocator final : public Allocator {
       ++stats_.allocation_count;
       ++stats_.live_blocks;
       stats_.bytes_in_use += cls;
-      if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
       auto it = free_.find(cls);
       if (it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
         stats_.bytes_cached -= cls;
+        note_peak();
         return p;
       }
       ++stats_.system_allocations;
@@ -64,6 +65,8 @@ class CachingAllocator final : public Allocator {
       fail("allocate: out of memory allocating ", bytes, " bytes on ", raw_.device, " (",
            st.bytes_in_use, " bytes in use, peak ", st.peak_bytes, ")");
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    note_peak();  // only now: a request that fails never counts towards the peak
     return p;
   }
 
@@ -97,6 +100,8 @@ class CachingAllocator final : public Allocator {
   }
 
  private:
+  // With mu_ held, after a block was handed out.
+  void note_peak() { stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes_in_use); }
   void undo_allocation(size_t cls) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_in_use -= cls;

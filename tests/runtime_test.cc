@@ -76,6 +76,18 @@ TEST_CASE("the caching allocator reuses blocks and keeps statistics", "[runtime]
   CHECK(alloc.stats().peak_bytes == alloc.stats().bytes_in_use);
 }
 
+TEST_CASE("a failed allocation leaves the allocator's statistics as they were",
+          "[runtime][memory]") {
+  Allocator& alloc = allocator_for(Device::cpu());
+  alloc.reset_peak();
+  const AllocatorStats s0 = alloc.stats();
+  CHECK_THROWS_WITH(empty({int64_t{1} << 40}), Contains("out of memory"));  // 4 TiB
+  const AllocatorStats s1 = alloc.stats();
+  CHECK(s1.peak_bytes == s0.peak_bytes);
+  CHECK(s1.bytes_in_use == s0.bytes_in_use);
+  CHECK(s1.live_blocks == s0.live_blocks);
+}
+
 TEST_CASE("the runtime RNG is seeded and reproducible", "[runtime]") {
   manual_seed(7);
   const auto a = rand({64}).to_vector<float>();

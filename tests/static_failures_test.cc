@@ -1,0 +1,151 @@
+// static_graph when things go wrong: a recorded first backward that fails lets the next call
+// trace again (a bounded number of times, said in the statistics and the log), and every
+// per-function list of diagnostics stays bounded however long a retrace storm lasts.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Tensor leaf(const Tensor& values) {
+  Tensor t = values.detach();
+  t.set_requires_grad(true);
+  return t;
+}
+
+// x * w saves w for its backward; `spoil` writes w in place before the backward, which then
+// fails as it does eagerly.
+struct Call {
+  Tensor x, w, y;
+};
+Call forward(auto& fn) {
+  Call c{leaf(randn({3})), leaf(randn({3})), Tensor()};
+  c.y = fn(c.x, c.w);
+  return c;
+}
+void spoil(const Call& c) {
+  NoGradGuard no_grad;
+  fill_(c.w, 2.0);
+}
+
+// Captures what the static graphs log for a scope.
+class LogCapture {
+ public:
+  LogCapture() : old_(set_log_sink([this](const std::string& l) { lines.push_back(l); })) {}
+  ~LogCapture() { set_log_sink(old_); }
+  std::vector<std::string> lines;
+
+ private:
+  LogSink old_;
+};
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const std::string& l : lines)
+    if (l.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a failed recorded backward lets the next call trace again and says so",
+          "[static][failures]") {
+  manual_seed(31);
+  auto fn = static_graph([](const Tensor& x, const Tensor& w) { return F::sum(F::tanh(x * w)); },
+                         {.name = "spoiled"});
+  LogCapture log;
+  {
+    Call c = forward(fn);
+    spoil(c);
+    CHECK_THROWS_WITH(c.y.backward(), Contains("modified in place"));
+  }
+  StaticStats s = fn.stats();
+  CHECK(s.failed_backwards == 1);
+  CHECK(any_contains(s.warnings, "first backward through the outputs of trace 1 failed"));
+  CHECK(any_contains(log.lines, "the next call with its signature traces again"));
+
+  // The next call traces again; its backward is recorded and later calls replay.
+  for (int call = 0; call < 3; ++call) {
+    Call c = forward(fn);
+    c.y.backward();
+    Tensor xe = leaf(c.x), we = leaf(c.w);
+    F::sum(F::tanh(xe * we)).backward();
+    CHECK(bit_diff(c.x.grad(), xe.grad()) == "");
+    CHECK(bit_diff(c.w.grad(), we.grad()) == "");
+  }
+  s = fn.stats();
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK_THAT(s.traces_history[1].reason,
+             Contains("the first backward of the previous trace failed"));
+}
+
+TEST_CASE("a signature whose recorded backward keeps failing runs eagerly after three tries",
+          "[static][failures]") {
+  manual_seed(32);
+  auto fn = static_graph([](const Tensor& x, const Tensor& w) { return F::sum(x * w); },
+                         {.name = "always_spoiled"});
+  LogCapture log;
+  for (int k = 0; k < 3; ++k) {
+    Call c = forward(fn);
+    spoil(c);
+    CHECK_THROWS(c.y.backward());
+  }
+  StaticStats s = fn.stats();
+  CHECK(s.traces == 3);
+  CHECK(s.failed_backwards == 3);
+  CHECK(any_contains(s.warnings,
+                     "3 times in a row for its signature; that signature runs "
+                     "eagerly from now on"));
+  // Now eager: the backward still fails where eager's does, and works where eager's does.
+  {
+    Call c = forward(fn);
+    spoil(c);
+    CHECK_THROWS_WITH(c.y.backward(), Contains("modified in place"));
+  }
+  {
+    Call c = forward(fn);
+    c.y.backward();
+    CHECK(bit_diff(c.x.grad(), c.w) == "");
+  }
+  s = fn.stats();
+  CHECK(s.traces == 3);
+  CHECK(s.eager_calls == 2);
+  // clear() gives the signature its tries back.
+  fn.clear();
+  Call c = forward(fn);
+  c.y.backward();
+  CHECK(fn.stats().traces == 4);
+}
+
+TEST_CASE("per-function diagnostics stay bounded in a retrace storm", "[static][failures]") {
+  // 2,000 calls cycling 50 batch sizes through a cache of 8: a trace and an eviction per call.
+  manual_seed(33);
+  auto fn = static_graph([](const Tensor& x) { return F::relu(x) * 2.0; },
+                         {.name = "storm", .cache_limit = 8});
+  LogCapture log;
+  NoGradGuard no_grad;
+  std::vector<Tensor> xs;
+  for (int b = 1; b <= 50; ++b) xs.push_back(randn({b, 3}));
+  for (int call = 0; call < 2000; ++call) fn(xs[call % 50]);
+  const StaticStats s = fn.stats();
+  CHECK(s.traces == 2000);
+  CHECK(s.evictions == 2000 - 8);
+  CHECK(s.traces_history.size() == 64);
+  CHECK(s.traces_history.front().trace == 1);
+  CHECK(s.traces_history.back().trace == 2000);
+  CHECK(s.warnings.size() == 64);
+  CHECK(s.warnings_dropped >= s.evictions - 64);
+  // Every warning reached the log once; the statistics keep the first and the latest 64.
+  CHECK(static_cast<int64_t>(log.lines.size()) == 64 + s.warnings_dropped);
+  CHECK(s.entries == 8);
+}
