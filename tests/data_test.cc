@@ -275,10 +275,27 @@ TEST_CASE("load_idx_dataset reads a split from a directory", "[data]") {
   for (int i = 0; i < 5; ++i) CHECK(few.labels.data<int32_t>()[i] == i % 10);
   CHECK(data::load_idx_dataset(dir.str(), data::Split::Test, 100).size() == 7);
 
+  CHECK(tr.classes == 10);
+
   // Label and image counts must agree.
   write_plain(dir.file("t10k-labels-idx1-ubyte"), TinySet(6, 2, 2).label_file());
   CHECK_THROWS_WITH(data::load_idx_dataset(dir.str(), data::Split::Test),
                     Catch::Matchers::Contains("7 images") && Catch::Matchers::Contains("6 labels"));
+}
+
+TEST_CASE("load_idx_dataset rejects labels outside the data set's classes", "[data]") {
+  TempDir dir;
+  TinySet test(7, 2, 2);
+  test.labels[4] = 12;  // ten classes: 0 to 9
+  write_plain(dir.file("t10k-images-idx3-ubyte"), test.image_file());
+  write_plain(dir.file("t10k-labels-idx1-ubyte"), test.label_file());
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(data::load_idx_dataset(dir.str(), data::Split::Test),
+                    Contains(dir.file("t10k-labels-idx1-ubyte")) && Contains("label 12") &&
+                        Contains("sample 4") && Contains("0 to 9"));
+  // With more classes the same file loads.
+  CHECK(data::load_idx_dataset(dir.str(), data::Split::Test, 0, 13).labels.data<int32_t>()[4] ==
+        12);
 }
 
 TEST_CASE("BatchIterator covers every sample once per epoch", "[data]") {

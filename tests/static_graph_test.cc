@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iostream>
 #include <memory>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -228,6 +231,48 @@ TEST_CASE("ENCORE_LOG=retrace lines go to the log sink", "[static]") {
   INFO(joined(lines));
   CHECK(any_contains(lines, s.traces_history[1].message));
   CHECK(any_contains(lines, "argument 0 'x' dim 0 changed 32 -> 17"));
+}
+
+TEST_CASE("ENCORE_LOG=retrace prints the README's lines on stderr", "[static]") {
+  // README: "encore: forward: trace (cost 1.20 ms): first call; cache now 1 entry", then
+  // "encore: forward: retrace #1 (cost 0.41 ms): argument 0 'x' dim 0 changed 32 -> 17; cache
+  // now 2 entries".
+  StaticEnabled on;
+  std::ostringstream err;
+  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
+  auto previous_sink = schedule::set_log_sink(nullptr);  // the default: stderr
+  const bool previous_log = schedule::set_log_retraces(true);
+  auto f = static_graph(pointwise, {.name = "forward", .arg_names = {"x"}});
+  f(rand({32, 8}));
+  f(rand({17, 8}));
+  schedule::set_log_retraces(previous_log);
+  schedule::set_log_sink(previous_sink);
+  std::cerr.rdbuf(old_err);
+  const std::string text = err.str();
+  INFO(text);
+  const std::regex lines(
+      "encore: forward: trace \\(cost [0-9.]+ ms\\): first call; cache now 1 entry\n"
+      "encore: forward: retrace #1 \\(cost [0-9.]+ ms\\): argument 0 'x' dim 0 changed 32 -> "
+      "17; cache now 2 entries\n");
+  CHECK(std::regex_match(text, lines));
+}
+
+// Two call operators: a static function calls the one taking as many tensors as it was given.
+struct TwoOverloads {
+  Tensor operator()(const Tensor& x) const { return x * 2.0; }
+  Tensor operator()(const Tensor& x, const Tensor& y) const { return x * y; }
+};
+
+TEST_CASE("a functor with several call operators is called with the arguments given", "[static]") {
+  StaticEnabled on;
+  auto f = static_graph(TwoOverloads{}, {.name = "two_overloads"});
+  const Tensor x = rand({3}), y = rand({3});
+  for (int call = 0; call < 2; ++call) {
+    CHECK(bit_diff(f(x, y), x * y) == "");
+    CHECK(bit_diff(f(x), x * 2.0) == "");
+  }
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().hits == 2);
 }
 
 TEST_CASE("the same signature never retraces", "[static]") {

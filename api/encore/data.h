@@ -19,8 +19,9 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 enum class Split { Train, Test };
 
 struct Dataset {
-  Tensor images;  // [N, rows*cols] float32, pixel / 255
-  Tensor labels;  // [N] int32
+  Tensor images;        // [N, rows*cols] float32, pixel / 255
+  Tensor labels;        // [N] int32, each in [0, classes)
+  int64_t classes = 0;  // 0: not known
   int64_t size() const { return labels.defined() ? labels.numel() : 0; }
 };
 
@@ -32,7 +33,9 @@ Tensor read_idx_labels(const std::string& path);
 // Whether `dir` holds the four MNIST-style files (train-images-idx3-ubyte[.gz], ...).
 bool idx_dataset_available(const std::string& dir);
 // Loads one split of an MNIST-style directory; `limit` > 0 keeps only the first `limit` samples.
-Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit = 0);
+// Throws Error naming the file and the label when a label is outside [0, classes).
+Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit = 0,
+                         int64_t classes = 10);
 
 // A synthetic, learnable classification set: each class is a Gaussian blob around its own
 // random centre in `features` dimensions. The centres depend only on `features` and `classes`;

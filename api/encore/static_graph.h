@@ -131,6 +131,19 @@ void flatten_result(R&& r, std::vector<Tensor>& out) {
   }
 }
 
+// `const Tensor&`, once per index (a parameter pack of N tensor parameters).
+template <size_t>
+using TensorParam = const Tensor&;
+
+// Whether Fn can be called with N tensors.
+template <typename Fn, size_t N>
+inline constexpr bool takes_tensors = []<size_t... I>(std::index_sequence<I...>) {
+  return std::is_invocable_v<Fn&, TensorParam<I>...>;
+}
+(std::make_index_sequence<N>());
+
+inline constexpr size_t kMaxStaticArgs = 16;
+
 template <typename R>
 R unflatten_result(std::vector<Tensor>& v) {
   if constexpr (std::is_same_v<R, Tensor>) {
@@ -154,8 +167,9 @@ class StaticFunction {
   StaticFunction(Fn fn, StaticOptions options) : fn_(std::make_shared<Fn>(std::move(fn))) {
     std::vector<nn::Module*> modules;
     for (auto& m : options.modules) modules.push_back(m.get());
-    core_ =
-        std::make_shared<detail::StaticCore>(std::move(options), std::move(modules), make_body());
+    std::string name = options.name;
+    core_ = std::make_shared<detail::StaticCore>(std::move(options), std::move(modules),
+                                                 make_body(std::move(name)));
   }
 
   template <typename... Args>
@@ -181,35 +195,52 @@ class StaticFunction {
     static_assert((std::is_convertible_v<const Args&, const Tensor&> && ...),
                   "static function arguments are Tensors; pass other values through the "
                   "closure and a StaticKey");
-    using R = std::invoke_result_t<Fn&, const Args&...>;
-    const Tensor targs[] = {Tensor(args)..., Tensor()};
-    std::vector<Tensor> out = core_->call(std::span<const Tensor>(targs, sizeof...(Args)), key);
-    if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out);
+    static_assert(sizeof...(Args) <= detail::kMaxStaticArgs,
+                  "a static function takes up to 16 tensor arguments");
+    static_assert(detail::takes_tensors<Fn, sizeof...(Args)>,
+                  "a static function is called with the tensors its function takes: as many "
+                  "arguments as the function has parameters, each a Tensor (see the "
+                  "instantiation context for the arguments given)");
+    if constexpr (detail::takes_tensors<Fn, sizeof...(Args)>) {
+      using R = std::invoke_result_t<Fn&, detail::TensorParam<sizeof(Args)>...>;
+      const Tensor targs[] = {Tensor(args)..., Tensor()};
+      std::vector<Tensor> out = core_->call(std::span<const Tensor>(targs, sizeof...(Args)), key);
+      if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out);
+    }
   }
 
-  schedule::StaticGraph::Body make_body() {
+  schedule::StaticGraph::Body make_body(std::string name) {
     std::shared_ptr<Fn> fn = fn_;
-    return
-        [fn](std::span<const Tensor> args, std::vector<Tensor>& out) { call_with(*fn, args, out); };
+    return [fn, name = std::move(name)](std::span<const Tensor> args, std::vector<Tensor>& out) {
+      call_with(*fn, args, out, name);
+    };
   }
 
-  // Calls fn with args as separate parameters (the arity is fn's).
-  template <size_t N = 0, typename... T>
+  // Calls fn with the call's arguments as separate parameters: the overload taking that many
+  // tensors (a functor may have several).
   static void call_with(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out,
-                        const T&... got) {
-    if constexpr (std::is_invocable_v<Fn&, const T&...>) {
-      ENCORE_CHECK(args.size() == sizeof...(T), "static function: called with ", args.size(),
-                   " arguments; it takes ", sizeof...(T));
-      using R = std::invoke_result_t<Fn&, const T&...>;
-      if constexpr (std::is_void_v<R>)
-        fn(got...);
-      else
-        detail::flatten_result(fn(got...), out);
+                        const std::string& name) {
+    const bool called = [&]<size_t... N>(std::index_sequence<N...>) {
+      return ((args.size() == N && call_n<N>(fn, args, out)) || ...);
+    }
+    (std::make_index_sequence<detail::kMaxStaticArgs + 1>());
+    ENCORE_CHECK(called, "static function '", name, "': called with ", args.size(),
+                 " tensor arguments; its function does not take ", args.size(), " tensors");
+  }
+  template <size_t N>
+  static bool call_n(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out) {
+    if constexpr (detail::takes_tensors<Fn, N>) {
+      [&]<size_t... I>(std::index_sequence<I...>) {
+        using R = std::invoke_result_t<Fn&, detail::TensorParam<I>...>;
+        if constexpr (std::is_void_v<R>)
+          fn(args[I]...);
+        else
+          detail::flatten_result(fn(args[I]...), out);
+      }
+      (std::make_index_sequence<N>());
+      return true;
     } else {
-      static_assert(N < 16, "static function: takes up to 16 tensor arguments");
-      ENCORE_CHECK(N < args.size(), "static function: called with ", args.size(),
-                   " arguments; it takes more");
-      call_with<N + 1>(fn, args, out, got..., args[N]);
+      return false;
     }
   }
 

@@ -212,15 +212,23 @@ bool idx_dataset_available(const std::string& dir) {
   return true;
 }
 
-Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit) {
+Dataset load_idx_dataset(const std::string& dir, Split split, int64_t limit, int64_t classes) {
   ENCORE_CHECK(limit >= 0, "load_idx_dataset: limit must be >= 0, it is ", limit);
+  ENCORE_CHECK(classes > 0, "load_idx_dataset: classes must be > 0, it is ", classes);
   const std::string prefix = (fs::path(dir) / split_prefix(split)).string();
+  const std::string label_file = prefix + "-labels-idx1-ubyte";
   Dataset ds;
   ds.images = read_idx_images(prefix + "-images-idx3-ubyte");
-  ds.labels = read_idx_labels(prefix + "-labels-idx1-ubyte");
+  ds.labels = read_idx_labels(label_file);
+  ds.classes = classes;
   ENCORE_CHECK(ds.images.size(0) == ds.labels.size(0), "load_idx_dataset: ", prefix,
-               "-images-idx3-ubyte holds ", ds.images.size(0), " images but ", prefix,
-               "-labels-idx1-ubyte holds ", ds.labels.size(0), " labels");
+               "-images-idx3-ubyte holds ", ds.images.size(0), " images but ", label_file,
+               " holds ", ds.labels.size(0), " labels");
+  const int32_t* label = ds.labels.data<int32_t>();
+  for (int64_t i = 0; i < ds.labels.numel(); ++i)
+    ENCORE_CHECK(label[i] >= 0 && label[i] < classes, "load_idx_dataset: ", label_file, ": label ",
+                 label[i], " of sample ", i, " is not a class of this data set (0 to ", classes - 1,
+                 ")");
   if (limit > 0 && limit < ds.size()) {
     ds.images = first_rows(ds.images, limit);
     ds.labels = first_rows(ds.labels, limit);
@@ -260,6 +268,7 @@ Dataset synthetic_classification(int64_t n, int64_t features, int64_t classes, u
   Dataset ds;
   ds.images = Tensor::empty({n, features}, DType::Float32);
   ds.labels = Tensor::empty({n}, DType::Int32);
+  ds.classes = classes;
   float* x = ds.images.data<float>();
   int32_t* t = ds.labels.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
