@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs every test twice: a warnings-as-errors build in
-# build/, and an address + undefined-behaviour sanitizer build in build-asan/.
+# build/, and an address + undefined-behaviour sanitizer build in build-asan/; then the threaded
+# tests (several threads calling one static function) under ThreadSanitizer in build-tsan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +28,21 @@ scripts/setup.sh build-asan -DENCORE_SANITIZE=address,undefined -DENCORE_WERROR=
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENCORE_BUILD_BENCH=OFF -DENCORE_BUILD_SAMPLES=OFF
 phase_done "build (build-asan/, address,undefined)"
 
+# allocator_may_return_null: a test asks for 4 TiB and expects encore's out-of-memory Error.
 (cd build-asan &&
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --output-on-failure -j2)
 phase_done "tests (build-asan/, address,undefined)"
+
+# Only the threaded tests' binary: the rest of the suite is single-threaded. OpenBLAS's own
+# threads are not instrumented, so it runs on the calling thread.
+cmake -S . -B build-tsan -DENCORE_SANITIZE=thread -DENCORE_WERROR=ON -DENCORE_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENCORE_BUILD_BENCH=OFF -DENCORE_BUILD_SAMPLES=OFF
+cmake --build build-tsan -j "$(nproc)" --target encore_thread_tests
+phase_done "build (build-tsan/, thread)"
+
+OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  build-tsan/tests/encore_thread_tests
+phase_done "threaded tests (build-tsan/, thread)"
 
 echo "==> all tests passed in $((SECONDS - total_start)) s"

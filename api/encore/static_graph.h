@@ -29,7 +29,13 @@
 // autograd node for the whole subgraph; the first backward through it is recorded and later
 // backwards replay it. ENCORE_STATIC=0 (or set_static_enabled(false)) runs everything eagerly;
 // ENCORE_LOG=retrace prints every retrace with its reason; ENCORE_STATIC_VERIFY=N checks every
-// Nth replay against an eager run.
+// Nth replay against an eager run (read when a static function is constructed: the default of
+// its verify_every).
+//
+// Threads: a static function may be called from several threads at once (each call under way
+// has its own arena; the cache and statistics are shared under a lock taken only to find the
+// entry). What the calls write must not be shared: training threads use their own parameters.
+// A signature is traced once; other threads' calls with it run eagerly meanwhile.
 //
 // Schedule dump: `step.schedule_text()` lists each cache entry (signature, arena bytes, lower
 // bound, naive sum) and its forward and backward steps: op, operands with dtype and shape, where
