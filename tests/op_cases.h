@@ -48,7 +48,7 @@ inline RefTensor ref_reduce(const RefTensor& x, std::vector<int> axes_in, bool k
   RefTensor y = ref::filled(kept, init);
   for (int64_t i = 0; i < x.numel(); ++i) {
     double& acc = y.v[ref::broadcast_source(ref::unravel(i, x.shape), kept)];
-    acc = kind == Reduction::Max ? std::max(acc, x.v[i]) : acc + x.v[i];
+    acc = kind == Reduction::Max ? ref::max_nan(acc, x.v[i]) : acc + x.v[i];
   }
   if (kind == Reduction::Mean)
     for (double& v : y.v) v /= static_cast<double>(count);
@@ -168,7 +168,7 @@ inline RefTensor ref_softmax(const RefTensor& x, int axis, bool log) {
     for (int64_t in = 0; in < inner; ++in) {
       auto at = [&](int64_t k) { return o * n * inner + k * inner + in; };
       double mx = -std::numeric_limits<double>::infinity(), s = 0;
-      for (int64_t k = 0; k < n; ++k) mx = std::max(mx, x.v[at(k)]);
+      for (int64_t k = 0; k < n; ++k) mx = ref::max_nan(mx, x.v[at(k)]);
       for (int64_t k = 0; k < n; ++k) s += std::exp(x.v[at(k)] - mx);
       for (int64_t k = 0; k < n; ++k)
         y.v[at(k)] = log ? x.v[at(k)] - mx - std::log(s) : std::exp(x.v[at(k)] - mx) / s;
@@ -196,13 +196,70 @@ inline RefTensor ref_accuracy(const RefTensor& logits, const RefTensor& labels, 
   for (int64_t i = 0; i < labels.numel(); ++i) {
     const auto t = static_cast<int64_t>(labels.v[i]);
     if (t == ignore) continue;
-    int64_t best = 0;
-    for (int64_t k = 1; k < c; ++k)
-      if (logits.v[i * c + k] > logits.v[i * c + best]) best = k;
+    int64_t best = 0;  // the first maximum, or the first NaN (as torch.argmax)
+    for (int64_t k = 1; k < c && !std::isnan(logits.v[i * c + best]); ++k)
+      if (std::isnan(logits.v[i * c + k]) || logits.v[i * c + k] > logits.v[i * c + best]) best = k;
     hits += best == t ? 1 : 0;
     count += 1;
   }
   return {{}, {hits / count}};
+}
+
+// ---- Gradient references (for NaN inputs, where central differences are NaN) -------------
+
+// max's gradient as torch.amax's: (gy / ties) * (x == max), ties the number of elements equal to
+// their slice's maximum; over a slice whose maximum is NaN, (gy / 0) * 0 = NaN.
+inline RefTensor ref_max_grad(const RefTensor& x, const std::vector<int>& axes,
+                              const RefTensor& gy) {
+  const RefTensor m = ref_reduce(x, axes, true, Reduction::Max);
+  RefTensor ties = ref::filled(m.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t s = ref::broadcast_source(ref::unravel(i, x.shape), m.shape);
+    ties.v[s] += x.v[i] == m.v[s] ? 1 : 0;
+  }
+  RefTensor gx = ref::filled(x.shape);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t s = ref::broadcast_source(ref::unravel(i, x.shape), m.shape);
+    gx.v[i] = gy.v[s] / ties.v[s] * (x.v[i] == m.v[s] ? 1.0 : 0.0);
+  }
+  return gx;
+}
+
+// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy), along `axis`.
+inline RefTensor ref_softmax_grad(const RefTensor& x, int axis, bool log, const RefTensor& gy) {
+  const RefTensor y = ref_softmax(x, axis, log);
+  if (axis < 0) axis += x.rank();
+  int64_t inner = 1;
+  for (int d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  const int64_t n = x.shape[axis], outer = x.numel() / (n * inner);
+  RefTensor gx = ref::filled(x.shape);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t in = 0; in < inner; ++in) {
+      auto at = [&](int64_t k) { return o * n * inner + k * inner + in; };
+      double dot = 0;
+      for (int64_t k = 0; k < n; ++k) dot += log ? gy.v[at(k)] : gy.v[at(k)] * y.v[at(k)];
+      for (int64_t k = 0; k < n; ++k)
+        gx.v[at(k)] =
+            log ? gy.v[at(k)] - std::exp(y.v[at(k)]) * dot : y.v[at(k)] * (gy.v[at(k)] - dot);
+    }
+  return gx;
+}
+
+// (softmax(row) - onehot(label)) * gy / count on counted rows, 0 on ignored ones.
+inline RefTensor ref_cross_entropy_grad(const RefTensor& logits, const RefTensor& labels,
+                                        int64_t ignore, const RefTensor& gy) {
+  const RefTensor p = ref_softmax(logits, 1, false);
+  const int64_t c = logits.shape[1];
+  double count = 0;
+  for (double t : labels.v) count += static_cast<int64_t>(t) == ignore ? 0 : 1;
+  RefTensor gx = ref::filled(logits.shape);
+  for (int64_t i = 0; i < labels.numel(); ++i) {
+    const auto t = static_cast<int64_t>(labels.v[i]);
+    if (t == ignore) continue;
+    for (int64_t k = 0; k < c; ++k)
+      gx.v[i * c + k] = (p.v[i * c + k] - (k == t ? 1 : 0)) * gy.v[0] / count;
+  }
+  return gx;
 }
 
 inline RefTensor ref_where(const RefTensor& cond, const RefTensor& a, const RefTensor& b) {
@@ -671,6 +728,123 @@ inline std::vector<OpCase> selection_cases() {
                        DType::Bool});
     }
   }
+  return cases;
+}
+
+// NaN inputs, with PyTorch's semantics: relu, leaky_relu, max and the softmax family give NaN
+// wherever a NaN reaches (its whole row for softmax and log_softmax, the loss for
+// cross-entropy). relu's gradient passes gy through a NaN (threshold_backward gives 0 only where
+// y <= 0); leaky_relu's is slope * gy there (x > 0 is false); max's is torch.amax's, NaN over a
+// slice whose maximum is NaN; accuracy's argmax is a row's first NaN (torch.argmax).
+inline std::vector<OpCase> nan_cases() {
+  std::vector<OpCase> cases;
+  auto nan_str = [](const std::vector<int64_t>& at) {
+    std::string s;
+    for (int64_t i : at) absl::StrAppend(&s, s.empty() ? "" : ",", i);
+    return absl::StrCat(" NaN at {", s, "}");
+  };
+  // f(x) elementwise, with gradient gy * df(x).
+  auto elementwise = [&](const std::string& name, std::function<Tensor(const Tensor&)> fn,
+                         std::function<double(double)> f, std::function<double(double)> df,
+                         Dims shape, std::vector<int64_t> at) {
+    OpCase c = unary_case(name, std::move(fn), std::move(f),
+                          with_nan(signed_magnitude(0.01, 2), at), std::move(shape));
+    c.name += nan_str(at);
+    c.grad_reference = [df](const Refs& x, const RefTensor& gy) {
+      RefTensor gx = x[0];
+      for (int64_t i = 0; i < gx.numel(); ++i) gx.v[i] = gy.v[i] * df(x[0].v[i]);
+      return Refs{gx};
+    };
+    return c;
+  };
+  auto relu = [](double v) { return std::isnan(v) ? v : v > 0 ? v : 0; };
+  auto relu_grad = [relu](double v) { return relu(v) <= 0 ? 0.0 : 1.0; };
+  for (const auto& [shape, at] :
+       {std::pair<Dims, std::vector<int64_t>>{{5, 13}, {0, 7, 20, 64}}, {{3, 4}, {5}}}) {
+    cases.push_back(elementwise("relu", F::relu, relu, relu_grad, shape, at));
+    cases.push_back(elementwise(
+        "leaky_relu", [](const Tensor& x) { return F::leaky_relu(x); },
+        [](double v) { return v > 0 ? v : 0.01 * v; }, [](double v) { return v > 0 ? 1 : 0.01; },
+        shape, at));
+  }
+  // These propagate NaN through their arithmetic (float32 tanh is encore's own).
+  auto tanh_grad = [](double v) { return 1 - std::tanh(v) * std::tanh(v); };
+  auto sigmoid_grad = [](double v) { return ref_sigmoid(v) * (1 - ref_sigmoid(v)); };
+  auto exp = [](double v) { return std::exp(v); };
+  cases.push_back(elementwise("tanh", F::tanh, [](double v) { return std::tanh(v); }, tanh_grad,
+                              {5, 13}, {2, 40}));
+  cases.push_back(elementwise("sigmoid", F::sigmoid, ref_sigmoid, sigmoid_grad, {5, 13}, {2, 40}));
+  cases.push_back(elementwise("exp", F::exp, exp, exp, {3, 4}, {1}));
+  cases.push_back(elementwise(
+      "leaky_relu(slope 0.2)", [](const Tensor& x) { return F::leaky_relu(x, 0.2); },
+      [](double v) { return v > 0 ? v : 0.2 * v; }, [](double v) { return v > 0 ? 1 : 0.2; },
+      {2, 9}, {3, 17}));
+
+  const std::tuple<Dims, std::vector<int>, bool, std::vector<int64_t>> maxes[] = {
+      {{3, 40}, {-1}, false, {45, 119}},    // rows 1 and 2 (their last element), not row 0
+      {{40, 3}, {0}, true, {0, 61}},        // columns 0 (its first element) and 1
+      {{70}, {}, false, {33}},              //
+      {{2, 3, 4}, {0, 2}, false, {5, 17}},  // slot 1 twice
+      {{2, 3, 4}, {}, true, {23}}};
+  for (const auto& [shape, axes, keep, at] : maxes) {
+    OpCase c = reduce_case("max", Reduction::Max, shape, axes, keep);
+    c.name += nan_str(at);
+    c.inputs[0].gen = with_nan(distinct(-3, 3), at);
+    c.grad_reference = [axes](const Refs& x, const RefTensor& gy) {
+      return Refs{ref_max_grad(x[0], axes, gy)};
+    };
+    cases.push_back(std::move(c));
+  }
+
+  const std::tuple<Dims, int, std::vector<int64_t>> softmaxes[] = {
+      {{3, 5}, -1, {7}},    // the middle of row 1
+      {{3, 5}, 0, {0}},     // the first element of lane 0
+      {{2, 40}, -1, {55}},  // a row longer than a vector
+      {{2, 3, 4}, 1, {13}}};
+  for (const auto& [shape, axis, at] : softmaxes) {
+    for (bool log : {false, true}) {
+      OpCase c{absl::StrCat(log ? "log_softmax " : "softmax ", dims_str(shape), " axis ", axis,
+                            nan_str(at)),
+               {floating(shape, with_nan(uniform(-3, 3), at))},
+               [axis, log](const Inputs& x) {
+                 return log ? F::log_softmax(x[0], axis) : F::softmax(x[0], axis);
+               },
+               [axis, log](const Refs& x) { return ref_softmax(x[0], axis, log); }};
+      c.grad_reference = [axis, log](const Refs& x, const RefTensor& gy) {
+        return Refs{ref_softmax_grad(x[0], axis, log, gy)};
+      };
+      cases.push_back(std::move(c));
+    }
+  }
+
+  // Row 1 holds a NaN, and row 3 at its label; row 2 is ignored.
+  const std::vector<int64_t> ce_at = {7, 15};
+  OpCase ce{absl::StrCat("softmax_cross_entropy [4,5]", nan_str(ce_at)),
+            {floating({4, 5}, with_nan(uniform(-3, 3), ce_at)),
+             int_input({4}, Kind::Int64, fixed({1, 3, -1, 0}))},
+            [](const Inputs& x) { return F::softmax_cross_entropy(x[0], x[1]); },
+            [](const Refs& x) { return ref_cross_entropy(x[0], x[1], -1); }};
+  ce.grad_reference = [](const Refs& x, const RefTensor& gy) {
+    return Refs{ref_cross_entropy_grad(x[0], x[1], -1, gy), {}};
+  };
+  cases.push_back(std::move(ce));
+  // A NaN in the ignored row only: the loss is finite. (Forward only: PyTorch's gradient of
+  // that row is NaN, log_softmax's backward 0 - exp(NaN) * 0, where ours is 0.)
+  const std::vector<int64_t> ce_clean_at = {12};
+  OpCase ce_ignored{absl::StrCat("softmax_cross_entropy [4,5] ignored row", nan_str(ce_clean_at)),
+                    {constant({4, 5}, with_nan(uniform(-3, 3), ce_clean_at)),
+                     int_input({4}, Kind::Int32, fixed({4, 0, -1, 2}))},
+                    [](const Inputs& x) { return F::softmax_cross_entropy(x[0], x[1]); },
+                    [](const Refs& x) { return ref_cross_entropy(x[0], x[1], -1); }};
+  cases.push_back(std::move(ce_ignored));
+
+  // Each row's argmax is its first NaN: rows 0, 1 and 2 hit their labels only so.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  cases.push_back({"accuracy [4,3] NaN rows",
+                   {constant({4, 3}, fixed({1, nan, 3, nan, 5, nan, 2, 1, nan, 0.5, 0.2, 0.1})),
+                    int_input({4}, Kind::Int64, fixed({1, 0, 2, 0}))},
+                   [](const Inputs& x) { return F::accuracy(x[0], x[1]); },
+                   [](const Refs& x) { return ref_accuracy(x[0], x[1], -1); }});
   return cases;
 }
 

@@ -140,6 +140,31 @@ inline std::vector<double> tie_pool_values(int64_t n, std::mt19937& rng) {
   return v;
 }
 
+// The index in x [N,C,H,W] of the first maximum of each window in row-major order: the first NaN
+// when the window holds one, else the first element equal to the largest (-0 equals +0).
+// Padding is never chosen.
+inline std::vector<int64_t> ref_first_max(const std::vector<double>& x, const Dims& shape,
+                                          const PoolSpec& p) {
+  const int64_t planes = shape[0] * shape[1], h = shape[2], w = shape[3];
+  const int64_t ho = (h + 2 * p.ph - p.kh) / p.sh + 1, wo = (w + 2 * p.pw - p.kw) / p.sw + 1;
+  std::vector<int64_t> at;
+  for (int64_t b = 0; b < planes; ++b)
+    for (int64_t i = 0; i < ho; ++i)
+      for (int64_t j = 0; j < wo; ++j) {
+        int64_t best = -1;
+        for (int64_t di = 0; di < p.kh; ++di)
+          for (int64_t dj = 0; dj < p.kw; ++dj) {
+            const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
+            if (r < 0 || r >= h || q < 0 || q >= w) continue;
+            const int64_t k = (b * h + r) * w + q;
+            const bool nan_best = best >= 0 && std::isnan(x[best]);
+            if (best < 0 || (!nan_best && (std::isnan(x[k]) || x[k] > x[best]))) best = k;
+          }
+        at.push_back(best);
+      }
+  return at;
+}
+
 // Max or average pooling of x [N,C,H,W] by direct loops over each window.
 inline RefTensor ref_pool(const RefTensor& x, const PoolSpec& p, bool is_max) {
   const int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
@@ -156,7 +181,7 @@ inline RefTensor ref_pool(const RefTensor& x, const PoolSpec& p, bool is_max) {
               const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
               if (r < 0 || r >= h || q < 0 || q >= w) continue;
               const double v = x.v[ref::ravel({b, ch, r, q}, x.shape)];
-              best = std::max(best, v);
+              best = ref::max_nan(best, v);
               sum += v;
               ++inside;
             }
@@ -247,6 +272,33 @@ inline std::vector<OpCase> max_pool_cases() {
       max_case({3, 2, 5, 5}, 2, std::nullopt, 0, distinct(-1, 1)),
       // The stride divides the width: all the rows of a block of planes in one loop.
       max_case({2, 3, 8, 10}, 3, Size2(2), 1, distinct(-1, 1)),
+  };
+}
+
+// max_pool2d over inputs holding NaN (PyTorch's semantics): a window holding one gives NaN and
+// sends its gradient to its first NaN. Windows that tile 2x2, pad and clip, overlap (7 and 8
+// share windows), and rows of several vector chunks.
+inline std::vector<OpCase> max_pool_nan_cases() {
+  auto nan_case = [](Dims shape, Size2 k, std::optional<Size2> s, Size2 p,
+                     std::vector<int64_t> at) {
+    const PoolSpec spec{k.h, k.w, s.value_or(k).h, s.value_or(k).w, p.h, p.w};
+    OpCase c = max_case(shape, k, s, p, with_nan(distinct(-1, 1), at));
+    std::string where;
+    for (int64_t i : at) absl::StrAppend(&where, where.empty() ? "" : ",", i);
+    absl::StrAppend(&c.name, " NaN at {", where, "}");
+    c.grad_reference = [shape, spec](const Refs& x, const RefTensor& gy) {
+      RefTensor gx = ref::filled(x[0].shape);
+      const std::vector<int64_t> from = ref_first_max(x[0].v, shape, spec);
+      for (size_t o = 0; o < from.size(); ++o) gx.v[from[o]] += gy.v[o];
+      return Refs{gx};
+    };
+    return c;
+  };
+  return {
+      nan_case({2, 3, 7, 9}, 2, std::nullopt, 0, {0, 10, 100, 300}),
+      nan_case({2, 2, 7, 9}, 3, Size2(2), 1, {8, 60, 200}),
+      nan_case({2, 2, 6, 6}, 3, Size2(1), 0, {7, 8, 50}),
+      nan_case({1, 2, 5, 41}, 2, std::nullopt, 0, {3, 45, 300}),
   };
 }
 

@@ -55,6 +55,9 @@ TEST_CASE("softmax, log_softmax, losses and accuracy", "[ops]") {
 TEST_CASE("where and comparisons", "[ops]") {
   check_ops(selection_cases());
 }
+TEST_CASE("NaN inputs give PyTorch's values and gradients", "[ops][nan]") {
+  check_ops(nan_cases());
+}
 
 // ---- Focused checks ----------------------------------------------------------------------
 

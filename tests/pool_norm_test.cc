@@ -39,37 +39,16 @@ int64_t count_zeros(const Tensor& t) {
   return n;
 }
 
-// The index in x [N,C,H,W] of the first maximum of each window in row-major order: the first NaN
-// when the window holds one, else the first element equal to the largest (-0 equals +0).
-// Padding is never chosen.
-std::vector<int64_t> ref_first_max(const std::vector<double>& x, const Dims& shape,
-                                   const PoolSpec& p) {
-  const int64_t planes = shape[0] * shape[1], h = shape[2], w = shape[3];
-  const int64_t ho = (h + 2 * p.ph - p.kh) / p.sh + 1, wo = (w + 2 * p.pw - p.kw) / p.sw + 1;
-  std::vector<int64_t> at;
-  for (int64_t b = 0; b < planes; ++b)
-    for (int64_t i = 0; i < ho; ++i)
-      for (int64_t j = 0; j < wo; ++j) {
-        int64_t best = -1;
-        for (int64_t di = 0; di < p.kh; ++di)
-          for (int64_t dj = 0; dj < p.kw; ++dj) {
-            const int64_t r = i * p.sh - p.ph + di, q = j * p.sw - p.pw + dj;
-            if (r < 0 || r >= h || q < 0 || q >= w) continue;
-            const int64_t k = (b * h + r) * w + q;
-            const bool nan_best = best >= 0 && std::isnan(x[best]);
-            if (best < 0 || (!nan_best && (std::isnan(x[k]) || x[k] > x[best]))) best = k;
-          }
-        at.push_back(best);
-      }
-  return at;
-}
-
 }  // namespace
 
 // ---- Pooling ------------------------------------------------------------------------------
 
 TEST_CASE("max_pool2d against a reference, with gradients", "[pool_norm]") {
   check_ops(max_pool_cases());
+}
+
+TEST_CASE("max_pool2d over NaN gives PyTorch's values and gradients", "[pool_norm][nan]") {
+  check_ops(max_pool_nan_cases());
 }
 
 TEST_CASE("max_pool2d sends the gradient to the first maximum of a window", "[pool_norm]") {

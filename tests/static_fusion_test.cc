@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <regex>
 #include <string>
@@ -235,6 +236,51 @@ TEST_CASE("verify mode accepts a fused step whose NaNs differ only in sign or pa
         for (float v : r.to_vector<float>()) CHECK(std::isnan(v));
       }
       CHECK(f.stats().verifications == 2);
+    }
+  }
+}
+
+TEST_CASE("a fused run propagates NaN through relu and leaky_relu as their own steps do",
+          "[static][fusion][nan]") {
+  // As in PyTorch: relu(NaN) and leaky_relu(NaN) are NaN, and the gradient reaches a NaN input
+  // (relu's passes where y is NaN). Fused, unfused (verify mode) and eager agree, any NaN equal
+  // to any NaN, and the NaNs are exactly where x has them.
+  StaticEnabled on;
+  const StaticFusion fused(true);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const std::vector<double> u = a.to_vector<double>(), v = b.to_vector<double>();
+    if (u.size() != v.size()) return false;
+    for (size_t i = 0; i < u.size(); ++i)
+      if (std::isnan(u[i]) ? !std::isnan(v[i]) : std::memcmp(&u[i], &v[i], sizeof u[i]) != 0)
+        return false;
+    return true;
+  };
+  auto body = [](const Tensor& x) {
+    return F::leaky_relu(F::add(F::tanh(F::relu(F::mul(x, 2.0))), -0.5), 0.1);
+  };
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (int64_t n : {int64_t{7}, int64_t{300}}) {
+      INFO(name(dtype) << " over " << n << " elements");
+      manual_seed(static_cast<uint64_t>(n));
+      auto f = static_graph(body, {.name = "nan_activations", .verify_every = 1});
+      for (int call = 0; call < 3; ++call) {
+        std::vector<double> v = rand({n}, DType::Float64, Device::cpu(), -2, 2).to_vector<double>();
+        for (int64_t i = call; i < n; i += 5) v[static_cast<size_t>(i)] = std::nan("");
+        const Tensor x = tensor(v, {n}, dtype);
+        Tensor xf = x.detach().set_requires_grad(), xe = x.detach().set_requires_grad();
+        const Tensor yf = f(xf), ye = body(xe);
+        F::sum(F::mul(yf, yf)).backward();
+        F::sum(F::mul(ye, ye)).backward();
+        CHECK(same(yf, ye));
+        CHECK(same(xf.grad(), xe.grad()));
+        const std::vector<double> y = yf.to_vector<double>(), g = xf.grad().to_vector<double>();
+        for (size_t i = 0; i < v.size(); ++i) {
+          CHECK(std::isnan(y[i]) == std::isnan(v[i]));
+          CHECK(std::isnan(g[i]) == std::isnan(v[i]));
+        }
+      }
+      CHECK(f.stats().verifications == 2);
+      CHECK_THAT(f.schedule_text(), Contains("fused_elementwise"));
     }
   }
 }

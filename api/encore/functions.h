@@ -85,6 +85,7 @@ Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
+// x if x > 0 else 0; NaN stays NaN and its gradient passes gy through (as in PyTorch).
 Tensor relu(const Tensor& x);
 // x if x > 0 else slope * x (slope as in PyTorch: 0.01).
 Tensor leaky_relu(const Tensor& x, double slope = 0.01);
@@ -108,7 +109,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1.
 Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 Tensor mean(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
-// Maximum; the gradient is shared equally among tied maxima.
+// Maximum, NaN over a slice that holds one; the gradient is shared equally among tied maxima
+// (as torch.amax: NaN over a slice whose maximum is NaN).
 Tensor max(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 // Sums `x` down to `shape` (the reverse of broadcast_to).
 Tensor sum_to(const Tensor& x, const Shape& shape);
@@ -139,7 +141,8 @@ Tensor log_softmax(const Tensor& x, int axis = -1);
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 // mean((a - b)^2) over all elements.
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
-// Fraction of samples whose argmax equals the label (ignored labels excluded). No gradient.
+// Fraction of samples whose argmax (a row's first NaN when it holds one, as torch.argmax) equals
+// the label (ignored labels excluded). No gradient.
 Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 
 // ---- Convolution and pooling (NCHW) ------------------------------------------------------

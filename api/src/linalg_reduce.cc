@@ -99,16 +99,17 @@ void mean_backward(BackwardContext& c) {
   c.set_input_grad(0, expand_reduced(F::div(c.grad_output(), count), in, at.axes_mask));
 }
 
-void max_backward(BackwardContext& c) {  // shared equally among tied maxima
+// Shared equally among tied maxima, as torch.amax: (gy / ties) * (x == max), so a slice whose
+// maximum is NaN (no element equal to it) gets (gy / 0) * 0 = NaN throughout.
+void max_backward(BackwardContext& c) {
   const auto& at = c.attrs<ReduceAttrs>();
   const Tensor& x = c.input(0);
   const Shape keep = detail::reduced_shape(x.shape(), at.axes_mask, true);
-  const Tensor mask = F::equal(x, F::reshape(c.output(), keep.dims()));
   const Tensor one = full({}, 1.0, x.dtype(), x.device());
   const Tensor zero = full({}, 0.0, x.dtype(), x.device());
-  const Tensor ties = reduce_masked(Op::Sum, F::where(mask, one, zero), at.axes_mask, true);
-  const Tensor share = F::div(F::reshape(c.grad_output(), keep.dims()), ties);
-  c.set_input_grad(0, F::where(mask, share, zero));
+  const Tensor is_max = F::where(F::equal(x, F::reshape(c.output(), keep.dims())), one, zero);
+  const Tensor ties = reduce_masked(Op::Sum, is_max, at.axes_mask, true);
+  c.set_input_grad(0, F::mul(F::div(F::reshape(c.grad_output(), keep.dims()), ties), is_max));
 }
 
 const bool kRegistered = [] {

@@ -84,7 +84,8 @@ inline T unary_op(T x) {
   if constexpr (kOp == Op::Neg) return -x;
   if constexpr (kOp == Op::Exp) return std::exp(x);
   if constexpr (kOp == Op::Log) return std::log(x);
-  if constexpr (kOp == Op::Relu) return x > T(0) ? x : T(0);
+  // x <= 0 rather than x > 0: relu(NaN) is NaN, as in PyTorch.
+  if constexpr (kOp == Op::Relu) return x <= T(0) ? T(0) : x;
   if constexpr (kOp == Op::Sigmoid) {  // exp(-|x|) never overflows
     const T e = std::exp(-std::abs(x));
     const T r = T(1) / (T(1) + e);
@@ -97,10 +98,12 @@ inline T unary_op(T x) {
 }
 
 // ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad ----------
+// As PyTorch's threshold_backward and leaky_relu_backward: at a NaN, relu's gradient is gy
+// (0 only where y <= 0) and leaky_relu's is slope * gy (x > 0 is false).
 
 template <Op kOp, typename T>
 inline T activation_grad(T a, T gy, T slope) {
-  if constexpr (kOp == Op::ReluGrad) return a > T(0) ? gy : T(0);
+  if constexpr (kOp == Op::ReluGrad) return a <= T(0) ? T(0) : gy;
   if constexpr (kOp == Op::LeakyReluGrad) return a > T(0) ? gy : slope * gy;
   if constexpr (kOp == Op::SigmoidGrad) return gy * a * (T(1) - a);
   if constexpr (kOp == Op::TanhGrad) return gy * (T(1) - a * a);

@@ -97,8 +97,8 @@ void mean_squared_error_kernel(const KernelArgs& args) {
   });
 }
 
-// Fraction of non-ignored samples whose first maximum is at the label; 0 when none. A label
-// outside [0, C) counts as a miss.
+// Fraction of non-ignored samples whose first maximum (a row's first NaN when it holds one, as
+// torch.argmax) is at the label; 0 when none. A label outside [0, C) counts as a miss.
 void accuracy_kernel(const KernelArgs& args) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
   const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
@@ -113,8 +113,8 @@ void accuracy_kernel(const KernelArgs& args) {
         ++count;
         const T* row = x + i * classes;
         int64_t arg = 0;
-        for (int64_t j = 1; j < classes; ++j)
-          if (row[j] > row[arg]) arg = j;
+        for (int64_t j = 1; j < classes && row[arg] == row[arg]; ++j)
+          if (row[j] > row[arg] || row[j] != row[j]) arg = j;
         correct += classes > 0 && arg == static_cast<int64_t>(y[i]);
       }
       *out.as<T>() = count == 0 ? T(0) : static_cast<T>(static_cast<double>(correct) / count);

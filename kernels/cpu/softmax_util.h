@@ -12,11 +12,12 @@ namespace encore::kernels::cpu {
 using UnitStride = std::integral_constant<int64_t, 1>;
 inline constexpr UnitStride kUnitStride{};
 
-// The largest element of a lane; 0 for an empty lane.
+// The largest element of a lane, NaN when the lane holds one (PyTorch's max: a row with a NaN
+// is NaN throughout); 0 for an empty lane.
 template <typename T, typename S>
 T lane_max(const T* x, int64_t n, S s) {
   T m = n > 0 ? x[0] : T(0);
-  for (int64_t i = 1; i < n; ++i) m = x[i * s] > m ? x[i * s] : m;
+  for (int64_t i = 1; i < n; ++i) m = x[i * s] > m || x[i * s] != x[i * s] ? x[i * s] : m;
   return m;
 }
 

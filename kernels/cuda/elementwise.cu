@@ -307,8 +307,8 @@ struct UnaryF {
       return dev_log(x);
     } else if constexpr (kOp == Op::Sqrt) {
       return dev_sqrt(x);
-    } else if constexpr (kOp == Op::Relu) {
-      return x > T(0) ? x : T(0);
+    } else if constexpr (kOp == Op::Relu) {  // x <= 0 rather than x > 0: relu(NaN) is NaN
+      return x <= T(0) ? T(0) : x;
     } else if constexpr (kOp == Op::Sigmoid) {  // exp(-|x|) never overflows
       const T e = dev_exp(-dev_abs(x));
       const T r = T(1) / (T(1) + e);
@@ -328,13 +328,15 @@ void unary_kernel(const KernelArgs& args) {
   });
 }
 
-// gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad.
+// gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad. As PyTorch's
+// threshold_backward and leaky_relu_backward: at a NaN, relu's gradient is gy (0 only where
+// y <= 0) and leaky_relu's is slope * gy (x > 0 is false).
 template <Op kOp, typename T>
 struct ActivationGradF {
   T slope;
   __device__ T operator()(T a, T gy) const {
     if constexpr (kOp == Op::ReluGrad) {
-      return a > T(0) ? gy : T(0);
+      return a <= T(0) ? T(0) : gy;
     } else if constexpr (kOp == Op::LeakyReluGrad) {
       return a > T(0) ? gy : slope * gy;
     } else if constexpr (kOp == Op::SigmoidGrad) {

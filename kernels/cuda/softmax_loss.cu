@@ -29,7 +29,7 @@ __device__ __forceinline__ T nan_of() {
   return ::cuda::std::numeric_limits<T>::quiet_NaN();
 }
 
-// The CPU's lane_max: a NaN is never taken (a lane holding one is NaN through its sum anyway).
+// The CPU's lane_max: NaN when the lane holds one (in any order of combination).
 struct LaneMaxOp {
   template <typename T>
   __device__ static T identity() {
@@ -37,7 +37,7 @@ struct LaneMaxOp {
   }
   template <typename T>
   __device__ static T combine(T a, T b) {
-    return b > a ? b : a;
+    return b > a || b != b ? b : a;
   }
 };
 
@@ -176,17 +176,28 @@ __device__ __forceinline__ T warp_row_sum_exp(const T* row, int64_t n, int lane,
   return warp_reduce<SumOp>(s);
 }
 
-// The index the CPU's scan picks (it moves from arg to j when row[j] > row[arg]): the first
-// maximum among the non-NaN elements, or 0 when row[0] is NaN. n >= 1; to every lane.
+constexpr int64_t kNoIndex = ::cuda::std::numeric_limits<int64_t>::max();
+
+// Whether element i of value v comes before element arg of value best as the first maximum of a
+// row: a NaN before any number, then the larger, then (equal, or both NaN) the lower index.
+template <typename T>
+__device__ __forceinline__ bool before(T v, int64_t i, T best, int64_t arg) {
+  if (arg == kNoIndex) return true;
+  const bool v_nan = v != v, best_nan = best != best;
+  if (v_nan != best_nan) return v_nan;
+  if (v_nan || v == best) return i < arg;
+  return v > best;
+}
+
+// The index the CPU's scan picks: the first maximum of the row, or its first NaN (as
+// torch.argmax). n >= 1; to every lane.
 template <typename T>
 __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, int lane) {
-  if (row[0] != row[0]) return 0;  // the same for all lanes
-  constexpr int64_t kNone = ::cuda::std::numeric_limits<int64_t>::max();
   T best = T(0);
-  int64_t arg = kNone;
+  int64_t arg = kNoIndex;
   for (int64_t j = lane; j < n; j += 32) {
     const T v = row[j];
-    if (arg == kNone ? v == v : v > best) {
+    if (before(v, j, best, arg)) {
       best = v;
       arg = j;
     }
@@ -194,8 +205,7 @@ __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, in
   for (int o = 16; o > 0; o /= 2) {
     const T other = __shfl_xor_sync(kFullMask, best, o);
     const int64_t other_arg = __shfl_xor_sync(kFullMask, arg, o);
-    if (other_arg != kNone &&
-        (arg == kNone || other > best || (other == best && other_arg < arg))) {
+    if (other_arg != kNoIndex && before(other, other_arg, best, arg)) {
       best = other;
       arg = other_arg;
     }

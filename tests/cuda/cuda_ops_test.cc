@@ -78,6 +78,10 @@ TEST_CASE("softmax, log_softmax, losses and accuracy", "[cuda][ops]") {
 TEST_CASE("where and comparisons", "[cuda][ops]") {
   check_ops_against_cpu(selection_cases(), kCuda);
 }
+TEST_CASE("NaN inputs give PyTorch's values and gradients", "[cuda][ops][nan]") {
+  check_ops_against_cpu(nan_cases(), kCuda);
+  check_ops_against_cpu(max_pool_nan_cases(), kCuda);
+}
 TEST_CASE("conv2d", "[cuda][ops][conv]") {
   check_ops_against_cpu(widened(conv_cases()), kCuda);
 }
