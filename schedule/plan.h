@@ -2,7 +2,7 @@
 // storage (a Copy where they alias something else), dead steps are dropped, elementwise steps
 // write over an input that dies there, and every other temporary gets an offset in one arena
 // (liveness over forward and backward together, placed largest first into the best-fitting
-// gap). The Executor part runs the steps over an arena with no lookups or allocation.
+// gap). run() replays a phase's steps over a call's arena with no lookups or allocation.
 #pragma once
 
 #include <atomic>
@@ -53,9 +53,9 @@ struct CapturedGraph {
   uint64_t last_use = 0;
 };
 
-// Per-call working state of one arena; reused by later calls once released. A block belongs to
-// one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between threads.
-struct Block {
+// Per-call working state of one arena; reused by later calls once released. A CallState belongs
+// to one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between threads.
+struct CallState {
   void* arena = nullptr;
   std::vector<BufferView> views;
   std::vector<void*> ptrs;                 // per buffer, this call's address
@@ -78,7 +78,7 @@ struct Block {
   IntrusivePtr<Storage> random_state;
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
-  std::vector<CapturedGraph> graphs[2];  // forward, backward
+  PerPhase<std::vector<CapturedGraph>> graphs;
   cuda::EventTimeline timeline;          // profiled CUDA runs
 };
 
@@ -108,7 +108,7 @@ class Plan {
   // Per buffer: its escape slot (own storage each call), or -1.
   int escape_slot(int buf) const { return escape_[buf]; }
   // Arenas allocated so far (one per call that was under way at once).
-  int arena_blocks() const;
+  int arenas() const;
   // Buffers of the forward results (after the Copy pass) and of the gradients. A result is in
   // an escaping buffer, or in a bound one (argument, parameter, external): a view of it.
   const std::vector<Operand>& results() const { return results_; }
@@ -123,25 +123,25 @@ class Plan {
   const std::vector<int>& forward_escapes() const { return fwd_escapes_; }
   const std::vector<int>& backward_escapes() const { return bwd_escapes_; }
 
-  // A free block for one call (a new arena when every block is taken), and its return. Safe
+  // A free call state for one call (a new arena when every one is taken), and its return. Safe
   // from several threads at once; the replay itself takes no lock.
-  Block* acquire();
-  void release(Block* b);
+  CallState* acquire();
+  void release(CallState* b);
 
   // The device every step runs on (cpu for a plan without steps).
   Device device() const { return device_; }
   // Gives the escaping buffers of the forward (or backward) steps their storage for this call:
   // new storage, or on CUDA a kept one the previous caller has dropped.
-  void allocate_escapes(Block& b, bool backward);
+  void allocate_escapes(CallState& b, Phase phase);
   // Patches this call's addresses of the non-arena buffers the forward (or backward) steps read
-  // or write into the block's views.
-  void bind(Block& b, bool backward) const;
+  // or write into the state's views.
+  void bind(CallState& b, Phase phase) const;
   // Runs the forward (or backward) schedule. With `snapshots`, appends what each step wrote. While
   // the profiler records, each step is timed (the choice is made once per run, not per step; on
   // CUDA with device events). On CUDA a whole phase without snapshots or profiling is one graph
   // launch (captured on first use, and again when bound addresses change) unless graphs are off or
   // capture failed (graph_stats().fallback).
-  void run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots = nullptr);
+  void run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots = nullptr);
   GraphStats graph_stats() const;
 
   // ---- Schedule dump ----
@@ -164,15 +164,15 @@ class Plan {
  private:
   // `device_random`: random steps read their {seed, offset} from b.random_state.
   template <bool kProfile>
-  void run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
+  void run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
-  void run_graph(Block& b, bool backward, int begin, int end);
+  void run_graph(CallState& b, Phase phase, int begin, int end);
   void plan_graphs();
-  void finish_copy_out(Block& b);
+  void finish_copy_out(CallState& b);
   // The forward's (or backward's) range of patches_.
-  std::pair<size_t, size_t> patch_range(bool backward) const {
-    return backward ? std::pair{forward_patches_, patches_.size()}
-                    : std::pair{size_t{0}, forward_patches_};
+  std::pair<size_t, size_t> patch_range(Phase phase) const {
+    return phase == Phase::Backward ? std::pair{forward_patches_, patches_.size()}
+                                    : std::pair{size_t{0}, forward_patches_};
   }
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
@@ -204,16 +204,17 @@ class Plan {
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
   std::once_flag profile_args_once_;
 
-  mutable std::mutex pool_mu_;  // guards blocks_ and free_
-  std::vector<std::unique_ptr<Block>> blocks_;
-  std::vector<Block*> free_;
+  mutable std::mutex pool_mu_;  // guards states_ and free_
+  std::vector<std::unique_ptr<CallState>> states_;
+  std::vector<CallState*> free_;
 
   // CUDA graph replay.
   Device device_;
   std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
   size_t stage_slots_ = 0;
-  std::vector<std::pair<uint32_t, int>> staged_views_[2];  // per phase: view -> staging slot
-  std::vector<int> staged_[2];     // staged buffers the forward reads; only the backward reads
+  PerPhase<std::vector<std::pair<uint32_t, int>>> staged_views_;  // view -> staging slot
+  // Staged buffers the forward reads, and those only the backward reads.
+  PerPhase<std::vector<int>> staged_;
   std::vector<int> staged_both_;   // staged buffers both phases read
   std::vector<int> random_steps_;  // in step order: step r uses {seed, offset} pair r
   size_t random_forward_ = 0;      // random steps of the forward (they come first)

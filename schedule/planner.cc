@@ -81,7 +81,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, bool fuse) : rec_(std::move(rec)) {
 }
 
 Plan::~Plan() {
-  for (auto& b : blocks_)
+  for (auto& b : states_)
     if (b->arena != nullptr) allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
 }
 
@@ -101,14 +101,14 @@ void Plan::plan_graphs() {
   std::vector<char> read(bufs.size(), 0);  // bit 0: by the forward, bit 1: by the backward
   for (size_t k = 0; k < patches_.size(); ++k) {
     const auto& [vi, buf] = patches_[k];
-    const bool backward = k >= forward_patches_;
-    read[buf] |= backward ? 2 : 1;
-    if (stage_slot_[buf] >= 0) staged_views_[backward].emplace_back(vi, stage_slot_[buf]);
+    const Phase phase = k >= forward_patches_ ? Phase::Backward : Phase::Forward;
+    read[buf] |= phase == Phase::Backward ? 2 : 1;
+    if (stage_slot_[buf] >= 0) staged_views_[phase].emplace_back(vi, stage_slot_[buf]);
   }
   for (size_t buf = 0; buf < bufs.size(); ++buf) {
     if (stage_slot_[buf] < 0) continue;
-    if (read[buf] & 1) staged_[0].push_back(static_cast<int>(buf));
-    if (read[buf] == 2) staged_[1].push_back(static_cast<int>(buf));
+    if (read[buf] & 1) staged_.forward.push_back(static_cast<int>(buf));
+    if (read[buf] == 2) staged_.backward.push_back(static_cast<int>(buf));
     if (read[buf] == 3) staged_both_.push_back(static_cast<int>(buf));
   }
   for (int i = 0; i < static_cast<int>(steps_.size()); ++i) {
@@ -467,16 +467,16 @@ void Plan::build_steps() {
   }
 }
 
-Block* Plan::acquire() {
+CallState* Plan::acquire() {
   {
     std::lock_guard<std::mutex> l(pool_mu_);
     if (!free_.empty()) {
-      Block* b = free_.back();
+      CallState* b = free_.back();
       free_.pop_back();
       return b;
     }
   }
-  auto b = std::make_unique<Block>();
+  auto b = std::make_unique<CallState>();
   if (memory_.arena_bytes > 0)
     b->arena = allocator_for(device_).allocate(static_cast<size_t>(memory_.arena_bytes));
   b->views = view_template_;
@@ -490,13 +490,13 @@ Block* Plan::acquire() {
     b->escape_fixed.resize(escapes_);
     b->staging.resize(stage_slots_);
   }
-  Block* out = b.get();
+  CallState* out = b.get();
   std::lock_guard<std::mutex> l(pool_mu_);
-  blocks_.push_back(std::move(b));
+  states_.push_back(std::move(b));
   return out;
 }
 
-void Plan::release(Block* b) {
+void Plan::release(CallState* b) {
   b->held.clear();
   b->versions.clear();
   for (auto& s : b->own) s.reset();
@@ -506,9 +506,9 @@ void Plan::release(Block* b) {
   free_.push_back(b);
 }
 
-int Plan::arena_blocks() const {
+int Plan::arenas() const {
   std::lock_guard<std::mutex> l(pool_mu_);
-  return static_cast<int>(blocks_.size());
+  return static_cast<int>(states_.size());
 }
 
 GraphStats Plan::graph_stats() const {
@@ -523,10 +523,10 @@ GraphStats Plan::graph_stats() const {
   return s;
 }
 
-void Plan::allocate_escapes(Block& b, bool backward) {
+void Plan::allocate_escapes(CallState& b, Phase phase) {
   const Recording& rec = *rec_;
   const bool cuda = device_.type == DeviceType::CUDA;
-  for (int buf : backward ? bwd_escapes_ : fwd_escapes_) {
+  for (int buf : phase == Phase::Backward ? bwd_escapes_ : fwd_escapes_) {
     const int slot = escape_[buf];
     const size_t nbytes = rec.buffers[buf].nbytes;
     IntrusivePtr<Storage>& s = b.own[slot];
@@ -562,26 +562,27 @@ void Plan::allocate_escapes(Block& b, bool backward) {
   }
 }
 
-void Plan::finish_copy_out(Block& b) {
+void Plan::finish_copy_out(CallState& b) {
   for (const auto& [buf, slot] : b.copy_out)
     cuda::copy_bytes(b.own[slot]->data(), device_, b.escape_fixed[slot]->data(), device_,
                      rec_->buffers[buf].nbytes);
   b.copy_out.clear();
 }
 
-void Plan::bind(Block& b, bool backward) const {
-  const auto [p0, p1] = patch_range(backward);
+void Plan::bind(CallState& b, Phase phase) const {
+  const auto [p0, p1] = patch_range(phase);
   for (size_t k = p0; k < p1; ++k) b.views[patches_[k].first].data = b.ptrs[patches_[k].second];
 }
 
-void Plan::run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots) {
+void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) {
+  const bool backward = phase == Phase::Backward;
   const int begin = backward ? n_forward_ : 0;
   const int end = backward ? static_cast<int>(steps_.size()) : n_forward_;
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
     if (begin < end && snapshots == nullptr && !profiler::active() &&
         !graphs_off_.load(std::memory_order_acquire) && cuda::graphs_enabled()) {
-      run_graph(b, backward, begin, end);
+      run_graph(b, phase, begin, end);
       finish_copy_out(b);
       return;
     }
@@ -595,7 +596,8 @@ void Plan::run(Block& b, bool backward, std::vector<StepSnapshot>* snapshots) {
   finish_copy_out(b);  // (only CUDA escapes are ever copied out)
 }
 
-void Plan::run_graph(Block& b, bool backward, int begin, int end) {
+void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
+  const bool backward = phase == Phase::Backward;
   const cuda::StreamHandle stream = cuda::current_stream(device_.index);
   const std::vector<Buffer>& bufs = rec_->buffers;
 
@@ -608,10 +610,10 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
       cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
     }
   };
-  stage(staged_[backward]);
+  stage(staged_[phase]);
   if (backward && !b.forward_staged) stage(staged_both_);
   if (!backward) b.forward_staged = true;
-  for (const auto& [vi, slot] : staged_views_[backward]) b.views[vi].data = b.staging[slot]->data();
+  for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staging[slot]->data();
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
@@ -636,8 +638,8 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
   }
 
   // The graph for these addresses, or a new capture.
-  const auto [p0, p1] = patch_range(backward);
-  std::vector<CapturedGraph>& graphs = b.graphs[backward];
+  const auto [p0, p1] = patch_range(phase);
+  std::vector<CapturedGraph>& graphs = b.graphs[phase];
   for (CapturedGraph& g : graphs) {
     bool same = true;
     for (size_t k = p0; k < p1 && same; ++k)
@@ -668,7 +670,7 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
     {
       std::lock_guard<std::mutex> l(fallback_mu_);
       if (!graphs_off_.load(std::memory_order_relaxed))
-        fallback_ = cat(backward ? "backward" : "forward", " capture failed: ", failure);
+        fallback_ = cat(phase_name(phase), " capture failed: ", failure);
       graphs_off_.store(true, std::memory_order_release);
     }
     graphs.clear();
@@ -691,7 +693,7 @@ void Plan::run_graph(Block& b, bool backward, int begin, int end) {
 }
 
 template <bool kProfile>
-void Plan::run_steps(Block& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
+void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                      bool device_random) {
   const BufferView* v = b.views.data();
   const bool cuda = device_.type == DeviceType::CUDA;

@@ -21,6 +21,19 @@
 
 namespace encore::schedule {
 
+// The two schedules of a static call: its forward, and the first backward through its outputs.
+enum class Phase : uint8_t { Forward, Backward };
+
+// One T per phase.
+template <typename T>
+struct PerPhase {
+  T forward{}, backward{};
+  T& operator[](Phase p) { return p == Phase::Forward ? forward : backward; }
+  const T& operator[](Phase p) const { return p == Phase::Forward ? forward : backward; }
+};
+
+inline const char* phase_name(Phase p) { return p == Phase::Forward ? "forward" : "backward"; }
+
 enum class BufKind : uint8_t {
   Arg,       // argument `index` of the call
   Param,     // watched parameter slot `index`, read at every call
@@ -91,8 +104,6 @@ struct Recording {
 // Records what the dispatcher runs into a Recording while it is the active tracer.
 class Recorder final : public Tracer {
  public:
-  enum class Phase { Forward, Backward };
-
   // `throw_unsafe`: a host read or a parameter created during the trace throws at once.
   Recorder(Recording& rec, const std::string& name, bool throw_unsafe, bool snapshot);
 

@@ -347,14 +347,14 @@ struct VerifyState {
   std::vector<Tensor> aliases, inner, leaves;
 };
 
-// What a replayed call keeps until its backward: the arena block and the plan it belongs to.
+// What a replayed call keeps until its backward: its call state (arena) and the plan it belongs to.
 struct Frame final : RefCounted {
   std::shared_ptr<Entry> entry;
   std::shared_ptr<Plan> plan;
-  Block* block = nullptr;
+  CallState* state = nullptr;
   std::unique_ptr<VerifyState> verify;
   ~Frame() override {
-    if (block != nullptr) plan->release(block);
+    if (state != nullptr) plan->release(state);
   }
 };
 
@@ -833,7 +833,7 @@ namespace {
 void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
   Entry& e = *f.entry;
   try {
-    f.recorder->set_phase(Recorder::Phase::Backward);
+    f.recorder->set_phase(Phase::Backward);
     for (size_t k = 0; k < grads_out.size(); ++k)
       f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
     {
@@ -909,7 +909,7 @@ const Tensor* bound_tensor(const Entry& e, const Buffer& b, std::span<const Tens
   }
 }
 
-Tensor grad_tensor(Block& b, const Plan& p, const Entry& e, int buf, const Tensor& leaf) {
+Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const Tensor& leaf) {
   const Buffer& B = p.recording().buffers[buf];
   if (B.kind == BufKind::Temp)
     return tensor_on(b.own[p.escape_slot(buf)], Operand{buf, leaf.shape(), leaf.dtype()});
@@ -976,17 +976,18 @@ bool same_values(const Step& s, const std::vector<unsigned char>& a,
 
 // Compares a fresh eager recording with the plan's, step by step (structure, then values).
 void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
-                  const std::vector<StepSnapshot>& replayed, bool backward) {
+                  const std::vector<StepSnapshot>& replayed, Phase phase) {
+  const bool backward = phase == Phase::Backward;
   const std::vector<Step>& want = p.trace_steps();
   const int begin = backward ? p.recorded_forward() : 0;
   const int end = backward ? static_cast<int>(want.size()) : p.recorded_forward();
   const std::vector<Step>& got = backward ? eager.backward : eager.forward;
-  const char* phase = backward ? "backward" : "forward";
+  const char* what = phase_name(phase);
   for (int i = begin; i < end; ++i) {
     const int k = i - begin;
     const Step& a = want[i];
     ENCORE_CHECK(k < static_cast<int>(got.size()), "verify: ", name,
-                 ": the eager run stopped after ", got.size(), " ", phase,
+                 ": the eager run stopped after ", got.size(), " ", what,
                  " ops; the schedule has ", end - begin, ": the function is not static");
     const Step& b = got[k];
     bool same = a.op == b.op && a.in.size() == b.in.size() && a.out.size() == b.out.size() &&
@@ -995,14 +996,14 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
       same = a.in[j].shape == b.in[j].shape && a.in[j].dtype == b.in[j].dtype;
     for (size_t j = 0; same && j < a.out.size(); ++j)
       same = a.out[j].shape == b.out[j].shape && a.out[j].dtype == b.out[j].dtype;
-    ENCORE_CHECK(same, "verify: ", name, ": ", phase, " op ", k, " differs: the schedule has ",
+    ENCORE_CHECK(same, "verify: ", name, ": ", what, " op ", k, " differs: the schedule has ",
                  step_text(a.op, a.in, a.out, a.attrs), ", the eager run now does ",
                  step_text(b.op, b.in, b.out, b.attrs),
                  " (different op, shapes or attributes): the function is not static; its ops "
                  "depend on something outside its signature");
   }
   ENCORE_CHECK(static_cast<int>(got.size()) == end - begin, "verify: ", name,
-               ": the eager run did ", got.size(), " ", phase, " ops; the schedule has ",
+               ": the eager run did ", got.size(), " ", what, " ops; the schedule has ",
                end - begin, ": the function is not static");
   const int offset = backward ? static_cast<int>(eager.forward.size()) : 0;
   for (const StepSnapshot& mine : replayed) {
@@ -1010,7 +1011,7 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
     const int k = mine.trace_index - begin;
     const Step& a = want[mine.trace_index];
     ENCORE_CHECK(same_values(a, mine.bytes, eager.snapshots[offset + k]), "verify: ", name, ": ",
-                 phase, " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
+                 what, " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
                  " computed different values in the replay and in the eager run: the function "
                  "is not static (it reads values the schedule bound at trace time)");
   }
@@ -1024,7 +1025,7 @@ void replay_backward(BackwardContext& ctx) {
     span.set_args(f.entry->span_args);
   }
   Plan& p = *f.plan;
-  Block& b = *f.block;
+  CallState& b = *f.state;
   ENCORE_CHECK(!b.backward_done, "backward: a replayed static call was back-propagated twice ",
                "(retain_graph); its arena is reused by the backward, so run the function again");
   std::vector<Tensor> grads_out;
@@ -1039,12 +1040,12 @@ void replay_backward(BackwardContext& ctx) {
     ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
                  b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
                  " -> ", b.held[i].version(), ")");
-  p.allocate_escapes(b, /*backward=*/true);
-  p.bind(b, /*backward=*/true);
+  p.allocate_escapes(b, Phase::Backward);
+  p.bind(b, Phase::Backward);
   std::vector<StepSnapshot> snaps;
-  p.run(b, /*backward=*/true, f.verify ? &snaps : nullptr);
+  p.run(b, Phase::Backward, f.verify ? &snaps : nullptr);
   b.backward_done = true;
-  if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, true);
+  if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, Phase::Backward);
   const std::vector<Operand>& grads = p.grads();
   for (size_t j = 0; j < grads.size(); ++j)
     ctx.set_input_grad(static_cast<int>(j),
@@ -1110,10 +1111,10 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   if (verify) vs = run_for_verify(*e, args);
 
   for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
-  Block* b = p.acquire();
+  CallState* b = p.acquire();
   struct ReleaseOnError {
     Plan& p;
-    Block*& b;
+    CallState*& b;
     ~ReleaseOnError() {
       if (b != nullptr) p.release(b);
     }
@@ -1123,9 +1124,9 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
     if (t != nullptr) b->ptrs[buf] = t->raw_data();
   }
-  p.allocate_escapes(*b, /*backward=*/false);
-  p.bind(*b, /*backward=*/false);
-  p.run(*b, /*backward=*/false, verify ? &snaps : nullptr);
+  p.allocate_escapes(*b, Phase::Forward);
+  p.bind(*b, Phase::Forward);
+  p.run(*b, Phase::Forward, verify ? &snaps : nullptr);
   // In-place writes to bound tensors count as eager's do. A verified call's eager run already
   // bumped their versions (its state restore does not), and the tensors it saved for backward
   // were saved at those versions.
@@ -1159,16 +1160,16 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     }
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
   }
-  if (verify) compare_runs(config.name, p, vs->rec, snaps, false);
+  if (verify) compare_runs(config.name, p, vs->rec, snaps, Phase::Forward);
 
-  if (!e->node) return;  // the guard releases the block
+  if (!e->node) return;  // the guard releases the call state
   auto frame = make_intrusive<Frame>();
   frame->entry = e;
   frame->plan = e->plan;
-  frame->block = b;
+  frame->state = b;
   b = nullptr;
   if (verify) {
-    vs->recorder->set_phase(Recorder::Phase::Backward);
+    vs->recorder->set_phase(Phase::Backward);
     for (const Leaf& l : rec.leaves) vs->leaves.push_back(leaf_now(*e, l));
     frame->verify = std::move(vs);
   }
@@ -1225,7 +1226,7 @@ StaticStats StaticGraph::stats() const {
       r.lower_bound_bytes = m.lower_bound_bytes;
       r.naive_bytes = m.naive_bytes;
       r.in_place_steps = m.in_place_steps;
-      r.arenas = e->plan->arena_blocks();
+      r.arenas = e->plan->arenas();
       const GraphStats gs = e->plan->graph_stats();
       r.graph_launches = gs.launches;
       r.graph_captures = gs.captures;
@@ -1287,8 +1288,8 @@ std::string no_schedule(const Entry& e, EntryState state) {
 std::string memory_text(const Plan& p) {
   const MemoryPlan& m = p.memory();
   return cat("arena ", m.arena_bytes, " bytes (lower bound ", m.lower_bound_bytes, ", naive sum ",
-             m.naive_bytes, "); ", m.in_place_steps, " steps in place; ", p.arena_blocks(),
-             p.arena_blocks() == 1 ? " arena" : " arenas", " allocated");
+             m.naive_bytes, "); ", m.in_place_steps, " steps in place; ", p.arenas(),
+             p.arenas() == 1 ? " arena" : " arenas", " allocated");
 }
 
 // "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
