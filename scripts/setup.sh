@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages encore needs (only the missing ones), then, when given a build
-# directory, configures and builds there.
+# Installs the Debian packages encore needs (only the missing ones), then configures and builds.
 #
-#   scripts/setup.sh                                  # packages only
-#   scripts/setup.sh build -DCMAKE_BUILD_TYPE=Release # packages, then configure + build in build/
+#   scripts/setup.sh                          # packages only
+#   scripts/setup.sh main [TARGET...]         # the main build, build/ (Release, warnings as
+#                                             # errors): the demo and the tests share it
+#   scripts/setup.sh DIR [CMAKE_ARGS...]      # another build directory (the sanitizer builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +30,17 @@ if ((${#missing[@]})); then
     apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-if (($#)); then
+if (($# == 0)); then
+  exit 0
+fi
+if [[ $1 == main ]]; then
+  shift
+  targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  # The same arguments on every call, so a second call rebuilds nothing the first built.
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DENCORE_WERROR=ON
+  cmake --build build -j "$(nproc)" "${targets[@]}"
+else
   build_dir=$1
   shift
   cmake -S . -B "$build_dir" "$@"

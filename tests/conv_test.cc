@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "encore/functions.h"
 #include "encore/nn.h"
-#include "kernels/cpu/conv.h"
 #include "op_cases_image.h"
 #include "op_harness.h"
 #include "runtime/parallel.h"
@@ -21,9 +20,9 @@ namespace {
 // Runs `body` with im2col + GEMM forced (or not), restoring the setting afterwards.
 template <typename Body>
 void with_im2col(bool on, Body body) {
-  const bool old = kernels::cpu::set_conv_im2col(on);
+  const bool old = F::set_conv_im2col(on);
   body();
-  kernels::cpu::set_conv_im2col(old);
+  F::set_conv_im2col(old);
 }
 
 Tensor leaf(const Shape& s, DType dt = DType::Float32) {

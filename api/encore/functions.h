@@ -151,6 +151,10 @@ Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label
 // (optional) -> [N,O,Ho,Wo], Ho = (H + 2 padding.h - dilation.h (kh-1) - 1) / stride.h + 1.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int groups = 1);
+// Whether every cpu convolution goes through im2col + GEMM instead of the register-blocked
+// stride-1 kernels (to compare the two paths); returns the previous setting.
+// ENCORE_CONV_IM2COL=1 in the environment turns it on when the library loads.
+bool set_conv_im2col(bool on);
 // Maximum over each window (padding counts as -infinity); stride defaults to the kernel size,
 // padding is at most half the kernel, the output size is floored. The gradient goes to the first
 // maximum of each window in row-major order.

@@ -3,6 +3,7 @@
 
 #include "api/src/routine.h"
 #include "encore/nn.h"
+#include "kernels/cpu/conv.h"
 
 namespace encore {
 namespace F = functions;
@@ -33,6 +34,8 @@ const bool kRegistered = [] {
 }  // namespace
 
 namespace functions {
+
+bool set_conv_im2col(bool on) { return kernels::cpu::set_conv_im2col(on); }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
               Size2 padding, Size2 dilation, int groups) {

@@ -1,0 +1,30 @@
+# encore_public_headers(OUT): the public headers, api/encore/*.h, and every project header they
+# include, directly or not, as paths relative to the source tree. An include is resolved against
+# the tree's root, then api/ (how the installed package's include directories resolve it).
+# Configuring again when any of them changes keeps the list current.
+function(encore_public_headers out)
+  file(GLOB todo RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS
+       ${PROJECT_SOURCE_DIR}/api/encore/*.h)
+  set(seen "")
+  while(todo)
+    list(POP_FRONT todo header)
+    if(header IN_LIST seen)
+      continue()
+    endif()
+    list(APPEND seen ${header})
+    file(STRINGS ${PROJECT_SOURCE_DIR}/${header} lines REGEX "^#include \"")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" inc "${line}")
+      foreach(candidate ${inc} api/${inc})
+        if(EXISTS ${PROJECT_SOURCE_DIR}/${candidate})
+          list(APPEND todo ${candidate})
+          break()
+        endif()
+      endforeach()
+    endforeach()
+  endwhile()
+  list(TRANSFORM seen PREPEND ${PROJECT_SOURCE_DIR}/ OUTPUT_VARIABLE absolute)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${absolute})
+  list(SORT seen)
+  set(${out} ${seen} PARENT_SCOPE)
+endfunction()
