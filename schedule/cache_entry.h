@@ -21,7 +21,6 @@
 namespace encore::schedule::detail {
 
 struct ParamGuard {
-  int buf;  // the Param buffer
   int slot;
   Shape shape;
   DType dtype;

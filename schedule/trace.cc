@@ -144,12 +144,10 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
       std::any_of(inner.begin(), inner.end(), [](const Tensor& t) { return t.requires_grad(); });
   e.node = node;
   // Guards: watched parameters' shapes; the state of .grad the trace depended on.
-  for (size_t b = 0; b < rec->buffers.size(); ++b) {
-    const Buffer& buf = rec->buffers[b];
+  for (const Buffer& buf : rec->buffers)
     if (buf.kind == BufKind::Param)
-      e.params.push_back({static_cast<int>(b), buf.index, buf.bound.shape(), buf.bound.dtype(),
-                          buf.bound.device(), buf.bound.requires_grad()});
-  }
+      e.params.push_back({buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
+                          buf.bound.requires_grad()});
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
     const bool entry_read =
