@@ -1,0 +1,107 @@
+// A cache entry of a static function: its signature, guards, recording and plan, published by
+// its state; and what the parts of a call read from it (its leaves' tensors now, the tensor
+// each bound buffer stands for in a call). Internal to schedule/.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/profiler.h"
+#include "schedule/plan.h"
+#include "schedule/recording.h"
+#include "schedule/signature.h"
+#include "schedule/static_graph.h"
+
+namespace encore::schedule::detail {
+
+struct ParamGuard {
+  int slot;
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool requires_grad;
+};
+
+struct GradGuard {
+  int leaf;
+  bool defined;  // what the .grad must be when a call starts
+  Shape shape;
+};
+
+// Where an entry is in its life. Tracing, it is a placeholder: other calls with its signature
+// run eagerly meanwhile, and only its signature may be read. The trace publishes Ready (planned),
+// Waiting (for the first backward through its outputs) or Eager (unsafe); from Waiting, that
+// backward makes it Ready or Failed, and outputs that die unused make it Abandoned. The state is
+// stored (release) after the fields it publishes are written, and loaded (acquire) before they
+// are read.
+enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned };
+
+struct Entry {
+  std::string_view name;  // the function's (interned)
+  int64_t id = 0;         // the trace that made it (1, 2, ...)
+  int64_t traced_call = 0;
+  Signature sig;
+  std::weak_ptr<StaticGraph::Impl> owner;  // told when the first backward fails
+  std::atomic<EntryState> state{EntryState::Tracing};
+  std::shared_ptr<Recording> rec;
+  std::shared_ptr<Plan> plan;  // Ready
+  bool eager_only = false;
+  bool node = false;  // results carry a subgraph node
+  bool fuse = true;   // fusion_enabled() when the trace began
+  std::vector<ParamSlot> slots;
+  std::vector<ParamGuard> params;
+  std::vector<GradGuard> grads;
+  std::vector<int> grad_in;  // GradIn buffers, by differentiable result
+  int64_t hits = 0;          // guarded by the function's mutex
+  // Failed: why, and how many first backwards of this signature failed in a row (a retrace
+  // carries the count over).
+  std::string failure;
+  int backward_failures = 0;
+  // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the
+  // old gradients are freed before the new ones are allocated.
+  std::vector<int> early_clear;
+  // Profiler span names by SpanKind (forward replay ... trace backward), interned on first use,
+  // and the arguments its spans carry.
+  std::once_flag span_names_once, span_args_once;
+  std::string_view span_names[4];
+  std::string_view span_args;
+
+  EntryState load_state() const { return state.load(std::memory_order_acquire); }
+  void publish(EntryState s) { state.store(s, std::memory_order_release); }
+};
+
+// The name of a span of entry `e` (made while profiling only: interned names are never freed).
+std::string_view span_name(Entry& e, profiler::SpanKind kind);
+
+inline const Tensor& leaf_now(const Entry& e, const Leaf& l) {
+  return l.param >= 0 ? *e.slots[l.param].slot : l.tensor;
+}
+
+// Why the entry's guards fail for this call (empty: they hold).
+std::string guard_failure(const Entry& e);
+
+// The tensor a non-arena buffer is for this call (null for GradIn and temporaries).
+inline const Tensor* bound_tensor(const Entry& e, const Buffer& b, std::span<const Tensor> args,
+                                  Tensor& scratch) {
+  switch (b.kind) {
+    case BufKind::Arg:
+      return &args[b.index];
+    case BufKind::Param:
+      return e.slots[b.index].slot;
+    case BufKind::External:
+      return &b.bound;
+    case BufKind::GradSlot:
+      scratch = leaf_now(e, e.plan->recording().leaves[b.index]).grad();
+      return &scratch;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace encore::schedule::detail

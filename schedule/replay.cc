@@ -1,0 +1,163 @@
+// Replay: a call of a planned entry binds its tensors into a call state and runs the forward
+// schedule; the subgraph node's backward runs the backward schedule.
+#include "runtime/autograd.h"
+#include "runtime/profiler.h"
+#include "schedule/static_graph_impl.h"
+#include "schedule/subgraph_node.h"
+#include "schedule/verify.h"
+
+namespace encore::schedule {
+using namespace detail;
+namespace {
+
+// What a replayed call keeps until its backward: its call state (arena) and the plan it belongs to.
+struct Frame final : RefCounted {
+  std::shared_ptr<Entry> entry;
+  std::shared_ptr<Plan> plan;
+  CallState* state = nullptr;
+  std::unique_ptr<VerifyState> verify;
+  ~Frame() override {
+    if (state != nullptr) plan->release(state);
+  }
+};
+
+Tensor tensor_on(const IntrusivePtr<Storage>& s, const Operand& o) {
+  return Tensor(make_intrusive<TensorImpl>(s, 0, o.shape, o.dtype));
+}
+
+Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const Tensor& leaf) {
+  const Buffer& B = p.recording().buffers[buf];
+  if (B.kind == BufKind::Temp)
+    return tensor_on(b.own[p.escape_slot(buf)], Operand{buf, leaf.shape(), leaf.dtype()});
+  Tensor scratch;
+  const Tensor* t = bound_tensor(e, B, {}, scratch);
+  return t != nullptr ? *t : Tensor();
+}
+
+void replay_backward(BackwardContext& ctx) {
+  Frame& f = static_cast<Frame&>(*ctx.payload());
+  profiler::ScopedSpan span({}, profiler::SpanKind::BackwardReplay);
+  if (span.recording()) {
+    span.set_name(span_name(*f.entry, profiler::SpanKind::BackwardReplay));
+    span.set_args(f.entry->span_args);
+  }
+  Plan& p = *f.plan;
+  CallState& b = *f.state;
+  ENCORE_CHECK(!b.backward_done, "backward: a replayed static call was back-propagated twice ",
+               "(retain_graph); its arena is reused by the backward, so run the function again");
+  std::vector<Tensor> grads_out;
+  if (f.verify) {
+    VerifyState& v = *f.verify;
+    for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
+    verify_backward(*v.recorder, v.inner, grads_out, v.aliases, v.leaves);
+  }
+  for (size_t i = 0; i < f.entry->grad_in.size(); ++i)
+    if (f.entry->grad_in[i] >= 0) b.ptrs[f.entry->grad_in[i]] = ctx.grad_output(i).raw_data();
+  for (size_t i = 0; i < b.held.size(); ++i)
+    ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
+                 b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
+                 " -> ", b.held[i].version(), ")");
+  p.allocate_escapes(b, Phase::Backward);
+  p.bind(b, Phase::Backward);
+  std::vector<StepSnapshot> snaps;
+  p.run(b, Phase::Backward, f.verify ? &snaps : nullptr);
+  b.backward_done = true;
+  if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, Phase::Backward);
+  const std::vector<Operand>& grads = p.grads();
+  for (size_t j = 0; j < grads.size(); ++j)
+    ctx.set_input_grad(static_cast<int>(j),
+                       tensor_on(b.own[p.escape_slot(grads[j].buf)], grads[j]));
+}
+
+}  // namespace
+
+void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+                               std::vector<Tensor>& results, bool verify) {
+  profiler::ScopedSpan span({}, profiler::SpanKind::ForwardReplay);
+  if (span.recording()) {
+    span.set_name(span_name(*e, profiler::SpanKind::ForwardReplay));
+    std::call_once(e->span_args_once, [&] {
+      e->span_args = intern(cat("signature: ", describe(e->sig, config), "; arena bytes ",
+                                e->plan->memory().arena_bytes, "; steps ", e->plan->forward_steps(),
+                                " forward, ", e->plan->backward_steps(), " backward"));
+    });
+    span.set_args(e->span_args);
+  }
+  Plan& p = *e->plan;
+  const Recording& rec = p.recording();
+  std::unique_ptr<VerifyState> vs;
+  std::vector<StepSnapshot> snaps;
+  if (verify) vs = run_for_verify(*e, args);
+
+  for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
+  CallState* b = p.acquire();
+  struct ReleaseOnError {
+    Plan& p;
+    CallState*& b;
+    ~ReleaseOnError() {
+      if (b != nullptr) p.release(b);
+    }
+  } guard{p, b};
+  Tensor scratch;
+  for (int buf : p.external_buffers()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    if (t != nullptr) b->ptrs[buf] = t->raw_data();
+  }
+  p.allocate_escapes(*b, Phase::Forward);
+  p.bind(*b, Phase::Forward);
+  p.run(*b, Phase::Forward, verify ? &snaps : nullptr);
+  // In-place writes to bound tensors count as eager's do. A verified call's eager run already
+  // bumped their versions (its state restore does not), and the tensors it saved for backward
+  // were saved at those versions.
+  if (!verify) {
+    for (int buf : p.mutated_external()) {
+      const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+      if (t != nullptr) t->impl()->storage->bump_version();
+    }
+  }
+  // What the backward reads outside the arena stays alive, and must not change, until then.
+  for (int buf : p.backward_reads()) {
+    const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
+    b->held.push_back(*t);
+    b->versions.push_back(t->version());
+  }
+  for (const Leaf& l : rec.leaves) {
+    if (l.final_grad == Leaf::kUntouched) continue;
+    const Tensor& leaf = leaf_now(*e, l);
+    leaf.impl()->grad = l.final_grad == Leaf::kCleared
+                            ? IntrusivePtr<TensorImpl>()
+                            : grad_tensor(*b, p, *e, l.final_grad, leaf).impl_ptr();
+  }
+  results.clear();
+  results.reserve(p.results().size());
+  for (const Operand& r : p.results()) {
+    if (p.escape_slot(r.buf) < 0) {  // a view of a tensor bound to this call
+      const Tensor* t = bound_tensor(*e, rec.buffers[r.buf], args, scratch);
+      results.push_back(Tensor(
+          make_intrusive<TensorImpl>(t->impl()->storage, t->impl()->offset, r.shape, r.dtype)));
+      continue;
+    }
+    results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
+  }
+  if (verify) compare_runs(config.name, p, vs->rec, snaps, Phase::Forward);
+
+  if (!e->node) return;  // the guard releases the call state
+  auto frame = make_intrusive<Frame>();
+  frame->entry = e;
+  frame->plan = e->plan;
+  frame->state = b;
+  b = nullptr;
+  if (verify) {
+    vs->recorder->set_phase(Phase::Backward);
+    for (const Leaf& l : rec.leaves) vs->leaves.push_back(leaf_now(*e, l));
+    frame->verify = std::move(vs);
+  }
+  IntrusivePtr<Node> n =
+      subgraph_node(label, &replay_backward, rec.contributions.size(), rec.differentiable.size());
+  for (const Recording::Contribution& c : rec.contributions)
+    add_input(*n, c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
+  for (int k : rec.differentiable) add_output(n, *results[k].impl());
+  n->payload = std::move(frame);
+}
+
+}  // namespace encore::schedule

@@ -1,0 +1,183 @@
+// Reports: a function's statistics and cache entries, its schedules as text and as Graphviz,
+// and the table of every live function.
+#include <algorithm>
+#include <cstdio>
+
+#include "schedule/static_graph_impl.h"
+
+namespace encore::schedule {
+using namespace detail;
+
+StaticStats StaticGraph::stats() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  StaticStats s = impl_->stats;
+  s.entries = static_cast<int>(impl_->entries.size());
+  for (const auto& e : impl_->entries) {
+    const EntryState state = e->load_state();
+    EntryReport r;
+    r.id = e->id;
+    r.signature = describe(e->sig, impl_->config);
+    r.complete = state == EntryState::Ready;
+    r.eager_only = state == EntryState::Eager;
+    r.hits = e->hits;
+    if (state == EntryState::Ready) {
+      const MemoryPlan& m = e->plan->memory();
+      r.forward_steps = e->plan->forward_steps();
+      r.backward_steps = e->plan->backward_steps();
+      r.arena_bytes = m.arena_bytes;
+      r.lower_bound_bytes = m.lower_bound_bytes;
+      r.naive_bytes = m.naive_bytes;
+      r.in_place_steps = m.in_place_steps;
+      r.arenas = e->plan->arenas();
+      const GraphStats gs = e->plan->graph_stats();
+      r.graph_launches = gs.launches;
+      r.graph_captures = gs.captures;
+      r.stream_replays = gs.stream_replays;
+      r.graph_fallback = gs.fallback;
+    }
+    s.cache.push_back(std::move(r));
+  }
+  return s;
+}
+
+namespace {
+
+// A cache entry as the schedule dump shows it: the entry, its state and its hits when listed.
+struct Listed {
+  std::shared_ptr<const Entry> entry;
+  EntryState state;
+  int64_t hits;
+};
+
+// The cache's entries by id (the trace that made each).
+std::vector<Listed> entries_by_id(StaticGraph::Impl& impl) {
+  std::vector<Listed> out;
+  {
+    std::lock_guard<std::mutex> l(impl.mu);
+    for (const auto& e : impl.entries) out.push_back({e, e->load_state(), e->hits});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Listed& a, const Listed& b) { return a.entry->id < b.entry->id; });
+  return out;
+}
+
+Plan::Names names_of(const Entry& e, const Config& c) {
+  Plan::Names n;
+  n.args = c.arg_names;
+  for (const ParamSlot& s : e.slots) n.params.push_back(s.name);
+  return n;
+}
+
+// Why an entry has no schedules to show (empty: it has).
+std::string no_schedule(const Entry& e, EntryState state) {
+  switch (state) {
+    case EntryState::Ready:
+      return {};
+    case EntryState::Tracing:
+      return "being traced";
+    case EntryState::Eager:
+      return "runs eagerly: its trace was unsafe";
+    case EntryState::Waiting:
+      return "not planned yet: waits for the first backward through its outputs";
+    case EntryState::Failed:
+      return cat("the first backward through its outputs failed (", e.failure, ")");
+    case EntryState::Abandoned:
+      return "no backward reached the outputs of its trace; the next call traces again";
+  }
+  return {};
+}
+
+std::string memory_text(const Plan& p) {
+  const MemoryPlan& m = p.memory();
+  return cat("arena ", m.arena_bytes, " bytes (lower bound ", m.lower_bound_bytes, ", naive sum ",
+             m.naive_bytes, "); ", m.in_place_steps, " steps in place; ", p.arenas(),
+             p.arenas() == 1 ? " arena" : " arenas", " allocated");
+}
+
+// "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
+std::string graph_counts(int64_t launches, int64_t captures, int64_t replays,
+                         const std::string& fallback) {
+  return cat(launches, launches == 1 ? " graph launch, " : " graph launches, ", captures,
+             captures == 1 ? " capture, " : " captures, ", replays,
+             replays == 1 ? " stream replay" : " stream replays",
+             fallback.empty() ? std::string() : cat("; graphs off: ", fallback));
+}
+}  // namespace
+
+std::string EntryReport::graph_text() const {
+  if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 && graph_fallback.empty())
+    return {};
+  return graph_counts(graph_launches, graph_captures, stream_replays, graph_fallback);
+}
+
+std::string StaticGraph::schedule_text() const {
+  const Config& config_ = impl_->config;
+  const std::vector<Listed> es = entries_by_id(*impl_);
+  std::string out = cat("static function '", config_.name, "': ", es.size(),
+                        es.size() == 1 ? " cache entry\n" : " cache entries\n");
+  for (const auto& [e, state, hits] : es) {
+    out += cat("\nentry ", e->id, " (traced at call ", e->traced_call, ", ", hits,
+               hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config_), "\n");
+    if (std::string why = no_schedule(*e, state); !why.empty()) {
+      out += cat("  ", why, "\n");
+      continue;
+    }
+    out += cat("  ", memory_text(*e->plan), "\n");
+    if (e->plan->device().type == DeviceType::CUDA) {
+      const GraphStats gs = e->plan->graph_stats();
+      out += cat("  on ", e->plan->device(), ": ",
+                 graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.fallback), "\n");
+    }
+    out += e->plan->steps_text(names_of(*e, config_), "  ");
+  }
+  return out;
+}
+
+std::string StaticGraph::schedule_dot() const {
+  const Config& config_ = impl_->config;
+  std::string out = cat("digraph ", dot_quote(cat("static function '", config_.name, "'")),
+                        " {\n  graph [fontname=\"monospace\", fontsize=10];\n"
+                        "  node [fontname=\"monospace\", fontsize=10];\n"
+                        "  edge [fontname=\"monospace\", fontsize=9];\n");
+  for (const auto& [e, state, hits] : entries_by_id(*impl_)) {
+    const std::string prefix = cat("e", e->id, "_");
+    std::string label = cat("entry ", e->id, ": ", describe(e->sig, config_));
+    const std::string why = no_schedule(*e, state);
+    label += "\n" + (why.empty() ? memory_text(*e->plan) : why);
+    out += cat("  subgraph cluster_e", e->id, " {\n    label=", dot_quote(label), ";\n");
+    if (why.empty())
+      out += e->plan->steps_dot(names_of(*e, config_), prefix);
+    else
+      out += cat("    ", prefix, "none [shape=plaintext, label=", dot_quote(why), "];\n");
+    out += "  }\n";
+  }
+  return out + "}\n";
+}
+
+std::string report_table() {
+  const std::vector<StaticStats> all = report_all();
+  std::string out = "static functions\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %8s %7s %8s %7s %8s %9s %12s %12s\n", "name", "calls",
+                "traces", "hits", "eager", "entries", "evictions", "arena bytes", "lower bound");
+  out += line;
+  for (const StaticStats& s : all) {
+    int64_t arena = 0, lower = 0;
+    for (const EntryReport& r : s.cache) {
+      arena += r.arena_bytes;
+      lower += r.lower_bound_bytes;
+    }
+    std::snprintf(line, sizeof line, "%-20s %8lld %7lld %8lld %7lld %8d %9lld %12lld %12lld\n",
+                  s.name.substr(0, 20).c_str(), static_cast<long long>(s.calls),
+                  static_cast<long long>(s.traces), static_cast<long long>(s.hits),
+                  static_cast<long long>(s.eager_calls), s.entries,
+                  static_cast<long long>(s.evictions), static_cast<long long>(arena),
+                  static_cast<long long>(lower));
+    out += line;
+    for (const RetraceEvent& ev : s.traces_history) out += "  " + ev.message + "\n";
+    for (const std::string& w : s.warnings) out += "  warning: " + w + "\n";
+  }
+  return out;
+}
+
+}  // namespace encore::schedule

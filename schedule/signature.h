@@ -1,0 +1,52 @@
+// The signature a cache entry is matched by, its text for reports, and the changes between two
+// signatures that name why a call retraced. Internal to schedule/.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+#include "schedule/static_graph.h"
+
+namespace encore::schedule::detail {
+
+struct ArgSig {
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool requires_grad;
+  // Aliasing between arguments: the first earlier argument that is this very tensor (the
+  // function's graph then has one leaf for both), and the first earlier argument on the same
+  // storage with the byte offset from it (the schedule binds one buffer per storage and offset).
+  int same_as = -1;
+  int shares_with = -1;
+  int64_t shared_offset = 0;
+};
+
+struct Signature {
+  std::vector<ArgSig> args;
+  bool grad = true;
+  int mode = -1;
+  std::string key;
+};
+
+Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode);
+bool matches(const Signature& s, std::span<const Tensor> args, const std::string* key, bool grad,
+             int mode);
+
+// "argument 0 'x'", or "argument 0" when the function did not name it.
+std::string arg_label(const Config& c, size_t i);
+std::string describe(const Signature& s, const Config& c);
+
+// One change between signatures: what changed (for the storm warning) and the full text.
+struct Change {
+  std::string subject;  // "argument 0 'x' dim 0"
+  std::string text;     // "argument 0 'x' dim 0 changed 32 -> 17"
+  int64_t value = -1;   // the new size when a dimension changed
+};
+
+std::vector<Change> diff(const Signature& old, const Signature& now, const Config& c);
+
+}  // namespace encore::schedule::detail

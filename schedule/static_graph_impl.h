@@ -1,0 +1,93 @@
+// StaticGraph::Impl: a static function's cache of entries, its lock and statistics, and the
+// parts of a call (trace, replay, verify) that static_graph.cc, trace.cc, replay.cc, verify.cc
+// and reports.cc define. Internal to schedule/.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "schedule/cache_entry.h"
+#include "schedule/recording.h"
+#include "schedule/signature.h"
+#include "schedule/static_graph.h"
+
+namespace encore::schedule {
+namespace detail {
+struct VerifyState;
+}  // namespace detail
+
+// A function's cache and statistics, shared by the threads that call it: `mu` guards the entry
+// list, the statistics and every entry's hit count; an entry's other fields are published by its
+// state (Entry::publish). A call holds the lock to find its entry, never while it traces or
+// replays. Held by shared_ptr, so an entry whose first backward outlives the function can still
+// tell it (weak_ptr).
+struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
+  using Entry = detail::Entry;
+
+  static constexpr size_t kHistory = 64;   // traces kept in stats().traces_history
+  static constexpr size_t kWarnings = 64;  // warnings kept in stats().warnings
+  static constexpr size_t kSubjects = 64;  // changing signature parts the storm warning tracks
+  // First backwards of one signature that may fail in a row before it runs eagerly for good.
+  static constexpr int kMaxBackwardFailures = 3;
+
+  const Body body;
+  const Config config;
+  const int verify_every;
+  const std::string_view label;  // the name, interned: nodes may outlive the function
+
+  std::mutex mu;
+  std::list<std::shared_ptr<Entry>> entries;  // most recently used first
+  StaticStats stats;
+  std::vector<char> recent;  // whether each of the last calls traced (ring of 10)
+  size_t recent_pos = 0;
+  int64_t last_storm_warning = -100;
+  std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
+  std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
+
+  Impl(Body b, Config c);
+
+  int mode() const { return config.mode ? config.mode() : -1; }
+  // With `mu` held.
+  void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
+  void warn(std::string w);
+  // Releases `lock`, then prints what was noted under it.
+  void unlock_and_log(std::unique_lock<std::mutex>& lock);
+  // Appends `item`, keeping the first and the latest `cap` items; whether one was dropped.
+  template <typename T>
+  static bool keep_bounded(std::vector<T>& list, T item, size_t cap) {
+    const bool drop = list.size() >= cap;
+    if (drop) list.erase(list.begin() + 1);
+    list.push_back(std::move(item));
+    return drop;
+  }
+
+  void call(std::span<const Tensor> args, const std::string* key, std::vector<Tensor>& results);
+  // Traces `e` (a placeholder in the cache): runs the function under a recorder, fills the
+  // entry's fields and plans it when its schedules are complete. Returns why the trace is
+  // unsafe ("" when it is not).
+  std::string trace(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+                    std::vector<Tensor>& results);
+  void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
+              std::vector<Tensor>& results, bool verify);
+  std::unique_ptr<detail::VerifyState> run_for_verify(const Entry& e, std::span<const Tensor> args);
+  void after_trace(const Entry& e, const std::string& reason,
+                   const std::vector<detail::Change>& changes, double ms);
+  // The first backward through the outputs of a trace of `e` failed (e is Failed).
+  void backward_failed(const Entry& e);
+
+  // Runs the function eagerly under `recorder` on leaves standing for its arguments (so the
+  // backward of its graph stops at the subgraph's boundary), returned in `aliases`. An argument
+  // passed twice has one alias, so the function's graph has one leaf for it, as eagerly.
+  std::vector<Tensor> run_recorded(Recorder& recorder, std::span<const Tensor> args,
+                                   const std::vector<ParamSlot>& slots,
+                                   std::vector<Tensor>& aliases);
+};
+
+}  // namespace encore::schedule

@@ -1,0 +1,205 @@
+// Tracing: the first call of a signature runs the function under a recorder, and the first
+// backward through its outputs is recorded into the entry's backward schedule.
+#include <algorithm>
+
+#include "runtime/autograd.h"
+#include "runtime/profiler.h"
+#include "schedule/static_graph_impl.h"
+#include "schedule/subgraph_node.h"
+
+namespace encore::schedule {
+using namespace detail;
+namespace {
+
+// The node of a traced call: its backward runs the call's own autograd graph eagerly, recorded
+// the first time into the entry's backward schedule.
+struct TraceFrame final : RefCounted {
+  std::shared_ptr<Entry> entry;
+  std::shared_ptr<Recording> rec;
+  std::unique_ptr<Recorder> recorder;
+  std::vector<Tensor> args;     // the call's arguments
+  std::vector<Tensor> aliases;  // the arguments as the function saw them (leaves)
+  std::vector<Tensor> inner;    // its differentiable results, with their graph
+  // Arguments with a producer, each tensor once (its first position): the node's inputs.
+  std::vector<int> node_args;
+  bool recorded = false;
+  ~TraceFrame() override {
+    EntryState waiting = EntryState::Waiting;
+    if (!recorded)
+      entry->state.compare_exchange_strong(waiting, EntryState::Abandoned,
+                                           std::memory_order_acq_rel);
+  }
+};
+
+// Plans a recording whose schedules are complete. The entry keeps its recording (the plan
+// shares it): calls that check the guards of a Waiting entry read its leaves meanwhile.
+void complete_entry(Entry& e) {
+  e.plan = std::make_shared<Plan>(e.rec, e.fuse);
+}
+
+// Records the first backward of a traced call and plans its entry; a failure makes the entry
+// Failed (the next call with its signature traces again) and reaches the caller.
+void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
+  Entry& e = *f.entry;
+  try {
+    f.recorder->set_phase(Phase::Backward);
+    for (size_t k = 0; k < grads_out.size(); ++k)
+      f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
+    {
+      TracerScope scope(f.recorder.get());
+      autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+    }
+    if (e.eager_only) return;
+    const Recording& rec = *f.rec;
+    for (size_t b = 0; b < rec.buffers.size(); ++b)
+      if (rec.buffers[b].kind == BufKind::GradIn) {
+        if (e.grad_in.size() <= static_cast<size_t>(rec.buffers[b].index))
+          e.grad_in.resize(rec.buffers[b].index + 1, -1);
+        e.grad_in[rec.buffers[b].index] = static_cast<int>(b);
+      }
+    f.recorder.reset();
+    complete_entry(e);
+    e.publish(EntryState::Ready);
+  } catch (const std::exception& ex) {
+    if (e.eager_only) throw;
+    e.failure = ex.what();
+    ++e.backward_failures;
+    e.publish(EntryState::Failed);
+    if (std::shared_ptr<StaticGraph::Impl> owner = e.owner.lock()) owner->backward_failed(e);
+    throw;
+  }
+}
+
+void trace_backward(BackwardContext& ctx) {
+  TraceFrame& f = static_cast<TraceFrame&>(*ctx.payload());
+  profiler::ScopedSpan span({}, profiler::SpanKind::TraceBackward);
+  if (span.recording()) span.set_name(span_name(*f.entry, profiler::SpanKind::TraceBackward));
+  const bool record = !f.recorded;
+  f.recorded = true;
+  std::vector<Tensor> grads_out;
+  for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
+  // Exactly eager's accumulation: parameters take their gradients into .grad directly; an
+  // argument that is a leaf shares its .grad with the alias standing for it; one with a
+  // producer gets the alias's gradient through this node. The recorder notes each delivery.
+  for (size_t i = 0; i < f.aliases.size(); ++i)
+    if (f.aliases[i].requires_grad())
+      f.aliases[i].impl()->grad = f.args[i].is_leaf() ? f.args[i].impl()->grad : nullptr;
+  if (record)
+    record_backward(f, grads_out);
+  else
+    autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+  for (size_t i = 0; i < f.aliases.size(); ++i)
+    if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
+      f.args[i].impl()->grad = f.aliases[i].impl()->grad;
+  for (size_t j = 0; j < f.node_args.size(); ++j) {
+    Tensor g = f.aliases[f.node_args[j]].grad();
+    if (g.defined()) ctx.set_input_grad(static_cast<int>(j), std::move(g));
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> StaticGraph::Impl::run_recorded(Recorder& recorder,
+                                                    std::span<const Tensor> args,
+                                                    const std::vector<ParamSlot>& slots,
+                                                    std::vector<Tensor>& aliases) {
+  aliases.clear();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Tensor& a = args[i];
+    const auto same = std::find_if(args.begin(), args.begin() + i,
+                                   [&a](const Tensor& b) { return b.impl() == a.impl(); });
+    if (same != args.begin() + i) {
+      aliases.push_back(aliases[same - args.begin()]);
+      continue;
+    }
+    Tensor alias = a.detach();
+    if (a.requires_grad()) alias.set_requires_grad(true);
+    aliases.push_back(std::move(alias));
+  }
+  for (size_t i = 0; i < aliases.size(); ++i) recorder.add_arg(static_cast<int>(i), aliases[i]);
+  recorder.add_watched(slots);
+  std::vector<Tensor> results;
+  TracerScope scope(&recorder);
+  body(aliases, results);
+  return results;
+}
+
+std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
+                                     std::span<const Tensor> args, std::vector<Tensor>& results) {
+  Entry& e = *entry;
+  if (config.params) e.slots = config.params();
+  auto rec = std::make_shared<Recording>();
+  auto recorder =
+      std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
+  std::vector<Tensor> aliases;
+  const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
+  for (const Tensor& r : inner) {
+    ENCORE_CHECK(r.defined(), config.name, ": the function returned an undefined tensor");
+    rec->results.push_back(recorder->operand_of(r));
+  }
+  e.eager_only = !rec->unsafe.empty();
+
+  const bool node =
+      GradMode::enabled() && !rec->saw_backward &&
+      std::any_of(inner.begin(), inner.end(), [](const Tensor& t) { return t.requires_grad(); });
+  e.node = node;
+  // Guards: watched parameters' shapes; the state of .grad the trace depended on.
+  for (const Buffer& buf : rec->buffers)
+    if (buf.kind == BufKind::Param)
+      e.params.push_back({buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
+                          buf.bound.requires_grad()});
+  for (size_t i = 0; i < rec->leaves.size(); ++i) {
+    const Leaf& l = rec->leaves[i];
+    const bool entry_read =
+        std::any_of(rec->buffers.begin(), rec->buffers.end(), [i](const Buffer& b) {
+          return b.kind == BufKind::GradSlot && b.index == static_cast<int>(i);
+        });
+    if (l.first == Leaf::First::Replaced && !entry_read)
+      e.early_clear.push_back(static_cast<int>(i));
+    if (l.first == Leaf::First::EngineSet)
+      e.grads.push_back({static_cast<int>(i), false, Shape()});
+    else if (l.first == Leaf::First::Read)
+      e.grads.push_back({static_cast<int>(i), true, l.entry_grad.shape()});
+  }
+  e.rec = rec;
+
+  results.clear();
+  if (!node) {
+    // Results leave the trace cut from its graph (a whole step already ran its backward).
+    for (const Tensor& r : inner) results.push_back(r.requires_grad() ? r.detach() : r);
+    if (!e.eager_only) complete_entry(e);
+    return rec->unsafe;
+  }
+
+  // The subgraph node: its inputs are the arguments with a producer (leaves, parameters
+  // included, take their gradients directly, as eagerly); its outputs the differentiable
+  // results.
+  auto frame = make_intrusive<TraceFrame>();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].requires_grad() && !args[i].is_leaf() && e.sig.args[i].same_as < 0)
+      frame->node_args.push_back(static_cast<int>(i));
+  for (size_t k = 0; k < inner.size(); ++k)
+    if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
+
+  IntrusivePtr<Node> n =
+      subgraph_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
+  for (int a : frame->node_args) add_input(*n, args[a]);
+  for (size_t k = 0; k < inner.size(); ++k) {
+    Tensor out = inner[k].detach();
+    if (inner[k].requires_grad()) {
+      add_output(n, *out.impl());
+      frame->inner.push_back(inner[k]);
+    }
+    results.push_back(std::move(out));
+  }
+  frame->entry = entry;
+  frame->rec = rec;
+  frame->recorder = std::move(recorder);
+  frame->aliases = std::move(aliases);
+  frame->args.assign(args.begin(), args.end());
+  if (e.eager_only) frame->recorded = true;  // nothing to record; just the gradients
+  n->payload = std::move(frame);
+  return rec->unsafe;
+}
+
+}  // namespace encore::schedule

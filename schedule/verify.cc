@@ -1,0 +1,175 @@
+// Verify mode: the eager run a verified replay is checked against, and the check.
+#include "schedule/verify.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/autograd.h"
+#include "runtime/rng.h"
+#include "schedule/static_graph_impl.h"
+
+namespace encore::schedule {
+namespace detail {
+namespace {
+
+// The attributes worth showing in a message (the scalar of scalar ops).
+std::string attrs_text(Op op, const AttrBlob& a) {
+  return op_has_scalar_attrs(op) ? cat(" with scalar ", a.as<ScalarAttrs>().value) : "";
+}
+
+std::string step_text(Op op, std::span<const Operand> in, std::span<const Operand> out,
+                      const AttrBlob& attrs) {
+  std::string s = std::string(op_name(op)) + "(";
+  for (size_t i = 0; i < in.size(); ++i) s += cat(i ? ", " : "", in[i].dtype, in[i].shape);
+  s += cat(")", attrs_text(op, attrs));  // not ")" + ...: GCC 12 -O3 misreports -Wrestrict
+  if (!out.empty()) s += cat(" -> ", out[0].dtype, out[0].shape);
+  return s;
+}
+
+bool same_attrs(Op op, const AttrBlob& a, const AttrBlob& b) {
+  if (op_draws_random(op)) {  // the stream differs by design; the distribution must not
+    const RandomAttrs &x = a.as<RandomAttrs>(), &y = b.as<RandomAttrs>();
+    return x.a == y.a && x.b == y.b;
+  }
+  return std::memcmp(a.bytes, b.bytes, AttrBlob::kCapacity) == 0;
+}
+
+// Whether a replayed step wrote the values the eager run did: the same bytes, except that any
+// NaN equals any NaN. Which NaN an operation on two NaNs returns (its sign and payload) follows
+// the operand order the compiler chose for the loop, which differs between a fused step and
+// the op's own kernel; IEEE 754 leaves it open.
+bool same_values(const Step& s, const std::vector<unsigned char>& a,
+                 const std::vector<unsigned char>& b) {
+  if (a == b) return true;
+  if (a.size() != b.size()) return false;
+  size_t at = 0;
+  auto same_part = [&](const Operand& o) {
+    const size_t n = o.nbytes();
+    if (at + n > a.size()) return false;
+    const unsigned char* x = a.data() + at;
+    const unsigned char* y = b.data() + at;
+    at += n;
+    auto same_floats = [&]<typename T>(T) {
+      for (size_t i = 0; i < n / sizeof(T); ++i) {
+        T u, v;
+        std::memcpy(&u, x + i * sizeof(T), sizeof(T));
+        std::memcpy(&v, y + i * sizeof(T), sizeof(T));
+        if (std::memcmp(&u, &v, sizeof(T)) != 0 && !(std::isnan(u) && std::isnan(v))) return false;
+      }
+      return true;
+    };
+    if (o.dtype == DType::Float32) return same_floats(float{});
+    if (o.dtype == DType::Float64) return same_floats(double{});
+    return std::memcmp(x, y, n) == 0;
+  };
+  bool same = true;
+  for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                   [&](const Operand& o) { same = same && same_part(o); });
+  return same && at == a.size();
+}
+
+}  // namespace
+
+void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
+                     std::span<const Tensor> grads, const std::vector<Tensor>& aliases,
+                     const std::vector<Tensor>& leaves) {
+  std::vector<IntrusivePtr<TensorImpl>> stash;
+  for (const Tensor& l : leaves) stash.push_back(std::move(l.impl()->grad));
+  for (const Tensor& a : aliases) a.impl()->grad.reset();
+  struct Restore {
+    const std::vector<Tensor>& leaves;
+    std::vector<IntrusivePtr<TensorImpl>>& stash;
+    ~Restore() {
+      for (size_t i = 0; i < leaves.size(); ++i) leaves[i].impl()->grad = std::move(stash[i]);
+    }
+  } restore{leaves, stash};
+  for (size_t k = 0; k < grads.size(); ++k) recorder.add_grad_in(static_cast<int>(k), grads[k]);
+  TracerScope scope(&recorder);
+  autograd::backward(inner, grads, /*retain_graph=*/true);
+}
+
+void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
+                  const std::vector<StepSnapshot>& replayed, Phase phase) {
+  const bool backward = phase == Phase::Backward;
+  const std::vector<Step>& want = p.trace_steps();
+  const int begin = backward ? p.recorded_forward() : 0;
+  const int end = backward ? static_cast<int>(want.size()) : p.recorded_forward();
+  const std::vector<Step>& got = backward ? eager.backward : eager.forward;
+  const char* what = phase_name(phase);
+  for (int i = begin; i < end; ++i) {
+    const int k = i - begin;
+    const Step& a = want[i];
+    ENCORE_CHECK(k < static_cast<int>(got.size()), "verify: ", name,
+                 ": the eager run stopped after ", got.size(), " ", what, " ops; the schedule has ",
+                 end - begin, ": the function is not static");
+    const Step& b = got[k];
+    bool same = a.op == b.op && a.in.size() == b.in.size() && a.out.size() == b.out.size() &&
+                same_attrs(a.op, a.attrs, b.attrs);
+    for (size_t j = 0; same && j < a.in.size(); ++j)
+      same = a.in[j].shape == b.in[j].shape && a.in[j].dtype == b.in[j].dtype;
+    for (size_t j = 0; same && j < a.out.size(); ++j)
+      same = a.out[j].shape == b.out[j].shape && a.out[j].dtype == b.out[j].dtype;
+    ENCORE_CHECK(same, "verify: ", name, ": ", what, " op ", k, " differs: the schedule has ",
+                 step_text(a.op, a.in, a.out, a.attrs), ", the eager run now does ",
+                 step_text(b.op, b.in, b.out, b.attrs),
+                 " (different op, shapes or attributes): the function is not static; its ops "
+                 "depend on something outside its signature");
+  }
+  ENCORE_CHECK(static_cast<int>(got.size()) == end - begin, "verify: ", name,
+               ": the eager run did ", got.size(), " ", what, " ops; the schedule has ",
+               end - begin, ": the function is not static");
+  const int offset = backward ? static_cast<int>(eager.forward.size()) : 0;
+  for (const StepSnapshot& mine : replayed) {
+    if (mine.trace_index < 0) continue;
+    const int k = mine.trace_index - begin;
+    const Step& a = want[mine.trace_index];
+    ENCORE_CHECK(same_values(a, mine.bytes, eager.snapshots[offset + k]), "verify: ", name, ": ",
+                 what, " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
+                 " computed different values in the replay and in the eager run: the function "
+                 "is not static (it reads values the schedule bound at trace time)");
+  }
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+// Runs the function eagerly under a recorder that keeps every op's values, then undoes what it
+// changed (state updated in place, .grad, the random streams) so the replay starts from the
+// same state.
+std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
+                                                               std::span<const Tensor> args) {
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ++stats.verifications;
+  }
+  const Recording& rec = e.plan->recording();
+  std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
+  Tensor scratch;
+  for (int buf : e.plan->mutated_external()) {
+    const Tensor* t = bound_tensor(e, rec.buffers[buf], args, scratch);
+    if (t == nullptr || !t->defined()) continue;
+    std::vector<unsigned char> bytes(t->nbytes());
+    cuda::copy_bytes(bytes.data(), Device::cpu(), t->raw_data(), t->device(), bytes.size());
+    saved.emplace_back(*t, std::move(bytes));
+  }
+  std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
+  for (const Leaf& l : rec.leaves) {
+    const Tensor& t = leaf_now(e, l);
+    if (t.defined()) grads.emplace_back(t, t.impl()->grad);
+  }
+  Generator& gen = default_generator(e.plan->device());
+  const Generator::Stream gen_state = gen.state();
+
+  auto vs = std::make_unique<VerifyState>();
+  vs->recorder = std::make_unique<Recorder>(vs->rec, config.name, false, true);
+  vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
+  for (auto& [t, bytes] : saved)
+    cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
+  for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
+  gen.set_state(gen_state);
+  std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
+  return vs;
+}
+
+}  // namespace encore::schedule

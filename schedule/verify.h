@@ -1,0 +1,32 @@
+// Verify mode: an eager run of a replayed call, recorded with every op's values, and the
+// comparison of that recording with what the plan's replay computed. Internal to schedule/.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "schedule/plan.h"
+#include "schedule/recording.h"
+
+namespace encore::schedule::detail {
+
+// What a verified call keeps for its backward: the eager run's graph and recorder.
+struct VerifyState {
+  Recording rec;
+  std::unique_ptr<Recorder> recorder;
+  std::vector<Tensor> aliases, inner, leaves;
+};
+
+// Verify: runs `inner`'s graph eagerly under `recorder` with the leaves' .grad set aside and
+// put back after, so the check leaves no gradient behind.
+void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
+                     std::span<const Tensor> grads, const std::vector<Tensor>& aliases,
+                     const std::vector<Tensor>& leaves);
+
+// Compares a fresh eager recording with the plan's, step by step (structure, then values).
+void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
+                  const std::vector<StepSnapshot>& replayed, Phase phase);
+
+}  // namespace encore::schedule::detail
