@@ -29,6 +29,10 @@ bool env_flag_off(const char* name) {
 
 std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
 std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
+std::atomic<bool> g_redzones{[] {
+  const char* v = std::getenv("ENCORE_STATIC_REDZONE");
+  return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
+}()};
 std::atomic<bool> g_log_retraces{[] {
   const char* v = std::getenv("ENCORE_LOG");
   return v != nullptr && std::strstr(v, "retrace") != nullptr;
@@ -261,7 +265,8 @@ struct Entry {
   std::shared_ptr<Plan> plan;  // Ready
   bool eager_only = false;
   bool node = false;  // results carry a subgraph node
-  bool fuse = true;   // fusion_enabled() when the trace began
+  // The switches when the trace began (and verify mode's red zones).
+  PlanOptions plan_options;
   std::vector<ParamSlot> slots;
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
@@ -385,7 +390,7 @@ void add_output(const IntrusivePtr<Node>& n, TensorImpl& out) {
 // Plans a recording whose schedules are complete. The entry keeps its recording (the plan
 // shares it): calls that check the guards of a Waiting entry read its leaves meanwhile.
 void complete_entry(Entry& e) {
-  e.plan = std::make_shared<Plan>(e.rec, e.fuse);
+  e.plan = std::make_shared<Plan>(e.rec, e.plan_options);
 }
 
 Tensor tensor_on(const IntrusivePtr<Storage>& s, const Operand& o) {
@@ -435,6 +440,12 @@ LogSink set_log_sink(LogSink sink) {
 }
 bool set_log_retraces(bool on) {
   return g_log_retraces.exchange(on);
+}
+bool set_redzones_enabled(bool on) {
+  return g_redzones.exchange(on);
+}
+bool redzones_enabled() {
+  return g_redzones.load();
 }
 
 // ---- StaticGraph ----------------------------------------------------------------------------
@@ -617,7 +628,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->name = label;
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
-  e->fuse = fusion_enabled();
+  e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;
