@@ -48,7 +48,8 @@ constexpr int64_t kArenaAlign = 64;
 inline int64_t arena_aligned(size_t n) {
   return (static_cast<int64_t>(n) + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
 }
-// Red zones: the guard after each arena block, and the byte it is filled with.
+// Red zones: the guard after each arena block, and the byte it is filled with before every step
+// that writes the block.
 constexpr int64_t kRedzoneBytes = 64;
 constexpr unsigned char kRedzoneFill = 0xCB;
 
@@ -113,7 +114,6 @@ class Plan {
 
   const Recording& recording() const { return *rec_; }
   const MemoryPlan& memory() const { return memory_; }
-  const PlanOptions& options() const { return options_; }
   int forward_steps() const { return n_forward_; }
   int backward_steps() const { return static_cast<int>(steps_.size()) - n_forward_; }
   const std::vector<ExecStep>& steps() const { return steps_; }
@@ -180,7 +180,7 @@ class Plan {
 
  private:
   // `device_random`: random steps read their {seed, offset} from b.random_state. kRedzones:
-  // each step's guards are checked after it.
+  // the guards of what each step writes are filled before it and checked after it.
   template <bool kProfile, bool kRedzones>
   void run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);

@@ -4,6 +4,8 @@
 // the step and the buffer.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <cstring>
 #include <regex>
 #include <string>
 
@@ -73,6 +75,15 @@ TEST_CASE("red zones give eager's bits and show in the schedule", "[static][redz
     CHECK(s.cache[0].arena_bytes > 0);
   }
   CHECK(arena_on > arena_off);
+}
+
+TEST_CASE("the red-zone switch starts as ENCORE_STATIC_REDZONE says", "[static][redzone]") {
+  const char* env = std::getenv("ENCORE_STATIC_REDZONE");
+  const bool on = env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0 &&
+                  std::strcmp(env, "off") != 0 && std::strcmp(env, "false") != 0;
+  CHECK(static_redzones_enabled() == on);
+  const RedZones flipped(!on);
+  CHECK(static_redzones_enabled() == !on);
 }
 
 TEST_CASE("verify mode puts red zones in its plans", "[static][redzone]") {
