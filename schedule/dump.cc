@@ -8,7 +8,6 @@
 #include "schedule/plan.h"
 
 namespace encore::schedule {
-
 namespace {
 
 std::string named(const std::vector<std::string>& names, int i, std::string_view what) {

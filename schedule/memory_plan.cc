@@ -1,3 +1,4 @@
+// place_intervals: best fit, largest first (memory_plan.h).
 #include "schedule/memory_plan.h"
 
 #include <algorithm>
