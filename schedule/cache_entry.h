@@ -53,7 +53,8 @@ struct Entry {
   std::shared_ptr<Plan> plan;  // Ready
   bool eager_only = false;
   bool node = false;  // results carry a subgraph node
-  bool fuse = true;   // fusion_enabled() when the trace began
+  // The switches when the trace began (and verify mode's red zones).
+  PlanOptions plan_options;
   std::vector<ParamSlot> slots;
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;

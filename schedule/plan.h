@@ -3,6 +3,10 @@
 // write over an input that dies there, and every other temporary gets an offset in one arena
 // (liveness over forward and backward together, placed largest first into the best-fitting
 // gap). run() replays a phase's steps over a call's arena with no lookups or allocation.
+//
+// Where each part lives: the passes in passes.cc, elementwise fusion in fusion.cc, placement
+// in memory_plan.cc, the executor (compiled steps, call states, the replay loop) in
+// executor.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
 
 #include <atomic>
@@ -15,6 +19,7 @@
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
+#include "schedule/memory_plan.h"
 #include "schedule/recording.h"
 
 namespace encore::schedule {
@@ -31,12 +36,22 @@ struct ExecStep {
   int trace_index = 0;  // its position in the recording's forward then backward lists
 };
 
-struct MemoryPlan {
-  int64_t arena_bytes = 0;
-  int64_t lower_bound_bytes = 0;
-  int64_t naive_bytes = 0;
-  int64_t in_place_steps = 0;
+// How a recording is planned.
+struct PlanOptions {
+  bool fuse = true;       // a cpu plan fuses runs of elementwise steps
+  bool redzones = false;  // guard bytes after every arena block, checked after every step
 };
+
+// Arena blocks start at multiples of kArenaAlign: a block is its buffer's size rounded up, then
+// its red zone, if any (the guard begins right after the buffer's last byte).
+constexpr int64_t kArenaAlign = 64;
+inline int64_t arena_aligned(size_t n) {
+  return (static_cast<int64_t>(n) + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+}
+// Red zones: the guard after each arena block, and the byte it is filled with before every step
+// that writes the block.
+constexpr int64_t kRedzoneBytes = 64;
+constexpr unsigned char kRedzoneFill = 0xCB;
 
 // Verify mode: what a replayed step wrote (its outputs, or the inputs it updates in place), and
 // the recorded step that wrote them eagerly (-1: a copy added by the plan). A fused step gives
@@ -54,7 +69,8 @@ struct CapturedGraph {
 };
 
 // Per-call working state of one arena; reused by later calls once released. A CallState belongs
-// to one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between threads.
+// to one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between
+// threads.
 struct CallState {
   void* arena = nullptr;
   std::vector<BufferView> views;
@@ -79,7 +95,7 @@ struct CallState {
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   PerPhase<std::vector<CapturedGraph>> graphs;
-  cuda::EventTimeline timeline;          // profiled CUDA runs
+  cuda::EventTimeline timeline;  // profiled CUDA runs
 };
 
 // How a plan's CUDA replays ran.
@@ -92,9 +108,8 @@ struct GraphStats {
 
 class Plan {
  public:
-  // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps. `fuse`:
-  // a cpu plan fuses runs of elementwise steps.
-  Plan(std::shared_ptr<Recording> rec, bool fuse);
+  // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps.
+  Plan(std::shared_ptr<Recording> rec, PlanOptions options);
   ~Plan();
 
   const Recording& recording() const { return *rec_; }
@@ -140,7 +155,9 @@ class Plan {
   // the profiler records, each step is timed (the choice is made once per run, not per step; on
   // CUDA with device events). On CUDA a whole phase without snapshots or profiling is one graph
   // launch (captured on first use, and again when bound addresses change) unless graphs are off or
-  // capture failed (graph_stats().fallback).
+  // capture failed (graph_stats().fallback). With red zones, the guards of what each step wrote
+  // are checked after it (an Error names the step and the buffer) and CUDA phases run on the
+  // stream.
   void run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots = nullptr);
   GraphStats graph_stats() const;
 
@@ -162,13 +179,23 @@ class Plan {
   int64_t arena_offset(int buf) const { return offset_[root_[buf]]; }
 
  private:
-  // `device_random`: random steps read their {seed, offset} from b.random_state.
-  template <bool kProfile>
+  // `device_random`: random steps read their {seed, offset} from b.random_state. kRedzones:
+  // the guards of what each step writes are filled before it and checked after it.
+  template <bool kProfile, bool kRedzones>
   void run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
   void run_graph(CallState& b, Phase phase, int begin, int end);
   void plan_graphs();
   void finish_copy_out(CallState& b);
+  // Red zones: fills the guards of the blocks step `i` writes, and after it throws when one
+  // has changed.
+  void fill_redzones(CallState& b, int i) const;
+  void check_redzones(const CallState& b, int i) const;
+  // The forward's (or backward's) steps, [begin, end).
+  std::pair<int, int> step_range(Phase phase) const {
+    return phase == Phase::Backward ? std::pair{n_forward_, static_cast<int>(all_.size())}
+                                    : std::pair{0, n_forward_};
+  }
   // The forward's (or backward's) range of patches_.
   std::pair<size_t, size_t> patch_range(Phase phase) const {
     return phase == Phase::Backward ? std::pair{forward_patches_, patches_.size()}
@@ -183,6 +210,7 @@ class Plan {
   void build_steps();
 
   std::shared_ptr<Recording> rec_;
+  PlanOptions options_;
   std::vector<Step> all_;  // forward then backward, after the passes
   std::vector<Step> trace_steps_;
   int recorded_forward_ = 0;
@@ -201,6 +229,14 @@ class Plan {
   int escapes_ = 0;
   std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
 
+  // Red zones: the guards of the arena blocks each step writes, step i's from guard_begin_[i].
+  struct Guard {
+    int64_t begin, end;  // arena offsets
+    int buf;             // the buffer the step wrote
+  };
+  std::vector<Guard> guards_;
+  std::vector<uint32_t> guard_begin_;
+
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
   std::once_flag profile_args_once_;
 
@@ -215,9 +251,9 @@ class Plan {
   PerPhase<std::vector<std::pair<uint32_t, int>>> staged_views_;  // view -> staging slot
   // Staged buffers the forward reads, and those only the backward reads.
   PerPhase<std::vector<int>> staged_;
-  std::vector<int> staged_both_;   // staged buffers both phases read
-  std::vector<int> random_steps_;  // in step order: step r uses {seed, offset} pair r
-  size_t random_forward_ = 0;      // random steps of the forward (they come first)
+  std::vector<int> staged_both_;          // staged buffers both phases read
+  std::vector<int> random_steps_;         // in step order: step r uses {seed, offset} pair r
+  size_t random_forward_ = 0;             // random steps of the forward (they come first)
   std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
   // GraphStats, counted by concurrent calls; the fallback reason is written once, under its
   // mutex, before `graphs_off_` is set.

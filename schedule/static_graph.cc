@@ -28,6 +28,10 @@ bool env_flag_off(const char* name) {
 
 std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
 std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
+std::atomic<bool> g_redzones{[] {
+  const char* v = std::getenv("ENCORE_STATIC_REDZONE");
+  return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
+}()};
 std::atomic<bool> g_log_retraces{[] {
   const char* v = std::getenv("ENCORE_LOG");
   return v != nullptr && std::strstr(v, "retrace") != nullptr;
@@ -79,6 +83,12 @@ LogSink set_log_sink(LogSink sink) {
 }
 bool set_log_retraces(bool on) {
   return g_log_retraces.exchange(on);
+}
+bool set_redzones_enabled(bool on) {
+  return g_redzones.exchange(on);
+}
+bool redzones_enabled() {
+  return g_redzones.load();
 }
 
 // ---- StaticGraph ----------------------------------------------------------------------------
@@ -182,7 +192,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->name = label;
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
-  e->fuse = fusion_enabled();
+  e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

@@ -100,6 +100,11 @@ using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);
 // Whether each retrace is printed as it happens (ENCORE_LOG=retrace starts it on).
 bool set_log_retraces(bool on);
+// Whether signatures traced from now on put red zones (guard bytes) after their arena blocks and
+// check them after every replayed step (ENCORE_STATIC_REDZONE=1 starts it on; verify mode
+// always does). Returns the previous setting.
+bool set_redzones_enabled(bool on);
+bool redzones_enabled();
 
 class StaticGraph {
  public:

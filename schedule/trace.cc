@@ -34,7 +34,7 @@ struct TraceFrame final : RefCounted {
 // Plans a recording whose schedules are complete. The entry keeps its recording (the plan
 // shares it): calls that check the guards of a Waiting entry read its leaves meanwhile.
 void complete_entry(Entry& e) {
-  e.plan = std::make_shared<Plan>(e.rec, e.fuse);
+  e.plan = std::make_shared<Plan>(e.rec, e.plan_options);
 }
 
 // Records the first backward of a traced call and plans its entry; a failure makes the entry

@@ -94,6 +94,14 @@ bool static_enabled();
 // Returns the previous setting.
 bool set_static_fusion_enabled(bool on);
 bool static_fusion_enabled();
+// Whether signatures traced from now on put a red zone (guard bytes of a known fill) after each
+// block of their arena and check, after every replayed step, the guards of what it wrote: an
+// overrun that stays inside the arena (invisible to AddressSanitizer) raises an Error naming the
+// step and the buffer. Off by default (ENCORE_STATIC_REDZONE=1 starts it on); a function in
+// verify mode always has them. Costs memory and a check per step; results do not change.
+// Returns the previous setting.
+bool set_static_redzones_enabled(bool on);
+bool static_redzones_enabled();
 
 // Statistics of every live static function in the process.
 std::vector<StaticStats> static_graph_report();

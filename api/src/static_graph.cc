@@ -14,6 +14,12 @@ bool set_static_fusion_enabled(bool on) {
 bool static_fusion_enabled() {
   return schedule::fusion_enabled();
 }
+bool set_static_redzones_enabled(bool on) {
+  return schedule::set_redzones_enabled(on);
+}
+bool static_redzones_enabled() {
+  return schedule::redzones_enabled();
+}
 std::vector<StaticStats> static_graph_report() {
   return schedule::report_all();
 }

@@ -1,0 +1,159 @@
+// CUDA-graph replay: what a phase's graph reads from staging copies, the per-arena cache of
+// captured graphs keyed by the addresses of bound buffers, capture and its fallback to stream
+// replay, and the counters of how replays ran.
+#include <algorithm>
+
+#include "runtime/rng.h"
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+// Graphs kept per arena and phase: addresses alternate when a caller keeps the previous call's
+// outputs while making the next call (y = f(x) in a loop), so two or three sets are common.
+constexpr size_t kMaxGraphsPerPhase = 4;
+
+}  // namespace
+
+// What a CUDA graph of each phase reads from staging copies, and where random steps find their
+// {seed, offset}.
+void Plan::plan_graphs() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  stage_slot_.assign(bufs.size(), -1);
+  for (int buf : external_) {
+    const Buffer& b = bufs[buf];
+    // An argument written in place must be the caller's own buffer: it is keyed, not staged.
+    if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn)
+      stage_slot_[buf] = static_cast<int>(stage_slots_++);
+  }
+  // A buffer both phases read is staged once, by the forward (the backward holds the block),
+  // unless the forward ran on the stream.
+  std::vector<char> read(bufs.size(), 0);  // bit 0: by the forward, bit 1: by the backward
+  for (size_t k = 0; k < patches_.size(); ++k) {
+    const auto& [vi, buf] = patches_[k];
+    const Phase phase = k >= forward_patches_ ? Phase::Backward : Phase::Forward;
+    read[buf] |= phase == Phase::Backward ? 2 : 1;
+    if (stage_slot_[buf] >= 0) staged_views_[phase].emplace_back(vi, stage_slot_[buf]);
+  }
+  for (size_t buf = 0; buf < bufs.size(); ++buf) {
+    if (stage_slot_[buf] < 0) continue;
+    if (read[buf] & 1) staged_.forward.push_back(static_cast<int>(buf));
+    if (read[buf] == 2) staged_.backward.push_back(static_cast<int>(buf));
+    if (read[buf] == 3) staged_both_.push_back(static_cast<int>(buf));
+  }
+  for (int i = 0; i < static_cast<int>(steps_.size()); ++i) {
+    if (!steps_[i].random) continue;
+    random_steps_.push_back(i);
+    if (i < n_forward_) random_forward_ = random_steps_.size();
+  }
+}
+
+GraphStats Plan::graph_stats() const {
+  GraphStats s;
+  s.launches = graph_launches_.load(std::memory_order_relaxed);
+  s.captures = graph_captures_.load(std::memory_order_relaxed);
+  s.stream_replays = stream_replays_.load(std::memory_order_relaxed);
+  if (graphs_off_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> l(fallback_mu_);
+    s.fallback = fallback_;
+  }
+  return s;
+}
+
+void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
+  const bool backward = phase == Phase::Backward;
+  const cuda::StreamHandle stream = cuda::current_stream(device_.index);
+  const std::vector<Buffer>& bufs = rec_->buffers;
+
+  // Arguments and incoming gradients: copied into the block's staging buffers, which the
+  // graph reads (an address of the caller's changes every call).
+  auto stage = [&](const std::vector<int>& list) {
+    for (int buf : list) {
+      IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
+      if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes, device_);
+      cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
+    }
+  };
+  stage(staged_[phase]);
+  if (backward && !b.forward_staged) stage(staged_both_);
+  if (!backward) b.forward_staged = true;
+  for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staging[slot]->data();
+
+  // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
+  // reserves them, written where the captured kernels read them.
+  const size_t r0 = backward ? random_forward_ : 0;
+  const size_t r1 = backward ? random_steps_.size() : random_forward_;
+  if (r1 > r0) {
+    if (!b.random_state) {
+      b.random_state =
+          make_intrusive<Storage>(random_steps_.size() * 2 * sizeof(uint64_t), device_);
+      b.random_host.assign(random_steps_.size() * 2, 0);
+    }
+    for (size_t r = r0; r < r1; ++r) {
+      const Generator::Stream st =
+          default_generator(device_).reserve(steps_[random_steps_[r]].random_count);
+      b.random_host[2 * r] = st.seed;
+      b.random_host[2 * r + 1] = st.offset;
+    }
+    // From pageable memory: the bytes are taken before the call returns.
+    cuda::copy_bytes(static_cast<uint64_t*>(b.random_state->data()) + 2 * r0, device_,
+                     b.random_host.data() + 2 * r0, Device::cpu(), (r1 - r0) * 2 * sizeof(uint64_t),
+                     /*non_blocking=*/true);
+  }
+
+  // The graph for these addresses, or a new capture.
+  const auto [p0, p1] = patch_range(phase);
+  std::vector<CapturedGraph>& graphs = b.graphs[phase];
+  for (CapturedGraph& g : graphs) {
+    bool same = true;
+    for (size_t k = p0; k < p1 && same; ++k)
+      same = g.key[k - p0] == b.views[patches_[k].first].data;
+    if (!same) continue;
+    g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+    g.graph.launch(stream);
+    graph_launches_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Captured on this thread's own capture stream (no other thread puts work there), then
+  // launched on the current stream.
+  CapturedGraph fresh;
+  for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
+  std::string failure;
+  try {
+    const cuda::StreamHandle side = cuda::capture_stream(device_.index);
+    const cuda::StreamGuard on_side(device_.index, side);
+    fresh.graph.begin_capture(side);
+    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+    if (!fresh.graph.end_capture()) failure = fresh.graph.failure();
+  } catch (const std::exception& e) {
+    fresh.graph.abort_capture();
+    failure = e.what();
+  }
+  if (!failure.empty()) {
+    // Capture is impossible for this schedule: replay it on the stream from now on.
+    {
+      std::lock_guard<std::mutex> l(fallback_mu_);
+      if (!graphs_off_.load(std::memory_order_relaxed))
+        fallback_ = cat(phase_name(phase), " capture failed: ", failure);
+      graphs_off_.store(true, std::memory_order_release);
+    }
+    graphs.clear();
+    stream_replays_.fetch_add(1, std::memory_order_relaxed);
+    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+    return;
+  }
+  graph_captures_.fetch_add(1, std::memory_order_relaxed);
+  fresh.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  CapturedGraph* g = nullptr;
+  if (graphs.size() < kMaxGraphsPerPhase) {
+    g = &graphs.emplace_back(std::move(fresh));
+  } else {
+    g = &*std::min_element(graphs.begin(), graphs.end(),
+                           [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
+    *g = std::move(fresh);
+  }
+  g->graph.launch(stream);
+  graph_launches_.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace encore::schedule

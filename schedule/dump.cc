@@ -1,0 +1,218 @@
+// The schedule dump: a plan's steps as text (steps_text) and as Graphviz (steps_dot), and where
+// each buffer lives (location).
+#include <cstdio>
+#include <optional>
+
+#include "runtime/fused.h"
+#include "schedule/fusion.h"
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+std::string named(const std::vector<std::string>& names, int i, std::string_view what) {
+  if (i >= 0 && i < static_cast<int>(names.size()) && !names[i].empty())
+    return cat(what, " ", i, " '", names[i], "'");
+  return cat(what, " ", i);
+}
+
+// A fused step's instructions, one per line: "out 1 = tanh(scratch 0)".
+std::string fused_text(const FusedProgram& p, const std::string& indent) {
+  auto name = [&p](int r) {
+    if (r < p.n_in) return cat("in ", r);
+    if (r < p.out_reg(0)) return cat("scratch ", r - p.scratch_reg(0));
+    return cat("out ", r - p.out_reg(0));
+  };
+  std::string out;
+  for (const FusedInstr& ins : p.instrs) {
+    out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", name(ins.a));
+    if (reads_two(ins.op)) out += cat(", ", name(ins.b));
+    if (op_has_scalar_attrs(ins.op)) out += cat(", ", ins.scalar);
+    out += ")\n";
+  }
+  return out;
+}
+
+std::string attrs_note(const Step& s) {
+  if (op_has_scalar_attrs(s.op)) return cat("scalar ", s.attrs.as<ScalarAttrs>().value);
+  return {};
+}
+
+}  // namespace
+
+std::string dot_quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string Plan::location(int buf, const Names& names) const {
+  const Buffer& b = rec_->buffers[buf];
+  auto param = [&](int slot) {
+    return slot >= 0 && slot < static_cast<int>(names.params.size())
+               ? cat("param '", names.params[slot], "'")
+               : cat("param slot ", slot);
+  };
+  switch (b.kind) {
+    case BufKind::Arg:
+      return named(names.args, b.index, "arg");
+    case BufKind::Param:
+      return param(b.index);
+    case BufKind::External:
+      return "external (bound by reference)";
+    case BufKind::GradSlot: {
+      const Leaf& l = rec_->leaves[b.index];
+      return cat(".grad of ", l.param >= 0 ? param(l.param) : cat("captured leaf ", b.index),
+                 " (as the call finds it)");
+    }
+    case BufKind::GradIn:
+      return cat("incoming gradient of output ",
+                 b.index < static_cast<int>(rec_->differentiable.size())
+                     ? rec_->differentiable[b.index]
+                     : b.index);
+    case BufKind::Temp:
+      break;
+  }
+  if (const int64_t off = arena_offset(buf); off >= 0) {
+    const int64_t end = off + static_cast<int64_t>(b.nbytes);
+    if (memory_.redzone_bytes == 0) return cat("arena [", off, ",", end, ")");
+    return cat("arena [", off, ",", end, "), red zone [", end, ",",
+               off + arena_aligned(b.nbytes) + kRedzoneBytes, ")");
+  }
+  if (escape_[buf] < 0) return "not planned";
+  for (size_t k = 0; k < results_.size(); ++k)
+    if (results_[k].buf == buf) return cat("own storage (result ", k, ")");
+  for (size_t k = 0; k < grads_.size(); ++k) {
+    if (grads_[k].buf != buf) continue;
+    const Recording::Contribution& c = rec_->contributions[k];
+    const Leaf* l = c.arg ? nullptr : &rec_->leaves[c.index];
+    return cat("own storage (gradient ", k, " for ",
+               c.arg           ? named(names.args, c.index, "arg")
+               : l->param >= 0 ? param(l->param)
+                               : cat("captured leaf ", c.index),
+               ")");
+  }
+  for (const Leaf& l : rec_->leaves)
+    if (l.final_grad == buf)
+      return cat("own storage (new .grad of ",
+                 l.param >= 0 ? param(l.param) : std::string("a captured leaf"), ")");
+  return "own storage";
+}
+
+std::string Plan::steps_text(const Names& names, const std::string& indent) const {
+  std::string out;
+  if (memory_.redzone_bytes > 0)
+    out += cat(indent, "red zones: ", memory_.redzone_bytes,
+               " guard bytes after each arena block, checked after every step\n");
+  char head[160];
+  for (Phase phase : {Phase::Forward, Phase::Backward}) {
+    const auto [begin, end] = step_range(phase);
+    out += cat(indent, phase_name(phase), ": ", end - begin,
+               end - begin == 1 ? " step\n" : " steps\n");
+    for (int t = begin; t < end; ++t) {
+      const Step& s = all_[t];
+      std::string marks = attrs_note(s);
+      auto mark = [&marks](std::string_view m) { marks += cat(marks.empty() ? "" : "; ", m); };
+      if (op_draws_random(s.op)) mark("random");
+      for (size_t k = 0; k < s.out.size(); ++k)
+        if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
+      const uint8_t mutates = op_mutated_inputs(s.op);
+      if (mutates != 0) mark("updates its input in place");
+      const FusedProgram* fused =
+          s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
+      if (fused != nullptr)
+        mark(cat("fuses ", fused->instrs.size(), " steps, ", fused->n_scratch,
+                 fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
+      else if (s.index < 0)
+        mark("added by the plan");
+      std::snprintf(head, sizeof head, marks.empty() ? "%s  %4d  %s" : "%s  %4d  %-26s",
+                    indent.c_str(), t - begin, std::string(op_name(s.op)).c_str());
+      out += head;
+      if (!marks.empty()) out += cat("  [", marks, "]");
+      out += "\n";
+      auto operand = [&](std::string_view dir, size_t k, const Operand& o, std::string note) {
+        std::snprintf(head, sizeof head, "%s          %-3s %zu  b%-5d %-22s ", indent.c_str(),
+                      std::string(dir).c_str(), k, o.buf, cat(o.dtype, o.shape).c_str());
+        out += cat(head, location(o.buf, names), note.empty() ? "" : "  " + note, "\n");
+      };
+      for (size_t k = 0; k < s.in.size(); ++k)
+        operand("in", k, s.in[k], mask_bit(mutates, k) ? "(written in place)" : "");
+      for (size_t k = 0; k < s.out.size(); ++k) {
+        const int over = in_place_input(s, static_cast<int>(k));
+        operand("out", k, s.out[k], over >= 0 ? cat("(in place over in ", over, ")") : "");
+      }
+      if (fused != nullptr) out += fused_text(*fused, indent + "          ");
+    }
+  }
+  return out;
+}
+
+std::string Plan::steps_dot(const Names& names, const std::string& prefix) const {
+  // A buffer written by a step sits in the cluster of the first schedule writing it; bound
+  // buffers (arguments, parameters, incoming gradients) sit outside both.
+  const int nb = static_cast<int>(rec_->buffers.size());
+  std::vector<const Operand*> seen(nb, nullptr);
+  std::vector<std::optional<Phase>> home(nb);
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    const Phase phase = t < n_forward_ ? Phase::Forward : Phase::Backward;
+    for (const Operand& o : all_[t].in)
+      if (seen[o.buf] == nullptr) seen[o.buf] = &o;
+    for (const Operand& o : all_[t].out) {
+      if (seen[o.buf] == nullptr) seen[o.buf] = &o;
+      if (!home[o.buf] && rec_->buffers[o.buf].kind == BufKind::Temp) home[o.buf] = phase;
+    }
+  }
+  auto buffer_node = [&](int b, const char* indent) {
+    return cat(
+        indent, prefix, "b", b, " [shape=ellipse, label=",
+        dot_quote(cat("b", b, " ", seen[b]->dtype, seen[b]->shape, "\n", location(b, names))),
+        "];\n");
+  };
+  std::string out, edges;
+  for (Phase phase : {Phase::Forward, Phase::Backward}) {
+    const auto [begin, end] = step_range(phase);
+    const char* what = phase_name(phase);
+    out += cat("    subgraph cluster_", prefix, what, " {\n      label=\"", what, " (", end - begin,
+               end - begin == 1 ? " step" : " steps", ")\";\n");
+    for (int t = begin; t < end; ++t) {
+      const Step& s = all_[t];
+      bool in_place = false;
+      for (size_t k = 0; k < s.out.size(); ++k)
+        in_place |= in_place_input(s, static_cast<int>(k)) >= 0;
+      const std::string note = attrs_note(s);
+      const bool random = op_draws_random(s.op);
+      out += cat("      ", prefix, "s", t, " [shape=box", random ? ", style=dashed" : "",
+                 ", label=\"", phase == Phase::Forward ? "fwd " : "bwd ", t - begin, ": ",
+                 op_name(s.op), note.empty() ? "" : "\\n" + note, in_place ? "\\n(in place)" : "",
+                 random ? "\\n(random)" : "", "\"];\n");
+      const uint8_t mutates = op_mutated_inputs(s.op);
+      for (size_t k = 0; k < s.in.size(); ++k) {
+        const int b = s.in[k].buf;
+        edges += cat("    ", prefix, "b", b, " -> ", prefix, "s", t, ";\n");
+        if (mask_bit(mutates, k))
+          edges += cat("    ", prefix, "s", t, " -> ", prefix, "b", b,
+                       " [style=dashed, label=\"updates\"];\n");
+      }
+      for (size_t k = 0; k < s.out.size(); ++k)
+        edges += cat(
+            "    ", prefix, "s", t, " -> ", prefix, "b", s.out[k].buf,
+            in_place_input(s, static_cast<int>(k)) >= 0 ? " [color=red, label=\"in place\"]" : "",
+            ";\n");
+    }
+    for (int b = 0; b < nb; ++b)
+      if (seen[b] != nullptr && home[b] == phase) out += buffer_node(b, "      ");
+    out += "    }\n";
+  }
+  for (int b = 0; b < nb; ++b)
+    if (seen[b] != nullptr && !home[b]) out += buffer_node(b, "    ");
+  return out + edges;
+}
+
+}  // namespace encore::schedule

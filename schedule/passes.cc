@@ -1,0 +1,195 @@
+// The plan's passes over a recording: outputs that leave the call get their own storage (a Copy
+// where they alias something else), dead steps are dropped, an elementwise step writes over an
+// input that dies there, and the remaining temporaries are placed in the arena (memory_plan.h).
+#include <algorithm>
+#include <climits>
+
+#include "runtime/fused.h"
+#include "schedule/memory_plan.h"
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+// Ops whose output element i depends only on element i of inputs of the output's shape, so
+// the output may overwrite such an input.
+bool elementwise(Op op) {
+  return op == Op::Copy || fusable_op(op);
+}
+
+Device device_of(const Step& s, const Recording& rec) {
+  const Operand& o = s.in.empty() ? s.out[0] : s.in[0];
+  return rec.buffers[o.buf].device;
+}
+
+}  // namespace
+
+Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
+    : rec_(std::move(rec)), options_(options) {
+  n_forward_ = static_cast<int>(rec_->forward.size());
+  all_ = std::move(rec_->forward);
+  for (Step& s : rec_->backward) all_.push_back(std::move(s));
+  for (size_t t = 0; t < all_.size(); ++t) all_[t].index = static_cast<int>(t);
+  trace_steps_ = all_;
+  recorded_forward_ = n_forward_;
+  rec_->forward.clear();
+  rec_->backward.clear();
+  results_ = rec_->results;
+  for (const Recording::Contribution& c : rec_->contributions) grads_.push_back(c.grad);
+  add_copies();
+  eliminate_dead_steps();
+  device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
+  if (device_.type == DeviceType::CPU && options_.fuse) fuse_elementwise();
+  plan_memory();
+  build_steps();
+  if (device_.type == DeviceType::CUDA) plan_graphs();
+}
+
+// Results and gradients leave the call: each gets a buffer of its own, written directly by
+// the step that produces it, or a Copy where it is something else (an argument, a parameter,
+// a forward value, another result's gradient).
+void Plan::add_copies() {
+  std::vector<Buffer>& bufs = rec_->buffers;
+  std::vector<char> written_fwd(bufs.size(), 0), written_bwd(bufs.size(), 0);
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t)
+    for (const Operand& o : all_[t].out) (t < n_forward_ ? written_fwd : written_bwd)[o.buf] = 1;
+  escape_.assign(bufs.size(), -1);
+  auto new_temp = [&](const Operand& like) {
+    Buffer b;
+    b.kind = BufKind::Temp;
+    b.nbytes = like.nbytes();
+    b.device = bufs[like.buf].device;
+    bufs.push_back(std::move(b));
+    escape_.push_back(-1);
+    written_fwd.push_back(0);
+    written_bwd.push_back(0);
+    return static_cast<int>(bufs.size()) - 1;
+  };
+  auto copy_into_new = [&](Operand& o, int at) {
+    Step s{Op::Copy, AttrBlob{}, -1, {o}, {}};
+    Operand out{new_temp(o), o.shape, o.dtype};
+    s.out.push_back(out);
+    all_.insert(all_.begin() + at, std::move(s));
+    o = out;
+  };
+  auto whole = [&](const Operand& o) { return o.nbytes() == bufs[o.buf].nbytes; };
+
+  for (Operand& r : results_) {
+    const Buffer& b = bufs[r.buf];
+    // A result that is (a view of) an argument, parameter or bound tensor comes back as a view
+    // of that tensor, as eagerly.
+    if (b.kind != BufKind::Temp) continue;
+    if (!written_fwd[r.buf] || written_bwd[r.buf]) {
+      copy_into_new(r, n_forward_);
+      ++n_forward_;
+    }
+    if (escape_[r.buf] < 0) escape_[r.buf] = escapes_++;
+  }
+  for (Leaf& l : rec_->leaves) {
+    if (l.final_grad < 0 || bufs[l.final_grad].kind != BufKind::Temp) continue;
+    if (escape_[l.final_grad] < 0) escape_[l.final_grad] = escapes_++;
+  }
+  for (Operand& g : grads_) {
+    const bool own = bufs[g.buf].kind == BufKind::Temp && written_bwd[g.buf] &&
+                     !written_fwd[g.buf] && escape_[g.buf] < 0 && whole(g);
+    if (!own) copy_into_new(g, static_cast<int>(all_.size()));
+    escape_[g.buf] = escapes_++;
+  }
+}
+
+// Drops compute steps whose outputs nothing reads. Random steps stay: skipping one would
+// shift the numbers every later one draws.
+void Plan::eliminate_dead_steps() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  std::vector<char> needed(bufs.size(), 0);
+  for (size_t b = 0; b < bufs.size(); ++b)
+    needed[b] = escape_[b] >= 0 || bufs[b].kind != BufKind::Temp;
+  std::vector<char> keep(all_.size(), 0);
+  for (int t = static_cast<int>(all_.size()) - 1; t >= 0; --t) {
+    const Step& s = all_[t];
+    bool k = op_draws_random(s.op);
+    const uint8_t mutates = op_mutated_inputs(s.op);
+    for (size_t i = 0; i < s.in.size(); ++i)
+      if (mask_bit(mutates, i)) k |= needed[s.in[i].buf] != 0;
+    for (const Operand& o : s.out) k |= needed[o.buf] != 0;
+    if (!k) continue;
+    keep[t] = 1;
+    for (const Operand& o : s.in) needed[o.buf] = 1;
+  }
+  std::vector<Step> kept;
+  int n_forward = 0;
+  for (size_t t = 0; t < all_.size(); ++t) {
+    if (!keep[t]) continue;
+    if (static_cast<int>(t) < n_forward_) ++n_forward;
+    kept.push_back(std::move(all_[t]));
+  }
+  all_ = std::move(kept);
+  n_forward_ = n_forward;
+}
+
+void Plan::plan_memory() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  const int nb = static_cast<int>(bufs.size());
+  auto arena = [&](int b) { return bufs[b].kind == BufKind::Temp && escape_[b] < 0; };
+  std::vector<int> first(nb, INT_MAX), last(nb, -1);
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    for (const Operand& o : all_[t].in) last[o.buf] = std::max(last[o.buf], t);
+    for (const Operand& o : all_[t].out) {
+      first[o.buf] = std::min(first[o.buf], t);
+      last[o.buf] = std::max(last[o.buf], t);
+    }
+    if (op_kind(all_[t].op) == OpKind::Inplace)
+      for (const Operand& o : all_[t].in) first[o.buf] = std::min(first[o.buf], t);
+  }
+  root_.resize(nb);
+  for (int b = 0; b < nb; ++b) root_[b] = b;
+  // The naive sum gives every buffer a block of its own, in place or not.
+  const int64_t guard = options_.redzones ? kRedzoneBytes : 0;
+  for (int b = 0; b < nb; ++b)
+    if (arena(b) && first[b] != INT_MAX)
+      memory_.naive_bytes += arena_aligned(bufs[b].nbytes) + guard;
+
+  // In place: an elementwise step's fresh output takes the block of an input dying there.
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    const Step& s = all_[t];
+    if (!elementwise(s.op) || s.out.size() != 1) continue;
+    const Operand& o = s.out[0];
+    if (!arena(o.buf) || first[o.buf] != t || o.nbytes() != bufs[o.buf].nbytes) continue;
+    for (const Operand& i : s.in) {
+      const int r = root_[i.buf];
+      if (!arena(i.buf) || last[r] != t || i.buf == o.buf || i.dtype != o.dtype ||
+          !(i.shape == o.shape) || bufs[r].nbytes != bufs[o.buf].nbytes)
+        continue;
+      root_[o.buf] = r;
+      last[r] = std::max(last[r], last[o.buf]);
+      ++memory_.in_place_steps;
+      break;
+    }
+  }
+
+  // Blocks: one per in-place root, with its red zone after it.
+  std::vector<Interval> blocks;
+  std::vector<int> block_buf;
+  for (int b = 0; b < nb; ++b)
+    if (arena(b) && root_[b] == b && first[b] != INT_MAX) {
+      blocks.push_back({arena_aligned(bufs[b].nbytes) + guard, first[b], last[b]});
+      block_buf.push_back(b);
+    }
+  const Placement placed = place_intervals(blocks);
+  offset_.assign(nb, -1);
+  for (size_t k = 0; k < blocks.size(); ++k) offset_[block_buf[k]] = placed.offsets[k];
+  memory_.arena_bytes = placed.memory.arena_bytes;
+  memory_.lower_bound_bytes = placed.memory.lower_bound_bytes;
+  memory_.redzone_bytes = guard;
+}
+
+int Plan::in_place_input(const Step& s, int out) const {
+  const Operand& o = s.out[out];
+  const int r = root_[o.buf];
+  if (r == o.buf || offset_[r] < 0) return -1;
+  for (size_t i = 0; i < s.in.size(); ++i)
+    if (root_[s.in[i].buf] == r) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace encore::schedule
