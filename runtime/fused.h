@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore {
 
@@ -45,8 +45,10 @@ struct FusedProgram {
 };
 
 // Whether a step of `op` can be part of a fused run (elementwise, one output, computed by
-// the fused kernel). Its operands must still have the run's element count (or one element,
-// for a binary op's broadcast operand) and dtype.
-bool fusable_op(Op op);
+// the fused kernel: kFusable in runtime/op_traits.h). Its operands must still have the run's
+// element count (or one element, for a binary op's broadcast operand) and dtype.
+constexpr bool fusable_op(Op op) {
+  return op_fusable(op);
+}
 
 }  // namespace encore
