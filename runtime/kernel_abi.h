@@ -27,7 +27,8 @@ namespace encore {
 // (op_attr_type, runtime/op_traits.h) on every eager call; a read as another struct asserts in
 // a debug build and costs nothing in a release one.
 struct alignas(8) AttrBlob {
-  static constexpr size_t kCapacity = 64;
+  // 64 bytes in all with the tag (a replay's step array keeps one blob per step).
+  static constexpr size_t kCapacity = 64 - sizeof(AttrType);
   unsigned char bytes[kCapacity] = {};
   AttrType type = AttrType::None;  // not part of `bytes`, which schedules compare
 
@@ -51,6 +52,7 @@ struct alignas(8) AttrBlob {
     return *reinterpret_cast<const T*>(bytes);
   }
 };
+static_assert(sizeof(AttrBlob) == 64);
 
 // A raw buffer as a kernel sees it.
 struct BufferView {
