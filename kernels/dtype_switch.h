@@ -14,7 +14,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore::kernels {
 

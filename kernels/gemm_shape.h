@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/dispatcher.h"
+#include "runtime/kernel_abi.h"
 
 namespace encore::kernels {
 

@@ -5,70 +5,19 @@
 //
 // dispatch() checks operands, looks up the kernel for (op, device), runs it on raw buffer
 // views, records an autograd node when a gradient is needed, and notifies the active Tracer.
-// Kernels are plain functions over BufferViews: they allocate nothing and know nothing of
-// autograd, so a replay loop can call them again with other buffers.
+// Kernels are plain functions over BufferViews (runtime/kernel_abi.h): they allocate nothing and
+// know nothing of autograd, so a replay loop can call them again with other buffers.
 #pragma once
 
-#include <cstddef>
-#include <cstring>
+#include <initializer_list>
 #include <span>
-#include <type_traits>
+#include <string_view>
 
-#include "runtime/device.h"
-#include "runtime/ops.h"
+#include "runtime/kernel_abi.h"
+#include "runtime/op_traits.h"
 #include "runtime/tensor.h"
 
 namespace encore {
-
-// Attributes of one call, stored by value (trivially copyable structs from ops.h).
-struct alignas(8) AttrBlob {
-  static constexpr size_t kCapacity = 64;
-  unsigned char bytes[kCapacity] = {};
-
-  AttrBlob() = default;
-  template <typename T>
-  static AttrBlob of(const T& attrs) {
-    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kCapacity);
-    AttrBlob b;
-    std::memcpy(b.bytes, &attrs, sizeof(T));
-    return b;
-  }
-  template <typename T>
-  const T& as() const {
-    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kCapacity);
-    return *reinterpret_cast<const T*>(bytes);
-  }
-};
-
-// A raw buffer as a kernel sees it.
-struct BufferView {
-  void* data = nullptr;
-  Shape shape;
-  DType dtype = DType::Float32;
-
-  int64_t numel() const { return shape.numel(); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data);
-  }
-};
-
-struct KernelArgs {
-  std::span<const BufferView> in;
-  std::span<const BufferView> out;
-  const AttrBlob& attrs;
-  template <typename T>
-  const T& attr() const {
-    return attrs.template as<T>();
-  }
-};
-
-using KernelFn = void (*)(const KernelArgs&);
-
-// Registers the kernel of `op` on a device type (kernels do this at static-initialisation time).
-void register_kernel(Op op, DeviceType device, KernelFn fn);
-// The kernel of (op, device); throws Error naming both when there is none.
-KernelFn lookup_kernel(Op op, DeviceType device);
 
 // ---- Autograd definition of an op ---------------------------------------------------------
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore {
 
@@ -43,10 +43,5 @@ struct FusedProgram {
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }
 };
-
-// Whether a step of `op` can be part of a fused run (elementwise, one output, computed by
-// the fused kernel). Its operands must still have the run's element count (or one element,
-// for a binary op's broadcast operand) and dtype.
-bool fusable_op(Op op);
 
 }  // namespace encore

@@ -1,12 +1,10 @@
 // The op vocabulary: every op the dispatcher knows, and the attribute structs its kernels read.
 // Routines (api/) create calls with these; kernels (kernels/) implement them; the tracer records
-// them. An attribute struct is trivially copyable so a schedule can store it by value.
+// them. An attribute struct is trivially copyable so a schedule can store it by value. What each
+// op is (kind, operands, attribute struct, elementwise, fusable ...) is in runtime/op_traits.h.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <span>
-#include <string_view>
 
 namespace encore {
 
@@ -105,59 +103,40 @@ enum class OpKind : uint8_t {
   Inplace,  // writes input 0 (and, for optimizer updates, its state inputs); no outputs
 };
 
-// Bit i of a per-operand mask (mutated, saved inputs ...); false past the mask's width, since
-// ops such as concat take any number of operands.
-constexpr bool mask_bit(uint8_t mask, size_t i) {
-  return i < 8 && (mask >> i & 1) != 0;
-}
-
-std::string_view op_name(Op op);
-OpKind op_kind(Op op);
-// Bit i is set when input i is written in place (its version counter is bumped); 0 for ops
-// that are not Inplace.
-uint8_t op_mutated_inputs(Op op);
-// Calls f on each operand a step of `op` writes, in order: the inputs an Inplace op updates,
-// else the outputs. (The bytes verify mode compares.)
-template <typename T, typename F>
-void for_each_written(Op op, std::span<const T> in, std::span<const T> out, F&& f) {
-  if (const uint8_t mutates = op_mutated_inputs(op); mutates != 0) {
-    for (size_t i = 0; i < in.size(); ++i)
-      if (mask_bit(mutates, i)) f(in[i]);
-  } else {
-    for (const T& o : out) f(o);
-  }
-}
-// Whether the op draws from a device Generator (its RandomAttrs seed and offset were reserved at
-// call time; a replay must reserve fresh ones).
-bool op_draws_random(Op op);
-
 // ---- Attribute structs --------------------------------------------------------------------
 // No implicit padding: an AttrBlob copies the struct's bytes, and schedules compare blobs
 // bytewise, so every byte must be a member with a defined value.
+
+// Which attribute struct a call carries: the tag an AttrBlob keeps of the struct written into it
+// (attr_type_of<T>), and each op's declared one (op_attr_type, runtime/op_traits.h).
+enum class AttrType : uint8_t {
+  None,  // NoAttrs, or a blob nothing was written into
+  Scalar,
+  Matmul,
+  Reduce,
+  Permute,
+  Axis,
+  Slice,
+  CrossEntropy,
+  Conv2d,
+  Pool2d,
+  BatchNorm,
+  Random,
+  Fused,
+  Sgd,
+  Adam,
+};
+// AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
+template <typename T>
+struct AttrTypeOf;
+template <typename T>
+inline constexpr AttrType attr_type_of = AttrTypeOf<T>::value;
 
 struct NoAttrs {};
 
 struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Fill value
   double value = 0;
 };
-
-// Whether the attributes of `op` are a ScalarAttrs.
-constexpr bool op_has_scalar_attrs(Op op) {
-  switch (op) {
-    case Op::AddScalar:
-    case Op::MulScalar:
-    case Op::RsubScalar:
-    case Op::DivScalar:
-    case Op::RdivScalar:
-    case Op::PowScalar:
-    case Op::LeakyRelu:
-    case Op::LeakyReluGrad:
-    case Op::Fill:
-      return true;
-    default:
-      return false;
-  }
-}
 
 struct MatmulAttrs {  // C = op(A) op(B), op = transpose when the flag is set (last two axes)
   bool trans_a = false;
@@ -245,5 +224,41 @@ struct AdamAttrs {  // AdamUpdate; bias correction uses the step counter held in
   bool decoupled = false;  // AdamW
   uint8_t padding[7] = {};
 };
+
+// The tags of the structs above.
+template <AttrType kType>
+struct AttrTag {
+  static constexpr AttrType value = kType;
+};
+template <>
+struct AttrTypeOf<NoAttrs> : AttrTag<AttrType::None> {};
+template <>
+struct AttrTypeOf<ScalarAttrs> : AttrTag<AttrType::Scalar> {};
+template <>
+struct AttrTypeOf<MatmulAttrs> : AttrTag<AttrType::Matmul> {};
+template <>
+struct AttrTypeOf<ReduceAttrs> : AttrTag<AttrType::Reduce> {};
+template <>
+struct AttrTypeOf<PermuteAttrs> : AttrTag<AttrType::Permute> {};
+template <>
+struct AttrTypeOf<AxisAttrs> : AttrTag<AttrType::Axis> {};
+template <>
+struct AttrTypeOf<SliceAttrs> : AttrTag<AttrType::Slice> {};
+template <>
+struct AttrTypeOf<CrossEntropyAttrs> : AttrTag<AttrType::CrossEntropy> {};
+template <>
+struct AttrTypeOf<Conv2dAttrs> : AttrTag<AttrType::Conv2d> {};
+template <>
+struct AttrTypeOf<Pool2dAttrs> : AttrTag<AttrType::Pool2d> {};
+template <>
+struct AttrTypeOf<BatchNormAttrs> : AttrTag<AttrType::BatchNorm> {};
+template <>
+struct AttrTypeOf<RandomAttrs> : AttrTag<AttrType::Random> {};
+template <>
+struct AttrTypeOf<FusedAttrs> : AttrTag<AttrType::Fused> {};
+template <>
+struct AttrTypeOf<SgdAttrs> : AttrTag<AttrType::Sgd> {};
+template <>
+struct AttrTypeOf<AdamAttrs> : AttrTag<AttrType::Adam> {};
 
 }  // namespace encore

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "runtime/intern.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore {
 class Tensor;

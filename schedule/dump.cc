@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "runtime/fused.h"
-#include "schedule/fusion.h"
 #include "schedule/plan.h"
 
 namespace encore::schedule {
@@ -26,7 +25,7 @@ std::string fused_text(const FusedProgram& p, const std::string& indent) {
   std::string out;
   for (const FusedInstr& ins : p.instrs) {
     out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", name(ins.a));
-    if (reads_two(ins.op)) out += cat(", ", name(ins.b));
+    if (op_reads_two(ins.op)) out += cat(", ", name(ins.b));
     if (op_has_scalar_attrs(ins.op)) out += cat(", ", ins.scalar);
     out += ")\n";
   }

@@ -1,7 +1,5 @@
 // Elementwise fusion (cpu plans): runs of adjacent elementwise steps become one FusedElementwise
 // step whose program (runtime/fused.h) keeps values only the run reads in scratch blocks.
-#include "schedule/fusion.h"
-
 #include <algorithm>
 #include <memory>
 
@@ -9,22 +7,6 @@
 #include "schedule/plan.h"
 
 namespace encore::schedule {
-
-bool broadcasting(Op op) {
-  return op == Op::Add || op == Op::Sub || op == Op::Mul || op == Op::Div;
-}
-
-bool reads_two(Op op) {
-  switch (op) {
-    case Op::ReluGrad:
-    case Op::LeakyReluGrad:
-    case Op::SigmoidGrad:
-    case Op::TanhGrad:
-      return true;
-    default:
-      return broadcasting(op);
-  }
-}
 
 // Runs of adjacent elementwise steps of one phase, dtype and element count become one
 // FusedElementwise step (cpu plans). Its kernel runs the steps block by block: a value only
@@ -38,13 +20,13 @@ void Plan::fuse_elementwise() {
     for (const Operand& o : all_[t].in) last_read[o.buf] = t;
   // Whether `s` can join a run over `numel` elements of `dtype`.
   auto joins = [&](const Step& s, DType dtype, int64_t numel) {
-    if (!fusable_op(s.op) || s.out.size() != 1) return false;
+    if (!op_fusable(s.op) || s.out.size() != 1) return false;
     const Operand& o = s.out[0];
     if (o.dtype != dtype || o.shape.numel() != numel || bufs[o.buf].kind != BufKind::Temp)
       return false;
     for (const Operand& i : s.in) {
       const int64_t k = i.shape.numel();
-      if (i.dtype != dtype || (k != numel && !(k == 1 && broadcasting(s.op)))) return false;
+      if (i.dtype != dtype || (k != numel && !(k == 1 && op_broadcasts_one(s.op)))) return false;
     }
     return true;
   };

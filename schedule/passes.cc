@@ -11,12 +11,6 @@
 namespace encore::schedule {
 namespace {
 
-// Ops whose output element i depends only on element i of inputs of the output's shape, so
-// the output may overwrite such an input.
-bool elementwise(Op op) {
-  return op == Op::Copy || fusable_op(op);
-}
-
 Device device_of(const Step& s, const Recording& rec) {
   const Operand& o = s.in.empty() ? s.out[0] : s.in[0];
   return rec.buffers[o.buf].device;
@@ -152,7 +146,7 @@ void Plan::plan_memory() {
   // In place: an elementwise step's fresh output takes the block of an input dying there.
   for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
     const Step& s = all_[t];
-    if (!elementwise(s.op) || s.out.size() != 1) continue;
+    if (!op_elementwise(s.op) || s.out.size() != 1) continue;
     const Operand& o = s.out[0];
     if (!arena(o.buf) || first[o.buf] != t || o.nbytes() != bufs[o.buf].nbytes) continue;
     for (const Operand& i : s.in) {

@@ -3,7 +3,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/kernel.h"
-#include "kernels/cpu/strided_loop.h"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {

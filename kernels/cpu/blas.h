@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "runtime/error.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore::kernels::cpu {
 

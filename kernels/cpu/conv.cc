@@ -24,11 +24,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/scratch.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
@@ -82,41 +82,11 @@ bool force_im2col() {
   return g_force_im2col.load(std::memory_order_relaxed);
 }
 
-// ---- Scratch memory: per thread, growing, never shrinking ---------------------------------
-
-class ScratchBuffer {
- public:
-  ScratchBuffer() = default;
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-  ~ScratchBuffer() { ::operator delete(data_, kAlign); }
-
-  void* get(size_t bytes) {
-    if (bytes > bytes_) {
-      ::operator delete(data_, kAlign);
-      data_ = nullptr;
-      bytes_ = 0;
-      data_ = ::operator new(bytes, kAlign);
-      bytes_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  static constexpr std::align_val_t kAlign{64};
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
+// ---- Scratch memory (kernels/cpu/scratch.h) ------------------------------------------------
 
 // Slots: 0 the padded input, 1 the wide output or gradient, 2 the tap offsets, 3 the flipped
 // kernel. Worker threads use only 0 and 1; 2 and 3 are filled by the calling thread and shared.
 enum Slot { kPadded, kWide, kOffsets, kFlipped, kSlots };
-
-template <typename T>
-T* scratch(Slot slot, int64_t count) {
-  thread_local ScratchBuffer buffers[kSlots];
-  return static_cast<T*>(buffers[slot].get(static_cast<size_t>(count) * sizeof(T)));
-}
 
 // ---- Vectors (GCC/Clang vector extensions; the widest the target has) ---------------------
 

@@ -10,7 +10,7 @@
 #include <iterator>
 #include <type_traits>
 
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore::kernels::cpu {
 

@@ -1,6 +1,6 @@
-// What every CPU kernel file includes: the kernel contract (runtime/dispatcher.h) and the
+// What every CPU kernel file includes: the kernel contract (runtime/kernel_abi.h) and the
 // dtype switch.
 #pragma once
 
 #include "kernels/dtype_switch.h"
-#include "runtime/dispatcher.h"
+#include "runtime/kernel_abi.h"

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernel.h"
-#include "kernels/cpu/strided_loop.h"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {

@@ -24,9 +24,10 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/pool_geometry.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
@@ -35,32 +36,15 @@ namespace {
 template <int64_t N>
 using Const = std::integral_constant<int64_t, N>;
 
-// The geometry of one call: input planes [H, W] pooled to [Ho, Wo].
-struct PoolGeometry {
-  int64_t planes, h, w, ho, wo;
-  int64_t kh, kw, sh, sw, ph, pw;
-  int64_t inner_begin = 0, inner_end = 0;  // output columns whose windows lie inside the input
-  int64_t ws = 0;                          // row pitch of the horizontal pass's scratch
-  bool flat = false;                       // w == sw * ws: one flat loop over rows (see top)
-
-  // The rows [begin, end) of the input that output row `o` reads (clipped to the input).
-  int64_t row_begin(int64_t o) const { return std::max<int64_t>(o * sh - ph, 0); }
-  int64_t row_end(int64_t o) const { return std::min(o * sh - ph + kh, h); }
-  int64_t col_begin(int64_t o) const { return std::max<int64_t>(o * sw - pw, 0); }
-  int64_t col_end(int64_t o) const { return std::min(o * sw - pw + kw, w); }
-  // 2x2 windows, stride 2, no padding.
-  bool tiles_2x2() const { return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0; }
-  // Windows that tile the input (stride = kernel, no padding): none is clipped or overlaps.
-  bool tiles() const { return sh == kh && sw == kw && ph == 0 && pw == 0; }
+// The shared geometry (kernels/pool_geometry.h) and the layout of the horizontal pass's scratch.
+struct CpuPoolGeometry : PoolGeometry {
+  int64_t ws = 0;     // row pitch of the horizontal pass's scratch
+  bool flat = false;  // w == sw * ws: one flat loop over rows (see top)
 };
 
 // x [N,C,H,W] and y [N,C,Ho,Wo].
-PoolGeometry geometry(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
-  PoolGeometry g{x[0] * x[1], x[2],        x[3],        y[2],         y[3],        a.kernel[0],
-                 a.kernel[1], a.stride[0], a.stride[1], a.padding[0], a.padding[1]};
-  g.inner_begin = std::min(g.wo, (g.pw + g.sw - 1) / g.sw);
-  const int64_t last = g.w + g.pw - g.kw;  // start + pw of the last window inside
-  g.inner_end = std::max(g.inner_begin, last < 0 ? 0 : std::min(g.wo, last / g.sw + 1));
+CpuPoolGeometry geometry(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
+  CpuPoolGeometry g{pool_geometry(x, y, a)};
   g.flat = g.w % g.sw == 0 && g.w / g.sw >= g.wo;
   g.ws = g.flat ? g.w / g.sw : g.wo;
   return g;
@@ -70,7 +54,7 @@ PoolGeometry geometry(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
 // work, and within a thread in blocks of about kBlockElements input elements, so that the flat
 // loops are long even for small planes and a block's scratch stays in the L1 cache.
 template <typename Body>
-void for_blocks(const PoolGeometry& g, Body&& body) {
+void for_blocks(const CpuPoolGeometry& g, Body&& body) {
   constexpr int64_t kWorkPerThread = int64_t{1} << 15;  // window reads
   constexpr int64_t kBlockElements = 4096;
   const int64_t per_plane = std::max<int64_t>(1, g.ho * g.wo * g.kh * g.kw);
@@ -81,20 +65,15 @@ void for_blocks(const PoolGeometry& g, Body&& body) {
                });
 }
 
-// Per-thread scratch that grows and is kept (one buffer per element type and slot).
-template <typename T, int kSlot>
-T* scratch(int64_t n) {
-  thread_local std::vector<T> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
-}
+// Per-thread scratch (kernels/cpu/scratch.h): what each slot holds depends on the kernel.
+enum Slot { kSlot0, kSlot1, kSlot2, kSlots };
 
 // Calls f(Const<KW>{}, Const<SW>{}) with the window width and the column stride as constants
 // when they are common, widths 2 and 3 with strides 1 and 2 (so the loops unroll and vectorize
 // well), else 0 (read g.kw, g.sw). kSpecialise false: always 0 (float32 is the type to be fast,
 // float64 the one to check gradients with: specialising both would double the code).
 template <bool kSpecialise = true, typename F>
-void with_window(const PoolGeometry& g, F&& f) {
+void with_window(const CpuPoolGeometry& g, F&& f) {
   if constexpr (kSpecialise) {
     auto by_stride = [&](auto kw) {
       if (g.sw == 1) return f(kw, Const<1>{});
@@ -109,7 +88,7 @@ void with_window(const PoolGeometry& g, F&& f) {
 
 // Calls f(o) for the output columns whose windows are clipped by the input's edges.
 template <typename F>
-void for_clipped(const PoolGeometry& g, F&& f) {
+void for_clipped(const CpuPoolGeometry& g, F&& f) {
   for (int64_t o = 0; o < g.inner_begin; ++o) f(o);
   for (int64_t o = g.inner_end; o < g.wo; ++o) f(o);
 }
@@ -186,7 +165,7 @@ void reduce_windows(const T* __restrict x, T* __restrict h, int64_t n, int64_t k
 // hs[r * g.ws + o] = op over the window columns of output column o of row r of x, for the
 // `rows` rows of x (a block of planes) and o < wo.
 template <typename T, typename Op>
-void reduce_rows(const T* x, int64_t rows, T* hs, const PoolGeometry& g, Op op) {
+void reduce_rows(const T* x, int64_t rows, T* hs, const CpuPoolGeometry& g, Op op) {
   const int64_t lo = g.inner_begin, hi = g.inner_end;
   with_window<std::is_same_v<T, float>>(g, [&](auto kw_c, auto sw_c) {
     constexpr int64_t KW = decltype(kw_c)::value, SW = decltype(sw_c)::value;
@@ -237,7 +216,7 @@ void argmax_windows(const T* __restrict x, T* __restrict h, I* __restrict at, in
 
 // reduce_rows with the maximum, and at[r * g.ws + o] the index in x of the first maximum.
 template <typename T, typename I>
-void argmax_rows(const T* x, int64_t rows, T* hs, I* at, const PoolGeometry& g) {
+void argmax_rows(const T* x, int64_t rows, T* hs, I* at, const CpuPoolGeometry& g) {
   const int64_t lo = g.inner_begin, hi = g.inner_end;
   // Planes too large for 32-bit indices are rare: no specialised loops for them.
   with_window<std::is_same_v<T, float> && std::is_same_v<I, int32_t>>(g, [&](auto kw_c, auto sw_c) {
@@ -366,7 +345,7 @@ void max_2x2(const T* __restrict a, const T* __restrict b, T* __restrict y, int6
 // Runs chunk(Const<V>, a, b, y, o) over the output rows y of 2x2 windows with stride 2, from
 // input rows a and b.
 template <typename T, typename Chunk>
-void pool_2x2(const T* x, T* y, int64_t planes, const PoolGeometry& g, Chunk chunk) {
+void pool_2x2(const T* x, T* y, int64_t planes, const CpuPoolGeometry& g, Chunk chunk) {
   const int64_t w = g.w, wo = g.wo;
   for (int64_t p = 0; p < planes; ++p, x += g.h * w)
     for (int64_t oh = 0; oh < g.ho; ++oh, y += wo) {
@@ -377,7 +356,7 @@ void pool_2x2(const T* x, T* y, int64_t planes, const PoolGeometry& g, Chunk chu
 
 void max_pool_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
-  const PoolGeometry g = geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
+  const CpuPoolGeometry g = geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
   switch_floating(x.dtype, Op::MaxPool2d, [&]<typename T>(Type<T>) {
     const T* px = x.as<T>();
     T* py = y.as<T>();
@@ -390,7 +369,7 @@ void max_pool_kernel(const KernelArgs& args) {
       return;
     }
     for_blocks(g, [&](int64_t p, int64_t n) {
-      T* hs = scratch<T, 0>(n * g.h * g.ws);  // row maxima
+      T* hs = scratch<T>(kSlot0, n * g.h * g.ws);  // row maxima
       reduce_rows(px + p * in_plane, n * g.h, hs, g, MaxOp<T>{});
       for (int64_t i = 0; i < n; ++i) {
         const T* rows = hs + i * g.h * g.ws;
@@ -428,7 +407,7 @@ void max_grad_2x2(const T* __restrict a, const T* __restrict b, const T* __restr
 // Runs chunk(Const<V>, gy, ga, gb, o) over the output rows gy of 2x2 windows with stride 2,
 // with ga and gb the rows of gx they write; a last odd row or column, in no window, gets zeros.
 template <typename T, typename Chunk>
-void grad_2x2(const T* gy, T* gx, int64_t planes, const PoolGeometry& g, Chunk chunk) {
+void grad_2x2(const T* gy, T* gx, int64_t planes, const CpuPoolGeometry& g, Chunk chunk) {
   const int64_t h = g.h, w = g.w, wo = g.wo;
   for (int64_t p = 0; p < planes; ++p, gx += h * w) {
     for (int64_t oh = 0; oh < g.ho; ++oh, gy += wo) {
@@ -443,12 +422,12 @@ void grad_2x2(const T* gy, T* gx, int64_t planes, const PoolGeometry& g, Chunk c
 // gx[first maximum of each window] += gy, into zeros, in output order. Indices of type I within
 // a block.
 template <typename T, typename I>
-void max_pool_grad_planes(const T* px, const T* pgy, T* pgx, const PoolGeometry& g) {
+void max_pool_grad_planes(const T* px, const T* pgy, T* pgx, const CpuPoolGeometry& g) {
   const int64_t in_plane = g.h * g.w, out_plane = g.ho * g.wo;
   for_blocks(g, [&](int64_t p, int64_t n) {
-    T* hs = scratch<T, 0>(n * g.h * g.ws);  // row maxima
-    I* at = scratch<I, 1>(n * g.h * g.ws);  // their indices in the block
-    I* from = scratch<I, 2>(g.wo);          // an output row's
+    T* hs = scratch<T>(kSlot0, n * g.h * g.ws);  // row maxima
+    I* at = scratch<I>(kSlot1, n * g.h * g.ws);  // their indices in the block
+    I* from = scratch<I>(kSlot2, g.wo);          // an output row's
     T* gin = pgx + p * in_plane;
     argmax_rows(px + p * in_plane, n * g.h, hs, at, g);
     std::fill(gin, gin + n * in_plane, T(0));
@@ -468,7 +447,7 @@ void max_pool_grad_planes(const T* px, const T* pgy, T* pgx, const PoolGeometry&
 // x and gy in, gx (x's shape) out.
 void max_pool_grad_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &gy = args.in[1], &gx = args.out[0];
-  const PoolGeometry g = geometry(x.shape, gy.shape, args.attr<Pool2dAttrs>());
+  const CpuPoolGeometry g = geometry(x.shape, gy.shape, args.attr<Pool2dAttrs>());
   switch_floating(x.dtype, Op::MaxPool2dGrad, [&]<typename T>(Type<T>) {
     const T *px = x.as<T>(), *pgy = gy.as<T>();
     T* pgx = gx.as<T>();
@@ -496,7 +475,7 @@ void max_pool_grad_kernel(const KernelArgs& args) {
 // never reaches past the padding, as the output size is floored), else the input elements it
 // covers.
 template <typename T>
-void row_divisors(const PoolGeometry& g, bool count_include_pad, int64_t oh, T* div) {
+void row_divisors(const CpuPoolGeometry& g, bool count_include_pad, int64_t oh, T* div) {
   const int64_t rows = g.row_end(oh) - g.row_begin(oh);
   for (int64_t o = 0; o < g.wo; ++o)
     div[o] =
@@ -511,7 +490,7 @@ struct SameDivisors {
   bool all = false, reciprocal = false;
 };
 template <typename T>
-SameDivisors same_divisors(const PoolGeometry& g, bool count_include_pad, T* div) {
+SameDivisors same_divisors(const CpuPoolGeometry& g, bool count_include_pad, T* div) {
   SameDivisors d;
   d.all = count_include_pad || (g.ph == 0 && g.pw == 0);
   if (!d.all) return d;
@@ -533,7 +512,7 @@ void avg_2x2(const T* __restrict a, const T* __restrict b, T* __restrict y, int6
 void avg_pool_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
   const Pool2dAttrs& a = args.attr<Pool2dAttrs>();
-  const PoolGeometry g = geometry(x.shape, y.shape, a);
+  const CpuPoolGeometry g = geometry(x.shape, y.shape, a);
   switch_floating(x.dtype, Op::AvgPool2d, [&]<typename T>(Type<T>) {
     const T* px = x.as<T>();
     T* py = y.as<T>();
@@ -546,8 +525,8 @@ void avg_pool_kernel(const KernelArgs& args) {
       return;
     }
     for_blocks(g, [&](int64_t p, int64_t n) {
-      T* hs = scratch<T, 0>(n * g.h * g.ws);  // row sums
-      T* div = scratch<T, 1>(g.wo);
+      T* hs = scratch<T>(kSlot0, n * g.h * g.ws);  // row sums
+      T* div = scratch<T>(kSlot1, g.wo);
       const SameDivisors same = same_divisors(g, a.count_include_pad, div);
       reduce_rows(px + p * in_plane, n * g.h, hs, g, SumOp<T>{});
       for (int64_t i = 0; i < n; ++i) {
@@ -581,10 +560,10 @@ void avg_grad_2x2(const T* __restrict gy, T* __restrict ga, T* __restrict gb, in
 // Windows that tile the input: every element of window (oh, o) gets gy / (kh kw) (+ 0, as the
 // sum into zeros it is), in one pass; the rows and columns in no window get zeros.
 template <typename T>
-void avg_pool_grad_tiles(const T* gy, T* gx, int64_t planes, const PoolGeometry& g) {
+void avg_pool_grad_tiles(const T* gy, T* gx, int64_t planes, const CpuPoolGeometry& g) {
   const int64_t h = g.h, w = g.w, wo = g.wo, kh = g.kh, kw = g.kw;
-  T* share = scratch<T, 0>(wo);
-  T* div = scratch<T, 1>(wo);
+  T* share = scratch<T>(kSlot0, wo);
+  T* div = scratch<T>(kSlot1, wo);
   const SameDivisors same = same_divisors(g, true, div);
   for (int64_t p = 0; p < planes; ++p, gx += h * w) {
     for (int64_t oh = 0; oh < g.ho; ++oh, gy += wo) {
@@ -610,13 +589,13 @@ void avg_pool_grad_tiles(const T* gy, T* gx, int64_t planes, const PoolGeometry&
 // increasing output row), then across the window columns (the clipped windows first, then the
 // inner ones a window column at a time), as sums into zeros. gy in, gx (the input's shape) out.
 template <typename T>
-void avg_pool_grad_planes(const T* pgy, T* pgx, const PoolGeometry& g, bool count_include_pad) {
+void avg_pool_grad_planes(const T* pgy, T* pgx, const CpuPoolGeometry& g, bool count_include_pad) {
   const int64_t in_plane = g.h * g.w, out_plane = g.ho * g.wo;
   for_blocks(g, [&](int64_t p, int64_t n) {
     const int64_t wo = g.wo, ws = g.ws, w = g.w, rows = n * g.h;
-    T* hs = scratch<T, 0>(rows * ws);
-    T* share = scratch<T, 1>(g.ho * wo);  // one plane's gy / divisor
-    T* div = scratch<T, 2>(wo);
+    T* hs = scratch<T>(kSlot0, rows * ws);
+    T* share = scratch<T>(kSlot1, g.ho * wo);  // one plane's gy / divisor
+    T* div = scratch<T>(kSlot2, wo);
     const SameDivisors same = same_divisors(g, count_include_pad, div);
     for (int64_t i = 0; i < n; ++i) {
       const T* gout = pgy + (p + i) * out_plane;
@@ -678,7 +657,7 @@ void avg_pool_grad_planes(const T* pgy, T* pgx, const PoolGeometry& g, bool coun
 void avg_pool_grad_kernel(const KernelArgs& args) {
   const BufferView &gy = args.in[0], &gx = args.out[0];
   const Pool2dAttrs& a = args.attr<Pool2dAttrs>();
-  const PoolGeometry g = geometry(gx.shape, gy.shape, a);
+  const CpuPoolGeometry g = geometry(gx.shape, gy.shape, a);
   switch_floating(gy.dtype, Op::AvgPool2dGrad, [&]<typename T>(Type<T>) {
     const T* pgy = gy.as<T>();
     T* pgx = gx.as<T>();

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/kernel.h"
-#include "kernels/cpu/strided_loop.h"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/softmax_util.h"
-#include "kernels/cpu/strided_loop.h"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {

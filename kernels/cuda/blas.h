@@ -19,7 +19,7 @@
 #include <mutex>
 
 #include "kernels/gemm_shape.h"
-#include "runtime/ops.h"
+#include "runtime/op_traits.h"
 
 namespace encore::kernels::cuda {
 

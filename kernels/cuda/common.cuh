@@ -1,4 +1,4 @@
-// What every CUDA kernel file includes: the kernel contract (runtime/dispatcher.h), the dtype
+// What every CUDA kernel file includes: the kernel contract (runtime/kernel_abi.h), the dtype
 // switch, the current stream, launch geometry and error checks.
 //
 //   void relu(const KernelArgs& a) {
@@ -22,8 +22,8 @@
 
 #include "kernels/dtype_switch.h"
 #include "runtime/cuda.h"
-#include "runtime/dispatcher.h"
 #include "runtime/error.h"
+#include "runtime/kernel_abi.h"
 
 namespace encore::kernels::cuda {
 

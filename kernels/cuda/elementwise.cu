@@ -5,7 +5,7 @@
 // Same-shape operands (and a broadcast single element) run through one grid-stride map that
 // moves 16 bytes per operand and step when every pointer is aligned for it. Other broadcasts
 // compute each input's offset from the output index over the dimensions left after
-// cpu::broadcast_loop has dropped size-1 dimensions and merged contiguous ones, in 32-bit
+// broadcast_loop has dropped size-1 dimensions and merged contiguous ones, in 32-bit
 // arithmetic when every operand has fewer than 2^32 elements. An output may be the very buffer
 // of an input of its shape (add_, in-place replay): every thread reads its elements before it
 // writes them, and no pointer is __restrict__.
@@ -13,13 +13,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cpu/strided_loop.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cuda {
 namespace {
-
-constexpr int kMaxRank = Shape::kMaxRank;
 
 // ---- Same-shape map: out[i] = f(in[i]...) -------------------------------------------------
 
@@ -80,7 +78,7 @@ struct Strided {
 
 // Operands 1..N of a loop whose operand 0 is the (contiguous) output.
 template <int N>
-Strided<N> input_strides(const cpu::StridedLoop<N + 1>& loop) {
+Strided<N> input_strides(const StridedLoop<N + 1>& loop) {
   Strided<N> s;
   s.rank = loop.rank;
   for (int d = 0; d < loop.rank; ++d) {
@@ -182,7 +180,7 @@ void binary_broadcast(Op op, const BufferView& a, const BufferView& b, const Buf
   if (na == n && nb == n) return launch_map(op, n, f, po, pa, pb);
   if (na == n && nb == 1) return launch_map(op, n, SecondFixed<F, T>{f, pb}, po, pa);
   if (na == 1 && nb == n) return launch_map(op, n, FirstFixed<F, T>{f, pa}, po, pb);
-  const Strided<2> s = input_strides<2>(cpu::broadcast_loop<3>(out.shape, {&a.shape, &b.shape}));
+  const Strided<2> s = input_strides<2>(broadcast_loop<3>(out.shape, {&a.shape, &b.shape}));
   with_index_type(n, [&]<typename I>(Type<I>) {
     binary_strided_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(f, n, s, po, pa, pb);
     ENCORE_CUDA_LAUNCHED(op);
@@ -234,7 +232,7 @@ void where_kernel(const KernelArgs& args) {
     if (cond.numel() == n && a.numel() == n && b.numel() == n)
       return launch_map(Op::Where, n, WhereF{}, po, pc, pa, pb);
     const Strided<3> s =
-        input_strides<3>(cpu::broadcast_loop<4>(out.shape, {&cond.shape, &a.shape, &b.shape}));
+        input_strides<3>(broadcast_loop<4>(out.shape, {&cond.shape, &a.shape, &b.shape}));
     with_index_type(n, [&]<typename I>(Type<I>) {
       where_strided_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(n, s, po, pc, pa, pb);
       ENCORE_CUDA_LAUNCHED(Op::Where);

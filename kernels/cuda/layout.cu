@@ -3,20 +3,18 @@
 // they run on unsigned integers of the dtype's size (concat on the widest unit its rows allow).
 //
 // Permute, broadcast_to and slice are one gather: out[i] = in[offset(i)] over the dimensions
-// left after cpu::make_strided_loop has dropped size-1 dimensions and merged contiguous ones; a
+// left after make_strided_loop has dropped size-1 dimensions and merged contiguous ones; a
 // plain copy when that leaves one contiguous run, shared-memory tiles when the last two
 // dimensions are swapped. Index arithmetic is 32-bit when both buffers have fewer than 2^32
 // elements.
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/strided_loop.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cuda {
 namespace {
-
-constexpr int kMaxRank = Shape::kMaxRank;
 
 // The loop dimensions and the input's element strides over them; the output is contiguous over
 // the same dimensions, so its offset is the linear index itself.
@@ -81,8 +79,7 @@ __global__ void transpose_kernel(int64_t batches, Gather batch, int64_t rows, in
 // out (contiguous, operand 0 of `loop`, n elements) = in read with the strides of operand 1,
 // whose offsets stay below in_numel.
 template <typename U>
-void gather(Op op, U* out, const U* in, const cpu::StridedLoop<2>& loop, int64_t n,
-            int64_t in_numel) {
+void gather(Op op, U* out, const U* in, const StridedLoop<2>& loop, int64_t n, int64_t in_numel) {
   if (n == 0) return;
   const int r = loop.rank;
   if (r == 1 && loop.strides[1][0] == 1) {
@@ -127,12 +124,11 @@ void permute_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &out = args.out[0];
   const PermuteAttrs& attrs = args.attr<PermuteAttrs>();
   int64_t x_strides[kMaxRank];
-  cpu::contiguous_strides(x.shape, x_strides);
+  contiguous_strides(x.shape, x_strides);
   int64_t strides[2][kMaxRank];
-  cpu::contiguous_strides(out.shape, strides[0]);
+  contiguous_strides(out.shape, strides[0]);
   for (int d = 0; d < out.shape.rank(); ++d) strides[1][d] = x_strides[attrs.perm[d]];
-  const cpu::StridedLoop<2> loop =
-      cpu::make_strided_loop<2>(out.shape.rank(), out.shape.begin(), strides);
+  const StridedLoop<2> loop = make_strided_loop<2>(out.shape.rank(), out.shape.begin(), strides);
   switch_itemsize(x.dtype, Op::Permute, [&]<typename U>(Type<U>) {
     gather(Op::Permute, out.as<U>(), x.as<U>(), loop, out.numel(), x.numel());
   });
@@ -140,7 +136,7 @@ void permute_kernel(const KernelArgs& args) {
 
 void broadcast_to_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &out = args.out[0];
-  const cpu::StridedLoop<2> loop = cpu::broadcast_loop<2>(out.shape, {&x.shape});
+  const StridedLoop<2> loop = broadcast_loop<2>(out.shape, {&x.shape});
   switch_itemsize(x.dtype, Op::BroadcastTo, [&]<typename U>(Type<U>) {
     gather(Op::BroadcastTo, out.as<U>(), x.as<U>(), loop, out.numel(), x.numel());
   });
@@ -152,7 +148,7 @@ void slice_kernel(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
   const SliceAttrs& attrs = args.attr<SliceAttrs>();
   if (y.numel() == 0) return;
-  const cpu::AxisSplit split = cpu::split_at(x.shape, static_cast<int>(attrs.axis));
+  const AxisSplit split = split_at(x.shape, static_cast<int>(attrs.axis));
   const int64_t count = y.shape[static_cast<int>(attrs.axis)];
   // A step past the axis length gives one position at most (count <= 1, a dimension the loop
   // drops): clamping it keeps step * inner from overflowing.
@@ -160,7 +156,7 @@ void slice_kernel(const KernelArgs& args) {
   const int64_t dims[3] = {split.outer, count, split.inner};
   const int64_t strides[2][kMaxRank] = {{count * split.inner, split.inner, 1},
                                         {split.n * split.inner, step * split.inner, 1}};
-  const cpu::StridedLoop<2> loop = cpu::make_strided_loop<2>(3, dims, strides);
+  const StridedLoop<2> loop = make_strided_loop<2>(3, dims, strides);
   switch_itemsize(x.dtype, Op::Slice, [&]<typename U>(Type<U>) {
     gather(Op::Slice, y.as<U>(), x.as<U>() + attrs.start * split.inner, loop, y.numel(), x.numel());
   });
@@ -194,7 +190,7 @@ void slice_grad_kernel(const KernelArgs& args) {
   switch_floating(gx.dtype, Op::SliceGrad, [&]<typename T>(Type<T>) {
     const int64_t n = gx.numel();
     if (n == 0) return;
-    const cpu::AxisSplit split = cpu::split_at(gx.shape, static_cast<int>(attrs.axis));
+    const AxisSplit split = split_at(gx.shape, static_cast<int>(attrs.axis));
     const int64_t count = gy.shape[static_cast<int>(attrs.axis)];
     // A step past the axis length gives one position at most (count <= 1): clamping it keeps
     // that and fits I.
@@ -239,7 +235,7 @@ void concat_part(int64_t outer, int64_t row_bytes, int64_t out_row_bytes, int64_
 void concat_kernel(const KernelArgs& args) {
   const BufferView& out = args.out[0];
   const int axis = args.attr<AxisAttrs>().axis;
-  const cpu::AxisSplit split = cpu::split_at(out.shape, axis);
+  const AxisSplit split = split_at(out.shape, axis);
   const int64_t item = static_cast<int64_t>(itemsize(out.dtype));
   const int64_t out_row = out.shape[axis] * split.inner * item;
   char* po = static_cast<char*>(out.data);

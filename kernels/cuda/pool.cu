@@ -16,86 +16,13 @@
 // column, then of the inner ones by decreasing column: the CPU's order of additions exactly.
 #include <cuda/std/limits>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/pool_geometry.h"
 
 namespace encore::kernels::cuda {
 namespace {
-
-// One call's geometry: `planes` input planes [h, w] pooled to [ho, wo].
-struct PoolGeometry {
-  int64_t planes, h, w, ho, wo;
-  int64_t kh, kw, sh, sw, ph, pw;
-  int64_t inner_begin, inner_end;  // output columns whose windows lie inside the input
-  bool count_include_pad;
-
-  // Input rows [row_begin, row_end) and columns [col_begin, col_end) of window (oh, ow).
-  __host__ __device__ int64_t row_begin(int64_t oh) const {
-    return oh * sh - ph > 0 ? oh * sh - ph : 0;
-  }
-  __host__ __device__ int64_t row_end(int64_t oh) const {
-    return oh * sh - ph + kh < h ? oh * sh - ph + kh : h;
-  }
-  __host__ __device__ int64_t col_begin(int64_t ow) const {
-    return ow * sw - pw > 0 ? ow * sw - pw : 0;
-  }
-  __host__ __device__ int64_t col_end(int64_t ow) const {
-    return ow * sw - pw + kw < w ? ow * sw - pw + kw : w;
-  }
-  // The windows holding input row r: [first, last] (empty when first > last).
-  __host__ __device__ int64_t first_row_window(int64_t r) const {
-    return first_window(r, ph, kh, sh);
-  }
-  __host__ __device__ int64_t last_row_window(int64_t r) const {
-    return last_window(r, ph, sh, ho);
-  }
-  __host__ __device__ int64_t first_col_window(int64_t c) const {
-    return first_window(c, pw, kw, sw);
-  }
-  __host__ __device__ int64_t last_col_window(int64_t c) const {
-    return last_window(c, pw, sw, wo);
-  }
-  // Window o starts at o s - p: it holds i when o s - p <= i <= o s - p + k - 1.
-  __host__ __device__ static int64_t first_window(int64_t i, int64_t p, int64_t k, int64_t s) {
-    const int64_t t = i + p - k + 1;  // need o s >= t
-    return t <= 0 ? 0 : (t + s - 1) / s;
-  }
-  __host__ __device__ static int64_t last_window(int64_t i, int64_t p, int64_t s, int64_t out) {
-    const int64_t o = (i + p) / s;  // i + p >= 0
-    return o < out - 1 ? o : out - 1;
-  }
-  // The divisor of window (oh, ow) for average pooling.
-  template <typename T>
-  __host__ __device__ T divisor(int64_t oh, int64_t ow) const {
-    return static_cast<T>(count_include_pad
-                              ? kh * kw
-                              : (row_end(oh) - row_begin(oh)) * (col_end(ow) - col_begin(ow)));
-  }
-};
-
-// x [N,C,H,W] and y [N,C,Ho,Wo].
-PoolGeometry geometry(const Shape& x, const Shape& y, const Pool2dAttrs& a) {
-  PoolGeometry g{};
-  g.planes = x[0] * x[1];
-  g.h = x[2];
-  g.w = x[3];
-  g.ho = y[2];
-  g.wo = y[3];
-  g.kh = a.kernel[0];
-  g.kw = a.kernel[1];
-  g.sh = a.stride[0];
-  g.sw = a.stride[1];
-  g.ph = a.padding[0];
-  g.pw = a.padding[1];
-  g.count_include_pad = a.count_include_pad;
-  // As kernels/cpu/pool.cc: the first and past-the-last windows that need no clipping.
-  g.inner_begin = std::min(g.wo, (g.pw + g.sw - 1) / g.sw);
-  const int64_t last = g.w + g.pw - g.kw;
-  g.inner_end = std::max(g.inner_begin, last < 0 ? 0 : std::min(g.wo, last / g.sw + 1));
-  return g;
-}
 
 // The CPU's max: b when it is larger or NaN, else a (so a NaN in either gives NaN).
 template <typename T>
@@ -258,7 +185,7 @@ __global__ void avg_pool_grad_kernel(const T* __restrict__ gy, T* __restrict__ g
 
 void max_pool(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
-  const PoolGeometry g = geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
+  const PoolGeometry g = pool_geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
   switch_floating(x.dtype, Op::MaxPool2d, [&]<typename T>(Type<T>) {
     const int64_t n = y.numel();
     if (n == 0) return;
@@ -270,7 +197,7 @@ void max_pool(const KernelArgs& args) {
 // x and gy in, gx (x's shape) out.
 void max_pool_grad(const KernelArgs& args) {
   const BufferView &x = args.in[0], &gy = args.in[1], &gx = args.out[0];
-  const PoolGeometry g = geometry(x.shape, gy.shape, args.attr<Pool2dAttrs>());
+  const PoolGeometry g = pool_geometry(x.shape, gy.shape, args.attr<Pool2dAttrs>());
   switch_floating(x.dtype, Op::MaxPool2dGrad, [&]<typename T>(Type<T>) {
     const int64_t n = gx.numel();
     if (n == 0) return;
@@ -282,7 +209,7 @@ void max_pool_grad(const KernelArgs& args) {
 
 void avg_pool(const KernelArgs& args) {
   const BufferView &x = args.in[0], &y = args.out[0];
-  const PoolGeometry g = geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
+  const PoolGeometry g = pool_geometry(x.shape, y.shape, args.attr<Pool2dAttrs>());
   switch_floating(x.dtype, Op::AvgPool2d, [&]<typename T>(Type<T>) {
     const int64_t n = y.numel();
     if (n == 0) return;
@@ -294,7 +221,7 @@ void avg_pool(const KernelArgs& args) {
 // gy in, gx (the input's shape) out.
 void avg_pool_grad(const KernelArgs& args) {
   const BufferView &gy = args.in[0], &gx = args.out[0];
-  const PoolGeometry g = geometry(gx.shape, gy.shape, args.attr<Pool2dAttrs>());
+  const PoolGeometry g = pool_geometry(gx.shape, gy.shape, args.attr<Pool2dAttrs>());
   switch_floating(gy.dtype, Op::AvgPool2dGrad, [&]<typename T>(Type<T>) {
     const int64_t n = gx.numel();
     if (n == 0) return;

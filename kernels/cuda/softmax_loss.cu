@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cpu/strided_loop.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
+#include "kernels/strided_loop.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
 // Calls launch(std::integral_constant<int, kGroup>{}) with the threads per lane for `l`
 // (outer * inner lanes of n elements).
 template <typename Launch>
-void with_group(const cpu::AxisSplit& l, Launch&& launch) {
+void with_group(const AxisSplit& l, Launch&& launch) {
   const int64_t lanes = l.outer * l.inner;
   if (l.inner > 1 && (lanes >= 2048 || l.n <= 32)) {
     launch(std::integral_constant<int, 1>{});
@@ -123,7 +123,7 @@ void softmax(const KernelArgs& args) {
   const int axis = args.attr<AxisAttrs>().axis;
   switch_floating(x.dtype, kOp, [&]<typename T>(Type<T>) {
     if (x.numel() == 0) return;
-    const cpu::AxisSplit l = cpu::split_at(x.shape, axis);
+    const AxisSplit l = split_at(x.shape, axis);
     const int64_t lanes = l.outer * l.inner;
     with_group(l, [&](auto group) {
       constexpr int kGroup = decltype(group)::value;
@@ -142,7 +142,7 @@ void softmax_grad(const KernelArgs& args) {
   const int axis = args.attr<AxisAttrs>().axis;
   switch_floating(y.dtype, kOp, [&]<typename T>(Type<T>) {
     if (y.numel() == 0) return;
-    const cpu::AxisSplit l = cpu::split_at(y.shape, axis);
+    const AxisSplit l = split_at(y.shape, axis);
     const int64_t lanes = l.outer * l.inner;
     with_group(l, [&](auto group) {
       constexpr int kGroup = decltype(group)::value;

@@ -9,6 +9,10 @@
 // Operand 0 is conventionally the output. Building a loop drops size-1 dimensions and merges
 // adjacent dimensions that every operand walks contiguously, so [N,C] + [C] runs as N rows of
 // stride pattern (1, 1, 0) and same-shape operands run as one row.
+//
+// Host code for every backend: cpu kernels run for_each_row, cuda kernels build a loop on the host
+// and hand its dimensions and strides to a device kernel. split_at is the [outer, n, inner] view
+// of a shape around one axis (softmax lanes, concat, slice) on both.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +20,7 @@
 
 #include "runtime/shape.h"
 
-namespace encore::kernels::cpu {
+namespace encore::kernels {
 
 inline constexpr int kMaxRank = Shape::kMaxRank;
 
@@ -132,4 +136,4 @@ void for_each_row(const StridedLoop<N>& loop, Body&& body) {
   }
 }
 
-}  // namespace encore::kernels::cpu
+}  // namespace encore::kernels

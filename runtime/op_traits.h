@@ -1,0 +1,223 @@
+// The op traits table: one row per Op with everything the runtime and the planner need to know of
+// it (operand counts, kind, attribute struct, mutated inputs, and whether it is elementwise,
+// fusable, broadcasts a one-element operand or draws random numbers). The dispatcher checks
+// calls against it, the fused kernel and the planner's passes read it; a new op adds its row here
+// and nowhere else. The table is checked at compile time to list every Op in enum order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "runtime/ops.h"
+
+namespace encore {
+
+// OpTraits::flags.
+// Output element i depends only on element i of each input, and every input has the output's
+// shape (except a broadcast one-element operand, kBroadcastsOne), so the output may overwrite
+// an input dying at the step (the planner's in-place reuse).
+inline constexpr uint8_t kElementwise = 1 << 0;
+// Elementwise, one output, and computed by the fused kernel (kernels/cpu/fused.cc): a step may
+// be part of a FusedElementwise run (runtime/fused.h).
+inline constexpr uint8_t kFusable = 1 << 1;
+// A binary elementwise op that reads a one-element operand as a scalar.
+inline constexpr uint8_t kBroadcastsOne = 1 << 2;
+// Draws from a device Generator: its RandomAttrs seed and offset were reserved at call time, and
+// a replay must reserve fresh ones.
+inline constexpr uint8_t kRandom = 1 << 3;
+
+struct OpTraits {
+  Op op;
+  std::string_view name;
+  OpKind kind;
+  int8_t min_inputs;
+  int8_t max_inputs;  // -1: any number
+  int8_t outputs;     // -1: a planner-made op, never dispatched
+  AttrType attrs;     // the attribute struct its calls carry
+  uint8_t mutates;    // Inplace: bit i set when input i is written
+  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom
+};
+
+inline constexpr OpTraits kOpTraits[] = {
+    {Op::Add, "add", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable | kBroadcastsOne},
+    {Op::Sub, "sub", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable | kBroadcastsOne},
+    {Op::Mul, "mul", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable | kBroadcastsOne},
+    {Op::Div, "div", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable | kBroadcastsOne},
+    {Op::AddScalar, "add_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::MulScalar, "mul_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::RsubScalar, "rsub_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::DivScalar, "div_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::RdivScalar, "rdiv_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::PowScalar, "pow_scalar", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::Neg, "neg", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Exp, "exp", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Log, "log", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Sqrt, "sqrt", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Relu, "relu", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::LeakyRelu, "leaky_relu", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::Sigmoid, "sigmoid", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Tanh, "tanh", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::ReluGrad, "relu_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable},
+    {Op::LeakyReluGrad, "leaky_relu_grad", OpKind::Compute, 2, 2, 1, AttrType::Scalar, 0,
+     kElementwise | kFusable},
+    {Op::SigmoidGrad, "sigmoid_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable},
+    {Op::TanhGrad, "tanh_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable},
+    {Op::Equal, "equal", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
+    {Op::Greater, "greater", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
+    {Op::Where, "where", OpKind::Compute, 3, 3, 1, AttrType::None, 0, 0},
+    {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1, AttrType::Matmul, 0, 0},
+    {Op::Linear, "linear", OpKind::Compute, 2, 3, 1, AttrType::None, 0, 0},
+    {Op::Sum, "sum", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
+    {Op::Mean, "mean", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
+    {Op::Max, "max", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
+    {Op::Reshape, "reshape", OpKind::View, 1, 1, 1, AttrType::None, 0, 0},
+    {Op::Alias, "alias", OpKind::View, 1, 1, 1, AttrType::None, 0, 0},
+    {Op::Permute, "permute", OpKind::Compute, 1, 1, 1, AttrType::Permute, 0, 0},
+    {Op::BroadcastTo, "broadcast_to", OpKind::Compute, 1, 1, 1, AttrType::None, 0, 0},
+    {Op::Concat, "concat", OpKind::Compute, 1, -1, 1, AttrType::Axis, 0, 0},
+    {Op::Slice, "slice", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
+    {Op::SliceGrad, "slice_grad", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
+    {Op::Copy, "copy", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise},
+    {Op::Softmax, "softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, 0},
+    {Op::LogSoftmax, "log_softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, 0},
+    {Op::SoftmaxGrad, "softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0, 0},
+    {Op::LogSoftmaxGrad, "log_softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0, 0},
+    {Op::SoftmaxCrossEntropy, "softmax_cross_entropy", OpKind::Compute, 2, 2, 1,
+     AttrType::CrossEntropy, 0, 0},
+    {Op::SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", OpKind::Compute, 3, 3, 1,
+     AttrType::CrossEntropy, 0, 0},
+    {Op::MeanSquaredError, "mean_squared_error", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
+    {Op::Accuracy, "accuracy", OpKind::Compute, 2, 2, 1, AttrType::CrossEntropy, 0, 0},
+    {Op::Conv2d, "conv2d", OpKind::Compute, 2, 3, 1, AttrType::Conv2d, 0, 0},
+    {Op::Conv2dGradInput, "conv2d_grad_input", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0, 0},
+    {Op::Conv2dGradWeight, "conv2d_grad_weight", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0, 0},
+    {Op::MaxPool2d, "max_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
+    {Op::MaxPool2dGrad, "max_pool2d_grad", OpKind::Compute, 2, 2, 1, AttrType::Pool2d, 0, 0},
+    {Op::AvgPool2d, "avg_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
+    {Op::AvgPool2dGrad, "avg_pool2d_grad", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
+    {Op::BatchNorm, "batch_norm", OpKind::Compute, 1, 3, 3, AttrType::BatchNorm, 0, 0},
+    {Op::BatchNormInference, "batch_norm_inference", OpKind::Compute, 3, 5, 1, AttrType::BatchNorm,
+     0, 0},
+    {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::BatchNorm, 0, 0},
+    {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, AttrType::Random, 0, kRandom},
+    {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
+    {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
+    {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
+    {Op::UniformInit, "uniform_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
+    {Op::NormalInit, "normal_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
+    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, 2, 0, AttrType::Sgd, 0b1, 0},
+    // Writes param and velocity (inputs: param, grad, velocity).
+    {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, 3, 0, AttrType::Sgd, 0b101,
+     0},
+    // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
+    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, AttrType::Adam, 0b11101, 0},
+    {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
+     AttrType::BatchNorm, 0b11, 0},
+    {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
+
+};
+
+namespace detail {
+constexpr bool op_traits_consistent() {
+  if (std::size(kOpTraits) != kNumOps) return false;
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpTraits& t = kOpTraits[i];
+    if (static_cast<int>(t.op) != i) return false;
+    // Fusable implies elementwise with one output; broadcasting implies fusable and binary.
+    if ((t.flags & kFusable) && (!(t.flags & kElementwise) || t.outputs != 1)) return false;
+    if ((t.flags & kBroadcastsOne) && (!(t.flags & kFusable) || t.max_inputs != 2)) return false;
+    if ((t.flags & kRandom) && t.attrs != AttrType::Random) return false;
+    if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::op_traits_consistent(),
+              "kOpTraits must list every Op in enum order, with consistent flags");
+
+constexpr const OpTraits& op_traits(Op op) {
+  return kOpTraits[static_cast<int>(op)];
+}
+
+constexpr std::string_view op_name(Op op) {
+  return op_traits(op).name;
+}
+constexpr OpKind op_kind(Op op) {
+  return op_traits(op).kind;
+}
+// The attribute struct calls of `op` carry (the dispatcher checks each call's AttrBlob).
+constexpr AttrType op_attr_type(Op op) {
+  return op_traits(op).attrs;
+}
+// Whether the attributes of `op` are a ScalarAttrs.
+constexpr bool op_has_scalar_attrs(Op op) {
+  return op_attr_type(op) == AttrType::Scalar;
+}
+// Bit i is set when input i is written in place (its version counter is bumped); 0 for ops
+// that are not Inplace.
+constexpr uint8_t op_mutated_inputs(Op op) {
+  return op_traits(op).mutates;
+}
+// See kElementwise, kFusable, kBroadcastsOne, kRandom.
+constexpr bool op_elementwise(Op op) {
+  return (op_traits(op).flags & kElementwise) != 0;
+}
+constexpr bool op_fusable(Op op) {
+  return (op_traits(op).flags & kFusable) != 0;
+}
+constexpr bool op_broadcasts_one(Op op) {
+  return (op_traits(op).flags & kBroadcastsOne) != 0;
+}
+constexpr bool op_draws_random(Op op) {
+  return (op_traits(op).flags & kRandom) != 0;
+}
+// Whether `op` reads exactly two tensors (a fused instruction's operands a and b).
+constexpr bool op_reads_two(Op op) {
+  return op_traits(op).min_inputs == 2 && op_traits(op).max_inputs == 2;
+}
+
+// The name of an attribute struct, for messages.
+constexpr std::string_view attr_type_name(AttrType t) {
+  constexpr std::string_view kNames[] = {
+      "NoAttrs",        "ScalarAttrs", "MatmulAttrs",       "ReduceAttrs", "PermuteAttrs",
+      "AxisAttrs",      "SliceAttrs",  "CrossEntropyAttrs", "Conv2dAttrs", "Pool2dAttrs",
+      "BatchNormAttrs", "RandomAttrs", "FusedAttrs",        "SgdAttrs",    "AdamAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Adam) + 1);
+  return kNames[static_cast<int>(t)];
+}
+
+// Bit i of a per-operand mask (mutated, saved inputs ...); false past the mask's width, since
+// ops such as concat take any number of operands.
+constexpr bool mask_bit(uint8_t mask, size_t i) {
+  return i < 8 && (mask >> i & 1) != 0;
+}
+
+// Calls f on each operand a step of `op` writes, in order: the inputs an Inplace op updates,
+// else the outputs. (The bytes verify mode compares.)
+template <typename T, typename F>
+void for_each_written(Op op, std::span<const T> in, std::span<const T> out, F&& f) {
+  if (const uint8_t mutates = op_mutated_inputs(op); mutates != 0) {
+    for (size_t i = 0; i < in.size(); ++i)
+      if (mask_bit(mutates, i)) f(in[i]);
+  } else {
+    for (const T& o : out) f(o);
+  }
+}
+
+}  // namespace encore
