@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/host_device.h"
 #include "runtime/ops.h"
-#include "runtime/rng.h"  // ENCORE_HOST_DEVICE
 #include "runtime/shape.h"
 
 namespace encore::kernels {

@@ -130,7 +130,6 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
      AttrType::BatchNorm, 0b11, 0},
     {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
-
 };
 
 namespace detail {

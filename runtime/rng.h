@@ -12,13 +12,7 @@
 #include <mutex>
 
 #include "runtime/device.h"
-
-// Functions CUDA device code shares with the host (Philox, the uniform mapping).
-#ifdef __CUDACC__
-#define ENCORE_HOST_DEVICE __host__ __device__
-#else
-#define ENCORE_HOST_DEVICE
-#endif
+#include "runtime/host_device.h"
 
 namespace encore {
 

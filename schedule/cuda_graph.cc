@@ -26,7 +26,7 @@ void Plan::plan_graphs() {
     if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn)
       stage_slot_[buf] = static_cast<int>(stage_slots_++);
   }
-  // A buffer both phases read is staged once, by the forward (the backward holds the block),
+  // A buffer both phases read is staged once, by the forward (the backward holds the call state),
   // unless the forward ran on the stream.
   std::vector<char> read(bufs.size(), 0);  // bit 0: by the forward, bit 1: by the backward
   for (size_t k = 0; k < patches_.size(); ++k) {
@@ -65,7 +65,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const cuda::StreamHandle stream = cuda::current_stream(device_.index);
   const std::vector<Buffer>& bufs = rec_->buffers;
 
-  // Arguments and incoming gradients: copied into the block's staging buffers, which the
+  // Arguments and incoming gradients: copied into the call state's staging buffers, which the
   // graph reads (an address of the caller's changes every call).
   auto stage = [&](const std::vector<int>& list) {
     for (int buf : list) {

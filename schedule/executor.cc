@@ -3,7 +3,6 @@
 // loop.
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 
 #include "runtime/allocator.h"
 #include "runtime/profiler.h"

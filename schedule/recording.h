@@ -32,7 +32,9 @@ struct PerPhase {
   const T& operator[](Phase p) const { return p == Phase::Forward ? forward : backward; }
 };
 
-inline const char* phase_name(Phase p) { return p == Phase::Forward ? "forward" : "backward"; }
+inline const char* phase_name(Phase p) {
+  return p == Phase::Forward ? "forward" : "backward";
+}
 
 enum class BufKind : uint8_t {
   Arg,       // argument `index` of the call

@@ -111,13 +111,13 @@ std::string EntryReport::graph_text() const {
 }
 
 std::string StaticGraph::schedule_text() const {
-  const Config& config_ = impl_->config;
+  const Config& config = impl_->config;
   const std::vector<Listed> es = entries_by_id(*impl_);
-  std::string out = cat("static function '", config_.name, "': ", es.size(),
+  std::string out = cat("static function '", config.name, "': ", es.size(),
                         es.size() == 1 ? " cache entry\n" : " cache entries\n");
   for (const auto& [e, state, hits] : es) {
     out += cat("\nentry ", e->id, " (traced at call ", e->traced_call, ", ", hits,
-               hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config_), "\n");
+               hits == 1 ? " replay" : " replays", "): ", describe(e->sig, config), "\n");
     if (std::string why = no_schedule(*e, state); !why.empty()) {
       out += cat("  ", why, "\n");
       continue;
@@ -128,25 +128,25 @@ std::string StaticGraph::schedule_text() const {
       out += cat("  on ", e->plan->device(), ": ",
                  graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.fallback), "\n");
     }
-    out += e->plan->steps_text(names_of(*e, config_), "  ");
+    out += e->plan->steps_text(names_of(*e, config), "  ");
   }
   return out;
 }
 
 std::string StaticGraph::schedule_dot() const {
-  const Config& config_ = impl_->config;
-  std::string out = cat("digraph ", dot_quote(cat("static function '", config_.name, "'")),
+  const Config& config = impl_->config;
+  std::string out = cat("digraph ", dot_quote(cat("static function '", config.name, "'")),
                         " {\n  graph [fontname=\"monospace\", fontsize=10];\n"
                         "  node [fontname=\"monospace\", fontsize=10];\n"
                         "  edge [fontname=\"monospace\", fontsize=9];\n");
   for (const auto& [e, state, hits] : entries_by_id(*impl_)) {
     const std::string prefix = cat("e", e->id, "_");
-    std::string label = cat("entry ", e->id, ": ", describe(e->sig, config_));
+    std::string label = cat("entry ", e->id, ": ", describe(e->sig, config));
     const std::string why = no_schedule(*e, state);
     label += "\n" + (why.empty() ? memory_text(*e->plan) : why);
     out += cat("  subgraph cluster_e", e->id, " {\n    label=", dot_quote(label), ";\n");
     if (why.empty())
-      out += e->plan->steps_dot(names_of(*e, config_), prefix);
+      out += e->plan->steps_dot(names_of(*e, config), prefix);
     else
       out += cat("    ", prefix, "none [shape=plaintext, label=", dot_quote(why), "];\n");
     out += "  }\n";

@@ -35,7 +35,9 @@ const bool kRegistered = [] {
 
 namespace functions {
 
-bool set_conv_im2col(bool on) { return kernels::cpu::set_conv_im2col(on); }
+bool set_conv_im2col(bool on) {
+  return kernels::cpu::set_conv_im2col(on);
+}
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
               Size2 padding, Size2 dilation, int groups) {

@@ -6,8 +6,10 @@
 //   enum Slot { kPadded, kWide, kSlots };  // the file's own slots; kSlots counts them
 //   T* padded = scratch<T>(kPadded, count);
 //
-// A slot's contents are undefined on each call. The enum's type keeps files apart: two files
-// never share a buffer, while one file's slots are shared by its element types.
+// A slot's contents are undefined on each call. The enum's type keeps files apart (two files
+// never share a buffer; one file's slots are shared by its element types), so each file declares
+// its Slot enum in an anonymous namespace: two namespace-scope enums of one name would be one
+// type, sharing one buffer array of the wrong size.
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,9 @@
-# encore_public_headers(OUT): the public headers, api/encore/*.h, and every project header they
-# include, directly or not, as paths relative to the source tree. An include is resolved against
-# the tree's root, then api/ (how the installed package's include directories resolve it).
+# encore_header_closure(OUT HEADER...): the given headers and every project header they include,
+# directly or not, as paths relative to the source tree. An include is resolved against the
+# tree's root, then api/ (how the installed package's include directories resolve it).
 # Configuring again when any of them changes keeps the list current.
-function(encore_public_headers out)
-  file(GLOB todo RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS
-       ${PROJECT_SOURCE_DIR}/api/encore/*.h)
+function(encore_header_closure out)
+  set(todo ${ARGN})
   set(seen "")
   while(todo)
     list(POP_FRONT todo header)
