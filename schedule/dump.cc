@@ -131,6 +131,9 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
                  fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
       else if (s.index < 0)
         mark("added by the plan");
+      if (moved_early(s))
+        mark(cat("moved early: recorded as step ",
+                 s.index - (t < n_forward_ ? 0 : recorded_forward_)));
       std::snprintf(head, sizeof head, marks.empty() ? "%s  %4d  %s" : "%s  %4d  %-26s",
                     indent.c_str(), t - begin, std::string(op_name(s.op)).c_str());
       out += head;
@@ -190,7 +193,7 @@ std::string Plan::steps_dot(const Names& names, const std::string& prefix) const
       out += cat("      ", prefix, "s", t, " [shape=box", random ? ", style=dashed" : "",
                  ", label=\"", phase == Phase::Forward ? "fwd " : "bwd ", t - begin, ": ",
                  op_name(s.op), note.empty() ? "" : "\\n" + note, in_place ? "\\n(in place)" : "",
-                 random ? "\\n(random)" : "", "\"];\n");
+                 random ? "\\n(random)" : "", moved_early(s) ? "\\n(moved early)" : "", "\"];\n");
       const uint8_t mutates = op_mutated_inputs(s.op);
       for (size_t k = 0; k < s.in.size(); ++k) {
         const int b = s.in[k].buf;

@@ -25,6 +25,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   for (Step& s : rec_->backward) all_.push_back(std::move(s));
   for (size_t t = 0; t < all_.size(); ++t) all_[t].index = static_cast<int>(t);
   trace_steps_ = all_;
+  moved_early_.assign(trace_steps_.size(), 0);
   recorded_forward_ = n_forward_;
   rec_->forward.clear();
   rec_->backward.clear();
@@ -33,6 +34,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   add_copies();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
+  if (options_.early_updates) move_updates_early();
   if (device_.type == DeviceType::CPU && options_.fuse) fuse_elementwise();
   plan_memory();
   build_steps();

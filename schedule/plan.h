@@ -1,12 +1,14 @@
 // A Plan: a Recording made executable. Passes: outputs that leave the call get their own
-// storage (a Copy where they alias something else), dead steps are dropped, elementwise steps
-// write over an input that dies there, and every other temporary gets an offset in one arena
-// (liveness over forward and backward together, placed largest first into the best-fitting
-// gap). run() replays a phase's steps over a call's arena with no lookups or allocation.
+// storage (a Copy where they alias something else), dead steps are dropped, optimizer updates
+// move to right after the last step they depend on, elementwise steps write over an input that
+// dies there, and every other temporary gets an offset in one arena (liveness over forward and
+// backward together, placed largest first into the best-fitting gap). run() replays a phase's
+// steps over a call's arena with no lookups or allocation.
 //
-// Where each part lives: the passes in passes.cc, elementwise fusion in fusion.cc, placement
-// in memory_plan.cc, the executor (compiled steps, call states, the replay loop) in
-// executor.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
+// Where each part lives: the passes in passes.cc, early updates in early_updates.cc, elementwise
+// fusion in fusion.cc, placement in memory_plan.cc, the executor (compiled steps, call states,
+// the replay loop) in executor.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in
+// dump.cc.
 #pragma once
 
 #include <atomic>
@@ -38,8 +40,9 @@ struct ExecStep {
 
 // How a recording is planned.
 struct PlanOptions {
-  bool fuse = true;       // a cpu plan fuses runs of elementwise steps
-  bool redzones = false;  // guard bytes after every arena block, checked after every step
+  bool fuse = true;           // a cpu plan fuses runs of elementwise steps
+  bool redzones = false;      // guard bytes after every arena block, checked after every step
+  bool early_updates = true;  // optimizer updates move to right after the steps they depend on
 };
 
 // Arena blocks start at multiples of kArenaAlign: a block is its buffer's size rounded up, then
@@ -201,10 +204,13 @@ class Plan {
     return phase == Phase::Backward ? std::pair{forward_patches_, patches_.size()}
                                     : std::pair{size_t{0}, forward_patches_};
   }
+  // Whether a step is an optimizer update the plan moved before steps recorded ahead of it.
+  bool moved_early(const Step& s) const { return s.index >= 0 && moved_early_[s.index]; }
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
+  void move_updates_early();
   void fuse_elementwise();
   void plan_memory();
   void build_steps();
@@ -215,6 +221,7 @@ class Plan {
   std::vector<Step> trace_steps_;
   int recorded_forward_ = 0;
   int n_forward_ = 0;
+  std::vector<char> moved_early_;  // per recorded step: an update moved before other steps
   std::vector<Operand> results_, grads_;
   std::vector<int> escape_;
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares

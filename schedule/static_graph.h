@@ -95,6 +95,11 @@ bool enabled();
 // (ENCORE_STATIC_FUSE=0 starts it off). Returns the previous setting.
 bool set_fusion_enabled(bool on);
 bool fusion_enabled();
+// Whether signatures traced from now on move each optimizer update of their plans to right after
+// the last step it depends on (ENCORE_STATIC_EARLY_UPDATES=0 starts it off). Returns the previous
+// setting.
+bool set_early_updates_enabled(bool on);
+bool early_updates_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

@@ -1,6 +1,7 @@
 // Verify mode: the eager run a verified replay is checked against, and the check.
 #include "schedule/verify.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -118,9 +119,19 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
   ENCORE_CHECK(static_cast<int>(got.size()) == end - begin, "verify: ", name,
                ": the eager run did ", got.size(), " ", what, " ops; the schedule has ",
                end - begin, ": the function is not static");
+  // The replay ran the steps in the plan's order, which may differ from the recorded one (updates
+  // moved early); values are compared in recorded order, so the difference reported is the first
+  // in the function's own order, with the op numbers the message uses.
+  std::vector<const StepSnapshot*> in_order;
+  in_order.reserve(replayed.size());
+  for (const StepSnapshot& mine : replayed)
+    if (mine.trace_index >= 0) in_order.push_back(&mine);
+  std::stable_sort(
+      in_order.begin(), in_order.end(),
+      [](const StepSnapshot* x, const StepSnapshot* y) { return x->trace_index < y->trace_index; });
   const int offset = backward ? static_cast<int>(eager.forward.size()) : 0;
-  for (const StepSnapshot& mine : replayed) {
-    if (mine.trace_index < 0) continue;
+  for (const StepSnapshot* snap : in_order) {
+    const StepSnapshot& mine = *snap;
     const int k = mine.trace_index - begin;
     const Step& a = want[mine.trace_index];
     ENCORE_CHECK(same_values(a, mine.bytes, eager.snapshots[offset + k]), "verify: ", name, ": ",

@@ -14,6 +14,12 @@ bool set_static_fusion_enabled(bool on) {
 bool static_fusion_enabled() {
   return schedule::fusion_enabled();
 }
+bool set_static_early_updates_enabled(bool on) {
+  return schedule::set_early_updates_enabled(on);
+}
+bool static_early_updates_enabled() {
+  return schedule::early_updates_enabled();
+}
 bool set_static_redzones_enabled(bool on) {
   return schedule::set_redzones_enabled(on);
 }

@@ -1,0 +1,88 @@
+// Early optimizer updates: a whole training step records the optimizer's in-place updates after
+// the whole backward, when each gradient has long left the cache. Each update moves to right
+// after the last step it depends on, so it runs while its gradient and parameter are still warm
+// (and the gradient's block is free sooner). Only the order of independent steps changes, so
+// every value is the one eager computes.
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+bool optimizer_update(Op op) {
+  return op == Op::SgdUpdate || op == Op::MomentumSgdUpdate || op == Op::AdamUpdate;
+}
+
+}  // namespace
+
+// Per phase, each update goes right after the last earlier step that writes a buffer it reads or
+// writes (read and write after write) or reads a buffer it writes (write after read: the
+// backward's matmul still reading the old weight). Steps of the same memory count as one buffer.
+// Behind that step it also passes updates already moved there (they keep their recorded order)
+// and, when the plan fuses, the rest of a run of fusable steps it would split. Nothing but an
+// update moves, so random steps keep their order.
+void Plan::move_updates_early() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  const int nb = static_cast<int>(bufs.size());
+  // Bound tensors (arguments, parameters, externals, entry .grads) may be views of one storage
+  // at different offsets, so they are different buffers over shared memory: each buffer is
+  // represented by the first buffer of its storage. A temporary is a storage of its own.
+  std::vector<int> memory(nb);
+  absl::flat_hash_map<const Storage*, int> first_of;
+  for (int b = 0; b < nb; ++b) {
+    const Tensor& t =
+        bufs[b].kind == BufKind::GradSlot ? rec_->leaves[bufs[b].index].entry_grad : bufs[b].bound;
+    memory[b] = t.defined() ? first_of.try_emplace(t.impl()->storage.get(), b).first->second : b;
+  }
+  const bool fuses = device_.type == DeviceType::CPU && options_.fuse;
+
+  std::vector<Step> steps;
+  steps.reserve(all_.size());
+  int n_forward = 0;
+  for (const Phase phase : {Phase::Forward, Phase::Backward}) {
+    const int begin = phase == Phase::Forward ? 0 : n_forward_;
+    const int end = phase == Phase::Forward ? n_forward_ : static_cast<int>(all_.size());
+    // The phase's steps (indices into all_) in their new order, each one's place in it, and per
+    // memory its last reader and last writer so far (in the new order).
+    std::vector<int> order, place(all_.size(), -1);
+    std::vector<int> last_read(nb, -1), last_write(nb, -1);
+    auto later = [&](int a, int b) { return (b < 0 || (a >= 0 && place[a] > place[b])) ? a : b; };
+    for (int t = begin; t < end; ++t) {
+      const Step& s = all_[t];
+      const uint8_t mutates = op_mutated_inputs(s.op);
+      auto writes = [&](auto&& fn) {
+        for (size_t i = 0; i < s.in.size(); ++i)
+          if (mask_bit(mutates, i)) fn(memory[s.in[i].buf]);
+        for (const Operand& o : s.out) fn(memory[o.buf]);
+      };
+      int at = static_cast<int>(order.size());
+      if (optimizer_update(s.op)) {
+        int after = -1;  // the last step it must follow
+        for (const Operand& i : s.in) after = later(after, last_write[memory[i.buf]]);
+        writes([&](int m) { after = later(later(after, last_write[m]), last_read[m]); });
+        int to = after < 0 ? 0 : place[after] + 1;
+        auto fusable = [&](int k) { return op_fusable(all_[order[k]].op); };
+        while (to < at && (optimizer_update(all_[order[to]].op) ||
+                           (fuses && to > 0 && fusable(to - 1) && fusable(to))))
+          ++to;
+        if (to < at && s.index >= 0) moved_early_[s.index] = 1;
+        at = to;
+      }
+      order.insert(order.begin() + at, t);
+      for (int k = at; k < static_cast<int>(order.size()); ++k) place[order[k]] = k;
+      // A step reads all its inputs (an in-place one too); the new step may sit before earlier
+      // readers, so the last reader is whichever comes later.
+      for (const Operand& i : s.in) last_read[memory[i.buf]] = later(t, last_read[memory[i.buf]]);
+      writes([&](int m) { last_write[m] = later(t, last_write[m]); });
+    }
+    for (int t : order) steps.push_back(std::move(all_[t]));
+    if (phase == Phase::Forward) n_forward = static_cast<int>(steps.size());
+  }
+  all_ = std::move(steps);
+  n_forward_ = n_forward;
+}
+
+}  // namespace encore::schedule
