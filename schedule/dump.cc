@@ -131,6 +131,10 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
                  fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
       else if (s.index < 0)
         mark("added by the plan");
+      if (const int f = folded_fill(s); f >= 0) {
+        const int base = t < n_forward_ ? 0 : recorded_forward_;
+        mark(cat("fill_ and add_ in one: recorded as steps ", f - base, " and ", s.index - base));
+      }
       if (moved_early(s))
         mark(cat("moved early: recorded as step ",
                  s.index - (t < n_forward_ ? 0 : recorded_forward_)));

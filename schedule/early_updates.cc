@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "schedule/plan.h"
 
 namespace encore::schedule {
@@ -20,23 +19,14 @@ bool optimizer_update(Op op) {
 
 // Per phase, each update goes right after the last earlier step that writes a buffer it reads or
 // writes (read and write after write) or reads a buffer it writes (write after read: the
-// backward's matmul still reading the old weight). Steps of the same memory count as one buffer.
-// Behind that step it also passes updates already moved there (they keep their recorded order)
-// and, when the plan fuses, the rest of a run of fusable steps it would split. Nothing but an
-// update moves, so random steps keep their order.
+// backward's matmul still reading the old weight); buffers over one storage count as one. Behind
+// that step it also passes updates already moved there (they keep their recorded order) and, when
+// the plan fuses, the rest of a run of fusable steps it would split. Nothing but an update moves,
+// so random steps keep their order.
 void Plan::move_updates_early() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int nb = static_cast<int>(bufs.size());
-  // Bound tensors (arguments, parameters, externals, entry .grads) may be views of one storage
-  // at different offsets, so they are different buffers over shared memory: each buffer is
-  // represented by the first buffer of its storage. A temporary is a storage of its own.
-  std::vector<int> memory(nb);
-  absl::flat_hash_map<const Storage*, int> first_of;
-  for (int b = 0; b < nb; ++b) {
-    const Tensor& t =
-        bufs[b].kind == BufKind::GradSlot ? rec_->leaves[bufs[b].index].entry_grad : bufs[b].bound;
-    memory[b] = t.defined() ? first_of.try_emplace(t.impl()->storage.get(), b).first->second : b;
-  }
+  const std::vector<int> memory = storage_ids();
   const bool fuses = device_.type == DeviceType::CPU && options_.fuse;
 
   std::vector<Step> steps;

@@ -1,9 +1,12 @@
 // The plan's passes over a recording: outputs that leave the call get their own storage (a Copy
-// where they alias something else), dead steps are dropped, an elementwise step writes over an
-// input that dies there, and the remaining temporaries are placed in the arena (memory_plan.h).
+// where they alias something else), dead steps are dropped, a zero fill_ and the add_ into it
+// become one step, an elementwise step writes over an input that dies there, and the remaining
+// temporaries are placed in the arena (memory_plan.h).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "runtime/fused.h"
 #include "schedule/memory_plan.h"
 #include "schedule/plan.h"
@@ -26,6 +29,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   for (size_t t = 0; t < all_.size(); ++t) all_[t].index = static_cast<int>(t);
   trace_steps_ = all_;
   moved_early_.assign(trace_steps_.size(), 0);
+  folded_fill_.assign(trace_steps_.size(), -1);
   recorded_forward_ = n_forward_;
   rec_->forward.clear();
   rec_->backward.clear();
@@ -34,7 +38,10 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   add_copies();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
-  if (options_.early_updates) move_updates_early();
+  if (options_.early_updates) {
+    fold_zero_fills();
+    move_updates_early();
+  }
   if (device_.type == DeviceType::CPU && options_.fuse) fuse_elementwise();
   plan_memory();
   build_steps();
@@ -117,6 +124,67 @@ void Plan::eliminate_dead_steps() {
   for (size_t t = 0; t < all_.size(); ++t) {
     if (!keep[t]) continue;
     if (static_cast<int>(t) < n_forward_) ++n_forward;
+    kept.push_back(std::move(all_[t]));
+  }
+  all_ = std::move(kept);
+  n_forward_ = n_forward;
+}
+
+std::vector<int> Plan::storage_ids() const {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  // Bound tensors (arguments, parameters, externals, entry .grads) may be views of one storage
+  // at different offsets: different buffers over shared memory. A temporary is its own storage.
+  std::vector<int> id(bufs.size());
+  absl::flat_hash_map<const Storage*, int> first_of;
+  for (size_t b = 0; b < bufs.size(); ++b) {
+    const Tensor& t =
+        bufs[b].kind == BufKind::GradSlot ? rec_->leaves[bufs[b].index].entry_grad : bufs[b].bound;
+    id[b] = t.defined()
+                ? first_of.try_emplace(t.impl()->storage.get(), static_cast<int>(b)).first->second
+                : static_cast<int>(b);
+  }
+  return id;
+}
+
+// zero_grad(set_to_none = false) before a backward records, for each gradient's first
+// contribution c, fill_(g, 0) then add_(g, c): the pair becomes one add_scalar(c, 0) written into
+// g, which saves a pass over g. 0 + c and c + 0 are the same IEEE sum for every c: -0.0 becomes
+// +0.0 either way (a copy of c would keep -0.0, so a copy is not eager's bits), and a NaN stays
+// c's. Only when nothing touches g's storage between the two, and c is not g's storage.
+void Plan::fold_zero_fills() {
+  const std::vector<int> memory = storage_ids();
+  const int n = static_cast<int>(all_.size());
+  std::vector<int> fill(memory.size(), -1);  // per storage: a zero fill_ nothing has touched since
+  std::vector<char> drop(n, 0);
+  for (int t = 0; t < n; ++t) {
+    if (t == n_forward_) std::fill(fill.begin(), fill.end(), -1);  // steps stay in their phase
+    Step& s = all_[t];
+    if (s.op == Op::AddInplace) {
+      const Operand g = s.in[0], c = s.in[1];
+      const int f = fill[memory[g.buf]];
+      if (f >= 0 && all_[f].in[0].buf == g.buf && all_[f].in[0].shape == g.shape &&
+          all_[f].in[0].dtype == g.dtype && c.shape == g.shape && c.dtype == g.dtype &&
+          memory[c.buf] != memory[g.buf]) {
+        drop[f] = 1;
+        if (s.index >= 0) folded_fill_[s.index] = all_[f].index;
+        s.op = Op::AddScalar;
+        s.attrs = AttrBlob::of(ScalarAttrs{0.0});
+        s.in = {c};
+        s.out = {g};
+      }
+    }
+    for (const Operand& o : s.in) fill[memory[o.buf]] = -1;
+    for (const Operand& o : s.out) fill[memory[o.buf]] = -1;
+    if (s.op == Op::Fill) {
+      const double v = s.attrs.as<ScalarAttrs>().value;
+      if (v == 0 && !std::signbit(v)) fill[memory[s.in[0].buf]] = t;
+    }
+  }
+  std::vector<Step> kept;
+  int n_forward = 0;
+  for (int t = 0; t < n; ++t) {
+    if (drop[t]) continue;
+    if (t < n_forward_) ++n_forward;
     kept.push_back(std::move(all_[t]));
   }
   all_ = std::move(kept);

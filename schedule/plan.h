@@ -40,9 +40,11 @@ struct ExecStep {
 
 // How a recording is planned.
 struct PlanOptions {
-  bool fuse = true;           // a cpu plan fuses runs of elementwise steps
-  bool redzones = false;      // guard bytes after every arena block, checked after every step
-  bool early_updates = true;  // optimizer updates move to right after the steps they depend on
+  bool fuse = true;       // a cpu plan fuses runs of elementwise steps
+  bool redzones = false;  // guard bytes after every arena block, checked after every step
+  // Optimizer updates move to right after the steps they depend on; a zero fill_ and the add_
+  // into it become one step.
+  bool early_updates = true;
 };
 
 // Arena blocks start at multiples of kArenaAlign: a block is its buffer's size rounded up, then
@@ -206,11 +208,16 @@ class Plan {
   }
   // Whether a step is an optimizer update the plan moved before steps recorded ahead of it.
   bool moved_early(const Step& s) const { return s.index >= 0 && moved_early_[s.index]; }
+  // The recorded zero fill_ folded into a step (an add_ become add_scalar), or -1.
+  int folded_fill(const Step& s) const { return s.index >= 0 ? folded_fill_[s.index] : -1; }
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
+  void fold_zero_fills();
   void move_updates_early();
+  // Per buffer, an id of the storage it lies in: the first buffer over that storage.
+  std::vector<int> storage_ids() const;
   void fuse_elementwise();
   void plan_memory();
   void build_steps();
@@ -222,6 +229,7 @@ class Plan {
   int recorded_forward_ = 0;
   int n_forward_ = 0;
   std::vector<char> moved_early_;  // per recorded step: an update moved before other steps
+  std::vector<int> folded_fill_;   // per recorded add_: the recorded zero fill_ folded into it
   std::vector<Operand> results_, grads_;
   std::vector<int> escape_;
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares

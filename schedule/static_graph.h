@@ -96,8 +96,8 @@ bool enabled();
 bool set_fusion_enabled(bool on);
 bool fusion_enabled();
 // Whether signatures traced from now on move each optimizer update of their plans to right after
-// the last step it depends on (ENCORE_STATIC_EARLY_UPDATES=0 starts it off). Returns the previous
-// setting.
+// the last step it depends on, and write a zero-filled buffer's first add_ at once
+// (ENCORE_STATIC_EARLY_UPDATES=0 starts it off). Returns the previous setting.
 bool set_early_updates_enabled(bool on);
 bool early_updates_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.

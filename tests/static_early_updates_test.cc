@@ -2,10 +2,13 @@
 // the last step it depends on (its gradient's last write, the last read of the old parameter),
 // and replays still give eager's bits with SGD, momentum SGD and Adam, with the pass on and off;
 // an update never passes a step that reads the parameter it writes; verify mode checks a
-// reordered plan.
+// reordered plan. A gradient zeroed by zero_grad(false) gets its first contribution in one step
+// (fill_ and add_ folded), with eager's +0.0 where the contribution is -0.0.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <memory>
 #include <regex>
 #include <set>
@@ -286,4 +289,69 @@ TEST_CASE("the early-updates switch is read when a signature is traced", "[early
     CHECK_THAT(check_whole_steps(sgd, 2), !Contains("moved early"));
   }
   CHECK(static_early_updates_enabled() == before);
+}
+
+namespace {
+
+// loss = sum(x * scale) + sum(fc(x)) for a 1-D x: scale's gradient is x itself, -0.0 included.
+class ScaleNet : public nn::Module {
+ public:
+  ScaleNet() : fc(register_module("fc", std::make_shared<nn::Linear>(6, 3))) {
+    scale = ones({6});
+    register_parameter("scale", &scale);
+  }
+  Tensor forward(const Tensor& x) override {
+    return F::sum(F::mul(x, scale)) + F::sum((*fc)(F::reshape(x, {1, 6})));
+  }
+  Tensor scale;
+  std::shared_ptr<nn::Linear> fc;
+};
+
+}  // namespace
+
+TEST_CASE("a zeroed gradient's first contribution is written at once with eager's bits",
+          "[early_updates]") {
+  for (const bool early : {true, false}) {
+    INFO("early updates " << early);
+    const StaticEarlyUpdates setting(early);
+    StaticEnabled on;
+    auto eager = seeded(4, Device::cpu(), [] { return std::make_shared<ScaleNet>(); });
+    auto model = seeded(4, Device::cpu(), [] { return std::make_shared<ScaleNet>(); });
+    for (auto* m : {eager.get(), model.get()})  // defined gradients: zero_grad fills them
+      for (Tensor& p : m->parameters()) p.set_grad(zeros(p.shape()));
+    optim::SGD opt_e(eager->parameters()), opt_s(model->parameters());
+    // zero_grad(false) keeps each .grad and fills it with zeros; the backward adds into it.
+    auto body = [](ScaleNet& m, optim::SGD& opt, const Tensor& x) {
+      opt.zero_grad(/*set_to_none=*/false);
+      Tensor loss = m(x);
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto step = static_graph([&](const Tensor& x) { return body(*model, opt_s, x); },
+                             {.name = "zero_filled", .verify_every = 1, .modules = {model}});
+    for (int i = 0; i < 4; ++i) {
+      INFO("step " << i);
+      Tensor x = Tensor::empty({6}, DType::Float32);
+      const float values[] = {-0.0f, 1.5f, -2.0f, 0.0f, -0.0f, 0.25f * static_cast<float>(i)};
+      std::copy(std::begin(values), std::end(values), x.data<float>());
+      CHECK(bit_diff(body(*eager, opt_e, x), step(x)) == "");
+      check_same_parameters(*eager, *model, cat("step ", i));
+      // 0 + (-0.0) is +0.0: a copy of the contribution would have kept the sign.
+      CHECK_FALSE(std::signbit(model->scale.grad().data<float>()[0]));
+    }
+    const StaticStats st = step.stats();
+    check_one_trace_then_replays(st, 4);
+    CHECK(st.verifications == 3);  // every replay, the folded step compared with eager's add_
+    const std::string text = step.schedule_text();
+    INFO(text);
+    const std::regex zero_fill(R"(fill_\s+\[scalar 0;)");
+    if (early) {
+      CHECK_FALSE(std::regex_search(text, zero_fill));
+      CHECK_THAT(text, Contains("add_scalar") && Contains("fill_ and add_ in one: recorded as"));
+    } else {
+      CHECK(std::regex_search(text, zero_fill));
+      CHECK_THAT(text, !Contains("fill_ and add_ in one"));
+    }
+  }
 }

@@ -97,9 +97,10 @@ bool static_fusion_enabled();
 // Whether signatures traced from now on move each optimizer update (SGD, momentum SGD, Adam) of a
 // whole training step to right after the last step it depends on (its gradient's last write, the
 // last read of the old parameter), instead of after the whole backward, so it reads its gradient
-// while that is still in cache. On by default (ENCORE_STATIC_EARLY_UPDATES=0 starts it off); only
-// independent steps change order, so the values are the same bit for bit. Returns the previous
-// setting.
+// while that is still in cache; and a gradient zeroed by zero_grad(false) gets its first
+// contribution in one step instead of a fill and an add. On by default
+// (ENCORE_STATIC_EARLY_UPDATES=0 starts it off); only independent steps change order and c + 0 is
+// 0 + c, so the values are the same bit for bit. Returns the previous setting.
 bool set_static_early_updates_enabled(bool on);
 bool static_early_updates_enabled();
 // Whether signatures traced from now on put a red zone (guard bytes of a known fill) after each
