@@ -27,6 +27,9 @@ inline constexpr uint8_t kBroadcastsOne = 1 << 2;
 // Draws from a device Generator: its RandomAttrs seed and offset were reserved at call time, and
 // a replay must reserve fresh ones.
 inline constexpr uint8_t kRandom = 1 << 3;
+// An optimizer's in-place update of one parameter (and its state) from its gradient: a plan may
+// run it as soon as its inputs are final (schedule/early_updates.cc).
+inline constexpr uint8_t kOptimizerUpdate = 1 << 4;
 
 struct OpTraits {
   Op op;
@@ -37,7 +40,7 @@ struct OpTraits {
   int8_t outputs;     // -1: a planner-made op, never dispatched
   AttrType attrs;     // the attribute struct its calls carry
   uint8_t mutates;    // Inplace: bit i set when input i is written
-  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom
+  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate
 };
 
 inline constexpr OpTraits kOpTraits[] = {
@@ -121,12 +124,13 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::UniformInit, "uniform_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
     {Op::NormalInit, "normal_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
-    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, 2, 0, AttrType::Sgd, 0b1, 0},
+    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, 2, 0, AttrType::Sgd, 0b1, kOptimizerUpdate},
     // Writes param and velocity (inputs: param, grad, velocity).
     {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, 3, 0, AttrType::Sgd, 0b101,
-     0},
+     kOptimizerUpdate},
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
-    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, AttrType::Adam, 0b11101, 0},
+    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, AttrType::Adam, 0b11101,
+     kOptimizerUpdate},
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
      AttrType::BatchNorm, 0b11, 0},
     {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
@@ -142,6 +146,7 @@ constexpr bool op_traits_consistent() {
     if ((t.flags & kFusable) && (!(t.flags & kElementwise) || t.outputs != 1)) return false;
     if ((t.flags & kBroadcastsOne) && (!(t.flags & kFusable) || t.max_inputs != 2)) return false;
     if ((t.flags & kRandom) && t.attrs != AttrType::Random) return false;
+    if ((t.flags & kOptimizerUpdate) && t.kind != OpKind::Inplace) return false;
     if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
   }
   return true;
@@ -173,7 +178,7 @@ constexpr bool op_has_scalar_attrs(Op op) {
 constexpr uint8_t op_mutated_inputs(Op op) {
   return op_traits(op).mutates;
 }
-// See kElementwise, kFusable, kBroadcastsOne, kRandom.
+// See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate.
 constexpr bool op_elementwise(Op op) {
   return (op_traits(op).flags & kElementwise) != 0;
 }
@@ -185,6 +190,9 @@ constexpr bool op_broadcasts_one(Op op) {
 }
 constexpr bool op_draws_random(Op op) {
   return (op_traits(op).flags & kRandom) != 0;
+}
+constexpr bool op_optimizer_update(Op op) {
+  return (op_traits(op).flags & kOptimizerUpdate) != 0;
 }
 // Whether `op` reads exactly two tensors (a fused instruction's operands a and b).
 constexpr bool op_reads_two(Op op) {

@@ -9,13 +9,6 @@
 #include "schedule/plan.h"
 
 namespace encore::schedule {
-namespace {
-
-bool optimizer_update(Op op) {
-  return op == Op::SgdUpdate || op == Op::MomentumSgdUpdate || op == Op::AdamUpdate;
-}
-
-}  // namespace
 
 // Per phase, each update goes right after the last earlier step that writes a buffer it reads or
 // writes (read and write after write) or reads a buffer it writes (write after read: the
@@ -49,13 +42,13 @@ void Plan::move_updates_early() {
         for (const Operand& o : s.out) fn(memory[o.buf]);
       };
       int at = static_cast<int>(order.size());
-      if (optimizer_update(s.op)) {
+      if (op_optimizer_update(s.op)) {
         int after = -1;  // the last step it must follow
         for (const Operand& i : s.in) after = later(after, last_write[memory[i.buf]]);
         writes([&](int m) { after = later(later(after, last_write[m]), last_read[m]); });
         int to = after < 0 ? 0 : place[after] + 1;
         auto fusable = [&](int k) { return op_fusable(all_[order[k]].op); };
-        while (to < at && (optimizer_update(all_[order[to]].op) ||
+        while (to < at && (op_optimizer_update(all_[order[to]].op) ||
                            (fuses && to > 0 && fusable(to - 1) && fusable(to))))
           ++to;
         if (to < at && s.index >= 0) moved_early_[s.index] = 1;

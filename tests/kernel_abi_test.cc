@@ -87,6 +87,8 @@ TEST_CASE("the op traits table's properties", "[kernel_abi]") {
     if (op_reads_two(op)) fusable_two.insert(op);
   CHECK(fusable_two == std::set<Op>{Op::Add, Op::Sub, Op::Mul, Op::Div, Op::ReluGrad,
                                     Op::LeakyReluGrad, Op::SigmoidGrad, Op::TanhGrad});
+  CHECK(ops_where(op_optimizer_update) ==
+        std::set<Op>{Op::SgdUpdate, Op::MomentumSgdUpdate, Op::AdamUpdate});
   CHECK(op_mutated_inputs(Op::AdamUpdate) == 0b11101);
   CHECK(op_kind(Op::Reshape) == OpKind::View);
 }
