@@ -79,32 +79,6 @@ bool must_precede(const DumpStep& s, const DumpStep& u) {
   return shares(s.writes, u.reads) || shares(s.writes, u.writes) || shares(s.reads, u.writes);
 }
 
-// One whole training step: zero_grad, forward, softmax cross-entropy, backward, update, with the
-// optimizer `make_opt` makes for the model.
-template <typename MakeOpt>
-class WholeStep {
- public:
-  WholeStep(std::shared_ptr<nn::Module> model, MakeOpt make_opt)
-      : model_(std::move(model)), opt_(make_opt(*model_)) {}
-  Tensor operator()(const Tensor& x, const Tensor& t) {
-    opt_.zero_grad();
-    Tensor loss = F::softmax_cross_entropy((*model_)(x), t);
-    loss.backward();
-    opt_.step();
-    return loss;
-  }
-  std::invoke_result_t<MakeOpt, nn::Module&>& optimizer() { return opt_; }
-  auto make_static(StaticOptions options) {
-    options.modules = {model_};
-    return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
-                        std::move(options));
-  }
-
- private:
-  std::shared_ptr<nn::Module> model_;
-  std::invoke_result_t<MakeOpt, nn::Module&> opt_;
-};
-
 // Trains an eager MLP and a whole-step static twin for `steps` steps with optimizers made by
 // `make_opt`: losses and parameters equal bit for bit after every step. Returns the schedule dump.
 template <typename MakeOpt>
@@ -113,8 +87,8 @@ std::string check_whole_steps(MakeOpt make_opt, int steps,
   StaticEnabled on;
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), /*seed=*/7, 24, 16, steps, 8,
                                       /*data_seed=*/3);
-  WholeStep eager(mlps.eager, make_opt);
-  WholeStep model(mlps.model, make_opt);
+  TrainStep eager(mlps.eager, make_opt);
+  TrainStep model(mlps.model, make_opt);
   auto step = model.make_static(options);
   for (int i = 0; i < steps; ++i) {
     INFO("step " << i);
@@ -266,7 +240,7 @@ TEST_CASE("verify mode checks a whole step whose updates were moved", "[early_up
   // The verifications ran (every replay): check_whole_steps compared the bits; count them here.
   StaticEnabled on;
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), 7, 24, 16, 3, 8, 3);
-  WholeStep model(mlps.model, momentum);
+  TrainStep model(mlps.model, momentum);
   auto step = model.make_static({.name = "verified_count", .verify_every = 1});
   for (const Batch& b : mlps.batches) step(b.x, b.t);
   CHECK(step.stats().verifications == 2);

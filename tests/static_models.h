@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,12 +45,14 @@ inline std::vector<Batch> mlp_batches(int64_t count, int64_t batch, int64_t feat
   return out;
 }
 
-// One Adam training step of a model on a batch: zero_grad, forward, softmax cross-entropy,
-// backward, update. Called directly it is the eager reference; make_static() wraps it whole.
-class AdamStep {
+// One training step of a model on a batch: zero_grad, forward, softmax cross-entropy, backward,
+// update, with the optimizer `make_opt` makes for the model. Called directly it is the eager
+// reference; make_static() wraps it whole.
+template <typename MakeOpt>
+class TrainStep {
  public:
-  explicit AdamStep(std::shared_ptr<nn::Module> model)
-      : model_(std::move(model)), opt_(model_->parameters(), {.lr = 1e-3}) {}
+  TrainStep(std::shared_ptr<nn::Module> model, MakeOpt make_opt)
+      : model_(std::move(model)), opt_(make_opt(*model_)) {}
   Tensor operator()(const Tensor& x, const Tensor& t) {
     opt_.zero_grad();
     Tensor loss = F::softmax_cross_entropy((*model_)(x), t);
@@ -58,6 +61,7 @@ class AdamStep {
     return loss;
   }
   Tensor operator()(const Batch& b) { return (*this)(b.x, b.t); }
+  std::invoke_result_t<MakeOpt, nn::Module&>& optimizer() { return opt_; }
   auto make_static(StaticOptions options) {
     options.modules = {model_};
     return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
@@ -66,7 +70,18 @@ class AdamStep {
 
  private:
   std::shared_ptr<nn::Module> model_;
-  optim::Adam opt_;
+  std::invoke_result_t<MakeOpt, nn::Module&> opt_;
+};
+
+struct MakeAdam {
+  optim::Adam operator()(nn::Module& m) const { return optim::Adam(m.parameters(), {.lr = 1e-3}); }
+};
+
+// The Adam step (lr 1e-3) most static tests train with.
+class AdamStep : public TrainStep<MakeAdam> {
+ public:
+  explicit AdamStep(std::shared_ptr<nn::Module> model)
+      : TrainStep<MakeAdam>(std::move(model), MakeAdam{}) {}
 };
 
 struct StaticSeedCnn : models::SeedCnn {
