@@ -21,9 +21,24 @@
 
 namespace encore::bench {
 
-inline void set_blas_threads_counter(benchmark::State& state) {
+// The threads a CPU case ran on: encore's (parallel_for, GEMM parts) and OpenBLAS's own.
+inline void set_threads_counters(benchmark::State& state) {
+  state.counters["threads"] = num_threads();
   state.counters["blas_threads"] = openblas_get_num_threads();
 }
+
+// Runs a case at a thread count of its own, whatever ENCORE_NUM_THREADS says (the *_t2 cases),
+// and restores the previous one.
+class ThreadsSetting {
+ public:
+  explicit ThreadsSetting(int threads) : saved_(num_threads()) { set_num_threads(threads); }
+  ThreadsSetting(const ThreadsSetting&) = delete;
+  ThreadsSetting& operator=(const ThreadsSetting&) = delete;
+  ~ThreadsSetting() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
 
 // Records the activity of a device's allocator (the CPU's by default) over the measured loop:
 // construct just before the loop (resets the peak), call report() after it.

@@ -69,7 +69,7 @@ void measure_seed_cnn(benchmark::State& state, bool static_on, Device device, bo
   else
     step_loop(state, device, run);
   probe.report(state);
-  if (!on_cuda(device)) set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_threads_counters(state);
   if (static_on) {
     const StaticStats stats = s.static_step.stats();
     label_warnings(state, device, stats);
@@ -125,6 +125,19 @@ BENCHMARK_CAPTURE(BM_SeedCnn, eager, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_SeedCnn, static, true)
     ->Name("SeedCnn/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+// At two threads whatever ENCORE_NUM_THREADS says (see MlpSmall/eager_t2).
+void BM_SeedCnnT2(benchmark::State& state, bool static_on) {
+  ThreadsSetting two(2);
+  measure_seed_cnn(state, static_on, Device::cpu(), /*kernel_sum=*/false);
+}
+BENCHMARK_CAPTURE(BM_SeedCnnT2, eager, false)
+    ->Name("SeedCnn/eager_t2")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_SeedCnnT2, static, true)
+    ->Name("SeedCnn/static_t2")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_VarSize, eager, false)

@@ -71,7 +71,7 @@ void BM_GemmBound(benchmark::State& state, int hidden, int batch) {
   state.counters["flops"] = flops;
   state.counters["GFLOPS"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  set_blas_threads_counter(state);
+  set_threads_counters(state);
 }
 
 BENCHMARK_CAPTURE(BM_GemmBound, small, 100, 32)

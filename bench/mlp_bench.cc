@@ -33,7 +33,7 @@ void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch, Device 
   AllocatorProbe probe(device);
   step_loop(state, device, [&] { step.run(); });
   probe.report(state);
-  if (!on_cuda(device)) set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_threads_counters(state);
 }
 
 // The static step's plan: its arena against the lower bound and the naive plan.
@@ -60,7 +60,7 @@ void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch,
   else
     step_loop(state, device, replay);
   probe.report(state);
-  if (!on_cuda(device)) set_blas_threads_counter(state);
+  if (!on_cuda(device)) set_threads_counters(state);
 
   const StaticStats stats = static_step.stats();
   label_warnings(state, device, stats);
@@ -75,8 +75,27 @@ void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device
   measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false);
 }
 
+// The *_t2 cases: the same steps at two threads whatever ENCORE_NUM_THREADS says (a static
+// replay then runs on two lanes, schedule/lanes.cc; eager splits each large step).
+void BM_MlpEagerT2(benchmark::State& state, int64_t hidden, int64_t batch) {
+  ThreadsSetting two(2);
+  BM_MlpEager(state, hidden, batch, Device::cpu());
+}
+void BM_MlpStaticT2(benchmark::State& state, int64_t hidden, int64_t batch) {
+  ThreadsSetting two(2);
+  measure_static_step(state, hidden, batch, Device::cpu(), /*kernel_sum=*/false);
+}
+
 BENCHMARK_CAPTURE(BM_MlpEager, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu())
     ->Name("MlpSmall/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpEagerT2, small, kMlpSmallHidden, kMlpSmallBatch)
+    ->Name("MlpSmall/eager_t2")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpStaticT2, small, kMlpSmallHidden, kMlpSmallBatch)
+    ->Name("MlpSmall/static_t2")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpStatic, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu(),

@@ -53,7 +53,7 @@ void BM_RetraceFirstCall(benchmark::State& state) {
   const double eager = median(eager_s);
   state.counters["ratio"] = eager > 0 ? median(first_call_s) / eager : 0;
   state.counters["eager_ms"] = eager * 1e3;
-  set_blas_threads_counter(state);
+  set_threads_counters(state);
 }
 BENCHMARK(BM_RetraceFirstCall)
     ->Name("Retrace/first_call")

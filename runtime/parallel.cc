@@ -7,6 +7,10 @@
 #include <mutex>
 #include <thread>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace encore {
 namespace {
 
@@ -23,13 +27,22 @@ class Pool {
   int threads() const { return threads_.load(std::memory_order_relaxed); }
   void set_threads(int n) { threads_.store(std::clamp(n, 1, 64)); }
 
-  void run(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx) {
+  int parts(int64_t n, int64_t grain) const {
     const int64_t by_size = grain > 0 ? n / grain : n;
-    const int parts = static_cast<int>(std::min<int64_t>(threads(), std::max<int64_t>(1, by_size)));
-    if (parts <= 1) {
+    return static_cast<int>(std::min<int64_t>(threads(), std::max<int64_t>(1, by_size)));
+  }
+
+  void run(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx) {
+    const int p = parts(n, grain);
+    if (p <= 1) {
       fn(ctx, 0, n);
       return;
     }
+    run_parts(p, n, fn, ctx);
+  }
+
+  // Part i of [0, n) on worker i (the caller is worker 0), whatever the thread count.
+  void run_parts(int parts, int64_t n, detail::RangeFn fn, void* ctx) {
     std::lock_guard<std::mutex> one_task(task_mu_);
     while (workers_ < parts - 1) {
       const int part = ++workers_;
@@ -87,10 +100,94 @@ Pool& pool() {
   return *p;
 }
 
+// The lane this thread runs, while it runs one.
+struct LaneContext {
+  LanePair* pair = nullptr;
+  bool wide = false;  // lane 0 inside a wide step
+};
+thread_local LaneContext tls_lane;
+
+// [begin, end) of chunk i of `parts` over [0, n), as the pool splits it.
+std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int i) {
+  return {n * i / parts, n * (i + 1) / parts};
+}
+
 }  // namespace
 
 void detail::parallel_run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
+  if (tls_lane.pair != nullptr) [[unlikely]] {
+    tls_lane.pair->run_loop(n, grain, fn, ctx, tls_lane.wide);
+    return;
+  }
   pool().run(n, grain, fn, ctx);
+}
+
+int parallel_parts(int64_t n, int64_t grain) {
+  return pool().parts(n, grain);
+}
+
+void LanePair::pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+void LanePair::run_lanes(LaneFn fn, void* ctx) {
+  struct Ctx {
+    LanePair* pair;
+    LaneFn fn;
+    void* ctx;
+  } c{this, fn, ctx};
+  pool().run_parts(
+      2, 2,
+      [](void* p, int64_t begin, int64_t) {
+        const Ctx& c = *static_cast<const Ctx*>(p);
+        tls_lane = LaneContext{c.pair, false};
+        c.fn(c.ctx, static_cast<int>(begin));
+        tls_lane = LaneContext{};
+      },
+      &c);
+}
+
+void LanePair::begin_wide() {
+  tls_lane.wide = true;
+}
+void LanePair::end_wide() {
+  tls_lane.wide = false;
+}
+
+void LanePair::run_loop(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx, bool wide) {
+  const int parts = parallel_parts(n, grain);
+  if (!wide || parts <= 1) {
+    for (int i = 0; i < parts; ++i) {
+      const auto [b, e] = chunk(n, parts, i);
+      if (b < e) fn(ctx, b, e);
+    }
+    return;
+  }
+  // Lane 0 of a wide step: lane 1 takes the odd chunks.
+  fn_ = fn;
+  ctx_ = ctx;
+  n_ = n;
+  parts_ = parts;
+  const uint64_t task = posted_.load(std::memory_order_relaxed) + 1;
+  posted_.store(task, std::memory_order_release);
+  for (int i = 0; i < parts; i += 2) {
+    const auto [b, e] = chunk(n, parts, i);
+    if (b < e) fn(ctx, b, e);
+  }
+  while (done_.load(std::memory_order_acquire) != task && !failed()) pause();
+}
+
+void LanePair::serve_task() {
+  served_ = posted_.load(std::memory_order_acquire);
+  for (int i = 1; i < parts_; i += 2) {
+    const auto [b, e] = chunk(n_, parts_, i);
+    if (b < e) fn_(ctx_, b, e);
+  }
+  done_.store(served_, std::memory_order_release);
 }
 
 int num_threads() {

@@ -107,6 +107,7 @@ CallState* Plan::acquire() {
   b->views = view_template_;
   for (const auto& [vi, off] : arena_views_) b->views[vi].data = static_cast<char*>(b->arena) + off;
   b->ptrs.assign(rec_->buffers.size(), nullptr);
+  if (!step_lane_.empty()) b->done = std::make_unique<std::atomic<uint32_t>[]>(steps_.size());
   b->own.resize(escapes_);
   b->held.reserve(backward_reads_.size());
   b->versions.reserve(backward_reads_.size());
@@ -202,6 +203,10 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
     if (!backward) b.forward_staged = false;
   }
   const bool profile = profiler::active();
+  if (snapshots == nullptr && !profile && use_lanes(phase)) {
+    run_lanes(b, phase);
+    return;
+  }
   if (options_.redzones) [[unlikely]] {
     if (profile)
       run_steps<true, true>(b, begin, end, snapshots);
@@ -255,20 +260,7 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       fill_redzones(b, i);
       if constexpr (kProfile) t = profiler::ticks();  // the fill is not the step's time
     }
-    if (s.random) [[unlikely]] {
-      RandomAttrs a = s.attrs.as<RandomAttrs>();
-      if (device_random) {
-        a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
-                                                 2 * next_random++);
-      } else {
-        const Generator::Stream st = default_generator(device_).reserve(s.random_count);
-        a.seed = st.seed;
-        a.offset = st.offset;
-      }
-      s.fn(KernelArgs{in, out, AttrBlob::of(a)});
-    } else {
-      s.fn(KernelArgs{in, out, s.attrs});
-    }
+    run_step(b, i, device_random, next_random);
     if constexpr (kProfile) {
       const int64_t now = profiler::ticks();
       const bool backward = i >= n_forward_;
@@ -313,6 +305,26 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       }
     }
     profiler::record_steps(*times);
+  }
+}
+
+void Plan::run_step(CallState& b, int i, bool device_random, size_t& next_random) const {
+  const ExecStep& s = steps_[i];
+  const BufferView* v = b.views.data() + s.view;
+  const std::span<const BufferView> in(v, s.n_in), out(v + s.n_in, s.n_out);
+  if (s.random) [[unlikely]] {
+    RandomAttrs a = s.attrs.as<RandomAttrs>();
+    if (device_random) {
+      a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
+                                               2 * next_random++);
+    } else {
+      const Generator::Stream st = default_generator(device_).reserve(s.random_count);
+      a.seed = st.seed;
+      a.offset = st.offset;
+    }
+    s.fn(KernelArgs{in, out, AttrBlob::of(a)});
+  } else {
+    s.fn(KernelArgs{in, out, s.attrs});
   }
 }
 

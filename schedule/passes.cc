@@ -45,6 +45,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   if (device_.type == DeviceType::CPU && options_.fuse) fuse_elementwise();
   plan_memory();
   build_steps();
+  if (device_.type == DeviceType::CPU && options_.lanes && !options_.redzones) plan_lanes();
   if (device_.type == DeviceType::CUDA) plan_graphs();
 }
 

@@ -7,10 +7,11 @@
 //
 // Where each part lives: the passes in passes.cc, early updates in early_updates.cc, elementwise
 // fusion in fusion.cc, placement in memory_plan.cc, the executor (compiled steps, call states,
-// the replay loop) in executor.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in
-// dump.cc.
+// the replay loop) in executor.cc, the two-lane schedule and replay in lanes.cc, CUDA-graph
+// replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
+#include "runtime/parallel.h"
 #include "schedule/memory_plan.h"
 #include "schedule/recording.h"
 
@@ -45,6 +47,17 @@ struct PlanOptions {
   // Optimizer updates move to right after the steps they depend on; a zero fill_ and the add_
   // into it become one step.
   bool early_updates = true;
+  // A cpu plan also gets a two-lane schedule, replayed when num_threads() is 2 (lanes.cc).
+  bool lanes = true;
+};
+
+// One entry of a lane's program (lanes.cc): a step this lane runs, after waiting for the steps of
+// the other lane in [waits_begin, waits_end) of the plan's wait list. A wide step is in both
+// programs: lane 0 runs it, lane 1 runs the chunks of its loops lane 0 hands over.
+struct LaneEntry {
+  int32_t step = 0;
+  bool wide = false;
+  uint32_t waits_begin = 0, waits_end = 0;
 };
 
 // Arena blocks start at multiples of kArenaAlign: a block is its buffer's size rounded up, then
@@ -84,6 +97,9 @@ struct CallState {
   std::vector<Tensor> held;                // tensors a backward reads (arguments, parameters)
   std::vector<uint32_t> versions;          // of `held`, at forward time
   bool backward_done = false;
+  // Two-lane replay: per step, the number of the last run that finished it.
+  std::unique_ptr<std::atomic<uint32_t>[]> done;
+  uint32_t runs = 0;
 
   // CUDA. Escaping storages kept for reuse once the caller has dropped them (same addresses,
   // so a captured graph stays valid), per escape slot.
@@ -165,6 +181,8 @@ class Plan {
   // stream.
   void run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots = nullptr);
   GraphStats graph_stats() const;
+  // Phases replayed on two lanes so far.
+  int64_t lane_replays() const { return lane_replays_.load(std::memory_order_relaxed); }
 
   // ---- Schedule dump ----
   // Names of what a call binds: arguments by position, watched parameters by slot.
@@ -190,6 +208,13 @@ class Plan {
   void run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
   void run_graph(CallState& b, Phase phase, int begin, int end);
+  // Step i's kernel over the state's views (random steps reserve their numbers here).
+  void run_step(CallState& b, int i, bool device_random, size_t& next_random) const;
+  // Two lanes (lanes.cc): the schedule, whether a run uses it, the run, and one lane's program.
+  void plan_lanes();
+  bool use_lanes(Phase phase) const;
+  void run_lanes(CallState& b, Phase phase);
+  void run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair) const;
   void plan_graphs();
   void finish_copy_out(CallState& b);
   // Red zones: fills the guards of the blocks step `i` writes, and after it throws when one
@@ -251,6 +276,13 @@ class Plan {
   };
   std::vector<Guard> guards_;
   std::vector<uint32_t> guard_begin_;
+
+  // Two-lane replay: per phase the programs of lanes 0 and 1, the steps their entries wait for,
+  // and per step its lane for the dump.
+  PerPhase<std::array<std::vector<LaneEntry>, 2>> lanes_;
+  std::vector<int32_t> lane_waits_;
+  std::vector<int8_t> step_lane_;
+  std::atomic<int64_t> lane_replays_{0};
 
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
   std::once_flag profile_args_once_;

@@ -31,6 +31,7 @@ StaticStats StaticGraph::stats() const {
       r.arenas = e->plan->arenas();
       const GraphStats gs = e->plan->graph_stats();
       r.graph_launches = gs.launches;
+      r.lane_replays = e->plan->lane_replays();
       r.graph_captures = gs.captures;
       r.stream_replays = gs.stream_replays;
       r.graph_fallback = gs.fallback;

@@ -29,6 +29,7 @@ bool env_flag_off(const char* name) {
 std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
 std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
 std::atomic<bool> g_early_updates{!env_flag_off("ENCORE_STATIC_EARLY_UPDATES")};
+std::atomic<bool> g_lanes{!env_flag_off("ENCORE_STATIC_LANES")};
 std::atomic<bool> g_redzones{[] {
   const char* v = std::getenv("ENCORE_STATIC_REDZONE");
   return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
@@ -82,6 +83,12 @@ bool set_early_updates_enabled(bool on) {
 }
 bool early_updates_enabled() {
   return g_early_updates.load();
+}
+bool set_lanes_enabled(bool on) {
+  return g_lanes.exchange(on);
+}
+bool lanes_enabled() {
+  return g_lanes.load();
 }
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -200,7 +207,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
   e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0,
-                     early_updates_enabled()};
+                     early_updates_enabled(), lanes_enabled()};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

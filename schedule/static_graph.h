@@ -61,6 +61,8 @@ struct EntryReport {
   // profiling, verify, or a failed capture), and why capture stopped (empty: it did not).
   int64_t graph_launches = 0;
   int64_t graph_captures = 0;
+  // CPU replay: phases replayed on two lanes (two threads, see set_static_lanes_enabled).
+  int64_t lane_replays = 0;
   int64_t stream_replays = 0;
   std::string graph_fallback;
   // A line for reports, as schedule_text() shows it: "40 graph launches, 2 captures, 0 stream
@@ -100,6 +102,11 @@ bool fusion_enabled();
 // (ENCORE_STATIC_EARLY_UPDATES=0 starts it off). Returns the previous setting.
 bool set_early_updates_enabled(bool on);
 bool early_updates_enabled();
+// Whether signatures traced from now on get a two-lane schedule for their cpu plans, replayed on
+// two threads when num_threads() is 2 (ENCORE_STATIC_LANES=0 starts it off). Returns the previous
+// setting.
+bool set_lanes_enabled(bool on);
+bool lanes_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

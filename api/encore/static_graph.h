@@ -103,6 +103,13 @@ bool static_fusion_enabled();
 // 0 + c, so the values are the same bit for bit. Returns the previous setting.
 bool set_static_early_updates_enabled(bool on);
 bool static_early_updates_enabled();
+// Whether signatures traced from now on get a two-lane schedule: when num_threads() is 2, a cpu
+// replay runs independent steps (a layer's weight and input gradients, the updates of different
+// parameters) on two threads at once, and a large step on both. On by default
+// (ENCORE_STATIC_LANES=0 starts it off); every kernel computes its chunks as at two threads
+// eagerly, so the values are the same bit for bit. Returns the previous setting.
+bool set_static_lanes_enabled(bool on);
+bool static_lanes_enabled();
 // Whether signatures traced from now on put a red zone (guard bytes of a known fill) after each
 // block of their arena and check, after every replayed step, the guards of what it wrote: an
 // overrun that stays inside the arena (invisible to AddressSanitizer) raises an Error naming the

@@ -20,6 +20,12 @@ bool set_static_early_updates_enabled(bool on) {
 bool static_early_updates_enabled() {
   return schedule::early_updates_enabled();
 }
+bool set_static_lanes_enabled(bool on) {
+  return schedule::set_lanes_enabled(on);
+}
+bool static_lanes_enabled() {
+  return schedule::lanes_enabled();
+}
 bool set_static_redzones_enabled(bool on) {
   return schedule::set_redzones_enabled(on);
 }

@@ -1,14 +1,22 @@
 // GEMM through cblas (OpenBLAS) for the CPU kernels: row-major, float and double.
+//
+// OpenBLAS runs on one thread (ensure_single_threaded_blas); parallel_gemm splits a product into
+// parts across parallel_for's threads itself. OpenBLAS's value of an element depends on where
+// the element falls in its register tiles, so a product split differently differs in the last
+// bits: the parts are a function of the shapes and num_threads() only, and a static schedule
+// that runs them on its lanes (runtime/parallel.h) gets the eager bits.
 #pragma once
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 
 #include "runtime/error.h"
 #include "runtime/op_traits.h"
+#include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
 
@@ -26,6 +34,38 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), 1.0, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// Sets OpenBLAS to one thread, once (its threads would compete with parallel_for's, and its
+// results would depend on its own thread count). Called by the kernels that use it at start-up.
+inline void ensure_single_threaded_blas() {
+  [[maybe_unused]] static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+}
+
+// gemm() split into parts across parallel_for's threads: the longer side of c in whole blocks
+// of kBlock rows or columns, at least about kPartFlops each.
+template <typename T>
+void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  constexpr int64_t kBlock = 16;
+  constexpr double kPartFlops = 1 << 20;
+  const bool by_rows = m > n;
+  const int64_t side = by_rows ? m : n, other = by_rows ? n : m;
+  const int64_t blocks = (side + kBlock - 1) / kBlock;
+  const double block_flops = 2.0 * static_cast<double>(kBlock * other) * static_cast<double>(k);
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
+  parallel_for(blocks, grain, [=](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * kBlock, hi = std::min(side, b1 * kBlock);
+    if (by_rows)
+      gemm(trans_a, trans_b, hi - lo, n, k, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
+           c + lo * ldc, ldc);
+    else
+      gemm(trans_a, trans_b, m, hi - lo, k, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta,
+           c + lo, ldc);
+  });
 }
 
 // Fails, naming `op`, unless every size fits cblas's integer type.

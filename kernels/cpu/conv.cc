@@ -486,54 +486,68 @@ void col2im_add(const Geometry& g, const T* col, T* x) {
       }
 }
 
+// The im2col path splits images across threads (forward, input gradient: each image is its own
+// GEMMs, so the same bits at any thread count) or the weight gradient's columns (each part sums
+// every image in order; the split follows the shapes and num_threads(), see blas.h).
 template <typename T>
 void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y) {
   const int64_t p = g.pixels(), k = g.taps();
-  T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t grp = 0; grp < g.groups; ++grp) {
-      const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
-      T* yg = y + (n * g.o + grp * g.og) * p;
-      if (bias != nullptr)
-        for (int64_t m = 0; m < g.og; ++m)
-          std::fill(yg + m * p, yg + (m + 1) * p, bias[grp * g.og + m]);
-      if (col != nullptr) im2col(g, xg, col);
-      gemm(false, false, g.og, p, k, w + grp * g.og * k, k, col != nullptr ? col : xg, p,
-           bias != nullptr ? T(1) : T(0), yg, p);
-    }
+  parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
+    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
+        T* yg = y + (n * g.o + grp * g.og) * p;
+        if (bias != nullptr)
+          for (int64_t m = 0; m < g.og; ++m)
+            std::fill(yg + m * p, yg + (m + 1) * p, bias[grp * g.og + m]);
+        if (col != nullptr) im2col(g, xg, col);
+        gemm(false, false, g.og, p, k, w + grp * g.og * k, k, col != nullptr ? col : xg, p,
+             bias != nullptr ? T(1) : T(0), yg, p);
+      }
+  });
 }
 
 template <typename T>
 void gemm_grad_input(const Geometry& g, const T* gy, const T* w, T* gx) {
   const int64_t p = g.pixels(), k = g.taps();
-  T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t grp = 0; grp < g.groups; ++grp) {
-      T* gxg = gx + (n * g.c + grp * g.cg) * g.h * g.w;
-      const T* gyg = gy + (n * g.o + grp * g.og) * p;
-      const T* wg = w + grp * g.og * k;
-      if (col == nullptr) {
-        gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), gxg, p);
-        continue;
+  parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
+    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        T* gxg = gx + (n * g.c + grp * g.cg) * g.h * g.w;
+        const T* gyg = gy + (n * g.o + grp * g.og) * p;
+        const T* wg = w + grp * g.og * k;
+        if (col == nullptr) {
+          gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), gxg, p);
+          continue;
+        }
+        gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), col, p);
+        std::fill(gxg, gxg + g.cg * g.h * g.w, T(0));
+        col2im_add(g, col, gxg);
       }
-      gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), col, p);
-      std::fill(gxg, gxg + g.cg * g.h * g.w, T(0));
-      col2im_add(g, col, gxg);
-    }
+  });
 }
 
 template <typename T>
 void gemm_grad_weight(const Geometry& g, const T* x, const T* gy, T* gw) {
   const int64_t p = g.pixels(), k = g.taps();
   if (g.n == 0) std::fill(gw, gw + g.o * k, T(0));
-  T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t grp = 0; grp < g.groups; ++grp) {
-      const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
-      if (col != nullptr) im2col(g, xg, col);
-      gemm(false, true, g.og, k, p, gy + (n * g.o + grp * g.og) * p, p, col != nullptr ? col : xg,
-           p, n == 0 ? T(0) : T(1), gw + grp * g.og * k, k);
-    }
+  // Parts of kCols columns of gw (taps); each builds the im2col rows it needs.
+  constexpr int64_t kCols = 16;
+  const int64_t blocks = (k + kCols - 1) / kCols;
+  parallel_for(blocks, grain_for(g.n * g.o * kCols * p), [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * kCols, cols = std::min(k, b1 * kCols) - lo;
+    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
+        if (col != nullptr) im2col(g, xg, col);
+        const T* src = col != nullptr ? col : xg;
+        gemm(false, true, g.og, cols, p, gy + (n * g.o + grp * g.og) * p, p, src + lo * p, p,
+             n == 0 ? T(0) : T(1), gw + grp * g.og * k + lo, k);
+      }
+  });
 }
 
 // ---- Choice and kernels ---------------------------------------------------------------------
@@ -588,6 +602,7 @@ void conv2d_grad_weight_kernel(const KernelArgs& args) {
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
+  ensure_single_threaded_blas();
   register_kernel(Op::Conv2d, DeviceType::CPU, &conv2d_kernel);
   register_kernel(Op::Conv2dGradInput, DeviceType::CPU, &conv2d_grad_input_kernel);
   register_kernel(Op::Conv2dGradWeight, DeviceType::CPU, &conv2d_grad_weight_kernel);

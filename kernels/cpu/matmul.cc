@@ -13,7 +13,7 @@ namespace {
 // The GEMM of `g` on one batch's matrices.
 template <typename T>
 void run(const GemmShape& g, const T* a, const T* b, T* c, T beta) {
-  gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, beta, c, g.ldc);
+  parallel_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, beta, c, g.ldc);
 }
 void check(Op op, const GemmShape& g) {
   check_blas_sizes(op, {g.m, g.n, g.k, g.lda, g.ldb, g.ldc});
@@ -57,6 +57,7 @@ void linear_kernel(const KernelArgs& args) {
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
+  ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
   register_kernel(Op::Linear, DeviceType::CPU, &linear_kernel);
   return true;

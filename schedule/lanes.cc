@@ -1,0 +1,223 @@
+// Two lanes: a cpu schedule replayed on two threads. The forward and backward of a training step
+// have independent steps (a layer's weight and input gradients, the updates of different
+// parameters, a bias gradient beside the next layer's matmul) that an op-by-op runtime runs one
+// after the other, each split across the cores or not at all; a plan knows the whole phase and
+// can run them side by side, and still give a large step both threads.
+//
+// Plan time: the steps of a phase form a graph, an edge where two steps touch the same memory and
+// one of them writes it (arena bytes, or a storage outside the arena, so the arena's reuse of a
+// block is an edge too), plus the order of the steps that draw random numbers. A list scheduler
+// with a cost per step (multiply-adds for products and convolutions, elements touched for the
+// rest) places each step, longest remaining path first, as early as its inputs allow: a large
+// step on both lanes (wide), the rest on the lane where it can start first. Each lane's program is
+// its steps in placement order, and every edge points to an earlier placement, so the lanes cannot
+// wait on each other in a circle.
+//
+// Replay: lane 0 on the calling thread, lane 1 on the pool's (runtime/parallel.h). An entry
+// waits for the other lane's steps it reads or overwrites (a per-step stamp of the run that
+// finished it), runs its kernel on this thread, and stamps it. Inside a lane parallel_for runs the
+// pool's chunks itself, or, in a wide step, shares them with lane 1, so every kernel computes the
+// bits it computes eagerly at two threads. No lock, lookup or allocation; a kernel that throws
+// stops both lanes and the error reaches the caller.
+#include <algorithm>
+#include <exception>
+#include <vector>
+
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+// A step of this cost or more runs on both lanes; about where its kernel splits its work.
+constexpr double kWideCost = 2e6;
+// The share of a lane a wide step's second thread is worth, for the scheduler's clock.
+constexpr double kWideSpeedup = 1.8;
+
+// A buffer's memory as a step touches it: bytes [lo, hi) of the arena (storage -1) or all of a
+// storage outside it.
+struct Region {
+  int storage;
+  int64_t lo, hi;
+  bool write;
+};
+
+bool conflict(const std::vector<Region>& a, const std::vector<Region>& b) {
+  for (const Region& x : a)
+    for (const Region& y : b)
+      if ((x.write || y.write) && x.storage == y.storage && x.lo < y.hi && y.lo < x.hi) return true;
+  return false;
+}
+
+// A step's work in multiply-adds (products, convolutions) or elements touched (the rest).
+double step_cost(const Step& s) {
+  auto numel = [](const Operand& o) { return static_cast<double>(o.shape.numel()); };
+  switch (s.op) {
+    case Op::Linear:
+      return numel(s.out[0]) * static_cast<double>(s.in[1].shape[1]);
+    case Op::Matmul: {
+      const MatmulAttrs& a = s.attrs.as<MatmulAttrs>();
+      const Shape& x = s.in[0].shape;
+      return numel(s.out[0]) * static_cast<double>(a.trans_a ? x.at(-2) : x.at(-1));
+    }
+    case Op::Conv2d:
+    case Op::Conv2dGradInput:
+    case Op::Conv2dGradWeight: {
+      // Per output (input, weight-gradient) element of the convolution: taps of the weight.
+      const Operand& w = s.op == Op::Conv2dGradWeight ? s.out[0] : s.in[1];
+      const Operand& y = s.op == Op::Conv2d ? s.out[0] : s.in[s.op == Op::Conv2dGradWeight ? 1 : 0];
+      return numel(y) * numel(w) / static_cast<double>(std::max<int64_t>(1, w.shape[0]));
+    }
+    default: {
+      double n = 0;
+      for (const Operand& o : s.in) n += numel(o);
+      for (const Operand& o : s.out) n += numel(o);
+      return n;
+    }
+  }
+}
+
+}  // namespace
+
+void Plan::plan_lanes() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  const std::vector<int> memory = storage_ids();
+  const int n = static_cast<int>(all_.size());
+  step_lane_.assign(n, 0);
+
+  // What each step touches.
+  std::vector<std::vector<Region>> touches(n);
+  for (int t = 0; t < n; ++t) {
+    const Step& s = all_[t];
+    auto add = [&](const Operand& o, bool write) {
+      const int r = root_[o.buf];
+      if (offset_[r] >= 0)
+        touches[t].push_back({-1, offset_[r], offset_[r] + static_cast<int64_t>(bufs[r].nbytes), write});
+      else
+        touches[t].push_back({memory[o.buf], 0, 1, write});
+    };
+    const uint8_t mutates = op_mutated_inputs(s.op);
+    for (size_t i = 0; i < s.in.size(); ++i) add(s.in[i], mask_bit(mutates, i));
+    for (const Operand& o : s.out) add(o, true);
+  }
+
+  for (const Phase phase : {Phase::Forward, Phase::Backward}) {
+    const auto [begin, end] = step_range(phase);
+    const int count = end - begin;
+    if (count == 0) continue;
+    // The graph (indices within the phase): deps[j] are the earlier steps j must follow.
+    std::vector<std::vector<int>> deps(count), users(count);
+    int last_random = -1;
+    for (int j = 0; j < count; ++j) {
+      for (int i = 0; i < j; ++i)
+        if (conflict(touches[begin + i], touches[begin + j])) deps[j].push_back(i);
+      if (steps_[begin + j].random) {
+        if (last_random >= 0 && (deps[j].empty() || deps[j].back() != last_random))
+          deps[j].push_back(last_random);
+        last_random = j;
+      }
+      for (int i : deps[j]) users[i].push_back(j);
+    }
+    std::vector<double> cost(count), rank(count, 0);
+    std::vector<char> wide(count);
+    for (int j = 0; j < count; ++j) {
+      cost[j] = step_cost(all_[begin + j]);
+      wide[j] = cost[j] >= kWideCost;
+      if (wide[j]) cost[j] /= kWideSpeedup;
+    }
+    // Longest path from each step to the end of the phase, itself included.
+    for (int j = count - 1; j >= 0; --j) {
+      double tail = 0;
+      for (int u : users[j]) tail = std::max(tail, rank[u]);
+      rank[j] = cost[j] + tail;
+    }
+
+    // List scheduling: per lane the time it is free, per step when it ends and on which lane.
+    double free_at[2] = {0, 0};
+    std::vector<double> ends(count, 0);
+    std::vector<int> lane_of(count, -1), waiting(count);
+    std::vector<int> ready;
+    for (int j = 0; j < count; ++j)
+      if ((waiting[j] = static_cast<int>(deps[j].size())) == 0) ready.push_back(j);
+    std::array<std::vector<LaneEntry>, 2>& programs = lanes_[phase];
+    while (!ready.empty()) {
+      auto first = std::min_element(ready.begin(), ready.end(), [&](int a, int b) {
+        return rank[a] != rank[b] ? rank[a] > rank[b] : a < b;
+      });
+      const int j = *first;
+      ready.erase(first);
+      double inputs = 0;
+      for (int i : deps[j]) inputs = std::max(inputs, ends[i]);
+      int lane = 2;
+      double start = std::max({inputs, free_at[0], free_at[1]});
+      if (!wide[j]) {
+        const double at0 = std::max(inputs, free_at[0]), at1 = std::max(inputs, free_at[1]);
+        lane = at1 < at0 ? 1 : 0;
+        start = std::min(at0, at1);
+      }
+      ends[j] = start + cost[j];
+      lane_of[j] = lane;
+      step_lane_[begin + j] = static_cast<int8_t>(lane);
+      for (int l = 0; l < 2; ++l) {
+        if (lane != 2 && lane != l) continue;
+        free_at[l] = ends[j];
+        LaneEntry e;
+        e.step = begin + j;
+        e.wide = lane == 2;
+        e.waits_begin = static_cast<uint32_t>(lane_waits_.size());
+        // Lane 1 serves a wide step's chunks: it waits for nothing but the step's end.
+        if (!(e.wide && l == 1))
+          for (int i : deps[j])
+            if (lane_of[i] == 1 - l) lane_waits_.push_back(begin + i);
+        e.waits_end = static_cast<uint32_t>(lane_waits_.size());
+        programs[l].push_back(e);
+      }
+      for (int u : users[j])
+        if (--waiting[u] == 0) ready.push_back(u);
+    }
+  }
+}
+
+bool Plan::use_lanes(Phase phase) const {
+  return !lanes_[phase][1].empty() && num_threads() == 2;
+}
+
+void Plan::run_lanes(CallState& b, Phase phase) {
+  const uint32_t run = ++b.runs;
+  lane_replays_.fetch_add(1, std::memory_order_relaxed);
+  LanePair pair;
+  std::exception_ptr error[2];
+  pair.run([&](int lane) {
+    try {
+      run_lane(b, phase, lane, run, pair);
+    } catch (...) {
+      error[lane] = std::current_exception();
+      pair.fail();
+    }
+  });
+  for (const std::exception_ptr& e : error)
+    if (e) std::rethrow_exception(e);
+}
+
+void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair) const {
+  auto finished = [&](int step) { return b.done[step].load(std::memory_order_acquire) == run; };
+  size_t next_random = 0;  // (cpu steps reserve their numbers as they run)
+  for (const LaneEntry& e : lanes_[phase][lane]) {
+    if (pair.failed()) return;  // the other lane's step threw: stop at the next step
+    for (uint32_t w = e.waits_begin; w < e.waits_end; ++w)
+      while (!finished(lane_waits_[w])) {
+        if (pair.failed()) return;
+        LanePair::pause();
+      }
+    if (e.wide && lane == 1) {
+      pair.serve([&] { return finished(e.step); });
+      if (pair.failed()) return;
+      continue;
+    }
+    if (e.wide) pair.begin_wide();
+    run_step(b, e.step, false, next_random);
+    if (e.wide) pair.end_wide();
+    b.done[e.step].store(run, std::memory_order_release);
+  }
+}
+
+}  // namespace encore::schedule
