@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -82,12 +83,14 @@ class Cli {
   }
   void usage(std::FILE* out) const {
     std::fprintf(out, "usage: %s [flags]\n%s\n\nflags:\n", program_.c_str(), summary_.c_str());
+    auto lhs = [](const Opt& o) { return "--" + o.name + (o.takes_value ? " V" : ""); };
+    int width = 6;  // "--help"
+    for (const Opt& o : opts_) width = std::max(width, static_cast<int>(lhs(o).size()));
     for (const Opt& o : opts_) {
-      const std::string lhs = "--" + o.name + (o.takes_value ? " V" : "");
-      std::fprintf(out, "  %-14s %s%s\n", lhs.c_str(), o.help.c_str(),
+      std::fprintf(out, "  %-*s %s%s\n", width, lhs(o).c_str(), o.help.c_str(),
                    o.takes_value ? (" (default " + o.default_value + ")").c_str() : "");
     }
-    std::fprintf(out, "  %-14s %s\n", "--help", "print this help");
+    std::fprintf(out, "  %-*s %s\n", width, "--help", "print this help");
   }
 
   std::string program_, summary_;

@@ -1,7 +1,8 @@
 // The seed CNN of Chainer's static-subgraph example (three 3x3 convolutions with 8 channels,
 // ReLU, 2x2 max pooling, a linear layer; SGD, batch 32) on Fashion-MNIST. --static marks its
 // forward static with one line (StaticSeedCnn below), as the reference's @static_graph does;
-// --compare trains one epoch each way from the same seed and prints a summary.
+// --compare trains one epoch each way from the same seed and prints a summary, then profiles a
+// few more steps each way and prints the ops that took the most time.
 //
 //   build/samples/mnist_cnn --epochs 2 --static
 //   build/samples/mnist_cnn --compare
@@ -9,6 +10,7 @@
 //
 // --profile writes a Chrome trace (ui.perfetto.dev) and prints the per-op table of the run;
 // --schedule writes the static forward's schedules as text and as Graphviz DOT (PATH.dot).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -31,7 +33,7 @@ struct StaticSeedCnn : models::SeedCnn {
 struct Flags {
   std::string data = data::kFashionMnistDir;
   std::string profile, schedule, device = "cpu";
-  int64_t epochs = 1, batch = 32, seed = 0, limit = 0;
+  int64_t epochs = 1, batch = 32, seed = 0, limit = 0, profile_steps = 50;
   bool static_forward = false, compare = false;
 };
 
@@ -53,57 +55,80 @@ int64_t step_peak_bytes(Device device, Step&& step) {
   return a.stats().peak_bytes - before;
 }
 
-RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_set,
-                const data::Dataset& test_set, bool verbose) {
+// Seeds the generator, then builds the model on `device`: both forwards start from the same
+// weights.
+std::shared_ptr<models::SeedCnn> seeded_model(const Flags& f, bool static_forward, Device device) {
   manual_seed(static_cast<uint64_t>(f.seed));
   std::shared_ptr<models::SeedCnn> model =
       static_forward ? std::make_shared<StaticSeedCnn>() : std::make_shared<models::SeedCnn>();
-  const Device device = Device::parse(f.device);
   model->to(device);  // before the optimizer takes the parameters
-  optim::SGD opt(model->parameters(), {.lr = 0.01});
-  data::BatchIterator batches(train_set, f.batch, /*shuffle=*/true, static_cast<uint64_t>(f.seed));
-  batches.set_device(device);
-  auto step = [&](const Tensor& x, const Tensor& t) {
+  return model;
+}
+
+// The model, its optimizer and its batches: what the timed epochs and the profiled steps after
+// them share, so that both measure the same training step.
+struct Trainer {
+  Trainer(const Flags& f, bool is_static, const data::Dataset& train_set)
+      : static_forward(is_static),
+        device(Device::parse(f.device)),
+        model(seeded_model(f, is_static, device)),
+        opt(model->parameters(), {.lr = 0.01}),
+        batches(train_set, f.batch, /*shuffle=*/true, static_cast<uint64_t>(f.seed)) {
+    batches.set_device(device);
+  }
+
+  // Forward, loss, backward and the SGD update; returns the loss.
+  Tensor step(const Tensor& x, const Tensor& t) {
     Tensor loss = F::softmax_cross_entropy((*model)(x), t);
     model->zero_grad();
     loss.backward();
     opt.step();
     return loss;
-  };
+  }
+
+  bool static_forward;
+  Device device;
+  std::shared_ptr<models::SeedCnn> model;
+  optim::SGD opt;
+  data::BatchIterator batches;
+};
+
+RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool verbose) {
   if (verbose) {
     std::printf("model %s on %s, SGD lr 0.01, batch %lld, forward %s\n\n",
-                model->describe().c_str(), device.str().c_str(), static_cast<long long>(f.batch),
-                static_forward ? "static (ENCORE_STATIC_GRAPH)" : "eager");
+                tr.model->describe().c_str(), tr.device.str().c_str(),
+                static_cast<long long>(f.batch),
+                tr.static_forward ? "static (ENCORE_STATIC_GRAPH)" : "eager");
     samples::print_table_header();
   }
   RunResult r;
-  const samples::Progress progress(batches.batches_per_epoch());
+  const samples::Progress progress(tr.batches.batches_per_epoch());
   const auto start = Clock::now();
   for (int64_t epoch = 1; epoch <= f.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0, i = 0;
     Tensor x, t;
-    while (batches.next(x, t)) {
+    while (tr.batches.next(x, t)) {
       Tensor loss;
       // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
       if (++i == 3)
-        r.step_peak = step_peak_bytes(device, [&] { loss = step(x, t); });
+        r.step_peak = step_peak_bytes(tr.device, [&] { loss = tr.step(x, t); });
       else
-        loss = step(x, t);
+        loss = tr.step(x, t);
       loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
       seen += t.size(0);
       progress.update(epoch, i);
     }
     progress.clear();
     r.seconds = samples::seconds_since(epoch_start);
-    r.test = samples::evaluate(*model, test_set);
+    r.test = samples::evaluate(*tr.model, test_set);
     if (verbose)
       samples::print_table_row(epoch, samples::seconds_since(start),
                                loss_sum / static_cast<double>(seen), r.test);
   }
-  if (static_forward) {
-    const StaticStats st = static_stats(*model);
+  if (tr.static_forward) {
+    const StaticStats st = static_stats(*tr.model);
     r.traces = st.traces;
     for (const EntryReport& e : st.cache)
       if (e.signature.find("train") != std::string::npos) r.arena_bytes = e.arena_bytes;
@@ -120,24 +145,58 @@ RunResult train(const Flags& f, bool static_forward, const data::Dataset& train_
   if (verbose)
     std::printf("training step: allocator peak %s above the bytes in use before it\n",
                 samples::kib(r.step_peak).c_str());
-  if (static_forward && !f.schedule.empty()) {
-    std::ofstream(f.schedule) << static_schedule_text(*model);
-    std::ofstream(f.schedule + ".dot") << static_schedule_dot(*model);
+  if (tr.static_forward && !f.schedule.empty()) {
+    std::ofstream(f.schedule) << static_schedule_text(*tr.model);
+    std::ofstream(f.schedule + ".dot") << static_schedule_dot(*tr.model);
     std::printf("schedules written to %s and %s.dot\n", f.schedule.c_str(), f.schedule.c_str());
   }
   return r;
 }
 
-void compare(const Flags& f, const data::Dataset& train_set, const data::Dataset& test_set) {
-  Flags one = f;
-  one.epochs = 1;
-  std::printf("seed CNN, one epoch eager, then one epoch with its forward static, same seed\n");
-  std::printf("eager ...\n");
-  std::fflush(stdout);
-  const RunResult e = train(one, false, train_set, test_set, false);
-  std::printf("static ...\n\n");
-  std::fflush(stdout);
-  const RunResult s = train(one, true, train_set, test_set, false);
+// Profiles `steps` more training steps. They run after the timed epoch, so the profiler's cost
+// per op never reaches the epoch times, and after the static forward has traced, so its rows are
+// replays, as in almost every step of an epoch.
+profiler::Profile profile_steps(Trainer& tr, int64_t steps) {
+  profiler::Scope scope;  // stops the session if a step throws
+  Tensor x, t;
+  for (int64_t i = 0; i < steps; ++i) {
+    // next() is false once, at the end of an epoch; the call after it starts the next epoch.
+    if (!tr.batches.next(x, t)) tr.batches.next(x, t);
+    tr.step(x, t);
+  }
+  return scope.stop();
+}
+
+// The `rows` ops that took the most time, one line each, under a line of totals.
+void print_top_ops(const char* label, const profiler::Profile& p, int rows) {
+  std::printf("%s: %.1f ms in %lld op calls (%.1f ms wall)\n", label,
+              static_cast<double>(p.total_ns()) / 1e6, static_cast<long long>(p.total_calls()),
+              static_cast<double>(p.wall_ns()) / 1e6);
+  std::printf("  %7s %10s %7s  %-7s %s\n", "calls", "total ms", "share", "mode", "op");
+  const size_t n = std::min(p.ops().size(), static_cast<size_t>(rows));
+  for (size_t i = 0; i < n; ++i) {
+    const profiler::OpRow& r = p.ops()[i];
+    std::printf("  %7lld %10.1f %6.1f%%  %-7s %s\n", static_cast<long long>(r.calls),
+                static_cast<double>(r.total_ns) / 1e6, 100.0 * r.share,
+                std::string(profiler::mode_name(r.mode)).c_str(), r.op.c_str());
+  }
+}
+
+// One epoch, timed without the profiler and evaluated, then `profile_steps` more steps profiled.
+struct EpochAndProfile {
+  RunResult epoch;
+  profiler::Profile profile;
+};
+EpochAndProfile train_and_profile(const Flags& one_epoch, bool static_forward,
+                                  const data::Dataset& train_set, const data::Dataset& test_set,
+                                  bool profile) {
+  Trainer tr(one_epoch, static_forward, train_set);
+  EpochAndProfile r{train(one_epoch, tr, test_set, false), {}};
+  if (profile) r.profile = profile_steps(tr, one_epoch.profile_steps);
+  return r;
+}
+
+void print_summary(const RunResult& e, const RunResult& s) {
   std::printf("%-7s | %11s | %9s | %8s | %17s\n", "forward", "s per epoch", "test loss", "test acc",
               "memory per step");
   std::printf("--------+-------------+-----------+----------+------------------\n");
@@ -155,6 +214,32 @@ void compare(const Flags& f, const data::Dataset& train_set, const data::Dataset
                                   : "DIFFER");
 }
 
+void compare(const Flags& f, const data::Dataset& train_set, const data::Dataset& test_set) {
+  Flags one = f;
+  one.epochs = 1;
+  // A session already on (--profile, ENCORE_PROFILE) records the whole run: a second one cannot
+  // start, and the epoch times already carry the profiler's cost.
+  const bool profile = f.profile_steps > 0 && !profiler::enabled();
+  std::printf("seed CNN, one epoch eager, then one epoch with its forward static, same seed\n");
+  std::printf("eager ...\n");
+  std::fflush(stdout);
+  const EpochAndProfile eager_run = train_and_profile(one, false, train_set, test_set, profile);
+  std::printf("static ...\n\n");
+  std::fflush(stdout);
+  const EpochAndProfile static_run = train_and_profile(one, true, train_set, test_set, profile);
+  print_summary(eager_run.epoch, static_run.epoch);
+  if (!profile) return;
+  std::printf(
+      "\nwhere the time went: %lld more training steps each way, profiled after the timed "
+      "epochs\n(share: of the time in ops; an eager op's time is its whole dispatch, a replayed "
+      "step's its kernel call)\n\n",
+      static_cast<long long>(f.profile_steps));
+  constexpr int kRows = 6;
+  print_top_ops("eager", eager_run.profile, kRows);
+  std::printf("\n");
+  print_top_ops("static", static_run.profile, kRows);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +255,8 @@ int main(int argc, char** argv) {
   cli.flag("static", &f.static_forward, "mark the model's forward static (ENCORE_STATIC_GRAPH)");
   cli.flag("compare", &f.compare,
            "train one epoch eager and one static from the same seed and compare");
+  cli.integer("profile-steps", &f.profile_steps, 0,
+              "with --compare: steps profiled each way after the timed epochs (0: none)");
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
   cli.text("schedule", &f.schedule, "with --static: write the schedules here (text) and .dot");
   cli.text("device", &f.device, "cpu, or cuda / cuda:N to train on a GPU");
@@ -177,10 +264,12 @@ int main(int argc, char** argv) {
   try {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);
     if (!f.profile.empty()) profiler::start();
-    if (f.compare)
+    if (f.compare) {
       compare(f, train_set, test_set);
-    else
-      train(f, f.static_forward, train_set, test_set, true);
+    } else {
+      Trainer tr(f, f.static_forward, train_set);
+      train(f, tr, test_set, true);
+    }
     if (!f.profile.empty()) {
       const profiler::Profile p = profiler::stop();
       std::printf("\nprofile (trace written to %s):\n%s", f.profile.c_str(), p.table(15).c_str());
