@@ -29,7 +29,10 @@ namespace encore::schedule {
 namespace {
 
 // A step of this cost or more runs on both lanes; about where its kernel splits its work.
-constexpr double kWideCost = 2e6;
+constexpr double kWideCost = 1e6;
+// The cost of an element a step that is not a product reads or writes, in multiply-adds (an
+// elementwise pass or an optimizer update streams its operands at about this rate).
+constexpr double kElementCost = 4;
 // The share of a lane a wide step's second thread is worth, for the scheduler's clock.
 constexpr double kWideSpeedup = 1.8;
 
@@ -71,7 +74,7 @@ double step_cost(const Step& s) {
       double n = 0;
       for (const Operand& o : s.in) n += numel(o);
       for (const Operand& o : s.out) n += numel(o);
-      return n;
+      return kElementCost * n;
     }
   }
 }

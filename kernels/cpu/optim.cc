@@ -12,7 +12,7 @@ namespace encore::kernels::cpu {
 namespace {
 
 // Elements per thread below which an update runs on the calling thread alone.
-constexpr int64_t kParallelGrain = int64_t{1} << 16;
+constexpr int64_t kParallelGrain = int64_t{1} << 14;
 
 // p -= lr * (g + wd * p).
 void sgd_kernel(const KernelArgs& args) {
