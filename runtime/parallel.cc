@@ -14,6 +14,11 @@
 namespace encore {
 namespace {
 
+// [begin, end) of chunk i of `parts` over [0, n): the pool's split, and the lanes'.
+std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int i) {
+  return {n * i / parts, n * (i + 1) / parts};
+}
+
 // Workers sleep on a condition variable between tasks; a task is one range function split
 // into one chunk per participating thread. Only one task runs at a time.
 class Pool {
@@ -64,7 +69,7 @@ class Pool {
 
  private:
   void run_part(int part) {
-    const int64_t begin = n_ * part / parts_, end = n_ * (part + 1) / parts_;
+    const auto [begin, end] = chunk(n_, parts_, part);
     if (begin < end) fn_(ctx_, begin, end);
   }
 
@@ -106,11 +111,6 @@ struct LaneContext {
   bool wide = false;  // lane 0 inside a wide step
 };
 thread_local LaneContext tls_lane;
-
-// [begin, end) of chunk i of `parts` over [0, n), as the pool splits it.
-std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int i) {
-  return {n * i / parts, n * (i + 1) / parts};
-}
 
 }  // namespace
 

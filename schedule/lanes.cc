@@ -35,6 +35,8 @@ constexpr double kWideCost = 1e6;
 constexpr double kElementCost = 4;
 // The share of a lane a wide step's second thread is worth, for the scheduler's clock.
 constexpr double kWideSpeedup = 1.8;
+// Phases longer than this replay in order (the graph is built pairwise, in quadratic time).
+constexpr int kMaxSteps = 4096;
 
 // A buffer's memory as a step touches it: bytes [lo, hi) of the arena (storage -1) or all of a
 // storage outside it.
@@ -94,7 +96,8 @@ void Plan::plan_lanes() {
     auto add = [&](const Operand& o, bool write) {
       const int r = root_[o.buf];
       if (offset_[r] >= 0)
-        touches[t].push_back({-1, offset_[r], offset_[r] + static_cast<int64_t>(bufs[r].nbytes), write});
+        touches[t].push_back(
+            {-1, offset_[r], offset_[r] + static_cast<int64_t>(bufs[r].nbytes), write});
       else
         touches[t].push_back({memory[o.buf], 0, 1, write});
     };
@@ -106,7 +109,7 @@ void Plan::plan_lanes() {
   for (const Phase phase : {Phase::Forward, Phase::Backward}) {
     const auto [begin, end] = step_range(phase);
     const int count = end - begin;
-    if (count == 0) continue;
+    if (count == 0 || count > kMaxSteps) continue;
     // The graph (indices within the phase): deps[j] are the earlier steps j must follow.
     std::vector<std::vector<int>> deps(count), users(count);
     int last_random = -1;

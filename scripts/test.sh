@@ -36,7 +36,8 @@ phase_done "build (build-asan/, address,undefined)"
     ENCORE_STATIC_REDZONE=1 ctest --output-on-failure -j2)
 phase_done "tests (build-asan/, address,undefined)"
 
-# Only the threaded tests' binary: the rest of the suite is single-threaded. OpenBLAS's own
+# Only the threaded tests' binary (several threads calling one static function, two-lane
+# replays): the rest of the suite runs its threads through the same pool. OpenBLAS's own
 # threads are not instrumented, so it runs on the calling thread.
 cmake -S . -B build-tsan -DENCORE_SANITIZE=thread -DENCORE_WERROR=ON -DENCORE_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENCORE_BUILD_BENCH=OFF -DENCORE_BUILD_SAMPLES=OFF

@@ -85,11 +85,12 @@ TEST_CASE("two lanes replay a whole Adam step of an MLP with eager's bits at two
   INFO(text);
   CHECK_THAT(text, Contains("two lanes (replayed so at two threads)"));
   CHECK_THAT(text, Contains("[lane 1]"));
-  CHECK_THAT(text, Contains("both lanes"));  // the first product
+  CHECK_THAT(text, Contains("both lanes"));    // the first product
   CHECK(stats.cache.at(0).lane_replays == 5);  // every replay (one phase: the whole step)
 }
 
-TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits", "[static][lanes]") {
+TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
+          "[static][lanes]") {
   StaticEnabled on;
   const StaticLanes lanes(true);
   const Threads two(2);

@@ -56,7 +56,8 @@ void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   const int64_t side = by_rows ? m : n, other = by_rows ? n : m;
   const int64_t blocks = (side + kBlock - 1) / kBlock;
   const double block_flops = 2.0 * static_cast<double>(kBlock * other) * static_cast<double>(k);
-  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
+  const int64_t grain =
+      std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
   parallel_for(blocks, grain, [=](int64_t b0, int64_t b1) {
     const int64_t lo = b0 * kBlock, hi = std::min(side, b1 * kBlock);
     if (by_rows)
