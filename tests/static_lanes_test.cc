@@ -24,6 +24,8 @@ using Catch::Matchers::Contains;
 namespace {
 
 using StaticLanes = SwitchScope<set_static_lanes_enabled>;
+// Red zones (on for the sanitizer build's run) replay in order: the lane tests turn them off.
+using StaticRedzones = SwitchScope<set_static_redzones_enabled>;
 
 class Threads {
  public:
@@ -80,6 +82,7 @@ TEST_CASE("two lanes replay a whole Adam step of an MLP with eager's bits at two
           "[static][lanes]") {
   StaticEnabled on;
   const StaticLanes lanes(true);
+  const StaticRedzones no_redzones(false);
   const Threads two(2);
   const auto [stats, text] = check_mlp_adam(6);
   INFO(text);
@@ -93,6 +96,7 @@ TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
           "[static][lanes]") {
   StaticEnabled on;
   const StaticLanes lanes(true);
+  const StaticRedzones no_redzones(false);
   const Threads two(2);
   auto eager = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
   auto model = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
@@ -105,6 +109,7 @@ TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
 TEST_CASE("two lanes keep batch norm statistics and dropout masks as eager", "[static][lanes]") {
   StaticEnabled on;
   const StaticLanes lanes(true);
+  const StaticRedzones no_redzones(false);
   const Threads two(2);
   auto eager = seeded(4, Device::cpu(), [] { return std::make_shared<BnNet>(); });
   auto model = seeded(4, Device::cpu(), [] { return std::make_shared<BnNet>(); });
@@ -134,6 +139,7 @@ TEST_CASE("two lanes keep batch norm statistics and dropout masks as eager", "[s
 TEST_CASE("two lanes replay random programs bit for bit as eager runs them at two threads",
           "[static][random][lanes]") {
   const StaticLanes lanes(true);
+  const StaticRedzones no_redzones(false);
   const Threads two(2);
   random_program::run_random_programs(Device::cpu(), /*default_programs=*/600);
 }
@@ -142,6 +148,7 @@ TEST_CASE("a kernel that throws on a lane reaches the caller and the next call r
           "[static][lanes]") {
   StaticEnabled on;
   const StaticLanes lanes(true);
+  const StaticRedzones no_redzones(false);
   const Threads two(2);
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), /*seed=*/5, 784, 128, 3, 64, /*data_seed=*/2);
   TrainStep twin(mlps.model, adam);
@@ -170,6 +177,7 @@ TEST_CASE("with the switch off, or at one thread, a replay runs its steps in ord
   }
   {
     const StaticLanes lanes(true);
+    const StaticRedzones no_redzones(false);
     const Threads one(1);
     const auto [stats, text] = check_mlp_adam(3);
     CHECK(stats.cache.at(0).lane_replays == 0);
