@@ -205,10 +205,9 @@ void print_summary(const RunResult& e, const RunResult& s) {
   std::printf("%-7s | %11.2f | %9.4f | %8.4f | arena %11s\n", "static", s.seconds, s.test.loss,
               s.test.accuracy, samples::kib(s.arena_bytes).c_str());
   std::printf(
-      "\nspeedup %.2fx (eager time / static time); traces %lld (one train, one eval "
-      "signature; retraces after the first: %lld); static step peak %s\n",
-      e.seconds / s.seconds, static_cast<long long>(s.traces),
-      static_cast<long long>(s.traces > 0 ? s.traces - 1 : 0), samples::kib(s.step_peak).c_str());
+      "\nspeedup %.2fx (eager time / static time); traces %lld (one per input signature: the "
+      "training batch, the test batch, a smaller last batch); static step peak %s\n",
+      e.seconds / s.seconds, static_cast<long long>(s.traces), samples::kib(s.step_peak).c_str());
   std::printf("results %s\n", e.test.loss == s.test.loss && e.test.accuracy == s.test.accuracy
                                   ? "identical (bit for bit)"
                                   : "DIFFER");
