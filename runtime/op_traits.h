@@ -30,6 +30,9 @@ inline constexpr uint8_t kRandom = 1 << 3;
 // An optimizer's in-place update of one parameter (and its state) from its gradient: a plan may
 // run it as soon as its inputs are final (schedule/early_updates.cc).
 inline constexpr uint8_t kOptimizerUpdate = 1 << 4;
+// Its cpu kernel splits large calls across threads (parallel_for): a two-lane schedule may run it
+// on both lanes (schedule/lanes.cc). A kernel without it runs on the calling thread alone.
+inline constexpr uint8_t kSplits = 1 << 5;
 
 struct OpTraits {
   Op op;
@@ -40,7 +43,7 @@ struct OpTraits {
   int8_t outputs;     // -1: a planner-made op, never dispatched
   AttrType attrs;     // the attribute struct its calls carry
   uint8_t mutates;    // Inplace: bit i set when input i is written
-  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate
+  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits
 };
 
 inline constexpr OpTraits kOpTraits[] = {
@@ -84,8 +87,8 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Equal, "equal", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
     {Op::Greater, "greater", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
     {Op::Where, "where", OpKind::Compute, 3, 3, 1, AttrType::None, 0, 0},
-    {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1, AttrType::Matmul, 0, 0},
-    {Op::Linear, "linear", OpKind::Compute, 2, 3, 1, AttrType::None, 0, 0},
+    {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1, AttrType::Matmul, 0, kSplits},
+    {Op::Linear, "linear", OpKind::Compute, 2, 3, 1, AttrType::None, 0, kSplits},
     {Op::Sum, "sum", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
     {Op::Mean, "mean", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
     {Op::Max, "max", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
@@ -107,18 +110,21 @@ inline constexpr OpTraits kOpTraits[] = {
      AttrType::CrossEntropy, 0, 0},
     {Op::MeanSquaredError, "mean_squared_error", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
     {Op::Accuracy, "accuracy", OpKind::Compute, 2, 2, 1, AttrType::CrossEntropy, 0, 0},
-    {Op::Conv2d, "conv2d", OpKind::Compute, 2, 3, 1, AttrType::Conv2d, 0, 0},
-    {Op::Conv2dGradInput, "conv2d_grad_input", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0, 0},
-    {Op::Conv2dGradWeight, "conv2d_grad_weight", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0, 0},
-    {Op::MaxPool2d, "max_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
-    {Op::MaxPool2dGrad, "max_pool2d_grad", OpKind::Compute, 2, 2, 1, AttrType::Pool2d, 0, 0},
-    {Op::AvgPool2d, "avg_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
-    {Op::AvgPool2dGrad, "avg_pool2d_grad", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, 0},
-    {Op::BatchNorm, "batch_norm", OpKind::Compute, 1, 3, 3, AttrType::BatchNorm, 0, 0},
+    {Op::Conv2d, "conv2d", OpKind::Compute, 2, 3, 1, AttrType::Conv2d, 0, kSplits},
+    {Op::Conv2dGradInput, "conv2d_grad_input", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0,
+     kSplits},
+    {Op::Conv2dGradWeight, "conv2d_grad_weight", OpKind::Compute, 2, 2, 1, AttrType::Conv2d, 0,
+     kSplits},
+    {Op::MaxPool2d, "max_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, kSplits},
+    {Op::MaxPool2dGrad, "max_pool2d_grad", OpKind::Compute, 2, 2, 1, AttrType::Pool2d, 0, kSplits},
+    {Op::AvgPool2d, "avg_pool2d", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, kSplits},
+    {Op::AvgPool2dGrad, "avg_pool2d_grad", OpKind::Compute, 1, 1, 1, AttrType::Pool2d, 0, kSplits},
+    {Op::BatchNorm, "batch_norm", OpKind::Compute, 1, 3, 3, AttrType::BatchNorm, 0, kSplits},
     {Op::BatchNormInference, "batch_norm_inference", OpKind::Compute, 3, 5, 1, AttrType::BatchNorm,
-     0, 0},
-    {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::BatchNorm, 0, 0},
-    {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, AttrType::Random, 0, kRandom},
+     0, kSplits},
+    {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::BatchNorm, 0,
+     kSplits},
+    {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, AttrType::Random, 0, kRandom | kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
@@ -130,7 +136,7 @@ inline constexpr OpTraits kOpTraits[] = {
      kOptimizerUpdate},
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
     {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, AttrType::Adam, 0b11101,
-     kOptimizerUpdate},
+     kOptimizerUpdate | kSplits},
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
      AttrType::BatchNorm, 0b11, 0},
     {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
@@ -178,7 +184,7 @@ constexpr bool op_has_scalar_attrs(Op op) {
 constexpr uint8_t op_mutated_inputs(Op op) {
   return op_traits(op).mutates;
 }
-// See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate.
+// See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits.
 constexpr bool op_elementwise(Op op) {
   return (op_traits(op).flags & kElementwise) != 0;
 }
@@ -193,6 +199,9 @@ constexpr bool op_draws_random(Op op) {
 }
 constexpr bool op_optimizer_update(Op op) {
   return (op_traits(op).flags & kOptimizerUpdate) != 0;
+}
+constexpr bool op_splits(Op op) {
+  return (op_traits(op).flags & kSplits) != 0;
 }
 // Whether `op` reads exactly two tensors (a fused instruction's operands a and b).
 constexpr bool op_reads_two(Op op) {

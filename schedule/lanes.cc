@@ -9,7 +9,8 @@
 // block is an edge too), plus the order of the steps that draw random numbers. A list scheduler
 // with a cost per step (multiply-adds for products and convolutions, elements touched for the
 // rest) places each step, longest remaining path first, as early as its inputs allow: a large
-// step on both lanes (wide), the rest on the lane where it can start first. Each lane's program is
+// step whose kernel splits its work (kSplits) on both lanes (wide) unless another large step is
+// ready to run beside it, the rest on the lane where it can start first. Each lane's program is
 // its steps in placement order, and every edge points to an earlier placement, so the lanes cannot
 // wait on each other in a circle.
 //
@@ -123,24 +124,26 @@ void Plan::plan_lanes() {
       }
       for (int i : deps[j]) users[i].push_back(j);
     }
+    // Per step its cost on one lane, whether its kernel splits (it may go on both lanes), and
+    // the longest path from it to the end of the phase (itself included, at its cost split).
     std::vector<double> cost(count), rank(count, 0);
-    std::vector<char> wide(count);
+    std::vector<char> splits(count);
+    auto split_cost = [&](int j) { return splits[j] ? cost[j] / kWideSpeedup : cost[j]; };
     for (int j = 0; j < count; ++j) {
       cost[j] = step_cost(all_[begin + j]);
-      wide[j] = cost[j] >= kWideCost;
-      if (wide[j]) cost[j] /= kWideSpeedup;
+      splits[j] = op_splits(all_[begin + j].op) && cost[j] >= kWideCost;
     }
-    // Longest path from each step to the end of the phase, itself included.
     for (int j = count - 1; j >= 0; --j) {
       double tail = 0;
       for (int u : users[j]) tail = std::max(tail, rank[u]);
-      rank[j] = cost[j] + tail;
+      rank[j] = split_cost(j) + tail;
     }
 
     // List scheduling: per lane the time it is free, per step when it ends and on which lane.
     double free_at[2] = {0, 0};
     std::vector<double> ends(count, 0);
     std::vector<int> lane_of(count, -1), waiting(count);
+    std::vector<char> beside(count, 0);  // placed on one lane, beside a large step
     std::vector<int> ready;
     for (int j = 0; j < count; ++j)
       if ((waiting[j] = static_cast<int>(deps[j].size())) == 0) ready.push_back(j);
@@ -153,14 +156,25 @@ void Plan::plan_lanes() {
       ready.erase(first);
       double inputs = 0;
       for (int i : deps[j]) inputs = std::max(inputs, ends[i]);
+      // A large step goes on both lanes, unless another ready step of at least half its cost
+      // can run beside it (two steps side by side keep both threads busier than one split): then
+      // both go on one lane each.
+      bool wide = splits[j] && !beside[j];
+      if (wide)
+        for (int k : ready)
+          if (2 * cost[k] >= cost[j]) {
+            wide = false;
+            beside[k] = 1;
+            break;
+          }
       int lane = 2;
       double start = std::max({inputs, free_at[0], free_at[1]});
-      if (!wide[j]) {
+      if (!wide) {
         const double at0 = std::max(inputs, free_at[0]), at1 = std::max(inputs, free_at[1]);
         lane = at1 < at0 ? 1 : 0;
         start = std::min(at0, at1);
       }
-      ends[j] = start + cost[j];
+      ends[j] = start + (wide ? split_cost(j) : cost[j]);
       lane_of[j] = lane;
       step_lane_[begin + j] = static_cast<int8_t>(lane);
       for (int l = 0; l < 2; ++l) {
