@@ -1,8 +1,9 @@
 // The seed CNN of Chainer's static-subgraph example (three 3x3 convolutions with 8 channels,
 // ReLU, 2x2 max pooling, a linear layer; SGD, batch 32) on Fashion-MNIST. --static marks its
 // forward static with one line (StaticSeedCnn below), as the reference's @static_graph does;
-// --compare trains one epoch each way from the same seed and prints a summary, then profiles a
-// few more steps each way and prints the ops that took the most time.
+// --compare trains one epoch each way from the same seed, side by side (the two models take
+// turns, a batch each, and every step is timed), and prints a summary, then profiles a few more
+// steps each way and prints the ops that took the most time.
 //
 //   build/samples/mnist_cnn --epochs 2 --static
 //   build/samples/mnist_cnn --compare
@@ -11,6 +12,7 @@
 // --profile writes a Chrome trace (ui.perfetto.dev) and prints the per-op table of the run;
 // --schedule writes the static forward's schedules as text and as Graphviz DOT (PATH.dot).
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -38,7 +40,7 @@ struct Flags {
 };
 
 struct RunResult {
-  double seconds = 0;       // training time of the last epoch (no evaluation)
+  double seconds = 0;       // training time of the last epoch (no evaluation; --compare: its steps)
   samples::Eval test;       // after the last epoch
   int64_t traces = 0;       // static: traces of the forward (train and eval signatures)
   int64_t arena_bytes = 0;  // static: arena of the training entry
@@ -93,6 +95,15 @@ struct Trainer {
   data::BatchIterator batches;
 };
 
+// A static model's traces and training arena, into `r`; returns its stats.
+StaticStats static_figures(const Trainer& tr, RunResult& r) {
+  const StaticStats st = static_stats(*tr.model);
+  r.traces = st.traces;
+  for (const EntryReport& e : st.cache)
+    if (e.signature.find("train") != std::string::npos) r.arena_bytes = e.arena_bytes;
+  return st;
+}
+
 RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool verbose) {
   if (verbose) {
     std::printf("model %s on %s, SGD lr 0.01, batch %lld, forward %s\n\n",
@@ -128,10 +139,7 @@ RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool
                                loss_sum / static_cast<double>(seen), r.test);
   }
   if (tr.static_forward) {
-    const StaticStats st = static_stats(*tr.model);
-    r.traces = st.traces;
-    for (const EntryReport& e : st.cache)
-      if (e.signature.find("train") != std::string::npos) r.arena_bytes = e.arena_bytes;
+    const StaticStats st = static_figures(tr, r);
     if (verbose) {
       std::printf(
           "\nseed_cnn: %lld calls, %lld traces (retraces after the first: %lld), %lld "
@@ -182,17 +190,31 @@ void print_top_ops(const char* label, const profiler::Profile& p, int rows) {
   }
 }
 
-// One epoch, timed without the profiler and evaluated, then `profile_steps` more steps profiled.
-struct EpochAndProfile {
-  RunResult epoch;
-  profiler::Profile profile;
-};
-EpochAndProfile train_and_profile(const Flags& one_epoch, bool static_forward,
-                                  const data::Dataset& train_set, const data::Dataset& test_set,
-                                  bool profile) {
-  Trainer tr(one_epoch, static_forward, train_set);
-  EpochAndProfile r{train(one_epoch, tr, test_set, false), {}};
-  if (profile) r.profile = profile_steps(tr, one_epoch.profile_steps);
+// One epoch each way, side by side: the two models take turns, a batch each (which goes first
+// alternates), and each step is timed on its own, so a machine whose speed drifts (a shared one)
+// slows both alike. Both iterators shuffle with the same seed, so they end together. Then each
+// model is evaluated.
+std::array<RunResult, 2> train_side_by_side(std::array<Trainer*, 2> tr,
+                                            const data::Dataset& test_set) {
+  std::array<RunResult, 2> r;
+  const samples::Progress progress(tr[0]->batches.batches_per_epoch());
+  std::array<Tensor, 2> x, t;
+  for (int64_t i = 1; tr[0]->batches.next(x[0], t[0]) && tr[1]->batches.next(x[1], t[1]); ++i) {
+    for (int turn = 0; turn < 2; ++turn) {
+      const int k = (turn + static_cast<int>(i)) % 2;
+      const auto start = Clock::now();
+      // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
+      if (i == 3)
+        r[k].step_peak = step_peak_bytes(tr[k]->device, [&] { tr[k]->step(x[k], t[k]); });
+      else
+        tr[k]->step(x[k], t[k]);
+      r[k].seconds += samples::seconds_since(start);
+    }
+    progress.update(1, i);
+  }
+  progress.clear();
+  for (int k = 0; k < 2; ++k) r[k].test = samples::evaluate(*tr[k]->model, test_set);
+  static_figures(*tr[1], r[1]);
   return r;
 }
 
@@ -219,24 +241,25 @@ void compare(const Flags& f, const data::Dataset& train_set, const data::Dataset
   // A session already on (--profile, ENCORE_PROFILE) records the whole run: a second one cannot
   // start, and the epoch times already carry the profiler's cost.
   const bool profile = f.profile_steps > 0 && !profiler::enabled();
-  std::printf("seed CNN, one epoch eager, then one epoch with its forward static, same seed\n");
-  std::printf("eager ...\n");
+  std::printf(
+      "seed CNN, one epoch eager and one with its forward static, from the same seed, side by "
+      "side (a batch each in turn)\n\n");
   std::fflush(stdout);
-  const EpochAndProfile eager_run = train_and_profile(one, false, train_set, test_set, profile);
-  std::printf("static ...\n\n");
-  std::fflush(stdout);
-  const EpochAndProfile static_run = train_and_profile(one, true, train_set, test_set, profile);
-  print_summary(eager_run.epoch, static_run.epoch);
+  Trainer eager(one, false, train_set), static_forward(one, true, train_set);
+  const std::array<RunResult, 2> runs = train_side_by_side({&eager, &static_forward}, test_set);
+  print_summary(runs[0], runs[1]);
   if (!profile) return;
+  const profiler::Profile eager_profile = profile_steps(eager, f.profile_steps);
+  const profiler::Profile static_profile = profile_steps(static_forward, f.profile_steps);
   std::printf(
       "\nwhere the time went: %lld more training steps each way, profiled after the timed "
       "epochs\n(share: of the time in ops; an eager op's time is its whole dispatch, a replayed "
       "step's its kernel call)\n\n",
       static_cast<long long>(f.profile_steps));
   constexpr int kRows = 6;
-  print_top_ops("eager", eager_run.profile, kRows);
+  print_top_ops("eager", eager_profile, kRows);
   std::printf("\n");
-  print_top_ops("static", static_run.profile, kRows);
+  print_top_ops("static", static_profile, kRows);
 }
 
 }  // namespace
@@ -253,7 +276,7 @@ int main(int argc, char** argv) {
   cli.integer("limit", &f.limit, 0, "use only the first N samples of each split (0: all)");
   cli.flag("static", &f.static_forward, "mark the model's forward static (ENCORE_STATIC_GRAPH)");
   cli.flag("compare", &f.compare,
-           "train one epoch eager and one static from the same seed and compare");
+           "train one epoch eager and one static from the same seed, side by side, and compare");
   cli.integer("profile-steps", &f.profile_steps, 0,
               "with --compare: steps profiled each way after the timed epochs (0: none)");
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
