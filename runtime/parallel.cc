@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -14,13 +15,22 @@
 namespace encore {
 namespace {
 
+// One spin-loop iteration.
+void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 // [begin, end) of chunk i of `parts` over [0, n): the pool's split, and the lanes'.
 std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int i) {
   return {n * i / parts, n * (i + 1) / parts};
 }
 
-// Workers sleep on a condition variable between tasks; a task is one range function split
-// into one chunk per participating thread. Only one task runs at a time.
+// Workers spin for a while after a task, then sleep on a condition variable; a task is one range
+// function split into one chunk per participating thread. Only one task runs at a time.
 class Pool {
  public:
   Pool() {
@@ -60,11 +70,12 @@ class Pool {
       n_ = n;
       parts_ = parts;
       pending_.store(parts - 1, std::memory_order_relaxed);
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     run_part(0);
-    while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    SpinWait wait;
+    while (pending_.load(std::memory_order_acquire) != 0) wait();
   }
 
  private:
@@ -76,10 +87,16 @@ class Pool {
   void work(int part) {
     uint64_t seen = 0;
     for (;;) {
+      // Spin a while before sleeping: a training step runs its parallel loops microseconds
+      // apart, and waking a sleeping thread takes about 10 us.
+      const auto until = std::chrono::steady_clock::now() + kSpin;
+      while (generation_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until)
+        pause();
       {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return generation_ != seen; });
-        seen = generation_;
+        cv_.wait(l, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+        seen = generation_.load(std::memory_order_relaxed);
         if (part >= parts_) continue;  // this task needs fewer threads
       }
       run_part(part);
@@ -92,7 +109,9 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_;
   int workers_ = 0;  // threads started so far; worker i runs part i
-  uint64_t generation_ = 0;
+  // Bumped under mu_ for each task; read without it by spinning workers.
+  std::atomic<uint64_t> generation_{0};
+  static constexpr std::chrono::microseconds kSpin{100};
   detail::RangeFn fn_ = nullptr;
   void* ctx_ = nullptr;
   int64_t n_ = 0;
@@ -126,12 +145,14 @@ int parallel_parts(int64_t n, int64_t grain) {
   return pool().parts(n, grain);
 }
 
-void LanePair::pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
+void SpinWait::operator()() {
+  constexpr int kPauses = 2048;
+  if (turns_ < kPauses) {
+    ++turns_;
+    pause();
+  } else {
+    std::this_thread::yield();
+  }
 }
 
 void LanePair::run_lanes(LaneFn fn, void* ctx) {
@@ -178,7 +199,8 @@ void LanePair::run_loop(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx,
     const auto [b, e] = chunk(n, parts, i);
     if (b < e) fn(ctx, b, e);
   }
-  while (done_.load(std::memory_order_acquire) != task && !failed()) pause();
+  SpinWait wait;
+  while (done_.load(std::memory_order_acquire) != task && !failed()) wait();
 }
 
 void LanePair::serve_task() {

@@ -39,6 +39,17 @@ void set_num_threads(int n);
 // chunk i is [n i / parts, n (i + 1) / parts).
 int parallel_parts(int64_t n, int64_t grain);
 
+// One turn of a wait for another thread that is running: a pause instruction for the first
+// turns (a few tens of microseconds: the other thread is usually about to finish), then a yield
+// of the core, in case the thread waited for shares it (more threads than cores).
+class SpinWait {
+ public:
+  void operator()();
+
+ private:
+  int turns_ = 0;
+};
+
 // Two threads running one schedule side by side (schedule/lanes.cc), lane 0 on the caller and
 // lane 1 on a pool thread. Inside a lane parallel_for never wakes the pool: in a step one lane
 // runs alone it runs every chunk itself, in order; in a step both lanes run (a wide step), lane 0
@@ -61,22 +72,21 @@ class LanePair {
   // lane failed.
   template <typename Done>
   void serve(Done&& step_done) {
+    SpinWait wait;
     while (!failed()) {
       if (posted_.load(std::memory_order_acquire) != served_) {
         serve_task();
+        wait = SpinWait();
         continue;
       }
       if (step_done()) return;
-      pause();
+      wait();
     }
   }
 
   // A lane stopped early (its step threw): every wait of the other lane ends.
   void fail() { failed_.store(true, std::memory_order_release); }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-
-  // One spin-wait iteration.
-  static void pause();
 
   // parallel_run inside a lane.
   void run_loop(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx, bool wide);

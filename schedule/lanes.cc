@@ -223,11 +223,13 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
   size_t next_random = 0;  // (cpu steps reserve their numbers as they run)
   for (const LaneEntry& e : lanes_[phase][lane]) {
     if (pair.failed()) return;  // the other lane's step threw: stop at the next step
-    for (uint32_t w = e.waits_begin; w < e.waits_end; ++w)
+    for (uint32_t w = e.waits_begin; w < e.waits_end; ++w) {
+      SpinWait wait;
       while (!finished(lane_waits_[w])) {
         if (pair.failed()) return;
-        LanePair::pause();
+        wait();
       }
+    }
     if (e.wide && lane == 1) {
       pair.serve([&] { return finished(e.step); });
       if (pair.failed()) return;
