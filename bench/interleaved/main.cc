@@ -1,0 +1,115 @@
+// encore_interleaved: eager against static on one machine whose speed drifts (a shared one). The
+// Google Benchmark cases run one after the other, so a change of load between them shows as a
+// difference; here the ways take turns every few steps, and each turn is timed, so a drift slows
+// all of them alike. Ways: eager, static (two lanes at two threads), static with lanes off.
+//
+//   build/bench/encore_interleaved mlp|mlp_large|cnn [threads=2] [turns=30] [steps per turn=20]
+//
+// Prints per way the fastest and the median turn (time per step) and the median over eager's.
+// mlp and mlp_large are the MlpSmall and MlpLarge steps (Adam), cnn the SeedCnn step (SGD), as
+// in encore_bench.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/mlp_step.h"
+#include "encore/models.h"
+
+namespace encore::bench {
+namespace {
+
+struct Way {
+  const char* name;
+  std::function<void()> step;
+  std::vector<double> us_per_step;  // per turn
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The static function `make()` returns, traced (and warmed up) with two lanes on or off.
+template <typename Make>
+auto traced(Make make, const Tensor& x, const Tensor& t, bool lanes) {
+  const bool saved = set_static_lanes_enabled(lanes);
+  auto fn = make();
+  for (int i = 0; i < 3; ++i) fn(x, t);  // the first call traces (the switch is read there)
+  set_static_lanes_enabled(saved);
+  return fn;
+}
+
+int run(const std::string& model, int threads, int turns, int steps) {
+  set_num_threads(threads);
+  std::vector<Way> ways;
+  // MlpSmall: one model; each way trains it in turn (the same kernels, shapes and memory).
+  const bool large = model == "mlp_large";
+  MlpStep mlp(large ? kMlpLargeHidden : kMlpSmallHidden, large ? kMlpLargeBatch : kMlpSmallBatch);
+  manual_seed(0);
+  auto cnn = std::make_shared<models::SeedCnn>();
+  TrainStep<models::SeedCnn, optim::SGD> cnn_step{cnn, optim::SGD(cnn->parameters())};
+  const Tensor cnn_x = rand({32, 1, 28, 28}), cnn_t = cyclic_labels(32);
+  auto make_mlp = [&] { return mlp.make_static(); };
+  auto make_cnn = [&] {
+    return static_graph([&](const Tensor& x, const Tensor& t) { return cnn_step(x, t); },
+                        {.name = "seed_cnn_step", .modules = {cnn}});
+  };
+  if (model == "mlp" || large) {
+    auto lanes = traced(make_mlp, mlp.x(), mlp.labels(), true);
+    auto ordered = traced(make_mlp, mlp.x(), mlp.labels(), false);
+    ways.push_back({"eager", [&] { mlp.run(); }, {}});
+    ways.push_back({"static", [&, lanes]() mutable { lanes(mlp.x(), mlp.labels()); }, {}});
+    ways.push_back(
+        {"static, lanes off", [&, ordered]() mutable { ordered(mlp.x(), mlp.labels()); }, {}});
+  } else if (model == "cnn") {
+    auto lanes = traced(make_cnn, cnn_x, cnn_t, true);
+    auto ordered = traced(make_cnn, cnn_x, cnn_t, false);
+    ways.push_back({"eager", [&] { cnn_step(cnn_x, cnn_t); }, {}});
+    ways.push_back({"static", [&, lanes]() mutable { lanes(cnn_x, cnn_t); }, {}});
+    ways.push_back({"static, lanes off", [&, ordered]() mutable { ordered(cnn_x, cnn_t); }, {}});
+  } else {
+    std::fprintf(stderr, "encore_interleaved: unknown model '%s' (mlp, mlp_large or cnn)\n",
+                 model.c_str());
+    return 2;
+  }
+  for (Way& w : ways) w.step();  // warm
+  for (int turn = 0; turn < turns; ++turn)
+    for (Way& w : ways) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) w.step();
+      const std::chrono::duration<double, std::micro> took =
+          std::chrono::steady_clock::now() - start;
+      w.us_per_step.push_back(took.count() / steps);
+    }
+  std::printf("%s, %d thread(s), %d turns of %d steps; us per step\n", model.c_str(), threads,
+              turns, steps);
+  const double eager = median(ways[0].us_per_step);
+  for (const Way& w : ways)
+    std::printf("  %-18s fastest %9.1f  median %9.1f  median / eager's %.3f\n", w.name,
+                *std::min_element(w.us_per_step.begin(), w.us_per_step.end()),
+                median(w.us_per_step), median(w.us_per_step) / eager);
+  return 0;
+}
+
+}  // namespace
+}  // namespace encore::bench
+
+int main(int argc, char** argv) {
+  const std::string model = argc > 1 ? argv[1] : "mlp";
+  const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
+  const int turns = argc > 3 ? std::atoi(argv[3]) : 30;
+  const int steps = argc > 4 ? std::atoi(argv[4]) : 20;
+  if (threads < 1 || turns < 1 || steps < 1) {
+    std::fprintf(
+        stderr, "usage: encore_interleaved mlp|mlp_large|cnn [threads] [turns] [steps per turn]\n");
+    return 2;
+  }
+  return encore::bench::run(model, threads, turns, steps);
+}
