@@ -118,7 +118,8 @@ void Plan::plan_lanes() {
       for (int i = 0; i < j; ++i)
         if (conflict(touches[begin + i], touches[begin + j])) deps[j].push_back(i);
       if (steps_[begin + j].random) {
-        if (last_random >= 0 && (deps[j].empty() || deps[j].back() != last_random))
+        if (last_random >= 0 &&
+            std::find(deps[j].begin(), deps[j].end(), last_random) == deps[j].end())
           deps[j].push_back(last_random);
         last_random = j;
       }
