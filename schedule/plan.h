@@ -178,7 +178,8 @@ class Plan {
   // launch (captured on first use, and again when bound addresses change) unless graphs are off or
   // capture failed (graph_stats().fallback). With red zones, the guards of what each step wrote
   // are checked after it (an Error names the step and the buffer) and CUDA phases run on the
-  // stream.
+  // stream. On the cpu at two threads, without snapshots or profiling, a phase with a two-lane
+  // schedule runs on two lanes (lanes.cc).
   void run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots = nullptr);
   GraphStats graph_stats() const;
   // Phases replayed on two lanes so far.
