@@ -5,7 +5,8 @@
 //                            dX[B,in]   = dY W              (not for the first layer: the
 //                                                            input needs no gradient)
 // flops counts 2*M*N*K per call; GFLOPS is the sgemm throughput of this run, so flops / GFLOPS
-// is the time shown. Same OpenBLAS and thread count as the eager cases.
+// is the time shown. Whole products on one OpenBLAS thread (encore sets OpenBLAS to one thread
+// and splits products itself): the bound of the one-thread cases.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
