@@ -57,9 +57,9 @@ class SpinWait {
 // until the step ends. Either way the chunks are those of the pool, so the bits are too.
 class LanePair {
  public:
-  // Runs lane(0) on the calling thread and lane(1) on a pool thread (both on the caller when
-  // the pool has one thread), each with its lane context set; returns when both have returned.
-  // A lane must not throw: it stops and calls fail() (the other lane's waits end too).
+  // Runs lane(0) on the calling thread and lane(1) on a pool thread (started if the pool has
+  // none, whatever num_threads() says), each with its lane context set; returns when both have
+  // returned. A lane must not throw: it stops and calls fail() (the other lane's waits end too).
   template <typename Lane>
   void run(Lane&& lane) {
     run_lanes([](void* ctx, int i) { (*static_cast<Lane*>(ctx))(i); }, static_cast<void*>(&lane));
