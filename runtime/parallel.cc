@@ -24,11 +24,6 @@ void pause() {
 #endif
 }
 
-// [begin, end) of chunk i of `parts` over [0, n): the pool's split, and the lanes'.
-std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int i) {
-  return {n * i / parts, n * (i + 1) / parts};
-}
-
 // Workers spin for a while after a task, then sleep on a condition variable; a task is one range
 // function split into one chunk per participating thread. Only one task runs at a time.
 class Pool {
@@ -65,25 +60,17 @@ class Pool {
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      fn_ = fn;
-      ctx_ = ctx;
-      n_ = n;
-      parts_ = parts;
+      task_ = {fn, ctx, n, parts};
       pending_.store(parts - 1, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    run_part(0);
+    task_.run_chunks(0, parts);
     SpinWait wait;
     while (pending_.load(std::memory_order_acquire) != 0) wait();
   }
 
  private:
-  void run_part(int part) {
-    const auto [begin, end] = chunk(n_, parts_, part);
-    if (begin < end) fn_(ctx_, begin, end);
-  }
-
   void work(int part) {
     uint64_t seen = 0;
     for (;;) {
@@ -97,9 +84,9 @@ class Pool {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
         seen = generation_.load(std::memory_order_relaxed);
-        if (part >= parts_) continue;  // this task needs fewer threads
+        if (part >= task_.parts) continue;  // this task needs fewer threads
       }
-      run_part(part);
+      task_.run_chunks(part, task_.parts);
       pending_.fetch_sub(1, std::memory_order_release);
     }
   }
@@ -112,10 +99,7 @@ class Pool {
   // Bumped under mu_ for each task; read without it by spinning workers.
   std::atomic<uint64_t> generation_{0};
   static constexpr std::chrono::microseconds kSpin{100};
-  detail::RangeFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  int64_t n_ = 0;
-  int parts_ = 1;
+  detail::RangeTask task_;
   std::atomic<int> pending_{0};
 };
 
@@ -132,6 +116,13 @@ struct LaneContext {
 thread_local LaneContext tls_lane;
 
 }  // namespace
+
+void detail::RangeTask::run_chunks(int first, int step) const {
+  for (int i = first; i < parts; i += step) {
+    const int64_t begin = n * i / parts, end = n * (i + 1) / parts;
+    if (begin < end) fn(ctx, begin, end);
+  }
+}
 
 void detail::parallel_run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
   if (tls_lane.pair != nullptr) [[unlikely]] {
@@ -180,35 +171,23 @@ void LanePair::end_wide() {
 }
 
 void LanePair::run_loop(int64_t n, int64_t grain, detail::RangeFn fn, void* ctx, bool wide) {
-  const int parts = parallel_parts(n, grain);
-  if (!wide || parts <= 1) {
-    for (int i = 0; i < parts; ++i) {
-      const auto [b, e] = chunk(n, parts, i);
-      if (b < e) fn(ctx, b, e);
-    }
+  const detail::RangeTask loop{fn, ctx, n, parallel_parts(n, grain)};
+  if (!wide || loop.parts <= 1) {
+    loop.run_chunks(0, 1);
     return;
   }
   // Lane 0 of a wide step: lane 1 takes the odd chunks.
-  fn_ = fn;
-  ctx_ = ctx;
-  n_ = n;
-  parts_ = parts;
-  const uint64_t task = posted_.load(std::memory_order_relaxed) + 1;
-  posted_.store(task, std::memory_order_release);
-  for (int i = 0; i < parts; i += 2) {
-    const auto [b, e] = chunk(n, parts, i);
-    if (b < e) fn(ctx, b, e);
-  }
+  task_ = loop;
+  const uint64_t posted = posted_.load(std::memory_order_relaxed) + 1;
+  posted_.store(posted, std::memory_order_release);
+  loop.run_chunks(0, 2);
   SpinWait wait;
-  while (done_.load(std::memory_order_acquire) != task && !failed()) wait();
+  while (done_.load(std::memory_order_acquire) != posted && !failed()) wait();
 }
 
 void LanePair::serve_task() {
   served_ = posted_.load(std::memory_order_acquire);
-  for (int i = 1; i < parts_; i += 2) {
-    const auto [b, e] = chunk(n_, parts_, i);
-    if (b < e) fn_(ctx_, b, e);
-  }
+  task_.run_chunks(1, 2);
   done_.store(served_, std::memory_order_release);
 }
 

@@ -21,6 +21,17 @@ namespace encore {
 namespace detail {
 using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end);
 void parallel_run(int64_t n, int64_t grain, RangeFn fn, void* ctx);
+
+// A range function over [0, n) split into `parts` chunks, chunk i [n i / parts, n (i + 1) /
+// parts): the pool's split, and the lanes'.
+struct RangeTask {
+  RangeFn fn = nullptr;
+  void* ctx = nullptr;
+  int64_t n = 0;
+  int parts = 1;
+  // Runs chunks first, first + step, ... on the calling thread, in order.
+  void run_chunks(int first, int step) const;
+};
 }  // namespace detail
 
 template <typename Body>
@@ -98,10 +109,7 @@ class LanePair {
 
   std::atomic<bool> failed_{false};
   // The loop lane 0 hands over: published by bumping posted_, done when done_ reaches it.
-  detail::RangeFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  int64_t n_ = 0;
-  int parts_ = 1;
+  detail::RangeTask task_;
   std::atomic<uint64_t> posted_{0}, done_{0};
   uint64_t served_ = 0;  // lane 1's: the last loop it ran
 };

@@ -87,6 +87,14 @@ struct Trainer {
     opt.step();
     return loss;
   }
+  // Step `i` (from 1) of an epoch; step 3 (traced at step 1, replayed from step 2 when static)
+  // has its allocator peak measured into `peak`.
+  Tensor step(const Tensor& x, const Tensor& t, int64_t i, int64_t& peak) {
+    if (i != 3) return step(x, t);
+    Tensor loss;
+    peak = step_peak_bytes(device, [&] { loss = step(x, t); });
+    return loss;
+  }
 
   bool static_forward;
   Device device;
@@ -121,12 +129,7 @@ RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool
     int64_t seen = 0, i = 0;
     Tensor x, t;
     while (tr.batches.next(x, t)) {
-      Tensor loss;
-      // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
-      if (++i == 3)
-        r.step_peak = step_peak_bytes(tr.device, [&] { loss = tr.step(x, t); });
-      else
-        loss = tr.step(x, t);
+      const Tensor loss = tr.step(x, t, ++i, r.step_peak);
       loss_sum += loss.item<double>() * static_cast<double>(t.size(0));
       seen += t.size(0);
       progress.update(epoch, i);
@@ -203,11 +206,7 @@ std::array<RunResult, 2> train_side_by_side(std::array<Trainer*, 2> tr,
     for (int turn = 0; turn < 2; ++turn) {
       const int k = (turn + static_cast<int>(i)) % 2;
       const auto start = Clock::now();
-      // Step 3 (traced at step 1, replayed from step 2 when static) is measured.
-      if (i == 3)
-        r[k].step_peak = step_peak_bytes(tr[k]->device, [&] { tr[k]->step(x[k], t[k]); });
-      else
-        tr[k]->step(x[k], t[k]);
+      tr[k]->step(x[k], t[k], i, r[k].step_peak);
       r[k].seconds += samples::seconds_since(start);
     }
     progress.update(1, i);

@@ -140,10 +140,11 @@ void Plan::plan_lanes() {
       rank[j] = split_cost(j) + tail;
     }
 
-    // List scheduling: per lane the time it is free, per step when it ends and on which lane.
+    // List scheduling: per lane the time it is free, per step when it ends (its lane goes into
+    // step_lane_).
     double free_at[2] = {0, 0};
     std::vector<double> ends(count, 0);
-    std::vector<int> lane_of(count, -1), waiting(count);
+    std::vector<int> waiting(count);
     std::vector<char> beside(count, 0);  // placed on one lane, beside a large step
     std::vector<int> ready;
     for (int j = 0; j < count; ++j)
@@ -176,7 +177,6 @@ void Plan::plan_lanes() {
         start = std::min(at0, at1);
       }
       ends[j] = start + (wide ? split_cost(j) : cost[j]);
-      lane_of[j] = lane;
       step_lane_[begin + j] = static_cast<int8_t>(lane);
       for (int l = 0; l < 2; ++l) {
         if (lane != 2 && lane != l) continue;
@@ -188,7 +188,7 @@ void Plan::plan_lanes() {
         // Lane 1 serves a wide step's chunks: it waits for nothing but the step's end.
         if (!(e.wide && l == 1))
           for (int i : deps[j])
-            if (lane_of[i] == 1 - l) lane_waits_.push_back(begin + i);
+            if (step_lane_[begin + i] == 1 - l) lane_waits_.push_back(begin + i);
         e.waits_end = static_cast<uint32_t>(lane_waits_.size());
         programs[l].push_back(e);
       }
@@ -233,7 +233,6 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
     }
     if (e.wide && lane == 1) {
       pair.serve([&] { return finished(e.step); });
-      if (pair.failed()) return;
       continue;
     }
     if (e.wide) pair.begin_wide();

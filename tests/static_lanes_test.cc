@@ -38,6 +38,15 @@ class Threads {
   int saved_;
 };
 
+// For a test's scope: static graphs on, lanes on or off, red zones off, `threads` threads.
+struct LaneSettings {
+  LaneSettings(bool lanes_on, int threads) : lanes(lanes_on), threads_scope(threads) {}
+  StaticEnabled on;
+  StaticLanes lanes;
+  StaticRedzones no_redzones{false};
+  Threads threads_scope;
+};
+
 auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-3}); };
 auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), {.lr = 0.05}); };
 
@@ -80,10 +89,7 @@ std::vector<Batch> image_batches(int count, int64_t batch, uint64_t seed) {
 
 TEST_CASE("two lanes replay a whole Adam step of an MLP with eager's bits at two threads",
           "[static][lanes]") {
-  StaticEnabled on;
-  const StaticLanes lanes(true);
-  const StaticRedzones no_redzones(false);
-  const Threads two(2);
+  const LaneSettings lanes(true, 2);
   const auto [stats, text] = check_mlp_adam(6);
   INFO(text);
   CHECK_THAT(text, Contains("two lanes (replayed so at two threads)"));
@@ -94,10 +100,7 @@ TEST_CASE("two lanes replay a whole Adam step of an MLP with eager's bits at two
 
 TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
           "[static][lanes]") {
-  StaticEnabled on;
-  const StaticLanes lanes(true);
-  const StaticRedzones no_redzones(false);
-  const Threads two(2);
+  const LaneSettings lanes(true, 2);
   auto eager = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
   auto model = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
   const auto [stats, text] = check_whole_steps(eager, model, image_batches(4, 16, 8), sgd);
@@ -107,10 +110,7 @@ TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
 }
 
 TEST_CASE("two lanes keep batch norm statistics and dropout masks as eager", "[static][lanes]") {
-  StaticEnabled on;
-  const StaticLanes lanes(true);
-  const StaticRedzones no_redzones(false);
-  const Threads two(2);
+  const LaneSettings lanes(true, 2);
   auto eager = seeded(4, Device::cpu(), [] { return std::make_shared<BnNet>(); });
   auto model = seeded(4, Device::cpu(), [] { return std::make_shared<BnNet>(); });
   std::vector<Batch> batches;
@@ -138,18 +138,13 @@ TEST_CASE("two lanes keep batch norm statistics and dropout masks as eager", "[s
 
 TEST_CASE("two lanes replay random programs bit for bit as eager runs them at two threads",
           "[static][random][lanes]") {
-  const StaticLanes lanes(true);
-  const StaticRedzones no_redzones(false);
-  const Threads two(2);
+  const LaneSettings lanes(true, 2);
   random_program::run_random_programs(Device::cpu(), /*default_programs=*/600);
 }
 
 TEST_CASE("a kernel that throws on a lane reaches the caller and the next call replays",
           "[static][lanes]") {
-  StaticEnabled on;
-  const StaticLanes lanes(true);
-  const StaticRedzones no_redzones(false);
-  const Threads two(2);
+  const LaneSettings lanes(true, 2);
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), /*seed=*/5, 784, 128, 3, 64, /*data_seed=*/2);
   TrainStep twin(mlps.model, adam);
   auto step = twin.make_static({.name = "throwing_step"});
@@ -167,18 +162,14 @@ TEST_CASE("a kernel that throws on a lane reaches the caller and the next call r
 
 TEST_CASE("with the switch off, or at one thread, a replay runs its steps in order",
           "[static][lanes]") {
-  StaticEnabled on;
   {
-    const StaticLanes off(false);
-    const Threads two(2);
+    const LaneSettings off(false, 2);
     const auto [stats, text] = check_mlp_adam(3);
     CHECK(stats.cache.at(0).lane_replays == 0);
     CHECK(text.find("two lanes") == std::string::npos);
   }
   {
-    const StaticLanes lanes(true);
-    const StaticRedzones no_redzones(false);
-    const Threads one(1);
+    const LaneSettings one_thread(true, 1);
     const auto [stats, text] = check_mlp_adam(3);
     CHECK(stats.cache.at(0).lane_replays == 0);
     CHECK_THAT(text, Contains("two lanes"));  // planned, replayed so only at two threads

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -46,39 +45,19 @@ auto traced(Make make, const Tensor& x, const Tensor& t, bool lanes) {
   return fn;
 }
 
-int run(const std::string& model, int threads, int turns, int steps) {
-  set_num_threads(threads);
-  std::vector<Way> ways;
-  // MlpSmall: one model; each way trains it in turn (the same kernels, shapes and memory).
-  const bool large = model == "mlp_large";
-  MlpStep mlp(large ? kMlpLargeHidden : kMlpSmallHidden, large ? kMlpLargeBatch : kMlpSmallBatch);
-  manual_seed(0);
-  auto cnn = std::make_shared<models::SeedCnn>();
-  TrainStep<models::SeedCnn, optim::SGD> cnn_step{cnn, optim::SGD(cnn->parameters())};
-  const Tensor cnn_x = rand({32, 1, 28, 28}), cnn_t = cyclic_labels(32);
-  auto make_mlp = [&] { return mlp.make_static(); };
-  auto make_cnn = [&] {
-    return static_graph([&](const Tensor& x, const Tensor& t) { return cnn_step(x, t); },
-                        {.name = "seed_cnn_step", .modules = {cnn}});
-  };
-  if (model == "mlp" || large) {
-    auto lanes = traced(make_mlp, mlp.x(), mlp.labels(), true);
-    auto ordered = traced(make_mlp, mlp.x(), mlp.labels(), false);
-    ways.push_back({"eager", [&] { mlp.run(); }, {}});
-    ways.push_back({"static", [&, lanes]() mutable { lanes(mlp.x(), mlp.labels()); }, {}});
-    ways.push_back(
-        {"static, lanes off", [&, ordered]() mutable { ordered(mlp.x(), mlp.labels()); }, {}});
-  } else if (model == "cnn") {
-    auto lanes = traced(make_cnn, cnn_x, cnn_t, true);
-    auto ordered = traced(make_cnn, cnn_x, cnn_t, false);
-    ways.push_back({"eager", [&] { cnn_step(cnn_x, cnn_t); }, {}});
-    ways.push_back({"static", [&, lanes]() mutable { lanes(cnn_x, cnn_t); }, {}});
-    ways.push_back({"static, lanes off", [&, ordered]() mutable { ordered(cnn_x, cnn_t); }, {}});
-  } else {
-    std::fprintf(stderr, "encore_interleaved: unknown model '%s' (mlp, mlp_large or cnn)\n",
-                 model.c_str());
-    return 2;
-  }
+// The three ways of one step: `eager(x, t)`, and the static function `make()` returns traced with
+// lanes on and with lanes off.
+template <typename Eager, typename Make>
+std::vector<Way> ways_of(Eager eager, Make make, const Tensor& x, const Tensor& t) {
+  auto lanes = traced(make, x, t, true);
+  auto ordered = traced(make, x, t, false);
+  return {{"eager", [=]() mutable { eager(x, t); }, {}},
+          {"static", [=]() mutable { lanes(x, t); }, {}},
+          {"static, lanes off", [=]() mutable { ordered(x, t); }, {}}};
+}
+
+// Runs the ways in turns and prints what each took.
+void measure(std::vector<Way>& ways, const std::string& model, int turns, int steps) {
   for (Way& w : ways) w.step();  // warm
   for (int turn = 0; turn < turns; ++turn)
     for (Way& w : ways) {
@@ -88,14 +67,40 @@ int run(const std::string& model, int threads, int turns, int steps) {
           std::chrono::steady_clock::now() - start;
       w.us_per_step.push_back(took.count() / steps);
     }
-  std::printf("%s, %d thread(s), %d turns of %d steps; us per step\n", model.c_str(), threads,
+  std::printf("%s, %d thread(s), %d turns of %d steps; us per step\n", model.c_str(), num_threads(),
               turns, steps);
   const double eager = median(ways[0].us_per_step);
   for (const Way& w : ways)
     std::printf("  %-18s fastest %9.1f  median %9.1f  median / eager's %.3f\n", w.name,
                 *std::min_element(w.us_per_step.begin(), w.us_per_step.end()),
                 median(w.us_per_step), median(w.us_per_step) / eager);
-  return 0;
+}
+
+int run(const std::string& model, int threads, int turns, int steps) {
+  set_num_threads(threads);
+  if (model == "mlp" || model == "mlp_large") {
+    // One model: each way trains it in turn (the same kernels, shapes and memory).
+    const bool large = model == "mlp_large";
+    MlpStep mlp(large ? kMlpLargeHidden : kMlpSmallHidden, large ? kMlpLargeBatch : kMlpSmallBatch);
+    std::vector<Way> ways = ways_of([&](const Tensor& x, const Tensor& t) { return mlp(x, t); },
+                                    [&] { return mlp.make_static(); }, mlp.x(), mlp.labels());
+    measure(ways, model, turns, steps);
+    return 0;
+  }
+  if (model == "cnn") {
+    manual_seed(0);
+    auto cnn = std::make_shared<models::SeedCnn>();
+    TrainStep<models::SeedCnn, optim::SGD> step{cnn, optim::SGD(cnn->parameters())};
+    auto eager = [&](const Tensor& x, const Tensor& t) { return step(x, t); };
+    std::vector<Way> ways = ways_of(
+        eager, [&] { return static_graph(eager, {.name = "seed_cnn_step", .modules = {cnn}}); },
+        rand({32, 1, 28, 28}), cyclic_labels(32));
+    measure(ways, model, turns, steps);
+    return 0;
+  }
+  std::fprintf(stderr, "encore_interleaved: unknown model '%s' (mlp, mlp_large or cnn)\n",
+               model.c_str());
+  return 2;
 }
 
 }  // namespace

@@ -33,28 +33,32 @@ void zero_for_product(int64_t m, int64_t n, T* c, int64_t ldc) {
   for (int64_t r = 0; r < m; ++r) std::memset(c + r * ldc, 0, static_cast<size_t>(n) * sizeof(T));
 }
 
-// c[m,n] = op(a) op(b) + beta c, op transposing when its flag is set.
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (beta == 0) {
-    zero_for_product(m, n, c, ldc);
-    beta = 1;
-  }
+// cblas's GEMM of T, row-major, alpha 1.
+inline void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
-                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  if (beta == 0) {
-    zero_for_product(m, n, c, ldc);
-    beta = 1;
-  }
+inline void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
+                      int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+                      int64_t ldc) {
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), 1.0, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// c[m,n] = op(a) op(b) + beta c, op transposing when its flag is set.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (beta == 0) {
+    zero_for_product(m, n, c, ldc);
+    beta = 1;
+  }
+  blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Sets OpenBLAS to one thread, once (its threads would compete with parallel_for's, and its
