@@ -77,13 +77,12 @@ class ConvChain : public nn::Module {
       w = (w + 2 * o.padding.w - o.dilation.w * (s.kernel - 1) - 1) / o.stride.w + 1;
       channels = s.out;
       if (i == 0 && tap == Tap::Conv)
-        side_ = register_module("side", std::make_shared<nn::Conv2d>(
-                                            channels, 2, 5,
-                                            nn::Conv2dOptions{.padding = 2, .dtype = dtype}));
+        side_ = register_module(
+            "side", std::make_shared<nn::Conv2d>(channels, 2, 5,
+                                                 nn::Conv2dOptions{.padding = 2, .dtype = dtype}));
     }
-    head_ = register_module("head",
-                            std::make_shared<nn::Linear>(channels * h * w, 10,
-                                                         nn::LinearOptions{.dtype = dtype}));
+    head_ = register_module("head", std::make_shared<nn::Linear>(
+                                        channels * h * w, 10, nn::LinearOptions{.dtype = dtype}));
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = x, first;
@@ -272,9 +271,10 @@ TEST_CASE("padded layouts: grouped, dilated, odd-sized and padding-2 convolution
   }
 }
 
-TEST_CASE("padded layouts: a buffer another step reads, or readers padding it differently, "
-          "stays dense",
-          "[static][padded]") {
+TEST_CASE(
+    "padded layouts: a buffer another step reads, or readers padding it differently, "
+    "stays dense",
+    "[static][padded]") {
   const PaddedSettings settings(true, 1);
   {
     // The first convolution's output also goes to a relu: only the second one's is padded.

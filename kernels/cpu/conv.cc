@@ -397,9 +397,8 @@ void shifted_forward(const Geometry& g, const Conv2dAttrs& a, const T* x, const 
   const int64_t work = g.o * g.taps() * l.width;
   const bool x_padded = (a.layout & kConvPaddedInput) != 0;
   const int64_t x_image = x_padded ? a.in_image : g.c * g.h * g.w;
-  const ImageLayout out = (a.layout & kConvPaddedOutput) != 0
-                              ? ImageLayout::planned(a, g.ho, g.wo)
-                              : ImageLayout::dense(g.o, g.ho, g.wo);
+  const ImageLayout out = (a.layout & kConvPaddedOutput) != 0 ? ImageLayout::planned(a, g.ho, g.wo)
+                                                              : ImageLayout::dense(g.o, g.ho, g.wo);
   parallel_for(g.n, grain_for(work), [&](int64_t begin, int64_t end) {
     shifted_conv_images(x, x_image, x_padded, w, bias, y, out, g.h, g.w, g.groups, g.cg, g.og, g.kh,
                         g.kw, l, off, begin, end);
@@ -685,8 +684,8 @@ bool reads_padded(Op op, std::span<const Shape> in, std::span<const Shape> out,
   const Geometry g = geometry(x, w, y, attrs.as<Conv2dAttrs>());
   if (!(forward ? use_shifted(g) : use_shifted_grad_weight(g))) return false;
   const bool f32 = dtype == DType::Float32;
-  const int64_t tile = forward ? (f32 ? kTile<float> : kTile<double>)
-                               : (f32 ? kLanes<float> : kLanes<double>);
+  const int64_t tile =
+      forward ? (f32 ? kTile<float> : kTile<double>) : (f32 ? kLanes<float> : kLanes<double>);
   const ShiftedLayout l(g.c, g.h, g.w, g.ph, g.pw, g.kh, g.kw, g.dh, g.dw, tile);
   *p = {g.ph, g.pw, l.padded_size()};
   return true;
