@@ -173,8 +173,19 @@ struct Conv2dAttrs {  // Conv2d and its grads; [0] is height, [1] width
   int32_t padding[2] = {0, 0};
   int32_t dilation[2] = {1, 1};
   int32_t groups = 1;
-  int32_t unused = 0;
+  // Set only by a static cpu plan's padded layouts (runtime/padded_layout.h), 0 in every eager
+  // call: a mask of kConvPaddedInput and kConvPaddedOutput.
+  int32_t layout = 0;
+  int32_t out_padding[2] = {0, 0};  // kConvPaddedOutput: zero rows, columns around each plane
+  int64_t in_image = 0;   // kConvPaddedInput: elements from one padded image of x to the next
+  int64_t out_image = 0;  // kConvPaddedOutput: the same for the output
 };
+// Conv2dAttrs::layout. Input x (Conv2d, Conv2dGradWeight) already lies padded by `padding`, as the
+// stride-1 kernel pads it, images `in_image` elements apart: the kernel reads it in place.
+constexpr int32_t kConvPaddedInput = 1;
+// Conv2d writes y padded by `out_padding`, images `out_image` elements apart, and writes zeros
+// to every image's border and to the elements after its planes.
+constexpr int32_t kConvPaddedOutput = 2;
 
 struct Pool2dAttrs {  // MaxPool2d, AvgPool2d and their grads; [0] is height, [1] width
   int32_t kernel[2] = {1, 1};

@@ -81,9 +81,14 @@ std::string Plan::location(int buf, const Names& names) const {
   }
   if (const int64_t off = arena_offset(buf); off >= 0) {
     const int64_t end = off + static_cast<int64_t>(b.nbytes);
-    if (memory_.redzone_bytes == 0) return cat("arena [", off, ",", end, ")");
-    return cat("arena [", off, ",", end, "), red zone [", end, ",",
-               off + arena_aligned(b.nbytes) + kRedzoneBytes, ")");
+    std::string where = cat("arena [", off, ",", end, ")");
+    if (memory_.redzone_bytes > 0)
+      where += cat(", red zone [", end, ",", off + arena_aligned(b.nbytes) + kRedzoneBytes, ")");
+    if (buf < static_cast<int>(padded_.size()) && padded_[buf].image > 0) {
+      const PaddedBuffer& p = padded_[buf];
+      where += cat(", padded ", p.pad_h, ",", p.pad_w, " (", p.hp, "x", p.wp, " planes)");
+    }
+    return where;
   }
   if (escape_[buf] < 0) return "not planned";
   for (size_t k = 0; k < results_.size(); ++k)

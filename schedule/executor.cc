@@ -285,6 +285,10 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
         const FusedProgram& p = *s.attrs.as<FusedAttrs>().program;
         for (int k = 0; k < s.n_out; ++k)
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[p.out_instr[k]], {}}), out[k]);
+      } else if (s.op == Op::Conv2d && (s.attrs.as<Conv2dAttrs>().layout & kConvPaddedOutput)) {
+        // A padded output: its values, as eager's dense buffer holds them.
+        StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
+        append_padded_interior(snap.bytes, out[0], s.attrs.as<Conv2dAttrs>());
       } else {
         StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
         for_each_written(s.op, in, out, [&](const BufferView& bv) { keep(snap, bv); });

@@ -6,9 +6,9 @@
 // steps over a call's arena with no lookups or allocation.
 //
 // Where each part lives: the passes in passes.cc, early updates in early_updates.cc, elementwise
-// fusion in fusion.cc, placement in memory_plan.cc, the executor (compiled steps, call states,
-// the replay loop) in executor.cc, the two-lane schedule and replay in lanes.cc, CUDA-graph
-// replay in cuda_graph.cc, the schedule dump in dump.cc.
+// fusion in fusion.cc, padded layouts in padded_layouts.cc, placement in memory_plan.cc, the
+// executor (compiled steps, call states, the replay loop) in executor.cc, the two-lane schedule
+// and replay in lanes.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
 
 #include <array>
@@ -49,7 +49,21 @@ struct PlanOptions {
   bool early_updates = true;
   // A cpu plan also gets a two-lane schedule, replayed when num_threads() is 2 (lanes.cc).
   bool lanes = true;
+  // A cpu plan lays out a convolution's output padded where only stride-1 convolutions read it
+  // (padded_layouts.cc).
+  bool padded_layouts = true;
 };
+
+// A buffer a plan laid out padded (padded_layouts.cc): [N, C, H, W] as planes of hp x wp with the
+// values at row pad_h, column pad_w, images `image` elements apart (0: not padded).
+struct PaddedBuffer {
+  int64_t pad_h = 0, pad_w = 0, hp = 0, wp = 0, image = 0;
+};
+
+// Verify mode: appends the values of a padded Conv2d output `y` (kConvPaddedOutput), its
+// [N, C, H, W] interior without the border, as a dense buffer holds them.
+void append_padded_interior(std::vector<unsigned char>& bytes, const BufferView& y,
+                            const Conv2dAttrs& a);
 
 // One entry of a lane's program (lanes.cc): a step this lane runs, after waiting for the steps of
 // the other lane in [waits_begin, waits_end) of the plan's wait list. A wide step is in both
@@ -245,6 +259,7 @@ class Plan {
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
   std::vector<int> storage_ids() const;
   void fuse_elementwise();
+  void plan_padded_layouts();
   void plan_memory();
   void build_steps();
 
@@ -269,6 +284,7 @@ class Plan {
   MemoryPlan memory_;
   int escapes_ = 0;
   std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
+  std::vector<PaddedBuffer> padded_;                     // per buffer (padded_layouts.cc)
 
   // Red zones: the guards of the arena blocks each step writes, step i's from guard_begin_[i].
   struct Guard {

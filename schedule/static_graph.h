@@ -107,6 +107,11 @@ bool early_updates_enabled();
 // setting.
 bool set_lanes_enabled(bool on);
 bool lanes_enabled();
+// Whether signatures traced from now on lay a convolution's output out padded in their cpu plans
+// where only stride-1 convolutions read it, so they read it in place (ENCORE_STATIC_PADDED=0
+// starts it off). Returns the previous setting.
+bool set_padded_layouts_enabled(bool on);
+bool padded_layouts_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

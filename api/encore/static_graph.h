@@ -110,6 +110,13 @@ bool static_early_updates_enabled();
 // eagerly, so the values are the same bit for bit. Returns the previous setting.
 bool set_static_lanes_enabled(bool on);
 bool static_lanes_enabled();
+// Whether signatures traced from now on lay a convolution's output out padded in their cpu plans
+// where only stride-1 convolutions (the next layer's forward and weight gradient) read it: the
+// writer puts its rows inside a zero border, and the readers skip the padded copy they make
+// eagerly. On by default (ENCORE_STATIC_PADDED=0 starts it off); the kernels read the same values
+// in the same order, so the values are the same bit for bit. Returns the previous setting.
+bool set_static_padded_layouts_enabled(bool on);
+bool static_padded_layouts_enabled();
 // Whether signatures traced from now on put a red zone (guard bytes of a known fill) after each
 // block of their arena and check, after every replayed step, the guards of what it wrote: an
 // overrun that stays inside the arena (invisible to AddressSanitizer) raises an Error naming the

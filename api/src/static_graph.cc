@@ -26,6 +26,12 @@ bool set_static_lanes_enabled(bool on) {
 bool static_lanes_enabled() {
   return schedule::lanes_enabled();
 }
+bool set_static_padded_layouts_enabled(bool on) {
+  return schedule::set_padded_layouts_enabled(on);
+}
+bool static_padded_layouts_enabled() {
+  return schedule::padded_layouts_enabled();
+}
 bool set_static_redzones_enabled(bool on) {
   return schedule::set_redzones_enabled(on);
 }

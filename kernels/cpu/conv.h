@@ -5,7 +5,9 @@
 
 namespace encore::kernels::cpu {
 
-// Sets whether im2col + GEMM is forced; returns the previous setting.
+// Sets whether im2col + GEMM is forced; returns the previous setting. A static plan reads it
+// when it lays out padded inputs (runtime/padded_layout.h): a step it padded keeps the shifted
+// path its signature was traced with.
 bool set_conv_im2col(bool on);
 
 }  // namespace encore::kernels::cpu
