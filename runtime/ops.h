@@ -92,6 +92,12 @@ enum class Op : uint16_t {
   // Made by the planner, never dispatched: a run of elementwise steps of a cpu plan executed
   // block by block (FusedAttrs).
   FusedElementwise,
+  // Made by the planner for cpu plans (schedule/rewrites.cc), never dispatched: a producer that
+  // applies an activation, or an activation's gradient, to each element as it writes it.
+  LinearAct,      // x, w, optional bias -> act(linear(x, w, bias)) (ActAttrs)
+  Conv2dAct,      // x, w, optional bias -> act(conv2d(x, w, bias)) (Conv2dActAttrs)
+  MatmulActGrad,  // a, b, y -> act_grad(y, matmul(a, b)), y what the gradient reads
+                  // (MatmulActAttrs)
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
@@ -125,6 +131,9 @@ enum class AttrType : uint8_t {
   Fused,
   Sgd,
   Adam,
+  Act,
+  Conv2dAct,
+  MatmulAct,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -225,6 +234,25 @@ struct AdamAttrs {  // AdamUpdate; bias correction uses the step counter held in
   uint8_t padding[7] = {};
 };
 
+// LinearAct, Conv2dAct, MatmulActGrad: the activation (Relu, LeakyRelu, Sigmoid, Tanh) or the
+// activation gradient (ReluGrad, LeakyReluGrad, SigmoidGrad, TanhGrad) the producer applies, with
+// the op's scalar (leaky_relu's slope).
+struct ActAttrs {
+  Op op = Op::Relu;
+  uint16_t unused[3] = {};
+  double scalar = 0;
+};
+struct Conv2dActAttrs {
+  Conv2dAttrs conv;
+  int32_t unused = 0;
+  ActAttrs act;
+};
+struct MatmulActAttrs {
+  MatmulAttrs matmul;
+  uint8_t unused[6] = {};
+  ActAttrs act;
+};
+
 // The tags of the structs above.
 template <AttrType kType>
 struct AttrTag {
@@ -260,5 +288,11 @@ template <>
 struct AttrTypeOf<SgdAttrs> : AttrTag<AttrType::Sgd> {};
 template <>
 struct AttrTypeOf<AdamAttrs> : AttrTag<AttrType::Adam> {};
+template <>
+struct AttrTypeOf<ActAttrs> : AttrTag<AttrType::Act> {};
+template <>
+struct AttrTypeOf<Conv2dActAttrs> : AttrTag<AttrType::Conv2dAct> {};
+template <>
+struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
 
 }  // namespace encore

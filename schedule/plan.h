@@ -49,6 +49,10 @@ struct PlanOptions {
   bool early_updates = true;
   // A cpu plan also gets a two-lane schedule, replayed when num_threads() is 2 (lanes.cc).
   bool lanes = true;
+  // A cpu plan folds activations into the products and convolutions that feed them, their
+  // gradients into the products that feed those, and runs max pooling before a ReLU
+  // (rewrites.cc).
+  bool fold_activations = true;
 };
 
 // One entry of a lane's program (lanes.cc): a step this lane runs, after waiting for the steps of
@@ -240,6 +244,11 @@ class Plan {
   int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
+  // Fewer passes over activations (rewrites.cc): max pooling before a ReLU, activations folded
+  // into their producers, activation gradients into the products feeding them.
+  void rewrite_activations();
+  // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
+  const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
   void move_updates_early();
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
@@ -256,6 +265,8 @@ class Plan {
   int n_forward_ = 0;
   std::vector<char> moved_early_;  // per recorded step: an update moved before other steps
   std::vector<int> folded_fill_;   // per recorded add_: the recorded zero fill_ folded into it
+  // Per buffer: what rewrite_activations did to the step writing it (dump.cc).
+  absl::flat_hash_map<int, std::string> rewrite_notes_;
   std::vector<Operand> results_, grads_;
   std::vector<int> escape_;
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares

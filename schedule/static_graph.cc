@@ -30,6 +30,7 @@ std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
 std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
 std::atomic<bool> g_early_updates{!env_flag_off("ENCORE_STATIC_EARLY_UPDATES")};
 std::atomic<bool> g_lanes{!env_flag_off("ENCORE_STATIC_LANES")};
+std::atomic<bool> g_fold_activations{!env_flag_off("ENCORE_STATIC_FOLD")};
 std::atomic<bool> g_redzones{[] {
   const char* v = std::getenv("ENCORE_STATIC_REDZONE");
   return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
@@ -89,6 +90,12 @@ bool set_lanes_enabled(bool on) {
 }
 bool lanes_enabled() {
   return g_lanes.load();
+}
+bool set_fold_activations_enabled(bool on) {
+  return g_fold_activations.exchange(on);
+}
+bool fold_activations_enabled() {
+  return g_fold_activations.load();
 }
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -207,7 +214,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
   e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0,
-                     early_updates_enabled(), lanes_enabled()};
+                     early_updates_enabled(), lanes_enabled(), fold_activations_enabled()};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

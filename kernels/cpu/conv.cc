@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernel.h"
@@ -310,12 +311,14 @@ int64_t grain_for(int64_t work_per_item) {
 
 // dst image [groups * rows_per_group, l.rows, l.cols] = the stride-1 correlation of the padded
 // src image [groups * sources, ...] with a (per group [rows_per_group, sources kh kw]), plus
-// bias (may be null), for images [begin, end).
+// bias (may be null), then the activation `act` (may be null: none) over each row as it is
+// written, for images [begin, end).
 template <typename T>
-void shifted_conv_images(const T* src, int64_t src_image, const T* a, const T* bias, T* dst,
-                         int64_t dst_image, int64_t hs, int64_t ws, int64_t groups, int64_t sources,
-                         int64_t rows_per_group, int64_t kh, int64_t kw, const ShiftedLayout& l,
-                         const int64_t* off, int64_t begin, int64_t end) {
+void shifted_conv_images(const T* src, int64_t src_image, const T* a, const T* bias,
+                         const ActAttrs* act, T* dst, int64_t dst_image, int64_t hs, int64_t ws,
+                         int64_t groups, int64_t sources, int64_t rows_per_group, int64_t kh,
+                         int64_t kw, const ShiftedLayout& l, const int64_t* off, int64_t begin,
+                         int64_t end) {
   const int64_t taps = sources * kh * kw;
   T* padded = scratch<T>(kPadded, l.padded_size());
   T* wide = scratch<T>(kWide, rows_per_group * l.width);
@@ -331,21 +334,25 @@ void shifted_conv_images(const T* src, int64_t src_image, const T* a, const T* b
         T* d = dst + n * dst_image + channel * l.rows * l.cols;
         const T* wm = wide + m * l.width;
         const T b = bias != nullptr ? bias[channel] : T(0);
-        for (int64_t r = 0; r < l.rows; ++r) add_row(d + r * l.cols, wm + r * l.wp, l.cols, b);
+        for (int64_t r = 0; r < l.rows; ++r) {
+          add_row(d + r * l.cols, wm + r * l.wp, l.cols, b);
+          if (act != nullptr) apply_activation(*act, d + r * l.cols, l.cols);
+        }
       }
     }
   }
 }
 
 template <typename T>
-void shifted_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y) {
+void shifted_forward(const Geometry& g, const T* x, const T* w, const T* bias, const ActAttrs* act,
+                     T* y) {
   const ShiftedLayout l(g.c, g.h, g.w, g.ph, g.pw, g.kh, g.kw, g.dh, g.dw, kTile<T>);
   int64_t* off = scratch<int64_t>(kOffsets, g.taps());
   tap_offsets(g.cg, g.kh, g.kw, g.dh, g.dw, l, off);
   const int64_t work = g.o * g.taps() * l.width;
   parallel_for(g.n, grain_for(work), [&](int64_t begin, int64_t end) {
-    shifted_conv_images(x, g.c * g.h * g.w, w, bias, y, g.o * g.ho * g.wo, g.h, g.w, g.groups, g.cg,
-                        g.og, g.kh, g.kw, l, off, begin, end);
+    shifted_conv_images(x, g.c * g.h * g.w, w, bias, act, y, g.o * g.ho * g.wo, g.h, g.w, g.groups,
+                        g.cg, g.og, g.kh, g.kw, l, off, begin, end);
   });
 }
 
@@ -368,7 +375,7 @@ void shifted_grad_input(const Geometry& g, const T* gy, const T* w, T* gx) {
   tap_offsets(g.og, g.kh, g.kw, g.dh, g.dw, l, off);
   const int64_t work = g.c * taps * l.width;
   parallel_for(g.n, grain_for(work), [&](int64_t begin, int64_t end) {
-    shifted_conv_images(gy, g.o * g.ho * g.wo, flipped, static_cast<const T*>(nullptr), gx,
+    shifted_conv_images(gy, g.o * g.ho * g.wo, flipped, static_cast<const T*>(nullptr), nullptr, gx,
                         g.c * g.h * g.w, g.ho, g.wo, g.groups, g.og, g.cg, g.kh, g.kw, l, off,
                         begin, end);
   });
@@ -490,7 +497,8 @@ void col2im_add(const Geometry& g, const T* col, T* x) {
 // GEMMs, so the same bits at any thread count) or the weight gradient's columns (each part sums
 // every image in order; the split follows the shapes and num_threads(), see blas.h).
 template <typename T>
-void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y) {
+void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, const ActAttrs* act,
+                  T* y) {
   const int64_t p = g.pixels(), k = g.taps();
   parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
     T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
@@ -504,6 +512,7 @@ void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y
         if (col != nullptr) im2col(g, xg, col);
         gemm(false, false, g.og, p, k, w + grp * g.og * k, k, col != nullptr ? col : xg, p,
              bias != nullptr ? T(1) : T(0), yg, p);
+        if (act != nullptr) apply_activation(*act, yg, g.og * p);
       }
   });
 }
@@ -562,18 +571,29 @@ bool use_shifted_grad_weight(const Geometry& g) {
   return use_shifted(g) && (g.taps() <= 288 || g.pixels() >= 196);
 }
 
-// x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo].
-void conv2d_kernel(const KernelArgs& args) {
+// x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo], then `act` (null: none)
+// over each part of y as it is written.
+void conv2d_forward(const KernelArgs& args, Op op, const Conv2dAttrs& attrs, const ActAttrs* act) {
   const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
   const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
-  const Geometry g = geometry(x.shape, w.shape, y.shape, args.attr<Conv2dAttrs>());
-  switch_floating(y.dtype, Op::Conv2d, [&]<typename T>(Type<T>) {
+  const Geometry g = geometry(x.shape, w.shape, y.shape, attrs);
+  switch_floating(y.dtype, op, [&]<typename T>(Type<T>) {
     if (y.numel() == 0) return;
     const T* pb = bias != nullptr ? bias->as<T>() : nullptr;
-    if (use_shifted(g)) return shifted_forward(g, x.as<T>(), w.as<T>(), pb, y.as<T>());
-    check_gemm_sizes(Op::Conv2d, g);
-    gemm_forward(g, x.as<T>(), w.as<T>(), pb, y.as<T>());
+    if (use_shifted(g)) return shifted_forward(g, x.as<T>(), w.as<T>(), pb, act, y.as<T>());
+    check_gemm_sizes(op, g);
+    gemm_forward(g, x.as<T>(), w.as<T>(), pb, act, y.as<T>());
   });
+}
+
+void conv2d_kernel(const KernelArgs& args) {
+  conv2d_forward(args, Op::Conv2d, args.attr<Conv2dAttrs>(), nullptr);
+}
+
+// Conv2dAct (planned): the convolution with its activation applied as each row is written.
+void conv2d_act_kernel(const KernelArgs& args) {
+  const Conv2dActAttrs& a = args.attr<Conv2dActAttrs>();
+  conv2d_forward(args, Op::Conv2dAct, a.conv, &a.act);
 }
 
 // gy [N,O,Ho,Wo], w -> gx [N,C,H,W].
@@ -604,6 +624,7 @@ void conv2d_grad_weight_kernel(const KernelArgs& args) {
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_kernel(Op::Conv2d, DeviceType::CPU, &conv2d_kernel);
+  register_kernel(Op::Conv2dAct, DeviceType::CPU, &conv2d_act_kernel);
   register_kernel(Op::Conv2dGradInput, DeviceType::CPU, &conv2d_grad_input_kernel);
   register_kernel(Op::Conv2dGradWeight, DeviceType::CPU, &conv2d_grad_weight_kernel);
   return true;
