@@ -75,7 +75,9 @@ class Rewriter {
 
  private:
   // A temporary of the call that nothing outside it sees, written by step t alone.
+  // (A buffer this pass made is none: its readers and writers are not listed.)
   bool private_value(const Operand& o, int t) const {
+    if (o.buf >= static_cast<int>(memory_.size())) return false;
     const int m = memory_[o.buf];
     return bufs_[o.buf].kind == BufKind::Temp && escape_[o.buf] < 0 && o.nbytes() == nbytes(o) &&
            writers_[m].size() == 1 && writers_[m][0] == t;
