@@ -140,6 +140,10 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
      AttrType::BatchNorm, 0b11, 0},
     {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
+    {Op::LinearAct, "linear_act", OpKind::Compute, 2, 3, -1, AttrType::Act, 0, kSplits},
+    {Op::Conv2dAct, "conv2d_act", OpKind::Compute, 2, 3, -1, AttrType::Conv2dAct, 0, kSplits},
+    {Op::MatmulActGrad, "matmul_act_grad", OpKind::Compute, 3, 3, -1, AttrType::MatmulAct, 0,
+     kSplits},
 };
 
 namespace detail {
@@ -211,10 +215,11 @@ constexpr bool op_reads_two(Op op) {
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
   constexpr std::string_view kNames[] = {
-      "NoAttrs",        "ScalarAttrs", "MatmulAttrs",       "ReduceAttrs", "PermuteAttrs",
-      "AxisAttrs",      "SliceAttrs",  "CrossEntropyAttrs", "Conv2dAttrs", "Pool2dAttrs",
-      "BatchNormAttrs", "RandomAttrs", "FusedAttrs",        "SgdAttrs",    "AdamAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Adam) + 1);
+      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs", "PermuteAttrs",
+      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs", "Pool2dAttrs",
+      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",    "AdamAttrs",
+      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::MatmulAct) + 1);
   return kNames[static_cast<int>(t)];
 }
 

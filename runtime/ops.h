@@ -92,6 +92,12 @@ enum class Op : uint16_t {
   // Made by the planner, never dispatched: a run of elementwise steps of a cpu plan executed
   // block by block (FusedAttrs).
   FusedElementwise,
+  // Made by the planner for cpu plans (schedule/rewrites.cc), never dispatched: a producer that
+  // applies an activation, or an activation's gradient, to each element as it writes it.
+  LinearAct,      // x, w, optional bias -> act(linear(x, w, bias)) (ActAttrs)
+  Conv2dAct,      // x, w, optional bias -> act(conv2d(x, w, bias)) (Conv2dActAttrs)
+  MatmulActGrad,  // a, b, y -> act_grad(y, matmul(a, b)), y what the gradient reads
+                  // (MatmulActAttrs)
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
@@ -125,6 +131,9 @@ enum class AttrType : uint8_t {
   Fused,
   Sgd,
   Adam,
+  Act,
+  Conv2dAct,
+  MatmulAct,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -176,15 +185,13 @@ struct Conv2dAttrs {  // Conv2d and its grads; [0] is height, [1] width
   // Set only by a static cpu plan's padded layouts (runtime/padded_layout.h), 0 in every eager
   // call: a mask of kConvPaddedInput and kConvPaddedOutput.
   int32_t layout = 0;
-  int32_t out_padding[2] = {0, 0};  // kConvPaddedOutput: zero rows, columns around each plane
-  int64_t in_image = 0;   // kConvPaddedInput: elements from one padded image of x to the next
-  int64_t out_image = 0;  // kConvPaddedOutput: the same for the output
+  int16_t out_padding[2] = {0, 0};  // kConvPaddedOutput: zero rows, columns around each plane
 };
-// Conv2dAttrs::layout. Input x (Conv2d, Conv2dGradWeight) already lies padded by `padding`, as the
-// stride-1 kernel pads it, images `in_image` elements apart: the kernel reads it in place.
+// Conv2dAttrs::layout. Input x (Conv2d, Conv2dAct, Conv2dGradWeight) already lies padded by
+// `padding` (padded_image_elements apart, runtime/padded_layout.h): the kernel reads it in place.
 constexpr int32_t kConvPaddedInput = 1;
-// Conv2d writes y padded by `out_padding`, images `out_image` elements apart, and writes zeros
-// to every image's border and to the elements after its planes.
+// Conv2d (Conv2dAct) writes y padded by `out_padding`, and zeros to every image's border and to
+// the elements after its planes.
 constexpr int32_t kConvPaddedOutput = 2;
 
 struct Pool2dAttrs {  // MaxPool2d, AvgPool2d and their grads; [0] is height, [1] width
@@ -236,6 +243,25 @@ struct AdamAttrs {  // AdamUpdate; bias correction uses the step counter held in
   uint8_t padding[7] = {};
 };
 
+// LinearAct, Conv2dAct, MatmulActGrad: the activation (Relu, LeakyRelu, Sigmoid, Tanh) or the
+// activation gradient (ReluGrad, LeakyReluGrad, SigmoidGrad, TanhGrad) the producer applies, with
+// the op's scalar (leaky_relu's slope).
+struct ActAttrs {
+  Op op = Op::Relu;
+  uint16_t unused[3] = {};
+  double scalar = 0;
+};
+struct Conv2dActAttrs {
+  Conv2dAttrs conv;
+  int32_t unused = 0;
+  ActAttrs act;
+};
+struct MatmulActAttrs {
+  MatmulAttrs matmul;
+  uint8_t unused[6] = {};
+  ActAttrs act;
+};
+
 // The tags of the structs above.
 template <AttrType kType>
 struct AttrTag {
@@ -271,5 +297,11 @@ template <>
 struct AttrTypeOf<SgdAttrs> : AttrTag<AttrType::Sgd> {};
 template <>
 struct AttrTypeOf<AdamAttrs> : AttrTag<AttrType::Adam> {};
+template <>
+struct AttrTypeOf<ActAttrs> : AttrTag<AttrType::Act> {};
+template <>
+struct AttrTypeOf<Conv2dActAttrs> : AttrTag<AttrType::Conv2dAct> {};
+template <>
+struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
 
 }  // namespace encore

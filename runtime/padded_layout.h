@@ -14,15 +14,36 @@
 #include <span>
 
 #include "runtime/kernel_abi.h"
+#include "runtime/ops.h"
 
 namespace encore {
 
-// How a kernel reads input 0 padded: the border and the fewest elements per image (planes of
-// (H + 2 pad_h) x (W + 2 pad_w), then zeros its products read past them).
+// How a kernel reads input 0 padded: its border, and the elements per image
+// (padded_image_elements).
 struct PaddedInput {
   int64_t pad_h = 0, pad_w = 0;
   int64_t image = 0;
 };
+
+// Elements a padded image takes: its planes of (h + 2 pad_h) x (w + 2 pad_w), then one more row and
+// kPaddedSlack elements of zeros. A stride-1 convolution's products over a padded plane read at
+// most a row minus one past its planes (the kernel's width is at most a row) plus less than one
+// register tile (at most kPaddedSlack elements, which conv.cc asserts), so every reader of a
+// planned layout fits in it whatever its kernel size, and its writer knows the size from its own
+// output.
+constexpr int64_t kPaddedSlack = 64;
+inline int64_t padded_image_elements(int64_t planes, int64_t h, int64_t w, int64_t pad_h,
+                                     int64_t pad_w) {
+  const int64_t wp = w + 2 * pad_w;
+  return planes * (h + 2 * pad_h) * wp + wp + kPaddedSlack;
+}
+
+// The convolution attributes of a Conv2d, Conv2dAct or convolution-gradient step, or null.
+inline const Conv2dAttrs* conv_attrs(const AttrBlob& a) {
+  if (a.holds<Conv2dAttrs>()) return &a.as<Conv2dAttrs>();
+  if (a.holds<Conv2dActAttrs>()) return &a.as<Conv2dActAttrs>().conv;
+  return nullptr;
+}
 
 struct PaddedLayoutQueries {
   // Whether a step of `op` over operands of these shapes reads input 0 padded on the path its

@@ -110,6 +110,12 @@ std::string Plan::location(int buf, const Names& names) const {
   return "own storage";
 }
 
+const std::string* Plan::rewrite_note(const Step& s) const {
+  if (s.out.empty()) return nullptr;
+  const auto it = rewrite_notes_.find(s.out[0].buf);
+  return it == rewrite_notes_.end() ? nullptr : &it->second;
+}
+
 std::string Plan::steps_text(const Names& names, const std::string& indent) const {
   std::string out;
   if (memory_.redzone_bytes > 0)
@@ -141,7 +147,10 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       if (fused != nullptr)
         mark(cat("fuses ", fused->instrs.size(), " steps, ", fused->n_scratch,
                  fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
-      else if (s.index < 0)
+      const std::string* rewrite = rewrite_note(s);
+      if (rewrite != nullptr)
+        mark(*rewrite);
+      else if (fused == nullptr && s.index < 0)
         mark("added by the plan");
       if (const int f = folded_fill(s); f >= 0) {
         const int base = t < n_forward_ ? 0 : recorded_forward_;

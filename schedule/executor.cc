@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "runtime/allocator.h"
+#include "runtime/padded_layout.h"
 #include "runtime/profiler.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
@@ -285,10 +286,11 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
         const FusedProgram& p = *s.attrs.as<FusedAttrs>().program;
         for (int k = 0; k < s.n_out; ++k)
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[p.out_instr[k]], {}}), out[k]);
-      } else if (s.op == Op::Conv2d && (s.attrs.as<Conv2dAttrs>().layout & kConvPaddedOutput)) {
+      } else if (const Conv2dAttrs* conv = conv_attrs(s.attrs);
+                 conv != nullptr && (conv->layout & kConvPaddedOutput) != 0) {
         // A padded output: its values, as eager's dense buffer holds them.
         StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
-        append_padded_interior(snap.bytes, out[0], s.attrs.as<Conv2dAttrs>());
+        append_padded_interior(snap.bytes, out[0], *conv);
       } else {
         StepSnapshot& snap = snapshots->emplace_back(StepSnapshot{s.trace_index, {}});
         for_each_written(s.op, in, out, [&](const BufferView& bv) { keep(snap, bv); });

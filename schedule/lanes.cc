@@ -59,18 +59,24 @@ double step_cost(const Step& s) {
   auto numel = [](const Operand& o) { return static_cast<double>(o.shape.numel()); };
   switch (s.op) {
     case Op::Linear:
+    case Op::LinearAct:
       return numel(s.out[0]) * static_cast<double>(s.in[1].shape[1]);
-    case Op::Matmul: {
-      const MatmulAttrs& a = s.attrs.as<MatmulAttrs>();
+    case Op::Matmul:
+    case Op::MatmulActGrad: {
+      const MatmulAttrs& a =
+          s.op == Op::Matmul ? s.attrs.as<MatmulAttrs>() : s.attrs.as<MatmulActAttrs>().matmul;
       const Shape& x = s.in[0].shape;
       return numel(s.out[0]) * static_cast<double>(a.trans_a ? x.at(-2) : x.at(-1));
     }
     case Op::Conv2d:
+    case Op::Conv2dAct:
     case Op::Conv2dGradInput:
     case Op::Conv2dGradWeight: {
       // Per output (input, weight-gradient) element of the convolution: taps of the weight.
       const Operand& w = s.op == Op::Conv2dGradWeight ? s.out[0] : s.in[1];
-      const Operand& y = s.op == Op::Conv2d ? s.out[0] : s.in[s.op == Op::Conv2dGradWeight ? 1 : 0];
+      const Operand& y = s.op == Op::Conv2d || s.op == Op::Conv2dAct
+                             ? s.out[0]
+                             : s.in[s.op == Op::Conv2dGradWeight ? 1 : 0];
       return numel(y) * numel(w) / static_cast<double>(std::max<int64_t>(1, w.shape[0]));
     }
     default: {

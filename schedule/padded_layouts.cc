@@ -8,6 +8,7 @@
 // eager's: the bits are too.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "runtime/padded_layout.h"
 #include "schedule/plan.h"
@@ -23,6 +24,20 @@ struct Use {
   bool paddable = true;  // every read so far reads it whole as a padded convolution input
   PaddedInput layout;    // the pads every reader wants, and the most elements per image any does
 };
+
+// Applies `f` to the convolution attributes of a Conv2d, Conv2dAct or Conv2dGradWeight step.
+template <typename F>
+void edit_conv_attrs(AttrBlob& blob, F f) {
+  if (blob.holds<Conv2dActAttrs>()) {
+    Conv2dActAttrs a = blob.as<Conv2dActAttrs>();
+    f(a.conv);
+    blob = AttrBlob::of(a);
+  } else {
+    Conv2dAttrs a = blob.as<Conv2dAttrs>();
+    f(a);
+    blob = AttrBlob::of(a);
+  }
+}
 
 }  // namespace
 
@@ -67,6 +82,8 @@ void Plan::plan_padded_layouts() {
     Step& w = all_[u.writer];
     const Operand& y = w.out[0];
     if (w.out.size() != 1 || y.buf != b || !whole(y) ||
+        u.layout.pad_h > std::numeric_limits<int16_t>::max() ||
+        u.layout.pad_w > std::numeric_limits<int16_t>::max() ||
         !q.writes_padded(w.op, shapes(w.in), shapes(w.out), w.attrs, y.dtype))
       continue;
     // The readers see the writer's shape and dtype (not a reshaped view of the same bytes).
@@ -80,19 +97,14 @@ void Plan::plan_padded_layouts() {
     PaddedBuffer& pb = padded_[b];
     pb = {p.pad_h, p.pad_w, y.shape[2] + 2 * p.pad_h, y.shape[3] + 2 * p.pad_w, p.image};
     bufs[b].nbytes = static_cast<size_t>(y.shape[0] * p.image) * itemsize(y.dtype);
-    Conv2dAttrs a = w.attrs.as<Conv2dAttrs>();
-    a.layout |= kConvPaddedOutput;
-    a.out_padding[0] = static_cast<int32_t>(p.pad_h);
-    a.out_padding[1] = static_cast<int32_t>(p.pad_w);
-    a.out_image = p.image;
-    w.attrs = AttrBlob::of(a);
-    for (Step& s : all_) {
-      if (s.in.empty() || s.in[0].buf != b) continue;
-      Conv2dAttrs r = s.attrs.as<Conv2dAttrs>();
-      r.layout |= kConvPaddedInput;
-      r.in_image = p.image;
-      s.attrs = AttrBlob::of(r);
-    }
+    edit_conv_attrs(w.attrs, [&](Conv2dAttrs& a) {
+      a.layout |= kConvPaddedOutput;
+      a.out_padding[0] = static_cast<int16_t>(p.pad_h);
+      a.out_padding[1] = static_cast<int16_t>(p.pad_w);
+    });
+    for (Step& s : all_)
+      if (!s.in.empty() && s.in[0].buf == b)
+        edit_conv_attrs(s.attrs, [](Conv2dAttrs& a) { a.layout |= kConvPaddedInput; });
   }
 }
 
@@ -100,6 +112,7 @@ void append_padded_interior(std::vector<unsigned char>& bytes, const BufferView&
                             const Conv2dAttrs& a) {
   const int64_t n = y.shape[0], c = y.shape[1], h = y.shape[2], w = y.shape[3];
   const int64_t ph = a.out_padding[0], pw = a.out_padding[1], wp = w + 2 * pw;
+  const int64_t image = padded_image_elements(c, h, w, ph, pw);
   const size_t item = itemsize(y.dtype), row = static_cast<size_t>(w) * item;
   size_t at = bytes.size();
   bytes.resize(at + static_cast<size_t>(y.numel()) * item);
@@ -108,7 +121,7 @@ void append_padded_interior(std::vector<unsigned char>& bytes, const BufferView&
     for (int64_t s = 0; s < c; ++s)
       for (int64_t r = 0; r < h; ++r, at += row)
         std::memcpy(bytes.data() + at,
-                    src + ((i * a.out_image + (s * (h + 2 * ph) + ph + r) * wp + pw) * item), row);
+                    src + ((i * image + (s * (h + 2 * ph) + ph + r) * wp + pw) * item), row);
 }
 
 }  // namespace encore::schedule

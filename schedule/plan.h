@@ -1,12 +1,14 @@
 // A Plan: a Recording made executable. Passes: outputs that leave the call get their own
-// storage (a Copy where they alias something else), dead steps are dropped, optimizer updates
-// move to right after the last step they depend on, elementwise steps write over an input that
-// dies there, and every other temporary gets an offset in one arena (liveness over forward and
-// backward together, placed largest first into the best-fitting gap). run() replays a phase's
-// steps over a call's arena with no lookups or allocation.
+// storage (a Copy where they alias something else), dead steps are dropped, activations fold into
+// the steps producing their inputs (cpu plans), optimizer updates move to right after the last
+// step they depend on, elementwise steps write over an input that dies there, and every other
+// temporary gets an offset in one arena (liveness over forward and backward together, placed
+// largest first into the best-fitting gap). run() replays a phase's steps over a call's arena
+// with no lookups or allocation.
 //
-// Where each part lives: the passes in passes.cc, early updates in early_updates.cc, elementwise
-// fusion in fusion.cc, padded layouts in padded_layouts.cc, placement in memory_plan.cc, the
+// Where each part lives: the passes in passes.cc, activation rewrites in rewrites.cc, early
+// updates in early_updates.cc, elementwise fusion in fusion.cc, padded layouts in
+// padded_layouts.cc, placement in memory_plan.cc, the
 // executor (compiled steps, call states, the replay loop) in executor.cc, the two-lane schedule
 // and replay in lanes.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
@@ -52,6 +54,10 @@ struct PlanOptions {
   // A cpu plan lays out a convolution's output padded where only stride-1 convolutions read it
   // (padded_layouts.cc).
   bool padded_layouts = true;
+  // A cpu plan folds activations into the products and convolutions that feed them, their
+  // gradients into the products that feed those, and runs max pooling before a ReLU
+  // (rewrites.cc).
+  bool fold_activations = true;
 };
 
 // A buffer a plan laid out padded (padded_layouts.cc): [N, C, H, W] as planes of hp x wp with the
@@ -60,7 +66,7 @@ struct PaddedBuffer {
   int64_t pad_h = 0, pad_w = 0, hp = 0, wp = 0, image = 0;
 };
 
-// Verify mode: appends the values of a padded Conv2d output `y` (kConvPaddedOutput), its
+// Verify mode: appends the values of a padded Conv2d or Conv2dAct output `y` (kConvPaddedOutput), its
 // [N, C, H, W] interior without the border, as a dense buffer holds them.
 void append_padded_interior(std::vector<unsigned char>& bytes, const BufferView& y,
                             const Conv2dAttrs& a);
@@ -254,6 +260,11 @@ class Plan {
   int in_place_input(const Step& s, int out) const;
   void add_copies();
   void eliminate_dead_steps();
+  // Fewer passes over activations (rewrites.cc): max pooling before a ReLU, activations folded
+  // into their producers, activation gradients into the products feeding them.
+  void rewrite_activations();
+  // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
+  const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
   void move_updates_early();
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
@@ -271,6 +282,8 @@ class Plan {
   int n_forward_ = 0;
   std::vector<char> moved_early_;  // per recorded step: an update moved before other steps
   std::vector<int> folded_fill_;   // per recorded add_: the recorded zero fill_ folded into it
+  // Per buffer: what rewrite_activations did to the step writing it (dump.cc).
+  absl::flat_hash_map<int, std::string> rewrite_notes_;
   std::vector<Operand> results_, grads_;
   std::vector<int> escape_;
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares

@@ -31,6 +31,7 @@ std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
 std::atomic<bool> g_early_updates{!env_flag_off("ENCORE_STATIC_EARLY_UPDATES")};
 std::atomic<bool> g_lanes{!env_flag_off("ENCORE_STATIC_LANES")};
 std::atomic<bool> g_padded_layouts{!env_flag_off("ENCORE_STATIC_PADDED")};
+std::atomic<bool> g_fold_activations{!env_flag_off("ENCORE_STATIC_FOLD")};
 std::atomic<bool> g_redzones{[] {
   const char* v = std::getenv("ENCORE_STATIC_REDZONE");
   return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
@@ -96,6 +97,12 @@ bool set_padded_layouts_enabled(bool on) {
 }
 bool padded_layouts_enabled() {
   return g_padded_layouts.load();
+}
+bool set_fold_activations_enabled(bool on) {
+  return g_fold_activations.exchange(on);
+}
+bool fold_activations_enabled() {
+  return g_fold_activations.load();
 }
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard<std::mutex> l(g_mu);
@@ -214,7 +221,8 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
   e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0,
-                     early_updates_enabled(), lanes_enabled(), padded_layouts_enabled()};
+                     early_updates_enabled(), lanes_enabled(), padded_layouts_enabled(),
+                     fold_activations_enabled()};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

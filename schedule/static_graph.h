@@ -112,6 +112,11 @@ bool lanes_enabled();
 // starts it off). Returns the previous setting.
 bool set_padded_layouts_enabled(bool on);
 bool padded_layouts_enabled();
+// Whether signatures traced from now on fold activations into the steps producing their inputs
+// (and their gradients likewise) and run max pooling before a ReLU in their cpu plans
+// (ENCORE_STATIC_FOLD=0 starts it off). Returns the previous setting.
+bool set_fold_activations_enabled(bool on);
+bool fold_activations_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

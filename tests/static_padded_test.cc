@@ -302,3 +302,34 @@ TEST_CASE(
     CHECK(padded_buffers(text) == 0);
   }
 }
+
+TEST_CASE("padded layouts: an eval forward folds each relu into its convolution and pads its output",
+          "[static][padded][fold]") {
+  // Without a backward nothing reads a relu's output but the next convolution, so the plan makes
+  // each convolution and its relu one step (rewrites.cc) and lays that step's output out padded
+  // for the next convolution: both at once.
+  for (const int threads : {1, 2})
+    for (const bool padded : {true, false}) {
+      INFO("threads " << threads << ", padded layouts " << padded);
+      const PaddedSettings settings(padded, threads);
+      const StaticFoldActivations fold(true);
+      auto make = [] { return std::make_shared<models::VggSmall>(3, std::vector<int64_t>{8, 16}); };
+      auto eager = seeded(6, Device::cpu(), make);
+      auto model = seeded(6, Device::cpu(), make);
+      eager->eval();
+      model->eval();
+      NoGradGuard no_grad;
+      auto f = static_graph([&](const Tensor& x) { return (*model)(x); },
+                            {.name = "vgg_eval", .verify_every = 2, .modules = {model}});
+      for (const Batch& b : batches_of(5, {4, 3, 16, 16}, DType::Float32, 4))
+        CHECK(bit_diff((*eager)(b.x), f(b.x)) == "");
+      const std::string text = f.schedule_text();
+      INFO(text);
+      CHECK(f.stats().verifications > 0);
+      // The first convolution of each block and its relu are one step whose output feeds the
+      // second (whose relu runs after the block's max pooling instead).
+      CHECK(count_of(text, "conv2d and relu in one") == 2);
+      CHECK(count_of(text, "max_pool2d before relu") == 2);
+      CHECK(padded_buffers(text) == (padded ? 2 : 0));
+    }
+}

@@ -97,4 +97,8 @@ struct StaticEnabled : SwitchScope<set_static_enabled> {
 // in the environment would turn fusion off).
 using StaticFusion = SwitchScope<set_static_fusion_enabled>;
 
+// Sets whether static functions traced in the scope fold activations into their producers and
+// run max pooling before a ReLU (ENCORE_STATIC_FOLD=0 in the environment would turn it off).
+using StaticFoldActivations = SwitchScope<set_static_fold_activations_enabled>;
+
 }  // namespace encore::testing

@@ -32,6 +32,12 @@ bool set_static_padded_layouts_enabled(bool on) {
 bool static_padded_layouts_enabled() {
   return schedule::padded_layouts_enabled();
 }
+bool set_static_fold_activations_enabled(bool on) {
+  return schedule::set_fold_activations_enabled(on);
+}
+bool static_fold_activations_enabled() {
+  return schedule::fold_activations_enabled();
+}
 bool set_static_redzones_enabled(bool on) {
   return schedule::set_redzones_enabled(on);
 }

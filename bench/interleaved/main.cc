@@ -1,7 +1,8 @@
 // encore_interleaved: eager against static on one machine whose speed drifts (a shared one). The
 // Google Benchmark cases run one after the other, so a change of load between them shows as a
 // difference; here the ways take turns every few steps, and each turn is timed, so a drift slows
-// all of them alike. Ways: eager, static (two lanes at two threads), static with lanes off.
+// all of them alike. Ways: eager, static (two lanes at two threads), static with lanes off, static
+// with activations unfolded (set_static_fold_activations_enabled(false)).
 //
 //   build/bench/encore_interleaved mlp|mlp_large|cnn [threads=2] [turns=30] [steps per turn=20]
 //
@@ -35,25 +36,30 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The static function `make()` returns, traced (and warmed up) with two lanes on or off.
+// The static function `make()` returns, traced (and warmed up) with two lanes and the activation
+// folds on or off.
 template <typename Make>
-auto traced(Make make, const Tensor& x, const Tensor& t, bool lanes) {
-  const bool saved = set_static_lanes_enabled(lanes);
+auto traced(Make make, const Tensor& x, const Tensor& t, bool lanes, bool fold) {
+  const bool saved_lanes = set_static_lanes_enabled(lanes);
+  const bool saved_fold = set_static_fold_activations_enabled(fold);
   auto fn = make();
-  for (int i = 0; i < 3; ++i) fn(x, t);  // the first call traces (the switch is read there)
-  set_static_lanes_enabled(saved);
+  for (int i = 0; i < 3; ++i) fn(x, t);  // the first call traces (the switches are read there)
+  set_static_lanes_enabled(saved_lanes);
+  set_static_fold_activations_enabled(saved_fold);
   return fn;
 }
 
-// The three ways of one step: `eager(x, t)`, and the static function `make()` returns traced with
-// lanes on and with lanes off.
+// The four ways of one step: `eager(x, t)`, and the static function `make()` returns traced with
+// lanes on, with lanes off, and with the activation folds off.
 template <typename Eager, typename Make>
 std::vector<Way> ways_of(Eager eager, Make make, const Tensor& x, const Tensor& t) {
-  auto lanes = traced(make, x, t, true);
-  auto ordered = traced(make, x, t, false);
+  auto lanes = traced(make, x, t, true, true);
+  auto ordered = traced(make, x, t, false, true);
+  auto unfolded = traced(make, x, t, true, false);
   return {{"eager", [=]() mutable { eager(x, t); }, {}},
           {"static", [=]() mutable { lanes(x, t); }, {}},
-          {"static, lanes off", [=]() mutable { ordered(x, t); }, {}}};
+          {"static, lanes off", [=]() mutable { ordered(x, t); }, {}},
+          {"static, unfolded", [=]() mutable { unfolded(x, t); }, {}}};
 }
 
 // Runs the ways in turns and prints what each took.

@@ -70,11 +70,19 @@ inline void ensure_single_threaded_blas() {
   }();
 }
 
+// What parallel_gemm does after each part by default: nothing.
+struct NoAfterPart {
+  void operator()(int64_t, int64_t, int64_t, int64_t) const {}
+};
+
 // gemm() split into parts across parallel_for's threads: the longer side of c in whole blocks
-// of kBlock rows or columns, at least about kPartFlops each.
-template <typename T>
+// of kBlock rows or columns, at least about kPartFlops each. after_part(r0, r1, c0, c1) runs on
+// the part's thread once it has written rows [r0, r1) and columns [c0, c1) of c (a producer's
+// activation, kernels/cpu/activation.h, while the part is in cache).
+template <typename T, typename AfterPart = NoAfterPart>
 void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
-                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                   AfterPart after_part = {}) {
   constexpr int64_t kBlock = 16;
   constexpr double kPartFlops = 1 << 20;
   const bool by_rows = m > n;
@@ -85,12 +93,15 @@ void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
       std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
   parallel_for(blocks, grain, [=](int64_t b0, int64_t b1) {
     const int64_t lo = b0 * kBlock, hi = std::min(side, b1 * kBlock);
-    if (by_rows)
+    if (by_rows) {
       gemm(trans_a, trans_b, hi - lo, n, k, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
            c + lo * ldc, ldc);
-    else
+      after_part(lo, hi, int64_t{0}, n);
+    } else {
       gemm(trans_a, trans_b, m, hi - lo, k, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta,
            c + lo, ldc);
+      after_part(int64_t{0}, m, lo, hi);
+    }
   });
 }
 

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernel.h"
@@ -326,9 +327,10 @@ struct ImageLayout {
   static ImageLayout dense(int64_t planes, int64_t rows, int64_t cols) {
     return {planes * rows * cols, 0, 0, cols, rows * cols, false};
   }
-  static ImageLayout planned(const Conv2dAttrs& a, int64_t rows, int64_t cols) {
+  static ImageLayout planned(const Conv2dAttrs& a, int64_t planes, int64_t rows, int64_t cols) {
     const int64_t ph = a.out_padding[0], pw = a.out_padding[1];
-    return {a.out_image, ph, pw, cols + 2 * pw, (rows + 2 * ph) * (cols + 2 * pw), true};
+    return {padded_image_elements(planes, rows, cols, ph, pw), ph, pw, cols + 2 * pw,
+            (rows + 2 * ph) * (cols + 2 * pw), true};
   }
 };
 
@@ -350,11 +352,11 @@ void zero_border(T* image, int64_t planes, int64_t rows, int64_t cols, const Ima
 
 // dst image [groups * rows_per_group, l.rows, l.cols] (laid out as `out` says) = the stride-1
 // correlation of the padded src image [groups * sources, ...] with a (per group
-// [rows_per_group, sources kh kw]), plus bias (may be null), for images [begin, end). With
-// `src_padded`, src images already lie as l pads them, src_image apart: read in place.
+// [rows_per_group, sources kh kw]), plus bias (may be null), then the activation `act` (may be null: none) over each row as it
+// is written, for images [begin, end). With `src_padded`, src images already lie as l pads them, src_image apart: read in place.
 template <typename T>
 void shifted_conv_images(const T* src, int64_t src_image, bool src_padded, const T* a,
-                         const T* bias, T* dst, const ImageLayout& out, int64_t hs, int64_t ws,
+                         const T* bias, const ActAttrs* act, T* dst, const ImageLayout& out, int64_t hs, int64_t ws,
                          int64_t groups, int64_t sources, int64_t rows_per_group, int64_t kh,
                          int64_t kw, const ShiftedLayout& l, const int64_t* off, int64_t begin,
                          int64_t end) {
@@ -381,7 +383,10 @@ void shifted_conv_images(const T* src, int64_t src_image, bool src_padded, const
         T* d = image + channel * out.plane + out.pad_h * out.wp + out.pad_w;
         const T* wm = wide + m * l.width;
         const T b = bias != nullptr ? bias[channel] : T(0);
-        for (int64_t r = 0; r < l.rows; ++r) add_row(d + r * out.wp, wm + r * l.wp, l.cols, b);
+        for (int64_t r = 0; r < l.rows; ++r) {
+          add_row(d + r * out.wp, wm + r * l.wp, l.cols, b);
+          if (act != nullptr) apply_activation(*act, d + r * out.wp, l.cols);
+        }
       }
     }
     if (out.padded) zero_border(image, groups * rows_per_group, l.rows, l.cols, out);
@@ -390,18 +395,21 @@ void shifted_conv_images(const T* src, int64_t src_image, bool src_padded, const
 
 template <typename T>
 void shifted_forward(const Geometry& g, const Conv2dAttrs& a, const T* x, const T* w, const T* bias,
-                     T* y) {
+                     const ActAttrs* act, T* y) {
+  static_assert(kTile<T> <= kPaddedSlack && kLanes<T> <= kPaddedSlack);
   const ShiftedLayout l(g.c, g.h, g.w, g.ph, g.pw, g.kh, g.kw, g.dh, g.dw, kTile<T>);
   int64_t* off = scratch<int64_t>(kOffsets, g.taps());
   tap_offsets(g.cg, g.kh, g.kw, g.dh, g.dw, l, off);
   const int64_t work = g.o * g.taps() * l.width;
   const bool x_padded = (a.layout & kConvPaddedInput) != 0;
-  const int64_t x_image = x_padded ? a.in_image : g.c * g.h * g.w;
-  const ImageLayout out = (a.layout & kConvPaddedOutput) != 0 ? ImageLayout::planned(a, g.ho, g.wo)
-                                                              : ImageLayout::dense(g.o, g.ho, g.wo);
+  const int64_t x_image =
+      x_padded ? padded_image_elements(g.c, g.h, g.w, g.ph, g.pw) : g.c * g.h * g.w;
+  const ImageLayout out = (a.layout & kConvPaddedOutput) != 0
+                              ? ImageLayout::planned(a, g.o, g.ho, g.wo)
+                              : ImageLayout::dense(g.o, g.ho, g.wo);
   parallel_for(g.n, grain_for(work), [&](int64_t begin, int64_t end) {
-    shifted_conv_images(x, x_image, x_padded, w, bias, y, out, g.h, g.w, g.groups, g.cg, g.og, g.kh,
-                        g.kw, l, off, begin, end);
+    shifted_conv_images(x, x_image, x_padded, w, bias, act, y, out, g.h, g.w, g.groups, g.cg, g.og,
+                        g.kh, g.kw, l, off, begin, end);
   });
 }
 
@@ -424,9 +432,9 @@ void shifted_grad_input(const Geometry& g, const T* gy, const T* w, T* gx) {
   tap_offsets(g.og, g.kh, g.kw, g.dh, g.dw, l, off);
   const int64_t work = g.c * taps * l.width;
   parallel_for(g.n, grain_for(work), [&](int64_t begin, int64_t end) {
-    shifted_conv_images(gy, g.o * g.ho * g.wo, false, flipped, static_cast<const T*>(nullptr), gx,
-                        ImageLayout::dense(g.c, g.h, g.w), g.ho, g.wo, g.groups, g.og, g.cg, g.kh,
-                        g.kw, l, off, begin, end);
+    shifted_conv_images(gy, g.o * g.ho * g.wo, false, flipped, static_cast<const T*>(nullptr),
+                        nullptr, gx, ImageLayout::dense(g.c, g.h, g.w), g.ho, g.wo, g.groups, g.og,
+                        g.cg, g.kh, g.kw, l, off, begin, end);
   });
 }
 
@@ -439,7 +447,7 @@ int64_t images_per_chunk(int64_t image_bytes) {
 
 // gw[o][k] = sum over images of sum_q gy_wide[o][q] x_padded[off[k] + q]. Work is split by
 // tiles of (group, kDotRows output channels, kDotTaps taps); each tile adds fixed chunks of
-// images in order. With kConvPaddedInput x is read in place, a.in_image apart; the chunks stay
+// images in order. With kConvPaddedInput x is read in place, padded_image_elements apart; the chunks stay
 // those of the copy (they fix the order of the sums).
 template <typename T>
 void shifted_grad_weight(const Geometry& g, const Conv2dAttrs& a, const T* x, const T* gy, T* gw) {
@@ -456,7 +464,7 @@ void shifted_grad_weight(const Geometry& g, const Conv2dAttrs& a, const T* x, co
   const int64_t x_image = l.padded_size(), gy_image = g.o * l.width;
   const int64_t chunk = images_per_chunk((x_image + gy_image) * int64_t{sizeof(T)});
   const bool x_padded = (a.layout & kConvPaddedInput) != 0;
-  const int64_t b_image = x_padded ? a.in_image : x_image;  // between the images the tiles read
+  const int64_t b_image = x_padded ? padded_image_elements(g.c, g.h, g.w, g.ph, g.pw) : x_image;  // between the images the tiles read
   parallel_for(tiles, grain_for(work), [&](int64_t begin, int64_t end) {
     T* padded = nullptr;
     if (!x_padded) {
@@ -554,7 +562,8 @@ void col2im_add(const Geometry& g, const T* col, T* x) {
 // GEMMs, so the same bits at any thread count) or the weight gradient's columns (each part sums
 // every image in order; the split follows the shapes and num_threads(), see blas.h).
 template <typename T>
-void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y) {
+void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, const ActAttrs* act,
+                  T* y) {
   const int64_t p = g.pixels(), k = g.taps();
   parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
     T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
@@ -568,6 +577,7 @@ void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, T* y
         if (col != nullptr) im2col(g, xg, col);
         gemm(false, false, g.og, p, k, w + grp * g.og * k, k, col != nullptr ? col : xg, p,
              bias != nullptr ? T(1) : T(0), yg, p);
+        if (act != nullptr) apply_activation(*act, yg, g.og * p);
       }
   });
 }
@@ -626,20 +636,30 @@ bool use_shifted_grad_weight(const Geometry& g) {
   return use_shifted(g) && (g.taps() <= 288 || g.pixels() >= 196);
 }
 
-// x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo].
-void conv2d_kernel(const KernelArgs& args) {
+// x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo], then `act` (null: none)
+// over each part of y as it is written.
+void conv2d_forward(const KernelArgs& args, Op op, const Conv2dAttrs& attrs, const ActAttrs* act) {
   const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
   const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
-  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
-  const Geometry g = geometry(x.shape, w.shape, y.shape, a);
-  switch_floating(y.dtype, Op::Conv2d, [&]<typename T>(Type<T>) {
+  const Geometry g = geometry(x.shape, w.shape, y.shape, attrs);
+  switch_floating(y.dtype, op, [&]<typename T>(Type<T>) {
     if (y.numel() == 0) return;
     const T* pb = bias != nullptr ? bias->as<T>() : nullptr;
-    if (use_shifted(g) || a.layout != 0)
-      return shifted_forward(g, a, x.as<T>(), w.as<T>(), pb, y.as<T>());
-    check_gemm_sizes(Op::Conv2d, g);
-    gemm_forward(g, x.as<T>(), w.as<T>(), pb, y.as<T>());
+    if (use_shifted(g) || attrs.layout != 0)
+      return shifted_forward(g, attrs, x.as<T>(), w.as<T>(), pb, act, y.as<T>());
+    check_gemm_sizes(op, g);
+    gemm_forward(g, x.as<T>(), w.as<T>(), pb, act, y.as<T>());
   });
+}
+
+void conv2d_kernel(const KernelArgs& args) {
+  conv2d_forward(args, Op::Conv2d, args.attr<Conv2dAttrs>(), nullptr);
+}
+
+// Conv2dAct (planned): the convolution with its activation applied as each row is written.
+void conv2d_act_kernel(const KernelArgs& args) {
+  const Conv2dActAttrs& a = args.attr<Conv2dActAttrs>();
+  conv2d_forward(args, Op::Conv2dAct, a.conv, &a.act);
 }
 
 // gy [N,O,Ho,Wo], w -> gx [N,C,H,W].
@@ -674,20 +694,17 @@ void conv2d_grad_weight_kernel(const KernelArgs& args) {
 // over rows rounded to kTile, the weight gradient's to kLanes, each needing its own tail.
 bool reads_padded(Op op, std::span<const Shape> in, std::span<const Shape> out,
                   const AttrBlob& attrs, DType dtype, PaddedInput* p) {
-  const bool forward = op == Op::Conv2d;
-  if ((!forward && op != Op::Conv2dGradWeight) || in.size() < 2 || out.size() != 1 ||
-      !attrs.holds<Conv2dAttrs>() || (dtype != DType::Float32 && dtype != DType::Float64))
+  const bool forward = op == Op::Conv2d || op == Op::Conv2dAct;
+  const Conv2dAttrs* a = conv_attrs(attrs);
+  if ((!forward && op != Op::Conv2dGradWeight) || a == nullptr || in.size() < 2 ||
+      out.size() != 1 || (dtype != DType::Float32 && dtype != DType::Float64))
     return false;
   const Shape &x = in[0], &w = forward ? in[1] : out[0], &y = forward ? out[0] : in[1];
   if (x.rank() != 4 || w.rank() != 4 || y.rank() != 4 || x.numel() == 0 || y.numel() == 0)
     return false;
-  const Geometry g = geometry(x, w, y, attrs.as<Conv2dAttrs>());
+  const Geometry g = geometry(x, w, y, *a);
   if (!(forward ? use_shifted(g) : use_shifted_grad_weight(g))) return false;
-  const bool f32 = dtype == DType::Float32;
-  const int64_t tile =
-      forward ? (f32 ? kTile<float> : kTile<double>) : (f32 ? kLanes<float> : kLanes<double>);
-  const ShiftedLayout l(g.c, g.h, g.w, g.ph, g.pw, g.kh, g.kw, g.dh, g.dw, tile);
-  *p = {g.ph, g.pw, l.padded_size()};
+  *p = {g.ph, g.pw, padded_image_elements(g.c, g.h, g.w, g.ph, g.pw)};
   return true;
 }
 
@@ -695,13 +712,15 @@ bool reads_padded(Op op, std::span<const Shape> in, std::span<const Shape> out,
 bool writes_padded(Op op, std::span<const Shape> in, std::span<const Shape> out,
                    const AttrBlob& attrs, DType dtype) {
   PaddedInput layout;
-  return op == Op::Conv2d && reads_padded(op, in, out, attrs, dtype, &layout);
+  return (op == Op::Conv2d || op == Op::Conv2dAct) &&
+         reads_padded(op, in, out, attrs, dtype, &layout);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_cpu_padded_layouts({&reads_padded, &writes_padded});
   register_kernel(Op::Conv2d, DeviceType::CPU, &conv2d_kernel);
+  register_kernel(Op::Conv2dAct, DeviceType::CPU, &conv2d_act_kernel);
   register_kernel(Op::Conv2dGradInput, DeviceType::CPU, &conv2d_grad_input_kernel);
   register_kernel(Op::Conv2dGradWeight, DeviceType::CPU, &conv2d_grad_weight_kernel);
   return true;

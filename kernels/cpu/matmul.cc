@@ -1,8 +1,11 @@
-// Matmul and linear through cblas (OpenBLAS), row-major (shapes: kernels/gemm_shape.h).
+// Matmul and linear through cblas (OpenBLAS), row-major (shapes: kernels/gemm_shape.h), and the
+// planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
+// gradient) applied to each part of the output right after the part is computed.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/gemm_shape.h"
@@ -10,49 +13,105 @@
 namespace encore::kernels::cpu {
 namespace {
 
-// The GEMM of `g` on one batch's matrices.
-template <typename T>
-void run(const GemmShape& g, const T* a, const T* b, T* c, T beta) {
-  parallel_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, beta, c, g.ldc);
+// The GEMM of `g` on one batch's matrices; after_part as for parallel_gemm.
+template <typename T, typename AfterPart = NoAfterPart>
+void run(const GemmShape& g, const T* a, const T* b, T* c, T beta, AfterPart after_part = {}) {
+  parallel_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, beta, c, g.ldc,
+                after_part);
 }
 void check(Op op, const GemmShape& g) {
   check_blas_sizes(op, {g.m, g.n, g.k, g.lda, g.ldb, g.ldc});
 }
 
-void matmul_kernel(const KernelArgs& args) {
+// Calls f(offset, count) over the rows [r0, r1) and columns [c0, c1) of a matrix with rows ldc
+// apart: one range when the part is whole rows.
+template <typename F>
+void for_part(int64_t ldc, int64_t r0, int64_t r1, int64_t c0, int64_t c1, F&& f) {
+  if (c0 == 0 && c1 == ldc) return f(r0 * ldc, (r1 - r0) * ldc);
+  for (int64_t r = r0; r < r1; ++r) f(r * ldc + c0, c1 - c0);
+}
+
+// c = op(a) op(b) per batch; after(c_batch, r0, r1, c0, c1) for each part written.
+template <typename T, typename After>
+void matmul(const KernelArgs& args, Op op, After after) {
   const BufferView &a = args.in[0], &b = args.in[1], &c = args.out[0];
   const GemmShape g = matmul_shape(args);
-  switch_floating(c.dtype, Op::Matmul, [&]<typename T>(Type<T>) {
-    const T* pa = a.as<T>();
-    const T* pb = b.as<T>();
-    T* pc = c.as<T>();
-    if (c.numel() == 0) return;
-    if (g.k == 0) {
-      std::fill(pc, pc + c.numel(), T(0));
-      return;
-    }
-    check(Op::Matmul, g);
-    for (int64_t i = 0; i < g.batches; ++i)
-      run(g, pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, T(0));
+  const T* pa = a.as<T>();
+  const T* pb = b.as<T>();
+  T* pc = c.as<T>();
+  if (c.numel() == 0) return;
+  if (g.k == 0) {
+    std::fill(pc, pc + c.numel(), T(0));
+    for (int64_t i = 0; i < g.batches; ++i) after(i * g.stride_c, int64_t{0}, g.m, int64_t{0}, g.n);
+    return;
+  }
+  check(op, g);
+  for (int64_t i = 0; i < g.batches; ++i)
+    run(g, pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, T(0),
+        [&, i](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+          after(i * g.stride_c, r0, r1, c0, c1);
+        });
+}
+
+// y = x w^T (+ bias: broadcast into y, then a GEMM with beta 1); after(r0, r1, c0, c1) for each
+// part of y written.
+template <typename T, typename After>
+void linear(const KernelArgs& args, Op op, After after) {
+  const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
+  const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
+  const GemmShape g = linear_shape(args);
+  T* py = y.as<T>();
+  if (y.numel() == 0) return;
+  if (bias != nullptr) {
+    const T* pb = bias->as<T>();
+    for (int64_t r = 0; r < g.m; ++r) std::memcpy(py + r * g.n, pb, g.n * sizeof(T));
+  } else if (g.k == 0) {
+    std::fill(py, py + y.numel(), T(0));
+  }
+  if (g.k == 0) return after(int64_t{0}, g.m, int64_t{0}, g.n);
+  check(op, g);
+  run(g, x.as<T>(), w.as<T>(), py, bias != nullptr ? T(1) : T(0), after);
+}
+
+void matmul_kernel(const KernelArgs& args) {
+  switch_floating(args.out[0].dtype, Op::Matmul, [&]<typename T>(Type<T>) {
+    matmul<T>(args, Op::Matmul, [](int64_t, int64_t, int64_t, int64_t, int64_t) {});
   });
 }
 
 void linear_kernel(const KernelArgs& args) {
-  const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
-  const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
-  const GemmShape g = linear_shape(args);
-  switch_floating(y.dtype, Op::Linear, [&]<typename T>(Type<T>) {
-    T* py = y.as<T>();
-    if (y.numel() == 0) return;
-    if (bias != nullptr) {
-      const T* pb = bias->as<T>();
-      for (int64_t r = 0; r < g.m; ++r) std::memcpy(py + r * g.n, pb, g.n * sizeof(T));
-    } else if (g.k == 0) {
-      std::fill(py, py + y.numel(), T(0));
-    }
-    if (g.k == 0) return;
-    check(Op::Linear, g);
-    run(g, x.as<T>(), w.as<T>(), py, bias != nullptr ? T(1) : T(0));
+  switch_floating(args.out[0].dtype, Op::Linear,
+                  [&]<typename T>(Type<T>) { linear<T>(args, Op::Linear, NoAfterPart{}); });
+}
+
+// LinearAct: linear, then the activation over each part of y.
+void linear_act_kernel(const KernelArgs& args) {
+  const ActAttrs& act = args.attr<ActAttrs>();
+  switch_floating(args.out[0].dtype, Op::LinearAct, [&]<typename T>(Type<T>) {
+    T* py = args.out[0].as<T>();
+    const int64_t ldc = std::max<int64_t>(args.in[1].shape[0], 1);
+    linear<T>(args, Op::LinearAct, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      for_part(ldc, r0, r1, c0, c1,
+               [&](int64_t at, int64_t n) { apply_activation(act, py + at, n); });
+    });
+  });
+}
+
+// MatmulActGrad: a, b, y -> the gradient op of ActAttrs applied to (y, matmul(a, b)), per part.
+void matmul_act_grad_kernel(const KernelArgs& args) {
+  const MatmulActAttrs& attrs = args.attr<MatmulActAttrs>();
+  const AttrBlob product = AttrBlob::of(attrs.matmul);
+  const KernelArgs product_args{args.in.first(2), args.out, product};
+  switch_floating(args.out[0].dtype, Op::MatmulActGrad, [&]<typename T>(Type<T>) {
+    const T* py = args.in[2].as<T>();
+    T* pg = args.out[0].as<T>();
+    const int64_t ldc = std::max<int64_t>(args.out[0].shape.at(-1), 1);
+    matmul<T>(product_args, Op::MatmulActGrad,
+              [&](int64_t base, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                for_part(ldc, r0, r1, c0, c1, [&](int64_t at, int64_t n) {
+                  apply_activation_grad(attrs.act, py + base + at, pg + base + at, n);
+                });
+              });
   });
 }
 
@@ -60,6 +119,8 @@ void linear_kernel(const KernelArgs& args) {
   ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
   register_kernel(Op::Linear, DeviceType::CPU, &linear_kernel);
+  register_kernel(Op::LinearAct, DeviceType::CPU, &linear_act_kernel);
+  register_kernel(Op::MatmulActGrad, DeviceType::CPU, &matmul_act_grad_kernel);
   return true;
 }();
 

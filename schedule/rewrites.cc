@@ -1,0 +1,306 @@
+// Fewer passes over activations (cpu plans, unless ENCORE_STATIC_FOLD=0): three rewrites of a
+// recording that each keep eager's bits.
+//
+// 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
+//    (relu, leaky_relu, sigmoid, tanh) reads becomes a LinearAct or Conv2dAct step that applies
+//    the activation to each part of its output right after computing it (kernels/cpu/matmul.cc,
+//    conv.cc), with the activation's own element function: the pre-activation is never stored,
+//    and the separate pass that read it and wrote the activation is gone. ReLU's, sigmoid's and
+//    tanh's gradients read the activation's output, so the pre-activation usually has no other
+//    reader; leaky_relu's gradient reads its input, which keeps that pair apart.
+// 2. Gradient product and activation gradient in one (backward): an activation gradient
+//    (relu_grad ...) whose incoming gradient comes from a Matmul that nothing else reads becomes
+//    a MatmulActGrad step: each part of the product goes through the gradient's element function
+//    (relu_grad is a select, y <= 0 ? +0 : gy, not a product, so -0.0 and NaN in gy pass as they
+//    do eagerly) right after the part is computed.
+// 3. Max pooling before a ReLU: max_pool2d(relu(x)) runs as relu(max_pool2d(x)) (the ReLU over a
+//    quarter of the elements for 2x2 windows), and its backward, relu_grad(r, max_pool2d_grad(r,
+//    gp)), as max_pool2d_grad(x, relu_grad(p, gp)). Exact for every input, see swap_pool_relu.
+//
+// The rewritten step that writes what a recorded step wrote takes its index, so verify mode
+// compares its bytes with that step's eager ones; a step writing a value eager never computed
+// (the pooled pre-activation, the masked gradient before it is pooled back, a fold writing one of
+// these) has index -1 and is checked through what is computed from it. A recorded step whose
+// value no step writes any more (the pre-activation, the unmasked gradient) is not compared.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "schedule/plan.h"
+
+namespace encore::schedule {
+namespace {
+
+bool is_activation(Op op) {
+  return op == Op::Relu || op == Op::LeakyRelu || op == Op::Sigmoid || op == Op::Tanh;
+}
+bool is_activation_grad(Op op) {
+  return op == Op::ReluGrad || op == Op::LeakyReluGrad || op == Op::SigmoidGrad ||
+         op == Op::TanhGrad;
+}
+double scalar_of(const Step& s) {
+  return op_has_scalar_attrs(s.op) ? s.attrs.as<ScalarAttrs>().value : 0.0;
+}
+
+// One rewrite over the plan's steps: who reads and writes each storage, and the edits.
+class Rewriter {
+ public:
+  Rewriter(std::vector<Step>& steps, int& n_forward, std::vector<Buffer>& bufs,
+           std::vector<int>& escape, const std::vector<int>& memory, int recorded_forward,
+           absl::flat_hash_map<int, std::string>& notes)
+      : steps_(steps),
+        n_forward_(n_forward),
+        bufs_(bufs),
+        escape_(escape),
+        memory_(memory),
+        recorded_forward_(recorded_forward),
+        notes_(notes) {
+    readers_.resize(bufs.size());
+    writers_.resize(bufs.size());
+    for (int t = 0; t < static_cast<int>(steps.size()); ++t) {
+      const Step& s = steps[t];
+      for (const Operand& o : s.in) readers_[memory_[o.buf]].push_back(t);
+      for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                       [&](const Operand& o) { writers_[memory_[o.buf]].push_back(t); });
+    }
+    drop_.assign(steps.size(), 0);
+    after_.resize(steps.size());
+  }
+
+  void swap_pool_relu();
+  void fold_producers();
+  void fold_gradients();
+  // Applies the edits: dropped steps go, inserted ones follow their step.
+  void finish();
+
+ private:
+  // A temporary of the call that nothing outside it sees, written by step t alone.
+  // (A buffer this pass made is none: its readers and writers are not listed.)
+  bool private_value(const Operand& o, int t) const {
+    if (o.buf >= static_cast<int>(memory_.size())) return false;
+    const int m = memory_[o.buf];
+    return bufs_[o.buf].kind == BufKind::Temp && escape_[o.buf] < 0 && o.nbytes() == nbytes(o) &&
+           writers_[m].size() == 1 && writers_[m][0] == t;
+  }
+  size_t nbytes(const Operand& o) const { return bufs_[o.buf].nbytes; }
+  const std::vector<int>& readers(const Operand& o) const { return readers_[memory_[o.buf]]; }
+  const std::vector<int>& writers(const Operand& o) const { return writers_[memory_[o.buf]]; }
+  bool floating(const Operand& o) const {
+    return o.dtype == DType::Float32 || o.dtype == DType::Float64;
+  }
+  bool same_phase(int a, int b) const { return (a < n_forward_) == (b < n_forward_); }
+  // A recorded step's number within its phase, as the dump shows it.
+  int recorded(int index) const {
+    return index < recorded_forward_ ? index : index - recorded_forward_;
+  }
+  // "recorded as steps 3 and 4" (or "recorded as step 3" when b is a step added by the plan).
+  std::string recorded_as(int a, int b) const {
+    if (b < 0) return cat("recorded as step ", recorded(a));
+    return cat("recorded as steps ", recorded(a), " and ", recorded(b));
+  }
+  void note(int buf, const std::string& text) {
+    std::string& n = notes_[buf];
+    n += cat(n.empty() ? "" : "; ", text);
+  }
+  Operand new_temp(const Operand& like) {
+    Buffer b;
+    b.kind = BufKind::Temp;
+    b.nbytes = like.nbytes();
+    b.device = bufs_[like.buf].device;
+    bufs_.push_back(std::move(b));
+    escape_.push_back(-1);
+    return Operand{static_cast<int>(bufs_.size()) - 1, like.shape, like.dtype};
+  }
+
+  std::vector<Step>& steps_;
+  int& n_forward_;
+  std::vector<Buffer>& bufs_;
+  std::vector<int>& escape_;
+  const std::vector<int>& memory_;
+  const int recorded_forward_;
+  absl::flat_hash_map<int, std::string>& notes_;
+  std::vector<std::vector<int>> readers_, writers_;  // per storage, in step order
+  std::vector<char> drop_;
+  std::vector<std::vector<Step>> after_;  // per step: steps inserted right after it
+};
+
+// relu (step a: x -> r), max_pool2d (step m: r -> p) and, when the backward is recorded,
+// max_pool2d_grad (g1: r, gp -> gr) and relu_grad (g2: r, gr -> gx) become max_pool2d (x -> p'),
+// relu (p' -> p) at m, and relu_grad (p, gp -> gp'), max_pool2d_grad (x, gp' -> gx) at g1 and g2.
+// Nothing else may read r or gr; x must be written once, before a.
+//
+// Why the bits are eager's, per window W (relu(v) = v <= 0 ? +0 : v keeps a NaN's bits; max_nan
+// returns which NaN of W by the positions of the NaNs alone; the gradient goes to the first
+// position equal to the maximum, NaN matching NaN):
+// - W holds a NaN: r has NaNs at the same positions with the same bits, so both maxima are the
+//   same NaN, relu keeps it, and the first maximum is the same position. relu_grad(NaN, g) is g
+//   (NaN <= 0 is false) on both sides.
+// - The maximum of x over W is positive: relu keeps every positive value and sends the rest to
+//   +0, below it, so the maxima are equal and the positions equal to them are the same: same
+//   first maximum, p = the maximum, and relu_grad passes gp unchanged on both sides.
+// - The maximum is <= 0 (-0.0, -inf included): r is +0 over W and p is +0 both ways. Eagerly the
+//   first position of W gets gp, and relu_grad sends it to +0 (r is +0 there); rewritten, gp' is
+//   +0 and the first maximum of x gets +0 + 0 = +0.
+// The pooling gradient adds each window's share into zeros in output order; an element of x > 0
+// is the first maximum of the same windows of x and of r, and one <= 0 only of windows whose
+// share is +0 rewritten and whose sum relu_grad replaces by +0 eagerly. So every element of the
+// input gradient is the same sum in the same order. Padding does not matter: windows are clipped
+// to the input (kernels/cpu/pool.cc), never padded with values.
+void Rewriter::swap_pool_relu() {
+  for (int a = 0; a < static_cast<int>(steps_.size()); ++a) {
+    const Step& relu = steps_[a];
+    if (relu.op != Op::Relu || drop_[a] || !floating(relu.out[0])) continue;
+    const Operand x = relu.in[0], r = relu.out[0];
+    if (!private_value(r, a) || bufs_[x.buf].kind != BufKind::Temp || escape_[x.buf] >= 0 ||
+        writers(x).size() != 1 || writers(x)[0] >= a)
+      continue;
+    // Its readers: the pooling, then (a whole step records its backward in the same phase)
+    // the pooling's gradient and relu_grad.
+    int m = -1, g1 = -1, g2 = -1;
+    bool other = false;
+    for (int t : readers(r)) {
+      const Step& s = steps_[t];
+      const bool reads_r_first = s.in[0].buf == r.buf && s.in.size() == 2 && s.in[1].buf != r.buf;
+      if (s.op == Op::MaxPool2d && m < 0 && same_phase(t, a) && s.in[0].nbytes() == nbytes(r))
+        m = t;
+      else if (s.op == Op::MaxPool2dGrad && m >= 0 && g1 < 0 && reads_r_first)
+        g1 = t;
+      else if (s.op == Op::ReluGrad && g1 >= 0 && g2 < 0 && same_phase(t, g1) && reads_r_first)
+        g2 = t;
+      else
+        other = true;
+    }
+    if (other || m < 0 || drop_[m] || !after_[m].empty() || (g1 < 0) != (g2 < 0)) continue;
+    const Step& pool = steps_[m];
+    const Operand p = pool.out[0];
+    if (!private_value(p, m)) continue;
+    if (g1 >= 0) {
+      const Step &pg = steps_[g1], &rg = steps_[g2];
+      const Operand gr = pg.out[0];
+      if (drop_[g1] || drop_[g2] || !private_value(gr, g1) || readers(gr) != std::vector<int>{g2} ||
+          rg.in[1].buf != gr.buf ||
+          std::memcmp(pg.attrs.bytes, pool.attrs.bytes, AttrBlob::kCapacity) != 0 ||
+          !(pg.in[1].shape == p.shape))
+        continue;
+    }
+
+    const Operand pooled = new_temp(p);
+    Step pool_x{
+        Op::MaxPool2d, pool.attrs, -1, {Operand{x.buf, pool.in[0].shape, x.dtype}}, {pooled}};
+    Step relu_p{Op::Relu, relu.attrs, pool.index, {pooled}, {p}};
+    note(pooled.buf, cat("max_pool2d before relu: ", recorded_as(relu.index, pool.index)));
+    note(p.buf, cat("relu after max_pool2d: writes what step ", recorded(pool.index), " did"));
+    steps_[m] = std::move(pool_x);
+    after_[m].push_back(std::move(relu_p));
+    drop_[a] = 1;
+    if (g1 < 0) continue;
+    Step &pg = steps_[g1], &rg = steps_[g2];
+    const Operand gp = pg.in[1];
+    const Operand masked = new_temp(gp);
+    Step mask{Op::ReluGrad, rg.attrs, -1, {p, gp}, {masked}};
+    Step unpool{Op::MaxPool2dGrad,
+                pg.attrs,
+                rg.index,
+                {Operand{x.buf, pg.in[0].shape, x.dtype}, masked},
+                {rg.out[0]}};
+    note(masked.buf, cat("relu_grad before max_pool2d_grad: ", recorded_as(pg.index, rg.index)));
+    note(rg.out[0].buf,
+         cat("max_pool2d_grad after relu_grad: writes what step ", recorded(rg.index), " did"));
+    pg = std::move(mask);
+    rg = std::move(unpool);
+  }
+}
+
+// A Linear or Conv2d (step l: ... -> h) and the activation that alone reads h (step a: h -> y)
+// become one step at l writing y. Nothing between them reads or writes y (written by a alone).
+void Rewriter::fold_producers() {
+  for (int a = 0; a < static_cast<int>(steps_.size()); ++a) {
+    const Step& act = steps_[a];
+    if (!is_activation(act.op) || drop_[a]) continue;
+    const Operand h = act.in[0], y = act.out[0];
+    if (!floating(y) || h.dtype != y.dtype || writers(h).size() != 1) continue;
+    const int l = writers(h)[0];
+    if (l >= a || !same_phase(l, a) || drop_[l] || !after_[l].empty()) continue;
+    const Step& prod = steps_[l];
+    if ((prod.op != Op::Linear && prod.op != Op::Conv2d) || prod.out[0].buf != h.buf ||
+        !private_value(h, l) || readers(h) != std::vector<int>{a} || y.nbytes() != nbytes(y) ||
+        writers(y) != std::vector<int>{a} || (!readers(y).empty() && readers(y)[0] < a))
+      continue;
+    const ActAttrs fn{act.op, {}, scalar_of(act)};
+    const AttrBlob attrs = prod.op == Op::Linear
+                               ? AttrBlob::of(fn)
+                               : AttrBlob::of(Conv2dActAttrs{prod.attrs.as<Conv2dAttrs>(), 0, fn});
+    note(y.buf, cat(op_name(prod.op), " and ", op_name(act.op),
+                    " in one: ", recorded_as(prod.index, act.index)));
+    steps_[l] = Step{prod.op == Op::Linear ? Op::LinearAct : Op::Conv2dAct,
+                     attrs,
+                     act.index,
+                     prod.in,
+                     {Operand{y.buf, prod.out[0].shape, y.dtype}}};
+    drop_[a] = 1;
+  }
+}
+
+// An activation gradient (step g: a, gy -> gx) whose gy comes from a Matmul (step m) that
+// nothing else reads becomes one MatmulActGrad step at m writing gx. a must not change between
+// m and g, and nothing between them reads or writes gx (written by g alone).
+void Rewriter::fold_gradients() {
+  for (int g = 0; g < static_cast<int>(steps_.size()); ++g) {
+    const Step& grad = steps_[g];
+    if (!is_activation_grad(grad.op) || drop_[g]) continue;
+    const Operand a = grad.in[0], gy = grad.in[1], gx = grad.out[0];
+    if (!floating(gx) || a.dtype != gx.dtype || gy.dtype != gx.dtype || writers(gy).size() != 1 ||
+        memory_[a.buf] == memory_[gy.buf])
+      continue;
+    const int m = writers(gy)[0];
+    if (m >= g || !same_phase(m, g) || drop_[m] || !after_[m].empty()) continue;
+    const Step& mm = steps_[m];
+    if (mm.op != Op::Matmul || mm.out[0].buf != gy.buf || !private_value(gy, m) ||
+        readers(gy) != std::vector<int>{g} || gx.nbytes() != nbytes(gx) ||
+        writers(gx) != std::vector<int>{g} || (!readers(gx).empty() && readers(gx)[0] < g) ||
+        a.shape.numel() != gy.shape.numel())
+      continue;
+    const std::vector<int>& wa = writers(a);
+    if (std::any_of(wa.begin(), wa.end(), [&](int t) { return t >= m && t < g; })) continue;
+    const MatmulActAttrs attrs{
+        mm.attrs.as<MatmulAttrs>(), {}, ActAttrs{grad.op, {}, scalar_of(grad)}};
+    const Shape& shape = mm.out[0].shape;
+    note(gx.buf,
+         cat("matmul and ", op_name(grad.op), " in one: ", recorded_as(mm.index, grad.index)));
+    steps_[m] = Step{Op::MatmulActGrad,
+                     AttrBlob::of(attrs),
+                     grad.index,
+                     {mm.in[0], mm.in[1], Operand{a.buf, shape, a.dtype}},
+                     {Operand{gx.buf, shape, gx.dtype}}};
+    drop_[g] = 1;
+  }
+}
+
+void Rewriter::finish() {
+  std::vector<Step> kept;
+  int n_forward = 0;
+  for (int t = 0; t < static_cast<int>(steps_.size()); ++t) {
+    const int before = static_cast<int>(kept.size());
+    if (!drop_[t]) kept.push_back(std::move(steps_[t]));
+    for (Step& s : after_[t]) kept.push_back(std::move(s));
+    if (t < n_forward_) n_forward += static_cast<int>(kept.size()) - before;
+  }
+  steps_ = std::move(kept);
+  n_forward_ = n_forward;
+}
+
+}  // namespace
+
+// Each rewrite is its own pass over fresh reader and writer lists, in this order: the swap puts
+// the ReLU after the pooling and its gradient before the pooling's, where the folds may take them.
+void Plan::rewrite_activations() {
+  for (void (Rewriter::*rewrite)() :
+       {&Rewriter::swap_pool_relu, &Rewriter::fold_producers, &Rewriter::fold_gradients}) {
+    const std::vector<int> memory = storage_ids();
+    Rewriter r(all_, n_forward_, rec_->buffers, escape_, memory, recorded_forward_, rewrite_notes_);
+    (r.*rewrite)();
+    r.finish();
+  }
+}
+
+}  // namespace encore::schedule
