@@ -1,8 +1,9 @@
 // encore_interleaved: eager against static on one machine whose speed drifts (a shared one). The
 // Google Benchmark cases run one after the other, so a change of load between them shows as a
 // difference; here the ways take turns every few steps, and each turn is timed, so a drift slows
-// all of them alike. Ways: eager, static (two lanes at two threads), static with lanes off, static
-// with activations unfolded (set_static_fold_activations_enabled(false)).
+// all of them alike. Ways: eager; static (every pass on, two lanes at two threads); static with
+// one of lanes, activation folds or padded layouts off; static with all of them and the early
+// updates off (a plain replay of the recorded steps, fused).
 //
 //   build/bench/encore_interleaved mlp|mlp_large|cnn [threads=2] [turns=30] [steps per turn=20]
 //
@@ -16,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -36,30 +38,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The static function `make()` returns, traced (and warmed up) with two lanes and the activation
-// folds on or off.
+// The plan switches a static function is traced with.
+struct Passes {
+  bool lanes = true, fold = true, padded = true, early = true;
+};
+
+// The static function `make()` returns, traced (and warmed up) with the switches `p`.
 template <typename Make>
-auto traced(Make make, const Tensor& x, const Tensor& t, bool lanes, bool fold) {
-  const bool saved_lanes = set_static_lanes_enabled(lanes);
-  const bool saved_fold = set_static_fold_activations_enabled(fold);
+auto traced(Make make, const Tensor& x, const Tensor& t, Passes p) {
+  const bool lanes = set_static_lanes_enabled(p.lanes);
+  const bool fold = set_static_fold_activations_enabled(p.fold);
+  const bool padded = set_static_padded_layouts_enabled(p.padded);
+  const bool early = set_static_early_updates_enabled(p.early);
   auto fn = make();
   for (int i = 0; i < 3; ++i) fn(x, t);  // the first call traces (the switches are read there)
-  set_static_lanes_enabled(saved_lanes);
-  set_static_fold_activations_enabled(saved_fold);
+  set_static_lanes_enabled(lanes);
+  set_static_fold_activations_enabled(fold);
+  set_static_padded_layouts_enabled(padded);
+  set_static_early_updates_enabled(early);
   return fn;
 }
 
-// The four ways of one step: `eager(x, t)`, and the static function `make()` returns traced with
-// lanes on, with lanes off, and with the activation folds off.
+// The ways of one step: `eager(x, t)`, and the static function `make()` returns traced with every
+// pass, without one of them, and without any.
 template <typename Eager, typename Make>
 std::vector<Way> ways_of(Eager eager, Make make, const Tensor& x, const Tensor& t) {
-  auto lanes = traced(make, x, t, true, true);
-  auto ordered = traced(make, x, t, false, true);
-  auto unfolded = traced(make, x, t, true, false);
-  return {{"eager", [=]() mutable { eager(x, t); }, {}},
-          {"static", [=]() mutable { lanes(x, t); }, {}},
-          {"static, lanes off", [=]() mutable { ordered(x, t); }, {}},
-          {"static, unfolded", [=]() mutable { unfolded(x, t); }, {}}};
+  std::vector<Way> ways = {{"eager", [=]() mutable { eager(x, t); }, {}}};
+  const std::pair<const char*, Passes> variants[] = {
+      {"static", {}},
+      {"static, lanes off", {.lanes = false}},
+      {"static, unfolded", {.fold = false}},
+      {"static, dense", {.padded = false}},
+      {"static, plain", {.lanes = false, .fold = false, .padded = false, .early = false}}};
+  for (const auto& [name, passes] : variants) {
+    auto fn = traced(make, x, t, passes);
+    ways.push_back({name, [=]() mutable { fn(x, t); }, {}});
+  }
+  return ways;
 }
 
 // Runs the ways in turns and prints what each took.
