@@ -30,11 +30,13 @@ enum class Op : uint16_t {
   LeakyRelu,
   Sigmoid,
   Tanh,
+  Gelu,  // ScalarAttrs.value: 0 exact (erf), 1 the tanh approximation (kGeluTanh)
   // Backward helpers (gradients of the activations above; not differentiable themselves).
   ReluGrad,
   LeakyReluGrad,
   SigmoidGrad,
   TanhGrad,
+  GeluGrad,  // x, gy -> gx
   // Comparisons (bool output) and selection.
   Equal,
   Greater,
@@ -143,9 +145,11 @@ inline constexpr AttrType attr_type_of = AttrTypeOf<T>::value;
 
 struct NoAttrs {};
 
-struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Fill value
+struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Gelu(Grad) form, Fill value
   double value = 0;
 };
+// Gelu(Grad)'s ScalarAttrs.value: the exact form is 0, the tanh approximation this.
+inline constexpr double kGeluTanh = 1;
 
 struct MatmulAttrs {  // C = op(A) op(B), op = transpose when the flag is set (last two axes)
   bool trans_a = false;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/autograd.h"
@@ -91,6 +92,9 @@ Tensor relu(const Tensor& x);
 Tensor leaky_relu(const Tensor& x, double slope = 0.01);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+// GELU as torch.nn.functional.gelu. approximate "none": 0.5 x (1 + erf(x / sqrt 2));
+// "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Another string is an Error.
+Tensor gelu(const Tensor& x, std::string_view approximate = "none");
 
 // Comparisons give bool tensors (no gradient); where selects a where cond else b (broadcast).
 Tensor equal(const Tensor& a, const Tensor& b);

@@ -121,6 +121,8 @@ TEST_CASE("elementwise and layout ops over larger tensors match the cpu, gradien
                    const Tensor a = F::add(F::sigmoid(x[0]), F::relu(x[0]));
                    return F::add(a, F::add(F::leaky_relu(x[0], 0.2), F::sqrt(x[0] * x[0])));
                  }),
+      large_case("gelu, gelu(tanh) [777,1031]", {floating({777, 1031}, uniform(-6, 6))},
+                 [](X x) { return F::add(F::gelu(x[0]), F::gelu(x[0], "tanh")); }),
       large_case("permute [17,300,40] {2,0,1}", {floating({17, 300, 40})},
                  [](X x) {
                    return F::permute(x[0], {2, 0, 1});
