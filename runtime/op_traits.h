@@ -128,6 +128,9 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::BatchNorm, 0,
      kSplits},
     {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, AttrType::Random, 0, kRandom | kSplits},
+    {Op::Embedding, "embedding", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0, kSplits},
+    {Op::EmbeddingGrad, "embedding_grad", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0,
+     kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
@@ -218,11 +221,11 @@ constexpr bool op_reads_two(Op op) {
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
   constexpr std::string_view kNames[] = {
-      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs", "PermuteAttrs",
-      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs", "Pool2dAttrs",
-      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",    "AdamAttrs",
-      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::MatmulAct) + 1);
+      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs",   "PermuteAttrs",
+      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",   "Pool2dAttrs",
+      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",      "AdamAttrs",
+      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Embedding) + 1);
   return kNames[static_cast<int>(t)];
 }
 

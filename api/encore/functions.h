@@ -185,6 +185,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // and scales the others by 1/(1-ratio). Eval (training false): x itself.
 Tensor dropout(const Tensor& x, double ratio = 0.5, bool training = true);
 
+// ---- Sequence models ----------------------------------------------------------------------
+
+// Rows of `weight` [V, D] by index, as torch.nn.functional.embedding: ids [...] (int32 or int64,
+// each in [0, V)) -> [..., D]. The gradient goes to weight only, summed over repeated ids in id
+// order (the same bits on every run and thread count), none to row padding_idx (negative: no
+// padding row). On the cpu an id outside [0, V) is an Error; on CUDA its output row is NaN.
+//   Tensor e = F::embedding(tokens, table);  // tokens [B, T] -> e [B, T, D]
+Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx = -1);
+
 }  // namespace functions
 
 namespace F = functions;

@@ -23,6 +23,7 @@
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/op_cases.h"
 #include "tests/op_cases_image.h"
+#include "tests/op_cases_sequence.h"
 #include "tests/op_harness.h"
 
 using namespace encore;
@@ -81,6 +82,9 @@ TEST_CASE("where and comparisons", "[cuda][ops]") {
 TEST_CASE("NaN inputs give PyTorch's values and gradients", "[cuda][ops][nan]") {
   check_ops_against_cpu(nan_cases(), kCuda);
   check_ops_against_cpu(max_pool_nan_cases(), kCuda);
+}
+TEST_CASE("embedding", "[cuda][ops][embedding]") {
+  check_ops_against_cpu(embedding_cases(), kCuda);
 }
 TEST_CASE("conv2d", "[cuda][ops][conv]") {
   check_ops_against_cpu(widened(conv_cases()), kCuda);
