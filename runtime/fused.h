@@ -16,7 +16,7 @@
 namespace encore {
 
 // out = op(a) or op(a, b), elementwise; `scalar` is the ScalarAttrs value of scalar ops (and
-// the slope of leaky_relu_grad).
+// the slope of leaky_relu_grad, the form of gelu_grad).
 struct FusedInstr {
   Op op = Op::Add;
   uint8_t out = 0, a = 0, b = 0;  // registers

@@ -76,6 +76,7 @@ inline constexpr OpTraits kOpTraits[] = {
      kElementwise | kFusable},
     {Op::Sigmoid, "sigmoid", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
     {Op::Tanh, "tanh", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise | kFusable},
+    {Op::Gelu, "gelu", OpKind::Compute, 1, 1, 1, AttrType::Scalar, 0, kElementwise | kFusable},
     {Op::ReluGrad, "relu_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
      kElementwise | kFusable},
     {Op::LeakyReluGrad, "leaky_relu_grad", OpKind::Compute, 2, 2, 1, AttrType::Scalar, 0,
@@ -83,6 +84,8 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::SigmoidGrad, "sigmoid_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
      kElementwise | kFusable},
     {Op::TanhGrad, "tanh_grad", OpKind::Compute, 2, 2, 1, AttrType::None, 0,
+     kElementwise | kFusable},
+    {Op::GeluGrad, "gelu_grad", OpKind::Compute, 2, 2, 1, AttrType::Scalar, 0,
      kElementwise | kFusable},
     {Op::Equal, "equal", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
     {Op::Greater, "greater", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
@@ -125,6 +128,9 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::BatchNormGrad, "batch_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::BatchNorm, 0,
      kSplits},
     {Op::Dropout, "dropout", OpKind::Compute, 1, 1, 2, AttrType::Random, 0, kRandom | kSplits},
+    {Op::Embedding, "embedding", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0, kSplits},
+    {Op::EmbeddingGrad, "embedding_grad", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0,
+     kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
@@ -215,11 +221,11 @@ constexpr bool op_reads_two(Op op) {
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
   constexpr std::string_view kNames[] = {
-      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs", "PermuteAttrs",
-      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs", "Pool2dAttrs",
-      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",    "AdamAttrs",
-      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::MatmulAct) + 1);
+      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs",   "PermuteAttrs",
+      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",   "Pool2dAttrs",
+      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",      "AdamAttrs",
+      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Embedding) + 1);
   return kNames[static_cast<int>(t)];
 }
 

@@ -30,11 +30,13 @@ enum class Op : uint16_t {
   LeakyRelu,
   Sigmoid,
   Tanh,
+  Gelu,  // ScalarAttrs.value: 0 exact (erf), 1 the tanh approximation (kGeluTanh)
   // Backward helpers (gradients of the activations above; not differentiable themselves).
   ReluGrad,
   LeakyReluGrad,
   SigmoidGrad,
   TanhGrad,
+  GeluGrad,  // x, gy -> gx
   // Comparisons (bool output) and selection.
   Equal,
   Greater,
@@ -77,6 +79,9 @@ enum class Op : uint16_t {
   BatchNormInference,  // x, running mean, running var, optional gamma, beta -> y
   BatchNormGrad,       // x, mean, var, gy, optional gamma -> gx, ggamma, gbeta
   Dropout,             // x -> y, mask (the kept elements scaled by 1/(1-ratio), others 0)
+  // Sequence models.
+  Embedding,      // ids [...] (int32, int64), weight [V, D] -> y [..., D] (EmbeddingAttrs)
+  EmbeddingGrad,  // ids, gy [..., D] -> gw [V, D], a scatter-add in id order (no atomics)
   // In-place: fills, accumulation, initialisers, optimizer updates.
   Fill,
   AddInplace,
@@ -134,6 +139,7 @@ enum class AttrType : uint8_t {
   Act,
   Conv2dAct,
   MatmulAct,
+  Embedding,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -143,9 +149,11 @@ inline constexpr AttrType attr_type_of = AttrTypeOf<T>::value;
 
 struct NoAttrs {};
 
-struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Fill value
+struct ScalarAttrs {  // AddScalar ... PowScalar, LeakyRelu(Grad) slope, Gelu(Grad) form, Fill value
   double value = 0;
 };
+// Gelu(Grad)'s ScalarAttrs.value: the exact form is 0, the tanh approximation this.
+inline constexpr double kGeluTanh = 1;
 
 struct MatmulAttrs {  // C = op(A) op(B), op = transpose when the flag is set (last two axes)
   bool trans_a = false;
@@ -243,6 +251,10 @@ struct AdamAttrs {  // AdamUpdate; bias correction uses the step counter held in
   uint8_t padding[7] = {};
 };
 
+struct EmbeddingAttrs {  // Embedding, EmbeddingGrad: the row that gets no gradient, -1 for none
+  int64_t padding_idx = -1;
+};
+
 // LinearAct, Conv2dAct, MatmulActGrad: the activation (Relu, LeakyRelu, Sigmoid, Tanh) or the
 // activation gradient (ReluGrad, LeakyReluGrad, SigmoidGrad, TanhGrad) the producer applies, with
 // the op's scalar (leaky_relu's slope).
@@ -303,5 +315,7 @@ template <>
 struct AttrTypeOf<Conv2dActAttrs> : AttrTag<AttrType::Conv2dAct> {};
 template <>
 struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
+template <>
+struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
 
 }  // namespace encore

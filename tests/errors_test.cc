@@ -102,6 +102,15 @@ TEST_CASE("ops name both dtypes when float32 meets float64", "[errors]") {
   CHECK_THROWS_WITH(add_(t32({3}), t64({3})), Contains("add_: dtypes differ"));
 }
 
+TEST_CASE("gelu refuses an unknown approximation", "[errors]") {
+  const Tensor x = t32({2, 3});
+  CHECK_THROWS_WITH(
+      F::gelu(x, "erf"),
+      Contains("gelu: argument 'approximate' must be \"none\" or \"tanh\"") && Contains("\"erf\""));
+  CHECK_THROWS_WITH(F::gelu(x, ""), Contains("gelu: argument 'approximate'"));
+  CHECK_NOTHROW(F::gelu(x, "tanh"));
+}
+
 TEST_CASE("non-floating tensors are refused by floating ops", "[errors]") {
   const Tensor x = i32({2, 3});
   using UnaryFn = Tensor (*)(const Tensor&);
@@ -116,6 +125,7 @@ TEST_CASE("non-floating tensors are refused by floating ops", "[errors]") {
   }
   CHECK_THROWS_WITH(F::leaky_relu(x),
                     Contains("leaky_relu: argument 'x' must be float32 or float64"));
+  CHECK_THROWS_WITH(F::gelu(x), Contains("gelu: argument 'x' must be float32 or float64"));
   CHECK_THROWS_WITH(F::pow(x, 2),
                     Contains("pow: argument 'x' must be float32 or float64, it is int32"));
   CHECK_THROWS_WITH(F::mul(x, 2.0), Contains("mul: argument 'x'") && Contains("int32 [2,3]"));

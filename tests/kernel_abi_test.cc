@@ -68,9 +68,9 @@ TEST_CASE("every op declares the attribute struct its routine writes", "[kernel_
 }
 
 TEST_CASE("the op traits table's properties", "[kernel_abi]") {
-  const std::set<Op> scalar = {Op::AddScalar, Op::MulScalar,     Op::RsubScalar,
-                               Op::DivScalar, Op::RdivScalar,    Op::PowScalar,
-                               Op::LeakyRelu, Op::LeakyReluGrad, Op::Fill};
+  const std::set<Op> scalar = {Op::AddScalar,  Op::MulScalar, Op::RsubScalar, Op::DivScalar,
+                               Op::RdivScalar, Op::PowScalar, Op::LeakyRelu,  Op::LeakyReluGrad,
+                               Op::Gelu,       Op::GeluGrad,  Op::Fill};
   CHECK(ops_where(op_has_scalar_attrs) == scalar);
   std::set<Op> fusable = {Op::Add,  Op::Sub,      Op::Mul,         Op::Div,     Op::Neg,
                           Op::Exp,  Op::Log,      Op::Sqrt,        Op::Relu,    Op::Sigmoid,
@@ -86,7 +86,8 @@ TEST_CASE("the op traits table's properties", "[kernel_abi]") {
   for (Op op : fusable)
     if (op_reads_two(op)) fusable_two.insert(op);
   CHECK(fusable_two == std::set<Op>{Op::Add, Op::Sub, Op::Mul, Op::Div, Op::ReluGrad,
-                                    Op::LeakyReluGrad, Op::SigmoidGrad, Op::TanhGrad});
+                                    Op::LeakyReluGrad, Op::SigmoidGrad, Op::TanhGrad,
+                                    Op::GeluGrad});
   CHECK(ops_where(op_optimizer_update) ==
         std::set<Op>{Op::SgdUpdate, Op::MomentumSgdUpdate, Op::AdamUpdate});
   CHECK(op_mutated_inputs(Op::AdamUpdate) == 0b11101);

@@ -277,6 +277,14 @@ inline double ref_sigmoid(double v) {
   return 1 / (1 + std::exp(-v));
 }
 
+// torch.nn.functional.gelu, approximate "none" and "tanh".
+inline double ref_gelu(double v) {
+  return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+}
+inline double ref_gelu_tanh(double v) {
+  return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+}
+
 // ---- Case builders ----------------------------------------------------------------------
 
 using BinaryFn = Tensor (*)(const Tensor&, const Tensor&);
@@ -407,6 +415,15 @@ inline std::vector<OpCase> unary_cases() {
           [](double v) { return v > 0 ? v : 0.2 * v; }, away),
       unary_case("sigmoid", F::sigmoid, ref_sigmoid, uniform(-4, 4), {2, 3, 4}),
       unary_case("tanh", F::tanh, tanh, uniform(-3, 3)),
+      unary_case("gelu", [](const Tensor& x) { return F::gelu(x); }, ref_gelu, uniform(-4, 4),
+                 {2, 3, 4}),
+      unary_case("gelu(approximate tanh)", [](const Tensor& x) { return F::gelu(x, "tanh"); },
+                 ref_gelu_tanh, uniform(-4, 4), {2, 3, 4}),
+      unary_case("gelu, wide range", [](const Tensor& x) { return F::gelu(x); }, ref_gelu,
+                 uniform(-12, 12), {5, 13}),
+      unary_case("gelu(approximate tanh), wide range",
+                 [](const Tensor& x) { return F::gelu(x, "tanh"); }, ref_gelu_tanh,
+                 uniform(-12, 12), {5, 13}),
       unary_case("exp [] (0-d)", F::exp, exp, any, {}),
       unary_case("clone", [](const Tensor& x) { return clone(x); }, identity, any, {2, 3}),
       // Longer than a SIMD vector, with a tail.

@@ -30,40 +30,44 @@ inline constexpr int64_t kMaxConvWork = 20000;  // multiply-adds of one conv2d f
 // clang-format off
 enum class OpKind {
   Add, Sub, Mul, DivSigmoid, DivExp, AddScalar, SubScalar, RsubScalar, MulScalar, DivScalar,
-  RdivScalar, Neg, ExpTanh, LogSq, SqrtSq, PowSq, Relu, LeakyRelu, Sigmoid, Tanh, Matmul, Linear,
-  Sum, Mean, Max, Reshape, Flatten, Transpose, Permute, BroadcastTo, Concat, Slice, Softmax,
-  LogSoftmax, Mse, CrossEntropy, Conv2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d, BatchNorm, Dropout
+  RdivScalar, Neg, ExpTanh, LogSq, SqrtSq, PowSq, Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Matmul,
+  Linear, Sum, Mean, Max, Reshape, Flatten, Transpose, Permute, BroadcastTo, Concat, Slice,
+  Softmax, LogSoftmax, Mse, CrossEntropy, Conv2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d, BatchNorm,
+  Dropout
 };
 // clang-format on
 
 struct OpInfo {
   const char* name;
   int weight;   // how often the generator draws it
-  bool scalar;  // Step::scalar is an operand, an exponent or a slope
+  bool scalar;  // Step::scalar is an operand, an exponent, a slope or gelu's form (1: tanh)
 };
 
 // By OpKind.
-inline constexpr OpInfo kOps[] = {{"add", 4, false},        {"sub", 3, false},
-                                  {"mul", 4, false},        {"div_sigmoid", 2, false},
-                                  {"div_exp", 2, false},    {"add_scalar", 1, true},
-                                  {"sub_scalar", 1, true},  {"rsub_scalar", 1, true},
-                                  {"mul_scalar", 1, true},  {"div_scalar", 1, true},
-                                  {"rdiv_scalar", 1, true}, {"neg", 1, false},
-                                  {"exp_tanh", 1, false},   {"log_sq", 1, false},
-                                  {"sqrt_sq", 1, false},    {"pow_sq", 1, true},
-                                  {"relu", 2, false},       {"leaky_relu", 1, true},
-                                  {"sigmoid", 1, false},    {"tanh", 2, false},
-                                  {"matmul", 3, false},     {"linear", 3, false},
-                                  {"sum", 3, false},        {"mean", 2, false},
-                                  {"max", 2, false},        {"reshape", 2, false},
-                                  {"flatten", 1, false},    {"transpose", 2, false},
-                                  {"permute", 1, false},    {"broadcast_to", 2, false},
-                                  {"concat", 2, false},     {"slice", 2, false},
-                                  {"softmax", 1, false},    {"log_softmax", 1, false},
-                                  {"mse", 1, false},        {"cross_entropy", 1, false},
-                                  {"conv2d", 4, false},     {"max_pool2d", 2, false},
-                                  {"avg_pool2d", 2, false}, {"global_avg_pool2d", 1, false},
-                                  {"batch_norm", 3, false}, {"dropout", 3, false}};
+// clang-format off
+inline constexpr OpInfo kOps[] = {{"add", 4, false},               {"sub", 3, false},
+                                  {"mul", 4, false},               {"div_sigmoid", 2, false},
+                                  {"div_exp", 2, false},           {"add_scalar", 1, true},
+                                  {"sub_scalar", 1, true},         {"rsub_scalar", 1, true},
+                                  {"mul_scalar", 1, true},         {"div_scalar", 1, true},
+                                  {"rdiv_scalar", 1, true},        {"neg", 1, false},
+                                  {"exp_tanh", 1, false},          {"log_sq", 1, false},
+                                  {"sqrt_sq", 1, false},           {"pow_sq", 1, true},
+                                  {"relu", 2, false},              {"leaky_relu", 1, true},
+                                  {"sigmoid", 1, false},           {"tanh", 2, false},
+                                  {"gelu", 1, true},               {"matmul", 3, false},
+                                  {"linear", 3, false},            {"sum", 3, false},
+                                  {"mean", 2, false},              {"max", 2, false},
+                                  {"reshape", 2, false},           {"flatten", 1, false},
+                                  {"transpose", 2, false},         {"permute", 1, false},
+                                  {"broadcast_to", 2, false},      {"concat", 2, false},
+                                  {"slice", 2, false},             {"softmax", 1, false},
+                                  {"log_softmax", 1, false},       {"mse", 1, false},
+                                  {"cross_entropy", 1, false},     {"conv2d", 4, false},
+                                  {"max_pool2d", 2, false},        {"avg_pool2d", 2, false},
+                                  {"global_avg_pool2d", 1, false}, {"batch_norm", 3, false},
+                                  {"dropout", 3, false}};
+// clang-format on
 
 inline const OpInfo& info(OpKind k) {
   return kOps[static_cast<int>(k)];

@@ -80,6 +80,8 @@ inline Tensor apply_step(const Step& s, const std::vector<Tensor>& v,
       return F::sigmoid(in(0));
     case OpKind::Tanh:
       return F::tanh(in(0));
+    case OpKind::Gelu:
+      return s.scalar == 0 ? F::gelu(in(0)) : F::gelu(in(0), "tanh");
     case OpKind::Matmul:
       return F::matmul(in(0), in(1));
     case OpKind::Linear:

@@ -261,6 +261,7 @@ class ProgramGenerator {
       case OpKind::ExpTanh:
       case OpKind::Sigmoid:
       case OpKind::Tanh:
+      case OpKind::Gelu:
       case OpKind::LogSq:
       case OpKind::SqrtSq:
       case OpKind::PowSq: {
@@ -270,6 +271,7 @@ class ProgramGenerator {
         const double b = val(x).bound;
         double bound = b, scalar = 0;
         if (op == OpKind::LeakyRelu) scalar = chance(0.5) ? 0.01 : 0.2;
+        if (op == OpKind::Gelu) scalar = chance(0.5) ? 0 : 1;  // |gelu(x)| <= |x| either way
         if (op == OpKind::ExpTanh) bound = std::exp(1.0);
         if (op == OpKind::Sigmoid || op == OpKind::Tanh) bound = 1;
         if (op == OpKind::LogSq) bound = std::log(sq_bound(b));

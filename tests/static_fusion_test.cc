@@ -41,6 +41,7 @@ Tensor every_op(const Tensor& x, const Tensor& w, const Tensor& c) {
   y = F::div(y, w) * c;           // broadcast c
   y = F::sub(c, F::div(y, 3.0));  // c - y: the broadcast operand first
   y = F::tanh(F::leaky_relu(y, 0.1)) + F::relu(F::neg(y));
+  y = F::gelu(y) - F::gelu(y, "tanh");
   y = F::div(1.0, F::add(F::mul(y, y), 1.0)) - F::sub(1.0, y);
   return y;
 }
@@ -87,7 +88,8 @@ TEST_CASE("fused elementwise runs replay eager's bits for every fusable op", "[s
       CHECK(count_of(text, R"(\d+  fused_elementwise\s+\[fuses \d+ steps)") >= 2);  // both phases
       // Nothing of the forward's many ops is left on its own but what cannot fuse (the sum
       // of the loss is outside the function).
-      for (const char* op : {"  sigmoid", "  tanh ", "  leaky_relu ", "  tanh_grad "})
+      for (const char* op :
+           {"  sigmoid", "  tanh ", "  leaky_relu ", "  tanh_grad ", "  gelu ", "  gelu_grad "})
         CHECK(count_of(text, std::string(R"(\n\s+\d+)") + op) == 0);
     }
   }

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/autograd.h"
@@ -91,6 +92,9 @@ Tensor relu(const Tensor& x);
 Tensor leaky_relu(const Tensor& x, double slope = 0.01);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+// GELU as torch.nn.functional.gelu. approximate "none": 0.5 x (1 + erf(x / sqrt 2));
+// "tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Another string is an Error.
+Tensor gelu(const Tensor& x, std::string_view approximate = "none");
 
 // Comparisons give bool tensors (no gradient); where selects a where cond else b (broadcast).
 Tensor equal(const Tensor& a, const Tensor& b);
@@ -180,6 +184,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // Training: zeroes each element with probability `ratio` (drawn from the device's generator)
 // and scales the others by 1/(1-ratio). Eval (training false): x itself.
 Tensor dropout(const Tensor& x, double ratio = 0.5, bool training = true);
+
+// ---- Sequence models ----------------------------------------------------------------------
+
+// Rows of `weight` [V, D] by index, as torch.nn.functional.embedding: ids [...] (int32 or int64,
+// each in [0, V)) -> [..., D]. The gradient goes to weight only, summed over repeated ids in id
+// order (the same bits on every run and thread count), none to row padding_idx (negative: no
+// padding row). On the cpu an id outside [0, V) is an Error; on CUDA its output row is NaN.
+//   Tensor e = F::embedding(tokens, table);  // tokens [B, T] -> e [B, T, D]
+Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx = -1);
 
 }  // namespace functions
 

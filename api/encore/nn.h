@@ -121,6 +121,19 @@ class ReLU : public Module {
   std::string describe() const override { return "ReLU"; }
 };
 
+// Looks up rows of `weight` [num, dim] (F::embedding): ids [...] -> [..., dim]. weight starts
+// N(0, 1) as PyTorch's, its padding row (padding_idx >= 0) zero; that row gets no gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, int64_t padding_idx = -1, DType dtype = DType::Float32,
+            Device device = Device::cpu());
+  Tensor forward(const Tensor& ids) override { return F::embedding(ids, weight, padding_idx); }
+  std::string describe() const override;
+
+  Tensor weight;
+  int64_t padding_idx;  // -1: none
+};
+
 class LeakyReLU : public Module {
  public:
   explicit LeakyReLU(double slope = 0.01) : slope_(slope) {}

@@ -113,6 +113,11 @@ void leaky_relu_backward(BackwardContext& c) {
                                   AttrBlob::of(c.attrs<ScalarAttrs>())));
 }
 
+void gelu_backward(BackwardContext& c) {
+  c.set_input_grad(0, grad_helper(Op::GeluGrad, c.input(0), c.grad_output(),
+                                  AttrBlob::of(c.attrs<ScalarAttrs>())));
+}
+
 void sigmoid_backward(BackwardContext& c) {
   c.set_input_grad(0, grad_helper(Op::SigmoidGrad, c.output(), c.grad_output()));
 }
@@ -150,6 +155,7 @@ const bool kRegistered = [] {
   register_backward(Op::LeakyRelu, {leaky_relu_backward, 0b1});
   register_backward(Op::Sigmoid, {sigmoid_backward, 0, 0b1});
   register_backward(Op::Tanh, {tanh_backward, 0, 0b1});
+  register_backward(Op::Gelu, {gelu_backward, 0b1});
   register_backward(Op::Where, {where_backward, 0b1});
   register_backward(Op::Copy, {identity_backward});
   return true;
@@ -217,6 +223,12 @@ Tensor sigmoid(const Tensor& x) {
 }
 Tensor tanh(const Tensor& x) {
   return unary(Op::Tanh, "tanh", x);
+}
+Tensor gelu(const Tensor& x, std::string_view approximate) {
+  ENCORE_CHECK(approximate == "none" || approximate == "tanh",
+               "gelu: argument 'approximate' must be \"none\" or \"tanh\", it is \"", approximate,
+               "\"");
+  return scalar_op(Op::Gelu, "gelu", x, approximate == "tanh" ? kGeluTanh : 0.0);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #include "encore/nn.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "api/src/routine.h"
@@ -101,6 +102,31 @@ Tensor Linear::forward(const Tensor& x) {
 std::string Linear::describe() const {
   return cat("Linear(", weight.defined() ? weight.size(1) : 0, " -> ",
              weight.defined() ? weight.size(0) : 0, bias.defined() ? "" : ", no bias", ")");
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype, Device device)
+    : padding_idx(padding_idx < 0 ? -1 : padding_idx) {
+  ENCORE_CHECK(num > 0 && dim > 0, "Embedding: num and dim must be positive, got ", num, " x ",
+               dim);
+  ENCORE_CHECK(padding_idx < num, "Embedding: padding_idx ", padding_idx, " is outside [0, ", num,
+               ")");
+  ENCORE_CHECK(is_floating(dtype), "Embedding: dtype must be float32 or float64, it is ", dtype);
+  // Drawn on the cpu, where the padding row can be zeroed in place, then moved.
+  Tensor w = randn({num, dim}, dtype);
+  if (this->padding_idx >= 0) {
+    const int64_t row = this->padding_idx * dim;
+    if (dtype == DType::Float32)
+      std::fill_n(w.data<float>() + row, dim, 0.0f);
+    else
+      std::fill_n(w.data<double>() + row, dim, 0.0);
+  }
+  weight = w.to(device);
+  register_parameter("weight", &weight);
+}
+
+std::string Embedding::describe() const {
+  return cat("Embedding(", weight.size(0), ", ", weight.size(1),
+             padding_idx >= 0 ? cat(", padding_idx ", padding_idx) : std::string(), ")");
 }
 
 std::string LeakyReLU::describe() const {

@@ -27,20 +27,7 @@ struct BinaryOp {
   }
 };
 
-// ---- y = f(x, s), s = ScalarAttrs.value cast to T ----------------------------------------
-
-template <Op kOp, typename T>
-inline T scalar_op(T x, T s) {
-  if constexpr (kOp == Op::AddScalar) return x + s;
-  if constexpr (kOp == Op::MulScalar) return x * s;
-  if constexpr (kOp == Op::RsubScalar) return s - x;
-  if constexpr (kOp == Op::DivScalar) return x / s;
-  if constexpr (kOp == Op::RdivScalar) return s / x;
-  if constexpr (kOp == Op::PowScalar) return std::pow(x, s);
-  if constexpr (kOp == Op::LeakyRelu) return x > T(0) ? x : s * x;
-}
-
-// ---- y = f(x) ----------------------------------------------------------------------------
+// ---- tanh and GELU, which the element functions below use ------------------------------
 
 // tanh in float32 without libm, so that GCC vectorises the loop (glibc's tanhf is scalar).
 // Within 1 ulp of the correctly rounded result for every float, with or without FMA
@@ -79,6 +66,61 @@ inline float tanh_float(float x) {
   return std::copysign(a < 0.75f ? small : large, x);
 }
 
+// tanh through tanh_float in float32, as the Tanh kernel.
+template <typename T>
+inline T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_float(x);
+  return std::tanh(x);
+}
+
+// GELU as PyTorch computes it: exact, 0.5 x (1 + erf(x / sqrt 2)), or with tanh_approx
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline constexpr double kGeluSqrt1_2 = 0.70710678118654752440;     // 1 / sqrt(2)
+inline constexpr double kGeluSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / pi)
+inline constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+inline constexpr double kGeluKappa = 0.044715;
+
+template <typename T>
+inline T gelu(T x, bool tanh_approx) {
+  if (tanh_approx) {
+    const T inner = T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x * x * x);
+    return T(0.5) * x * (T(1) + tanh_of(inner));
+  }
+  return T(0.5) * x * (T(1) + std::erf(x * T(kGeluSqrt1_2)));
+}
+
+// d gelu / dx times gy, PyTorch's GeluBackward formulas.
+template <typename T>
+inline T gelu_grad(T x, T gy, bool tanh_approx) {
+  if (tanh_approx) {
+    const T x_sq = x * x;
+    const T t = tanh_of(T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x_sq * x));
+    const T left_derivative = T(0.5) * (T(1) + t);
+    const T right_derivative = T(0.5) * x * (T(1) - t * t);
+    const T inner_derivative = T(kGeluSqrt2_Pi) * (T(1) + T(3 * kGeluKappa) * x_sq);
+    return gy * (left_derivative + right_derivative * inner_derivative);
+  }
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kGeluSqrt1_2)));
+  const T pdf = T(kGeluInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+  return gy * (cdf + x * pdf);
+}
+
+// ---- y = f(x, s), s = ScalarAttrs.value cast to T ----------------------------------------
+
+template <Op kOp, typename T>
+inline T scalar_op(T x, T s) {
+  if constexpr (kOp == Op::AddScalar) return x + s;
+  if constexpr (kOp == Op::MulScalar) return x * s;
+  if constexpr (kOp == Op::RsubScalar) return s - x;
+  if constexpr (kOp == Op::DivScalar) return x / s;
+  if constexpr (kOp == Op::RdivScalar) return s / x;
+  if constexpr (kOp == Op::PowScalar) return std::pow(x, s);
+  if constexpr (kOp == Op::LeakyRelu) return x > T(0) ? x : s * x;
+  if constexpr (kOp == Op::Gelu) return gelu(x, s != T(0));
+}
+
+// ---- y = f(x) ----------------------------------------------------------------------------
+
 template <Op kOp, typename T>
 inline T unary_op(T x) {
   if constexpr (kOp == Op::Neg) return -x;
@@ -97,7 +139,7 @@ inline T unary_op(T x) {
   }
 }
 
-// ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad ----------
+// ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad, GeluGrad --
 // As PyTorch's threshold_backward and leaky_relu_backward: at a NaN, relu's gradient is gy
 // (0 only where y <= 0) and leaky_relu's is slope * gy (x > 0 is false).
 
@@ -107,6 +149,7 @@ inline T activation_grad(T a, T gy, T slope) {
   if constexpr (kOp == Op::LeakyReluGrad) return a > T(0) ? gy : slope * gy;
   if constexpr (kOp == Op::SigmoidGrad) return gy * a * (T(1) - a);
   if constexpr (kOp == Op::TanhGrad) return gy * (T(1) - a * a);
+  if constexpr (kOp == Op::GeluGrad) return gelu_grad(a, gy, slope != T(0));  // slope: the form
 }
 
 }  // namespace encore::kernels::cpu

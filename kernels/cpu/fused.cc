@@ -82,6 +82,8 @@ void run(const FusedInstr& ins, T* const* reg, uint64_t broadcast, int64_t n) {
       return with_scalar<Op::PowScalar>(a, s, o, n);
     case Op::LeakyRelu:
       return with_scalar<Op::LeakyRelu>(a, s, o, n);
+    case Op::Gelu:
+      return with_scalar<Op::Gelu>(a, s, o, n);
     case Op::Neg:
       return unary<Op::Neg>(a, o, n);
     case Op::Exp:
@@ -104,6 +106,8 @@ void run(const FusedInstr& ins, T* const* reg, uint64_t broadcast, int64_t n) {
       return grad<Op::SigmoidGrad>(a, b, s, o, n);
     case Op::TanhGrad:
       return grad<Op::TanhGrad>(a, b, s, o, n);
+    case Op::GeluGrad:
+      return grad<Op::GeluGrad>(a, b, s, o, n);
     default:
       throw Error(cat("fused_elementwise: ", op_name(ins.op), " cannot be fused"));
   }

@@ -45,12 +45,12 @@ void sqrt_kernel(const KernelArgs& args) {
                   [&]<typename T>(Type<T>) { sqrt_array(x.as<T>(), y.as<T>(), x.numel()); });
 }
 
-// ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad ----------
+// ---- gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad, GeluGrad --
 
 template <Op kOp>
 void activation_grad_kernel(const KernelArgs& args) {
   const BufferView &a = args.in[0], &gy = args.in[1], &gx = args.out[0];
-  const double slope = kOp == Op::LeakyReluGrad ? args.attr<ScalarAttrs>().value : 0.0;
+  const double slope = op_has_scalar_attrs(kOp) ? args.attr<ScalarAttrs>().value : 0.0;
   switch_floating(a.dtype, kOp, [&]<typename T>(Type<T>) {
     const T* pa = a.as<T>();
     const T* pg = gy.as<T>();
@@ -69,6 +69,7 @@ void activation_grad_kernel(const KernelArgs& args) {
   register_kernel(Op::RdivScalar, kCpu, &scalar_kernel<Op::RdivScalar>);
   register_kernel(Op::PowScalar, kCpu, &scalar_kernel<Op::PowScalar>);
   register_kernel(Op::LeakyRelu, kCpu, &scalar_kernel<Op::LeakyRelu>);
+  register_kernel(Op::Gelu, kCpu, &scalar_kernel<Op::Gelu>);
   register_kernel(Op::Neg, kCpu, &unary_kernel<Op::Neg>);
   register_kernel(Op::Exp, kCpu, &unary_kernel<Op::Exp>);
   register_kernel(Op::Log, kCpu, &unary_kernel<Op::Log>);
@@ -80,6 +81,7 @@ void activation_grad_kernel(const KernelArgs& args) {
   register_kernel(Op::LeakyReluGrad, kCpu, &activation_grad_kernel<Op::LeakyReluGrad>);
   register_kernel(Op::SigmoidGrad, kCpu, &activation_grad_kernel<Op::SigmoidGrad>);
   register_kernel(Op::TanhGrad, kCpu, &activation_grad_kernel<Op::TanhGrad>);
+  register_kernel(Op::GeluGrad, kCpu, &activation_grad_kernel<Op::GeluGrad>);
   return true;
 }();
 

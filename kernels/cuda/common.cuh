@@ -75,6 +75,12 @@ __device__ __forceinline__ float dev_tanh(float x) {
 __device__ __forceinline__ double dev_tanh(double x) {
   return ::tanh(x);
 }
+__device__ __forceinline__ float dev_erf(float x) {
+  return ::erff(x);
+}
+__device__ __forceinline__ double dev_erf(double x) {
+  return ::erf(x);
+}
 __device__ __forceinline__ float dev_abs(float x) {
   return ::fabsf(x);
 }

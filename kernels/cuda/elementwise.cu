@@ -249,6 +249,37 @@ __device__ __forceinline__ double dev_pow(double x, double y) {
   return ::pow(x, y);
 }
 
+// GELU and its gradient as PyTorch computes them (kernels/cpu/elementwise.h): exact through
+// erf, or the tanh approximation.
+constexpr double kGeluSqrt1_2 = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kGeluSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / pi)
+constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kGeluKappa = 0.044715;
+
+template <typename T>
+__device__ __forceinline__ T dev_gelu(T x, bool tanh_approx) {
+  if (tanh_approx) {
+    const T inner = T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x * x * x);
+    return T(0.5) * x * (T(1) + dev_tanh(inner));
+  }
+  return T(0.5) * x * (T(1) + dev_erf(x * T(kGeluSqrt1_2)));
+}
+
+template <typename T>
+__device__ __forceinline__ T dev_gelu_grad(T x, T gy, bool tanh_approx) {
+  if (tanh_approx) {
+    const T x_sq = x * x;
+    const T t = dev_tanh(T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x_sq * x));
+    const T left_derivative = T(0.5) * (T(1) + t);
+    const T right_derivative = T(0.5) * x * (T(1) - t * t);
+    const T inner_derivative = T(kGeluSqrt2_Pi) * (T(1) + T(3 * kGeluKappa) * x_sq);
+    return gy * (left_derivative + right_derivative * inner_derivative);
+  }
+  const T cdf = T(0.5) * (T(1) + dev_erf(x * T(kGeluSqrt1_2)));
+  const T pdf = T(kGeluInvSqrt2Pi) * dev_exp(T(-0.5) * x * x);
+  return gy * (cdf + x * pdf);
+}
+
 // y = f(x, s), s = ScalarAttrs.value cast to T.
 template <Op kOp, typename T>
 struct ScalarF {
@@ -266,6 +297,8 @@ struct ScalarF {
       return s / x;
     } else if constexpr (kOp == Op::PowScalar) {
       return dev_pow(x, s);
+    } else if constexpr (kOp == Op::Gelu) {  // s: the form, kGeluTanh or 0
+      return dev_gelu(x, s != T(0));
     } else {
       static_assert(kOp == Op::LeakyRelu);
       return x > T(0) ? x : s * x;
@@ -326,7 +359,8 @@ void unary_kernel(const KernelArgs& args) {
   });
 }
 
-// gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad. As PyTorch's
+// gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad and GeluGrad
+// (whose slope is the form). As PyTorch's
 // threshold_backward and leaky_relu_backward: at a NaN, relu's gradient is gy (0 only where
 // y <= 0) and leaky_relu's is slope * gy (x > 0 is false).
 template <Op kOp, typename T>
@@ -339,6 +373,8 @@ struct ActivationGradF {
       return a > T(0) ? gy : slope * gy;
     } else if constexpr (kOp == Op::SigmoidGrad) {
       return gy * a * (T(1) - a);
+    } else if constexpr (kOp == Op::GeluGrad) {
+      return dev_gelu_grad(a, gy, slope != T(0));
     } else {
       static_assert(kOp == Op::TanhGrad);
       return gy * (T(1) - a * a);
@@ -349,7 +385,7 @@ struct ActivationGradF {
 template <Op kOp>
 void activation_grad_kernel(const KernelArgs& args) {
   const BufferView &a = args.in[0], &gy = args.in[1], &gx = args.out[0];
-  const double slope = kOp == Op::LeakyReluGrad ? args.attr<ScalarAttrs>().value : 0.0;
+  const double slope = op_has_scalar_attrs(kOp) ? args.attr<ScalarAttrs>().value : 0.0;
   switch_floating(a.dtype, kOp, [&]<typename T>(Type<T>) {
     launch_map(kOp, a.numel(), ActivationGradF<kOp, T>{static_cast<T>(slope)}, gx.as<T>(),
                a.as<T>(), gy.as<T>());
@@ -442,6 +478,7 @@ ENCORE_REGISTER_CUDA(Op::DivScalar, &scalar_kernel<Op::DivScalar>);
 ENCORE_REGISTER_CUDA(Op::RdivScalar, &scalar_kernel<Op::RdivScalar>);
 ENCORE_REGISTER_CUDA(Op::PowScalar, &scalar_kernel<Op::PowScalar>);
 ENCORE_REGISTER_CUDA(Op::LeakyRelu, &scalar_kernel<Op::LeakyRelu>);
+ENCORE_REGISTER_CUDA(Op::Gelu, &scalar_kernel<Op::Gelu>);
 ENCORE_REGISTER_CUDA(Op::Neg, &unary_kernel<Op::Neg>);
 ENCORE_REGISTER_CUDA(Op::Exp, &unary_kernel<Op::Exp>);
 ENCORE_REGISTER_CUDA(Op::Log, &unary_kernel<Op::Log>);
@@ -453,6 +490,7 @@ ENCORE_REGISTER_CUDA(Op::ReluGrad, &activation_grad_kernel<Op::ReluGrad>);
 ENCORE_REGISTER_CUDA(Op::LeakyReluGrad, &activation_grad_kernel<Op::LeakyReluGrad>);
 ENCORE_REGISTER_CUDA(Op::SigmoidGrad, &activation_grad_kernel<Op::SigmoidGrad>);
 ENCORE_REGISTER_CUDA(Op::TanhGrad, &activation_grad_kernel<Op::TanhGrad>);
+ENCORE_REGISTER_CUDA(Op::GeluGrad, &activation_grad_kernel<Op::GeluGrad>);
 ENCORE_REGISTER_CUDA(Op::Fill, &fill_kernel);
 ENCORE_REGISTER_CUDA(Op::Copy, &copy_kernel);
 ENCORE_REGISTER_CUDA(Op::CopyInplace, &copy_inplace_kernel);

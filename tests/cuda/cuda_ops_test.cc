@@ -23,6 +23,7 @@
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/op_cases.h"
 #include "tests/op_cases_image.h"
+#include "tests/op_cases_sequence.h"
 #include "tests/op_harness.h"
 
 using namespace encore;
@@ -82,6 +83,9 @@ TEST_CASE("NaN inputs give PyTorch's values and gradients", "[cuda][ops][nan]") 
   check_ops_against_cpu(nan_cases(), kCuda);
   check_ops_against_cpu(max_pool_nan_cases(), kCuda);
 }
+TEST_CASE("embedding", "[cuda][ops][embedding]") {
+  check_ops_against_cpu(embedding_cases(), kCuda);
+}
 TEST_CASE("conv2d", "[cuda][ops][conv]") {
   check_ops_against_cpu(widened(conv_cases()), kCuda);
 }
@@ -121,6 +125,8 @@ TEST_CASE("elementwise and layout ops over larger tensors match the cpu, gradien
                    const Tensor a = F::add(F::sigmoid(x[0]), F::relu(x[0]));
                    return F::add(a, F::add(F::leaky_relu(x[0], 0.2), F::sqrt(x[0] * x[0])));
                  }),
+      large_case("gelu, gelu(tanh) [777,1031]", {floating({777, 1031}, uniform(-6, 6))},
+                 [](X x) { return F::add(F::gelu(x[0]), F::gelu(x[0], "tanh")); }),
       large_case("permute [17,300,40] {2,0,1}", {floating({17, 300, 40})},
                  [](X x) {
                    return F::permute(x[0], {2, 0, 1});
