@@ -85,11 +85,9 @@ TEST_CASE("embedding's weight gradient has the same bits at any thread count", "
   const Tensor w0 = randn({300, 129});
   const Tensor gy = randn({64, 97, 129});
   auto grad_with = [&](int threads) {
-    const int old = num_threads();
-    set_num_threads(threads);
+    const testing::ThreadCount scope(threads);
     Tensor w = w0.detach().set_requires_grad();
     F::sum(F::mul(F::embedding(ids, w, 7), gy)).backward();
-    set_num_threads(old);
     return w.grad();
   };
   const Tensor one = grad_with(1);

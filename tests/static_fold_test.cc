@@ -26,18 +26,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-using StaticRedzones = SwitchScope<set_static_redzones_enabled>;
-
-class Threads {
- public:
-  explicit Threads(int n) : saved_(num_threads()) { set_num_threads(n); }
-  ~Threads() { set_num_threads(saved_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int saved_;
-};
 
 int count_of(const std::string& text, const std::string& pattern) {
   const std::regex re(pattern);
@@ -165,7 +153,7 @@ TEST_CASE("an MLP's Adam steps replay eager's bits with activations folded", "[s
       for (const int threads : {1, 2}) {
         INFO(name(dtype) << ", fold " << fold << ", " << threads << " threads");
         const StaticFoldActivations setting(fold);
-        const Threads t(threads);
+        const ThreadCount t(threads);
         auto make = [dtype] { return nn::mlp(24, 16, 10, {.dtype = dtype}); };
         const std::string text = check_model(make, feature_batches(4, 8, 24, dtype, 3), adam);
         INFO(text);
@@ -187,7 +175,7 @@ TEST_CASE("the seed CNN's SGD steps replay eager's bits with max pooling before 
     for (const int threads : {1, 2}) {
       INFO("fold " << fold << ", " << threads << " threads");
       const StaticFoldActivations setting(fold);
-      const Threads t(threads);
+      const ThreadCount t(threads);
       auto make = [] { return std::make_shared<models::SeedCnn>(4); };
       const std::string text = check_model(make, image_batches(3, 8, 28, DType::Float32, 8), sgd);
       INFO(text);

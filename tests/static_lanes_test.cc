@@ -24,19 +24,6 @@ using Catch::Matchers::Contains;
 namespace {
 
 using StaticLanes = SwitchScope<set_static_lanes_enabled>;
-// Red zones (on for the sanitizer build's run) replay in order: the lane tests turn them off.
-using StaticRedzones = SwitchScope<set_static_redzones_enabled>;
-
-class Threads {
- public:
-  explicit Threads(int n) : saved_(num_threads()) { set_num_threads(n); }
-  ~Threads() { set_num_threads(saved_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int saved_;
-};
 
 // For a test's scope: static graphs on, lanes on or off, red zones off, `threads` threads.
 struct LaneSettings {
@@ -44,7 +31,7 @@ struct LaneSettings {
   StaticEnabled on;
   StaticLanes lanes;
   StaticRedzones no_redzones{false};
-  Threads threads_scope;
+  ThreadCount threads_scope;
 };
 
 auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-3}); };

@@ -24,18 +24,6 @@ using Catch::Matchers::Contains;
 namespace {
 
 using StaticPadded = SwitchScope<set_static_padded_layouts_enabled>;
-using StaticRedzones = SwitchScope<set_static_redzones_enabled>;
-
-class Threads {
- public:
-  explicit Threads(int n) : saved_(num_threads()) { set_num_threads(n); }
-  ~Threads() { set_num_threads(saved_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int saved_;
-};
 
 // For a test's scope: static graphs on, padded layouts on or off, red zones as given (off: two
 // threads replay on two lanes), `threads` threads.
@@ -45,7 +33,7 @@ struct PaddedSettings {
   StaticEnabled on;
   StaticPadded padded;
   StaticRedzones redzones_scope;
-  Threads threads_scope;
+  ThreadCount threads_scope;
 };
 
 auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), {.lr = 0.05}); };

@@ -93,6 +93,22 @@ struct StaticEnabled : SwitchScope<set_static_enabled> {
   explicit StaticEnabled(bool on = true) : SwitchScope(on) {}
 };
 
+// Sets whether static functions traced in the scope guard their arena blocks with red zones
+// (those replay in order: tests of two-lane replay turn them off).
+using StaticRedzones = SwitchScope<set_static_redzones_enabled>;
+
+// Sets the number of threads for a scope and restores the previous number at its end.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(saved_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
+
 // Sets whether static functions traced in the scope fuse elementwise steps (ENCORE_STATIC_FUSE=0
 // in the environment would turn fusion off).
 using StaticFusion = SwitchScope<set_static_fusion_enabled>;
