@@ -51,6 +51,16 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   if (device_.type == DeviceType::CUDA) plan_graphs();
 }
 
+int add_temp_buffer(std::vector<Buffer>& bufs, std::vector<int>& escape, const Operand& like) {
+  Buffer b;
+  b.kind = BufKind::Temp;
+  b.nbytes = like.nbytes();
+  b.device = bufs[like.buf].device;
+  bufs.push_back(std::move(b));
+  escape.push_back(-1);
+  return static_cast<int>(bufs.size()) - 1;
+}
+
 // Results and gradients leave the call: each gets a buffer of its own, written directly by
 // the step that produces it, or a Copy where it is something else (an argument, a parameter,
 // a forward value, another result's gradient).
@@ -61,15 +71,9 @@ void Plan::add_copies() {
     for (const Operand& o : all_[t].out) (t < n_forward_ ? written_fwd : written_bwd)[o.buf] = 1;
   escape_.assign(bufs.size(), -1);
   auto new_temp = [&](const Operand& like) {
-    Buffer b;
-    b.kind = BufKind::Temp;
-    b.nbytes = like.nbytes();
-    b.device = bufs[like.buf].device;
-    bufs.push_back(std::move(b));
-    escape_.push_back(-1);
     written_fwd.push_back(0);
     written_bwd.push_back(0);
-    return static_cast<int>(bufs.size()) - 1;
+    return add_temp_buffer(bufs, escape_, like);
   };
   auto copy_into_new = [&](Operand& o, int at) {
     Step s{Op::Copy, AttrBlob{}, -1, {o}, {}};

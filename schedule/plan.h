@@ -340,6 +340,10 @@ class Plan {
   std::string fallback_;
 };
 
+// A new temporary buffer (not escaping) for a value shaped like `like`, added by a pass: its
+// number in `bufs` (and `escape`, which grows with it).
+int add_temp_buffer(std::vector<Buffer>& bufs, std::vector<int>& escape, const Operand& like);
+
 // A Graphviz string literal: `s` in double quotes, with quotes, backslashes and newlines
 // escaped (the schedule dump's labels).
 std::string dot_quote(std::string_view s);

@@ -103,13 +103,7 @@ class Rewriter {
     n += cat(n.empty() ? "" : "; ", text);
   }
   Operand new_temp(const Operand& like) {
-    Buffer b;
-    b.kind = BufKind::Temp;
-    b.nbytes = like.nbytes();
-    b.device = bufs_[like.buf].device;
-    bufs_.push_back(std::move(b));
-    escape_.push_back(-1);
-    return Operand{static_cast<int>(bufs_.size()) - 1, like.shape, like.dtype};
+    return Operand{add_temp_buffer(bufs_, escape_, like), like.shape, like.dtype};
   }
 
   std::vector<Step>& steps_;
