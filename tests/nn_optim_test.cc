@@ -131,6 +131,29 @@ TEST_CASE("Adam follows PyTorch's update rule, with and without weight decay", "
   }
 }
 
+TEST_CASE("AdamW is Adam with decoupled weight decay 0.01 by default", "[optim]") {
+  Tensor p = param({0.5, -1.5}), q = param({0.5, -1.5});
+  optim::AdamW adamw({p});
+  optim::Adam adam({q}, {.weight_decay = 0.01, .decoupled = true});
+  CHECK(adamw.options.weight_decay == 0.01);
+  CHECK(adamw.options.decoupled);
+  for (int t = 0; t < 3; ++t) {
+    set_grad(p, {0.1 * t - 0.2, 0.3});
+    set_grad(q, {0.1 * t - 0.2, 0.3});
+    adamw.step();
+    adam.step();
+  }
+  CHECK(p.to_vector<double>() == q.to_vector<double>());
+  // The decay is applied: without it the parameters end elsewhere.
+  Tensor r = param({0.5, -1.5});
+  optim::AdamW plain({r}, {.weight_decay = 0});
+  for (int t = 0; t < 3; ++t) {
+    set_grad(r, {0.1 * t - 0.2, 0.3});
+    plain.step();
+  }
+  CHECK(r.to_vector<double>() != p.to_vector<double>());
+}
+
 TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[optim]") {
   Tensor p = param({1.0});
   optim::Adam adam({p});

@@ -6,6 +6,7 @@
 #include "encore/functions.h"
 #include "encore/models.h"
 #include "encore/nn.h"
+#include "encore/nn_sequence.h"
 #include "encore/optim.h"
 #include "encore/profiler.h"
 #include "encore/static_graph.h"

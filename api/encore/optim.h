@@ -80,4 +80,19 @@ class Adam : public Optimizer {
   std::vector<Tensor> m_, v_, t_;  // t_: per-parameter step counters (int64 scalars)
 };
 
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  // PyTorch's AdamW default
+};
+
+// Adam with decoupled weight decay, as torch.optim.AdamW: p -= lr * wd * p, then Adam's update.
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions o = {})
+      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true}) {}
+};
+
 }  // namespace encore::optim

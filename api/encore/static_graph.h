@@ -204,6 +204,37 @@ R unflatten_result(std::vector<Tensor>& v) {
   }
 }
 
+
+// Calls fn with the call's arguments as separate parameters: the overload taking that many
+// tensors (a functor may have several). False when fn takes no N tensors.
+template <size_t N, typename Fn>
+bool call_n(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out) {
+  if constexpr (takes_tensors<Fn, N>) {
+    [&]<size_t... I>(std::index_sequence<I...>) {
+      using R = std::invoke_result_t<Fn&, TensorParam<I>...>;
+      if constexpr (std::is_void_v<R>)
+        fn(args[I]...);
+      else
+        flatten_result(fn(args[I]...), out);
+    }
+    (std::make_index_sequence<N>());
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <typename Fn>
+void call_with(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out,
+               const std::string& name) {
+  const bool called = [&]<size_t... N>(std::index_sequence<N...>) {
+    return ((args.size() == N && call_n<N>(fn, args, out)) || ...);
+  }
+  (std::make_index_sequence<kMaxStaticArgs + 1>());
+  ENCORE_CHECK(called, "static function '", name, "': called with ", args.size(),
+               " tensor arguments; its function does not take ", args.size(), " tensors");
+}
+
 }  // namespace detail
 
 // A static function over tensor arguments. Copying shares the cache.
@@ -258,36 +289,8 @@ class StaticFunction {
   schedule::StaticGraph::Body make_body(std::string name) {
     std::shared_ptr<Fn> fn = fn_;
     return [fn, name = std::move(name)](std::span<const Tensor> args, std::vector<Tensor>& out) {
-      call_with(*fn, args, out, name);
+      detail::call_with(*fn, args, out, name);
     };
-  }
-
-  // Calls fn with the call's arguments as separate parameters: the overload taking that many
-  // tensors (a functor may have several).
-  static void call_with(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out,
-                        const std::string& name) {
-    const bool called = [&]<size_t... N>(std::index_sequence<N...>) {
-      return ((args.size() == N && call_n<N>(fn, args, out)) || ...);
-    }
-    (std::make_index_sequence<detail::kMaxStaticArgs + 1>());
-    ENCORE_CHECK(called, "static function '", name, "': called with ", args.size(),
-                 " tensor arguments; its function does not take ", args.size(), " tensors");
-  }
-  template <size_t N>
-  static bool call_n(Fn& fn, std::span<const Tensor> args, std::vector<Tensor>& out) {
-    if constexpr (detail::takes_tensors<Fn, N>) {
-      [&]<size_t... I>(std::index_sequence<I...>) {
-        using R = std::invoke_result_t<Fn&, detail::TensorParam<I>...>;
-        if constexpr (std::is_void_v<R>)
-          fn(args[I]...);
-        else
-          detail::flatten_result(fn(args[I]...), out);
-      }
-      (std::make_index_sequence<N>());
-      return true;
-    } else {
-      return false;
-    }
   }
 
   std::shared_ptr<Fn> fn_;
@@ -300,16 +303,42 @@ StaticFunction<Fn> static_graph(Fn fn, StaticOptions options = {}) {
 }
 
 // The member ENCORE_STATIC_GRAPH declares: makes its module's operator() run forward() as a
-// static function with this module's own cache.
+// static function with this module's own cache. A forward may take several tensors and return
+// several (a std::tuple or std::pair of Tensors, or a std::vector<Tensor>): the module's
+// operator() takes and returns what its forward does.
 class StaticForward final : public nn::StaticHook {
  public:
-  explicit StaticForward(nn::Module* module, StaticOptions options = {});
+  template <typename M>
+  explicit StaticForward(M* module, StaticOptions options = {})
+      : StaticForward(static_cast<nn::Module*>(module), std::move(options), forward_body(module)) {}
   ~StaticForward() override;
+  // The one-tensor call of nn::Module::operator() (a module used through a Module pointer).
   Tensor call(const Tensor& x) override;
+  // The call of the operator() that ENCORE_STATIC_GRAPH declares: module.forward(args...)'s
+  // result, through the cache.
+  template <typename M, typename... A>
+  auto call_as(M& module, const A&... args) {
+    using R = decltype(module.forward(args...));
+    const Tensor targs[] = {Tensor(args)..., Tensor()};
+    std::vector<Tensor> out = core_.call(std::span<const Tensor>(targs, sizeof...(A)), nullptr);
+    if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out);
+  }
   StaticStats stats() const { return core_.graph().stats(); }
   schedule::StaticGraph& graph() { return core_.graph(); }
 
  private:
+  StaticForward(nn::Module* module, StaticOptions options, schedule::StaticGraph::Body body);
+  // Calls the forward overload of M taking as many tensors as the call has.
+  template <typename M>
+  static schedule::StaticGraph::Body forward_body(M* module) {
+    return [module](std::span<const Tensor> args, std::vector<Tensor>& out) {
+      auto forward = [module](const auto&... a) -> decltype(module->forward(a...)) {
+        return module->forward(a...);
+      };
+      detail::call_with(forward, args, out, "forward");
+    };
+  }
+
   nn::Module* module_;
   mutable detail::StaticCore core_;
 };
@@ -325,8 +354,14 @@ std::string static_schedule_dot(const nn::Module& module);
 
 }  // namespace encore
 
-// Inside a Module subclass: `ENCORE_STATIC_GRAPH();` or `ENCORE_STATIC_GRAPH({.name = "net"});`
-#define ENCORE_STATIC_GRAPH(...)                 \
-  ::encore::StaticForward encore_static_graph_ { \
-    this __VA_OPT__(, ) __VA_ARGS__              \
+// Inside a Module subclass, in its public part: `ENCORE_STATIC_GRAPH();` or
+// `ENCORE_STATIC_GRAPH({.name = "net"});`. Declares the static forward and an operator() taking
+// and returning what the class's forward does (one tensor or several).
+#define ENCORE_STATIC_GRAPH(...)                                                          \
+  template <typename... EncoreArgs>                                                       \
+  auto operator()(const EncoreArgs&... encore_args)->decltype(this->forward(encore_args...)) { \
+    return encore_static_graph_.call_as(*this, encore_args...);                           \
+  }                                                                                       \
+  ::encore::StaticForward encore_static_graph_ {                                          \
+    this __VA_OPT__(, ) __VA_ARGS__                                                       \
   }

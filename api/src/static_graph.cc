@@ -100,13 +100,9 @@ StaticOptions forward_options(StaticOptions o) {
 }
 }  // namespace
 
-StaticForward::StaticForward(nn::Module* module, StaticOptions options)
-    : module_(module),
-      core_(forward_options(std::move(options)), {module},
-            [module](std::span<const Tensor> args, std::vector<Tensor>& out) {
-              ENCORE_CHECK(args.size() == 1, "forward: takes one tensor, got ", args.size());
-              out.push_back(module->forward(args[0]));
-            }) {
+StaticForward::StaticForward(nn::Module* module, StaticOptions options,
+                             schedule::StaticGraph::Body body)
+    : module_(module), core_(forward_options(std::move(options)), {module}, std::move(body)) {
   module_->set_static_hook(this);
 }
 

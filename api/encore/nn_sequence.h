@@ -1,0 +1,83 @@
+// Modules of sequence models: recurrent cells and layers, attention and a transformer block.
+//
+//   nn::LSTMCell cell(64, 256);
+//   auto [h, c] = cell(x_t, h, c);                // one time step, PyTorch's gate order
+//   nn::LSTM lstm(64, 256, {.batch_first = true});
+//   auto [y, h_n, c_n] = lstm(x);                  // x [B,T,64] -> y [B,T,256]
+//
+// The loops over time are C++ in forward(): a static function or ENCORE_STATIC_GRAPH records
+// every step of them, so a replay runs the whole unrolled sequence as one schedule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "encore/nn.h"
+
+namespace encore::nn {
+
+struct RecurrentOptions {
+  bool bias = true;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// One LSTM step as torch.nn.LSTMCell: gates = x W_ih^T + b_ih + h W_hh^T + b_hh split into
+// input, forget, cell and output gates (that order); c' = sigmoid(f) c + sigmoid(i) tanh(g),
+// h' = sigmoid(o) tanh(c'). x [B, input], h and c [B, hidden]. Parameters as PyTorch's,
+// U(-1/sqrt(hidden), 1/sqrt(hidden)): weight_ih [4 hidden, input], weight_hh [4 hidden, hidden],
+// bias_ih and bias_hh [4 hidden].
+class LSTMCell : public Module {
+ public:
+  LSTMCell(int64_t input_size, int64_t hidden_size, RecurrentOptions options = {});
+  // (h', c').
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& h, const Tensor& c);
+  std::pair<Tensor, Tensor> operator()(const Tensor& x, const Tensor& h, const Tensor& c) {
+    return forward(x, h, c);
+  }
+  std::string describe() const override;
+  int64_t hidden_size() const { return weight_hh.size(1); }
+
+  Tensor weight_ih, weight_hh, bias_ih, bias_hh;
+};
+
+// The state update of an LSTM from its gates [B, 4 hidden] (input, forget, cell, output) and the
+// cell state c [B, hidden]: (h', c'). LSTMCell and LSTM use it; so can a user's own cell.
+std::pair<Tensor, Tensor> lstm_state(const Tensor& gates, const Tensor& c);
+
+struct LSTMOptions {
+  int64_t num_layers = 1;
+  bool bias = true;
+  bool batch_first = false;  // x [B,T,input] instead of [T,B,input], as PyTorch's
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// A multi-layer LSTM over a whole sequence, as torch.nn.LSTM (unidirectional, no dropout):
+// x [T,B,input] ([B,T,input] with batch_first) -> y, the last layer's h at every step, and
+// h_n, c_n [layers, B, hidden]. Each layer projects all its inputs at once (one product over
+// T x B rows), then steps through time. Parameters per layer k: weight_ih_l{k}, weight_hh_l{k},
+// bias_ih_l{k}, bias_hh_l{k}.
+class LSTM : public Module {
+ public:
+  LSTM(int64_t input_size, int64_t hidden_size, LSTMOptions options = {});
+  // (y, h_n, c_n). Initial states h0, c0 [layers, B, hidden]; undefined: zeros.
+  std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const Tensor& h0 = Tensor(),
+                                             const Tensor& c0 = Tensor());
+  std::tuple<Tensor, Tensor, Tensor> operator()(const Tensor& x, const Tensor& h0 = Tensor(),
+                                                const Tensor& c0 = Tensor()) {
+    return forward(x, h0, c0);
+  }
+  std::string describe() const override;
+
+  const LSTMOptions options;
+  std::vector<Tensor> weight_ih, weight_hh, bias_ih, bias_hh;  // per layer
+
+ private:
+  int64_t input_size_, hidden_size_;
+};
+
+}  // namespace encore::nn
