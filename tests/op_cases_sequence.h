@@ -134,8 +134,8 @@ inline std::vector<OpCase> layer_norm_cases() {
 }
 
 // Mean over targets not equal to `ignore` of logsumexp(row) - row[target]; 0 when none counts.
-inline RefTensor ref_cross_entropy(const RefTensor& logits, const RefTensor& targets,
-                                   int64_t ignore) {
+inline RefTensor ref_cross_entropy_last_axis(const RefTensor& logits, const RefTensor& targets,
+                                             int64_t ignore) {
   const int64_t classes = logits.shape.back();
   double total = 0;
   int64_t count = 0;
@@ -168,7 +168,7 @@ inline std::vector<OpCase> cross_entropy_cases() {
          {floating(shape, uniform(-3, 3)),
           int_input(targets, kind, labels(classes, ignore, ignored))},
          [ig](const Inputs& x) { return F::cross_entropy(x[0], x[1], ig); },
-         [ig](const Refs& x) { return ref_cross_entropy(x[0], x[1], ig); }});
+         [ig](const Refs& x) { return ref_cross_entropy_last_axis(x[0], x[1], ig); }});
   }
   return cases;
 }
