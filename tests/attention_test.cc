@@ -177,3 +177,34 @@ TEST_CASE("batched matmul of small heads gives the same bits at any thread count
     }
   }
 }
+
+TEST_CASE("static attention with mask arguments and a new length replays eager's bits",
+          "[static][attention]") {
+  StaticEnabled on;
+  manual_seed(13);
+  auto body = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                 const Tensor& bias) {
+    const Tensor a = F::scaled_dot_product_attention(q, k, v, false, keep);
+    const Tensor b = F::scaled_dot_product_attention(q, k, v, true, bias, 0.3);
+    return F::sum(F::mul(a, b));
+  };
+  auto f = static_graph(body, {.name = "masked_attention"});
+  for (int64_t t : {4, 4, 6, 6, 4}) {  // a new length traces again; each replays
+    CAPTURE(t);
+    const Tensor q0 = randn({2, t, 3}), k0 = randn({2, t, 3}), v0 = randn({2, t, 5});
+    std::vector<double> m(static_cast<size_t>(t * t));  // every query keeps key 0
+    for (int64_t i = 0; i < t * t; ++i) m[i] = i % t == 0 || (i * 7) % 3 == 1 ? 1 : 0;
+    const Tensor keep = F::greater(tensor(m, {t, t}), zeros({}));
+    const Tensor bias = randn({1, t, t});
+    std::vector<Tensor> s, e;
+    for (std::vector<Tensor>* in : {&s, &e})
+      for (const Tensor& x : {q0, k0, v0}) in->push_back(x.detach().set_requires_grad());
+    const Tensor ys = f(s[0], s[1], s[2], keep, bias);
+    ys.backward();
+    const Tensor ye = body(e[0], e[1], e[2], keep, bias);
+    ye.backward();
+    CHECK(bit_diff(ys, ye) == "");
+    for (int i = 0; i < 3; ++i) CHECK(bit_diff(s[i].grad(), e[i].grad()) == "");
+  }
+  CHECK(f.stats().traces == 2);
+}
