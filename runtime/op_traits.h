@@ -131,6 +131,9 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Embedding, "embedding", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0, kSplits},
     {Op::EmbeddingGrad, "embedding_grad", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0,
      kSplits},
+    {Op::LayerNorm, "layer_norm", OpKind::Compute, 1, 3, 3, AttrType::LayerNorm, 0, kSplits},
+    {Op::LayerNormGrad, "layer_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::LayerNorm, 0,
+     kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
@@ -221,11 +224,11 @@ constexpr bool op_reads_two(Op op) {
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
   constexpr std::string_view kNames[] = {
-      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs",   "PermuteAttrs",
-      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",   "Pool2dAttrs",
-      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",      "AdamAttrs",
-      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Embedding) + 1);
+      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs",    "PermuteAttrs",
+      "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",    "Pool2dAttrs",
+      "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",       "AdamAttrs",
+      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs", "LayerNormAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::LayerNorm) + 1);
   return kNames[static_cast<int>(t)];
 }
 

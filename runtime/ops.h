@@ -82,6 +82,10 @@ enum class Op : uint16_t {
   // Sequence models.
   Embedding,      // ids [...] (int32, int64), weight [V, D] -> y [..., D] (EmbeddingAttrs)
   EmbeddingGrad,  // ids, gy [..., D] -> gw [V, D], a scatter-add in id order (no atomics)
+  // x [R, C] (seen so: C the normalised elements), optional gamma, beta [C] (LayerNormAttrs says
+  // which) -> y, mean [R], rstd [R] (1/sqrt(biased var + eps))
+  LayerNorm,
+  LayerNormGrad,  // x, mean, rstd, gy, optional gamma -> gx, ggamma [C], gbeta [C]
   // In-place: fills, accumulation, initialisers, optimizer updates.
   Fill,
   AddInplace,
@@ -140,6 +144,7 @@ enum class AttrType : uint8_t {
   Conv2dAct,
   MatmulAct,
   Embedding,
+  LayerNorm,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -255,6 +260,17 @@ struct EmbeddingAttrs {  // Embedding, EmbeddingGrad: the row that gets no gradi
   int64_t padding_idx = -1;
 };
 
+// LayerNorm, LayerNormGrad: x is [R, cols] (its last dims flattened), `affine` a mask of
+// kLayerNormGamma and kLayerNormBeta naming the optional inputs after x, in that order.
+struct LayerNormAttrs {
+  double eps = 1e-5;
+  int64_t cols = 0;
+  uint8_t affine = 0;
+  uint8_t unused[7] = {};
+};
+inline constexpr uint8_t kLayerNormGamma = 1;
+inline constexpr uint8_t kLayerNormBeta = 2;
+
 // LinearAct, Conv2dAct, MatmulActGrad: the activation (Relu, LeakyRelu, Sigmoid, Tanh) or the
 // activation gradient (ReluGrad, LeakyReluGrad, SigmoidGrad, TanhGrad) the producer applies, with
 // the op's scalar (leaky_relu's slope).
@@ -317,5 +333,7 @@ template <>
 struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
 template <>
 struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
+template <>
+struct AttrTypeOf<LayerNormAttrs> : AttrTag<AttrType::LayerNorm> {};
 
 }  // namespace encore

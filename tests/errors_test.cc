@@ -168,12 +168,16 @@ TEST_CASE("matmul and linear name the mismatching shapes", "[errors]") {
                     Contains("matmul: inner dimensions differ: a is [32,784], b is [100,10]"));
   CHECK_THROWS_WITH(F::matmul(t32({2, 3, 4}), t32({2, 5, 6})),
                     Contains("matmul: inner dimensions differ: a is [2,3,4], b is [2,5,6]"));
-  CHECK_THROWS_WITH(F::matmul(t32({2, 3, 4}), t32({3, 4, 5})),
-                    Contains("matmul: batch dimensions differ: a is [2,3,4], b is [3,4,5]"));
+  CHECK_THROWS_WITH(
+      F::matmul(t32({2, 3, 4}), t32({3, 4, 5})),
+      Contains("matmul: batch dimensions do not broadcast: a is [2,3,4], b is [3,4,5]"));
+  CHECK_THROWS_WITH(
+      F::matmul(t32({2, 3, 3, 4}), t32({2, 4, 5})),
+      Contains("matmul: batch dimensions do not broadcast: a is [2,3,3,4], b is [2,4,5]"));
   CHECK_THROWS_WITH(F::matmul(t32({4}), t32({4, 2})),
-                    Contains("matmul: operands must be 2-D or 3-D: a is [4], b is [4,2]"));
-  CHECK_THROWS_WITH(F::matmul(t32({1, 2, 3, 4}), t32({4, 2})),
-                    Contains("matmul: operands must be 2-D or 3-D: a is [1,2,3,4]"));
+                    Contains("matmul: operands must be at least 2-D: a is [4], b is [4,2]"));
+  CHECK_THROWS_WITH(F::matmul(t32({1, 2, 3, 4}), t32({5, 2})),
+                    Contains("matmul: inner dimensions differ: a is [1,2,3,4], b is [5,2]"));
 
   CHECK_THROWS_WITH(F::linear(t32({8, 5}), t32({3, 6})),
                     Contains("linear: x [8,5] does not match weight [3,6] (expected x [..., 6])"));

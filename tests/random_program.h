@@ -32,8 +32,8 @@ enum class OpKind {
   Add, Sub, Mul, DivSigmoid, DivExp, AddScalar, SubScalar, RsubScalar, MulScalar, DivScalar,
   RdivScalar, Neg, ExpTanh, LogSq, SqrtSq, PowSq, Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Matmul,
   Linear, Sum, Mean, Max, Reshape, Flatten, Transpose, Permute, BroadcastTo, Concat, Slice,
-  Softmax, LogSoftmax, Mse, CrossEntropy, Conv2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d, BatchNorm,
-  Dropout
+  Softmax, LogSoftmax, Mse, CrossEntropy, LayerNorm, MaskedFill, Conv2d, MaxPool2d, AvgPool2d,
+  GlobalAvgPool2d, BatchNorm, Dropout
 };
 // clang-format on
 
@@ -63,7 +63,8 @@ inline constexpr OpInfo kOps[] = {{"add", 4, false},               {"sub", 3, fa
                                   {"broadcast_to", 2, false},      {"concat", 2, false},
                                   {"slice", 2, false},             {"softmax", 1, false},
                                   {"log_softmax", 1, false},       {"mse", 1, false},
-                                  {"cross_entropy", 1, false},     {"conv2d", 4, false},
+                                  {"cross_entropy", 1, false},     {"layer_norm", 2, false},
+                                  {"masked_fill", 2, true},        {"conv2d", 4, false},
                                   {"max_pool2d", 2, false},        {"avg_pool2d", 2, false},
                                   {"global_avg_pool2d", 1, false}, {"batch_norm", 3, false},
                                   {"dropout", 3, false}};
@@ -128,6 +129,9 @@ struct Leaf {
 //   batch_norm: running statistics (index into Program::states, or -1), training, affine
 //     (gamma in[1], beta in[2]); scalar: momentum, scalar2: eps
 //   dropout: scalar: ratio; flag: training
+// layer_norm: ints: the normalised trailing dims, then a mask (1: gamma, 2: beta, each the next
+// input); scalar: eps. masked_fill: x, then a value whose elements > 0 make the mask (broadcast
+// to x); scalar: the fill value.
 struct Step {
   OpKind op;
   int out = 0;

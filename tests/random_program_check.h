@@ -84,6 +84,17 @@ inline Tensor apply_step(const Step& s, const std::vector<Tensor>& v,
       return s.scalar == 0 ? F::gelu(in(0)) : F::gelu(in(0), "tanh");
     case OpKind::Matmul:
       return F::matmul(in(0), in(1));
+    case OpKind::LayerNorm: {
+      const int k = static_cast<int>(ax(0)), affine = static_cast<int>(ax(1));
+      const Shape& sx = in(0).shape();
+      std::vector<int64_t> normalized(sx.dims().end() - k, sx.dims().end());
+      const Tensor gamma = affine & 1 ? in(1) : Tensor();
+      const Tensor beta = affine & 2 ? in(affine & 1 ? 2 : 1) : Tensor();
+      return F::layer_norm(in(0), normalized, gamma, beta, s.scalar);
+    }
+    case OpKind::MaskedFill:
+      return F::masked_fill(in(0), F::greater(in(1), zeros({}, in(1).dtype(), in(1).device())),
+                            s.scalar);
     case OpKind::Linear:
       return s.flag ? F::linear(in(0), in(1), in(2)) : F::linear(in(0), in(1));
     case OpKind::Sum:

@@ -401,6 +401,10 @@ class ProgramGenerator {
       }
       case OpKind::CrossEntropy:
         return cross_entropy(forced);
+      case OpKind::LayerNorm:
+        return layer_norm(forced);
+      case OpKind::MaskedFill:
+        return masked_fill(forced);
       case OpKind::Conv2d:
         return conv2d(forced);
       case OpKind::MaxPool2d:
@@ -634,22 +638,38 @@ class ProgramGenerator {
 
   // [M,K]x[K,N], [B,M,K]x[B,K,N], [B,M,K]x[K,N]; the right operand an existing value, a new
   // leaf, or the left one transposed.
+  // matmul(a [..., M, K], b [..., K, N]), the batch dimensions (up to two) broadcast.
   bool matmul(int forced) {
-    int a = pick([&](int v) { return rank(v) == 2 || rank(v) == 3; }, forced);
+    int a = pick([&](int v) { return rank(v) >= 2; }, forced);
     if (a < 0) return false;
     const Dims sa = shape(a);
     const int64_t k = sa.back();
+    const Dims batch_a(sa.begin(), sa.end() - 2);
+    auto batches_fit = [](const Dims& x, const Dims& y) {
+      Dims out;
+      return broadcast_dims(Dims(x.begin(), x.end() - 2), Dims(y.begin(), y.end() - 2), out);
+    };
     int b = pick([&](int v) {
       const Dims s = shape(v);
-      if (s.size() == 2) return s[0] == k;
-      return s.size() == 3 && sa.size() == 3 && s[0] == sa[0] && s[1] == k;
+      return s.size() >= 2 && s[s.size() - 2] == k && batches_fit(sa, s);
     });
     bool transposed_self = false;
     if (b < 0 || chance(0.3)) {
       const int64_t n = between(1, 6);
       int leaf = -1;
       if (chance(0.6)) {
-        Dims s = sa.size() == 3 && chance(0.5) ? Dims{sa[0], k, n} : Dims{k, n};
+        // b's batch: none, a's, or a's with some dimensions 1 (broadcast), or a new leading one.
+        Dims s;
+        if (!batch_a.empty() && chance(0.6)) {
+          s = batch_a;
+          for (int64_t& d : s)
+            if (chance(0.3)) d = 1;
+        } else if (batch_a.size() < 2 && chance(0.2)) {
+          s.push_back(between(2, 3));
+          s.insert(s.end(), batch_a.begin(), batch_a.end());
+        }
+        s.push_back(k);
+        s.push_back(n);
         leaf = new_leaf_of(s, chance(0.6), 0.8);
       }
       if (leaf >= 0) {
@@ -664,12 +684,60 @@ class ProgramGenerator {
     if (transposed_self && chance(0.5)) std::swap(a, b);  // a^T a instead of a a^T
     const Dims s0 = shape(a), s1 = shape(b);
     Dims out;
-    if (s0.size() == 3) out.push_back(s0[0]);
+    if (!broadcast_dims(Dims(s0.begin(), s0.end() - 2), Dims(s1.begin(), s1.end() - 2), out))
+      return false;
     out.push_back(s0[s0.size() - 2]);
     out.push_back(s1.back());
     if (numel_of(out) > kMaxNumel) return false;
     const auto [ins, bound] = product_inputs(a, b, -1, s0.back());
     emit(OpKind::Matmul, ins, out, bound);
+    return true;
+  }
+
+  // layer_norm(x) over its last one or two dimensions, with gamma and beta each an existing
+  // value of that shape, a new leaf, or none.
+  bool layer_norm(int forced) {
+    int x = pick([&](int v) { return rank(v) >= 1; }, forced);
+    if (x < 0) return false;
+    x = squash(x, 1e3);
+    const Dims sx = shape(x);
+    const int64_t k = rank_of(sx) >= 2 && chance(0.3) ? 2 : 1;
+    const Dims normalized(sx.end() - k, sx.end());
+    std::vector<int> ins = {x};
+    int64_t affine = 0;
+    double bound = std::sqrt(static_cast<double>(numel_of(normalized)));
+    for (int64_t bit : {1, 2}) {
+      if (!chance(0.6)) continue;
+      int p = pick([&](int v) { return v != x && shape(v) == normalized; });
+      if (p < 0 || chance(0.5)) {
+        const int leaf = new_leaf_of(normalized, chance(0.7), 0.85);
+        if (leaf >= 0) p = leaf;
+      }
+      if (p < 0) continue;
+      p = squash(p, 10);
+      affine |= bit;
+      ins.push_back(p);
+      bound = bit == 1 ? bound * val(p).bound : bound + val(p).bound;
+    }
+    emit(OpKind::LayerNorm, ins, sx, bound, {k, affine}, chance(0.5) ? 1e-5 : 0.1);
+    return true;
+  }
+
+  // masked_fill(x, m > 0, s) with m an existing value that broadcasts to x (often x itself).
+  bool masked_fill(int forced) {
+    int x = pick([](int) { return true; }, forced);
+    if (x < 0) return false;
+    x = squash(x, 1e3);
+    const Dims sx = shape(x);
+    int m = pick([&](int v) {
+      Dims out;
+      return v != x && rank(v) <= rank_of(sx) && broadcast_dims(shape(v), sx, out) && out == sx;
+    });
+    if (m < 0 || chance(0.3)) m = x;
+    const double s = signed_scalar();
+    const int out =
+        emit(OpKind::MaskedFill, {x, m}, sx, std::max(val(x).bound, std::abs(s)), {}, s);
+    p_.values[out].requires_grad = val(x).requires_grad;  // the mask carries no gradient
     return true;
   }
 

@@ -1,6 +1,7 @@
 // A randomized differential test of static_graph. A generator builds a random program from the
-// op set of functions.h (broadcasting binary ops, scalar forms, unary ops, matmul and linear,
-// reductions, layout ops, softmax and losses, conv2d with stride, padding, dilation, groups and
+// op set of functions.h (broadcasting binary ops, scalar forms, unary ops, matmul over broadcast
+// batch dimensions and linear, reductions, layout ops, softmax and losses, layer_norm,
+// masked_fill, conv2d with stride, padding, dilation, groups and
 // an optional bias, max_pool2d, avg_pool2d with and without count_include_pad,
 // global_avg_pool2d, batch_norm in training and eval mode, dropout in training (and eval) mode)
 // as a list of steps, a deterministic function of its seed; a lambda interprets the list. Its

@@ -100,10 +100,17 @@ Tensor gelu(const Tensor& x, std::string_view approximate = "none");
 Tensor equal(const Tensor& a, const Tensor& b);
 Tensor greater(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where the bool `mask` (broadcast to x's shape) is true, as PyTorch's
+// masked_fill; x's gradient is gy where mask is false, 0 where it is true.
+//   Tensor s = F::masked_fill(scores, pad_mask, -INFINITY);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // ---- Linear algebra ---------------------------------------------------------------------
 
-// [M,K]x[K,N] -> [M,N]; [B,M,K]x[B,K,N] -> [B,M,N]; [B,M,K]x[K,N] -> [B,M,N]. Through cblas.
+// [..., M, K] x [..., K, N] -> [..., M, N], the batch dimensions (all but the last two)
+// broadcast by NumPy rules: [B,H,T,D] x [B,H,D,S], [B,T,D] x [D,N], [H,T,D] x [B,1,D,S] ...
+// An operand broadcast over batches gets its gradient summed back to its shape. Both at least
+// 2-D. Through cblas (one GEMM over the rows of a when b has no batch), cuBLAS strided batched.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x W^T + b with W [out, in], x [..., in], b [out] (optional).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
@@ -143,6 +150,12 @@ Tensor log_softmax(const Tensor& x, int axis = -1);
 // Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.
 // Samples labelled `ignore_label` are left out of the sum and the count.
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
+// Mean over the positions whose target is not ignore_index of -log softmax(logits)[target]:
+// logits [..., V] with the class axis LAST (PyTorch's cross_entropy takes it at axis 1:
+// permute [N, V, T] logits first), targets [...] int32/int64, each in [0, V) or ignore_index.
+// 0 when every position is ignored (PyTorch gives NaN).
+//   Tensor loss = F::cross_entropy(logits, tokens);  // logits [B, T, V], tokens [B, T]
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 // mean((a - b)^2) over all elements.
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
 // Fraction of samples whose argmax (a row's first NaN when it holds one, as torch.argmax) equals
@@ -193,6 +206,28 @@ Tensor dropout(const Tensor& x, double ratio = 0.5, bool training = true);
 // padding row). On the cpu an id outside [0, V) is an Error; on CUDA its output row is NaN.
 //   Tensor e = F::embedding(tokens, table);  // tokens [B, T] -> e [B, T, D]
 Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx = -1);
+
+// Layer normalisation as torch.nn.functional.layer_norm: over the trailing dimensions of x named
+// by normalized_shape, y = (x - mean) / sqrt(var + eps) * gamma + beta, the variance biased;
+// gamma and beta (each optional) have shape normalized_shape and x's dtype. Each row's mean and
+// 1/sqrt(var + eps) are kept for the backward; results have the same bits at any thread count.
+//   Tensor h = F::layer_norm(x, {d_model}, gamma, beta);  // x [B, T, d_model]
+Tensor layer_norm(const Tensor& x, std::span<const int64_t> normalized_shape,
+                  const Tensor& gamma = Tensor(), const Tensor& beta = Tensor(), double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, std::initializer_list<int64_t> normalized_shape,
+                  const Tensor& gamma = Tensor(), const Tensor& beta = Tensor(), double eps = 1e-5);
+
+// softmax(q k^T scale + mask) v, as torch.nn.functional.scaled_dot_product_attention (math
+// form, no dropout): q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv], the batch
+// dimensions broadcast. scale defaults to 1/sqrt(D). causal: query i attends to keys j <= i
+// (top-left aligned, PyTorch's is_causal). attn_mask, broadcast to [..., T, S]: bool, true where
+// a key TAKES PART (PyTorch's convention), or floating (q's dtype), added to the scores. A query
+// that may attend to no key gets NaN. Composed from matmul, mul, masked_fill, where, softmax:
+// differentiable in q, k, v (and a floating mask), and traceable by static_graph.
+//   Tensor y = F::scaled_dot_product_attention(q, k, v, /*causal=*/true);  // q,k,v [B,H,T,Dh]
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = false, const Tensor& attn_mask = Tensor(),
+                                    std::optional<double> scale = std::nullopt);
 
 }  // namespace functions
 

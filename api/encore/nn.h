@@ -134,6 +134,25 @@ class Embedding : public Module {
   int64_t padding_idx;  // -1: none
 };
 
+// Layer normalisation over the trailing dimensions `normalized_shape` (F::layer_norm), with
+// parameters "weight" (ones) and "bias" (zeros) of that shape when elementwise_affine.
+//   nn::LayerNorm ln({d_model});  // x [B, T, d_model] -> the same shape
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
+                     bool elementwise_affine = true, DType dtype = DType::Float32,
+                     Device device = Device::cpu());
+  Tensor forward(const Tensor& x) override {
+    return F::layer_norm(x, normalized_shape, weight, bias, eps);
+  }
+  std::string describe() const override;
+
+  Tensor weight;  // undefined without elementwise_affine
+  Tensor bias;
+  std::vector<int64_t> normalized_shape;
+  double eps;
+};
+
 class LeakyReLU : public Module {
  public:
   explicit LeakyReLU(double slope = 0.01) : slope_(slope) {}

@@ -41,6 +41,62 @@ Tensor matmul_t(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return call1(Op::Matmul, {a, b}, s, a.dtype(), AttrBlob::of(MatmulAttrs{trans_a, trans_b}));
 }
 
+// The batch dimensions of x: all but its last two.
+Shape batch_dims(const Tensor& x) {
+  Shape s;
+  for (int i = 0; i + 2 < x.rank(); ++i) s.push_back(x.shape()[i]);
+  return s;
+}
+
+// x [..., R, C] as [P, R, C] over the batch shape `batch` (P its element count): a view when x's
+// batch dimensions are `batch`, else a broadcast copy (its gradient summed back by broadcast_to).
+Tensor as_batches(const Tensor& x, const Shape& batch) {
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  Tensor full = x;
+  if (!(batch_dims(x) == batch)) {
+    Shape s = batch;
+    s.push_back(rows);
+    s.push_back(cols);
+    full = F::broadcast_to(x, s);
+  }
+  return F::reshape(full, {batch.numel(), rows, cols});
+}
+
+Tensor batched_matmul(const char* name, const Tensor& a, const Tensor& b, bool trans_a,
+                      bool trans_b) {
+  check_floating(name, "a", a);
+  check_floating(name, "b", b);
+  detail::check_same_dtype(name, a, b);
+  ENCORE_CHECK(a.rank() >= 2 && b.rank() >= 2, name, ": operands must be at least 2-D: a is ",
+               a.shape(), ", b is ", b.shape());
+  const int64_t ka = trans_a ? a.size(-2) : a.size(-1), kb = trans_b ? b.size(-1) : b.size(-2);
+  ENCORE_CHECK(ka == kb, name, ": inner dimensions differ: a is ", a.shape(),
+               trans_a ? " (transposed)" : "", ", b is ", b.shape(),
+               trans_b ? " (transposed)" : "");
+  const Shape ba = batch_dims(a), bb = batch_dims(b);
+  const int rank = std::max(ba.rank(), bb.rank());
+  Shape batch;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t da = i + ba.rank() >= rank ? ba[i + ba.rank() - rank] : 1;
+    const int64_t db = i + bb.rank() >= rank ? bb[i + bb.rank() - rank] : 1;
+    ENCORE_CHECK(da == db || da == 1 || db == 1, name, ": batch dimensions do not broadcast: a is ",
+                 a.shape(), ", b is ", b.shape());
+    batch.push_back(da == 1 ? db : da);
+  }
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
+  Shape out = batch;
+  out.push_back(m);
+  out.push_back(n);
+  if (rank == 0) return matmul_t(a, b, trans_a, trans_b);
+  if (bb.numel() == 1 && !trans_a) {  // b shared by every batch: one GEMM over a's rows
+    const Tensor b2 = F::reshape(b, {b.size(-2), b.size(-1)});
+    const Tensor a2 = F::reshape(a, {ba.numel() * a.size(-2), a.size(-1)});
+    return F::reshape(matmul_t(a2, b2, false, trans_b), out.dims());
+  }
+  const Tensor y = matmul_t(as_batches(a, batch), as_batches(b, batch), trans_a, trans_b);
+  return F::reshape(y, out.dims());
+}
+
 }  // namespace detail
 
 namespace {
@@ -133,24 +189,7 @@ Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axe
 namespace functions {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_floating("matmul", "a", a);
-  check_floating("matmul", "b", b);
-  detail::check_same_dtype("matmul", a, b);
-  ENCORE_CHECK((a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3),
-               "matmul: ", "operands must be 2-D or 3-D: a is ", a.shape(), ", b is ", b.shape());
-  ENCORE_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: a is ", a.shape(),
-               ", b is ", b.shape());
-  if (a.rank() == 3 && b.rank() == 3)
-    ENCORE_CHECK(a.size(0) == b.size(0), "matmul: batch dimensions differ: a is ", a.shape(),
-                 ", b is ", b.shape());
-  if (a.rank() == 3 && b.rank() == 2) {  // one GEMM over the flattened batch
-    const Tensor y =
-        detail::matmul_t(reshape(a, {a.size(0) * a.size(1), a.size(2)}), b, false, false);
-    return reshape(y, {a.size(0), a.size(1), b.size(1)});
-  }
-  if (a.rank() == 2 && b.rank() == 3)
-    return detail::matmul_t(broadcast_to(a, {b.size(0), a.size(0), a.size(1)}), b, false, false);
-  return detail::matmul_t(a, b, false, false);
+  return detail::batched_matmul("matmul", a, b, false, false);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {

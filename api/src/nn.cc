@@ -129,6 +129,28 @@ std::string Embedding::describe() const {
              padding_idx >= 0 ? cat(", padding_idx ", padding_idx) : std::string(), ")");
 }
 
+LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps, bool elementwise_affine, DType dtype,
+                     Device device)
+    : normalized_shape(std::move(shape)), eps(eps) {
+  ENCORE_CHECK(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
+  for (int64_t d : normalized_shape)
+    ENCORE_CHECK(d > 0, "LayerNorm: normalized_shape ", Shape(normalized_shape),
+                 " must have positive dimensions");
+  ENCORE_CHECK(eps >= 0, "LayerNorm: eps must be non-negative, it is ", eps);
+  ENCORE_CHECK(is_floating(dtype), "LayerNorm: dtype must be float32 or float64, it is ", dtype);
+  if (!elementwise_affine) return;
+  const Shape s(normalized_shape);
+  weight = ones(s, dtype, device);
+  bias = zeros(s, dtype, device);
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+}
+
+std::string LayerNorm::describe() const {
+  return cat("LayerNorm(", Shape(normalized_shape), ", eps ", eps,
+             weight.defined() ? "" : ", no affine", ")");
+}
+
 std::string LeakyReLU::describe() const {
   return cat("LeakyReLU(", slope_, ")");
 }

@@ -47,6 +47,11 @@ Shape reduced_shape(const Shape& shape, uint8_t mask, bool keepdims);
 
 // Backward-only routines (not differentiable themselves).
 Tensor matmul_t(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+
+// F::matmul with op(a) op(b) (transposing the last two axes of an operand whose flag is set)
+// and NumPy broadcasting of the batch dimensions; errors name `name`.
+Tensor batched_matmul(const char* name, const Tensor& a, const Tensor& b, bool trans_a,
+                      bool trans_b);
 Tensor slice_grad(const Tensor& gy, const Shape& input_shape, const SliceAttrs& attrs);
 Tensor softmax_cross_entropy_grad(const Tensor& logits, const Tensor& labels, const Tensor& gy,
                                   int64_t ignore_label);

@@ -84,6 +84,23 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t
                AttrBlob::of(CrossEntropyAttrs{ignore_label}));
 }
 
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  constexpr const char* kName = "cross_entropy";
+  check_floating(kName, "logits", logits);
+  detail::check_defined(kName, "targets", targets);
+  ENCORE_CHECK(is_integral(targets.dtype()), kName,
+               ": argument 'targets' must be int32 or int64, it is ", targets.dtype(), " ",
+               targets.shape());
+  ENCORE_CHECK(logits.rank() >= 1, kName, ": logits must be [..., V], they are ", logits.shape());
+  Shape expected;
+  for (int i = 0; i + 1 < logits.rank(); ++i) expected.push_back(logits.shape()[i]);
+  ENCORE_CHECK(targets.shape() == expected, kName, ": targets ", targets.shape(),
+               " do not match logits ", logits.shape(), " (expected targets ", expected,
+               ", the class axis last)");
+  const int64_t n = targets.numel(), classes = logits.size(-1);
+  return softmax_cross_entropy(reshape(logits, {n, classes}), reshape(targets, {n}), ignore_index);
+}
+
 Tensor mean_squared_error(const Tensor& a, const Tensor& b) {
   check_floating("mean_squared_error", "a", a);
   check_floating("mean_squared_error", "b", b);

@@ -70,6 +70,9 @@ inline void ensure_single_threaded_blas() {
   }();
 }
 
+// The least work (flops) parallel_gemm gives a part; products below it run whole.
+inline constexpr double kGemmPartFlops = 1 << 20;
+
 // What parallel_gemm does after each part by default: nothing.
 struct NoAfterPart {
   void operator()(int64_t, int64_t, int64_t, int64_t) const {}
@@ -84,7 +87,7 @@ void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
                    AfterPart after_part = {}) {
   constexpr int64_t kBlock = 16;
-  constexpr double kPartFlops = 1 << 20;
+  constexpr double kPartFlops = kGemmPartFlops;
   const bool by_rows = m > n;
   const int64_t side = by_rows ? m : n, other = by_rows ? n : m;
   const int64_t blocks = (side + kBlock - 1) / kBlock;

@@ -9,6 +9,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/gemm_shape.h"
+#include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -46,6 +47,22 @@ void matmul(const KernelArgs& args, Op op, After after) {
     return;
   }
   check(op, g);
+  // Many small products (attention's heads): whole products split across threads, each one
+  // gemm on one thread, as parallel_gemm would run it unsplit. Which way is a function of the
+  // shapes alone.
+  const double flops =
+      2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  if (g.batches > 1 && flops < kGemmPartFlops) {
+    const auto grain = std::max<int64_t>(1, static_cast<int64_t>(kGemmPartFlops / flops));
+    parallel_for(g.batches, grain, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) {
+        gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, pa + i * g.stride_a, g.lda, pb + i * g.stride_b,
+             g.ldb, T(0), pc + i * g.stride_c, g.ldc);
+        after(i * g.stride_c, int64_t{0}, g.m, int64_t{0}, g.n);
+      }
+    });
+    return;
+  }
   for (int64_t i = 0; i < g.batches; ++i)
     run(g, pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, T(0),
         [&, i](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {

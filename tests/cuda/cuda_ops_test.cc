@@ -22,6 +22,7 @@
 #include "runtime/dispatcher.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/op_cases.h"
+#include "tests/op_cases_attention.h"
 #include "tests/op_cases_image.h"
 #include "tests/op_cases_sequence.h"
 #include "tests/op_harness.h"
@@ -85,6 +86,21 @@ TEST_CASE("NaN inputs give PyTorch's values and gradients", "[cuda][ops][nan]") 
 }
 TEST_CASE("embedding", "[cuda][ops][embedding]") {
   check_ops_against_cpu(embedding_cases(), kCuda);
+}
+TEST_CASE("layer_norm", "[cuda][ops][layer_norm]") {
+  check_ops_against_cpu(layer_norm_cases(), kCuda);
+}
+TEST_CASE("cross_entropy over [..., V]", "[cuda][ops][cross_entropy]") {
+  check_ops_against_cpu(cross_entropy_cases(), kCuda);
+}
+TEST_CASE("matmul over broadcast batch dimensions", "[cuda][ops][matmul]") {
+  check_ops_against_cpu(batched_matmul_cases(), kCuda);
+}
+TEST_CASE("masked_fill", "[cuda][ops][masked_fill]") {
+  check_ops_against_cpu(masked_fill_cases(), kCuda);
+}
+TEST_CASE("scaled_dot_product_attention", "[cuda][ops][attention]") {
+  check_ops_against_cpu(attention_cases(), kCuda);
 }
 TEST_CASE("conv2d", "[cuda][ops][conv]") {
   check_ops_against_cpu(widened(conv_cases()), kCuda);

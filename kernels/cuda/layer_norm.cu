@@ -1,0 +1,142 @@
+// Layer normalisation on CUDA (the semantics of kernels/cpu/layer_norm.cc): x seen as [R, C].
+//
+// One block per row (a grid-stride loop over rows): each thread adds a fixed strided subset of
+// the row in double, a fixed shuffle/shared-memory tree joins the threads (no atomics, the same
+// bits on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
+// over rows: one thread per column, in row order.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/reduce_util.cuh"
+
+namespace encore::kernels::cuda {
+namespace {
+
+constexpr int kBlock = 256;     // threads of a per-row block (a multiple of 32)
+constexpr int kMaxRows = 4096;  // blocks of the per-row kernels (the loop covers the rest)
+
+__device__ __forceinline__ double block_sum(double v, double* sh) {
+  return group_reduce<SumOp, kBlock>(v, sh);
+}
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRows));
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* gamma, const T* beta, T* y, T* mean_out,
+                                  T* rstd_out, int64_t rows, int64_t cols, double eps) {
+  __shared__ double sh[32];
+  const double count = static_cast<double>(cols > 0 ? cols : 1);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) s += static_cast<double>(xr[i]);
+    const double mean = block_sum(s, sh) / count;
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+      const double d = static_cast<double>(xr[i]) - mean;
+      q += d * d;
+    }
+    const double var = block_sum(q, sh) / count;
+    const T m = static_cast<T>(mean);
+    const T rs = static_cast<T>(1.0 / sqrt(var + eps));
+    if (threadIdx.x == 0) {
+      mean_out[r] = m;
+      rstd_out[r] = rs;
+    }
+    T* yr = y + r * cols;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+      const T h = (xr[i] - m) * rs;
+      yr[i] = (gamma != nullptr ? h * gamma[i] : h) + (beta != nullptr ? beta[i] : T(0));
+    }
+  }
+}
+
+void layer_norm(const KernelArgs& args) {
+  const LayerNormAttrs& a = args.attr<LayerNormAttrs>();
+  const int64_t rows = args.out[1].numel();
+  if (rows == 0) return;
+  switch_floating(args.in[0].dtype, Op::LayerNorm, [&]<typename T>(Type<T>) {
+    const T* gamma = nullptr;
+    const T* beta = nullptr;
+    size_t next = 1;
+    if (a.affine & kLayerNormGamma) gamma = args.in[next++].as<T>();
+    if (a.affine & kLayerNormBeta) beta = args.in[next].as<T>();
+    layer_norm_kernel<T><<<row_blocks(rows), kBlock, 0, stream()>>>(
+        args.in[0].as<T>(), gamma, beta, args.out[0].as<T>(), args.out[1].as<T>(),
+        args.out[2].as<T>(), rows, a.cols, a.eps);
+    ENCORE_CUDA_LAUNCHED(Op::LayerNorm);
+  });
+}
+
+// gx = rstd (g - mean(g) - xhat mean(g xhat)), g = gy gamma, xhat = (x - mean) rstd.
+template <typename T>
+__global__ void layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
+                                         const T* gamma, T* gx, int64_t rows, int64_t cols) {
+  __shared__ double sh[32];
+  const double count = static_cast<double>(cols > 0 ? cols : 1);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    const T* gr = gy + r * cols;
+    const T m = mean[r], rs = rstd[r];
+    double sg = 0, sgh = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+      const double g = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
+      sg += g;
+      sgh += g * static_cast<double>((xr[i] - m) * rs);
+    }
+    const T a = static_cast<T>(block_sum(sg, sh) / count);
+    const T c = static_cast<T>(block_sum(sgh, sh) / count);
+    T* out = gx + r * cols;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+      const T g = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
+      out[i] = rs * (g - a - (xr[i] - m) * rs * c);
+    }
+  }
+}
+
+// ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy: one thread per column, rows in order.
+template <typename T>
+__global__ void layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
+                                              T* ggamma, T* gbeta, int64_t rows, int64_t cols) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+       c += stride) {
+    double sgh = 0, sg = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double g = static_cast<double>(gy[r * cols + c]);
+      sgh += g * static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]);
+      sg += g;
+    }
+    ggamma[c] = static_cast<T>(sgh);
+    gbeta[c] = static_cast<T>(sg);
+  }
+}
+
+void layer_norm_grad(const KernelArgs& args) {
+  const int64_t cols = args.attr<LayerNormAttrs>().cols, rows = args.in[1].numel();
+  switch_floating(args.in[0].dtype, Op::LayerNormGrad, [&]<typename T>(Type<T>) {
+    const T* gamma = args.in.size() > 4 ? args.in[4].as<T>() : nullptr;
+    if (rows > 0 && cols > 0) {
+      layer_norm_grad_x_kernel<T><<<row_blocks(rows), kBlock, 0, stream()>>>(
+          args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(), gamma,
+          args.out[0].as<T>(), rows, cols);
+      ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+    }
+    if (cols > 0) {
+      layer_norm_grad_params_kernel<T><<<blocks_for(cols), kThreads, 0, stream()>>>(
+          args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(),
+          args.out[1].as<T>(), args.out[2].as<T>(), rows, cols);
+      ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+    }
+  });
+}
+
+}  // namespace
+
+ENCORE_REGISTER_CUDA(Op::LayerNorm, &layer_norm);
+ENCORE_REGISTER_CUDA(Op::LayerNormGrad, &layer_norm_grad);
+
+}  // namespace encore::kernels::cuda
