@@ -50,13 +50,16 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
   const OpKind kind = traits.kind;
   const int n_in = static_cast<int>(inputs.size()), n_out = static_cast<int>(outputs.size());
   ENCORE_CHECK(n_in >= traits.min_inputs && (traits.max_inputs < 0 || n_in <= traits.max_inputs) &&
-                   n_out == traits.outputs,
+                   (traits.outputs == kAnyOutputs ? n_out >= 1 && n_out <= kMaxOpOutputs
+                                                  : n_out == traits.outputs),
                traits.name, ": called with ", n_in, " inputs and ", n_out, " outputs; it takes ",
                traits.min_inputs,
                traits.max_inputs == traits.min_inputs ? ""
                : traits.max_inputs < 0                ? " or more"
                                                       : cat(" to ", traits.max_inputs),
-               " inputs and ", traits.outputs, " outputs");
+               " inputs and ",
+               traits.outputs == kAnyOutputs ? cat("1 to ", kMaxOpOutputs) : cat(traits.outputs),
+               " outputs");
   ENCORE_CHECK(attrs.type == traits.attrs, traits.name, ": called with ",
                attr_type_name(attrs.type), "; it reads ", attr_type_name(traits.attrs));
   for (size_t i = 0; i < inputs.size(); ++i)

@@ -34,13 +34,18 @@ inline constexpr uint8_t kOptimizerUpdate = 1 << 4;
 // on both lanes (schedule/lanes.cc). A kernel without it runs on the calling thread alone.
 inline constexpr uint8_t kSplits = 1 << 5;
 
+// OpTraits::outputs of an op that takes any number of outputs from 1 to kMaxOpOutputs (the
+// autograd masks hold 8 bits).
+inline constexpr int8_t kAnyOutputs = -2;
+inline constexpr int kMaxOpOutputs = 8;
+
 struct OpTraits {
   Op op;
   std::string_view name;
   OpKind kind;
   int8_t min_inputs;
   int8_t max_inputs;  // -1: any number
-  int8_t outputs;     // -1: a planner-made op, never dispatched
+  int8_t outputs;     // -1: a planner-made op, never dispatched; kAnyOutputs: 1 to 8
   AttrType attrs;     // the attribute struct its calls carry
   uint8_t mutates;    // Inplace: bit i set when input i is written
   uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits
@@ -100,6 +105,7 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Permute, "permute", OpKind::Compute, 1, 1, 1, AttrType::Permute, 0, 0},
     {Op::BroadcastTo, "broadcast_to", OpKind::Compute, 1, 1, 1, AttrType::None, 0, 0},
     {Op::Concat, "concat", OpKind::Compute, 1, -1, 1, AttrType::Axis, 0, 0},
+    {Op::Split, "split", OpKind::Compute, 1, 1, kAnyOutputs, AttrType::Axis, 0, 0},
     {Op::Slice, "slice", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
     {Op::SliceGrad, "slice_grad", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
     {Op::Copy, "copy", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise},

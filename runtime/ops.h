@@ -54,6 +54,7 @@ enum class Op : uint16_t {
   Permute,
   BroadcastTo,
   Concat,
+  Split,  // the inverse of Concat: one output per part
   Slice,
   SliceGrad,
   Copy,
@@ -175,7 +176,7 @@ struct PermuteAttrs {
 };
 
 // Axes in attributes are non-negative: routines resolve negative axes before dispatch.
-struct AxisAttrs {  // Concat; Softmax, LogSoftmax and their grads
+struct AxisAttrs {  // Concat, Split; Softmax, LogSoftmax and their grads
   int32_t axis = 0;
 };
 

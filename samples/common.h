@@ -40,6 +40,21 @@ class Cli {
                      },
                      true});
   }
+  void number(std::string name, double* target, double min, std::string help) {
+    const std::string n = name;
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", *target);
+    opts_.push_back({std::move(name), std::move(help), shown,
+                     [this, n, target, min](const char* v) {
+                       char* end = nullptr;
+                       const double x = std::strtod(v, &end);
+                       if (end == v || *end != '\0' || !(x >= min))
+                         die("--" + n + " needs a number >= " + std::to_string(min) + ", got '" +
+                             v + "'");
+                       *target = x;
+                     },
+                     true});
+  }
   void text(std::string name, std::string* target, std::string help) {
     opts_.push_back({std::move(name), std::move(help), *target,
                      [target](const char* v) { *target = v; }, true});
@@ -118,10 +133,11 @@ inline std::pair<data::Dataset, data::Dataset> load_or_exit(const std::string& p
   return {std::move(train), std::move(test)};
 }
 
-// Redraws "epoch e [=====>    ] i/n" on stderr when it is a terminal.
+// Redraws "epoch e [=====>    ] i/n" (or another label) on stderr when it is a terminal.
 class Progress {
  public:
-  explicit Progress(int64_t total) : total_(total), on_(::isatty(STDERR_FILENO) == 1) {}
+  explicit Progress(int64_t total, std::string label = "epoch")
+      : total_(total), label_(std::move(label)), on_(::isatty(STDERR_FILENO) == 1) {}
   void update(int64_t epoch, int64_t done) const {
     if (!on_ || (done % 10 != 0 && done != total_)) return;
     constexpr int kWidth = 30;
@@ -129,8 +145,8 @@ class Progress {
     std::string bar(static_cast<size_t>(filled), '=');
     if (filled < kWidth) bar += '>';
     bar.resize(kWidth, ' ');
-    std::fprintf(stderr, "\repoch %lld [%s] %lld/%lld", static_cast<long long>(epoch), bar.c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total_));
+    std::fprintf(stderr, "\r%s %lld [%s] %lld/%lld", label_.c_str(), static_cast<long long>(epoch),
+                 bar.c_str(), static_cast<long long>(done), static_cast<long long>(total_));
     std::fflush(stderr);
   }
   void clear() const {
@@ -139,6 +155,7 @@ class Progress {
 
  private:
   int64_t total_;
+  std::string label_;
   bool on_;
 };
 

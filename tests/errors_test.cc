@@ -232,6 +232,12 @@ TEST_CASE("softmax, concat, slice, permute, flatten and transpose reject bad axe
   CHECK_THROWS_WITH(F::slice(x, -3, 0, 1), Contains("slice: axis -3 is out of range for rank 2"));
   CHECK_THROWS_WITH(F::slice(x, 0, 0, 2, 0), Contains("slice: step must be positive, it is 0"));
   CHECK_THROWS_WITH(F::slice(x, 0, 2, 0, -1), Contains("slice: step must be positive, it is -1"));
+  CHECK_THROWS_WITH(F::split(x, {1, 1}, 2), Contains("split: axis 2 is out of range for rank 2"));
+  CHECK_THROWS_WITH(F::split(x, {1, 3}, 1),
+                    Contains("split: sizes add up to 4 but x [2,3] has 3 along axis 1"));
+  CHECK_THROWS_WITH(F::split(x, {4, -1}, 1), Contains("split: sizes must be >= 0, got -1"));
+  CHECK_THROWS_WITH(F::chunk(x, 2, 1),
+                    Contains("chunk: x [2,3] has 3 along axis 1, not a positive multiple of 2"));
   CHECK_THROWS_WITH(F::slice(t32({}), 0, 0, 1), Contains("slice: cannot slice a 0-d tensor"));
 
   const Tensor y = t32({2, 3, 4});

@@ -634,6 +634,39 @@ inline std::vector<OpCase> layout_cases() {
                      return F::concat({x[0], x[1], x[2]}, 0);
                    },
                    [](const Refs& x) { return ref_concat(x, 0); }});
+  // split: the parts scaled by 1, 2, 3, ... and joined in reverse order, the last part left out
+  // when `drop_last` (its gradient is zeros); more than 8 parts take a tree of split ops.
+  const std::tuple<Dims, int, std::vector<int64_t>, bool> splits[] = {
+      {{2, 8}, 1, {2, 2, 2, 2}, false}, {{5, 3}, 0, {1, 0, 4}, true},
+      {{2, 3, 4}, 1, {1, 2}, false},    {{2, 20}, -1, std::vector<int64_t>(20, 1), true},
+      {{3, 2}, 0, {3}, false}};
+  for (const auto& [shape, axis, sizes, drop_last] : splits) {
+    const int ax = axis < 0 ? axis + static_cast<int>(shape.size()) : axis;
+    const auto used = static_cast<int64_t>(sizes.size()) - (drop_last ? 1 : 0);
+    cases.push_back(
+        {absl::StrCat("split ", dims_str(shape), " axis ", axis, " into ", sizes.size(),
+                      drop_last ? " (last unused)" : ""),
+         {floating(shape)},
+         [=](const Inputs& x) {
+           const std::vector<Tensor> parts = F::split(x[0], sizes, axis);
+           std::vector<Tensor> picked;
+           for (int64_t k = used - 1; k >= 0; --k)
+             picked.push_back(F::mul(parts[static_cast<size_t>(k)], static_cast<double>(k + 1)));
+           return F::concat(picked, axis);
+         },
+         [=](const Refs& x) {
+           Refs picked;
+           std::vector<int64_t> start(sizes.size(), 0);
+           for (size_t k = 1; k < sizes.size(); ++k) start[k] = start[k - 1] + sizes[k - 1];
+           for (int64_t k = used - 1; k >= 0; --k) {
+             const auto i = static_cast<size_t>(k);
+             RefTensor p = ref_slice(x[0], ax, start[i], start[i] + sizes[i], 1);
+             for (double& v : p.v) v *= static_cast<double>(k + 1);
+             picked.push_back(p);
+           }
+           return ref_concat(picked, ax);
+         }});
+  }
   const std::tuple<Dims, int, int64_t, int64_t, int64_t> slices[] = {
       {{5, 4}, 0, 1, 4, 1},     {{5, 4}, 1, 0, 4, 2},    {{5, 4}, 0, -3, 5, 1},
       {{5, 4}, -1, -3, 100, 2}, {{2, 5, 3}, 1, 1, 5, 2}, {{6}, 0, -100, -1, 2},

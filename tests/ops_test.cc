@@ -46,7 +46,7 @@ TEST_CASE("matmul and linear", "[ops]") {
 TEST_CASE("sum, mean, max and sum_to", "[ops]") {
   check_ops(reduction_cases());
 }
-TEST_CASE("reshape, flatten, permute, transpose, broadcast_to, concat, slice", "[ops]") {
+TEST_CASE("reshape, flatten, permute, transpose, broadcast_to, concat, split, slice", "[ops]") {
   check_ops(layout_cases());
 }
 TEST_CASE("softmax, log_softmax, losses and accuracy", "[ops]") {

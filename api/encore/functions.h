@@ -139,6 +139,13 @@ Tensor transpose(const Tensor& x, int dim0 = -2, int dim1 = -1);
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
 Tensor concat(std::span<const Tensor> xs, int axis = 0);
 Tensor concat(std::initializer_list<Tensor> xs, int axis = 0);
+// The inverse of concat: parts of `sizes[i]` entries along `axis`, in order (the sizes add up
+// to x's extent there). Copies; the backward is one concat of the parts' gradients.
+//   auto gates = F::split(g, {h, h, h, h}, -1);
+std::vector<Tensor> split(const Tensor& x, std::span<const int64_t> sizes, int axis = 0);
+std::vector<Tensor> split(const Tensor& x, std::initializer_list<int64_t> sizes, int axis = 0);
+// `chunks` equal parts along `axis` (its extent must be a multiple of chunks), as torch.chunk.
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int axis = 0);
 // Elements start, start+step, ... < stop along `axis` (step > 0; start/stop clamped, negative
 // values count from the end as in Python).
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t step = 1);

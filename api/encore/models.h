@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "encore/nn.h"
+#include "encore/nn_sequence.h"
 
 namespace encore::models {
 
@@ -45,6 +47,41 @@ class VggSmall : public nn::Module {
  private:
   std::vector<std::shared_ptr<nn::Conv2d>> convs_;
   std::shared_ptr<nn::Linear> head_;
+};
+
+// A character language model: an embedding of `embed` per symbol, an LSTM of `hidden` units
+// (`layers` deep) stepping through time, and a linear layer to next-symbol logits.
+// tokens [B, T] (int32/int64 in [0, vocab)) -> logits [B, T, vocab].
+class CharLstm : public nn::Module {
+ public:
+  explicit CharLstm(int64_t vocab, int64_t embed = 64, int64_t hidden = 256, int64_t layers = 1);
+  Tensor forward(const Tensor& tokens) override;
+  // From a state h0, c0 [layers, B, hidden] (undefined: zeros): (logits, h_n, c_n). Generating
+  // text feeds one symbol at a time with the state of the previous call.
+  std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& tokens, const Tensor& h0,
+                                             const Tensor& c0);
+  std::string describe() const override;
+
+  std::shared_ptr<nn::Embedding> embed;
+  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<nn::Linear> head;
+};
+
+// A small GPT: token and learned position embeddings, `blocks` pre-norm transformer blocks
+// (causal self-attention with `heads` heads, a GELU MLP of 4 x width), a final layer norm and a
+// linear layer to logits. tokens [B, T] with T <= context -> logits [B, T, vocab].
+class TinyGpt : public nn::Module {
+ public:
+  explicit TinyGpt(int64_t vocab, int64_t context = 64, int64_t width = 128, int64_t heads = 4,
+                   int64_t blocks = 2);
+  Tensor forward(const Tensor& tokens) override;
+  std::string describe() const override;
+  int64_t context() const { return position->weight.size(0); }
+
+  std::shared_ptr<nn::Embedding> token, position;
+  std::vector<std::shared_ptr<nn::TransformerBlock>> blocks;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> head;
 };
 
 }  // namespace encore::models

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -78,6 +79,60 @@ class LSTM : public Module {
 
  private:
   int64_t input_size_, hidden_size_;
+};
+
+struct AttentionOptions {
+  bool bias = true;
+  bool causal = false;  // self-attention forward(x): position i attends to j <= i
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// Multi-head attention as torch.nn.MultiheadAttention with batch_first (no dropout): inputs
+// [B, T, embed], q, k, v projected by in_proj_weight [3 embed, embed] (+ in_proj_bias), split
+// into `heads` heads of embed / heads, F::scaled_dot_product_attention per head, concatenated
+// and projected by out_proj. Weights xavier-uniform, biases zero, as PyTorch's.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, AttentionOptions options = {});
+  // Self-attention (causal when options.causal).
+  Tensor forward(const Tensor& x) override;
+  // query [B,T,embed], key and value [B,S,embed]; attn_mask as scaled_dot_product_attention's.
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                 const Tensor& attn_mask = Tensor(), bool causal = false);
+  std::string describe() const override;
+
+  Tensor in_proj_weight, in_proj_bias;
+  std::shared_ptr<Linear> out_proj;
+  const AttentionOptions options;
+
+ private:
+  // [B, T, embed] -> [B, heads, T, embed / heads].
+  Tensor split_heads(const Tensor& t) const;
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                bool causal);
+  int64_t heads_;
+};
+
+struct TransformerBlockOptions {
+  int64_t mlp_ratio = 4;               // the MLP's hidden width over the block's width
+  std::string gelu = "tanh";           // F::gelu's approximate: "tanh" (GPT-2's) or "none"
+  bool causal = true;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+
+// A pre-norm transformer block (GPT-2's): x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(x)))).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t width, int64_t heads, TransformerBlockOptions options = {});
+  Tensor forward(const Tensor& x) override;  // [B, T, width] -> [B, T, width]
+  std::string describe() const override;
+
+  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<MultiheadAttention> attn;
+  std::shared_ptr<Linear> fc1, fc2;
+  const TransformerBlockOptions options;
 };
 
 }  // namespace encore::nn

@@ -354,7 +354,8 @@ std::string static_schedule_dot(const nn::Module& module);
 
 }  // namespace encore
 
-// Inside a Module subclass, in its public part: `ENCORE_STATIC_GRAPH();` or
+// Inside a Module subclass (a class at namespace scope: the operator() it declares is a
+// template, which a local class cannot hold), in its public part: `ENCORE_STATIC_GRAPH();` or
 // `ENCORE_STATIC_GRAPH({.name = "net"});`. Declares the static forward and an operator() taking
 // and returning what the class's forward does (one tensor or several).
 #define ENCORE_STATIC_GRAPH(...)                                                          \

@@ -1,5 +1,7 @@
 // Layout routines: reshape/flatten (views), permute, broadcast_to, concat, slice.
+#include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "api/src/routine.h"
 
@@ -43,6 +45,13 @@ void concat_backward(BackwardContext& c) {
   }
 }
 
+// The parts' gradients side by side (an unused part's is zeros, filled by the engine).
+void split_backward(BackwardContext& c) {
+  std::vector<Tensor> parts;
+  for (int i = 0; i < c.num_outputs(); ++i) parts.push_back(c.grad_output(i));
+  c.set_input_grad(0, F::concat(parts, c.attrs<AxisAttrs>().axis));
+}
+
 void slice_backward(BackwardContext& c) {
   c.set_input_grad(
       0, detail::slice_grad(c.grad_output(), c.input_meta(0).shape, c.attrs<SliceAttrs>()));
@@ -53,6 +62,7 @@ const bool kRegistered = [] {
   register_backward(Op::Permute, {permute_backward});
   register_backward(Op::BroadcastTo, {broadcast_to_backward});
   register_backward(Op::Concat, {concat_backward});
+  register_backward(Op::Split, {split_backward});
   register_backward(Op::Slice, {slice_backward});
   return true;
 }();
@@ -182,6 +192,74 @@ Tensor concat(std::span<const Tensor> xs, int axis) {
 
 Tensor concat(std::initializer_list<Tensor> xs, int axis) {
   return concat(std::span<const Tensor>(xs.begin(), xs.size()), axis);
+}
+
+namespace {
+
+// Split into up to kMaxOpOutputs parts (one op); more parts split into groups first, so that
+// every op's backward is one concat.
+void split_into(const Tensor& x, std::span<const int64_t> sizes, int axis,
+                std::vector<Tensor>& out) {
+  const auto n = static_cast<int64_t>(sizes.size());
+  if (n <= kMaxOpOutputs) {
+    std::vector<Tensor> parts;
+    for (int64_t s : sizes) {
+      Shape shape = x.shape();
+      shape.set(axis, s);
+      parts.push_back(Tensor::empty(shape, x.dtype(), x.device()));
+    }
+    dispatch(Op::Split, std::span<const Tensor>(&x, 1), parts, AttrBlob::of(AxisAttrs{axis}));
+    for (Tensor& p : parts) out.push_back(std::move(p));
+    return;
+  }
+  // At most kMaxOpOutputs groups of consecutive parts.
+  const int64_t per_group = (n + kMaxOpOutputs - 1) / kMaxOpOutputs;
+  std::vector<int64_t> group_sizes;
+  for (int64_t g = 0; g < n; g += per_group) {
+    int64_t total = 0;
+    for (int64_t i = g; i < std::min(n, g + per_group); ++i) total += sizes[i];
+    group_sizes.push_back(total);
+  }
+  std::vector<Tensor> groups;
+  split_into(x, group_sizes, axis, groups);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const int64_t g = static_cast<int64_t>(k) * per_group;
+    split_into(groups[k], sizes.subspan(g, std::min(n, g + per_group) - g), axis, out);
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> split(const Tensor& x, std::span<const int64_t> sizes, int axis) {
+  check_defined("split", "x", x);
+  ENCORE_CHECK(x.rank() > 0, "split: cannot split a 0-d tensor");
+  const int ax = normalize_axis(axis, x.rank(), "split");
+  ENCORE_CHECK(!sizes.empty(), "split: no sizes given for x ", x.shape());
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    ENCORE_CHECK(s >= 0, "split: sizes must be >= 0, got ", s, " for x ", x.shape());
+    total += s;
+  }
+  ENCORE_CHECK(total == x.shape()[ax], "split: sizes add up to ", total, " but x ", x.shape(),
+               " has ", x.shape()[ax], " along axis ", ax);
+  std::vector<Tensor> out;
+  out.reserve(sizes.size());
+  split_into(x, sizes, ax, out);
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, std::initializer_list<int64_t> sizes, int axis) {
+  return split(x, std::span<const int64_t>(sizes.begin(), sizes.size()), axis);
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int axis) {
+  check_defined("chunk", "x", x);
+  ENCORE_CHECK(x.rank() > 0, "chunk: cannot chunk a 0-d tensor");
+  const int ax = normalize_axis(axis, x.rank(), "chunk");
+  const int64_t n = x.shape()[ax];
+  ENCORE_CHECK(chunks > 0 && n % chunks == 0, "chunk: x ", x.shape(), " has ", n,
+               " along axis ", ax, ", not a positive multiple of ", chunks, " chunks");
+  return split(x, std::vector<int64_t>(static_cast<size_t>(chunks), n / chunks), ax);
 }
 
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t step) {

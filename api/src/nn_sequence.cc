@@ -38,10 +38,12 @@ std::pair<Tensor, Tensor> lstm_state(const Tensor& gates, const Tensor& c) {
   const int64_t h = gates.size(1) / 4;
   ENCORE_CHECK(!c.defined() || c.shape() == Shape({gates.size(0), h}), "lstm_state: c must be [",
                gates.size(0), ",", h, "] for gates ", gates.shape(), ", it is ", c.shape());
-  const Tensor i = F::sigmoid(F::slice(gates, 1, 0, h));
-  const Tensor f = F::sigmoid(F::slice(gates, 1, h, 2 * h));
-  const Tensor g = F::tanh(F::slice(gates, 1, 2 * h, 3 * h));
-  const Tensor o = F::sigmoid(F::slice(gates, 1, 3 * h, 4 * h));
+  // One split: its backward is one concat of the four gates' gradients.
+  const std::vector<Tensor> parts = F::chunk(gates, 4, 1);
+  const Tensor i = F::sigmoid(parts[0]);
+  const Tensor f = F::sigmoid(parts[1]);
+  const Tensor g = F::tanh(parts[2]);
+  const Tensor o = F::sigmoid(parts[3]);
   // An undefined c is a zero state: f * 0 + x is x exactly, so the product is left out.
   const Tensor c_next = c.defined() ? F::add(F::mul(f, c), F::mul(i, g)) : F::mul(i, g);
   return {F::mul(o, F::tanh(c_next)), c_next};
@@ -125,20 +127,25 @@ std::tuple<Tensor, Tensor, Tensor> LSTM::forward(const Tensor& x, const Tensor& 
     return options.batch_first ? F::reshape(t, {batch, 1, t.size(1)})
                                : F::reshape(t, {1, batch, t.size(1)});
   };
+  std::vector<Tensor> h_layers, c_layers;  // the given initial states, per layer
+  if (h0.defined()) {
+    h_layers = F::chunk(h0, options.num_layers, 0);
+    c_layers = F::chunk(c0, options.num_layers, 0);
+  }
   Tensor input = x;
   std::vector<Tensor> h_last, c_last, outputs(static_cast<size_t>(steps));
   for (size_t k = 0; k < weight_ih.size(); ++k) {
-    // Every step's input projection in one product over T x B rows.
-    const Tensor projected = F::linear(input, weight_ih[k], bias_ih[k]);
+    // Every step's input projection in one product over T x B rows, split into the steps' parts
+    // at once (so the backward joins their gradients with concats, no zero-filled copies).
+    const std::vector<Tensor> projected =
+        F::chunk(F::linear(input, weight_ih[k], bias_ih[k]), steps, time_axis);
     Tensor h, c;
     if (h0.defined()) {
-      const auto layer = static_cast<int64_t>(k);
-      h = F::reshape(F::slice(h0, 0, layer, layer + 1), {batch, hidden_size_});
-      c = F::reshape(F::slice(c0, 0, layer, layer + 1), {batch, hidden_size_});
+      h = F::reshape(h_layers[k], {batch, hidden_size_});
+      c = F::reshape(c_layers[k], {batch, hidden_size_});
     }
     for (int64_t t = 0; t < steps; ++t) {
-      Tensor gates =
-          F::reshape(F::slice(projected, time_axis, t, t + 1), {batch, 4 * hidden_size_});
+      Tensor gates = F::reshape(projected[static_cast<size_t>(t)], {batch, 4 * hidden_size_});
       // A zero h contributes exactly the bias b_hh: the product is left out.
       if (h.defined())
         gates = F::add(gates, F::linear(h, weight_hh[k], bias_hh[k]));

@@ -108,6 +108,25 @@ void concat_kernel(const KernelArgs& args) {
   }
 }
 
+// The inverse of concat: output k gets the next out_k.shape[axis] entries along the axis.
+void split_kernel(const KernelArgs& args) {
+  const BufferView& x = args.in[0];
+  const int axis = args.attr<AxisAttrs>().axis;
+  const AxisSplit split = split_at(x.shape, axis);
+  const size_t item = itemsize(x.dtype);
+  const size_t x_row = x.shape[axis] * split.inner * item;
+  const char* px = static_cast<const char*>(x.data);
+  size_t column = 0;  // bytes into each input row where the current output's part starts
+  for (const BufferView& y : args.out) {
+    const size_t row = y.shape[axis] * split.inner * item;
+    char* py = static_cast<char*>(y.data);
+    if (row != 0)
+      for (int64_t o = 0; o < split.outer; ++o)
+        std::memcpy(py + o * row, px + o * x_row + column, row);
+    column += row;
+  }
+}
+
 // Pairs x[..., start + k*step, ...] with y[..., k, ...] for k < count: calls
 // copy(x_ptr, y_ptr, n) on each run of n adjacent elements.
 template <typename X, typename Y, typename Copy>
@@ -155,6 +174,7 @@ void slice_grad_kernel(const KernelArgs& args) {
   register_kernel(Op::Permute, DeviceType::CPU, &permute_kernel);
   register_kernel(Op::BroadcastTo, DeviceType::CPU, &broadcast_to_kernel);
   register_kernel(Op::Concat, DeviceType::CPU, &concat_kernel);
+  register_kernel(Op::Split, DeviceType::CPU, &split_kernel);
   register_kernel(Op::Slice, DeviceType::CPU, &slice_kernel);
   register_kernel(Op::SliceGrad, DeviceType::CPU, &slice_grad_kernel);
   return true;

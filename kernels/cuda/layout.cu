@@ -204,62 +204,74 @@ void slice_grad_kernel(const KernelArgs& args) {
   });
 }
 
-// Input x [outer, row] goes to columns [column, column + row) of out [outer, out_row]; all
-// three in units of W.
-template <typename I, typename W>
-__global__ void concat_part_kernel(int64_t n, I row, I out_row, I column, W* out, const W* x) {
+// A part [outer, row] and columns [column, column + row) of a whole [outer, whole_row], all
+// three in units of W: kToWhole copies the part into the whole (concat), else the whole's
+// columns into the part (split).
+template <bool kToWhole, typename I, typename W>
+__global__ void column_copy_kernel(int64_t n, I row, I whole_row, I column, W* whole, W* part) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += stride) {
     const I i = static_cast<I>(idx);
     const I o = i / row;
-    out[o * out_row + column + (i - o * row)] = x[i];
+    W& w = whole[o * whole_row + column + (i - o * row)];
+    if constexpr (kToWhole)
+      w = part[i];
+    else
+      part[i] = w;
   }
 }
 
-template <typename W>
-void concat_part(int64_t outer, int64_t row_bytes, int64_t out_row_bytes, int64_t column_bytes,
-                 char* out, const char* x) {
+template <bool kToWhole, typename W>
+void column_copy(Op op, int64_t outer, int64_t row_bytes, int64_t whole_row_bytes,
+                 int64_t column_bytes, char* whole, char* part) {
   constexpr int64_t w = sizeof(W);
   const int64_t row = row_bytes / w, n = outer * row;
-  with_index_type(outer * (out_row_bytes / w), [&]<typename I>(Type<I>) {
-    concat_part_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(
-        n, static_cast<I>(row), static_cast<I>(out_row_bytes / w), static_cast<I>(column_bytes / w),
-        reinterpret_cast<W*>(out), reinterpret_cast<const W*>(x));
-    ENCORE_CUDA_LAUNCHED(Op::Concat);
+  with_index_type(outer * (whole_row_bytes / w), [&]<typename I>(Type<I>) {
+    column_copy_kernel<kToWhole, I><<<blocks_for(n), kThreads, 0, stream()>>>(
+        n, static_cast<I>(row), static_cast<I>(whole_row_bytes / w),
+        static_cast<I>(column_bytes / w), reinterpret_cast<W*>(whole), reinterpret_cast<W*>(part));
+    ENCORE_CUDA_LAUNCHED(op);
   });
 }
 
-// One launch per input, in units of the widest of 16, 8, 4, 2, 1 bytes that divides the row
-// sizes, the column and both addresses.
-void concat_kernel(const KernelArgs& args) {
-  const BufferView& out = args.out[0];
-  const int axis = args.attr<AxisAttrs>().axis;
-  const AxisSplit split = split_at(out.shape, axis);
-  const int64_t item = static_cast<int64_t>(itemsize(out.dtype));
-  const int64_t out_row = out.shape[axis] * split.inner * item;
-  char* po = static_cast<char*>(out.data);
-  int64_t column = 0;  // bytes into each output row where the current input goes
-  for (const BufferView& x : args.in) {
+// Concat (kToWhole) or Split: one launch per part, in units of the widest of 16, 8, 4, 2, 1 bytes
+// that divides the row sizes, the column and both addresses.
+template <bool kToWhole>
+void concat_or_split(Op op, const BufferView& whole, std::span<const BufferView> parts, int axis) {
+  const AxisSplit split = split_at(whole.shape, axis);
+  const int64_t item = static_cast<int64_t>(itemsize(whole.dtype));
+  const int64_t whole_row = whole.shape[axis] * split.inner * item;
+  char* pw = static_cast<char*>(whole.data);
+  int64_t column = 0;  // bytes into each whole row where the current part goes
+  for (const BufferView& x : parts) {
     const int64_t row = x.shape[axis] * split.inner * item;
-    const char* px = static_cast<const char*>(x.data);
+    char* px = static_cast<char*>(x.data);
     if (row != 0 && split.outer != 0) {
-      const uint64_t bits = static_cast<uint64_t>(row | out_row | column) |
-                            reinterpret_cast<uintptr_t>(po) | reinterpret_cast<uintptr_t>(px);
+      const uint64_t bits = static_cast<uint64_t>(row | whole_row | column) |
+                            reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(px);
       if (bits % 16 == 0) {
-        concat_part<uint4>(split.outer, row, out_row, column, po, px);
+        column_copy<kToWhole, uint4>(op, split.outer, row, whole_row, column, pw, px);
       } else if (bits % 8 == 0) {
-        concat_part<uint64_t>(split.outer, row, out_row, column, po, px);
+        column_copy<kToWhole, uint64_t>(op, split.outer, row, whole_row, column, pw, px);
       } else if (bits % 4 == 0) {
-        concat_part<uint32_t>(split.outer, row, out_row, column, po, px);
+        column_copy<kToWhole, uint32_t>(op, split.outer, row, whole_row, column, pw, px);
       } else if (bits % 2 == 0) {
-        concat_part<uint16_t>(split.outer, row, out_row, column, po, px);
+        column_copy<kToWhole, uint16_t>(op, split.outer, row, whole_row, column, pw, px);
       } else {
-        concat_part<uint8_t>(split.outer, row, out_row, column, po, px);
+        column_copy<kToWhole, uint8_t>(op, split.outer, row, whole_row, column, pw, px);
       }
     }
     column += row;
   }
+}
+
+void concat_kernel(const KernelArgs& args) {
+  concat_or_split<true>(Op::Concat, args.out[0], args.in, args.attr<AxisAttrs>().axis);
+}
+
+void split_kernel(const KernelArgs& args) {
+  concat_or_split<false>(Op::Split, args.in[0], args.out, args.attr<AxisAttrs>().axis);
 }
 
 }  // namespace
@@ -267,6 +279,7 @@ void concat_kernel(const KernelArgs& args) {
 ENCORE_REGISTER_CUDA(Op::Permute, &permute_kernel);
 ENCORE_REGISTER_CUDA(Op::BroadcastTo, &broadcast_to_kernel);
 ENCORE_REGISTER_CUDA(Op::Concat, &concat_kernel);
+ENCORE_REGISTER_CUDA(Op::Split, &split_kernel);
 ENCORE_REGISTER_CUDA(Op::Slice, &slice_kernel);
 ENCORE_REGISTER_CUDA(Op::SliceGrad, &slice_grad_kernel);
 

@@ -1,0 +1,122 @@
+// The training steps timed by CharLstm/*, TinyGpt/* and LstmCellChain/*: each model, its
+// optimizer and its fixed data, made from seed 0 at construction; a step as a plain call and as
+// one static function over the data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+namespace encore::bench {
+
+// CharLstm: vocabulary 96, embedding 64, LSTM 256, batch 32, 35 time steps, Adam.
+// TinyGpt: vocabulary 96, 2 blocks, width 128, 4 heads, context 64, batch 16, AdamW.
+inline constexpr int64_t kCharVocab = 96;
+inline constexpr int64_t kCharLstmBatch = 32, kCharLstmSteps = 35, kCharLstmEmbed = 64,
+                         kCharLstmHidden = 256;
+inline constexpr int64_t kTinyGptBatch = 16, kTinyGptContext = 64, kTinyGptWidth = 128,
+                         kTinyGptHeads = 4, kTinyGptBlocks = 2;
+// LstmCellChain: one LSTMCell (input and hidden 64) stepped 35 times at batch 1.
+inline constexpr int64_t kChainHidden = 64, kChainSteps = 35;
+
+// Token ids (i * 31 + 7) % vocab as [batch, steps] int64, and their next ids as targets.
+inline std::pair<Tensor, Tensor> token_batch(int64_t batch, int64_t steps) {
+  Tensor x = Tensor::empty({batch, steps}, DType::Int64), t = Tensor::empty({batch, steps},
+                                                                            DType::Int64);
+  for (int64_t i = 0; i < batch * steps; ++i) {
+    x.data<int64_t>()[i] = (i * 31 + 7) % kCharVocab;
+    t.data<int64_t>()[i] = ((i + 1) * 31 + 7) % kCharVocab;
+  }
+  return {x, t};
+}
+
+// A language model's training step: forward, cross entropy over [B,T,V], zero_grad, backward,
+// update.
+template <typename Model, typename Opt>
+class LanguageModelStep {
+ public:
+  template <typename... ModelArgs>
+  LanguageModelStep(int64_t batch, int64_t steps, ModelArgs... args)
+      : model_(seeded<Model>(args...)), opt_(model_->parameters()) {
+    std::tie(x_, t_) = token_batch(batch, steps);
+  }
+  Tensor operator()(const Tensor& x, const Tensor& t) {
+    Tensor loss = F::cross_entropy((*model_)(x), t);
+    model_->zero_grad();
+    loss.backward();
+    opt_.step();
+    return loss;
+  }
+  Tensor run() { return (*this)(x_, t_); }
+  auto make_static() {
+    return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
+                        {.name = "lm_step", .arg_names = {"x", "t"}, .modules = {model_}});
+  }
+  const Tensor& x() const { return x_; }
+  const Tensor& t() const { return t_; }
+
+ private:
+  template <typename M, typename... A>
+  static std::shared_ptr<M> seeded(A... args) {
+    manual_seed(0);
+    return std::make_shared<M>(args...);
+  }
+  std::shared_ptr<Model> model_;
+  Opt opt_;
+  Tensor x_, t_;
+};
+
+using CharLstmStep = LanguageModelStep<models::CharLstm, optim::Adam>;
+using TinyGptStep = LanguageModelStep<models::TinyGpt, optim::AdamW>;
+
+inline std::unique_ptr<CharLstmStep> make_char_lstm_step() {
+  return std::make_unique<CharLstmStep>(kCharLstmBatch, kCharLstmSteps, kCharVocab,
+                                        kCharLstmEmbed, kCharLstmHidden);
+}
+inline std::unique_ptr<TinyGptStep> make_tiny_gpt_step() {
+  return std::make_unique<TinyGptStep>(kTinyGptBatch, kTinyGptContext, kCharVocab,
+                                       kTinyGptContext, kTinyGptWidth, kTinyGptHeads,
+                                       kTinyGptBlocks);
+}
+
+// LstmCellChain: forward through 35 steps of one cell from a zero state, the sum of the last h
+// as the loss, backward (gradients of the cell's parameters; no update).
+class CellChain {
+ public:
+  CellChain() : cell_(seeded()) {
+    for (int64_t t = 0; t < kChainSteps; ++t) xs_.push_back(randn({1, kChainHidden}));
+    h0_ = zeros({1, kChainHidden});
+    c0_ = zeros({1, kChainHidden});
+  }
+  Tensor operator()(std::span<const Tensor> xs, const Tensor& h0, const Tensor& c0) {
+    Tensor h = h0, c = c0;
+    for (const Tensor& x : xs) std::tie(h, c) = (*cell_)(x, h, c);
+    Tensor loss = F::sum(h);
+    cell_->zero_grad();
+    loss.backward();
+    return loss;
+  }
+  Tensor run() { return (*this)(xs_, h0_, c0_); }
+  // Static over (h0, c0); the inputs are bound tensors of the closure.
+  auto make_static() {
+    return static_graph(
+        [this](const Tensor& h0, const Tensor& c0) { return (*this)(xs_, h0, c0); },
+        {.name = "cell_chain", .arg_names = {"h0", "c0"}, .modules = {cell_}});
+  }
+  const Tensor& h0() const { return h0_; }
+  const Tensor& c0() const { return c0_; }
+
+ private:
+  static std::shared_ptr<nn::LSTMCell> seeded() {
+    manual_seed(0);
+    return std::make_shared<nn::LSTMCell>(kChainHidden, kChainHidden);
+  }
+  std::shared_ptr<nn::LSTMCell> cell_;
+  std::vector<Tensor> xs_;
+  Tensor h0_, c0_;
+};
+
+}  // namespace encore::bench
