@@ -50,6 +50,57 @@ inline void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+// Products up to this many multiply-adds with a side (m, n or k) of at most kSmallGemmSide run in
+// small_gemm: OpenBLAS packs its operands into panels first, which costs more than the product
+// itself at these sizes (an LSTM step at batch 1).
+inline constexpr int64_t kSmallGemmMacs = 1 << 16;
+inline constexpr int64_t kSmallGemmSide = 8;
+
+inline bool small_product(int64_t m, int64_t n, int64_t k) {
+  return m * n * k <= kSmallGemmMacs && std::min({m, n, k}) <= kSmallGemmSide;
+}
+
+// c[m,n] += op(a) op(b) with plain loops in a fixed order (the same bits on every call): a row of
+// b added into a row of c per element of a when b is not transposed; otherwise each element a
+// dot product over 8 running sums, added in a fixed tree.
+template <typename T>
+void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
+                int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+  auto at = [&](int64_t i, int64_t p) { return trans_a ? a[p * lda + i] : a[i * lda + p]; };
+  if (!trans_b) {
+    for (int64_t i = 0; i < m; ++i) {
+      T* ci = c + i * ldc;
+      for (int64_t p = 0; p < k; ++p) {
+        const T s = at(i, p);
+        const T* bp = b + p * ldb;
+        for (int64_t j = 0; j < n; ++j) ci[j] += s * bp[j];
+      }
+    }
+    return;
+  }
+  constexpr int kLanes = 8;
+  // A row of op(a) read with stride `step` (1 unless a is transposed).
+  auto dot_rows = [&](const T* ai, int64_t step) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T* bj = b + j * ldb;
+      T acc[kLanes] = {};
+      int64_t p = 0;
+      if (step == 1) {
+        for (; p + kLanes <= k; p += kLanes)
+          for (int l = 0; l < kLanes; ++l) acc[l] += ai[p + l] * bj[p + l];
+      } else {
+        for (; p + kLanes <= k; p += kLanes)
+          for (int l = 0; l < kLanes; ++l) acc[l] += ai[(p + l) * step] * bj[p + l];
+      }
+      for (int l = 0; p < k; ++p, ++l) acc[l] += ai[p * step] * bj[p];
+      *c += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      ++c;
+    }
+  };
+  for (int64_t i = 0; i < m; ++i, c += ldc - n)
+    dot_rows(trans_a ? a + i : a + i * lda, trans_a ? lda : 1);
+}
+
 // c[m,n] = op(a) op(b) + beta c, op transposing when its flag is set.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
@@ -57,6 +108,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   if (beta == 0) {
     zero_for_product(m, n, c, ldc);
     beta = 1;
+  }
+  if (beta == 1 && small_product(m, n, k)) {
+    small_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
   }
   blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
