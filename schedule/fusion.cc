@@ -209,16 +209,21 @@ void Plan::fuse_elementwise() {
       return group_of[b] == t && k >= 0 && k < FusedProgram::kMaxScratch ? k : -1;
     };
     bool used[FusedProgram::kMaxScratch] = {};
-    auto free_slots = [&](const Step& s, int j) {  // a value read for the last time frees its slot
+    // A value read for the last time frees its slot: before the step's output takes one when the
+    // step reads it element for element (an elementwise step over a Full value), after otherwise
+    // (a row op reads whole rows before it writes; a value per row is read while the block is
+    // written).
+    auto free_slots = [&](const Step& s, int j, bool before) {
+      const bool row_op = op_row_fusable(s.op);
       for (const Operand& i : s.in)
-        if (const int k = scratch_slot(i.buf); k >= 0 && last_in[key(i.buf, produced[i.buf])] == j)
+        if (const int k = scratch_slot(i.buf);
+            k >= 0 && last_in[key(i.buf, produced[i.buf])] == j &&
+            before == (!row_op && produced[i.buf] == Layout::Full))
           used[k] = false;
     };
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
-      // A row op reads whole rows of its inputs before it writes: it never writes over them.
-      const bool row_op = op_row_fusable(s.op);
-      if (!row_op) free_slots(s, j);
+      free_slots(s, j, true);
       const int b = s.out[0].buf;
       const int r = key(b, produced[b]);
       touched.push_back(r);
@@ -236,7 +241,7 @@ void Plan::fuse_elementwise() {
         p.out_column.push_back(produced[b] == Layout::Column);
         fused.out.push_back(s.out[0]);
       }
-      if (row_op) free_slots(s, j);
+      free_slots(s, j, false);
     }
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];

@@ -240,3 +240,31 @@ TEST_CASE("an LSTM cell's gates replay eager's bits fused", "[static][fusion][ro
   CHECK(o.fused.forward < o.unfused.forward);
   CHECK_THAT(o.text, Contains("(one row)"));  // the bias over the batch joins the gates' sum
 }
+
+TEST_CASE("a value per row dying at its reader keeps its scratch block until read",
+          "[static][fusion][rows]") {
+  // Without a backward nothing is saved: the max lives in scratch and dies at the sub, whose
+  // output must not take its block (it is read per row while the block is written).
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    INFO(name(dtype));
+    auto body = [](const Tensor& x, const Tensor& y) {
+      return F::mul(F::tanh(F::sub(x, F::max(x, {-1}, true))), y);
+    };
+    auto f = static_graph(body, {.name = "column_dies"});
+    auto v = static_graph(body, {.name = "column_dies_verified", .verify_every = 1});
+    NoGradGuard no_grad;
+    for (int call = 0; call < 3; ++call) {
+      const Tensor x = rand({6, 40}, dtype, Device::cpu(), -2, 2);
+      const Tensor y = rand({6, 40}, dtype, Device::cpu(), -2, 2);
+      CHECK(bit_diff(f(x, y), body(x, y)) == "");
+      CHECK(bit_diff(v(x, y), body(x, y)) == "");
+    }
+    const std::string text = f.schedule_text();
+    INFO(text);
+    CHECK(f.stats().cache[0].forward_steps == 1);
+    CHECK_THAT(text, Contains("scratch 0 = max(in 0)"));
+    CHECK_THAT(text, Contains("scratch 1 = sub(in 0, scratch 0 (one per row))"));
+  }
+}
