@@ -122,9 +122,12 @@ TEST_CASE("a fused run reads a value per row broadcast across the row", "[static
   auto outer = [](const Tensor& x, const Tensor& r, const Tensor& c) {
     return F::exp(F::mul(F::add(r, c), x));
   };
-  o = check_pattern<3>("row_and_column", outer, {Shape{9, 33}, Shape{33}, Shape{9, 1}});
-  INFO(o.text);
-  CHECK(o.fused.forward == 1);
+  // Rows of a block, and rows longer than a block (pieces of one row).
+  for (int64_t c : {int64_t{33}, int64_t{300}}) {
+    o = check_pattern<3>("row_and_column", outer, {Shape{9, c}, Shape{c}, Shape{9, 1}});
+    INFO(o.text);
+    CHECK(o.fused.forward == 1);
+  }
 }
 
 TEST_CASE("an operand broadcast any other way keeps its step apart", "[static][fusion][rows]") {

@@ -1,0 +1,48 @@
+// SoftmaxRows/static{,_unfused}: the elementwise part of attention on the cpu, fused by rows or
+// not. Scores [64, 512] (float32, 128 KiB) requiring grad are scaled, masked by keys (a row
+// broadcast over the rows) and go through a softmax over the last axis; the loss multiplies the
+// probabilities by fixed weights and sums them. Fused, the forward is one step (scale, mask,
+// softmax, product and sum) and the backward's softmax_grad runs with its neighbours.
+#include <benchmark/benchmark.h>
+
+#include "bench/bench_util.h"
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+namespace encore::bench {
+namespace {
+
+void BM_SoftmaxRows(benchmark::State& state, bool fuse) {
+  const bool previous = set_static_fusion_enabled(fuse);
+  Tensor x = rand({64, 512}, DType::Float32, Device::cpu(), -2, 2).set_requires_grad();
+  const Tensor mask = rand({512}, DType::Float32, Device::cpu(), -1, 0);
+  const Tensor w = rand({64, 512}, DType::Float32, Device::cpu(), 0, 1);
+  auto f = static_graph(
+      [&](const Tensor& s) {
+        return F::sum(F::mul(F::softmax(F::add(F::mul(s, 0.125), mask), -1), w));
+      },
+      {.name = fuse ? "softmax_rows" : "softmax_rows_unfused"});
+  for (int i = 0; i < 3; ++i) {  // trace, first backward, warm replays
+    f(x).backward();
+    x.set_grad(Tensor());
+  }
+  for (auto _ : state) {
+    f(x).backward();
+    x.set_grad(Tensor());
+  }
+  set_static_fusion_enabled(previous);
+  const StaticStats stats = f.stats();
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  state.counters["steps"] = stats.cache[0].forward_steps + stats.cache[0].backward_steps;
+}
+BENCHMARK_CAPTURE(BM_SoftmaxRows, fused, true)
+    ->Name("SoftmaxRows/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_SoftmaxRows, unfused, false)
+    ->Name("SoftmaxRows/static_unfused")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace encore::bench
