@@ -5,6 +5,13 @@
 // step. Each instruction computes exactly what its op's kernel computes (the same element
 // functions), so a fused step gives the bits of the steps it stands for, except which NaN an
 // operation on two NaNs returns (it follows the operand order the compiler chose).
+//
+// A run is over a tensor seen as [rows, row] (row: its last axis). Besides operands of the run's
+// element count and one-element ones, a binary op may read an operand broadcast along the rows
+// ([row]: element i reads i % row) or along the row ([rows, 1]: element i reads i / row). A row
+// op (kRowFusable: a reduction over the last axis, softmax ...) works on whole rows of a block
+// with the row function of its own kernel (kernels/cpu/fused_rows.h); a reduction writes one
+// value per row, a column value later operations read broadcast along the row.
 #pragma once
 
 #include <cstdint>
@@ -15,33 +22,51 @@
 
 namespace encore {
 
-// out = op(a) or op(a, b), elementwise; `scalar` is the ScalarAttrs value of scalar ops (and
-// the slope of leaky_relu_grad, the form of gelu_grad).
+// How a register is indexed by the run's element i.
+enum class FusedLayout : uint8_t {
+  Full,    // i: the run's element count
+  One,     // 0: one element
+  Row,     // i % row: one row, broadcast over the rows
+  Column,  // i / row: one value per row (a reduction's output, or an input [rows, 1])
+};
+
+// out = op(a) or op(a, b) (elementwise, or per row for a row op); `scalar` is the ScalarAttrs
+// value of scalar ops (and the slope of leaky_relu_grad, the form of gelu_grad). la and lb say
+// how a and b are read; the output is Full, or Column for a reduction.
 struct FusedInstr {
   Op op = Op::Add;
   uint8_t out = 0, a = 0, b = 0;  // registers
+  FusedLayout la = FusedLayout::Full, lb = FusedLayout::Full;
   double scalar = 0;
 };
 
-// Registers: the step's inputs [0, n_in), then kMaxScratch scratch blocks (n_scratch of them
-// used), then its outputs. An input with one element (bit set in `broadcast`) is read as a scalar
-// by a binary op; every other operand has `numel` elements.
+// Registers: the step's inputs [0, n_in) (each with its layout), then kMaxScratch scratch
+// blocks (n_scratch of them used), then its outputs.
 struct FusedProgram {
   static constexpr int kMaxInputs = 64;
   static constexpr int kMaxScratch = 8;
   static constexpr int kMaxSteps = 128;
   static constexpr int kMaxRegisters = kMaxInputs + kMaxSteps + kMaxScratch;
+  static constexpr int64_t kBlock = 256;    // elements per block (rows of a block, at least)
+  static constexpr int64_t kMaxRow = 2048;  // the longest row a program with row ops takes
 
   std::vector<FusedInstr> instrs;
   int n_in = 0, n_out = 0, n_scratch = 0;
-  uint64_t broadcast = 0;
+  std::vector<FusedLayout> in_layout;  // per input
+  std::vector<bool> out_column;        // per output: a column value (one per row)
   int64_t numel = 0;
+  int64_t row = 1;       // the last axis of the run's shape
+  bool by_rows = false;  // blocks hold whole rows (or pieces of one row): it reads Row or Column
+                         // operands or has row ops
+  bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
   std::vector<int> out_instr;    // per output: the instruction writing it
 
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }
+  // Elements per scratch block.
+  int64_t block() const { return row_ops && row > kBlock ? row : kBlock; }
 };
 
 }  // namespace encore

@@ -33,6 +33,9 @@ inline constexpr uint8_t kOptimizerUpdate = 1 << 4;
 // Its cpu kernel splits large calls across threads (parallel_for): a two-lane schedule may run it
 // on both lanes (schedule/lanes.cc). A kernel without it runs on the calling thread alone.
 inline constexpr uint8_t kSplits = 1 << 5;
+// Works row by row along the last axis (a reduction over it, softmax ...) and the fused kernel has
+// its row function (kernels/cpu/fused_rows.h): a step over the last axis may join a fused run.
+inline constexpr uint8_t kRowFusable = 1 << 6;
 
 // OpTraits::outputs of an op that takes any number of outputs from 1 to kMaxOpOutputs (the
 // autograd masks hold 8 bits).
@@ -48,7 +51,8 @@ struct OpTraits {
   int8_t outputs;     // -1: a planner-made op, never dispatched; kAnyOutputs: 1 to 8
   AttrType attrs;     // the attribute struct its calls carry
   uint8_t mutates;    // Inplace: bit i set when input i is written
-  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits
+  uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits,
+                      // kRowFusable
 };
 
 inline constexpr OpTraits kOpTraits[] = {
@@ -97,9 +101,9 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Where, "where", OpKind::Compute, 3, 3, 1, AttrType::None, 0, 0},
     {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1, AttrType::Matmul, 0, kSplits},
     {Op::Linear, "linear", OpKind::Compute, 2, 3, 1, AttrType::None, 0, kSplits},
-    {Op::Sum, "sum", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
-    {Op::Mean, "mean", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
-    {Op::Max, "max", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, 0},
+    {Op::Sum, "sum", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, kRowFusable},
+    {Op::Mean, "mean", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, kRowFusable},
+    {Op::Max, "max", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, kRowFusable},
     {Op::Reshape, "reshape", OpKind::View, 1, 1, 1, AttrType::None, 0, 0},
     {Op::Alias, "alias", OpKind::View, 1, 1, 1, AttrType::None, 0, 0},
     {Op::Permute, "permute", OpKind::Compute, 1, 1, 1, AttrType::Permute, 0, 0},
@@ -109,10 +113,11 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Slice, "slice", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
     {Op::SliceGrad, "slice_grad", OpKind::Compute, 1, 1, 1, AttrType::Slice, 0, 0},
     {Op::Copy, "copy", OpKind::Compute, 1, 1, 1, AttrType::None, 0, kElementwise},
-    {Op::Softmax, "softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, 0},
-    {Op::LogSoftmax, "log_softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, 0},
-    {Op::SoftmaxGrad, "softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0, 0},
-    {Op::LogSoftmaxGrad, "log_softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0, 0},
+    {Op::Softmax, "softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, kRowFusable},
+    {Op::LogSoftmax, "log_softmax", OpKind::Compute, 1, 1, 1, AttrType::Axis, 0, kRowFusable},
+    {Op::SoftmaxGrad, "softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0, kRowFusable},
+    {Op::LogSoftmaxGrad, "log_softmax_grad", OpKind::Compute, 2, 2, 1, AttrType::Axis, 0,
+     kRowFusable},
     {Op::SoftmaxCrossEntropy, "softmax_cross_entropy", OpKind::Compute, 2, 2, 1,
      AttrType::CrossEntropy, 0, 0},
     {Op::SoftmaxCrossEntropyGrad, "softmax_cross_entropy_grad", OpKind::Compute, 3, 3, 1,
@@ -171,6 +176,7 @@ constexpr bool op_traits_consistent() {
     if ((t.flags & kFusable) && (!(t.flags & kElementwise) || t.outputs != 1)) return false;
     if ((t.flags & kBroadcastsOne) && (!(t.flags & kFusable) || t.max_inputs != 2)) return false;
     if ((t.flags & kRandom) && t.attrs != AttrType::Random) return false;
+    if ((t.flags & kRowFusable) && (t.kind != OpKind::Compute || t.outputs != 1)) return false;
     if ((t.flags & kOptimizerUpdate) && t.kind != OpKind::Inplace) return false;
     if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
   }
@@ -203,7 +209,7 @@ constexpr bool op_has_scalar_attrs(Op op) {
 constexpr uint8_t op_mutated_inputs(Op op) {
   return op_traits(op).mutates;
 }
-// See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits.
+// See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits, kRowFusable.
 constexpr bool op_elementwise(Op op) {
   return (op_traits(op).flags & kElementwise) != 0;
 }
@@ -212,6 +218,9 @@ constexpr bool op_fusable(Op op) {
 }
 constexpr bool op_broadcasts_one(Op op) {
   return (op_traits(op).flags & kBroadcastsOne) != 0;
+}
+constexpr bool op_row_fusable(Op op) {
+  return (op_traits(op).flags & kRowFusable) != 0;
 }
 constexpr bool op_draws_random(Op op) {
   return (op_traits(op).flags & kRandom) != 0;

@@ -15,17 +15,28 @@ std::string named(const std::vector<std::string>& names, int i, std::string_view
   return cat(what, " ", i);
 }
 
-// A fused step's instructions, one per line: "out 1 = tanh(scratch 0)".
+// A fused step's instructions, one per line: "out 1 = tanh(scratch 0)", "scratch 1 =
+// sub(in 0, scratch 0 (one per row))".
 std::string fused_text(const FusedProgram& p, const std::string& indent) {
   auto name = [&p](int r) {
     if (r < p.n_in) return cat("in ", r);
     if (r < p.out_reg(0)) return cat("scratch ", r - p.scratch_reg(0));
     return cat("out ", r - p.out_reg(0));
   };
+  auto read = [&](int r, FusedLayout l) {
+    switch (l) {
+      case FusedLayout::Row:
+        return cat(name(r), " (one row)");
+      case FusedLayout::Column:
+        return cat(name(r), " (one per row)");
+      default:
+        return name(r);
+    }
+  };
   std::string out;
   for (const FusedInstr& ins : p.instrs) {
-    out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", name(ins.a));
-    if (op_reads_two(ins.op)) out += cat(", ", name(ins.b));
+    out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", read(ins.a, ins.la));
+    if (op_reads_two(ins.op)) out += cat(", ", read(ins.b, ins.lb));
     if (op_has_scalar_attrs(ins.op)) out += cat(", ", ins.scalar);
     out += ")\n";
   }
@@ -146,7 +157,8 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
           s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
       if (fused != nullptr)
         mark(cat("fuses ", fused->instrs.size(), " steps, ", fused->n_scratch,
-                 fused->n_scratch == 1 ? " scratch block" : " scratch blocks"));
+                 fused->n_scratch == 1 ? " scratch block" : " scratch blocks",
+                 fused->by_rows ? cat(", by rows of ", fused->row) : std::string()));
       const std::string* rewrite = rewrite_note(s);
       if (rewrite != nullptr)
         mark(*rewrite);

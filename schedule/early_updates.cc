@@ -14,8 +14,8 @@ namespace encore::schedule {
 // writes (read and write after write) or reads a buffer it writes (write after read: the
 // backward's matmul still reading the old weight); buffers over one storage count as one. Behind
 // that step it also passes updates already moved there (they keep their recorded order) and, when
-// the plan fuses, the rest of a run of fusable steps it would split. Nothing but an update moves,
-// so random steps keep their order.
+// the plan fuses, the rest of a run of fusable steps (elementwise or row ops) it would split.
+// Nothing but an update moves, so random steps keep their order.
 void Plan::move_updates_early() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int nb = static_cast<int>(bufs.size());
@@ -47,7 +47,10 @@ void Plan::move_updates_early() {
         for (const Operand& i : s.in) after = later(after, last_write[memory[i.buf]]);
         writes([&](int m) { after = later(later(after, last_write[m]), last_read[m]); });
         int to = after < 0 ? 0 : place[after] + 1;
-        auto fusable = [&](int k) { return op_fusable(all_[order[k]].op); };
+        auto fusable = [&](int k) {
+          const Op op = all_[order[k]].op;
+          return op_fusable(op) || op_row_fusable(op);
+        };
         while (to < at && (op_optimizer_update(all_[order[to]].op) ||
                            (fuses && to > 0 && fusable(to - 1) && fusable(to))))
           ++to;

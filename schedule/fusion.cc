@@ -1,16 +1,94 @@
-// Elementwise fusion (cpu plans): runs of adjacent elementwise steps become one FusedElementwise
-// step whose program (runtime/fused.h) keeps values only the run reads in scratch blocks.
+// Elementwise fusion (cpu plans): runs of adjacent elementwise steps, and row ops over their
+// last axis, become one FusedElementwise step whose program (runtime/fused.h) keeps values only
+// the run reads in scratch blocks.
 #include <algorithm>
+#include <array>
 #include <memory>
 
 #include "runtime/fused.h"
 #include "schedule/plan.h"
 
 namespace encore::schedule {
+namespace {
 
-// Runs of adjacent elementwise steps of one phase, dtype and element count become one
-// FusedElementwise step (cpu plans). Its kernel runs the steps block by block: a value only
-// the run reads lives in a scratch block (never in the arena), and one the rest of the
+using Layout = FusedLayout;
+
+// What a run is over: one dtype, `numel` elements seen as rows of `row` (its last axis).
+struct RunShape {
+  DType dtype = DType::Float32;
+  int64_t numel = 0;
+  int64_t row = 1;
+  int64_t rows() const { return numel / row; }
+};
+
+// The shape a step works over: its output's, or its first input's for a row op.
+const Operand& reference(const Step& s) {
+  return op_row_fusable(s.op) ? s.in[0] : s.out[0];
+}
+int64_t last_axis(const Shape& s) {
+  return s.rank() > 0 ? s[s.rank() - 1] : 1;
+}
+
+// Whether a row-fusable step works along the last axis of its first input, over rows of 2 to
+// kMaxRow elements, every input of that shape. Here goes a new row op's own test.
+bool row_op_fits(const Step& s) {
+  const Shape& x = s.in[0].shape;
+  const int rank = x.rank();
+  if (rank == 0 || x[rank - 1] < 2 || x[rank - 1] > FusedProgram::kMaxRow) return false;
+  for (const Operand& i : s.in)
+    if (!(i.shape == x)) return false;
+  switch (s.op) {
+    case Op::Sum:
+    case Op::Mean:
+    case Op::Max:
+      return s.attrs.as<ReduceAttrs>().axes_mask == 1u << (rank - 1);
+    case Op::Softmax:
+    case Op::LogSoftmax:
+    case Op::SoftmaxGrad:
+    case Op::LogSoftmaxGrad:
+      return s.attrs.as<AxisAttrs>().axis == rank - 1;
+    default:
+      return false;
+  }
+}
+
+// The layout of a row op's output: one value per row for a reduction, else the input's.
+Layout row_op_output(Op op) {
+  return op == Op::Sum || op == Op::Mean || op == Op::Max ? Layout::Column : Layout::Full;
+}
+
+// How operand i of a binary or unary step s over `run` reads a buffer from outside the run, or
+// false: the run's element count, one element (a binary op's scalar), one row or one value per
+// row (a binary op whose output's last axis is the run's).
+bool input_layout(const Step& s, const Operand& i, const RunShape& run, Layout& l) {
+  const int64_t k = i.shape.numel();
+  if (k == run.numel) {
+    l = Layout::Full;
+    return true;
+  }
+  if (!op_broadcasts_one(s.op)) return false;
+  if (k == 1) {
+    l = Layout::One;
+    return true;
+  }
+  if (run.row < 2 || last_axis(s.out[0].shape) != run.row) return false;
+  if (last_axis(i.shape) == run.row && k == run.row) {
+    l = Layout::Row;
+    return true;
+  }
+  if (last_axis(i.shape) == 1 && k == run.rows()) {
+    l = Layout::Column;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// Runs of adjacent steps of one phase and dtype over one element count become one
+// FusedElementwise step (cpu plans): elementwise steps, whose operands may be broadcast along or
+// across the rows, and row ops over the last axis. Its kernel runs the steps block by block: a
+// value only the run reads lives in a scratch block (never in the arena), and one the rest of the
 // schedule reads (a saved activation, a result, a gradient) is an output of the fused step.
 void Plan::fuse_elementwise() {
   const std::vector<Buffer>& bufs = rec_->buffers;
@@ -18,49 +96,80 @@ void Plan::fuse_elementwise() {
   std::vector<int> last_read(bufs.size(), -1);
   for (int t = 0; t < n; ++t)
     for (const Operand& o : all_[t].in) last_read[o.buf] = t;
-  // Whether `s` can join a run over `numel` elements of `dtype`.
-  auto joins = [&](const Step& s, DType dtype, int64_t numel) {
-    if (!op_fusable(s.op) || s.out.size() != 1) return false;
+
+  std::vector<int> group_of(bufs.size(), -1);  // per buffer: the run producing it (its start)
+  std::vector<Layout> produced(bufs.size());   // per buffer the run produces: its layout
+  // A buffer read in two layouts (two arguments may alias one buffer with different shapes) is
+  // two inputs: reg and last_in are per read, indexed by key = 4 * buffer + layout.
+  auto key = [](int buf, Layout l) { return 4 * buf + static_cast<int>(l); };
+  std::vector<int> reg(4 * bufs.size(), -1);      // per read: its register in the current run
+  std::vector<int> last_in(4 * bufs.size(), -1);  // per read: its last inside the run
+  std::vector<std::array<Layout, 2>> layouts;     // per step of the current run: its reads'
+
+  // Whether s can join the run starting at t, and how it reads its operands (into l).
+  auto joins = [&](const Step& s, const RunShape& run, int t, std::array<Layout, 2>& l) {
+    if (s.out.size() != 1 || s.in.size() > 2) return false;
+    const bool row_op = op_row_fusable(s.op);
+    if (!op_fusable(s.op) && !(row_op && row_op_fits(s))) return false;
     const Operand& o = s.out[0];
-    if (o.dtype != dtype || o.shape.numel() != numel || bufs[o.buf].kind != BufKind::Temp)
+    if (o.dtype != run.dtype || bufs[o.buf].kind != BufKind::Temp) return false;
+    if (row_op) {
+      const Operand& x = s.in[0];
+      if (x.shape.numel() != run.numel || last_axis(x.shape) != run.row ||
+          o.shape.numel() != (row_op_output(s.op) == Layout::Column ? run.rows() : run.numel))
+        return false;
+    } else if (o.shape.numel() != run.numel) {
       return false;
-    for (const Operand& i : s.in) {
-      const int64_t k = i.shape.numel();
-      if (i.dtype != dtype || (k != numel && !(k == 1 && op_broadcasts_one(s.op)))) return false;
+    }
+    for (size_t k = 0; k < s.in.size(); ++k) {
+      const Operand& i = s.in[k];
+      if (i.dtype != run.dtype) return false;
+      if (group_of[i.buf] == t) {  // produced by the run: read as it was written
+        l[k] = produced[i.buf];
+        const int64_t m = i.shape.numel();
+        if (l[k] == Layout::Full
+                ? m != run.numel
+                : row_op || !op_broadcasts_one(s.op) || m != run.rows() ||
+                      (m > 1 && (last_axis(i.shape) != 1 || last_axis(s.out[0].shape) != run.row)))
+          return false;
+      } else if (row_op) {
+        if (i.shape.numel() != run.numel) return false;
+        l[k] = Layout::Full;
+      } else if (!input_layout(s, i, run, l[k])) {
+        return false;
+      }
     }
     return true;
   };
 
-  // A buffer read with the run's element count and one read as a broadcast single element are
-  // two inputs (two arguments may alias one buffer with different shapes): reg and last_in are
-  // per read, indexed by read_key.
-  auto read_key = [](const Operand& o, int64_t numel) {
-    return 2 * o.buf + (o.shape.numel() == 1 && numel > 1);
-  };
-  std::vector<int> group_of(bufs.size(), -1);     // per buffer: the run producing it (its start)
-  std::vector<int> reg(2 * bufs.size(), -1);      // per read: its register in the current run
-  std::vector<int> last_in(2 * bufs.size(), -1);  // per read: its last inside the run
   std::vector<Step> steps;
   int n_forward = 0;
   for (int t = 0; t < n;) {
     const Step& first = all_[t];
     const int phase_end = t < n_forward_ ? n_forward_ : n;
     int e = t;
-    if (!first.out.empty() &&
+    layouts.clear();
+    RunShape run;
+    if (!first.out.empty() && !first.in.empty() &&
         (first.out[0].dtype == DType::Float32 || first.out[0].dtype == DType::Float64)) {
-      const DType dtype = first.out[0].dtype;
-      const int64_t numel = first.out[0].shape.numel();
+      const Operand& r = reference(first);
+      run = RunShape{first.out[0].dtype, r.shape.numel(), std::max<int64_t>(1, last_axis(r.shape))};
       int inputs = 0;
-      while (e < phase_end && e - t < FusedProgram::kMaxSteps && joins(all_[e], dtype, numel)) {
+      std::array<Layout, 2> l{};
+      while (e < phase_end && e - t < FusedProgram::kMaxSteps && joins(all_[e], run, t, l)) {
+        const Step& s = all_[e];
         int fresh = 0;  // inputs the run does not read yet (one counted twice at worst)
-        for (const Operand& i : all_[e].in)
-          fresh += group_of[i.buf] != t && last_in[read_key(i, numel)] < t;
+        for (size_t k = 0; k < s.in.size(); ++k)
+          fresh += group_of[s.in[k].buf] != t && last_in[key(s.in[k].buf, l[k])] < t;
         if (inputs + fresh > FusedProgram::kMaxInputs) break;
-        for (const Operand& i : all_[e].in) {
-          if (group_of[i.buf] != t && last_in[read_key(i, numel)] < t) ++inputs;
-          last_in[read_key(i, numel)] = e;
+        for (size_t k = 0; k < s.in.size(); ++k) {
+          if (group_of[s.in[k].buf] != t && last_in[key(s.in[k].buf, l[k])] < t) ++inputs;
+          last_in[key(s.in[k].buf, l[k])] = e;
         }
-        group_of[all_[e].out[0].buf] = t;
+        const int b = s.out[0].buf;
+        group_of[b] = t;
+        produced[b] = op_row_fusable(s.op) ? row_op_output(s.op) : Layout::Full;
+        layouts.push_back(l);
         ++e;
       }
     }
@@ -73,53 +182,77 @@ void Plan::fuse_elementwise() {
 
     auto program = std::make_unique<FusedProgram>();
     FusedProgram& p = *program;
-    p.dtype = all_[t].out[0].dtype;
-    p.numel = all_[t].out[0].shape.numel();
+    p.dtype = run.dtype;
+    p.numel = run.numel;
+    p.row = run.row;
     Step fused{Op::FusedElementwise, AttrBlob::of(FusedAttrs{program.get()}), -1, {}, {}};
     // Inputs in order of first read; then which produced values leave the run (outputs) and
     // which live in scratch slots, reused once their last reader inside the run has read them.
-    // A value the run produces has its element count: its read key is 2 * buffer.
     std::vector<int> touched;
-    for (int j = t; j < e; ++j)
-      for (const Operand& i : all_[j].in)
-        if (const int k = read_key(i, p.numel); group_of[i.buf] != t && reg[k] < 0) {
-          if (k % 2) p.broadcast |= uint64_t{1} << p.n_in;
-          reg[k] = p.n_in++;
-          touched.push_back(k);
-          fused.in.push_back(i);
+    for (int j = t; j < e; ++j) {
+      const Step& s = all_[j];
+      p.row_ops |= op_row_fusable(s.op);
+      for (size_t k = 0; k < s.in.size(); ++k) {
+        const Layout l = layouts[j - t][k];
+        p.by_rows |= l == Layout::Row || l == Layout::Column;
+        if (const int r = key(s.in[k].buf, l); group_of[s.in[k].buf] != t && reg[r] < 0) {
+          reg[r] = p.n_in++;
+          p.in_layout.push_back(l);
+          touched.push_back(r);
+          fused.in.push_back(s.in[k]);
         }
+      }
+    }
+    p.by_rows |= p.row_ops;
     auto scratch_slot = [&](int b) {  // the scratch slot holding b, or -1
-      const int k = reg[2 * b] - p.n_in;
+      const int k = reg[key(b, produced[b])] - p.n_in;
       return group_of[b] == t && k >= 0 && k < FusedProgram::kMaxScratch ? k : -1;
     };
     bool used[FusedProgram::kMaxScratch] = {};
+    // A value read for the last time frees its slot: before the step's output takes one when the
+    // step reads it element for element (an elementwise step over a Full value), after otherwise
+    // (a row op reads whole rows before it writes; a value per row is read while the block is
+    // written).
+    auto free_slots = [&](const Step& s, int j, bool before) {
+      const bool row_op = op_row_fusable(s.op);
+      for (const Operand& i : s.in)
+        if (const int k = scratch_slot(i.buf);
+            k >= 0 && last_in[key(i.buf, produced[i.buf])] == j &&
+            before == (!row_op && produced[i.buf] == Layout::Full))
+          used[k] = false;
+    };
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
-      for (const Operand& i : s.in)  // a value read for the last time frees its slot
-        if (const int k = scratch_slot(i.buf); k >= 0 && last_in[2 * i.buf] == j) used[k] = false;
+      free_slots(s, j, true);
       const int b = s.out[0].buf;
-      touched.push_back(2 * b);
+      const int r = key(b, produced[b]);
+      touched.push_back(r);
       int free_slot = -1;
-      if (escape_[b] < 0 && last_read[b] < e && last_in[2 * b] >= 0)
+      if (escape_[b] < 0 && last_read[b] < e && last_in[r] >= 0)
         for (int k = 0; k < FusedProgram::kMaxScratch && free_slot < 0; ++k)
           if (!used[k]) free_slot = k;
       if (free_slot >= 0) {
         used[free_slot] = true;
-        reg[2 * b] = p.scratch_reg(free_slot);
+        reg[r] = p.scratch_reg(free_slot);
         p.n_scratch = std::max(p.n_scratch, free_slot + 1);
       } else {  // read after the run, or no slot free
-        reg[2 * b] = p.out_reg(p.n_out++);
+        reg[r] = p.out_reg(p.n_out++);
         p.out_instr.push_back(j - t);
+        p.out_column.push_back(produced[b] == Layout::Column);
         fused.out.push_back(s.out[0]);
       }
+      free_slots(s, j, false);
     }
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
+      const std::array<Layout, 2>& l = layouts[j - t];
       FusedInstr ins;
       ins.op = s.op;
-      ins.out = static_cast<uint8_t>(reg[2 * s.out[0].buf]);
-      ins.a = static_cast<uint8_t>(reg[read_key(s.in[0], p.numel)]);
-      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[read_key(s.in[1], p.numel)]) : ins.a;
+      ins.out = static_cast<uint8_t>(reg[key(s.out[0].buf, produced[s.out[0].buf])]);
+      ins.a = static_cast<uint8_t>(reg[key(s.in[0].buf, l[0])]);
+      ins.la = l[0];
+      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[key(s.in[1].buf, l[1])]) : ins.a;
+      ins.lb = s.in.size() > 1 ? l[1] : l[0];
       if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
       p.instrs.push_back(ins);
       p.trace_index.push_back(s.index);

@@ -2,17 +2,20 @@
 // recording that each keep eager's bits.
 //
 // 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
-//    (relu, leaky_relu, sigmoid, tanh) reads becomes a LinearAct or Conv2dAct step that applies
-//    the activation to each part of its output right after computing it (kernels/cpu/matmul.cc,
-//    conv.cc), with the activation's own element function: the pre-activation is never stored,
-//    and the separate pass that read it and wrote the activation is gone. ReLU's, sigmoid's and
-//    tanh's gradients read the activation's output, so the pre-activation usually has no other
-//    reader; leaky_relu's gradient reads its input, which keeps that pair apart.
+//    (relu, leaky_relu, sigmoid, tanh, gelu) reads becomes a LinearAct or Conv2dAct step that
+//    applies the activation to each part of its output right after computing it
+//    (kernels/cpu/matmul.cc, conv.cc), with the activation's own element function: the
+//    pre-activation is never stored, and the separate pass that read it and wrote the activation
+//    is gone. ReLU's, sigmoid's and tanh's gradients read the activation's output, so the
+//    pre-activation usually has no other reader; leaky_relu's and gelu's gradients read its input,
+//    which keeps that pair apart in a training step (without a backward they fold). The
+//    activation's attribute (leaky_relu's slope, gelu's form) is the ActAttrs scalar.
 // 2. Gradient product and activation gradient in one (backward): an activation gradient
-//    (relu_grad ...) whose incoming gradient comes from a Matmul that nothing else reads becomes
-//    a MatmulActGrad step: each part of the product goes through the gradient's element function
-//    (relu_grad is a select, y <= 0 ? +0 : gy, not a product, so -0.0 and NaN in gy pass as they
-//    do eagerly) right after the part is computed.
+//    (relu_grad, leaky_relu_grad, sigmoid_grad, tanh_grad, gelu_grad) whose incoming gradient
+//    comes from a Matmul that nothing else reads becomes a MatmulActGrad step: each part of the
+//    product goes through the gradient's element function (relu_grad is a select, y <= 0 ? +0 :
+//    gy, not a product, so -0.0 and NaN in gy pass as they do eagerly) right after the part is
+//    computed.
 // 3. Max pooling before a ReLU: max_pool2d(relu(x)) runs as relu(max_pool2d(x)) (the ReLU over a
 //    quarter of the elements for 2x2 windows), and its backward, relu_grad(r, max_pool2d_grad(r,
 //    gp)), as max_pool2d_grad(x, relu_grad(p, gp)). Exact for every input, see swap_pool_relu.
@@ -32,11 +35,12 @@ namespace encore::schedule {
 namespace {
 
 bool is_activation(Op op) {
-  return op == Op::Relu || op == Op::LeakyRelu || op == Op::Sigmoid || op == Op::Tanh;
+  return op == Op::Relu || op == Op::LeakyRelu || op == Op::Sigmoid || op == Op::Tanh ||
+         op == Op::Gelu;
 }
 bool is_activation_grad(Op op) {
   return op == Op::ReluGrad || op == Op::LeakyReluGrad || op == Op::SigmoidGrad ||
-         op == Op::TanhGrad;
+         op == Op::TanhGrad || op == Op::GeluGrad;
 }
 double scalar_of(const Step& s) {
   return op_has_scalar_attrs(s.op) ? s.attrs.as<ScalarAttrs>().value : 0.0;

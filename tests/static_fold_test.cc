@@ -26,7 +26,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-
 int count_of(const std::string& text, const std::string& pattern) {
   const std::regex re(pattern);
   return static_cast<int>(
@@ -387,4 +386,75 @@ TEST_CASE("the fold switch is read when a signature is traced", "[static][fold]"
     CHECK(shows_rewrites(f.schedule_text()));
   }
   CHECK(static_fold_activations_enabled() == before);
+}
+
+namespace {
+
+// Linear layers with gelu between them, both forms: in a training step the products of the
+// backward apply gelu_grad (gelu's gradient reads its input, so the forward pairs stay apart).
+class GeluMlp : public nn::Module {
+ public:
+  explicit GeluMlp(DType dtype) {
+    const nn::LinearOptions o{.dtype = dtype};
+    l1 = register_module("l1", std::make_shared<nn::Linear>(24, 16, o));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(16, 16, o));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(16, 10, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*l3)(F::gelu((*l2)(F::gelu((*l1)(x))), "tanh"));
+  }
+  std::shared_ptr<nn::Linear> l1, l2, l3;
+};
+
+}  // namespace
+
+TEST_CASE("gelu's gradient is applied by the product computing its incoming gradient",
+          "[static][fold]") {
+  StaticEnabled on;
+  const StaticRedzones no_redzones(false);
+  for (const DType dtype : {DType::Float32, DType::Float64})
+    for (const bool fold : {true, false})
+      for (const int threads : {1, 2}) {
+        INFO(name(dtype) << ", fold " << fold << ", " << threads << " threads");
+        const StaticFoldActivations setting(fold);
+        const ThreadCount t(threads);
+        auto make = [dtype] { return std::make_shared<GeluMlp>(dtype); };
+        const std::string text = check_model(make, feature_batches(4, 8, 24, dtype, 11), adam);
+        INFO(text);
+        CHECK(count_of(text, R"(matmul_act_grad\s+\[matmul and gelu_grad in one)") ==
+              (fold ? 2 : 0));
+        CHECK(count_of(text, "and gelu in one") == 0);  // gelu_grad reads the pre-activation
+        CHECK(shows_rewrites(text) == fold);
+      }
+  // Verify mode compares the folded gradients with eager's gelu_grad.
+  const StaticFoldActivations fold(true);
+  const std::string verified = check_model([] { return std::make_shared<GeluMlp>(DType::Float32); },
+                                           feature_batches(3, 8, 24, DType::Float32, 12), adam,
+                                           {.name = "verified_gelu", .verify_every = 1});
+  CHECK_THAT(verified, Contains("matmul and gelu_grad in one"));
+}
+
+TEST_CASE("a linear and its gelu fold into one step without a backward", "[static][fold]") {
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  for (const DType dtype : {DType::Float32, DType::Float64})
+    for (const char* form : {"none", "tanh"}) {
+      INFO(name(dtype) << ", gelu " << form);
+      manual_seed(4);
+      const Tensor w = randn({40, 7}, dtype), b = randn({40}, dtype);
+      auto body = [&](const Tensor& x) { return F::gelu(F::linear(x, w, b), form); };
+      auto f = static_graph(body, {.name = "gelu_linear"});
+      auto v = static_graph(body, {.name = "gelu_linear_verified", .verify_every = 1});
+      NoGradGuard no_grad;
+      for (int call = 0; call < 3; ++call) {
+        const Tensor x = randn({33, 7}, dtype) * 3.0;  // both tails of gelu
+        CHECK(bit_diff(f(x), body(x)) == "");
+        CHECK(bit_diff(v(x), body(x)) == "");
+      }
+      const std::string text = f.schedule_text();
+      INFO(text);
+      CHECK_THAT(text, Contains("linear and gelu in one"));
+      CHECK(f.stats().cache[0].forward_steps == 1);
+      CHECK(v.stats().verifications == 2);
+    }
 }

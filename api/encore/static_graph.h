@@ -88,9 +88,13 @@ struct StaticKey {
 bool set_static_enabled(bool on);
 bool static_enabled();
 // Whether signatures traced from now on fuse each run of adjacent elementwise steps of their
-// cpu schedules into one step (the default, unless ENCORE_STATIC_FUSE=0). Fused or not, a
-// replay gives the same values bit for bit (a NaN aside: which NaN an operation on two NaNs
-// returns may differ); off, the profiler and the schedule dump show every op on its own.
+// cpu schedules into one step (the default, unless ENCORE_STATIC_FUSE=0): steps over one element
+// count, reading operands of that count, one element, one row broadcast over the rows (a bias)
+// or one value per row, and row ops over the last axis among them (sum, mean, max over axis -1,
+// softmax, log_softmax and their gradients), so softmax(scores * scale + mask) or
+// x - mean(x, -1, true) is one step. Fused or not, a replay gives the same values bit for bit (a
+// NaN aside: which NaN an operation on two NaNs returns may differ); off, the profiler and the
+// schedule dump show every op on its own.
 // Returns the previous setting.
 bool set_static_fusion_enabled(bool on);
 bool static_fusion_enabled();
@@ -118,9 +122,9 @@ bool static_lanes_enabled();
 bool set_static_padded_layouts_enabled(bool on);
 bool static_padded_layouts_enabled();
 // Whether signatures traced from now on make fewer passes over activations in their cpu plans: a
-// linear or conv2d followed by an activation (relu, leaky_relu, sigmoid, tanh) that alone reads
-// its output becomes one step that applies the activation as it writes; an activation's gradient
-// is applied by the product computing the gradient it reads; max_pool2d(relu(x)) runs as
+// linear or conv2d followed by an activation (relu, leaky_relu, sigmoid, tanh, gelu) that alone
+// reads its output becomes one step that applies the activation as it writes; an activation's
+// gradient is applied by the product computing the gradient it reads; max_pool2d(relu(x)) runs as
 // relu(max_pool2d(x)), its backward likewise. On by default (ENCORE_STATIC_FOLD=0 starts it off);
 // each element goes through the same element functions in the same order, so the values are the
 // same bit for bit. The schedule dump marks each rewritten step. Returns the previous setting.

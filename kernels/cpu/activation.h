@@ -11,7 +11,8 @@
 
 namespace encore::kernels::cpu {
 
-// p[0, n) = act(p[0, n)) for act.op among Relu, LeakyRelu (slope act.scalar), Sigmoid, Tanh.
+// p[0, n) = act(p[0, n)) for act.op among Relu, LeakyRelu (slope act.scalar), Sigmoid, Tanh,
+// Gelu (act.scalar: its form, as Gelu's ScalarAttrs).
 template <typename T>
 void apply_activation(const ActAttrs& act, T* p, int64_t n) {
   auto each = [&](auto f) {
@@ -28,13 +29,18 @@ void apply_activation(const ActAttrs& act, T* p, int64_t n) {
       return each([](T x) { return unary_op<Op::Sigmoid>(x); });
     case Op::Tanh:
       return each([](T x) { return unary_op<Op::Tanh>(x); });
+    case Op::Gelu: {
+      const T form = static_cast<T>(act.scalar);
+      return each([form](T x) { return scalar_op<Op::Gelu>(x, form); });
+    }
     default:
       throw Error(cat(op_name(act.op), " is not an activation a producer applies"));
   }
 }
 
 // g[0, n) = act_grad(a[0, n), g[0, n)) for act.op among ReluGrad, LeakyReluGrad, SigmoidGrad,
-// TanhGrad: a is what the gradient op reads first (the forward output, or leaky_relu's input).
+// TanhGrad, GeluGrad: a is what the gradient op reads first (the forward output, or leaky_relu's
+// and gelu's input).
 template <typename T>
 void apply_activation_grad(const ActAttrs& act, const T* a, T* g, int64_t n) {
   const T s = static_cast<T>(act.scalar);
@@ -50,6 +56,8 @@ void apply_activation_grad(const ActAttrs& act, const T* a, T* g, int64_t n) {
       return each([s](T x, T gy) { return activation_grad<Op::SigmoidGrad>(x, gy, s); });
     case Op::TanhGrad:
       return each([s](T x, T gy) { return activation_grad<Op::TanhGrad>(x, gy, s); });
+    case Op::GeluGrad:
+      return each([s](T x, T gy) { return activation_grad<Op::GeluGrad>(x, gy, s); });
     default:
       throw Error(cat(op_name(act.op), " is not an activation gradient a producer applies"));
   }

@@ -3,11 +3,14 @@
 // next starts, so the block stays in L1 and the intermediates only the run reads live in
 // scratch blocks on the stack. Each instruction computes its elements with the element
 // function of its op's own kernel (elementwise.h), so the bits equal the unfused steps' (but
-// for which NaN an operation on two NaNs returns: see runtime/fused.h).
+// for which NaN an operation on two NaNs returns: see runtime/fused.h). A program that reads
+// operands broadcast along or across rows, or has row ops (fused_rows.h), runs blocks of whole
+// rows (or pieces of one long row), so a broadcast operand is a pointer or a scalar per row.
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fused_rows.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/simd.h"
 #include "runtime/fused.h"
@@ -15,7 +18,11 @@
 namespace encore::kernels::cpu {
 namespace {
 
-constexpr int64_t kBlock = 256;
+// A block: n elements from the run's element i0, whose first is at column c0 of its row (of
+// `row` elements).
+struct Block {
+  int64_t n, c0, row;
+};
 
 template <Op kOp, typename T>
 void binary(const T* a, bool a_scalar, const T* b, bool b_scalar, T* o, int64_t n) {
@@ -46,24 +53,65 @@ void grad(const T* a, const T* g, T s, T* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = activation_grad<kOp>(a[i], g[i], s);
 }
 
-// One instruction over n elements. `reg` holds this block's address of every register.
+// a op b over a block whose operands may be broadcast along (Row) or across (Column) rows: per
+// piece of a row, each operand is a pointer or a scalar.
+template <Op kOp, typename T>
+void binary_by_rows(const T* a, FusedLayout la, const T* b, FusedLayout lb, T* o, const Block& k) {
+  auto part = [&k](const T* x, FusedLayout l, int64_t p, int64_t j, int64_t c) {
+    switch (l) {
+      case FusedLayout::Full:
+        return x + p;
+      case FusedLayout::Row:
+        return x + c;
+      case FusedLayout::Column:
+        return x + j;
+      case FusedLayout::One:
+        break;
+    }
+    return x;
+  };
+  auto scalar = [](FusedLayout l) { return l == FusedLayout::One || l == FusedLayout::Column; };
+  const bool a1 = scalar(la), b1 = scalar(lb);
+  for (int64_t p = 0; p < k.n;) {
+    const int64_t j = (k.c0 + p) / k.row, c = (k.c0 + p) % k.row;
+    const int64_t m = std::min(k.n - p, k.row - c);
+    const T* pa = part(a, la, p, j, c);
+    const T* pb = part(b, lb, p, j, c);
+    if (a1 && b1) {
+      const T v = BinaryOp<kOp>{}(*pa, *pb);
+      std::fill(o + p, o + p + m, v);
+    } else {
+      binary<kOp>(pa, a1, pb, b1, o + p, m);
+    }
+    p += m;
+  }
+}
+
+template <Op kOp, typename T>
+void binary_op(const FusedInstr& ins, const T* a, const T* b, T* o, const Block& k) {
+  auto simple = [](FusedLayout l) { return l == FusedLayout::Full || l == FusedLayout::One; };
+  if (simple(ins.la) && simple(ins.lb))
+    return binary<kOp>(a, ins.la == FusedLayout::One, b, ins.lb == FusedLayout::One, o, k.n);
+  binary_by_rows<kOp>(a, ins.la, b, ins.lb, o, k);
+}
+
+// One elementwise instruction over a block. `reg` holds this block's address of every register.
 template <typename T>
-void run(const FusedInstr& ins, T* const* reg, uint64_t broadcast, int64_t n) {
+void run(const FusedInstr& ins, T* const* reg, const Block& k) {
   const T* a = reg[ins.a];
   const T* b = reg[ins.b];
   T* o = reg[ins.out];
-  const bool a1 = ins.a < 64 && (broadcast >> ins.a & 1);
-  const bool b1 = ins.b < 64 && (broadcast >> ins.b & 1);
+  const int64_t n = k.n;
   const T s = static_cast<T>(ins.scalar);
   switch (ins.op) {
     case Op::Add:
-      return binary<Op::Add>(a, a1, b, b1, o, n);
+      return binary_op<Op::Add>(ins, a, b, o, k);
     case Op::Sub:
-      return binary<Op::Sub>(a, a1, b, b1, o, n);
+      return binary_op<Op::Sub>(ins, a, b, o, k);
     case Op::Mul:
-      return binary<Op::Mul>(a, a1, b, b1, o, n);
+      return binary_op<Op::Mul>(ins, a, b, o, k);
     case Op::Div:
-      return binary<Op::Div>(a, a1, b, b1, o, n);
+      return binary_op<Op::Div>(ins, a, b, o, k);
     case Op::AddScalar:
       return with_scalar<Op::AddScalar>(a, s, o, n);
     case Op::MulScalar:
@@ -113,20 +161,57 @@ void run(const FusedInstr& ins, T* const* reg, uint64_t broadcast, int64_t n) {
   }
 }
 
+// Registers point at the block's part of each operand: a Full one at its element i0, a Column
+// one at the value of the block's first row, One and Row ones at their start.
+template <typename T, int64_t kCapacity>
+void run_program(const FusedProgram& p, const KernelArgs& args) {
+  // Written before read: every scratch register is an instruction's output first.
+  alignas(64) T scratch[FusedProgram::kMaxScratch][kCapacity];
+  T* reg[FusedProgram::kMaxRegisters];
+  for (int s = 0; s < p.n_scratch; ++s) reg[p.scratch_reg(s)] = scratch[s];
+  const int64_t row = p.by_rows ? p.row : p.numel;
+  // Elements per block: whole rows when a row fits, else pieces of one row.
+  const int64_t span = !p.by_rows || row > kCapacity ? kCapacity : kCapacity / row * row;
+  const bool whole = p.numel == row;
+  for (int64_t i0 = 0; i0 < p.numel;) {
+    const int64_t c0 = p.by_rows ? i0 % row : 0;
+    int64_t n = std::min(span, p.numel - i0);
+    if (row > kCapacity) n = std::min(n, row - c0);  // a piece of one long row
+    const Block k{n, c0, row};
+    const int64_t r0 = i0 / row;
+    for (int r = 0; r < p.n_in; ++r) {
+      T* base = const_cast<T*>(args.in[r].as<T>());
+      switch (p.in_layout[r]) {
+        case FusedLayout::Full:
+          reg[r] = base + i0;
+          break;
+        case FusedLayout::Column:
+          reg[r] = base + r0;
+          break;
+        case FusedLayout::One:
+        case FusedLayout::Row:
+          reg[r] = base;
+          break;
+      }
+    }
+    for (int r = 0; r < p.n_out; ++r)
+      reg[p.out_reg(r)] = args.out[r].as<T>() + (p.out_column[r] ? r0 : i0);
+    for (const FusedInstr& ins : p.instrs) {
+      if (op_row_fusable(ins.op)) {
+        run_row_op(ins, reg, k.n / row, row, whole);
+      } else {
+        run(ins, reg, k);
+      }
+    }
+    i0 += k.n;
+  }
+}
+
 void fused_kernel(const KernelArgs& args) {
   const FusedProgram& p = *args.attr<FusedAttrs>().program;
   switch_floating(p.dtype, Op::FusedElementwise, [&]<typename T>(Type<T>) {
-    // Written before read: every scratch register is an instruction's output first.
-    alignas(64) T scratch[FusedProgram::kMaxScratch][kBlock];
-    T* reg[FusedProgram::kMaxRegisters];
-    for (int s = 0; s < p.n_scratch; ++s) reg[p.scratch_reg(s)] = scratch[s];
-    for (int64_t i0 = 0; i0 < p.numel; i0 += kBlock) {
-      const int64_t n = std::min(kBlock, p.numel - i0);
-      for (int r = 0; r < p.n_in; ++r)
-        reg[r] = const_cast<T*>(args.in[r].as<T>()) + ((p.broadcast >> r & 1) ? 0 : i0);
-      for (int r = 0; r < p.n_out; ++r) reg[p.out_reg(r)] = args.out[r].as<T>() + i0;
-      for (const FusedInstr& ins : p.instrs) run(ins, reg, p.broadcast, n);
-    }
+    if (p.block() <= FusedProgram::kBlock) return run_program<T, FusedProgram::kBlock>(p, args);
+    run_program<T, FusedProgram::kMaxRow>(p, args);
   });
 }
 

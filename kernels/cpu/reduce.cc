@@ -5,68 +5,15 @@
 // 0: reduced with independent lanes, which vectorizes) or an accumulation of an input row into
 // an output row (stride 1 both), so sum over the last axis and sum over axis 0 are both tight.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <type_traits>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/reduce_row.h"
 #include "kernels/strided_loop.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-struct SumOp {
-  template <typename T>
-  static constexpr T init() {
-    return T(0);
-  }
-  template <typename T>
-  static T combine(T a, T b) {
-    return a + b;
-  }
-};
-
-struct MaxOp {
-  template <typename T>
-  static constexpr T init() {
-    if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::lowest();
-  }
-  // A NaN in either argument gives NaN, as in NumPy and PyTorch: once the accumulator holds a
-  // NaN, b > a is false and it stays. A select, so the lane loops still vectorize.
-  template <typename T>
-  static T combine(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      return b > a || std::isnan(b) ? b : a;
-    } else {
-      return b > a ? b : a;
-    }
-  }
-};
-
-// Reduction of x[0], x[1], ..., x[n-1] in independent lanes (vectorizable, and more accurate
-// for float sums than one running total).
-template <typename R, typename T>
-T reduce_contiguous(const T* x, int64_t n) {
-  constexpr int kLanes = 128 / sizeof(T);
-  if (n < kLanes) {  // the lanes would all fold to init: the same bits without them
-    T r = R::template init<T>();
-    for (int64_t i = 0; i < n; ++i) r = R::combine(r, x[i]);
-    return r;
-  }
-  T acc[kLanes];
-  for (int j = 0; j < kLanes; ++j) acc[j] = R::template init<T>();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = R::combine(acc[j], x[i + j]);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] = R::combine(acc[j], acc[j + w]);
-  T r = acc[0];
-  for (; i < n; ++i) r = R::combine(r, x[i]);
-  return r;
-}
 
 template <typename R, typename T>
 void reduce(const BufferView& x, const BufferView& out, uint8_t mask) {
@@ -117,7 +64,13 @@ void reduce_kernel(const KernelArgs& args) {
       std::memcpy(out.data, x.data, x.numel() * sizeof(T));
       return;
     }
-    if (out.numel() == 1) {  // every axis folded
+    const int rank = x.shape.rank();
+    if (rank > 0 && mask == 1u << (rank - 1)) {  // the last axis: rows, as the fused kernel
+      const int64_t n = x.shape[rank - 1], rows = out.numel();
+      const T* px = x.as<T>();
+      T* po = out.as<T>();
+      for (int64_t r = 0; r < rows; ++r) po[r] = reduce_last_axis_row<R>(px + r * n, n, rows == 1);
+    } else if (out.numel() == 1) {  // every axis folded
       *out.as<T>() = reduce_contiguous<R>(x.as<T>(), x.numel());
     } else {
       reduce<R, T>(x, out, mask);

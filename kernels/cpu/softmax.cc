@@ -24,20 +24,6 @@ void for_each_lane(const AxisSplit& l, Lane&& lane) {
     for (int64_t c = 0; c < l.inner; ++c) lane(o * l.n * l.inner + c, l.inner);
 }
 
-// y = softmax(x) or log_softmax(x) along one lane.
-template <bool kLog, typename T, typename S>
-void softmax_lane(const T* x, T* y, int64_t n, S s) {
-  const T m = lane_max(x, n, s);
-  const T sum = sum_exp<!kLog>(x, y, n, s, m);
-  if constexpr (kLog) {
-    const T log_sum = std::log(sum);
-    for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - m - log_sum;
-  } else {
-    const T inv = T(1) / sum;
-    for (int64_t i = 0; i < n; ++i) y[i * s] *= inv;
-  }
-}
-
 template <bool kLog>
 void softmax_kernel(const KernelArgs& args) {
   constexpr Op kOp = kLog ? Op::LogSoftmax : Op::Softmax;
@@ -48,20 +34,6 @@ void softmax_kernel(const KernelArgs& args) {
     T* py = y.as<T>();
     for_each_lane(l, [&](int64_t off, auto s) { softmax_lane<kLog>(px + off, py + off, l.n, s); });
   });
-}
-
-// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
-template <bool kLog, typename T, typename S>
-void softmax_grad_lane(const T* y, const T* gy, T* gx, int64_t n, S s) {
-  T dot = 0;
-  for (int64_t i = 0; i < n; ++i) dot += kLog ? gy[i * s] : gy[i * s] * y[i * s];
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (kLog) {
-      gx[i * s] = gy[i * s] - std::exp(y[i * s]) * dot;
-    } else {
-      gx[i * s] = y[i * s] * (gy[i * s] - dot);
-    }
-  }
 }
 
 template <bool kLog>

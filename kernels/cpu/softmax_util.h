@@ -1,6 +1,7 @@
-// Lane helpers shared by the softmax kernels (softmax.cc) and the softmax cross-entropy loss
-// (loss.cc). A lane is n elements of x at stride s; pass kUnitStride for contiguous rows so the
-// loops are compiled with a unit stride.
+// Lane helpers shared by the softmax kernels (softmax.cc), the softmax cross-entropy loss
+// (loss.cc) and the fused kernel (fused_rows.h), which runs softmax rows with these functions.
+// A lane is n elements of x at stride s; pass kUnitStride for contiguous rows so the loops are
+// compiled with a unit stride.
 #pragma once
 
 #include <cmath>
@@ -38,6 +39,34 @@ template <typename T, typename S>
 T log_sum_exp(const T* x, int64_t n, S s) {
   const T m = lane_max(x, n, s);
   return m + std::log(sum_exp<false>(x, static_cast<T*>(nullptr), n, s, m));
+}
+
+// y = softmax(x) or log_softmax(x) along one lane.
+template <bool kLog, typename T, typename S>
+void softmax_lane(const T* x, T* y, int64_t n, S s) {
+  const T m = lane_max(x, n, s);
+  const T sum = sum_exp<!kLog>(x, y, n, s, m);
+  if constexpr (kLog) {
+    const T log_sum = std::log(sum);
+    for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - m - log_sum;
+  } else {
+    const T inv = T(1) / sum;
+    for (int64_t i = 0; i < n; ++i) y[i * s] *= inv;
+  }
+}
+
+// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
+template <bool kLog, typename T, typename S>
+void softmax_grad_lane(const T* y, const T* gy, T* gx, int64_t n, S s) {
+  T dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += kLog ? gy[i * s] : gy[i * s] * y[i * s];
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kLog) {
+      gx[i * s] = gy[i * s] - std::exp(y[i * s]) * dot;
+    } else {
+      gx[i * s] = y[i * s] * (gy[i * s] - dot);
+    }
+  }
 }
 
 }  // namespace encore::kernels::cpu

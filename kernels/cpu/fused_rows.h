@@ -1,0 +1,59 @@
+// The row ops of the fused kernel (fused.cc; runtime/fused.h): an op marked kRowFusable
+// (runtime/op_traits.h) works on whole rows of a block, each with the row function its own
+// kernel uses (reduce_row.h, softmax_util.h), so the bits equal the unfused step's.
+//
+// To add a row op: mark it kRowFusable in its traits row; give its cpu kernel an inline row
+// function in a header and call it from both the kernel and a case below; say in
+// schedule/fusion.cc (row_op_fits) which of its calls work on the last axis and how each operand
+// is read. See schedule/README.md, Fusion.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/reduce_row.h"
+#include "kernels/cpu/softmax_util.h"
+#include "runtime/error.h"
+#include "runtime/fused.h"
+
+namespace encore::kernels::cpu {
+
+// ins over `rows` rows of n elements: a and b (Full) start at the block's first row; a
+// reduction writes one value per row at o. `whole`: the rows are the whole tensor's only row.
+template <typename T>
+void run_row_op(const FusedInstr& ins, T* const* reg, int64_t rows, int64_t n, bool whole) {
+  const T* a = reg[ins.a];
+  const T* b = reg[ins.b];
+  T* o = reg[ins.out];
+  switch (ins.op) {
+    case Op::Sum:
+      for (int64_t r = 0; r < rows; ++r) o[r] = reduce_last_axis_row<SumOp>(a + r * n, n, whole);
+      return;
+    case Op::Mean: {
+      const T count = static_cast<T>(n);
+      for (int64_t r = 0; r < rows; ++r)
+        o[r] = reduce_last_axis_row<SumOp>(a + r * n, n, whole) / count;
+      return;
+    }
+    case Op::Max:
+      for (int64_t r = 0; r < rows; ++r) o[r] = reduce_last_axis_row<MaxOp>(a + r * n, n, whole);
+      return;
+    case Op::Softmax:
+      for (int64_t r = 0; r < rows; ++r) softmax_lane<false>(a + r * n, o + r * n, n, kUnitStride);
+      return;
+    case Op::LogSoftmax:
+      for (int64_t r = 0; r < rows; ++r) softmax_lane<true>(a + r * n, o + r * n, n, kUnitStride);
+      return;
+    case Op::SoftmaxGrad:
+      for (int64_t r = 0; r < rows; ++r)
+        softmax_grad_lane<false>(a + r * n, b + r * n, o + r * n, n, kUnitStride);
+      return;
+    case Op::LogSoftmaxGrad:
+      for (int64_t r = 0; r < rows; ++r)
+        softmax_grad_lane<true>(a + r * n, b + r * n, o + r * n, n, kUnitStride);
+      return;
+    default:
+      throw Error(cat("fused_elementwise: ", op_name(ins.op), " has no row function"));
+  }
+}
+
+}  // namespace encore::kernels::cpu
