@@ -29,10 +29,10 @@ void apply_activation(const ActAttrs& act, T* p, int64_t n) {
       return each([](T x) { return unary_op<Op::Sigmoid>(x); });
     case Op::Tanh:
       return each([](T x) { return unary_op<Op::Tanh>(x); });
-    case Op::Gelu: {
-      const T form = static_cast<T>(act.scalar);
-      return each([form](T x) { return scalar_op<Op::Gelu>(x, form); });
-    }
+    case Op::Gelu:
+      return with_gelu_form(static_cast<T>(act.scalar), [&](auto tanh) {
+        each([](T x) { return gelu_of<decltype(tanh)::value>(x); });
+      });
     default:
       throw Error(cat(op_name(act.op), " is not an activation a producer applies"));
   }
@@ -57,7 +57,9 @@ void apply_activation_grad(const ActAttrs& act, const T* a, T* g, int64_t n) {
     case Op::TanhGrad:
       return each([s](T x, T gy) { return activation_grad<Op::TanhGrad>(x, gy, s); });
     case Op::GeluGrad:
-      return each([s](T x, T gy) { return activation_grad<Op::GeluGrad>(x, gy, s); });
+      return with_gelu_form(s, [&](auto tanh) {
+        each([](T x, T gy) { return gelu_grad_of<decltype(tanh)::value>(x, gy); });
+      });
     default:
       throw Error(cat(op_name(act.op), " is not an activation gradient a producer applies"));
   }

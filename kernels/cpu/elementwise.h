@@ -53,7 +53,11 @@ inline float tanh_float(float x) {
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   constexpr float kExpQ[] = {1.9890981e-4f, 1.3933641e-3f, 8.3333109e-3f,
                              4.1666465e-2f, 1.6666667e-1f, 0.5f};
-  const float z = 2.0f * std::min(a, 10.0f);
+  // |x| clamped at 10 as bit patterns (a >= 0, so they order as the values; a NaN becomes 10
+  // and takes the polynomial's NaN below): an integer minimum, which vectorises.
+  constexpr uint32_t kTen = std::bit_cast<uint32_t>(10.0f);
+  const uint32_t a_bits = std::bit_cast<uint32_t>(a);
+  const float z = 2.0f * std::bit_cast<float>(a_bits < kTen ? a_bits : kTen);
   const float k_shifted = z * 1.44269504f + kShift;
   const float k = k_shifted - kShift;
   const float r = (z - k * kLn2Hi) - k * kLn2Lo;
@@ -63,7 +67,12 @@ inline float tanh_float(float x) {
   const float two_k = std::bit_cast<float>((std::bit_cast<uint32_t>(k_shifted) + 127u) << 23);
   const float large = 1.0f - 2.0f / (exp_r * two_k + 1.0f);
 
-  return std::copysign(a < 0.75f ? small : large, x);
+  // A select by bit masks, NaN taking `small`: both values are computed, so the loop has no
+  // control flow and vectorises (a ?: lets GCC sink the division into a branch).
+  const uint32_t use_small = 0u - static_cast<uint32_t>(!(a >= 0.75f));
+  const float picked = std::bit_cast<float>((std::bit_cast<uint32_t>(small) & use_small) |
+                                            (std::bit_cast<uint32_t>(large) & ~use_small));
+  return std::copysign(picked, x);
 }
 
 // tanh through tanh_float in float32, as the Tanh kernel.
@@ -80,9 +89,11 @@ inline constexpr double kGeluSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / p
 inline constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 inline constexpr double kGeluKappa = 0.044715;
 
-template <typename T>
-inline T gelu(T x, bool tanh_approx) {
-  if (tanh_approx) {
+// The form is a template argument here: a loop over the tanh form then has no libm call and
+// vectorises (gelu(x, form) below decides per element). Loops use with_gelu_form.
+template <bool kTanh, typename T>
+inline T gelu_of(T x) {
+  if constexpr (kTanh) {
     const T inner = T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x * x * x);
     return T(0.5) * x * (T(1) + tanh_of(inner));
   }
@@ -90,9 +101,9 @@ inline T gelu(T x, bool tanh_approx) {
 }
 
 // d gelu / dx times gy, PyTorch's GeluBackward formulas.
-template <typename T>
-inline T gelu_grad(T x, T gy, bool tanh_approx) {
-  if (tanh_approx) {
+template <bool kTanh, typename T>
+inline T gelu_grad_of(T x, T gy) {
+  if constexpr (kTanh) {
     const T x_sq = x * x;
     const T t = tanh_of(T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x_sq * x));
     const T left_derivative = T(0.5) * (T(1) + t);
@@ -103,6 +114,25 @@ inline T gelu_grad(T x, T gy, bool tanh_approx) {
   const T cdf = T(0.5) * (T(1) + std::erf(x * T(kGeluSqrt1_2)));
   const T pdf = T(kGeluInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
   return gy * (cdf + x * pdf);
+}
+
+template <typename T>
+inline T gelu(T x, bool tanh_approx) {
+  return tanh_approx ? gelu_of<true>(x) : gelu_of<false>(x);
+}
+template <typename T>
+inline T gelu_grad(T x, T gy, bool tanh_approx) {
+  return tanh_approx ? gelu_grad_of<true>(x, gy) : gelu_grad_of<false>(x, gy);
+}
+
+// f(std::true_type) for the tanh form (a Gelu or GeluGrad ScalarAttrs value other than 0), else
+// f(std::false_type): a loop inside f sees the form as a constant.
+template <typename T, typename F>
+inline void with_gelu_form(T form, F f) {
+  if (form != T(0))
+    f(std::true_type{});
+  else
+    f(std::false_type{});
 }
 
 // ---- y = f(x, s), s = ScalarAttrs.value cast to T ----------------------------------------

@@ -131,7 +131,9 @@ void run(const FusedInstr& ins, T* const* reg, const Block& k) {
     case Op::LeakyRelu:
       return with_scalar<Op::LeakyRelu>(a, s, o, n);
     case Op::Gelu:
-      return with_scalar<Op::Gelu>(a, s, o, n);
+      return with_gelu_form(s, [&](auto tanh) {
+        for (int64_t i = 0; i < n; ++i) o[i] = gelu_of<decltype(tanh)::value>(a[i]);
+      });
     case Op::Neg:
       return unary<Op::Neg>(a, o, n);
     case Op::Exp:
@@ -155,7 +157,9 @@ void run(const FusedInstr& ins, T* const* reg, const Block& k) {
     case Op::TanhGrad:
       return grad<Op::TanhGrad>(a, b, s, o, n);
     case Op::GeluGrad:
-      return grad<Op::GeluGrad>(a, b, s, o, n);
+      return with_gelu_form(s, [&](auto tanh) {
+        for (int64_t i = 0; i < n; ++i) o[i] = gelu_grad_of<decltype(tanh)::value>(a[i], b[i]);
+      });
     default:
       throw Error(cat("fused_elementwise: ", op_name(ins.op), " cannot be fused"));
   }

@@ -23,6 +23,12 @@ void scalar_kernel(const KernelArgs& args) {
       for (int64_t i = 0; i < n; ++i) py[i] = px[i] * px[i];
       return;
     }
+    if constexpr (kOp == Op::Gelu) {
+      with_gelu_form(sv, [&](auto tanh) {
+        for (int64_t i = 0; i < n; ++i) py[i] = gelu_of<decltype(tanh)::value>(px[i]);
+      });
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) py[i] = scalar_op<kOp>(px[i], sv);
   });
 }
@@ -56,7 +62,14 @@ void activation_grad_kernel(const KernelArgs& args) {
     const T* pg = gy.as<T>();
     T* po = gx.as<T>();
     const T s = static_cast<T>(slope);
-    for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = activation_grad<kOp>(pa[i], pg[i], s);
+    const int64_t n = a.numel();
+    if constexpr (kOp == Op::GeluGrad) {
+      with_gelu_form(s, [&](auto tanh) {
+        for (int64_t i = 0; i < n; ++i) po[i] = gelu_grad_of<decltype(tanh)::value>(pa[i], pg[i]);
+      });
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) po[i] = activation_grad<kOp>(pa[i], pg[i], s);
   });
 }
 
