@@ -15,13 +15,15 @@ import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
 import traceback
 
-# The cases, in the order they are printed.
-CASES = ("MlpSmall", "MlpLarge", "SeedCnn")
+# The cases, in the order they are printed (encore_bench's: bench/mlp_step.h, bench/cnn_bench.cc,
+# bench/sequence_step.h).
+CASES = ("MlpSmall", "MlpLarge", "SeedCnn", "CharLstm", "TinyGpt", "LstmCellChain")
 
 
 def single_thread_env():
@@ -33,7 +35,9 @@ def single_thread_env():
 def parse_args(description, impls):
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--filter", default="", help="run only the cases whose name contains this")
+    p.add_argument("--filter", default="",
+                   help="run only the cases whose name this regular expression matches (re.search: "
+                        "'Mlp' runs MlpSmall and MlpLarge, 'CharLstm|TinyGpt' those two)")
     p.add_argument("--impl", choices=impls, action="append",
                    help="run only this implementation (may repeat; default: all)")
     p.add_argument("--repetitions", type=int, default=5)
@@ -92,21 +96,28 @@ def measure(step, *, repetitions, min_time, warmup, sync=None):
     }
 
 
-def run_cases(framework, builders, args, versions, notes=None, sync=None):
+def run_cases(framework, builders, args, versions, notes=None, sync=None, missing=None):
     """Runs builders[(case, impl)]() -> (step, extra) for the selected cases and prints them.
 
     `extra` is a dict merged into the result (e.g. the compile time). A builder or step that
-    raises gives an entry with "error" instead of a time. `sync` goes to measure().
+    raises gives an entry with "error" instead of a time. `sync` goes to measure(). A case of
+    CASES without builders (a peer that lacks it) gives an entry with "error" `missing` (the
+    reason), without running anything.
     """
     results = []
     # In --json mode stdout carries the JSON alone: whatever the framework prints while it
     # runs (Chainer's static_graph prints "end of build_schedule()") goes to stderr.
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         for case in CASES:
-            if args.filter and args.filter not in case:
+            if args.filter and not re.search(args.filter, case):
                 continue
             for impl in args.impl:
-                entry = _run_one(builders[(case, impl)], case, impl, args, sync)
+                if (case, impl) in builders:
+                    entry = _run_one(builders[(case, impl)], case, impl, args, sync)
+                else:
+                    entry = {"name": f"{case}/{impl}", "case": case, "impl": impl,
+                             "error": missing or f"no {framework} peer of {case}",
+                             "not_ported": True}
                 results.append(entry)
                 if not args.json:
                     print_row(entry)
@@ -153,7 +164,10 @@ def print_header(framework, versions):
 def print_row(entry):
     if "error" in entry:
         first = entry["error"].splitlines()[0]
-        print(f"{entry['name']:<28}  ERROR OCCURRED: '{first}'")
+        if entry.get("not_ported"):
+            print(f"{entry['name']:<28}  n/a: {first}")
+        else:
+            print(f"{entry['name']:<28}  ERROR OCCURRED: '{first}'")
         return
     extra = "".join(f"  {k}={entry[k]:.1f}" for k in ("compile_s", "capture_s") if k in entry)
     print(f"{entry['name']:<28}{entry['ms']:>11.3f} ms{entry['cpu_ms']:>11.3f} ms"

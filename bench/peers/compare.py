@@ -30,7 +30,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CASES = ("MlpSmall", "MlpLarge", "SeedCnn")
+# The rows, in order: encore_bench's MLP and CNN steps (bench/mlp_step.h, bench/cnn_bench.cc) and
+# its sequence-model steps (bench/sequence_step.h). Chainer has peers of the first three only.
+CASES = ("MlpSmall", "MlpLarge", "SeedCnn", "CharLstm", "TinyGpt", "LstmCellChain")
+CASE_RE = "|".join(CASES)
 
 
 class Setup:
@@ -55,7 +58,7 @@ CPU = Setup(
         ("chainer/chainer_static", "chainer static_graph"),
     ),
     base="encore/static",
-    encore_filter=r"^(MlpSmall|MlpLarge|SeedCnn)/(eager|static)(/|$)",
+    encore_filter=rf"^({CASE_RE})/(eager|static)(/|$)",
     encore_names=[f"{c}/{i}" for c in CASES for i in ("eager", "static")],
     peers=(("torch", "torch_peers.py", "torch_python"),
            ("chainer", "chainer_peers.py", "chainer_python")),
@@ -73,8 +76,8 @@ CUDA = Setup(
         ("torch/torch_compile", "torch.compile reduce-overhead"),
     ),
     base="encore/static/cuda",
-    encore_filter=r"^((MlpSmall|MlpLarge|SeedCnn)/(eager|static|static_nograph)/cuda"
-                  r"|KernelSum/(MlpSmall|MlpLarge|SeedCnn)/cuda)(/|$)",
+    encore_filter=rf"^(({CASE_RE})/(eager|static|static_nograph)/cuda"
+                  rf"|KernelSum/({CASE_RE})/cuda)(/|$)",
     encore_names=[f"{c}/{i}/cuda" for c in CASES for i in ("eager", "static", "static_nograph")]
     + [f"KernelSum/{c}/cuda" for c in CASES],
     peers=(("torch", "torch_cuda_peers.py", "torch_python"),),

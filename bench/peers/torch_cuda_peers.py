@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""MlpSmall, MlpLarge and SeedCnn training steps in PyTorch on a GPU: eager, CUDA graph, compile.
+"""encore_bench's training steps in PyTorch on a GPU: eager, CUDA graph, torch.compile.
 
 Run with the torch venv (see README.md) on a machine with an NVIDIA GPU:
     bench/peers/.venv-torch/bin/python bench/peers/torch_cuda_peers.py [--json] [--filter MlpSmall]
 
-The same models, data, losses and optimizers as torch_peers.py (made on the CPU with seed 0, then
-moved to cuda), float32. Every step ends with torch.cuda.synchronize(), as every iteration of
-encore_bench's /cuda cases ends with a synchronize, so a step's time is the time to finish it.
+The same cases, models, data, losses and optimizers as torch_peers.py (MlpSmall, MlpLarge, SeedCnn,
+CharLstm, TinyGpt, LstmCellChain; made on the CPU with seed 0, then moved to cuda), float32.
+Every step ends with torch.cuda.synchronize(), as every iteration of encore_bench's /cuda cases
+ends with a synchronize, so a step's time is the time to finish it.
 Prints `Case/impl   time ms   cpu ms   iterations`, the median over --repetitions.
 
-  torch_eager    the step as in torch_peers.py (Adam: PyTorch's default on CUDA, foreach).
+  torch_eager    the step as in torch_peers.py (Adam/AdamW: PyTorch's default on CUDA, foreach).
   torch_graph    the whole step (forward, loss, backward, optimizer update) captured once in a
                  CUDA graph (torch.cuda.graph, PyTorch's "whole network capture" recipe: warm-up
-                 steps on a side stream, gradients set to None before capture, Adam with
+                 steps on a side stream, gradients set to None before capture, Adam/AdamW with
                  capturable=True); each step copies the batch into the graph's static input
-                 tensors and replays the graph.
+                 tensors and replays the graph. LstmCellChain has no optimizer: forward and
+                 backward are captured.
   torch_compile  torch.compile(step, mode="reduce-overhead"): inductor with CUDA graphs (cudagraph
                  trees); compile and warm-up calls excluded from the time (compile_s).
 
@@ -32,8 +34,7 @@ _harness.single_thread_env()
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from _torch_models import make_case, make_step  # noqa: E402
+from _torch_models import loss_of, make_case, make_step, zero_grad  # noqa: E402
 
 IMPLS = ("torch_eager", "torch_graph", "torch_compile")
 DEVICE = "cuda"
@@ -60,33 +61,38 @@ def eager_step(case):
 
 def graph_step(case):
     t0 = time.perf_counter()
-    # capturable=True keeps Adam's step count on the device, which graph capture requires.
-    adam = {} if case == "SeedCnn" else {"capturable": True}
+    # capturable=True keeps Adam's (AdamW's) step count on the device, which graph capture
+    # requires. SeedCnn's SGD needs nothing; LstmCellChain has no optimizer.
+    adam = {} if case in ("SeedCnn", "LstmCellChain") else {"capturable": True}
     model, opt, x, labels = make_case(case, DEVICE, **adam)
-    static_x, static_labels = x.clone(), labels.clone()
+    static_x = x.clone()
+    static_labels = None if labels is None else labels.clone()
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(CAPTURE_WARMUP_STEPS):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(static_x), static_labels).backward()
-            opt.step()
+            zero_grad(model, opt)
+            loss_of(model, static_x, static_labels).backward()
+            if opt is not None:
+                opt.step()
     torch.cuda.current_stream().wait_stream(side)
 
     graph = torch.cuda.CUDAGraph()
     # The captured backward allocates the gradients from the graph's private pool; every replay
     # writes them anew (no accumulation), which is the step's zero_grad.
-    opt.zero_grad(set_to_none=True)
+    zero_grad(model, opt)
     with torch.cuda.graph(graph):
-        loss = F.cross_entropy(model(static_x), static_labels)
+        loss = loss_of(model, static_x, static_labels)
         loss.backward()
-        opt.step()
+        if opt is not None:
+            opt.step()
     torch.cuda.synchronize()
 
     def step():
         static_x.copy_(x)  # a training loop's new batch; here the same one every step
-        static_labels.copy_(labels)
+        if static_labels is not None:
+            static_labels.copy_(labels)
         graph.replay()
 
     return step, {"capture_s": time.perf_counter() - t0}
@@ -126,8 +132,9 @@ def main():
     notes = {
         "device": f"{DEVICE}:{torch.cuda.current_device()} {props.name}; every step ends with "
                   "torch.cuda.synchronize()",
-        "torch_graph": "the whole step captured with torch.cuda.graph (Adam capturable=True); "
-                       "each step copies x and labels into the static inputs and replays; "
+        "torch_graph": "the whole step captured with torch.cuda.graph (Adam/AdamW "
+                       "capturable=True); each step copies x and labels into the static inputs "
+                       "and replays; "
                        f"{CAPTURE_WARMUP_STEPS} side-stream warm-up steps and the capture excluded "
                        "(capture_s)",
         "torch_compile": "torch.compile(step, mode='reduce-overhead') of the whole step; "

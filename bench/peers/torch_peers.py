@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""MlpSmall, MlpLarge and SeedCnn training steps in PyTorch: eager and torch.compile.
+"""encore_bench's training steps in PyTorch: eager and torch.compile.
 
 Run with the torch venv (see README.md):
     bench/peers/.venv-torch/bin/python bench/peers/torch_peers.py [--json] [--filter MlpSmall]
+    bench/peers/.venv-torch/bin/python bench/peers/torch_peers.py --filter 'CharLstm|TinyGpt|Chain'
+
+The cases (_harness.CASES; models and data in _torch_models.py): MlpSmall, MlpLarge, SeedCnn,
+CharLstm, TinyGpt, LstmCellChain.
 
 One thread (torch.set_num_threads(1), OMP/MKL/OpenBLAS at 1), float32, CPU.
 Prints `Case/impl   time ms   cpu ms   iterations`, the median over --repetitions.
@@ -38,7 +42,7 @@ def builder(case, impl):
         # The whole step under torch.compile (inductor, default mode): Dynamo breaks the graph
         # at loss.backward(); the forward and loss become one compiled graph with an
         # AOTAutograd-compiled backward, and opt.step() (Dynamo resumes after the break)
-        # another compiled graph.
+        # another compiled graph. LstmCellChain's 35 cell steps are unrolled into one graph.
         compiled = torch.compile(step)
         t0 = time.perf_counter()
         for _ in range(COMPILE_WARMUP_STEPS):
