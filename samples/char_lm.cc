@@ -5,7 +5,7 @@
 //
 //   build/samples/char_lm --static                  # CharLstm, fixed windows of 35 characters
 //   build/samples/char_lm --model gpt --compare     # TinyGpt, eager and static side by side
-//   build/samples/char_lm --static --lines          # whole entries: varying lengths retrace
+//   build/samples/char_lm --static --lines          # lines of text: varying lengths retrace
 //   build/samples/char_lm --static --lines --bucket 16
 #include <cmath>
 #include <cstdio>
@@ -33,7 +33,9 @@ struct Flags {
   bool static_step = false, compare = false, lines = false;
 
   bool gpt() const { return model == "gpt"; }
-  int64_t time_steps() const { return seq > 0 ? seq : gpt() ? 64 : 35; }
+  // Characters per sequence: a window, or with --lines the longest line taken (fortunes' lines
+  // are at most about 80 characters).
+  int64_t time_steps() const { return seq > 0 ? seq : lines ? 128 : gpt() ? 64 : 35; }
 };
 
 // One model, its optimizer, its batches and its training step (eager or static).
@@ -67,12 +69,12 @@ class Trainer {
     stats_ = [traced] { return traced.stats(); };
   }
 
-  // The next training batch: fixed windows, or (--lines) whole entries.
+  // The next training batch: fixed windows, or (--lines) lines of text.
   std::pair<Tensor, Tensor> next_batch() {
     if (!f_.lines)
       return TextCorpus::windows(corpus_.train_text(), f_.batch, f_.time_steps(), rng_);
-    auto b = corpus_.entries_batch(next_entry_, f_.batch, f_.time_steps(), f_.bucket);
-    next_entry_ += f_.batch;
+    auto b = corpus_.lines_batch(next_line_, f_.batch, f_.time_steps(), f_.bucket);
+    next_line_ += f_.batch;
     return b;
   }
 
@@ -137,7 +139,7 @@ class Trainer {
   const Flags& f_;
   const TextCorpus& corpus_;
   std::mt19937_64 rng_;
-  int64_t next_entry_ = 0;
+  int64_t next_line_ = 0;
   std::shared_ptr<models::CharLstm> lstm_;
   std::shared_ptr<models::TinyGpt> gpt_;
   std::shared_ptr<nn::Module> model_;
@@ -237,14 +239,15 @@ int main(int argc, char** argv) {
   cli.text("data", &f.data, "directory of fortune files (plain text, entries split by '%' lines)");
   cli.integer("steps", &f.steps, 1, "training steps");
   cli.integer("batch", &f.batch, 1, "sequences per batch");
-  cli.integer("seq", &f.seq, 0, "characters per sequence (0: 35 for lstm, 64 for gpt)");
+  cli.integer("seq", &f.seq, 0,
+              "characters per sequence (0: 35 for lstm, 64 for gpt; with --lines at most 128)");
   cli.number("lr", &f.lr, 0, "learning rate (0: 2e-3 Adam for lstm, 1e-3 AdamW for gpt)");
   cli.flag("static", &f.static_step, "run the whole training step as a static graph");
   cli.flag("compare", &f.compare,
            "train eager and static side by side from the same seed and compare them");
   cli.flag("lines", &f.lines,
-           "batch whole entries of varying length (padded, ignored by the loss) instead of "
-           "fixed windows");
+           "batch real lines of text, of varying length (padded to the longest, the padding "
+           "ignored by the loss), instead of fixed windows");
   cli.integer("bucket", &f.bucket, 1, "with --lines: pad each batch's length to a multiple");
   cli.integer("log-every", &f.log_every, 1, "print the mean loss every N steps");
   cli.integer("generate", &f.generate, 0, "characters to generate at the end");
@@ -257,10 +260,11 @@ int main(int argc, char** argv) {
   try {
     if (f.threads > 0) set_num_threads(static_cast<int>(f.threads));
     const TextCorpus corpus(f.data);
-    std::printf("corpus %s: %lld files, %lld entries, %zu training and %zu held-out characters\n",
+    std::printf("corpus %s: %lld files, %lld entries, %lld lines, %zu training and %zu held-out "
+                "characters\n",
                 f.data.c_str(), static_cast<long long>(corpus.files()),
-                static_cast<long long>(corpus.entries()), corpus.train_text().size(),
-                corpus.valid_text().size());
+                static_cast<long long>(corpus.entries()), static_cast<long long>(corpus.lines()),
+                corpus.train_text().size(), corpus.valid_text().size());
     if (f.compare)
       compare(f, corpus);
     else

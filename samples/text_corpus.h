@@ -1,7 +1,7 @@
 // A character corpus for samples/char_lm: the fortune files of Debian's `fortunes` package (plain
 // text, entries separated by lines holding "%"), read into one string of 96 symbols (newline and
 // printable ASCII; tabs become spaces, other bytes are dropped), with a held-out tail, and the
-// two ways of batching it: fixed windows and whole entries of varying length.
+// two ways of batching it: fixed windows and real lines of varying length.
 #pragma once
 
 #include <algorithm>
@@ -40,11 +40,17 @@ class TextCorpus {
                  " (install it with: sudo apt-get install fortunes)");
     const auto split = static_cast<size_t>(static_cast<double>(entries_.size()) * (1 - held_out));
     for (size_t i = 0; i < entries_.size(); ++i) (i < split ? train_ : valid_) += entries_[i];
+    for (size_t start = 0, end; start < train_.size(); start = end + 1) {
+      end = train_.find('\n', start);
+      if (end == std::string::npos) break;
+      if (end - start >= 2) lines_.push_back(train_.substr(start, end - start + 1));
+    }
     files_ = static_cast<int64_t>(files.size());
   }
 
   int64_t files() const { return files_; }
   int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t lines() const { return static_cast<int64_t>(lines_.size()); }
   const std::string& train_text() const { return train_; }
   const std::string& valid_text() const { return valid_; }
 
@@ -66,16 +72,16 @@ class TextCorpus {
     return {x, t};
   }
 
-  // `batch` whole entries from entry `first` on (wrapping), each cut to at most `max_steps` + 1
-  // symbols, as one batch as long as its longest entry rounded up to a multiple of `bucket`
-  // (capped at max_steps): the positions past an entry's end read '\n' and are ignored by the
-  // loss. Varying lengths are varying signatures for a static step.
-  std::pair<Tensor, Tensor> entries_batch(int64_t first, int64_t batch, int64_t max_steps,
-                                          int64_t bucket) const {
+  // `batch` lines of the training text (each with its '\n') from line `first` on (wrapping),
+  // each cut to at most `max_steps` + 1 symbols, as one batch as long as its longest line rounded
+  // up to a multiple of `bucket` (capped at max_steps): the positions past a line's end read
+  // '\n' and are ignored by the loss. Varying lengths are varying signatures for a static step.
+  std::pair<Tensor, Tensor> lines_batch(int64_t first, int64_t batch, int64_t max_steps,
+                                        int64_t bucket) const {
     std::vector<const std::string*> rows;
     int64_t longest = 1;
     for (int64_t b = 0; b < batch; ++b) {
-      rows.push_back(&entries_[static_cast<size_t>((first + b) % entries())]);
+      rows.push_back(&lines_[static_cast<size_t>((first + b) % lines())]);
       longest = std::max(longest, std::min(static_cast<int64_t>(rows.back()->size()) - 1,
                                            max_steps));
     }
@@ -116,7 +122,7 @@ class TextCorpus {
     flush();
   }
 
-  std::vector<std::string> entries_;
+  std::vector<std::string> entries_, lines_;
   std::string train_, valid_;
   int64_t files_ = 0;
 };
