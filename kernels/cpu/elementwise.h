@@ -29,12 +29,37 @@ struct BinaryOp {
 
 // ---- tanh and GELU, which the element functions below use ------------------------------
 
+// e^z in float32 for z in [-87, 21] (callers clamp; 2^k must stay a normal float): k = round(z /
+// ln2) by the 1.5 * 2^23 trick, whose low mantissa bits then hold k; ln2 in two parts (the first
+// has 9 significant bits, so k ln2_hi is exact); e^r = 1 + r + r^2 Q(r), Q a near-minimax fit of
+// (e^r - 1 - r) / r^2 (error below 2^-32), times 2^k made from k's bits. No libm, no branch:
+// loops over it vectorise.
+inline float exp_float(float z) {
+  constexpr float kShift = 0x1.8p23f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  constexpr float kExpQ[] = {1.9890981e-4f, 1.3933641e-3f, 8.3333109e-3f,
+                             4.1666465e-2f, 1.6666667e-1f, 0.5f};
+  const float k_shifted = z * 1.44269504f + kShift;
+  const float k = k_shifted - kShift;
+  const float r = (z - k * kLn2Hi) - k * kLn2Lo;
+  float q = kExpQ[0];
+  for (size_t i = 1; i < std::size(kExpQ); ++i) q = q * r + kExpQ[i];
+  const float exp_r = 1.0f + (r + r * r * q);
+  const float two_k = std::bit_cast<float>((std::bit_cast<uint32_t>(k_shifted) + 127u) << 23);
+  return exp_r * two_k;
+}
+
+// Bits of `a` where mask is all ones, of `b` where it is zero.
+inline float select_bits(uint32_t mask, float a, float b) {
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) |
+                              (std::bit_cast<uint32_t>(b) & ~mask));
+}
+
 // tanh in float32 without libm, so that GCC vectorises the loop (glibc's tanhf is scalar).
 // Within 1 ulp of the correctly rounded result for every float, with or without FMA
 // contraction (checked over all 2^32 inputs; tests/tanh_accuracy_test.cc sweeps a subset).
-// For |x| < 0.75 an odd polynomial, x + x^3 P(x^2); above, 1 - 2 / (exp(2|x|) + 1) with
-// exp(z) = 2^k exp(r), z = k ln2 + r, |r| <= ln2 / 2. |x| is clamped at 10, past which tanh
-// rounds to 1, so 2^k cannot overflow. NaN passes through every step; the sign is x's.
+// For |x| < 0.75 an odd polynomial, x + x^3 P(x^2); above, 1 - 2 / (exp_float(2|x|) + 1).
+// |x| is clamped at 10, past which tanh rounds to 1. NaN passes through; the sign is x's.
 inline float tanh_float(float x) {
   const float a = std::abs(x);
 
@@ -46,33 +71,31 @@ inline float tanh_float(float x) {
   for (size_t i = 1; i < std::size(kTanhP); ++i) p = p * s + kTanhP[i];
   const float small = a + a * s * p;
 
-  // e^z: k = round(z / ln2) by the 1.5 * 2^23 trick, whose low mantissa bits then hold k;
-  // ln2 in two parts (the first has 9 significant bits, so k ln2_hi is exact); e^r =
-  // 1 + r + r^2 Q(r), Q a near-minimax fit of (e^r - 1 - r) / r^2 (error below 2^-32).
-  constexpr float kShift = 0x1.8p23f;
-  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  constexpr float kExpQ[] = {1.9890981e-4f, 1.3933641e-3f, 8.3333109e-3f,
-                             4.1666465e-2f, 1.6666667e-1f, 0.5f};
   // |x| clamped at 10 as bit patterns (a >= 0, so they order as the values; a NaN becomes 10
   // and takes the polynomial's NaN below): an integer minimum, which vectorises.
   constexpr uint32_t kTen = std::bit_cast<uint32_t>(10.0f);
   const uint32_t a_bits = std::bit_cast<uint32_t>(a);
   const float z = 2.0f * std::bit_cast<float>(a_bits < kTen ? a_bits : kTen);
-  const float k_shifted = z * 1.44269504f + kShift;
-  const float k = k_shifted - kShift;
-  const float r = (z - k * kLn2Hi) - k * kLn2Lo;
-  float q = kExpQ[0];
-  for (size_t i = 1; i < std::size(kExpQ); ++i) q = q * r + kExpQ[i];
-  const float exp_r = 1.0f + (r + r * r * q);
-  const float two_k = std::bit_cast<float>((std::bit_cast<uint32_t>(k_shifted) + 127u) << 23);
-  const float large = 1.0f - 2.0f / (exp_r * two_k + 1.0f);
+  const float large = 1.0f - 2.0f / (exp_float(z) + 1.0f);
 
   // A select by bit masks, NaN taking `small`: both values are computed, so the loop has no
   // control flow and vectorises (a ?: lets GCC sink the division into a branch).
-  const uint32_t use_small = 0u - static_cast<uint32_t>(!(a >= 0.75f));
-  const float picked = std::bit_cast<float>((std::bit_cast<uint32_t>(small) & use_small) |
-                                            (std::bit_cast<uint32_t>(large) & ~use_small));
+  const float picked = select_bits(0u - static_cast<uint32_t>(!(a >= 0.75f)), small, large);
   return std::copysign(picked, x);
+}
+
+// e^-|x|: in float32 by exp_float (0 past |x| = 87, where it would leave the normal floats; NaN
+// stays NaN), so a sigmoid loop vectorises; std::exp in float64.
+template <typename T>
+inline T exp_neg_abs(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr uint32_t kMax = std::bit_cast<uint32_t>(87.0f);
+    const uint32_t a_bits = std::bit_cast<uint32_t>(std::abs(x));
+    const float e = exp_float(-std::bit_cast<float>(a_bits < kMax ? a_bits : kMax));
+    const float tail = select_bits(0u - static_cast<uint32_t>(a_bits <= kMax), e, 0.0f);
+    return select_bits(0u - static_cast<uint32_t>(!(x == x)), x, tail);
+  }
+  return std::exp(-std::abs(x));
 }
 
 // tanh through tanh_float in float32, as the Tanh kernel.
@@ -159,8 +182,10 @@ inline T unary_op(T x) {
   // x <= 0 rather than x > 0: relu(NaN) is NaN, as in PyTorch.
   if constexpr (kOp == Op::Relu) return x <= T(0) ? T(0) : x;
   if constexpr (kOp == Op::Sigmoid) {  // exp(-|x|) never overflows
-    const T e = std::exp(-std::abs(x));
+    const T e = exp_neg_abs(x);
     const T r = T(1) / (T(1) + e);
+    if constexpr (std::is_same_v<T, float>)  // by bits, so that the loop has no branch
+      return select_bits(0u - static_cast<uint32_t>(x >= 0.0f), r, e * r);
     return x >= T(0) ? r : e * r;
   }
   if constexpr (kOp == Op::Tanh) {
