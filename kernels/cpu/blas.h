@@ -60,17 +60,25 @@ inline bool small_product(int64_t m, int64_t n, int64_t k) {
   return m * n * k <= kSmallGemmMacs && std::min({m, n, k}) <= kSmallGemmSide;
 }
 
-// c[m,n] += op(a) op(b) with plain loops in a fixed order (the same bits on every call): a row of
-// b added into a row of c per element of a when b is not transposed; otherwise each element a
-// dot product over 8 running sums, added in a fixed tree.
+// c[m,n] = op(a) op(b) (+ c when `accumulate`) with plain loops in a fixed order (the same bits on
+// every call): a row of b times an element of a into a row of c when b is not transposed (the
+// first written, the others added); otherwise each element a dot product over 8 running sums,
+// added in a fixed tree.
 template <typename T>
 void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
-                int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+                int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   auto at = [&](int64_t i, int64_t p) { return trans_a ? a[p * lda + i] : a[i * lda + p]; };
   if (!trans_b) {
     for (int64_t i = 0; i < m; ++i) {
       T* ci = c + i * ldc;
-      for (int64_t p = 0; p < k; ++p) {
+      if (!accumulate) {
+        if (k == 0) std::fill(ci, ci + n, T(0));
+        if (k > 0) {
+          const T s = at(i, 0);
+          for (int64_t j = 0; j < n; ++j) ci[j] = s * b[j];
+        }
+      }
+      for (int64_t p = accumulate ? 0 : 1; p < k; ++p) {
         const T s = at(i, p);
         const T* bp = b + p * ldb;
         for (int64_t j = 0; j < n; ++j) ci[j] += s * bp[j];
@@ -93,7 +101,8 @@ void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
           for (int l = 0; l < kLanes; ++l) acc[l] += ai[(p + l) * step] * bj[p + l];
       }
       for (int l = 0; p < k; ++p, ++l) acc[l] += ai[p * step] * bj[p];
-      *c += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      const T sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      *c = accumulate ? *c + sum : sum;
       ++c;
     }
   };
@@ -105,13 +114,13 @@ void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if ((beta == 0 || beta == 1) && small_product(m, n, k)) {
+    small_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, /*accumulate=*/beta == 1);
+    return;
+  }
   if (beta == 0) {
     zero_for_product(m, n, c, ldc);
     beta = 1;
-  }
-  if (beta == 1 && small_product(m, n, k)) {
-    small_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-    return;
   }
   blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
