@@ -90,41 +90,35 @@ void broadcast_to_kernel(const KernelArgs& args) {
                   [&]<typename U>(Type<U>) { gather(out.as<U>(), x.as<U>(), loop); });
 }
 
-void concat_kernel(const KernelArgs& args) {
-  const BufferView& out = args.out[0];
-  const int axis = args.attr<AxisAttrs>().axis;
-  const AxisSplit split = split_at(out.shape, axis);
-  const size_t item = itemsize(out.dtype);
-  const size_t out_row = out.shape[axis] * split.inner * item;
-  char* po = static_cast<char*>(out.data);
-  size_t column = 0;  // bytes into each output row where the current input goes
-  for (const BufferView& x : args.in) {
+// Concat (kToWhole: each part into its columns of the whole) or Split (the whole's columns into
+// each part): the parts lie side by side along the axis, in order.
+template <bool kToWhole>
+void concat_or_split(const BufferView& whole, std::span<const BufferView> parts, int axis) {
+  const AxisSplit split = split_at(whole.shape, axis);
+  const size_t item = itemsize(whole.dtype);
+  const size_t whole_row = whole.shape[axis] * split.inner * item;
+  char* pw = static_cast<char*>(whole.data);
+  size_t column = 0;  // bytes into each whole row where the current part goes
+  for (const BufferView& x : parts) {
     const size_t row = x.shape[axis] * split.inner * item;
-    const char* px = static_cast<const char*>(x.data);
+    char* px = static_cast<char*>(x.data);
     if (row != 0)
-      for (int64_t o = 0; o < split.outer; ++o)
-        std::memcpy(po + o * out_row + column, px + o * row, row);
+      for (int64_t o = 0; o < split.outer; ++o) {
+        if constexpr (kToWhole)
+          std::memcpy(pw + o * whole_row + column, px + o * row, row);
+        else
+          std::memcpy(px + o * row, pw + o * whole_row + column, row);
+      }
     column += row;
   }
 }
 
-// The inverse of concat: output k gets the next out_k.shape[axis] entries along the axis.
+void concat_kernel(const KernelArgs& args) {
+  concat_or_split<true>(args.out[0], args.in, args.attr<AxisAttrs>().axis);
+}
+
 void split_kernel(const KernelArgs& args) {
-  const BufferView& x = args.in[0];
-  const int axis = args.attr<AxisAttrs>().axis;
-  const AxisSplit split = split_at(x.shape, axis);
-  const size_t item = itemsize(x.dtype);
-  const size_t x_row = x.shape[axis] * split.inner * item;
-  const char* px = static_cast<const char*>(x.data);
-  size_t column = 0;  // bytes into each input row where the current output's part starts
-  for (const BufferView& y : args.out) {
-    const size_t row = y.shape[axis] * split.inner * item;
-    char* py = static_cast<char*>(y.data);
-    if (row != 0)
-      for (int64_t o = 0; o < split.outer; ++o)
-        std::memcpy(py + o * row, px + o * x_row + column, row);
-    column += row;
-  }
+  concat_or_split<false>(args.in[0], args.out, args.attr<AxisAttrs>().axis);
 }
 
 // Pairs x[..., start + k*step, ...] with y[..., k, ...] for k < count: calls
