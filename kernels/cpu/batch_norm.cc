@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/sum_lanes.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
@@ -33,21 +34,6 @@ ChannelLayout layout_of(const Shape& x) {
 template <typename T>
 T inv_std(T var, double eps) {
   return static_cast<T>(1.0 / std::sqrt(static_cast<double>(var) + eps));
-}
-
-// Sums over a run of n elements in double, in independent lanes combined in a fixed order:
-// vectorizable, with no long chain of dependent additions, and the same at any thread count.
-template <typename F>
-double sum_lanes(int64_t n, F&& term) {
-  constexpr int kLanes = 8;
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
-  double s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  for (; i < n; ++i) s += term(i);
-  return s;
 }
 
 // Runs body(channel) for every channel, in parallel when there is enough work.

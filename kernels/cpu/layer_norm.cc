@@ -9,25 +9,11 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/sum_lanes.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-constexpr int kLanes = 8;
-
-// The sum of term(i) for i in [0, n), in double, in kLanes independent lanes.
-template <typename F>
-double sum_lanes(int64_t n, F&& term) {
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
-  double s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  for (; i < n; ++i) s += term(i);
-  return s;
-}
 
 // Rows per chunk of a parallel loop over rows of `cols` elements (about 32k elements a chunk).
 int64_t row_grain(int64_t cols) {
