@@ -112,8 +112,8 @@ inline constexpr double kGeluSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / p
 inline constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 inline constexpr double kGeluKappa = 0.044715;
 
-// The form is a template argument here: a loop over the tanh form then has no libm call and
-// vectorises (gelu(x, form) below decides per element). Loops use with_gelu_form.
+// The form is a template argument: a loop over the tanh form then has no libm call and
+// vectorises. Loops over a Gelu or GeluGrad step pick it once with with_gelu_form.
 template <bool kTanh, typename T>
 inline T gelu_of(T x) {
   if constexpr (kTanh) {
@@ -139,15 +139,6 @@ inline T gelu_grad_of(T x, T gy) {
   return gy * (cdf + x * pdf);
 }
 
-template <typename T>
-inline T gelu(T x, bool tanh_approx) {
-  return tanh_approx ? gelu_of<true>(x) : gelu_of<false>(x);
-}
-template <typename T>
-inline T gelu_grad(T x, T gy, bool tanh_approx) {
-  return tanh_approx ? gelu_grad_of<true>(x, gy) : gelu_grad_of<false>(x, gy);
-}
-
 // f(std::true_type) for the tanh form (a Gelu or GeluGrad ScalarAttrs value other than 0), else
 // f(std::false_type): a loop inside f sees the form as a constant.
 template <typename T, typename F>
@@ -169,7 +160,6 @@ inline T scalar_op(T x, T s) {
   if constexpr (kOp == Op::RdivScalar) return s / x;
   if constexpr (kOp == Op::PowScalar) return std::pow(x, s);
   if constexpr (kOp == Op::LeakyRelu) return x > T(0) ? x : s * x;
-  if constexpr (kOp == Op::Gelu) return gelu(x, s != T(0));
 }
 
 // ---- y = f(x) ----------------------------------------------------------------------------
@@ -204,7 +194,6 @@ inline T activation_grad(T a, T gy, T slope) {
   if constexpr (kOp == Op::LeakyReluGrad) return a > T(0) ? gy : slope * gy;
   if constexpr (kOp == Op::SigmoidGrad) return gy * a * (T(1) - a);
   if constexpr (kOp == Op::TanhGrad) return gy * (T(1) - a * a);
-  if constexpr (kOp == Op::GeluGrad) return gelu_grad(a, gy, slope != T(0));  // slope: the form
 }
 
 }  // namespace encore::kernels::cpu

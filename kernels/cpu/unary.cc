@@ -27,9 +27,9 @@ void scalar_kernel(const KernelArgs& args) {
       with_gelu_form(sv, [&](auto tanh) {
         for (int64_t i = 0; i < n; ++i) py[i] = gelu_of<decltype(tanh)::value>(px[i]);
       });
-      return;
+    } else {
+      for (int64_t i = 0; i < n; ++i) py[i] = scalar_op<kOp>(px[i], sv);
     }
-    for (int64_t i = 0; i < n; ++i) py[i] = scalar_op<kOp>(px[i], sv);
   });
 }
 
@@ -67,9 +67,9 @@ void activation_grad_kernel(const KernelArgs& args) {
       with_gelu_form(s, [&](auto tanh) {
         for (int64_t i = 0; i < n; ++i) po[i] = gelu_grad_of<decltype(tanh)::value>(pa[i], pg[i]);
       });
-      return;
+    } else {
+      for (int64_t i = 0; i < n; ++i) po[i] = activation_grad<kOp>(pa[i], pg[i], s);
     }
-    for (int64_t i = 0; i < n; ++i) po[i] = activation_grad<kOp>(pa[i], pg[i], s);
   });
 }
 
