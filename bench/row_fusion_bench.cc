@@ -16,6 +16,23 @@
 namespace encore::bench {
 namespace {
 
+// f(x) and its backward after three untimed calls (trace, first backward, a warm replay), then
+// per iteration; the run fails unless every call but the first replayed. `steps`: the schedule's.
+template <typename Static>
+void measure(benchmark::State& state, Static& f, Tensor& x) {
+  for (int i = 0; i < 3; ++i) {
+    f(x).backward();
+    x.set_grad(Tensor());
+  }
+  for (auto _ : state) {
+    f(x).backward();
+    x.set_grad(Tensor());
+  }
+  const StaticStats stats = f.stats();
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  state.counters["steps"] = stats.cache[0].forward_steps + stats.cache[0].backward_steps;
+}
+
 void BM_SoftmaxRows(benchmark::State& state, bool fuse) {
   const bool previous = set_static_fusion_enabled(fuse);
   Tensor x = rand({64, 512}, DType::Float32, Device::cpu(), -2, 2).set_requires_grad();
@@ -26,18 +43,8 @@ void BM_SoftmaxRows(benchmark::State& state, bool fuse) {
         return F::sum(F::mul(F::softmax(F::add(F::mul(s, 0.125), mask), -1), w));
       },
       {.name = fuse ? "softmax_rows" : "softmax_rows_unfused"});
-  for (int i = 0; i < 3; ++i) {  // trace, first backward, warm replays
-    f(x).backward();
-    x.set_grad(Tensor());
-  }
-  for (auto _ : state) {
-    f(x).backward();
-    x.set_grad(Tensor());
-  }
+  measure(state, f, x);
   set_static_fusion_enabled(previous);
-  const StaticStats stats = f.stats();
-  if (!check_replayed(state, stats, /*traces=*/1)) return;
-  state.counters["steps"] = stats.cache[0].forward_steps + stats.cache[0].backward_steps;
 }
 BENCHMARK_CAPTURE(BM_SoftmaxRows, fused, true)
     ->Name("SoftmaxRows/static")
@@ -59,18 +66,8 @@ void BM_CentredRows(benchmark::State& state, bool fuse) {
         return F::sum(F::relu(F::sub(h, F::mean(h, {-1}, true))));
       },
       {.name = fuse ? "centred_rows" : "centred_rows_unfused"});
-  for (int i = 0; i < 3; ++i) {
-    f(x).backward();
-    x.set_grad(Tensor());
-  }
-  for (auto _ : state) {
-    f(x).backward();
-    x.set_grad(Tensor());
-  }
+  measure(state, f, x);
   set_static_fusion_enabled(previous);
-  const StaticStats stats = f.stats();
-  if (!check_replayed(state, stats, /*traces=*/1)) return;
-  state.counters["steps"] = stats.cache[0].forward_steps + stats.cache[0].backward_steps;
 }
 BENCHMARK_CAPTURE(BM_CentredRows, fused, true)
     ->Name("CentredRows/static")
