@@ -243,7 +243,7 @@ struct CudaCase {
 
 // The rooms' places in the registration order.
 inline constexpr int kOpChainOrder = 0, kMlpSmallOrder = 1, kMlpLargeOrder = 2, kSeedCnnOrder = 3,
-                     kKernelSumOrder = 4;
+                     kSequenceOrder = 4, kKernelSumOrder = 5;
 
 inline std::vector<CudaCase>& cuda_cases() {
   static std::vector<CudaCase> cases;
@@ -266,8 +266,18 @@ inline std::string register_cuda_cases() {
   std::stable_sort(cases.begin(), cases.end(), [](const CudaCase& a, const CudaCase& b) {
     return a.order != b.order ? a.order < b.order : a.name < b.name;
   });
+  // An Error (a case that cannot run on this device) ends its case, not the whole run.
   for (CudaCase& c : cases)
-    benchmark::RegisterBenchmark(c.name.c_str(), c.run)->UseRealTime()->Unit(c.unit);
+    benchmark::RegisterBenchmark(c.name.c_str(),
+                                 [run = c.run](benchmark::State& state) {
+                                   try {
+                                     run(state);
+                                   } catch (const Error& e) {
+                                     state.SkipWithError(e.what());
+                                   }
+                                 })
+        ->UseRealTime()
+        ->Unit(c.unit);
   return std::to_string(cases.size()) + " /cuda cases on " + std::to_string(cuda::device_count()) +
          " device(s)";
 }

@@ -1,6 +1,7 @@
 // The training steps timed by CharLstm/*, TinyGpt/* and LstmCellChain/*: each model, its
 // optimizer and its fixed data, made from seed 0 at construction; a step as a plain call and as
-// one static function over the data.
+// one static function over the data. On a CUDA device (the /cuda cases) model and data are made
+// on the host as for the CPU, then moved, so both devices train the same weights on the same data.
 #pragma once
 
 #include <cstdint>
@@ -39,9 +40,11 @@ template <typename Model, typename Opt>
 class LanguageModelStep {
  public:
   template <typename... ModelArgs>
-  LanguageModelStep(int64_t batch, int64_t steps, ModelArgs... args)
-      : model_(seeded<Model>(args...)), opt_(model_->parameters()) {
+  LanguageModelStep(Device device, int64_t batch, int64_t steps, ModelArgs... args)
+      : model_(seeded<Model>(device, args...)), opt_(model_->parameters()) {
     std::tie(x_, t_) = token_batch(batch, steps);
+    x_ = x_.to(device);
+    t_ = t_.to(device);
   }
   Tensor operator()(const Tensor& x, const Tensor& t) {
     Tensor loss = F::cross_entropy((*model_)(x), t);
@@ -60,9 +63,11 @@ class LanguageModelStep {
 
  private:
   template <typename M, typename... A>
-  static std::shared_ptr<M> seeded(A... args) {
+  static std::shared_ptr<M> seeded(Device device, A... args) {
     manual_seed(0);
-    return std::make_shared<M>(args...);
+    auto model = std::make_shared<M>(args...);
+    if (device != Device::cpu()) model->to(device);
+    return model;
   }
   std::shared_ptr<Model> model_;
   Opt opt_;
@@ -72,12 +77,12 @@ class LanguageModelStep {
 using CharLstmStep = LanguageModelStep<models::CharLstm, optim::Adam>;
 using TinyGptStep = LanguageModelStep<models::TinyGpt, optim::AdamW>;
 
-inline std::unique_ptr<CharLstmStep> make_char_lstm_step() {
-  return std::make_unique<CharLstmStep>(kCharLstmBatch, kCharLstmSteps, kCharVocab,
+inline std::unique_ptr<CharLstmStep> make_char_lstm_step(Device device = Device::cpu()) {
+  return std::make_unique<CharLstmStep>(device, kCharLstmBatch, kCharLstmSteps, kCharVocab,
                                         kCharLstmEmbed, kCharLstmHidden);
 }
-inline std::unique_ptr<TinyGptStep> make_tiny_gpt_step() {
-  return std::make_unique<TinyGptStep>(kTinyGptBatch, kTinyGptContext, kCharVocab,
+inline std::unique_ptr<TinyGptStep> make_tiny_gpt_step(Device device = Device::cpu()) {
+  return std::make_unique<TinyGptStep>(device, kTinyGptBatch, kTinyGptContext, kCharVocab,
                                        kTinyGptContext, kTinyGptWidth, kTinyGptHeads,
                                        kTinyGptBlocks);
 }
@@ -86,10 +91,10 @@ inline std::unique_ptr<TinyGptStep> make_tiny_gpt_step() {
 // as the loss, backward (gradients of the cell's parameters; no update).
 class CellChain {
  public:
-  CellChain() : cell_(seeded()) {
-    for (int64_t t = 0; t < kChainSteps; ++t) xs_.push_back(randn({1, kChainHidden}));
-    h0_ = zeros({1, kChainHidden});
-    c0_ = zeros({1, kChainHidden});
+  explicit CellChain(Device device = Device::cpu()) : cell_(seeded(device)) {
+    for (int64_t t = 0; t < kChainSteps; ++t) xs_.push_back(randn({1, kChainHidden}).to(device));
+    h0_ = zeros({1, kChainHidden}).to(device);
+    c0_ = zeros({1, kChainHidden}).to(device);
   }
   Tensor operator()(std::span<const Tensor> xs, const Tensor& h0, const Tensor& c0) {
     Tensor h = h0, c = c0;
@@ -110,9 +115,11 @@ class CellChain {
   const Tensor& c0() const { return c0_; }
 
  private:
-  static std::shared_ptr<nn::LSTMCell> seeded() {
+  static std::shared_ptr<nn::LSTMCell> seeded(Device device) {
     manual_seed(0);
-    return std::make_shared<nn::LSTMCell>(kChainHidden, kChainHidden);
+    auto cell = std::make_shared<nn::LSTMCell>(kChainHidden, kChainHidden);
+    if (device != Device::cpu()) cell->to(device);
+    return cell;
   }
   std::shared_ptr<nn::LSTMCell> cell_;
   std::vector<Tensor> xs_;

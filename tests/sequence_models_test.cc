@@ -9,68 +9,28 @@
 #include <vector>
 
 #include "encore/encore.h"
+#include "tests/sequence_training.h"
 #include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
 using testing::bit_diff;
+using testing::check_static_training;
 using testing::error_of;
 using testing::StaticEnabled;
 using testing::ThreadCount;
 
 namespace {
 
-constexpr int64_t kVocab = 11;
+constexpr int64_t kVocab = testing::kSequenceVocab;
 
-// Token ids [batch, steps] in [0, kVocab) and their next tokens, from a seed.
 std::pair<Tensor, Tensor> tokens(int64_t batch, int64_t steps, uint64_t seed) {
-  Tensor x = empty({batch, steps}, DType::Int64), t = empty({batch, steps}, DType::Int64);
-  uint64_t s = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < batch * steps; ++i) {
-    s = s * 6364136223846793005u + 1442695040888963407u;
-    x.data<int64_t>()[i] = static_cast<int64_t>((s >> 33) % kVocab);
-    t.data<int64_t>()[i] = static_cast<int64_t>((s >> 41) % kVocab);
-  }
-  return {x, t};
+  return testing::sequence_tokens(batch, steps, seed);
 }
 
 template <typename M, typename... A>
 std::shared_ptr<M> seeded(A... args) {
-  manual_seed(7);
-  return std::make_shared<M>(args...);
-}
-
-// Trains an eager and a static copy of a model (made from one seed) for `steps` steps on the
-// same batches and checks losses, parameters and gradients bit for bit after every step.
-template <typename M, typename Opt, typename Make>
-void check_static_training(Make make, int64_t batch, int64_t steps, int verify_every,
-                           int train_steps = 4) {
-  StaticEnabled on;
-  std::shared_ptr<M> eager = make(), traced = make();
-  Opt opt_e(eager->parameters()), opt_s(traced->parameters());
-  auto step = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
-    Tensor loss = F::cross_entropy(m(x), t);
-    m.zero_grad();
-    loss.backward();
-    opt.step();
-    return loss;
-  };
-  auto fn = static_graph([&](const Tensor& x, const Tensor& t) { return step(*traced, opt_s, x, t); },
-                         {.name = "lm_step", .verify_every = verify_every, .modules = {traced}});
-  for (int i = 0; i < train_steps; ++i) {
-    INFO("step " << i);
-    auto [x, t] = tokens(batch, steps, static_cast<uint64_t>(i));
-    // Some ignored targets: their positions get no loss and no gradient.
-    t.data<int64_t>()[1] = -100;
-    const Tensor le = step(*eager, opt_e, x, t);
-    const Tensor ls = fn(x, t);
-    CHECK(bit_diff(le, ls) == "");
-    testing::check_same_parameters(*eager, *traced, "after the step");
-  }
-  const StaticStats st = fn.stats();
-  CHECK(st.traces == 1);
-  CHECK(st.hits == train_steps - 1);
-  if (verify_every > 0) CHECK(st.verifications == train_steps - 1);
+  return testing::seeded_on<M>(Device::cpu(), args...);
 }
 
 // A CharLstm whose forward (tokens, h0, c0) -> (logits, h, c) is static.

@@ -36,15 +36,15 @@ Tensor full_like(const Tensor& t, double value) {
 Tensor tensor(std::span<const double> values, const Shape& shape, DType dtype, Device device) {
   ENCORE_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "tensor: ", values.size(),
                " values do not fill shape ", shape, " (", shape.numel(), " elements)");
-  // Converted on the cpu, then copied to the device.
+  // Copied to the device as float64, then converted there: inside a static function traced on
+  // a device the conversion is an op on that device, not a cpu op its schedule cannot run.
   Tensor host = Tensor::empty(shape, DType::Float64);
   std::copy(values.begin(), values.end(), host.data<double>());
-  if (dtype != DType::Float64) {
-    Tensor converted = Tensor::empty(shape, dtype);
-    copy_(converted, host);
-    host = converted;
-  }
-  return host.to(device);
+  Tensor values_on_device = host.to(device);
+  if (dtype == DType::Float64) return values_on_device;
+  Tensor converted = Tensor::empty(shape, dtype, device);
+  copy_(converted, values_on_device);
+  return converted;
 }
 
 Tensor tensor(std::initializer_list<double> values, const Shape& shape, DType dtype,

@@ -4,7 +4,7 @@
 // gradient skips it (the CPU throws). The gradient uses no atomics: each element of gw belongs
 // to one thread, which adds the gradient elements of its row's ids in id order, so gw has the
 // same bits on every run. Threads of a block share a column range and a range of gw's rows
-// (blockIdx.y); every thread scans all ids for its rows.
+// (blockIdx.y); every thread scans all ids for its rows, staged through shared memory.
 #include <cuda/std/limits>
 
 #include <algorithm>
@@ -41,21 +41,31 @@ void embedding(const KernelArgs& args) {
   });
 }
 
-constexpr int kGradThreads = 128;   // columns per block
-constexpr int kGradRowRanges = 64;  // blocks along gw's rows (gridDim.y at most)
+constexpr int kGradThreads = 128;     // columns per block
+constexpr int kGradRowRanges = 1024;  // blocks along gw's rows (gridDim.y at most)
+constexpr int kIdTile = 1024;         // ids staged in shared memory at a time
 
 // gw (zeroed) [v, d] += gy[i, d] for every i with ids[i] == v, in order of i, but the padding
-// row. Thread (blockIdx.y, column d) owns rows [r0, r1) of column d.
+// row. Thread (blockIdx.y, column d) owns rows [r0, r1) of column d; the block stages the ids
+// through shared memory, a tile at a time.
 template <typename T, typename I>
 __global__ void embedding_grad_kernel(const I* ids, const T* gy, T* gw, int64_t n, int64_t rows,
                                       int64_t dim, int64_t pad) {
+  __shared__ int64_t tile[kIdTile];
   const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t r0 = rows * blockIdx.y / gridDim.y, r1 = rows * (blockIdx.y + 1) / gridDim.y;
-  if (d >= dim || r0 == r1) return;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = static_cast<int64_t>(ids[i]);
-    if (v < r0 || v >= r1 || v == pad) continue;
-    gw[v * dim + d] += gy[i * dim + d];
+  for (int64_t base = 0; base < n; base += kIdTile) {
+    const int64_t count = n - base < kIdTile ? n - base : kIdTile;
+    __syncthreads();  // the previous tile is read by every thread
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+      tile[j] = static_cast<int64_t>(ids[base + j]);
+    __syncthreads();
+    if (d >= dim) continue;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t v = tile[j];
+      if (v < r0 || v >= r1 || v == pad) continue;
+      gw[v * dim + d] += gy[(base + j) * dim + d];
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 // One block per row (a grid-stride loop over rows): each thread adds a fixed strided subset of
 // the row in double, a fixed shuffle/shared-memory tree joins the threads (no atomics, the same
 // bits on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
-// over rows: one thread per column, in row order.
+// over rows: a warp of columns per block, 32 threads per column over interleaved rows, joined by a
+// fixed tree (the same bits on every run).
 #include <algorithm>
 #include <cstdint>
 
@@ -97,21 +98,41 @@ __global__ void layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rst
   }
 }
 
-// ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy: one thread per column, rows in order.
+constexpr int kParamCols = 32;   // columns of a block of the gamma/beta gradient (one warp)
+constexpr int kParamLanes = 32;  // threads per column, each over every kParamLanes-th row
+
+// ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy. A block owns kParamCols columns; thread
+// (y, x) adds rows y, y + kParamLanes, ... of column x in row order, then a fixed tree over y
+// joins the lanes of each column.
 template <typename T>
-__global__ void layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
-                                              T* ggamma, T* gbeta, int64_t rows, int64_t cols) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
-       c += stride) {
-    double sgh = 0, sg = 0;
-    for (int64_t r = 0; r < rows; ++r) {
+__global__ void __launch_bounds__(kParamCols* kParamLanes)
+    layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
+                                  T* ggamma, T* gbeta, int64_t rows, int64_t cols) {
+  __shared__ double sh_gh[kParamLanes][kParamCols + 1];
+  __shared__ double sh_g[kParamLanes][kParamCols + 1];
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kParamCols + tx;
+  double sgh = 0, sg = 0;
+  if (c < cols) {
+    for (int64_t r = ty; r < rows; r += kParamLanes) {
       const double g = static_cast<double>(gy[r * cols + c]);
       sgh += g * static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]);
       sg += g;
     }
-    ggamma[c] = static_cast<T>(sgh);
-    gbeta[c] = static_cast<T>(sg);
+  }
+  sh_gh[ty][tx] = sgh;
+  sh_g[ty][tx] = sg;
+  __syncthreads();
+  for (int half = kParamLanes / 2; half > 0; half /= 2) {
+    if (ty < half) {
+      sh_gh[ty][tx] += sh_gh[ty + half][tx];
+      sh_g[ty][tx] += sh_g[ty + half][tx];
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && c < cols) {
+    ggamma[c] = static_cast<T>(sh_gh[0][tx]);
+    gbeta[c] = static_cast<T>(sh_g[0][tx]);
   }
 }
 
@@ -126,7 +147,8 @@ void layer_norm_grad(const KernelArgs& args) {
       ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
     }
     if (cols > 0) {
-      layer_norm_grad_params_kernel<T><<<blocks_for(cols), kThreads, 0, stream()>>>(
+      const auto blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
+      layer_norm_grad_params_kernel<T><<<blocks, dim3(kParamCols, kParamLanes), 0, stream()>>>(
           args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(),
           args.out[1].as<T>(), args.out[2].as<T>(), rows, cols);
       ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
