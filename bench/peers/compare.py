@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -187,8 +188,11 @@ def load_encore(path):
 
 def run_peer(script, python, repetitions, min_time):
     """{"MlpSmall/torch_eager": {...}}, the context, or an error for the whole script."""
-    if not os.path.exists(python):
+    # A path, or a command name looked up on PATH (--torch-python python3).
+    found = python if os.sep in python else shutil.which(python)
+    if found is None or not os.path.exists(found):
         return {}, {}, f"not installed ({os.path.relpath(python, ROOT)} missing; see README.md)"
+    python = found
     cmd = [python, os.path.join(HERE, script), "--json", f"--repetitions={repetitions}"]
     if min_time is not None:
         cmd.append(f"--min-time={min_time}")
