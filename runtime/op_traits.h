@@ -164,6 +164,8 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Conv2dAct, "conv2d_act", OpKind::Compute, 2, 3, -1, AttrType::Conv2dAct, 0, kSplits},
     {Op::MatmulActGrad, "matmul_act_grad", OpKind::Compute, 3, 3, -1, AttrType::MatmulAct, 0,
      kSplits},
+    {Op::MatmulAccumulate, "matmul_accumulate", OpKind::Inplace, 3, 3, -1, AttrType::Matmul, 0b100,
+     0},
 };
 
 namespace detail {

@@ -108,6 +108,9 @@ enum class Op : uint16_t {
   Conv2dAct,      // x, w, optional bias -> act(conv2d(x, w, bias)) (Conv2dActAttrs)
   MatmulActGrad,  // a, b, y -> act_grad(y, matmul(a, b)), y what the gradient reads
                   // (MatmulActAttrs)
+  // a, b, c (updated) -> c + matmul(a, b) for an outer product (k = 1; MatmulAttrs): each
+  // product rounded, then added, as a Matmul and an add_ give.
+  MatmulAccumulate,
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);

@@ -1,4 +1,4 @@
-// Fewer passes over activations (cpu plans, unless ENCORE_STATIC_FOLD=0): three rewrites of a
+// Fewer passes over activations (cpu plans, unless ENCORE_STATIC_FOLD=0): four rewrites of a
 // recording that each keep eager's bits.
 //
 // 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
@@ -16,7 +16,10 @@
 //    product goes through the gradient's element function (relu_grad is a select, y <= 0 ? +0 :
 //    gy, not a product, so -0.0 and NaN in gy pass as they do eagerly) right after the part is
 //    computed.
-// 3. Max pooling before a ReLU: max_pool2d(relu(x)) runs as relu(max_pool2d(x)) (the ReLU over a
+// 3. Outer product added into a gradient: an add_ (G += d) whose d comes from a Matmul with k = 1
+//    (a weight gradient at batch 1) that nothing else reads becomes one MatmulAccumulate step
+//    adding each product into G as it is computed (kernels/cpu/matmul.cc): d is never stored.
+// 4. Max pooling before a ReLU: max_pool2d(relu(x)) runs as relu(max_pool2d(x)) (the ReLU over a
 //    quarter of the elements for 2x2 windows), and its backward, relu_grad(r, max_pool2d_grad(r,
 //    gp)), as max_pool2d_grad(x, relu_grad(p, gp)). Exact for every input, see swap_pool_relu.
 //
@@ -74,6 +77,7 @@ class Rewriter {
   void swap_pool_relu();
   void fold_producers();
   void fold_gradients();
+  void fold_accumulations();
   // Applies the edits: dropped steps go, inserted ones follow their step.
   void finish();
 
@@ -274,6 +278,48 @@ void Rewriter::fold_gradients() {
   }
 }
 
+// An add_ (step u: G += d) whose d, of G's shape and dtype, comes from a Matmul (step m) of two
+// matrices with k = 1 that nothing else reads becomes one MatmulAccumulate step at m updating G.
+// Nothing between them reads or writes G, and G is neither factor nor just filled (a zeroed
+// gradient's first contribution is the early-updates pass's, passes.cc).
+void Rewriter::fold_accumulations() {
+  for (int u = 0; u < static_cast<int>(steps_.size()); ++u) {
+    const Step& add = steps_[u];
+    if (add.op != Op::AddInplace || drop_[u]) continue;
+    const Operand g = add.in[0], d = add.in[1];
+    if (!floating(g) || d.dtype != g.dtype || !(d.shape == g.shape) || d.shape.rank() != 2 ||
+        writers(d).size() != 1 || memory_[g.buf] == memory_[d.buf])
+      continue;
+    const int m = writers(d)[0];
+    if (m >= u || !same_phase(m, u) || drop_[m] || !after_[m].empty()) continue;
+    const Step& mm = steps_[m];
+    if (mm.op != Op::Matmul || mm.out[0].buf != d.buf || !private_value(d, m) ||
+        readers(d) != std::vector<int>{u} || g.nbytes() != nbytes(g))
+      continue;
+    const MatmulAttrs& attrs = mm.attrs.as<MatmulAttrs>();
+    const Shape& a = mm.in[0].shape;
+    if (a.rank() != 2 || mm.in[1].shape.rank() != 2 || (attrs.trans_a ? a[0] : a[1]) != 1)
+      continue;
+    if (memory_[mm.in[0].buf] == memory_[g.buf] || memory_[mm.in[1].buf] == memory_[g.buf])
+      continue;
+    const auto between = [&](const std::vector<int>& ts) {
+      return std::any_of(ts.begin(), ts.end(), [&](int t) { return t > m && t < u; });
+    };
+    if (between(readers(g)) || between(writers(g))) continue;
+    // A G just filled (zero_grad(false)) is the early-updates pass's: fill_ and add_ in one.
+    const std::vector<int>& wg = writers(g);
+    const auto before = std::find_if(wg.rbegin(), wg.rend(), [&](int t) { return t < m; });
+    if (before != wg.rend() && steps_[*before].op == Op::Fill) continue;
+    note(g.buf, cat("matmul and add_ in one: ", recorded_as(mm.index, add.index)));
+    Step& folded = steps_[m];  // keeps its attributes (MatmulAttrs) and operands a, b
+    folded.op = Op::MatmulAccumulate;
+    folded.index = add.index;
+    folded.in.push_back(g);
+    folded.out.clear();
+    drop_[u] = 1;
+  }
+}
+
 void Rewriter::finish() {
   std::vector<Step> kept;
   int n_forward = 0;
@@ -293,7 +339,8 @@ void Rewriter::finish() {
 // the ReLU after the pooling and its gradient before the pooling's, where the folds may take them.
 void Plan::rewrite_activations() {
   for (void (Rewriter::*rewrite)() :
-       {&Rewriter::swap_pool_relu, &Rewriter::fold_producers, &Rewriter::fold_gradients}) {
+       {&Rewriter::swap_pool_relu, &Rewriter::fold_producers, &Rewriter::fold_gradients,
+        &Rewriter::fold_accumulations}) {
     const std::vector<int> memory = storage_ids();
     Rewriter r(all_, n_forward_, rec_->buffers, escape_, memory, recorded_forward_, rewrite_notes_);
     (r.*rewrite)();

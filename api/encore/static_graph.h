@@ -124,8 +124,9 @@ bool static_padded_layouts_enabled();
 // Whether signatures traced from now on make fewer passes over activations in their cpu plans: a
 // linear or conv2d followed by an activation (relu, leaky_relu, sigmoid, tanh, gelu) that alone
 // reads its output becomes one step that applies the activation as it writes; an activation's
-// gradient is applied by the product computing the gradient it reads; max_pool2d(relu(x)) runs as
-// relu(max_pool2d(x)), its backward likewise. On by default (ENCORE_STATIC_FOLD=0 starts it off);
+// gradient is applied by the product computing the gradient it reads; an outer product (a weight
+// gradient at batch 1) is added into the gradient it accumulates into as it is computed;
+// max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. On by default (ENCORE_STATIC_FOLD=0 starts it off);
 // each element goes through the same element functions in the same order, so the values are the
 // same bit for bit. The schedule dump marks each rewritten step. Returns the previous setting.
 bool set_static_fold_activations_enabled(bool on);

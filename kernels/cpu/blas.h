@@ -52,58 +52,142 @@ inline void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 
 // Products up to this many multiply-adds with a side (m, n or k) of at most kSmallGemmSide run in
 // small_gemm: OpenBLAS packs its operands into panels first, which costs more than the product
-// itself at these sizes (an LSTM step at batch 1).
+// itself at these sizes (an LSTM step at batch 1). So do all outer products (k = 1, a weight
+// gradient at batch 1), whatever their size: each element is one multiplication, which the
+// planner's MatmulAccumulate (kernels/cpu/matmul.cc) repeats.
 inline constexpr int64_t kSmallGemmMacs = 1 << 16;
 inline constexpr int64_t kSmallGemmSide = 8;
 
 inline bool small_product(int64_t m, int64_t n, int64_t k) {
-  return m * n * k <= kSmallGemmMacs && std::min({m, n, k}) <= kSmallGemmSide;
+  return k == 1 || (m * n * k <= kSmallGemmMacs && std::min({m, n, k}) <= kSmallGemmSide);
+}
+
+// 32 bytes of T as one GCC vector (a ymm register with AVX; two xmm without), read and
+// written unaligned.
+template <typename T>
+struct Vec32 {
+  typedef T type __attribute__((vector_size(32)));
+  static constexpr int kLanes = 32 / sizeof(T);
+};
+
+// c[i, 0:kVecs*lanes] of small_gemm's first form in registers: the first term written (or c's
+// values when accumulating), then every p added in order; stored once. Element by element the
+// operations and their order are the plain loop's, only the partial sums no longer pass through
+// memory between two p.
+template <int kVecs, typename T, typename At>
+inline void small_gemm_row_block(At at, int64_t i, int64_t k, const T* b, int64_t ldb, T* ci,
+                                 bool accumulate) {
+  using V = typename Vec32<T>::type;
+  constexpr int kL = Vec32<T>::kLanes;
+  V acc[kVecs];
+  int64_t p = 0;
+  if (accumulate || k == 0) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) {
+      if (accumulate)
+        std::memcpy(&acc[v], ci + v * kL, sizeof(V));
+      else
+        acc[v] = V{};
+    }
+  } else {
+    const T s = at(i, 0);
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) {
+      V bv;
+      std::memcpy(&bv, b + v * kL, sizeof(V));
+      acc[v] = s * bv;
+    }
+    p = 1;
+  }
+  for (; p < k; ++p) {
+    const T s = at(i, p);
+    const T* bp = b + p * ldb;
+#pragma GCC unroll 16
+    for (int v = 0; v < kVecs; ++v) {
+      V bv;
+      std::memcpy(&bv, bp + v * kL, sizeof(V));
+      acc[v] += s * bv;
+    }
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < kVecs; ++v) std::memcpy(ci + v * kL, &acc[v], sizeof(V));
+}
+
+// c[r] (+)= the dot products of a contiguous row `a` of k with rows r < kRows of b (ldb apart),
+// each over 8 running sums (p % 8, in order of p) added in a fixed tree: small_gemm's second
+// form, kRows rows of b at a time so that their sums advance together.
+template <int kRows, typename T>
+inline void small_dots(const T* a, int64_t k, const T* b, int64_t ldb, T* c, bool accumulate) {
+  typedef T V __attribute__((vector_size(8 * sizeof(T))));
+  V acc[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) acc[r] = V{};
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    V av;
+    std::memcpy(&av, a + p, sizeof(V));
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      V bv;
+      std::memcpy(&bv, b + r * ldb + p, sizeof(V));
+      acc[r] += av * bv;
+    }
+  }
+  for (int l = 0; p < k; ++p, ++l)
+    for (int r = 0; r < kRows; ++r) acc[r][l] += a[p] * b[r * ldb + p];
+  for (int r = 0; r < kRows; ++r) {
+    const V& x = acc[r];
+    const T sum = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+    c[r] = accumulate ? c[r] + sum : sum;
+  }
 }
 
 // c[m,n] = op(a) op(b) (+ c when `accumulate`) with plain loops in a fixed order (the same bits on
 // every call): a row of b times an element of a into a row of c when b is not transposed (the
-// first written, the others added); otherwise each element a dot product over 8 running sums,
-// added in a fixed tree.
+// first written, the others added; 8 vectors of c at a time held in registers); otherwise each
+// element a dot product over 8 running sums, added in a fixed tree.
 template <typename T>
 void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                 int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   auto at = [&](int64_t i, int64_t p) { return trans_a ? a[p * lda + i] : a[i * lda + p]; };
   if (!trans_b) {
+    constexpr int64_t kL = Vec32<T>::kLanes, kWide = 8 * kL;
     for (int64_t i = 0; i < m; ++i) {
       T* ci = c + i * ldc;
-      if (!accumulate) {
-        if (k == 0) std::fill(ci, ci + n, T(0));
-        if (k > 0) {
-          const T s = at(i, 0);
-          for (int64_t j = 0; j < n; ++j) ci[j] = s * b[j];
-        }
-      }
-      for (int64_t p = accumulate ? 0 : 1; p < k; ++p) {
-        const T s = at(i, p);
-        const T* bp = b + p * ldb;
-        for (int64_t j = 0; j < n; ++j) ci[j] += s * bp[j];
+      int64_t j = 0;
+      for (; j + kWide <= n; j += kWide)
+        small_gemm_row_block<8>(at, i, k, b + j, ldb, ci + j, accumulate);
+      for (; j + kL <= n; j += kL)
+        small_gemm_row_block<1>(at, i, k, b + j, ldb, ci + j, accumulate);
+      for (; j < n; ++j) {  // the last columns, one at a time, in the same order
+        T acc = accumulate ? ci[j] : k == 0 ? T(0) : at(i, 0) * b[j];
+        for (int64_t p = accumulate || k == 0 ? 0 : 1; p < k; ++p) acc += at(i, p) * b[p * ldb + j];
+        ci[j] = acc;
       }
     }
     return;
   }
-  constexpr int kLanes = 8;
+  constexpr int kLanes = 8, kDotRows = 4;
   // A row of op(a) read with stride `step` (1 unless a is transposed).
   auto dot_rows = [&](const T* ai, int64_t step) {
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j = 0;
+    if (step == 1) {
+      for (; j + kDotRows <= n; j += kDotRows, c += kDotRows)
+        small_dots<kDotRows>(ai, k, b + j * ldb, ldb, c, accumulate);
+    }
+    for (; j < n; ++j, ++c) {
+      if (step == 1) {
+        small_dots<1>(ai, k, b + j * ldb, ldb, c, accumulate);
+        continue;
+      }
       const T* bj = b + j * ldb;
       T acc[kLanes] = {};
       int64_t p = 0;
-      if (step == 1) {
-        for (; p + kLanes <= k; p += kLanes)
-          for (int l = 0; l < kLanes; ++l) acc[l] += ai[p + l] * bj[p + l];
-      } else {
-        for (; p + kLanes <= k; p += kLanes)
-          for (int l = 0; l < kLanes; ++l) acc[l] += ai[(p + l) * step] * bj[p + l];
-      }
+      for (; p + kLanes <= k; p += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] += ai[(p + l) * step] * bj[p + l];
       for (int l = 0; p < k; ++p, ++l) acc[l] += ai[p * step] * bj[p];
       const T sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
       *c = accumulate ? *c + sum : sum;
-      ++c;
     }
   };
   for (int64_t i = 0; i < m; ++i, c += ldc - n)

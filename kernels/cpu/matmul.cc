@@ -1,6 +1,7 @@
 // Matmul and linear through cblas (OpenBLAS), row-major (shapes: kernels/gemm_shape.h), and the
 // planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
-// gradient) applied to each part of the output right after the part is computed.
+// gradient) applied to each part of the output right after the part is computed; and its
+// MatmulAccumulate: an outer product added into a gradient.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -132,12 +133,43 @@ void matmul_act_grad_kernel(const KernelArgs& args) {
   });
 }
 
+// MatmulAccumulate: c += op(a) op(b) for an outer product (k = 1), each element c + p with p the
+// value the Matmul kernel gives (small_gemm runs every k = 1 product): a_i b_j rounded when b is
+// read as is, that plus +0 (its dot product's running sum starts at +0) when b is transposed. No
+// fused multiply-add: the product is rounded before the sum, as a Matmul then an add_ round it.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T>
+void add_outer_product(const GemmShape& g, const T* a, const T* __restrict b, T* c) {
+  for (int64_t i = 0; i < g.m; ++i) {
+    const T s = g.trans_a ? a[i] : a[i * g.lda];
+    T* __restrict ci = c + i * g.ldc;
+    if (g.trans_b) {
+      for (int64_t j = 0; j < g.n; ++j) ci[j] = ci[j] + (s * b[j * g.ldb] + T(0));
+    } else {
+      for (int64_t j = 0; j < g.n; ++j) ci[j] = ci[j] + s * b[j];
+    }
+  }
+}
+#pragma GCC pop_options
+
+void matmul_accumulate_kernel(const KernelArgs& args) {
+  const KernelArgs product_args{args.in.first(2), args.in.subspan(2, 1), args.attrs};
+  const GemmShape g = matmul_shape(product_args);
+  ENCORE_CHECK(g.k == 1 && g.batches == 1, "matmul_accumulate: an outer product of two matrices ",
+               "(k = 1) is planned, not ", args.in[0].shape, " x ", args.in[1].shape);
+  switch_floating(args.in[2].dtype, Op::MatmulAccumulate, [&]<typename T>(Type<T>) {
+    add_outer_product(g, args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>());
+  });
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
   register_kernel(Op::Linear, DeviceType::CPU, &linear_kernel);
   register_kernel(Op::LinearAct, DeviceType::CPU, &linear_act_kernel);
   register_kernel(Op::MatmulActGrad, DeviceType::CPU, &matmul_act_grad_kernel);
+  register_kernel(Op::MatmulAccumulate, DeviceType::CPU, &matmul_accumulate_kernel);
   return true;
 }();
 

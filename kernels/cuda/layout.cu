@@ -1,6 +1,7 @@
 // Layout CUDA kernels, the same semantics as kernels/cpu/layout.cc: permute, broadcast_to,
-// concat, slice, slice_grad. Except slice_grad they move elements without looking at them, so
-// they run on unsigned integers of the dtype's size (concat on the widest unit its rows allow).
+// concat, split, slice, slice_grad. Except slice_grad they move elements without looking at
+// them, so they run on unsigned integers of the dtype's size (concat and split on the widest unit
+// their rows allow, one launch for up to 8 parts).
 //
 // Permute, broadcast_to and slice are one gather: out[i] = in[offset(i)] over the dimensions
 // left after make_strided_loop has dropped size-1 dimensions and merged contiguous ones; a
@@ -204,65 +205,100 @@ void slice_grad_kernel(const KernelArgs& args) {
   });
 }
 
-// A part [outer, row] and columns [column, column + row) of a whole [outer, whole_row], all
-// three in units of W: kToWhole copies the part into the whole (concat), else the whole's
-// columns into the part (split).
+constexpr int kPartsPerLaunch = 8;
+
+// Up to kPartsPerLaunch parts side by side in each row of a whole, in units of W: part q holds
+// row[q] units of every whole row, at units [start[q], start[q + 1]) of the group, which starts at
+// unit `column` of a whole row (start[count] is the group's width).
+template <typename I>
+struct PartGroup {
+  void* data[kPartsPerLaunch];
+  I row[kPartsPerLaunch];
+  I start[kPartsPerLaunch + 1];
+  int count;
+};
+
+// n = outer * width units: kToWhole copies the parts into the whole (concat), else the whole's
+// columns into the parts (split).
 template <bool kToWhole, typename I, typename W>
-__global__ void column_copy_kernel(int64_t n, I row, I whole_row, I column, W* whole, W* part) {
+__global__ void parts_copy_kernel(int64_t n, PartGroup<I> g, I whole_row, I column, W* whole) {
+  const I width = g.start[g.count];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += stride) {
     const I i = static_cast<I>(idx);
-    const I o = i / row;
-    W& w = whole[o * whole_row + column + (i - o * row)];
+    const I o = i / width, c = i - o * width;
+    int q = 0;
+    while (q + 1 < g.count && c >= g.start[q + 1]) ++q;
+    W& w = whole[o * whole_row + column + c];
+    W& x = static_cast<W*>(g.data[q])[o * g.row[q] + (c - g.start[q])];
     if constexpr (kToWhole)
-      w = part[i];
+      w = x;
     else
-      part[i] = w;
+      x = w;
   }
 }
 
+// One launch for a group of parts whose row sizes (bytes) are `rows`, starting `column_bytes`
+// into each whole row.
 template <bool kToWhole, typename W>
-void column_copy(Op op, int64_t outer, int64_t row_bytes, int64_t whole_row_bytes,
-                 int64_t column_bytes, char* whole, char* part) {
+void parts_copy(Op op, int64_t outer, std::span<const BufferView> parts, const int64_t* rows,
+                int64_t whole_row_bytes, int64_t column_bytes, char* whole) {
   constexpr int64_t w = sizeof(W);
-  const int64_t row = row_bytes / w, n = outer * row;
+  int64_t width = 0;
+  for (size_t q = 0; q < parts.size(); ++q) width += rows[q] / w;
+  const int64_t n = outer * width;
   with_index_type(outer * (whole_row_bytes / w), [&]<typename I>(Type<I>) {
-    column_copy_kernel<kToWhole, I><<<blocks_for(n), kThreads, 0, stream()>>>(
-        n, static_cast<I>(row), static_cast<I>(whole_row_bytes / w),
-        static_cast<I>(column_bytes / w), reinterpret_cast<W*>(whole), reinterpret_cast<W*>(part));
+    PartGroup<I> g{};
+    g.count = static_cast<int>(parts.size());
+    I start = 0;
+    for (size_t q = 0; q < parts.size(); ++q) {
+      g.data[q] = parts[q].data;
+      g.row[q] = static_cast<I>(rows[q] / w);
+      g.start[q] = start;
+      start += g.row[q];
+    }
+    g.start[parts.size()] = start;
+    parts_copy_kernel<kToWhole, I><<<blocks_for(n), kThreads, 0, stream()>>>(
+        n, g, static_cast<I>(whole_row_bytes / w), static_cast<I>(column_bytes / w),
+        reinterpret_cast<W*>(whole));
     ENCORE_CUDA_LAUNCHED(op);
   });
 }
 
-// Concat (kToWhole) or Split: one launch per part, in units of the widest of 16, 8, 4, 2, 1 bytes
-// that divides the row sizes, the column and both addresses.
+// Concat (kToWhole) or Split: one launch per kPartsPerLaunch parts, in units of the widest of 16,
+// 8, 4, 2, 1 bytes that divides the group's row sizes, its column and every address.
 template <bool kToWhole>
 void concat_or_split(Op op, const BufferView& whole, std::span<const BufferView> parts, int axis) {
   const AxisSplit split = split_at(whole.shape, axis);
   const int64_t item = static_cast<int64_t>(itemsize(whole.dtype));
   const int64_t whole_row = whole.shape[axis] * split.inner * item;
   char* pw = static_cast<char*>(whole.data);
-  int64_t column = 0;  // bytes into each whole row where the current part goes
-  for (const BufferView& x : parts) {
-    const int64_t row = x.shape[axis] * split.inner * item;
-    char* px = static_cast<char*>(x.data);
-    if (row != 0 && split.outer != 0) {
-      const uint64_t bits = static_cast<uint64_t>(row | whole_row | column) |
-                            reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(px);
-      if (bits % 16 == 0) {
-        column_copy<kToWhole, uint4>(op, split.outer, row, whole_row, column, pw, px);
-      } else if (bits % 8 == 0) {
-        column_copy<kToWhole, uint64_t>(op, split.outer, row, whole_row, column, pw, px);
-      } else if (bits % 4 == 0) {
-        column_copy<kToWhole, uint32_t>(op, split.outer, row, whole_row, column, pw, px);
-      } else if (bits % 2 == 0) {
-        column_copy<kToWhole, uint16_t>(op, split.outer, row, whole_row, column, pw, px);
-      } else {
-        column_copy<kToWhole, uint8_t>(op, split.outer, row, whole_row, column, pw, px);
-      }
+  int64_t column = 0;  // bytes into each whole row where the current group goes
+  for (size_t first = 0; first < parts.size(); first += kPartsPerLaunch) {
+    const std::span<const BufferView> group =
+        parts.subspan(first, std::min<size_t>(kPartsPerLaunch, parts.size() - first));
+    int64_t rows[kPartsPerLaunch];
+    int64_t width = 0;
+    uint64_t bits = static_cast<uint64_t>(whole_row | column) | reinterpret_cast<uintptr_t>(pw);
+    for (size_t q = 0; q < group.size(); ++q) {
+      rows[q] = group[q].shape[axis] * split.inner * item;
+      width += rows[q];
+      bits |= static_cast<uint64_t>(rows[q]) | reinterpret_cast<uintptr_t>(group[q].data);
     }
-    column += row;
+    if (width != 0 && split.outer != 0) {
+      if (bits % 16 == 0)
+        parts_copy<kToWhole, uint4>(op, split.outer, group, rows, whole_row, column, pw);
+      else if (bits % 8 == 0)
+        parts_copy<kToWhole, uint64_t>(op, split.outer, group, rows, whole_row, column, pw);
+      else if (bits % 4 == 0)
+        parts_copy<kToWhole, uint32_t>(op, split.outer, group, rows, whole_row, column, pw);
+      else if (bits % 2 == 0)
+        parts_copy<kToWhole, uint16_t>(op, split.outer, group, rows, whole_row, column, pw);
+      else
+        parts_copy<kToWhole, uint8_t>(op, split.outer, group, rows, whole_row, column, pw);
+    }
+    column += width;
   }
 }
 
