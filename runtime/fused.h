@@ -78,8 +78,8 @@ struct FusedProgram {
   bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
-  std::vector<FusedOutputOf> out_instr;  // per output: the instruction writing it, and which
-                                         // of its outputs it is
+  // Per output: the instruction writing it, and which of its outputs it is.
+  std::vector<FusedOutputOf> out_instr;
 
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }

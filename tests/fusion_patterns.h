@@ -89,5 +89,4 @@ inline int count_of(const std::string& text, const std::string& pattern) {
       std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
 }
 
-
 }  // namespace encore::testing

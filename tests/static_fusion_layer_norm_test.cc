@@ -36,7 +36,8 @@ TEST_CASE("layer_norm of a sum is one fused step", "[static][fusion][rows][layer
     auto affine = [c](const Tensor& a, const Tensor& b, const Tensor& g, const Tensor& beta) {
       return F::layer_norm(F::add(a, b), {c}, g, beta);
     };
-    Outcome o = check_pattern<4>("ln_sum", affine, {Shape{2, 5, c}, Shape{2, 5, c}, Shape{c}, Shape{c}});
+    Outcome o =
+        check_pattern<4>("ln_sum", affine, {Shape{2, 5, c}, Shape{2, 5, c}, Shape{c}, Shape{c}});
     INFO(o.text);
     CHECK(o.fused.forward == 1);
     CHECK(o.unfused.forward == 2);
@@ -63,7 +64,8 @@ TEST_CASE("layer_norm of a sum is one fused step", "[static][fusion][rows][layer
   }
 }
 
-TEST_CASE("elementwise steps after a layer_norm join its run", "[static][fusion][rows][layer_norm]") {
+TEST_CASE("elementwise steps after a layer_norm join its run",
+          "[static][fusion][rows][layer_norm]") {
   auto scale_shift = [](const Tensor& x, const Tensor& g, const Tensor& s, const Tensor& t) {
     return F::add(F::mul(F::layer_norm(x, {24}, g, Tensor()), s), t);
   };
@@ -162,8 +164,9 @@ TEST_CASE("verify mode compares each output of a fused layer_norm",
   // A new tensor where the trace bound the old one by reference: the ops are the same, the
   // layer_norm's mean (its output 1) differs.
   w = rand({4, 30});
-  CHECK_THAT(testing::error_of([&] { f(x); }),
-             Contains("forward op 1 layer_norm") && Contains("(output 1) computed different values"));
+  CHECK_THAT(
+      testing::error_of([&] { f(x); }),
+      Contains("forward op 1 layer_norm") && Contains("(output 1) computed different values"));
 }
 
 TEST_CASE("a TinyGpt training step fuses its layer norms and equals eager bit for bit",
@@ -184,11 +187,12 @@ TEST_CASE("a TinyGpt training step fuses its layer norms and equals eager bit fo
       opt.step();
       return loss;
     };
-    auto f = static_graph([&](const Tensor& x, const Tensor& t) { return step(*fused, opt_f, x, t); },
-                          {.name = "gpt_fused", .verify_every = 2, .modules = {fused}});
-    auto u = static_graph(
-        [&](const Tensor& x, const Tensor& t) { return step(*unfused, opt_u, x, t); },
-        {.name = "gpt_unfused", .modules = {unfused}});
+    auto f =
+        static_graph([&](const Tensor& x, const Tensor& t) { return step(*fused, opt_f, x, t); },
+                     {.name = "gpt_fused", .verify_every = 2, .modules = {fused}});
+    auto u =
+        static_graph([&](const Tensor& x, const Tensor& t) { return step(*unfused, opt_u, x, t); },
+                     {.name = "gpt_unfused", .modules = {unfused}});
     for (int i = 0; i < 4; ++i) {
       INFO("step " << i);
       auto [x, t] = testing::sequence_tokens(3, 16, static_cast<uint64_t>(i));

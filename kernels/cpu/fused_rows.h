@@ -1,6 +1,7 @@
 // The row ops of the fused kernel (fused.cc; runtime/fused.h): an op marked kRowFusable
 // (runtime/op_traits.h) works on whole rows of a block, each with the row function its own
-// kernel uses (reduce_row.h, softmax_util.h, layer_norm_row.h), so the bits equal the unfused step's.
+// kernel uses (reduce_row.h, softmax_util.h, layer_norm_row.h), so the bits equal the unfused
+// step's.
 //
 // To add a row op: mark it kRowFusable in its traits row; give its cpu kernel an inline row
 // function in a header and call it from both the kernel and a case below; say in
