@@ -57,10 +57,7 @@ void run_row_op(const FusedInstr& ins, T* const* reg, int64_t rows, int64_t n, b
     case Op::LayerNorm: {
       const T* gamma = ins.flags & kLayerNormGamma ? b : nullptr;
       const T* beta = ins.flags & kLayerNormBeta ? reg[ins.c] : nullptr;
-      T* mean = reg[ins.out[1]];
-      T* rstd = reg[ins.out[2]];
-      for (int64_t r = 0; r < rows; ++r)
-        layer_norm_row(a + r * n, gamma, beta, o + r * n, mean[r], rstd[r], n, ins.scalar);
+      layer_norm_rows(a, gamma, beta, o, reg[ins.out[1]], reg[ins.out[2]], rows, n, ins.scalar);
       return;
     }
     default:

@@ -48,9 +48,8 @@ void layer_norm_kernel(const KernelArgs& args) {
     T* mean_out = args.out[1].as<T>();
     T* rstd_out = args.out[2].as<T>();
     parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
-        layer_norm_row(px + r * cols, f.gamma, f.beta, py + r * cols, mean_out[r], rstd_out[r],
-                       cols, a.eps);
+      layer_norm_rows(px + begin * cols, f.gamma, f.beta, py + begin * cols, mean_out + begin,
+                      rstd_out + begin, end - begin, cols, a.eps);
     });
   });
 }

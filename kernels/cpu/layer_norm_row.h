@@ -35,4 +35,14 @@ void layer_norm_row(const T* x, const T* gamma, const T* beta, T* y, T& mean_out
   }
 }
 
+// layer_norm_row over `rows` consecutive rows of n elements of x and y, with their means and
+// rstds: the loop both callers run (the kernel over its chunk of rows, the fused kernel over a
+// block's), so each gets the row function inlined into the same loop.
+template <typename T>
+void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd,
+                     int64_t rows, int64_t n, double eps) {
+  for (int64_t r = 0; r < rows; ++r)
+    layer_norm_row(x + r * n, gamma, beta, y + r * n, mean[r], rstd[r], n, eps);
+}
+
 }  // namespace encore::kernels::cpu
