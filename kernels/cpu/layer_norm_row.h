@@ -1,6 +1,7 @@
-// The forward of layer normalisation over one contiguous row, shared by the layer_norm kernel
-// (layer_norm.cc), which calls it for every row, and the fused kernel (fused_rows.h), which
-// runs it on the rows of a block: a fused step gives the kernel's bits.
+// The forward of layer normalisation over contiguous rows, shared by the layer_norm kernel
+// (layer_norm.cc), which runs layer_norm_rows on each thread's rows, and the fused kernel
+// (fused_rows.h), which runs it on the rows of a block: one function, so a fused step gives the
+// kernel's bits.
 #pragma once
 
 #include <algorithm>
