@@ -2,9 +2,9 @@
 //   y = (x - mean) rstd gamma + beta,  rstd = 1/sqrt(biased var + eps)
 // The forward saves mean and rstd per row; the gradient reads them back, so it differentiates the
 // normalisation that ran. The forward is layer_norm_rows (layer_norm_row.h) over each thread's
-// rows, the function the fused kernel runs too. Rows are split across threads (each row by one thread); gamma's and
-// beta's gradients sum over rows, each column by one thread in row order. Sums run in double,
-// in lanes combined in a fixed order: the same bits at any thread count.
+// rows, the function the fused kernel runs too. Rows are split across threads (each row by one
+// thread); gamma's and beta's gradients sum over rows, each column by one thread in row order. Sums
+// run in double, in lanes combined in a fixed order: the same bits at any thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
