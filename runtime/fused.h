@@ -11,9 +11,11 @@
 // ([row]: element i reads i % row) or along the row ([rows, 1]: element i reads i / row). A row
 // op (kRowFusable: a reduction over the last axis, softmax ...) works on whole rows of a block
 // with the row function of its own kernel (kernels/cpu/fused_rows.h); a reduction writes one
-// value per row, a column value later operations read broadcast along the row.
+// value per row, a column value later operations read broadcast along the row. layer_norm reads
+// its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -32,16 +34,31 @@ enum class FusedLayout : uint8_t {
 
 // out = op(a) or op(a, b) (elementwise, or per row for a row op); `scalar` is the ScalarAttrs
 // value of scalar ops (and the slope of leaky_relu_grad, the form of gelu_grad). la and lb say
-// how a and b are read; the output is Full, or Column for a reduction.
+// how a and b are read; the output is Full, or Column for a reduction. A row op may read a third
+// operand c and write up to kMaxOutputs registers: layer_norm reads x (a), gamma (b) and beta (c)
+// (each there when `flags`, its LayerNormAttrs::affine, says so; gamma and beta Row) and writes
+// y (out[0], Full), mean and rstd (out[1], out[2], Column); its scalar is eps.
 struct FusedInstr {
+  static constexpr int kMaxOutputs = kMaxRowOpOutputs;
   Op op = Op::Add;
-  uint8_t out = 0, a = 0, b = 0;  // registers
-  FusedLayout la = FusedLayout::Full, lb = FusedLayout::Full;
+  uint8_t a = 0, b = 0, c = 0;  // registers read
+  FusedLayout la = FusedLayout::Full, lb = FusedLayout::Full, lc = FusedLayout::Full;
+  uint8_t n_out = 1;
+  std::array<uint8_t, kMaxOutputs> out{};  // registers written, n_out of them
+  uint8_t flags = 0;
   double scalar = 0;
 };
 
+// A fused step's output: instruction `instr` writes it as its output `output` (0 but for an
+// op with several outputs).
+struct FusedOutputOf {
+  int instr = 0;
+  int output = 0;
+};
+
 // Registers: the step's inputs [0, n_in) (each with its layout), then kMaxScratch scratch
-// blocks (n_scratch of them used), then its outputs.
+// blocks (n_scratch of them used), then its outputs. A program writes at most kMaxSteps values
+// (registers fit a byte).
 struct FusedProgram {
   static constexpr int kMaxInputs = 64;
   static constexpr int kMaxScratch = 8;
@@ -61,12 +78,14 @@ struct FusedProgram {
   bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
-  std::vector<int> out_instr;    // per output: the instruction writing it
+  // Per output: the instruction writing it, and which of its outputs it is.
+  std::vector<FusedOutputOf> out_instr;
 
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }
   // Elements per scratch block.
   int64_t block() const { return row_ops && row > kBlock ? row : kBlock; }
 };
+static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 
 }  // namespace encore

@@ -33,9 +33,11 @@ inline constexpr uint8_t kOptimizerUpdate = 1 << 4;
 // Its cpu kernel splits large calls across threads (parallel_for): a two-lane schedule may run it
 // on both lanes (schedule/lanes.cc). A kernel without it runs on the calling thread alone.
 inline constexpr uint8_t kSplits = 1 << 5;
-// Works row by row along the last axis (a reduction over it, softmax ...) and the fused kernel has
-// its row function (kernels/cpu/fused_rows.h): a step over the last axis may join a fused run.
+// Works row by row along the last axis (a reduction over it, softmax, layer_norm ...) and the fused
+// kernel has its row function (kernels/cpu/fused_rows.h): a step over the last axis may join a
+// fused run. At most kMaxRowOpOutputs outputs (FusedInstr::kMaxOutputs).
 inline constexpr uint8_t kRowFusable = 1 << 6;
+inline constexpr int kMaxRowOpOutputs = 3;
 
 // OpTraits::outputs of an op that takes any number of outputs from 1 to kMaxOpOutputs (the
 // autograd masks hold 8 bits).
@@ -142,7 +144,8 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::Embedding, "embedding", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0, kSplits},
     {Op::EmbeddingGrad, "embedding_grad", OpKind::Compute, 2, 2, 1, AttrType::Embedding, 0,
      kSplits},
-    {Op::LayerNorm, "layer_norm", OpKind::Compute, 1, 3, 3, AttrType::LayerNorm, 0, kSplits},
+    {Op::LayerNorm, "layer_norm", OpKind::Compute, 1, 3, 3, AttrType::LayerNorm, 0,
+     kSplits | kRowFusable},
     {Op::LayerNormGrad, "layer_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::LayerNorm, 0,
      kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
@@ -178,7 +181,9 @@ constexpr bool op_traits_consistent() {
     if ((t.flags & kFusable) && (!(t.flags & kElementwise) || t.outputs != 1)) return false;
     if ((t.flags & kBroadcastsOne) && (!(t.flags & kFusable) || t.max_inputs != 2)) return false;
     if ((t.flags & kRandom) && t.attrs != AttrType::Random) return false;
-    if ((t.flags & kRowFusable) && (t.kind != OpKind::Compute || t.outputs != 1)) return false;
+    if ((t.flags & kRowFusable) &&
+        (t.kind != OpKind::Compute || t.outputs < 1 || t.outputs > kMaxRowOpOutputs))
+      return false;
     if ((t.flags & kOptimizerUpdate) && t.kind != OpKind::Inplace) return false;
     if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
   }

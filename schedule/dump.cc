@@ -35,8 +35,15 @@ std::string fused_text(const FusedProgram& p, const std::string& indent) {
   };
   std::string out;
   for (const FusedInstr& ins : p.instrs) {
-    out += cat(indent, name(ins.out), " = ", op_name(ins.op), "(", read(ins.a, ins.la));
+    out += cat(indent, name(ins.out[0]));
+    for (int k = 1; k < ins.n_out; ++k) out += cat(", ", name(ins.out[k]));
+    out += cat(" = ", op_name(ins.op), "(", read(ins.a, ins.la));
     if (op_reads_two(ins.op)) out += cat(", ", read(ins.b, ins.lb));
+    if (ins.op == Op::LayerNorm) {
+      if (ins.flags & kLayerNormGamma) out += cat(", gamma ", read(ins.b, ins.lb));
+      if (ins.flags & kLayerNormBeta) out += cat(", beta ", read(ins.c, ins.lc));
+      out += cat(", eps ", ins.scalar);
+    }
     if (op_has_scalar_attrs(ins.op)) out += cat(", ", ins.scalar);
     out += ")\n";
   }

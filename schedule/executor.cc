@@ -284,8 +284,11 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       };
       if (s.op == Op::FusedElementwise) {
         const FusedProgram& p = *s.attrs.as<FusedAttrs>().program;
-        for (int k = 0; k < s.n_out; ++k)
-          keep(snapshots->emplace_back(StepSnapshot{p.trace_index[p.out_instr[k]], {}}), out[k]);
+        for (int k = 0; k < s.n_out; ++k) {
+          const FusedOutputOf& of = p.out_instr[k];
+          keep(snapshots->emplace_back(StepSnapshot{p.trace_index[of.instr], {}, of.output}),
+               out[k]);
+        }
       } else if (const Conv2dAttrs* conv = conv_attrs(s.attrs);
                  conv != nullptr && (conv->layout & kConvPaddedOutput) != 0) {
         // A padded output: its values, as eager's dense buffer holds them.

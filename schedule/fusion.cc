@@ -30,11 +30,20 @@ int64_t last_axis(const Shape& s) {
 }
 
 // Whether a row-fusable step works along the last axis of its first input, over rows of 2 to
-// kMaxRow elements, every input of that shape. Here goes a new row op's own test.
+// kMaxRow elements, every other input of that shape (or one row, for layer_norm's gamma and
+// beta). Here goes a new row op's own test.
 bool row_op_fits(const Step& s) {
   const Shape& x = s.in[0].shape;
   const int rank = x.rank();
   if (rank == 0 || x[rank - 1] < 2 || x[rank - 1] > FusedProgram::kMaxRow) return false;
+  const int64_t c = x[rank - 1];
+  if (s.op == Op::LayerNorm) {
+    // normalized_shape [C] (or [1, ..., C]: the same rows); gamma and beta [C] or [1, ..., C].
+    if (s.attrs.as<LayerNormAttrs>().cols != c) return false;
+    for (size_t k = 1; k < s.in.size(); ++k)
+      if (s.in[k].shape.numel() != c || last_axis(s.in[k].shape) != c) return false;
+    return true;
+  }
   for (const Operand& i : s.in)
     if (!(i.shape == x)) return false;
   switch (s.op) {
@@ -52,9 +61,21 @@ bool row_op_fits(const Step& s) {
   }
 }
 
-// The layout of a row op's output: one value per row for a reduction, else the input's.
-Layout row_op_output(Op op) {
-  return op == Op::Sum || op == Op::Mean || op == Op::Max ? Layout::Column : Layout::Full;
+// The layout of a row op's input k: layer_norm's gamma and beta are one row, the rest the input's.
+Layout row_op_input(Op op, size_t k) {
+  return op == Op::LayerNorm && k > 0 ? Layout::Row : Layout::Full;
+}
+
+// The layout of a row op's output k: one value per row for a reduction and for layer_norm's mean
+// and rstd, else the input's.
+Layout row_op_output(Op op, size_t k) {
+  if (op == Op::Sum || op == Op::Mean || op == Op::Max) return Layout::Column;
+  return op == Op::LayerNorm && k > 0 ? Layout::Column : Layout::Full;
+}
+
+// The layout a step of a run writes output k in.
+Layout output_layout(const Step& s, size_t k) {
+  return op_row_fusable(s.op) ? row_op_output(s.op, k) : Layout::Full;
 }
 
 // How operand i of a binary or unary step s over `run` reads a buffer from outside the run, or
@@ -104,23 +125,24 @@ void Plan::fuse_elementwise() {
   auto key = [](int buf, Layout l) { return 4 * buf + static_cast<int>(l); };
   std::vector<int> reg(4 * bufs.size(), -1);      // per read: its register in the current run
   std::vector<int> last_in(4 * bufs.size(), -1);  // per read: its last inside the run
-  std::vector<std::array<Layout, 2>> layouts;     // per step of the current run: its reads'
+  using Reads = std::array<Layout, 3>;
+  std::vector<Reads> layouts;  // per step of the current run: its reads'
 
   // Whether s can join the run starting at t, and how it reads its operands (into l).
-  auto joins = [&](const Step& s, const RunShape& run, int t, std::array<Layout, 2>& l) {
-    if (s.out.size() != 1 || s.in.size() > 2) return false;
+  auto joins = [&](const Step& s, const RunShape& run, int t, Reads& l) {
+    if (s.out.empty() || s.out.size() > FusedInstr::kMaxOutputs || s.in.empty() ||
+        s.in.size() > l.size())
+      return false;
     const bool row_op = op_row_fusable(s.op);
     if (!op_fusable(s.op) && !(row_op && row_op_fits(s))) return false;
-    const Operand& o = s.out[0];
-    if (o.dtype != run.dtype || bufs[o.buf].kind != BufKind::Temp) return false;
-    if (row_op) {
-      const Operand& x = s.in[0];
-      if (x.shape.numel() != run.numel || last_axis(x.shape) != run.row ||
-          o.shape.numel() != (row_op_output(s.op) == Layout::Column ? run.rows() : run.numel))
+    for (size_t k = 0; k < s.out.size(); ++k) {
+      const Operand& o = s.out[k];
+      if (o.dtype != run.dtype || bufs[o.buf].kind != BufKind::Temp ||
+          o.shape.numel() != (output_layout(s, k) == Layout::Column ? run.rows() : run.numel))
         return false;
-    } else if (o.shape.numel() != run.numel) {
-      return false;
     }
+    if (row_op && (s.in[0].shape.numel() != run.numel || last_axis(s.in[0].shape) != run.row))
+      return false;
     for (size_t k = 0; k < s.in.size(); ++k) {
       const Operand& i = s.in[k];
       if (i.dtype != run.dtype) return false;
@@ -128,13 +150,13 @@ void Plan::fuse_elementwise() {
         l[k] = produced[i.buf];
         const int64_t m = i.shape.numel();
         if (l[k] == Layout::Full
-                ? m != run.numel
+                ? m != run.numel || (row_op && row_op_input(s.op, k) != Layout::Full)
                 : row_op || !op_broadcasts_one(s.op) || m != run.rows() ||
                       (m > 1 && (last_axis(i.shape) != 1 || last_axis(s.out[0].shape) != run.row)))
           return false;
-      } else if (row_op) {
-        if (i.shape.numel() != run.numel) return false;
-        l[k] = Layout::Full;
+      } else if (row_op) {  // row_op_fits checked the shapes
+        l[k] = row_op_input(s.op, k);
+        if (l[k] == Layout::Full && i.shape.numel() != run.numel) return false;
       } else if (!input_layout(s, i, run, l[k])) {
         return false;
       }
@@ -154,21 +176,25 @@ void Plan::fuse_elementwise() {
         (first.out[0].dtype == DType::Float32 || first.out[0].dtype == DType::Float64)) {
       const Operand& r = reference(first);
       run = RunShape{first.out[0].dtype, r.shape.numel(), std::max<int64_t>(1, last_axis(r.shape))};
-      int inputs = 0;
-      std::array<Layout, 2> l{};
+      int inputs = 0, values = 0;  // values: written by the run's steps
+      Reads l{};
       while (e < phase_end && e - t < FusedProgram::kMaxSteps && joins(all_[e], run, t, l)) {
         const Step& s = all_[e];
         int fresh = 0;  // inputs the run does not read yet (one counted twice at worst)
         for (size_t k = 0; k < s.in.size(); ++k)
           fresh += group_of[s.in[k].buf] != t && last_in[key(s.in[k].buf, l[k])] < t;
-        if (inputs + fresh > FusedProgram::kMaxInputs) break;
+        if (inputs + fresh > FusedProgram::kMaxInputs ||
+            values + static_cast<int>(s.out.size()) > FusedProgram::kMaxSteps)
+          break;
         for (size_t k = 0; k < s.in.size(); ++k) {
           if (group_of[s.in[k].buf] != t && last_in[key(s.in[k].buf, l[k])] < t) ++inputs;
           last_in[key(s.in[k].buf, l[k])] = e;
         }
-        const int b = s.out[0].buf;
-        group_of[b] = t;
-        produced[b] = op_row_fusable(s.op) ? row_op_output(s.op) : Layout::Full;
+        for (size_t k = 0; k < s.out.size(); ++k) {
+          group_of[s.out[k].buf] = t;
+          produced[s.out[k].buf] = output_layout(s, k);
+        }
+        values += static_cast<int>(s.out.size());
         layouts.push_back(l);
         ++e;
       }
@@ -224,35 +250,55 @@ void Plan::fuse_elementwise() {
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
       free_slots(s, j, true);
-      const int b = s.out[0].buf;
-      const int r = key(b, produced[b]);
-      touched.push_back(r);
-      int free_slot = -1;
-      if (escape_[b] < 0 && last_read[b] < e && last_in[r] >= 0)
-        for (int k = 0; k < FusedProgram::kMaxScratch && free_slot < 0; ++k)
-          if (!used[k]) free_slot = k;
-      if (free_slot >= 0) {
-        used[free_slot] = true;
-        reg[r] = p.scratch_reg(free_slot);
-        p.n_scratch = std::max(p.n_scratch, free_slot + 1);
-      } else {  // read after the run, or no slot free
-        reg[r] = p.out_reg(p.n_out++);
-        p.out_instr.push_back(j - t);
-        p.out_column.push_back(produced[b] == Layout::Column);
-        fused.out.push_back(s.out[0]);
+      for (size_t o = 0; o < s.out.size(); ++o) {
+        const int b = s.out[o].buf;
+        const int r = key(b, produced[b]);
+        touched.push_back(r);
+        int free_slot = -1;
+        if (escape_[b] < 0 && last_read[b] < e && last_in[r] >= 0)
+          for (int k = 0; k < FusedProgram::kMaxScratch && free_slot < 0; ++k)
+            if (!used[k]) free_slot = k;
+        if (free_slot >= 0) {
+          used[free_slot] = true;
+          reg[r] = p.scratch_reg(free_slot);
+          p.n_scratch = std::max(p.n_scratch, free_slot + 1);
+        } else {  // read after the run (a layer_norm's mean and rstd by its gradient), or no slot
+          reg[r] = p.out_reg(p.n_out++);
+          p.out_instr.push_back({j - t, static_cast<int>(o)});
+          p.out_column.push_back(produced[b] == Layout::Column);
+          fused.out.push_back(s.out[o]);
+        }
       }
       free_slots(s, j, false);
     }
     for (int j = t; j < e; ++j) {
       const Step& s = all_[j];
-      const std::array<Layout, 2>& l = layouts[j - t];
+      const Reads& l = layouts[j - t];
+      auto read = [&](size_t k) { return static_cast<uint8_t>(reg[key(s.in[k].buf, l[k])]); };
       FusedInstr ins;
       ins.op = s.op;
-      ins.out = static_cast<uint8_t>(reg[key(s.out[0].buf, produced[s.out[0].buf])]);
-      ins.a = static_cast<uint8_t>(reg[key(s.in[0].buf, l[0])]);
+      ins.n_out = static_cast<uint8_t>(s.out.size());
+      for (size_t o = 0; o < s.out.size(); ++o)
+        ins.out[o] = static_cast<uint8_t>(reg[key(s.out[o].buf, produced[s.out[o].buf])]);
+      ins.a = read(0);
       ins.la = l[0];
-      ins.b = s.in.size() > 1 ? static_cast<uint8_t>(reg[key(s.in[1].buf, l[1])]) : ins.a;
-      ins.lb = s.in.size() > 1 ? l[1] : l[0];
+      if (s.op == Op::LayerNorm) {  // x, then gamma and beta as `affine` says: b gamma, c beta
+        const LayerNormAttrs& a = s.attrs.as<LayerNormAttrs>();
+        ins.flags = a.affine;
+        ins.scalar = a.eps;
+        size_t next = 1;
+        if (a.affine & kLayerNormGamma) {
+          ins.b = read(next);
+          ins.lb = l[next++];
+        }
+        if (a.affine & kLayerNormBeta) {
+          ins.c = read(next);
+          ins.lc = l[next];
+        }
+      } else {
+        ins.b = s.in.size() > 1 ? read(1) : ins.a;
+        ins.lb = s.in.size() > 1 ? l[1] : l[0];
+      }
       if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
       p.instrs.push_back(ins);
       p.trace_index.push_back(s.index);

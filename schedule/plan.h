@@ -93,10 +93,12 @@ constexpr unsigned char kRedzoneFill = 0xCB;
 
 // Verify mode: what a replayed step wrote (its outputs, or the inputs it updates in place), and
 // the recorded step that wrote them eagerly (-1: a copy added by the plan). A fused step gives
-// one per output.
+// one per output: `output` says which output of the recorded step it is (a layer_norm's y, mean
+// or rstd); -1: all the recorded step wrote.
 struct StepSnapshot {
   int trace_index = -1;
   std::vector<unsigned char> bytes;
+  int output = -1;
 };
 
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.

@@ -35,14 +35,14 @@ bool same_attrs(Op op, const AttrBlob& a, const AttrBlob& b) {
   return std::memcmp(a.bytes, b.bytes, AttrBlob::kCapacity) == 0;
 }
 
-// Whether a replayed step wrote the values the eager run did: the same bytes, except that any
-// NaN equals any NaN. Which NaN an operation on two NaNs returns (its sign and payload) follows
-// the operand order the compiler chose for the loop, which differs between a fused step and
-// the op's own kernel; IEEE 754 leaves it open.
-bool same_values(const Step& s, const std::vector<unsigned char>& a,
-                 const std::vector<unsigned char>& b) {
-  if (a == b) return true;
+// Whether a replayed step wrote the values the eager run did, `parts` the operands the bytes hold
+// one after the other: the same bytes, except that any NaN equals any NaN. Which NaN an operation
+// on two NaNs returns (its sign and payload) follows the operand order the compiler chose for the
+// loop, which differs between a fused step and the op's own kernel; IEEE 754 leaves it open.
+bool same_values(std::span<const Operand> parts, std::span<const unsigned char> a,
+                 std::span<const unsigned char> b) {
   if (a.size() != b.size()) return false;
+  if (std::equal(a.begin(), a.end(), b.begin())) return true;
   size_t at = 0;
   auto same_part = [&](const Operand& o) {
     const size_t n = o.nbytes();
@@ -64,9 +64,26 @@ bool same_values(const Step& s, const std::vector<unsigned char>& a,
     return std::memcmp(x, y, n) == 0;
   };
   bool same = true;
-  for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
-                   [&](const Operand& o) { same = same && same_part(o); });
+  for (const Operand& o : parts) same = same && same_part(o);
   return same && at == a.size();
+}
+
+// Whether a replayed snapshot of step s holds the values of `eager`, the bytes of all s wrote in
+// the eager run: all of them, or the one output the snapshot is of (a fused step's).
+bool same_values(const Step& s, const StepSnapshot& mine, const std::vector<unsigned char>& eager) {
+  if (mine.output < 0) {
+    std::vector<Operand> written;
+    for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                     [&](const Operand& o) { written.push_back(o); });
+    return same_values(written, mine.bytes, eager);
+  }
+  if (mine.output >= static_cast<int>(s.out.size())) return false;
+  size_t at = 0;  // a Compute step's outputs, one after the other
+  for (int k = 0; k < mine.output; ++k) at += s.out[k].nbytes();
+  const size_t n = s.out[mine.output].nbytes();
+  if (at + n > eager.size()) return false;
+  return same_values(std::span<const Operand>(&s.out[mine.output], 1), mine.bytes,
+                     std::span<const unsigned char>(eager).subspan(at, n));
 }
 
 }  // namespace
@@ -134,8 +151,9 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
     const StepSnapshot& mine = *snap;
     const int k = mine.trace_index - begin;
     const Step& a = want[mine.trace_index];
-    ENCORE_CHECK(same_values(a, mine.bytes, eager.snapshots[offset + k]), "verify: ", name, ": ",
-                 what, " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
+    ENCORE_CHECK(same_values(a, mine, eager.snapshots[offset + k]), "verify: ", name, ": ", what,
+                 " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
+                 mine.output > 0 ? cat(" (output ", mine.output, ")") : std::string(),
                  " computed different values in the replay and in the eager run: the function "
                  "is not static (it reads values the schedule bound at trace time)");
   }

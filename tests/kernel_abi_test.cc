@@ -88,6 +88,9 @@ TEST_CASE("the op traits table's properties", "[kernel_abi]") {
   CHECK(fusable_two == std::set<Op>{Op::Add, Op::Sub, Op::Mul, Op::Div, Op::ReluGrad,
                                     Op::LeakyReluGrad, Op::SigmoidGrad, Op::TanhGrad,
                                     Op::GeluGrad});
+  CHECK(ops_where(op_row_fusable) == std::set<Op>{Op::Sum, Op::Mean, Op::Max, Op::Softmax,
+                                                  Op::LogSoftmax, Op::SoftmaxGrad,
+                                                  Op::LogSoftmaxGrad, Op::LayerNorm});
   CHECK(ops_where(op_optimizer_update) ==
         std::set<Op>{Op::SgdUpdate, Op::MomentumSgdUpdate, Op::AdamUpdate});
   CHECK(op_mutated_inputs(Op::AdamUpdate) == 0b11101);

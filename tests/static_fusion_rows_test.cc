@@ -5,94 +5,20 @@
 // passes, and the schedule shows the fused step (fewer steps than the unfused plan).
 #include <catch2/catch.hpp>
 
-#include <array>
-#include <regex>
 #include <string>
-#include <utility>
 
 #include "encore/encore.h"
+#include "tests/fusion_patterns.h"
 #include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
 using testing::bit_diff;
+using testing::check_pattern;
+using testing::count_of;
+using testing::Outcome;
 using testing::StaticEnabled;
 using testing::StaticFusion;
-using testing::ThreadCount;
-
-namespace {
-
-template <size_t N>
-using Args = std::array<Tensor, N>;
-
-// The result and the gradient of every argument for the loss sum(y * y).
-template <size_t N, typename Fn>
-std::pair<Tensor, Args<N>> run_once(Fn& fn, const Args<N>& args) {
-  Args<N> leaves;
-  for (size_t i = 0; i < N; ++i) leaves[i] = args[i].detach().set_requires_grad();
-  Tensor y = std::apply(fn, leaves);
-  F::sum(F::mul(y, y)).backward();
-  Args<N> grads;
-  for (size_t i = 0; i < N; ++i) grads[i] = leaves[i].grad();
-  return {y, grads};
-}
-
-struct Steps {
-  int forward = 0, backward = 0;
-};
-
-struct Outcome {
-  Steps fused, unfused;
-  std::string text;  // the fused plan's schedule (float32, one thread)
-};
-
-// Runs `body` over arguments of `shapes` eagerly and as three static functions (fused, fused with
-// verify mode, unfused) in float32 and float64 at one and two threads, checking every replay's
-// bits against eager's.
-template <size_t N, typename Fn>
-Outcome check_pattern(const std::string& name, Fn body, const std::array<Shape, N>& shapes) {
-  StaticEnabled on;
-  Outcome out;
-  for (DType dtype : {DType::Float32, DType::Float64}) {
-    for (int threads : {1, 2}) {
-      INFO(name << " in " << encore::name(dtype) << " at " << threads << " threads");
-      ThreadCount tc(threads);
-      manual_seed(7);
-      auto f = static_graph(body, {.name = name});
-      auto v = static_graph(body, {.name = name + "_verified", .verify_every = 1});
-      auto g = static_graph(body, {.name = name + "_unfused"});
-      for (int call = 0; call < 3; ++call) {
-        Args<N> args;
-        for (size_t i = 0; i < N; ++i) args[i] = rand(shapes[i], dtype, Device::cpu(), -2, 2);
-        const auto want = run_once<N>(body, args);
-        for (auto* fn : {&f, &v, &g}) {
-          const StaticFusion fuse(fn != &g);  // read when the first call traces
-          const auto got = run_once<N>(*fn, args);
-          CHECK(bit_diff(got.first, want.first) == "");
-          for (size_t i = 0; i < N; ++i) CHECK(bit_diff(got.second[i], want.second[i]) == "");
-        }
-      }
-      REQUIRE(f.stats().traces == 1);
-      CHECK(v.stats().verifications >= 2);
-      const EntryReport a = f.stats().cache[0];
-      const EntryReport b = g.stats().cache[0];
-      if (dtype == DType::Float32 && threads == 1) {
-        out.fused = {a.forward_steps, a.backward_steps};
-        out.unfused = {b.forward_steps, b.backward_steps};
-        out.text = f.schedule_text();
-      }
-    }
-  }
-  return out;
-}
-
-int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
-}  // namespace
 
 TEST_CASE("a fused run reads a bias broadcast along the rows", "[static][fusion][rows]") {
   // Rows shorter than a block (several rows per block) and longer (pieces of one row).

@@ -100,7 +100,7 @@ template <typename T>
 void run(const FusedInstr& ins, T* const* reg, const Block& k) {
   const T* a = reg[ins.a];
   const T* b = reg[ins.b];
-  T* o = reg[ins.out];
+  T* o = reg[ins.out[0]];
   const int64_t n = k.n;
   const T s = static_cast<T>(ins.scalar);
   switch (ins.op) {

@@ -1,14 +1,16 @@
 // Layer normalisation over the last `cols` elements of each row: x is seen as [R, C].
 //   y = (x - mean) rstd gamma + beta,  rstd = 1/sqrt(biased var + eps)
 // The forward saves mean and rstd per row; the gradient reads them back, so it differentiates the
-// normalisation that ran. Rows are split across threads (each row by one thread); gamma's and
-// beta's gradients sum over rows, each column by one thread in row order. Sums run in double,
-// in lanes combined in a fixed order: the same bits at any thread count.
+// normalisation that ran. The forward is layer_norm_rows (layer_norm_row.h) over each thread's
+// rows, the function the fused kernel runs too. Rows are split across threads (each row by one
+// thread); gamma's and beta's gradients sum over rows, each column by one thread in row order. Sums
+// run in double, in lanes combined in a fixed order: the same bits at any thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/layer_norm_row.h"
 #include "kernels/cpu/sum_lanes.h"
 #include "runtime/parallel.h"
 
@@ -45,28 +47,9 @@ void layer_norm_kernel(const KernelArgs& args) {
     T* py = args.out[0].as<T>();
     T* mean_out = args.out[1].as<T>();
     T* rstd_out = args.out[2].as<T>();
-    const double count = static_cast<double>(std::max<int64_t>(cols, 1));
     parallel_for(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T* x = px + r * cols;
-        T* y = py + r * cols;
-        const double mean =
-            sum_lanes(cols, [x](int64_t i) { return static_cast<double>(x[i]); }) / count;
-        const double var = sum_lanes(cols,
-                                     [x, mean](int64_t i) {
-                                       const double d = static_cast<double>(x[i]) - mean;
-                                       return d * d;
-                                     }) /
-                           count;
-        const T m = static_cast<T>(mean);
-        const T rs = static_cast<T>(1.0 / std::sqrt(var + a.eps));
-        mean_out[r] = m;
-        rstd_out[r] = rs;
-        for (int64_t i = 0; i < cols; ++i) {
-          const T h = (x[i] - m) * rs;
-          y[i] = (f.gamma != nullptr ? h * f.gamma[i] : h) + (f.beta != nullptr ? f.beta[i] : T(0));
-        }
-      }
+      layer_norm_rows(px + begin * cols, f.gamma, f.beta, py + begin * cols, mean_out + begin,
+                      rstd_out + begin, end - begin, cols, a.eps);
     });
   });
 }
