@@ -42,6 +42,17 @@ std::shared_ptr<M> seeded_on(Device device, A... args) {
   return m;
 }
 
+// One training step of a language model: cross entropy of m(x) against t, zero_grad, backward,
+// the optimizer's update; returns the loss.
+inline Tensor lm_train_step(nn::Module& m, optim::Optimizer& opt, const Tensor& x,
+                            const Tensor& t) {
+  Tensor loss = F::cross_entropy(m(x), t);
+  m.zero_grad();
+  loss.backward();
+  opt.step();
+  return loss;
+}
+
 // Trains an eager and a static copy of a model (two calls of `make`, made from one seed) for
 // `train_steps` steps on the same batches on `device` and checks losses, parameters and
 // gradients bit for bit after every step; one trace, the other calls replayed (and verified
@@ -52,13 +63,7 @@ StaticStats check_static_training(Make make, int64_t batch, int64_t steps, int v
   StaticEnabled on;
   std::shared_ptr<M> eager = make(), traced = make();
   Opt opt_e(eager->parameters()), opt_s(traced->parameters());
-  auto step = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
-    Tensor loss = F::cross_entropy(m(x), t);
-    m.zero_grad();
-    loss.backward();
-    opt.step();
-    return loss;
-  };
+  const auto step = lm_train_step;
   auto fn = static_graph([&](const Tensor& x, const Tensor& t) { return step(*traced, opt_s, x, t); },
                          {.name = "lm_step", .verify_every = verify_every, .modules = {traced}});
   for (int i = 0; i < train_steps; ++i) {

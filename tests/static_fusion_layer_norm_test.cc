@@ -180,13 +180,7 @@ TEST_CASE("a TinyGpt training step fuses its layer norms and equals eager bit fo
     std::shared_ptr<models::TinyGpt> eager = make(), fused = make(), unfused = make();
     optim::AdamW opt_e(eager->parameters()), opt_f(fused->parameters()),
         opt_u(unfused->parameters());
-    auto step = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
-      Tensor loss = F::cross_entropy(m(x), t);
-      m.zero_grad();
-      loss.backward();
-      opt.step();
-      return loss;
-    };
+    const auto step = testing::lm_train_step;
     auto f =
         static_graph([&](const Tensor& x, const Tensor& t) { return step(*fused, opt_f, x, t); },
                      {.name = "gpt_fused", .verify_every = 2, .modules = {fused}});
