@@ -8,7 +8,7 @@
 // Adam, batch 8) on images whose height and width follow a fixed sequence of 16 sizes drawn
 // from [32, 96]; one iteration is one step, cycling through the sequence. The static step has
 // the default cache of 8 entries, so the 16 sizes keep evicting each other: the `traces` counter
-// (traces per step) shows how often it retraces.
+// (traces per step) shows how often it retraces, `traces_total` every trace of the run.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -115,6 +115,7 @@ void BM_VarSize(benchmark::State& state, bool static_on) {
     const StaticStats after = static_step.stats();
     state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
                                                   benchmark::Counter::kAvgIterations);
+    state.counters["traces_total"] = static_cast<double>(after.traces);
     state.counters["evictions"] = static_cast<double>(after.evictions);
   }
 }

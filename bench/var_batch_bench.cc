@@ -1,0 +1,59 @@
+// VarBatch/eager, VarBatch/static: the MlpSmall training step (bench/mlp_step.h: 784-100-100-10,
+// Adam) with the batch cycling through 1, 7, 16, 32, 33, 64, 100, 128; one iteration is one
+// step. The static step has the default cache of 8 entries, so each batch size is traced once
+// and replayed after: `traces` counts traces per measured step, `traces_total` every trace of
+// the run (warm-up included).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/mlp_step.h"
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+namespace encore::bench {
+namespace {
+
+constexpr int64_t kBatches[] = {1, 7, 16, 32, 33, 64, 100, 128};
+
+void BM_VarBatch(benchmark::State& state, bool static_on) {
+  MlpStep step(kMlpSmallHidden, kMlpSmallBatch);
+  std::vector<Tensor> xs, labels;
+  manual_seed(1);
+  for (const int64_t b : kBatches) {
+    xs.push_back(rand({b, 784}));
+    labels.push_back(cyclic_labels(b));
+  }
+  auto static_step = step.make_static();
+  size_t i = 0;
+  auto run = [&] {
+    const size_t k = i++ % xs.size();
+    return static_on ? static_step(xs[k], labels[k]) : step(xs[k], labels[k]);
+  };
+  for (size_t k = 0; k < xs.size(); ++k) run();  // every size once
+
+  const StaticStats before = static_step.stats();
+  for (auto _ : state) run();
+  set_threads_counters(state);
+  if (static_on) {
+    const StaticStats after = static_step.stats();
+    state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
+                                                  benchmark::Counter::kAvgIterations);
+    state.counters["traces_total"] = static_cast<double>(after.traces);
+    state.counters["evictions"] = static_cast<double>(after.evictions);
+  }
+}
+
+BENCHMARK_CAPTURE(BM_VarBatch, eager, false)
+    ->Name("VarBatch/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_VarBatch, static, true)
+    ->Name("VarBatch/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace encore::bench
