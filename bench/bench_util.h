@@ -109,6 +109,23 @@ inline Tensor cyclic_labels(int64_t n, Device device = Device::cpu()) {
   return t.to(device);
 }
 
+// The measured loop of a case cycling through input sizes (VarSize/*, VarBatch/*): `warmup`
+// untimed calls of run(), then one per iteration. A static case (`fn` the static function run()
+// calls) reports `traces` (per measured step), `traces_total` (every trace of the run) and
+// `evictions`.
+template <typename Static, typename Run>
+void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, int warmup, Run run) {
+  for (int k = 0; k < warmup; ++k) run();
+  const StaticStats before = fn.stats();
+  for (auto _ : state) run();
+  if (!static_on) return;
+  const StaticStats after = fn.stats();
+  state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
+                                                benchmark::Counter::kAvgIterations);
+  state.counters["traces_total"] = static_cast<double>(after.traces);
+  state.counters["evictions"] = static_cast<double>(after.evictions);
+}
+
 // ---- CUDA ----------------------------------------------------------------------------------
 // The "/cuda" cases run the CPU cases' models and data on Device::cuda() (made on the host with
 // the same seeds, then moved). Each iteration ends with cuda::synchronize(), so the wall time of

@@ -106,18 +106,8 @@ void BM_VarSize(benchmark::State& state, bool static_on) {
     const Tensor& x = xs[i++ % xs.size()];
     return static_on ? static_step(x, labels) : step(x, labels);
   };
-  for (int k = 0; k < kWarmupSteps; ++k) run();
-
-  const StaticStats before = static_step.stats();
-  for (auto _ : state) run();
+  cycle_sizes(state, static_step, static_on, kWarmupSteps, run);
   set_log_sink(nullptr);
-  if (static_on) {
-    const StaticStats after = static_step.stats();
-    state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
-                                                  benchmark::Counter::kAvgIterations);
-    state.counters["traces_total"] = static_cast<double>(after.traces);
-    state.counters["evictions"] = static_cast<double>(after.evictions);
-  }
 }
 
 BENCHMARK_CAPTURE(BM_SeedCnn, eager, false)

@@ -32,18 +32,9 @@ void BM_VarBatch(benchmark::State& state, bool static_on) {
     const size_t k = i++ % xs.size();
     return static_on ? static_step(xs[k], labels[k]) : step(xs[k], labels[k]);
   };
-  for (size_t k = 0; k < xs.size(); ++k) run();  // every size once
-
-  const StaticStats before = static_step.stats();
-  for (auto _ : state) run();
+  // The warm-up calls every size once.
+  cycle_sizes(state, static_step, static_on, static_cast<int>(xs.size()), run);
   set_threads_counters(state);
-  if (static_on) {
-    const StaticStats after = static_step.stats();
-    state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
-                                                  benchmark::Counter::kAvgIterations);
-    state.counters["traces_total"] = static_cast<double>(after.traces);
-    state.counters["evictions"] = static_cast<double>(after.evictions);
-  }
 }
 
 BENCHMARK_CAPTURE(BM_VarBatch, eager, false)
