@@ -30,8 +30,8 @@ void eager_case(benchmark::State& state, Step& step, Device device = Device::cpu
 // `replay()` after the warm-up, measured per step or, with `kernel_sum`, by kernel_sum_loop();
 // the run fails unless every measured call replayed.
 template <typename Static, typename ReplayFn>
-void static_case(benchmark::State& state, Static& fn, ReplayFn replay, Device device = Device::cpu(),
-                 bool kernel_sum = false) {
+void static_case(benchmark::State& state, Static& fn, ReplayFn replay,
+                 Device device = Device::cpu(), bool kernel_sum = false) {
   for (int i = 0; i < kWarmupSteps; ++i) replay();
   finish_step(device);
   AllocatorProbe probe(device);
@@ -45,25 +45,25 @@ void static_case(benchmark::State& state, Static& fn, ReplayFn replay, Device de
   label_warnings(state, device, stats);
   if (!check_replayed(state, stats, /*traces=*/1)) return;
   state.counters["arena_bytes"] = bytes_counter(stats.cache.at(0).arena_bytes);
-  state.counters["steps"] =
-      stats.cache.at(0).forward_steps + stats.cache.at(0).backward_steps;
+  state.counters["steps"] = stats.cache.at(0).forward_steps + stats.cache.at(0).backward_steps;
 }
 
 // The static cases, on any device; `replay_mode` matters only on CUDA.
-void char_lstm_static(benchmark::State& state, Device device, Replay replay_mode,
-                      bool kernel_sum) {
+void char_lstm_static(benchmark::State& state, Device device, Replay replay_mode, bool kernel_sum) {
   GraphsSetting graphs(state, device, replay_mode);
   if (!graphs.ok()) return;
   auto step = make_char_lstm_step(device);
   auto fn = step->make_static();
-  static_case(state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
+  static_case(
+      state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
 }
 void tiny_gpt_static(benchmark::State& state, Device device, Replay replay_mode, bool kernel_sum) {
   GraphsSetting graphs(state, device, replay_mode);
   if (!graphs.ok()) return;
   auto step = make_tiny_gpt_step(device);
   auto fn = step->make_static();
-  static_case(state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
+  static_case(
+      state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
 }
 void cell_chain_static(benchmark::State& state, Device device, Replay replay_mode,
                        bool kernel_sum) {
@@ -71,7 +71,8 @@ void cell_chain_static(benchmark::State& state, Device device, Replay replay_mod
   if (!graphs.ok()) return;
   CellChain chain(device);
   auto fn = chain.make_static();
-  static_case(state, fn, [&] { fn(chain.h0(), chain.c0()); }, device, kernel_sum);
+  static_case(
+      state, fn, [&] { fn(chain.h0(), chain.c0()); }, device, kernel_sum);
 }
 
 void BM_CharLstmEager(benchmark::State& state) {
@@ -97,10 +98,7 @@ void BM_LstmCellChainStatic(benchmark::State& state) {
 }
 
 BENCHMARK(BM_CharLstmEager)->Name("CharLstm/eager")->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_CharLstmStatic)
-    ->Name("CharLstm/static")
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CharLstmStatic)->Name("CharLstm/static")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TinyGptEager)->Name("TinyGpt/eager")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TinyGptStatic)->Name("TinyGpt/static")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LstmCellChainEager)

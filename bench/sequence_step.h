@@ -25,8 +25,8 @@ inline constexpr int64_t kChainHidden = 64, kChainSteps = 35;
 
 // Token ids (i * 31 + 7) % vocab as [batch, steps] int64, and their next ids as targets.
 inline std::pair<Tensor, Tensor> token_batch(int64_t batch, int64_t steps) {
-  Tensor x = Tensor::empty({batch, steps}, DType::Int64), t = Tensor::empty({batch, steps},
-                                                                            DType::Int64);
+  Tensor x = Tensor::empty({batch, steps}, DType::Int64),
+         t = Tensor::empty({batch, steps}, DType::Int64);
   for (int64_t i = 0; i < batch * steps; ++i) {
     x.data<int64_t>()[i] = (i * 31 + 7) % kCharVocab;
     t.data<int64_t>()[i] = ((i + 1) * 31 + 7) % kCharVocab;
@@ -107,9 +107,8 @@ class CellChain {
   Tensor run() { return (*this)(xs_, h0_, c0_); }
   // Static over (h0, c0); the inputs are bound tensors of the closure.
   auto make_static() {
-    return static_graph(
-        [this](const Tensor& h0, const Tensor& c0) { return (*this)(xs_, h0, c0); },
-        {.name = "cell_chain", .arg_names = {"h0", "c0"}, .modules = {cell_}});
+    return static_graph([this](const Tensor& h0, const Tensor& c0) { return (*this)(xs_, h0, c0); },
+                        {.name = "cell_chain", .arg_names = {"h0", "c0"}, .modules = {cell_}});
   }
   const Tensor& h0() const { return h0_; }
   const Tensor& c0() const { return c0_; }

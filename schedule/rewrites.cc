@@ -298,8 +298,7 @@ void Rewriter::fold_accumulations() {
       continue;
     const MatmulAttrs& attrs = mm.attrs.as<MatmulAttrs>();
     const Shape& a = mm.in[0].shape;
-    if (a.rank() != 2 || mm.in[1].shape.rank() != 2 || (attrs.trans_a ? a[0] : a[1]) != 1)
-      continue;
+    if (a.rank() != 2 || mm.in[1].shape.rank() != 2 || (attrs.trans_a ? a[0] : a[1]) != 1) continue;
     if (memory_[mm.in[0].buf] == memory_[g.buf] || memory_[mm.in[1].buf] == memory_[g.buf])
       continue;
     const auto between = [&](const std::vector<int>& ts) {
@@ -338,9 +337,8 @@ void Rewriter::finish() {
 // Each rewrite is its own pass over fresh reader and writer lists, in this order: the swap puts
 // the ReLU after the pooling and its gradient before the pooling's, where the folds may take them.
 void Plan::rewrite_activations() {
-  for (void (Rewriter::*rewrite)() :
-       {&Rewriter::swap_pool_relu, &Rewriter::fold_producers, &Rewriter::fold_gradients,
-        &Rewriter::fold_accumulations}) {
+  for (void (Rewriter::*rewrite)() : {&Rewriter::swap_pool_relu, &Rewriter::fold_producers,
+                                      &Rewriter::fold_gradients, &Rewriter::fold_accumulations}) {
     const std::vector<int> memory = storage_ids();
     Rewriter r(all_, n_forward_, rec_->buffers, escape_, memory, recorded_forward_, rewrite_notes_);
     (r.*rewrite)();

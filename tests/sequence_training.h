@@ -64,8 +64,9 @@ StaticStats check_static_training(Make make, int64_t batch, int64_t steps, int v
   std::shared_ptr<M> eager = make(), traced = make();
   Opt opt_e(eager->parameters()), opt_s(traced->parameters());
   const auto step = lm_train_step;
-  auto fn = static_graph([&](const Tensor& x, const Tensor& t) { return step(*traced, opt_s, x, t); },
-                         {.name = "lm_step", .verify_every = verify_every, .modules = {traced}});
+  auto fn =
+      static_graph([&](const Tensor& x, const Tensor& t) { return step(*traced, opt_s, x, t); },
+                   {.name = "lm_step", .verify_every = verify_every, .modules = {traced}});
   for (int i = 0; i < train_steps; ++i) {
     INFO("step " << i);
     auto [x, t] = sequence_tokens(batch, steps, static_cast<uint64_t>(i), device);

@@ -33,8 +33,12 @@ constexpr int64_t kSteps = 3;
 class OuterNet : public nn::Module {
  public:
   explicit OuterNet(DType dtype)
-      : w(randn({6, 5}, dtype)), a(randn({4, 5}, dtype)), u(randn({5, 1}, dtype)),
-        v(randn({5, 1}, dtype)), q(randn({4, 1}, dtype)), r(randn({1, 6}, dtype)) {
+      : w(randn({6, 5}, dtype)),
+        a(randn({4, 5}, dtype)),
+        u(randn({5, 1}, dtype)),
+        v(randn({5, 1}, dtype)),
+        q(randn({4, 1}, dtype)),
+        r(randn({1, 6}, dtype)) {
     register_parameter("w", &w);
     register_parameter("a", &a);
   }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 #include "runtime/error.h"
 #include "runtime/op_traits.h"
@@ -135,6 +136,27 @@ inline void small_dots(const T* a, int64_t k, const T* b, int64_t ldb, T* c, boo
   }
   for (int l = 0; p < k; ++p, ++l)
     for (int r = 0; r < kRows; ++r) acc[r][l] += a[p] * b[r * ldb + p];
+  if constexpr (std::is_same_v<T, float> && kRows == 8) {
+    // The eight trees at once, the same additions with the same operands in the same order:
+    // pairs (x0 + x1), (x2 + x3), ..., then their pairs, then the two halves.
+    // (No helper function: a vector passed or returned by value changes the ABI without AVX.)
+    typedef int I __attribute__((vector_size(32)));
+    const I first = {0, 2, 8, 10, 4, 6, 12, 14}, second = {1, 3, 9, 11, 5, 7, 13, 15};
+    const V h01 =
+        __builtin_shuffle(acc[0], acc[1], first) + __builtin_shuffle(acc[0], acc[1], second);
+    const V h23 =
+        __builtin_shuffle(acc[2], acc[3], first) + __builtin_shuffle(acc[2], acc[3], second);
+    const V h45 =
+        __builtin_shuffle(acc[4], acc[5], first) + __builtin_shuffle(acc[4], acc[5], second);
+    const V h67 =
+        __builtin_shuffle(acc[6], acc[7], first) + __builtin_shuffle(acc[6], acc[7], second);
+    const V q0 = __builtin_shuffle(h01, h23, first) + __builtin_shuffle(h01, h23, second);
+    const V q1 = __builtin_shuffle(h45, h67, first) + __builtin_shuffle(h45, h67, second);
+    const V sums = __builtin_shuffle(q0, q1, I{0, 1, 2, 3, 8, 9, 10, 11}) +
+                   __builtin_shuffle(q0, q1, I{4, 5, 6, 7, 12, 13, 14, 15});
+    for (int r = 0; r < kRows; ++r) c[r] = accumulate ? c[r] + sums[r] : sums[r];
+    return;
+  }
   for (int r = 0; r < kRows; ++r) {
     const V& x = acc[r];
     const T sum = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
@@ -167,7 +189,9 @@ void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
     }
     return;
   }
-  constexpr int kLanes = 8, kDotRows = 4;
+  // Rows of b whose dot products advance together: eight for float (their sums then reduced
+  // together), four for double.
+  constexpr int kLanes = 8, kDotRows = std::is_same_v<T, float> ? 8 : 4;
   // A row of op(a) read with stride `step` (1 unless a is transposed).
   auto dot_rows = [&](const T* ai, int64_t step) {
     int64_t j = 0;
@@ -186,7 +210,8 @@ void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
       for (; p + kLanes <= k; p += kLanes)
         for (int l = 0; l < kLanes; ++l) acc[l] += ai[(p + l) * step] * bj[p + l];
       for (int l = 0; p < k; ++p, ++l) acc[l] += ai[p * step] * bj[p];
-      const T sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      const T sum =
+          ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
       *c = accumulate ? *c + sum : sum;
     }
   };

@@ -106,8 +106,8 @@ constexpr int kParamLanes = 32;  // threads per column, each over every kParamLa
 // joins the lanes of each column.
 template <typename T>
 __global__ void __launch_bounds__(kParamCols* kParamLanes)
-    layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
-                                  T* ggamma, T* gbeta, int64_t rows, int64_t cols) {
+    layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy, T* ggamma,
+                                  T* gbeta, int64_t rows, int64_t cols) {
   __shared__ double sh_gh[kParamLanes][kParamCols + 1];
   __shared__ double sh_g[kParamLanes][kParamCols + 1];
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
