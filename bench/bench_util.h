@@ -248,6 +248,22 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
   state.counters["replay_over_kernel"] = kernel_ns > 0 ? replay_ns / kernel_ns : 0;
 }
 
+// A training step's measurement: `warmup` untimed calls of run(), then run() per iteration
+// timed by step_loop() or, with `kernel_sum`, by kernel_sum_loop() (CUDA), with the allocator's
+// counters and, on the CPU, the thread counts.
+template <typename Run>
+void measure_steps(benchmark::State& state, Device device, int warmup, bool kernel_sum, Run run) {
+  for (int i = 0; i < warmup; ++i) run();
+  finish_step(device);
+  AllocatorProbe probe(device);
+  if (kernel_sum)
+    kernel_sum_loop(state, device, run);
+  else
+    step_loop(state, device, run);
+  probe.report(state);
+  if (!on_cuda(device)) set_threads_counters(state);
+}
+
 // The CUDA cases, registered with Google Benchmark at run time by register_cuda_cases() (from
 // main) when a device is available; the files that define them add them here with
 // add_cuda_case() during static initialisation, under #ifdef ENCORE_HAS_CUDA.

@@ -59,17 +59,8 @@ struct SeedCnnStep {
 // with `kernel_sum`, by kernel_sum_loop(); a static run fails unless every measured call replayed.
 void measure_seed_cnn(benchmark::State& state, bool static_on, Device device, bool kernel_sum) {
   SeedCnnStep s(device);
-  auto run = [&] { return static_on ? s.replay() : s.step(s.x, s.labels); };
-  for (int i = 0; i < kWarmupSteps; ++i) run();
-  finish_step(device);
-
-  AllocatorProbe probe(device);
-  if (kernel_sum)
-    kernel_sum_loop(state, device, run);
-  else
-    step_loop(state, device, run);
-  probe.report(state);
-  if (!on_cuda(device)) set_threads_counters(state);
+  measure_steps(state, device, kWarmupSteps, kernel_sum,
+                [&] { return static_on ? s.replay() : s.step(s.x, s.labels); });
   if (static_on) {
     const StaticStats stats = s.static_step.stats();
     label_warnings(state, device, stats);

@@ -27,13 +27,7 @@ constexpr int kWarmupSteps = 3;
 
 void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch, Device device) {
   MlpStep step(hidden, batch, device);
-  for (int i = 0; i < kWarmupSteps; ++i) step.run();
-  finish_step(device);
-
-  AllocatorProbe probe(device);
-  step_loop(state, device, [&] { step.run(); });
-  probe.report(state);
-  if (!on_cuda(device)) set_threads_counters(state);
+  measure_steps(state, device, kWarmupSteps, /*kernel_sum=*/false, [&] { step.run(); });
 }
 
 // The static step's plan: its arena against the lower bound and the naive plan.
@@ -50,17 +44,8 @@ void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch,
                          bool kernel_sum) {
   MlpStep step(hidden, batch, device);
   auto static_step = step.make_static();
-  for (int i = 0; i < kWarmupSteps; ++i) static_step(step.x(), step.labels());
-  finish_step(device);
-
-  AllocatorProbe probe(device);
-  const auto replay = [&] { static_step(step.x(), step.labels()); };
-  if (kernel_sum)
-    kernel_sum_loop(state, device, replay);
-  else
-    step_loop(state, device, replay);
-  probe.report(state);
-  if (!on_cuda(device)) set_threads_counters(state);
+  measure_steps(state, device, kWarmupSteps, kernel_sum,
+                [&] { static_step(step.x(), step.labels()); });
 
   const StaticStats stats = static_step.stats();
   label_warnings(state, device, stats);

@@ -17,30 +17,24 @@ namespace {
 
 constexpr int kWarmupSteps = 3;
 
-template <typename Step>
-void eager_case(benchmark::State& state, Step& step, Device device = Device::cpu()) {
-  for (int i = 0; i < kWarmupSteps; ++i) step.run();
-  finish_step(device);
-  AllocatorProbe probe(device);
-  step_loop(state, device, [&] { step.run(); });
-  probe.report(state);
-  if (!on_cuda(device)) set_threads_counters(state);
+// An eager case: make(device) gives the step (sequence_step.h), run() per iteration.
+template <typename Make>
+void eager_case(benchmark::State& state, Device device, Make make) {
+  auto step = make(device);
+  measure_steps(state, device, kWarmupSteps, /*kernel_sum=*/false, [&] { step->run(); });
 }
 
-// `replay()` after the warm-up, measured per step or, with `kernel_sum`, by kernel_sum_loop();
-// the run fails unless every measured call replayed.
-template <typename Static, typename ReplayFn>
-void static_case(benchmark::State& state, Static& fn, ReplayFn replay,
-                 Device device = Device::cpu(), bool kernel_sum = false) {
-  for (int i = 0; i < kWarmupSteps; ++i) replay();
-  finish_step(device);
-  AllocatorProbe probe(device);
-  if (kernel_sum)
-    kernel_sum_loop(state, device, replay);
-  else
-    step_loop(state, device, replay);
-  probe.report(state);
-  if (!on_cuda(device)) set_threads_counters(state);
+// A static case: the step's static function replayed on its data after the warm-up, measured per
+// step or, with `kernel_sum`, by kernel_sum_loop(); `replay_mode` matters only on CUDA. The run
+// fails unless every measured call replayed.
+template <typename Make>
+void static_case(benchmark::State& state, Device device, Replay replay_mode, bool kernel_sum,
+                 Make make) {
+  GraphsSetting graphs(state, device, replay_mode);
+  if (!graphs.ok()) return;
+  auto step = make(device);
+  auto fn = step->make_static();
+  measure_steps(state, device, kWarmupSteps, kernel_sum, [&] { step->replay(fn); });
   const StaticStats stats = fn.stats();
   label_warnings(state, device, stats);
   if (!check_replayed(state, stats, /*traces=*/1)) return;
@@ -48,108 +42,63 @@ void static_case(benchmark::State& state, Static& fn, ReplayFn replay,
   state.counters["steps"] = stats.cache.at(0).forward_steps + stats.cache.at(0).backward_steps;
 }
 
-// The static cases, on any device; `replay_mode` matters only on CUDA.
-void char_lstm_static(benchmark::State& state, Device device, Replay replay_mode, bool kernel_sum) {
-  GraphsSetting graphs(state, device, replay_mode);
-  if (!graphs.ok()) return;
-  auto step = make_char_lstm_step(device);
-  auto fn = step->make_static();
-  static_case(
-      state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
+template <typename Make>
+void BM_Eager(benchmark::State& state, Make make) {
+  eager_case(state, Device::cpu(), make);
 }
-void tiny_gpt_static(benchmark::State& state, Device device, Replay replay_mode, bool kernel_sum) {
-  GraphsSetting graphs(state, device, replay_mode);
-  if (!graphs.ok()) return;
-  auto step = make_tiny_gpt_step(device);
-  auto fn = step->make_static();
-  static_case(
-      state, fn, [&] { fn(step->x(), step->t()); }, device, kernel_sum);
-}
-void cell_chain_static(benchmark::State& state, Device device, Replay replay_mode,
-                       bool kernel_sum) {
-  GraphsSetting graphs(state, device, replay_mode);
-  if (!graphs.ok()) return;
-  CellChain chain(device);
-  auto fn = chain.make_static();
-  static_case(
-      state, fn, [&] { fn(chain.h0(), chain.c0()); }, device, kernel_sum);
+template <typename Make>
+void BM_Static(benchmark::State& state, Make make) {
+  static_case(state, Device::cpu(), Replay::Graphs, /*kernel_sum=*/false, make);
 }
 
-void BM_CharLstmEager(benchmark::State& state) {
-  auto step = make_char_lstm_step();
-  eager_case(state, *step);
-}
-void BM_CharLstmStatic(benchmark::State& state) {
-  char_lstm_static(state, Device::cpu(), Replay::Graphs, false);
-}
-void BM_TinyGptEager(benchmark::State& state) {
-  auto step = make_tiny_gpt_step();
-  eager_case(state, *step);
-}
-void BM_TinyGptStatic(benchmark::State& state) {
-  tiny_gpt_static(state, Device::cpu(), Replay::Graphs, false);
-}
-void BM_LstmCellChainEager(benchmark::State& state) {
-  CellChain chain;
-  eager_case(state, chain);
-}
-void BM_LstmCellChainStatic(benchmark::State& state) {
-  cell_chain_static(state, Device::cpu(), Replay::Graphs, false);
-}
-
-BENCHMARK(BM_CharLstmEager)->Name("CharLstm/eager")->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_CharLstmStatic)->Name("CharLstm/static")->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TinyGptEager)->Name("TinyGpt/eager")->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TinyGptStatic)->Name("TinyGpt/static")->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LstmCellChainEager)
+BENCHMARK_CAPTURE(BM_Eager, char_lstm, make_char_lstm_step)
+    ->Name("CharLstm/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Static, char_lstm, make_char_lstm_step)
+    ->Name("CharLstm/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Eager, tiny_gpt, make_tiny_gpt_step)
+    ->Name("TinyGpt/eager")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Static, tiny_gpt, make_tiny_gpt_step)
+    ->Name("TinyGpt/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Eager, cell_chain, make_cell_chain)
     ->Name("LstmCellChain/eager")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_LstmCellChainStatic)
+BENCHMARK_CAPTURE(BM_Static, cell_chain, make_cell_chain)
     ->Name("LstmCellChain/static")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
 #ifdef ENCORE_HAS_CUDA
-using StaticFn = void (*)(benchmark::State&, Device, Replay, bool);
-
-void add_sequence_cuda_cases(const std::string& room, std::function<void(benchmark::State&)> eager,
-                             StaticFn run_static, benchmark::TimeUnit unit) {
+// <room>/eager/cuda, static/cuda, static_nograph/cuda and KernelSum/<room>/cuda.
+template <typename Make>
+void add_sequence_cuda_cases(const std::string& room, Make make, benchmark::TimeUnit unit) {
   const Device cuda = Device::cuda();
-  add_cuda_case(kSequenceOrder, room + "/eager/cuda", std::move(eager), unit);
+  add_cuda_case(
+      kSequenceOrder, room + "/eager/cuda", [=](benchmark::State& s) { eager_case(s, cuda, make); },
+      unit);
   add_cuda_case(
       kSequenceOrder, room + "/static/cuda",
-      [=](benchmark::State& s) { run_static(s, cuda, Replay::Graphs, false); }, unit);
+      [=](benchmark::State& s) { static_case(s, cuda, Replay::Graphs, false, make); }, unit);
   add_cuda_case(
       kSequenceOrder, room + "/static_nograph/cuda",
-      [=](benchmark::State& s) { run_static(s, cuda, Replay::NoGraphs, false); }, unit);
+      [=](benchmark::State& s) { static_case(s, cuda, Replay::NoGraphs, false, make); }, unit);
   add_cuda_case(
       kKernelSumOrder, "KernelSum/" + room + "/cuda",
-      [=](benchmark::State& s) { run_static(s, cuda, Replay::Graphs, true); }, unit);
+      [=](benchmark::State& s) { static_case(s, cuda, Replay::Graphs, true, make); }, unit);
 }
 
 [[maybe_unused]] const bool kCudaCasesAdded = [] {
-  add_sequence_cuda_cases(
-      "CharLstm",
-      [](benchmark::State& s) {
-        auto step = make_char_lstm_step(Device::cuda());
-        eager_case(s, *step, Device::cuda());
-      },
-      char_lstm_static, benchmark::kMillisecond);
-  add_sequence_cuda_cases(
-      "TinyGpt",
-      [](benchmark::State& s) {
-        auto step = make_tiny_gpt_step(Device::cuda());
-        eager_case(s, *step, Device::cuda());
-      },
-      tiny_gpt_static, benchmark::kMillisecond);
-  add_sequence_cuda_cases(
-      "LstmCellChain",
-      [](benchmark::State& s) {
-        CellChain chain(Device::cuda());
-        eager_case(s, chain, Device::cuda());
-      },
-      cell_chain_static, benchmark::kMicrosecond);
+  add_sequence_cuda_cases("CharLstm", make_char_lstm_step, benchmark::kMillisecond);
+  add_sequence_cuda_cases("TinyGpt", make_tiny_gpt_step, benchmark::kMillisecond);
+  add_sequence_cuda_cases("LstmCellChain", make_cell_chain, benchmark::kMicrosecond);
   return true;
 }();
 #endif  // ENCORE_HAS_CUDA

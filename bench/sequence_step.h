@@ -58,8 +58,11 @@ class LanguageModelStep {
     return static_graph([this](const Tensor& x, const Tensor& t) { return (*this)(x, t); },
                         {.name = "lm_step", .arg_names = {"x", "t"}, .modules = {model_}});
   }
-  const Tensor& x() const { return x_; }
-  const Tensor& t() const { return t_; }
+  // One call of a static function from make_static() on the fixed data.
+  template <typename Static>
+  void replay(Static& fn) {
+    fn(x_, t_);
+  }
 
  private:
   template <typename M, typename... A>
@@ -110,8 +113,11 @@ class CellChain {
     return static_graph([this](const Tensor& h0, const Tensor& c0) { return (*this)(xs_, h0, c0); },
                         {.name = "cell_chain", .arg_names = {"h0", "c0"}, .modules = {cell_}});
   }
-  const Tensor& h0() const { return h0_; }
-  const Tensor& c0() const { return c0_; }
+  // One call of a static function from make_static() on the zero state.
+  template <typename Static>
+  void replay(Static& fn) {
+    fn(h0_, c0_);
+  }
 
  private:
   static std::shared_ptr<nn::LSTMCell> seeded(Device device) {
@@ -124,5 +130,9 @@ class CellChain {
   std::vector<Tensor> xs_;
   Tensor h0_, c0_;
 };
+
+inline std::unique_ptr<CellChain> make_cell_chain(Device device = Device::cpu()) {
+  return std::make_unique<CellChain>(device);
+}
 
 }  // namespace encore::bench

@@ -38,10 +38,7 @@ float first_loss(Make make, Device device) {
   std::shared_ptr<M> m = make(device);
   Opt opt(m->parameters());
   auto [x, t] = sequence_tokens(3, 9, 0, device);
-  Tensor loss = F::cross_entropy((*m)(x), t);
-  m->zero_grad();
-  loss.backward();
-  opt.step();
+  const Tensor loss = lm_train_step(*m, opt, x, t);
   return loss.item<float>();
 }
 
@@ -49,24 +46,22 @@ float first_loss(Make make, Device device) {
 
 TEST_CASE("CharLstm trained by a static step on cuda equals eager bit for bit",
           "[cuda][static][models]") {
-  const bool graphs = GENERATE(true, false);
-  INFO("CUDA graphs " << (graphs ? "on" : "off"));
-  GraphsEnabled use_graphs(graphs);
-  const StaticStats st = check_static_training<models::CharLstm, optim::Adam>(
-      [] { return seeded_on<models::CharLstm>(kCuda, kSequenceVocab, 8, 16); }, 4, 7, 0,
-      kTrainSteps, kCuda);
-  check_replays(st, graphs);
+  with_graphs_on_and_off([](bool graphs) {
+    const StaticStats st = check_static_training<models::CharLstm, optim::Adam>(
+        [] { return seeded_on<models::CharLstm>(kCuda, kSequenceVocab, 8, 16); }, 4, 7, 0,
+        kTrainSteps, kCuda);
+    check_replays(st, graphs);
+  });
 }
 
 TEST_CASE("TinyGpt trained by a static step on cuda equals eager bit for bit",
           "[cuda][static][models]") {
-  const bool graphs = GENERATE(true, false);
-  INFO("CUDA graphs " << (graphs ? "on" : "off"));
-  GraphsEnabled use_graphs(graphs);
-  const StaticStats st = check_static_training<models::TinyGpt, optim::AdamW>(
-      [] { return seeded_on<models::TinyGpt>(kCuda, kSequenceVocab, 16, 32, 4, 2); }, 3, 16, 0,
-      kTrainSteps, kCuda);
-  check_replays(st, graphs);
+  with_graphs_on_and_off([](bool graphs) {
+    const StaticStats st = check_static_training<models::TinyGpt, optim::AdamW>(
+        [] { return seeded_on<models::TinyGpt>(kCuda, kSequenceVocab, 16, 32, 4, 2); }, 3, 16, 0,
+        kTrainSteps, kCuda);
+    check_replays(st, graphs);
+  });
 }
 
 TEST_CASE("the sequence models' losses on cuda follow the cpu's", "[cuda][models]") {

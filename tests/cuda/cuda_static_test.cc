@@ -22,16 +22,6 @@ using namespace encore::testing;
 
 namespace {
 
-// Runs scenario(graphs) in a test case that Catch runs twice (a GENERATE): with static replay on
-// CUDA as CUDA graphs (graphs true), then launch by launch.
-template <typename Scenario>
-void with_graphs_on_and_off(Scenario&& scenario) {
-  const bool graphs = GENERATE(true, false);
-  INFO("CUDA graphs " << (graphs ? "on" : "off"));
-  GraphsEnabled use_graphs(graphs);
-  scenario(graphs);
-}
-
 // How the entry's replays ran: with graphs on, every replayed phase was one graph launch (a
 // forward per hit, and a backward when the schedule has one) and nothing fell back; with graphs
 // off, none was.
