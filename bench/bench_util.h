@@ -124,6 +124,11 @@ void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, int 
                                                 benchmark::Counter::kAvgIterations);
   state.counters["traces_total"] = static_cast<double>(after.traces);
   state.counters["evictions"] = static_cast<double>(after.evictions);
+  // Sizes planned from a dynamic family without tracing, per measured step and in all.
+  state.counters["planned"] =
+      benchmark::Counter(static_cast<double>(after.sizes_planned - before.sizes_planned),
+                         benchmark::Counter::kAvgIterations);
+  state.counters["planned_total"] = static_cast<double>(after.sizes_planned);
 }
 
 // ---- CUDA ----------------------------------------------------------------------------------

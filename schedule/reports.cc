@@ -8,36 +8,72 @@
 namespace encore::schedule {
 using namespace detail;
 
+namespace {
+
+EntryReport entry_report(const Entry& e, std::string signature) {
+  const EntryState state = e.load_state();
+  EntryReport r;
+  r.id = e.id;
+  r.signature = std::move(signature);
+  r.complete = state == EntryState::Ready;
+  r.eager_only = state == EntryState::Eager;
+  r.hits = e.hits;
+  if (state == EntryState::Ready) {
+    const MemoryPlan& m = e.plan->memory();
+    r.forward_steps = e.plan->forward_steps();
+    r.backward_steps = e.plan->backward_steps();
+    r.arena_bytes = m.arena_bytes;
+    r.lower_bound_bytes = m.lower_bound_bytes;
+    r.naive_bytes = m.naive_bytes;
+    r.in_place_steps = m.in_place_steps;
+    r.arenas = e.plan->arenas();
+    const GraphStats gs = e.plan->graph_stats();
+    r.graph_launches = gs.launches;
+    r.lane_replays = e.plan->lane_replays();
+    r.graph_captures = gs.captures;
+    r.stream_replays = gs.stream_replays;
+    r.graph_fallback = gs.fallback;
+  }
+  return r;
+}
+
+// The symbols' values of a planned size of family `f`: "s0=17, s1=40".
+std::string size_label(const StaticGraph::Impl::Family& f, const Entry& e) {
+  std::vector<int64_t> v(static_cast<size_t>(f.shapes->symbols), 0);
+  for (size_t k = 0; k < f.shapes->dims.size(); ++k) {
+    const DynDim& d = f.shapes->dims[k];
+    v[static_cast<size_t>(f.shapes->symbol_of[k])] = e.sig.args[d.arg].shape[d.dim];
+  }
+  return sizes_text(v);
+}
+
+DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c) {
+  DynamicReport r;
+  r.id = f.id;
+  r.signature = describe(f.shapes->sig, c, symbol_names(*f.shapes));
+  for (size_t k = 0; k < f.shapes->dims.size(); ++k)
+    r.dims.push_back(cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
+                         f.shapes->dims[k].dim, " = s", f.shapes->symbol_of[k]));
+  r.traces = f.traces;
+  r.hits = f.hits;
+  r.sizes_planned = f.planned;
+  r.evictions = f.evictions;
+  for (const auto& e : f.sizes) r.sizes.push_back(entry_report(*e, size_label(f, *e)));
+  return r;
+}
+
+}  // namespace
+
 StaticStats StaticGraph::stats() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   StaticStats s = impl_->stats;
   s.entries = static_cast<int>(impl_->entries.size());
-  for (const auto& e : impl_->entries) {
-    const EntryState state = e->load_state();
-    EntryReport r;
-    r.id = e->id;
-    r.signature = describe(e->sig, impl_->config);
-    r.complete = state == EntryState::Ready;
-    r.eager_only = state == EntryState::Eager;
-    r.hits = e->hits;
-    if (state == EntryState::Ready) {
-      const MemoryPlan& m = e->plan->memory();
-      r.forward_steps = e->plan->forward_steps();
-      r.backward_steps = e->plan->backward_steps();
-      r.arena_bytes = m.arena_bytes;
-      r.lower_bound_bytes = m.lower_bound_bytes;
-      r.naive_bytes = m.naive_bytes;
-      r.in_place_steps = m.in_place_steps;
-      r.arenas = e->plan->arenas();
-      const GraphStats gs = e->plan->graph_stats();
-      r.graph_launches = gs.launches;
-      r.lane_replays = e->plan->lane_replays();
-      r.graph_captures = gs.captures;
-      r.stream_replays = gs.stream_replays;
-      r.graph_fallback = gs.fallback;
-    }
-    s.cache.push_back(std::move(r));
-  }
+  for (const auto& e : impl_->entries)
+    s.cache.push_back(entry_report(*e, describe(e->sig, impl_->config)));
+  for (const auto& f : impl_->families) s.dynamic.push_back(dynamic_report(*f, impl_->config));
+  for (const auto& [dim, why] : impl_->static_dims)
+    if (std::find(s.static_dims.begin(), s.static_dims.end(), why) == s.static_dims.end())
+      s.static_dims.push_back(why);
   return s;
 }
 
@@ -131,6 +167,40 @@ std::string StaticGraph::schedule_text() const {
     }
     out += e->plan->steps_text(names_of(*e, config), "  ");
   }
+  std::vector<std::shared_ptr<StaticGraph::Impl::Family>> fams;
+  std::vector<std::string> static_dims;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    fams.assign(impl_->families.begin(), impl_->families.end());
+    for (const auto& [dim, why] : impl_->static_dims) static_dims.push_back(why);
+  }
+  for (const auto& f : fams) {
+    const DynamicReport r = [&] {
+      std::lock_guard<std::mutex> l(impl_->mu);
+      return dynamic_report(*f, config);
+    }();
+    out += cat("\ndynamic family ", r.id, " (traces");
+    for (int64_t t : r.traces) out += cat(" ", t);
+    out += cat("): ", r.signature, "\n");
+    for (const std::string& d : r.dims) out += cat("  ", d, "\n");
+    out += cat("  ", r.sizes_planned, r.sizes_planned == 1 ? " size" : " sizes",
+               " planned without tracing, ", r.hits, r.hits == 1 ? " replay" : " replays",
+               " of planned sizes, ", r.evictions, r.evictions == 1 ? " eviction" : " evictions",
+               "\n");
+    std::vector<std::shared_ptr<Entry>> sizes;
+    {
+      std::lock_guard<std::mutex> l(impl_->mu);
+      sizes.assign(f->sizes.begin(), f->sizes.end());
+    }
+    for (size_t k = 0; k < r.sizes.size() && k < sizes.size(); ++k) {
+      const EntryReport& e = r.sizes[k];
+      out += cat("\n  size ", e.signature, " (", e.hits, e.hits == 1 ? " call" : " calls",
+                 "): ", describe(sizes[k]->sig, config), "\n    ",
+                 memory_text(*sizes[k]->plan), "\n");
+      out += sizes[k]->plan->steps_text(names_of(*sizes[k], config), "    ");
+    }
+  }
+  for (const std::string& why : static_dims) out += cat("\n", why, "\n");
   return out;
 }
 
@@ -168,6 +238,11 @@ std::string report_table() {
       arena += r.arena_bytes;
       lower += r.lower_bound_bytes;
     }
+    for (const DynamicReport& d : s.dynamic)
+      for (const EntryReport& r : d.sizes) {
+        arena += r.arena_bytes;
+        lower += r.lower_bound_bytes;
+      }
     std::snprintf(line, sizeof line, "%-20s %8lld %7lld %8lld %7lld %8d %9lld %12lld %12lld\n",
                   s.name.substr(0, 20).c_str(), static_cast<long long>(s.calls),
                   static_cast<long long>(s.traces), static_cast<long long>(s.hits),
@@ -176,6 +251,15 @@ std::string report_table() {
                   static_cast<long long>(lower));
     out += line;
     for (const RetraceEvent& ev : s.traces_history) out += "  " + ev.message + "\n";
+    for (const std::string& d : s.dynamic_history) out += "  " + d + "\n";
+    for (const DynamicReport& d : s.dynamic) {
+      int64_t bytes = 0;
+      for (const EntryReport& r : d.sizes) bytes += r.arena_bytes;
+      out += cat("  dynamic ", d.id, ": ", d.signature, "; ", d.sizes.size(), " sizes planned (",
+                 bytes, " arena bytes), ", d.sizes_planned, " planned in all, ", d.hits,
+                 " replays\n");
+    }
+    for (const std::string& w : s.static_dims) out += "  " + w + "\n";
     for (const std::string& w : s.warnings) out += "  warning: " + w + "\n";
   }
   return out;

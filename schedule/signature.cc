@@ -76,6 +76,10 @@ bool matches(const Signature& s, std::span<const Tensor> args, const std::string
         t.storage->device() != a.device)
       return false;
   }
+  return same_aliasing(s, args);
+}
+
+bool same_aliasing(const Signature& s, std::span<const Tensor> args) {
   for (size_t i = 1; i < args.size(); ++i) {
     ArgSig now;
     alias_of(args, i, now);
@@ -94,12 +98,27 @@ std::string arg_label(const Config& c, size_t i) {
 }
 
 std::string describe(const Signature& s, const Config& c) {
+  return describe(s, c, {});
+}
+
+std::string describe(const Signature& s, const Config& c,
+                     const std::vector<std::vector<std::string>>& dims) {
   std::string out;
   for (size_t i = 0; i < s.args.size(); ++i) {
     const ArgSig& a = s.args[i];
+    std::string shape = a.shape.str();
+    if (i < dims.size()) {
+      std::string inner;
+      for (int d = 0; d < a.shape.rank(); ++d)
+        inner += cat(d ? "," : "",
+                     static_cast<size_t>(d) < dims[i].size() && !dims[i][d].empty()
+                         ? dims[i][d]
+                         : cat(a.shape[d]));
+      shape = cat("[", inner, "]");
+    }
     out += cat(i ? ", " : "",
                i < c.arg_names.size() && !c.arg_names[i].empty() ? c.arg_names[i] : cat("arg", i),
-               ": ", a.dtype, a.shape, a.device == Device::cpu() ? "" : cat(" ", a.device),
+               ": ", a.dtype, shape, a.device == Device::cpu() ? "" : cat(" ", a.device),
                a.requires_grad ? " requires_grad" : "", alias_text(a));
   }
   return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode),

@@ -35,10 +35,15 @@ struct Signature {
 Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode);
 bool matches(const Signature& s, std::span<const Tensor> args, const std::string* key, bool grad,
              int mode);
+// Whether the arguments alias one another as the signature's did.
+bool same_aliasing(const Signature& s, std::span<const Tensor> args);
 
 // "argument 0 'x'", or "argument 0" when the function did not name it.
 std::string arg_label(const Config& c, size_t i);
 std::string describe(const Signature& s, const Config& c);
+// The same with some dimensions named (`dims[i][d]` non-empty): "x: float32[s0,784] ...".
+std::string describe(const Signature& s, const Config& c,
+                     const std::vector<std::vector<std::string>>& dims);
 
 // One change between signatures: what changed (for the storm warning) and the full text.
 struct Change {

@@ -32,6 +32,7 @@ std::atomic<bool> g_early_updates{!env_flag_off("ENCORE_STATIC_EARLY_UPDATES")};
 std::atomic<bool> g_lanes{!env_flag_off("ENCORE_STATIC_LANES")};
 std::atomic<bool> g_padded_layouts{!env_flag_off("ENCORE_STATIC_PADDED")};
 std::atomic<bool> g_fold_activations{!env_flag_off("ENCORE_STATIC_FOLD")};
+std::atomic<bool> g_dynamic{!env_flag_off("ENCORE_STATIC_DYNAMIC")};
 std::atomic<bool> g_redzones{[] {
   const char* v = std::getenv("ENCORE_STATIC_REDZONE");
   return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
@@ -104,6 +105,12 @@ bool set_fold_activations_enabled(bool on) {
 bool fold_activations_enabled() {
   return g_fold_activations.load();
 }
+bool set_dynamic_enabled(bool on) {
+  return g_dynamic.exchange(on);
+}
+bool dynamic_enabled() {
+  return g_dynamic.load();
+}
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard<std::mutex> l(g_mu);
   std::swap(g_sink, sink);
@@ -135,6 +142,10 @@ void StaticGraph::Impl::warn(std::string w) {
   if (keep_bounded(stats.warnings, std::move(w), kWarnings)) ++stats.warnings_dropped;
 }
 
+void StaticGraph::Impl::log_retrace(std::string line) {
+  if (g_log_retraces.load()) unlogged.push_back(std::move(line));
+}
+
 void StaticGraph::Impl::unlock_and_log(std::unique_lock<std::mutex>& lock) {
   std::vector<std::string> lines = std::move(unlogged);
   unlogged.clear();
@@ -157,6 +168,16 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     return body(args, results);
   }
+  if (config.dynamic == DynamicShapes::Explicit)
+    for (const DynamicDim& d : config.dynamic_dims)
+      ENCORE_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < args.size() && d.dim >= 0 &&
+                       d.dim < args[d.arg].rank(),
+                   config.name, ": dynamic_dims names dim ", d.dim, " of argument ", d.arg,
+                   ", which the call does not have (", args.size(), " arguments",
+                   static_cast<size_t>(d.arg) < args.size() && d.arg >= 0
+                       ? cat(", that one ", args[d.arg].shape())
+                       : std::string(),
+                   ")");
   const bool grad = GradMode::enabled();
   const int m = mode();
   std::unique_lock<std::mutex> lock(mu);
@@ -201,6 +222,11 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     return replay(hit, args, results, verify);
   }
 
+  // A size of a dynamic family (dynamic.cc).
+  int64_t dynamic_hits = 0;
+  if (std::shared_ptr<Entry> d = dynamic_entry(args, key, grad, m, lock, guard_reason, dynamic_hits))
+    return replay(d, args, results, verify_every > 0 && dynamic_hits % verify_every == 0);
+
   // A new signature: a placeholder entry, so that concurrent calls with it run eagerly while
   // this one traces outside the lock.
   const auto t0 = std::chrono::steady_clock::now();
@@ -226,6 +252,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;
+  prepare_dynamic(*e);
   entries.push_front(e);
   while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
     ++stats.evictions;
@@ -254,6 +281,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
   after_trace(*e, reason, ch, ms_since(t0));
   unlock_and_log(lock);
+  if (!e->dynamic_dims.empty() && e->load_state() == EntryState::Ready) make_dynamic(e);
 }
 
 void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
@@ -348,6 +376,8 @@ void StaticGraph::call(std::span<const Tensor> args, const std::string* key,
 void StaticGraph::clear() {
   std::lock_guard<std::mutex> l(impl_->mu);
   impl_->entries.clear();
+  impl_->families.clear();
+  impl_->static_dims.clear();
 }
 
 std::vector<StaticStats> report_all() {

@@ -15,6 +15,25 @@ namespace encore::schedule {
 
 enum class OnUnsafe { Error, Eager };
 
+// Which argument dimensions may serve every size with one schedule (shape_family.h).
+enum class DynamicShapes : uint8_t {
+  // A dimension whose value changes between two traces of the function becomes dynamic once the
+  // two traces agree on everything but sizes and every size in them is explained by the
+  // dimensions; later sizes are planned from the trace without running the function.
+  Automatic,
+  // Only the dimensions in dynamic_dims may become dynamic (like torch's mark_dynamic, or a None
+  // in a tf.function input signature); every other size is its own signature.
+  Explicit,
+  // Every size is its own signature (each traces once).
+  Off,
+};
+
+// Dimension `dim` of argument `arg` (by position).
+struct DynamicDim {
+  int arg = 0;
+  int dim = 0;
+};
+
 // A watched parameter: read through its slot on every call, so a replaced tensor is rebound.
 struct ParamSlot {
   std::string name;
@@ -31,6 +50,11 @@ struct Config {
   std::function<int()> mode;
   // The watched parameters (called at every trace).
   std::function<std::vector<ParamSlot>()> params;
+  DynamicShapes dynamic = DynamicShapes::Automatic;
+  std::vector<DynamicDim> dynamic_dims;  // DynamicShapes::Explicit
+  // Sizes a dynamic family keeps planned (least recently used evicted: its next call plans
+  // again, without tracing).
+  int size_limit = 16;
 };
 
 struct RetraceEvent {
@@ -70,6 +94,20 @@ struct EntryReport {
   std::string graph_text() const;
 };
 
+// A family of dynamic shapes: one trace serving every size of some argument dimensions.
+struct DynamicReport {
+  int64_t id = 0;         // the trace that completed it
+  std::string signature;  // "x: float32[s0,784]; grad on; train"
+  std::vector<std::string> dims;  // "argument 0 'x' dim 0 = s0"
+  std::vector<int64_t> traces;    // the traces it was checked against (its evidence)
+  int64_t hits = 0;               // replays at sizes planned before
+  int64_t sizes_planned = 0;      // sizes planned from it without running the function
+  int64_t evictions = 0;          // planned sizes evicted (size_limit)
+  // The planned sizes, most recently used first: their signature is "s0=17", their arena and
+  // replays as for a cache entry.
+  std::vector<EntryReport> sizes;
+};
+
 struct StaticStats {
   std::string name;
   int64_t calls = 0;   // every call, eager ones included
@@ -88,6 +126,15 @@ struct StaticStats {
   std::vector<std::string> warnings;
   int64_t warnings_dropped = 0;
   std::vector<EntryReport> cache;  // most recently used first
+  // Dynamic shapes: dimensions that became dynamic (each such event, not counted in `traces`
+  // beyond the trace that showed it), sizes planned from a family without tracing, the
+  // families, and the dimensions that stay static with why ("argument 0 'x' dim 0 stays static:
+  // step 7 (forward) relu: ...").
+  int64_t dynamic_events = 0;
+  int64_t sizes_planned = 0;
+  std::vector<DynamicReport> dynamic;
+  std::vector<std::string> dynamic_history;  // the "became dynamic" lines (up to 64)
+  std::vector<std::string> static_dims;
 };
 
 // The process-wide switch (ENCORE_STATIC=0 starts it off).
@@ -117,6 +164,11 @@ bool padded_layouts_enabled();
 // (ENCORE_STATIC_FOLD=0 starts it off). Returns the previous setting.
 bool set_fold_activations_enabled(bool on);
 bool fold_activations_enabled();
+// Whether calls from now on may make argument dimensions dynamic and be served by dynamic
+// families (Config::dynamic; ENCORE_STATIC_DYNAMIC=0 starts it off). Off, every size is a
+// signature of its own, as with DynamicShapes::Off. Returns the previous setting.
+bool set_dynamic_enabled(bool on);
+bool dynamic_enabled();
 // Where warnings and retrace lines go (stderr by default). Returns the previous sink.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);

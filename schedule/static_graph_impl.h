@@ -49,6 +49,19 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   size_t recent_pos = 0;
   int64_t last_storm_warning = -100;
   std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
+
+  // Dynamic shapes (dynamic.cc): families, most recently used first, each with its planned
+  // sizes (entries, most recently used first); the dimensions that stay static, and why.
+  struct Family {
+    int64_t id = 0;
+    std::unique_ptr<detail::ShapeFamily> shapes;
+    std::shared_ptr<Entry> proto;  // the latest trace's entry: guards, slots, options
+    std::list<std::shared_ptr<Entry>> sizes;
+    std::vector<int64_t> traces;
+    int64_t hits = 0, planned = 0, evictions = 0;
+  };
+  std::list<std::shared_ptr<Family>> families;
+  std::map<detail::DynDim, std::string> static_dims;
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
 
   Impl(Body b, Config c);
@@ -57,6 +70,8 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // With `mu` held.
   void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
   void warn(std::string w);
+  // With `mu` held: a line printed once `mu` is released when ENCORE_LOG=retrace is on.
+  void log_retrace(std::string line);
   // Releases `lock`, then prints what was noted under it.
   void unlock_and_log(std::unique_lock<std::mutex>& lock);
   // Appends `item`, keeping the first and the latest `cap` items; whether one was dropped.
@@ -77,6 +92,19 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   void replay(const std::shared_ptr<Entry>& e, std::span<const Tensor> args,
               std::vector<Tensor>& results, bool verify);
   std::unique_ptr<detail::VerifyState> run_for_verify(const Entry& e, std::span<const Tensor> args);
+  // With `lock` held, after the entry list missed: the entry of a dynamic family for this call
+  // (a size planned before, or planned now from the family, with `lock` released meanwhile).
+  // Returns null with `lock` held when no family fits (`reason` says why one could not serve);
+  // else the entry, its hit count in `hits`.
+  std::shared_ptr<Entry> dynamic_entry(std::span<const Tensor> args, const std::string* key,
+                                       bool grad, int mode, std::unique_lock<std::mutex>& lock,
+                                       std::string& reason, int64_t& hits);
+  // With `mu` held, for a new trace `e`: the dimensions it may make dynamic and the traces to
+  // check it against (none: `e` stays a signature of its own).
+  void prepare_dynamic(Entry& e);
+  // Without `mu` held, once `e` is planned: checks it against its evidence and makes its
+  // dimensions dynamic, or records why they stay static.
+  void make_dynamic(const std::shared_ptr<Entry>& e);
   void after_trace(const Entry& e, const std::string& reason,
                    const std::vector<detail::Change>& changes, double ms);
   // The first backward through the outputs of a trace of `e` failed (e is Failed).

@@ -34,6 +34,7 @@ struct TraceFrame final : RefCounted {
 // Plans a recording whose schedules are complete. The entry keeps its recording (the plan
 // shares it): calls that check the guards of a Waiting entry read its leaves meanwhile.
 void complete_entry(Entry& e) {
+  if (e.keep_trace) e.pristine = std::make_shared<const Recording>(*e.rec);
   e.plan = std::make_shared<Plan>(e.rec, e.plan_options);
 }
 
@@ -60,6 +61,8 @@ void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
     f.recorder.reset();
     complete_entry(e);
     e.publish(EntryState::Ready);
+    if (!e.dynamic_dims.empty())
+      if (std::shared_ptr<StaticGraph::Impl> owner = e.owner.lock()) owner->make_dynamic(f.entry);
   } catch (const std::exception& ex) {
     if (e.eager_only) throw;
     e.failure = ex.what();

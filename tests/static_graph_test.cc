@@ -236,7 +236,8 @@ TEST_CASE("ENCORE_LOG=retrace lines go to the log sink", "[static]") {
 TEST_CASE("ENCORE_LOG=retrace prints the README's lines on stderr", "[static]") {
   // README: "encore: forward: trace (cost 1.20 ms): first call; cache now 1 entry", then
   // "encore: forward: retrace #1 (cost 0.41 ms): argument 0 'x' dim 0 changed 32 -> 17; cache
-  // now 2 entries".
+  // now 2 entries", then "encore: forward: argument 0 'x' dim 0 became dynamic (traces 1 and 2
+  // agree in everything but sizes): one schedule serves x: float32[s0,8]; grad on".
   StaticEnabled on;
   std::ostringstream err;
   std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
@@ -253,7 +254,9 @@ TEST_CASE("ENCORE_LOG=retrace prints the README's lines on stderr", "[static]") 
   const std::regex lines(
       "encore: forward: trace \\(cost [0-9.]+ ms\\): first call; cache now 1 entry\n"
       "encore: forward: retrace #1 \\(cost [0-9.]+ ms\\): argument 0 'x' dim 0 changed 32 -> "
-      "17; cache now 2 entries\n");
+      "17; cache now 2 entries\n"
+      "encore: forward: argument 0 'x' dim 0 became dynamic \\(traces 1 and 2 agree in everything "
+      "but sizes\\): one schedule serves x: float32\\[s0,8\\]; grad on\n");
   CHECK(std::regex_match(text, lines));
 }
 
@@ -347,7 +350,9 @@ TEST_CASE("grad mode off is a separate entry", "[static]") {
 
 TEST_CASE("the cache keeps cache_limit entries and evicts the least recently used", "[static]") {
   StaticEnabled on;
-  auto f = static_graph(pointwise, {.name = "evicting_fn", .cache_limit = 2});
+  // Every size a signature of its own (no dynamic shapes), so each new size traces.
+  auto f = static_graph(pointwise,
+                        {.name = "evicting_fn", .cache_limit = 2, .dynamic = DynamicShapes::Off});
   f(rand({4, 3}));
   f(rand({5, 3}));
   CHECK(f.stats().evictions == 0);
@@ -393,7 +398,9 @@ TEST_CASE("a StaticKey joins the signature", "[static]") {
 
 TEST_CASE("a function that keeps retracing is warned about", "[static]") {
   StaticEnabled on;
-  auto f = static_graph(pointwise, {.name = "stormy_fn", .arg_names = {"x"}});
+  auto f = static_graph(pointwise, {.name = "stormy_fn",
+                                    .arg_names = {"x"},
+                                    .dynamic = DynamicShapes::Off});
   for (int64_t n = 1; n <= 10; ++n) f(rand({n, 4}));
   const StaticStats s = f.stats();
   CHECK(s.traces == 10);

@@ -56,6 +56,9 @@
 
 namespace encore {
 
+using schedule::DynamicDim;
+using schedule::DynamicReport;
+using schedule::DynamicShapes;
 using schedule::EntryReport;
 using schedule::LogSink;
 using schedule::set_log_retraces;  // print each trace as it happens (ENCORE_LOG=retrace)
@@ -76,6 +79,16 @@ struct StaticOptions {
   // watched (a parameter replaced by another tensor is rebound, or retraced if its shape
   // differs). The module form adds its own module.
   std::vector<std::shared_ptr<nn::Module>> modules = {};
+  // Dynamic shapes. Automatic (the default): an argument dimension whose value changes between
+  // two traces becomes dynamic once the traces agree in everything but sizes, and every later
+  // size is planned from the trace without running the function (the batch of a training step,
+  // the height and width of an image). Explicit: only `dynamic_dims` ({argument, dimension}, by
+  // position) may; Off: every size is a signature of its own. A dimension that cannot be dynamic
+  // (the function computes something from it that the trace cannot follow) stays static, and
+  // stats().static_dims says why.
+  DynamicShapes dynamic = DynamicShapes::Automatic;
+  std::vector<DynamicDim> dynamic_dims = {};
+  int size_limit = 16;  // sizes of a dynamic family kept planned (least recently used evicted)
 };
 
 // A key for non-tensor arguments: pass it first, `step(StaticKey{"lr=0.1"}, x, t)`.
@@ -131,6 +144,11 @@ bool static_padded_layouts_enabled();
 // same bit for bit. The schedule dump marks each rewritten step. Returns the previous setting.
 bool set_static_fold_activations_enabled(bool on);
 bool static_fold_activations_enabled();
+// Whether calls from now on may make argument dimensions dynamic (StaticOptions::dynamic) and be
+// served by the dynamic families made so far; off (ENCORE_STATIC_DYNAMIC=0 starts it off), every
+// size traces once, as with DynamicShapes::Off. Returns the previous setting.
+bool set_static_dynamic_enabled(bool on);
+bool static_dynamic_enabled();
 // Whether signatures traced from now on put a red zone (guard bytes of a known fill) after each
 // block of their arena and check, after every replayed step, the guards of what it wrote: an
 // overrun that stays inside the arena (invisible to AddressSanitizer) raises an Error naming the

@@ -35,6 +35,12 @@ bool static_padded_layouts_enabled() {
 bool set_static_fold_activations_enabled(bool on) {
   return schedule::set_fold_activations_enabled(on);
 }
+bool set_static_dynamic_enabled(bool on) {
+  return schedule::set_dynamic_enabled(on);
+}
+bool static_dynamic_enabled() {
+  return schedule::dynamic_enabled();
+}
 bool static_fold_activations_enabled() {
   return schedule::fold_activations_enabled();
 }
@@ -62,8 +68,19 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
                options.cache_limit);
   ENCORE_CHECK(options.verify_every >= 0, options.name, ": verify_every must be >= 0, got ",
                options.verify_every);
+  ENCORE_CHECK(options.size_limit >= 1, options.name, ": size_limit must be at least 1, got ",
+               options.size_limit);
+  ENCORE_CHECK(options.dynamic_dims.empty() || options.dynamic == DynamicShapes::Explicit,
+               options.name, ": dynamic_dims names ", options.dynamic_dims.size(),
+               " dimensions; they need dynamic = DynamicShapes::Explicit");
+  for (const DynamicDim& d : options.dynamic_dims)
+    ENCORE_CHECK(d.arg >= 0 && d.dim >= 0, options.name, ": dynamic_dims has {", d.arg, ", ",
+                 d.dim, "}; arguments and dimensions count from 0");
   schedule::Config c;
   c.name = std::move(options.name);
+  c.dynamic = options.dynamic;
+  c.dynamic_dims = std::move(options.dynamic_dims);
+  c.size_limit = options.size_limit;
   c.cache_limit = options.cache_limit;
   c.on_unsafe = options.on_unsafe;
   c.verify_every = options.verify_every;

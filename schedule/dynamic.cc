@@ -1,0 +1,252 @@
+// Dynamic shapes in the call path: a call that a family serves (a size planned before, or one
+// planned now from the family's recording without running the function), a new trace that may
+// make dimensions dynamic, and the check that does so once that trace is planned.
+#include <algorithm>
+
+#include "schedule/static_graph_impl.h"
+
+namespace encore::schedule {
+using namespace detail;
+namespace {
+
+// "argument 0 'x' dim 0", "argument 0 'x' dims 2 and 3, argument 1 'y' dim 0".
+std::string dims_text(const Config& c, std::span<const DynDim> dims) {
+  std::string out;
+  for (size_t k = 0; k < dims.size();) {
+    size_t j = k;
+    while (j < dims.size() && dims[j].arg == dims[k].arg) ++j;
+    out += cat(out.empty() ? "" : ", ", arg_label(c, static_cast<size_t>(dims[k].arg)),
+               j - k == 1 ? " dim " : " dims ");
+    for (size_t i = k; i < j; ++i)
+      out += cat(i == k ? "" : i + 1 == j ? " and " : ", ", dims[i].dim);
+    k = j;
+  }
+  return out;
+}
+
+std::string ids_text(std::span<const int64_t> ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i)
+    s += cat(i == 0 ? "" : i + 1 == ids.size() ? " and " : ", ", ids[i]);
+  return s;
+}
+
+// Whether `now` differs from `was` in argument sizes only (same arguments, dtypes, devices,
+// ranks, requires-grad, aliasing, grad mode, train/eval mode and key); the dimensions that
+// differ in `changed`.
+bool only_sizes_differ(const Signature& was, const Signature& now, std::vector<DynDim>& changed) {
+  changed.clear();
+  if (was.args.size() != now.args.size() || was.grad != now.grad || was.mode != now.mode ||
+      was.key != now.key)
+    return false;
+  for (size_t i = 0; i < was.args.size(); ++i) {
+    const ArgSig &a = was.args[i], &b = now.args[i];
+    if (a.dtype != b.dtype || a.device != b.device || a.requires_grad != b.requires_grad ||
+        a.same_as != b.same_as || a.shares_with != b.shares_with ||
+        a.shared_offset != b.shared_offset || a.shape.rank() != b.shape.rank())
+      return false;
+    for (int d = 0; d < a.shape.rank(); ++d)
+      if (a.shape[d] != b.shape[d]) changed.push_back({static_cast<int>(i), d});
+  }
+  return true;
+}
+
+// An entry for the family's recording at `sizes`, planned; null (and why) when it has none.
+std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<const Tensor> args,
+                                 const std::string* key, int mode,
+                                 std::span<const int64_t> sizes, std::string& why) {
+  std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why);
+  if (!rec) return nullptr;
+  const Entry& p = *f.proto;
+  auto e = std::make_shared<Entry>();
+  e->name = p.name;
+  e->id = p.id;
+  e->traced_call = p.traced_call;
+  e->sig = signature_of(args, key, mode);
+  e->owner = p.owner;
+  e->node = p.node;
+  e->plan_options = p.plan_options;
+  e->slots = p.slots;
+  e->params = p.params;
+  e->grads = p.grads;
+  e->grad_in = p.grad_in;
+  e->early_clear = p.early_clear;
+  e->rec = rec;
+  try {
+    e->plan = std::make_shared<Plan>(std::move(rec), e->plan_options);
+  } catch (const std::exception& ex) {
+    why = cat("planning ", sizes_text(sizes), " failed: ", ex.what());
+    return nullptr;
+  }
+  e->publish(EntryState::Ready);
+  return e;
+}
+
+}  // namespace
+
+std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> args,
+                                                        const std::string* key, bool grad,
+                                                        int mode,
+                                                        std::unique_lock<std::mutex>& lock,
+                                                        std::string& reason, int64_t& hits) {
+  if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())
+    return nullptr;
+  std::vector<int64_t> sizes;
+  for (auto it = families.begin(); it != families.end(); ++it) {
+    if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
+    if (std::string why = guard_failure(*(*it)->proto); !why.empty()) {
+      if (reason.empty()) reason = std::move(why);
+      continue;
+    }
+    families.splice(families.begin(), families, it);
+    const std::shared_ptr<Family> f = families.front();
+    for (auto s = f->sizes.begin(); s != f->sizes.end(); ++s) {
+      if (!matches((*s)->sig, args, key, grad, mode)) continue;
+      f->sizes.splice(f->sizes.begin(), f->sizes, s);
+      std::shared_ptr<Entry> hit = f->sizes.front();
+      hits = ++hit->hits;
+      ++f->hits;
+      ++stats.hits;
+      note_call(false);
+      lock.unlock();
+      return hit;
+    }
+    // A size not planned yet: planned from the family's recording, outside the lock.
+    lock.unlock();
+    std::string why;
+    std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, sizes, why);
+    lock.lock();
+    if (!e) {
+      reason = cat(why, " (planned from dynamic family ", f->id, ")");
+      return nullptr;
+    }
+    // Another call may have planned this size meanwhile: one entry per size.
+    auto same = std::find_if(f->sizes.begin(), f->sizes.end(), [&](const auto& s) {
+      return matches(s->sig, args, key, grad, mode);
+    });
+    if (same != f->sizes.end()) {
+      e = *same;
+    } else {
+      f->sizes.push_front(e);
+      ++f->planned;
+      ++stats.sizes_planned;
+      while (static_cast<int>(f->sizes.size()) > std::max(1, config.size_limit)) {
+        f->sizes.pop_back();
+        ++f->evictions;
+      }
+    }
+    hits = ++e->hits;
+    ++stats.hits;
+    note_call(false);
+    lock.unlock();
+    return e;
+  }
+  return nullptr;
+}
+
+void StaticGraph::Impl::prepare_dynamic(Entry& e) {
+  if (config.dynamic == DynamicShapes::Off || !dynamic_enabled()) return;
+  e.keep_trace = true;
+  auto eligible = [&](const DynDim& d) {
+    if (static_dims.contains(d)) return false;
+    if (config.dynamic == DynamicShapes::Automatic) return true;
+    return std::any_of(config.dynamic_dims.begin(), config.dynamic_dims.end(),
+                       [&](const DynamicDim& x) { return x.arg == d.arg && x.dim == d.dim; });
+  };
+  std::vector<DynDim> changed, dims;
+  std::vector<FamilyPoint> evidence;
+  std::vector<int64_t> ids;
+  // The most recently used family, else entry, whose signature differs from this call's in
+  // eligible sizes only.
+  for (const auto& f : families) {
+    if (!only_sizes_differ(f->shapes->sig, e.sig, changed) ||
+        !std::all_of(changed.begin(), changed.end(), eligible) ||
+        !guard_failure(*f->proto).empty())
+      continue;
+    dims = changed;
+    dims.insert(dims.end(), f->shapes->dims.begin(), f->shapes->dims.end());
+    evidence = f->shapes->points;
+    ids = f->traces;
+    break;
+  }
+  if (evidence.empty()) {
+    for (const auto& b : entries) {
+      if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
+          !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
+          !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty())
+        continue;
+      dims = changed;
+      if (!b->ambiguous_points.empty()) {
+        dims.insert(dims.end(), b->dynamic_dims.begin(), b->dynamic_dims.end());
+        evidence = b->ambiguous_points;
+        ids = b->ambiguous_ids;
+      } else {
+        evidence = {FamilyPoint{b->pristine, b->sig}};
+        ids = {b->id};
+      }
+      break;
+    }
+  }
+  if (evidence.empty()) return;
+  while (evidence.size() >= kMaxFamilyPoints) {  // the oldest go
+    evidence.erase(evidence.begin());
+    ids.erase(ids.begin());
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  e.dynamic_dims = std::move(dims);
+  e.evidence = std::move(evidence);
+  e.evidence_ids = std::move(ids);
+}
+
+void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
+  std::vector<FamilyPoint> points = e->evidence;
+  points.push_back({e->pristine, e->sig});
+  std::vector<int64_t> ids = e->evidence_ids;
+  ids.push_back(e->id);
+  FamilyBuild b;
+  try {
+    b = build_family(points, e->dynamic_dims);
+  } catch (const std::exception& ex) {
+    b.family.reset();
+    b.ambiguous = false;
+    b.why = ex.what();
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  e->evidence.clear();  // the earlier recordings now live in the family, if any
+  const std::string what = dims_text(config, e->dynamic_dims);
+  if (b.family) {
+    auto f = std::make_shared<Family>();
+    f->id = e->id;
+    f->proto = e;
+    f->traces = ids;
+    f->shapes = std::move(b.family);
+    // A family this one extends (its traces are this one's evidence) goes.
+    families.remove_if([&](const std::shared_ptr<Family>& old) {
+      return std::find(ids.begin(), ids.end(), old->id) != ids.end();
+    });
+    const std::string line =
+        cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
+            " agree in everything but sizes): one schedule serves ",
+            describe(f->shapes->sig, config, symbol_names(*f->shapes)));
+    families.push_front(std::move(f));
+    while (static_cast<int>(families.size()) > std::max(1, config.cache_limit)) families.pop_back();
+    ++stats.dynamic_events;
+    keep_bounded(stats.dynamic_history, line, kHistory);
+    log_retrace(line);
+  } else if (b.ambiguous && points.size() < kMaxFamilyPoints) {
+    e->ambiguous_points = std::move(points);
+    e->ambiguous_ids = ids;
+    log_retrace(cat(config.name, ": ", what, " may be dynamic, but ", b.why,
+                    " (traces ", ids_text(ids), "); the next size traces once more to tell"));
+  } else {
+    const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
+                                 " static: ", b.why, " (traces ", ids_text(ids), ")");
+    for (const DynDim& d : e->dynamic_dims)
+      if (static_dims.size() < kSubjects) static_dims.try_emplace(d, line);
+    warn(cat(config.name, ": ", line));
+  }
+  unlock_and_log(lock);
+}
+
+}  // namespace encore::schedule

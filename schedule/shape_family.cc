@@ -1,0 +1,355 @@
+// Shape families: built from traced recordings at several sizes, matched against a call's
+// arguments, and instantiated for its sizes (see shape_family.h for the evidence they rest on).
+#include "schedule/shape_family.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/cuda.h"
+#include "runtime/error.h"
+#include "runtime/op_traits.h"
+
+namespace encore::schedule::detail {
+namespace {
+
+// The attributes of a step with its sizes zeroed, so that two traces' steps compare equal when
+// they differ in sizes only.
+AttrBlob without_sizes(Op op, const AttrBlob& a) {
+  AttrBlob b = a;
+  if (op_draws_random(op)) {  // each trace draws its own stream; the distribution must agree
+    RandomAttrs r = a.as<RandomAttrs>();
+    r.seed = r.offset = r.state_ptr = 0;
+    b = AttrBlob::of(r);
+  } else if (a.holds<SliceAttrs>()) {
+    SliceAttrs s = a.as<SliceAttrs>();
+    s.start = s.stop = 0;
+    b = AttrBlob::of(s);
+  } else if (a.holds<BatchNormAttrs>()) {
+    BatchNormAttrs s = a.as<BatchNormAttrs>();
+    s.count = 0;
+    b = AttrBlob::of(s);
+  } else if (a.holds<LayerNormAttrs>()) {
+    LayerNormAttrs s = a.as<LayerNormAttrs>();
+    s.cols = 0;
+    b = AttrBlob::of(s);
+  } else if (a.holds<ScalarAttrs>()) {
+    b = AttrBlob::of(ScalarAttrs{});
+  }
+  return b;
+}
+
+}  // namespace
+
+std::string step_label(const Recording& rec, int step) {
+  const int nf = static_cast<int>(rec.forward.size());
+  const Step& s = step < nf ? rec.forward[step] : rec.backward[step - nf];
+  return step < nf ? cat("step ", step, " (forward) ", op_name(s.op))
+                   : cat("step ", step - nf, " (backward) ", op_name(s.op));
+}
+
+namespace {
+
+// Whether a bound tensor holds the same values at two traces (constants made inside each call
+// are different tensors; a value read from a size would make them differ).
+bool same_bound(const Tensor& a, const Tensor& b) {
+  if (a.is_same(b) || (a.defined() && b.defined() && a.impl()->storage == b.impl()->storage &&
+                       a.impl()->offset == b.impl()->offset))
+    return true;
+  if (!a.defined() || !b.defined() || a.dtype() != b.dtype() || !(a.shape() == b.shape()))
+    return false;
+  std::vector<unsigned char> x(a.nbytes()), y(b.nbytes());
+  cuda::copy_bytes(x.data(), Device::cpu(), a.raw_data(), a.device(), x.size());
+  cuda::copy_bytes(y.data(), Device::cpu(), b.raw_data(), b.device(), y.size());
+  return x == y;
+}
+
+// How two traces differ in anything but sizes ("" when they do not).
+std::string structure_diff(const Recording& a, const Recording& b) {
+  if (!a.unsafe.empty() || !b.unsafe.empty()) return "a trace was unsafe";
+  if (a.saw_backward != b.saw_backward) return "one trace ran a backward inside, the other not";
+  if (a.buffers.size() != b.buffers.size())
+    return cat("the traces used ", a.buffers.size(), " and ", b.buffers.size(), " buffers");
+  for (size_t i = 0; i < a.buffers.size(); ++i) {
+    const Buffer &x = a.buffers[i], &y = b.buffers[i];
+    if (x.kind != y.kind || x.index != y.index || x.device != y.device || x.mutated != y.mutated)
+      return cat("buffer ", i, " is a different kind of tensor in the traces");
+    if (x.kind == BufKind::External && !same_bound(x.bound, y.bound))
+      return cat("buffer ", i, " is a tensor made in the call (a constant) or captured, ",
+                 x.bound.shape(), " and ", y.bound.shape(),
+                 ", whose values differ between the traces");
+  }
+  auto same_operand = [](const Operand& x, const Operand& y) {
+    return x.buf == y.buf && x.dtype == y.dtype && x.shape.rank() == y.shape.rank();
+  };
+  const std::vector<Step>* phases_a[] = {&a.forward, &a.backward};
+  const std::vector<Step>* phases_b[] = {&b.forward, &b.backward};
+  for (int ph = 0; ph < 2; ++ph) {
+    const std::vector<Step>&x = *phases_a[ph], &y = *phases_b[ph];
+    const char* what = ph == 0 ? "forward" : "backward";
+    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+      const Step &s = x[i], &t = y[i];
+      if (s.op != t.op)
+        return cat("step ", i, " (", what, ") is ", op_name(s.op), " at one traced size and ",
+                   op_name(t.op), " at another");
+      bool same = s.in.size() == t.in.size() && s.out.size() == t.out.size();
+      for (size_t k = 0; same && k < s.in.size(); ++k) same = same_operand(s.in[k], t.in[k]);
+      for (size_t k = 0; same && k < s.out.size(); ++k) same = same_operand(s.out[k], t.out[k]);
+      if (!same)
+        return cat("step ", i, " (", what, ") ", op_name(s.op),
+                   " reads or writes other tensors at one traced size than at another");
+      const AttrBlob p = without_sizes(s.op, s.attrs), q = without_sizes(t.op, t.attrs);
+      if (std::memcmp(p.bytes, q.bytes, AttrBlob::kCapacity) != 0)
+        return cat("step ", i, " (", what, ") ", op_name(s.op),
+                   " has other attributes at one traced size than at another");
+    }
+    if (x.size() != y.size())
+      return cat("the ", what, " ran ", x.size(), " ops at one traced size and ", y.size(),
+                 " at another");
+  }
+  if (a.leaves.size() != b.leaves.size()) return "the traces touched different leaves";
+  for (size_t i = 0; i < a.leaves.size(); ++i) {
+    const Leaf &x = a.leaves[i], &y = b.leaves[i];
+    if (x.param != y.param || x.buf != y.buf || x.first != y.first ||
+        x.final_grad != y.final_grad || !x.tensor.is_same(y.tensor))
+      return cat("leaf ", i, " is used differently in the traces");
+  }
+  if (a.results.size() != b.results.size() || a.differentiable != b.differentiable)
+    return "the traces returned different results";
+  for (size_t i = 0; i < a.results.size(); ++i)
+    if (!same_operand(a.results[i], b.results[i]))
+      return cat("result ", i, " is a different tensor in the traces");
+  if (a.contributions.size() != b.contributions.size())
+    return "the traces' backwards delivered different gradients";
+  for (size_t i = 0; i < a.contributions.size(); ++i) {
+    const auto &x = a.contributions[i], &y = b.contributions[i];
+    if (x.arg != y.arg || x.index != y.index || !same_operand(x.grad, y.grad))
+      return cat("gradient contribution ", i, " differs between the traces");
+  }
+  return {};
+}
+
+// Builds a family's expressions, step by step over all its points at once.
+// Sets the attribute sizes of one step.
+void set_attr(AttrBlob& a, const ShapeFamily::AttrSlot& slot, int64_t value) {
+  switch (slot.field) {
+    case kSliceStart: {
+      SliceAttrs s = a.as<SliceAttrs>();
+      s.start = value;
+      a = AttrBlob::of(s);
+      break;
+    }
+    case kSliceStop: {
+      SliceAttrs s = a.as<SliceAttrs>();
+      s.stop = value;
+      a = AttrBlob::of(s);
+      break;
+    }
+    case kBatchNormCount: {
+      BatchNormAttrs s = a.as<BatchNormAttrs>();
+      s.count = value;
+      a = AttrBlob::of(s);
+      break;
+    }
+    case kLayerNormCols: {
+      LayerNormAttrs s = a.as<LayerNormAttrs>();
+      s.cols = value;
+      a = AttrBlob::of(s);
+      break;
+    }
+    case kScalar: {
+      const double v = slot.scalar_form == 0 ? static_cast<double>(value)
+                                             : slot.k / static_cast<double>(value);
+      a = AttrBlob::of(ScalarAttrs{v});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Whether an instantiated step's operands still agree where its kernel assumes they do; the
+// reason when not.
+std::string check_step(const Step& s) {
+  auto numel = [](const Operand& o) { return o.shape.numel(); };
+  // `in` broadcasts to `out`: aligned from the right, each size equal or 1.
+  auto broadcasts = [](const Shape& in, const Shape& out) {
+    if (in.rank() > out.rank()) return false;
+    for (int d = 1; d <= in.rank(); ++d)
+      if (in[in.rank() - d] != out[out.rank() - d] && in[in.rank() - d] != 1) return false;
+    return true;
+  };
+  if (op_elementwise(s.op) && !s.out.empty()) {
+    for (const Operand& in : s.in)
+      if (numel(in) != numel(s.out[0]) && !broadcasts(in.shape, s.out[0].shape))
+        return cat(op_name(s.op), " reads ", in.shape, " for ", s.out[0].shape);
+  }
+  if ((s.op == Op::AddInplace || s.op == Op::CopyInplace) && numel(s.in[1]) != numel(s.in[0]) &&
+      !broadcasts(s.in[1].shape, s.in[0].shape))
+    return cat(op_name(s.op), " adds ", s.in[1].shape, " into ", s.in[0].shape);
+  if (s.op == Op::Matmul && s.in[0].shape.rank() >= 2 && s.in[1].shape.rank() >= 2) {
+    const MatmulAttrs& m = s.attrs.as<MatmulAttrs>();
+    const Shape &a = s.in[0].shape, &b = s.in[1].shape;
+    const int64_t ka = m.trans_a ? a[a.rank() - 2] : a[a.rank() - 1];
+    const int64_t kb = m.trans_b ? b[b.rank() - 1] : b[b.rank() - 2];
+    if (ka != kb) return cat("matmul of ", a, " and ", b);
+  }
+  if (s.op == Op::Linear && s.in[0].shape.rank() >= 1 && s.in[1].shape.rank() == 2 &&
+      s.in[0].shape[s.in[0].shape.rank() - 1] != s.in[1].shape[1])
+    return cat("linear of ", s.in[0].shape, " and ", s.in[1].shape);
+  return {};
+}
+
+}  // namespace
+
+FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> dims) {
+  FamilyBuild out;
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  ENCORE_CHECK(points.size() >= 2 && points.size() <= kMaxFamilyPoints && !dims.empty(),
+               "build_family: needs 2 to ", kMaxFamilyPoints, " points and a dimension");
+  for (size_t p = 1; p < points.size(); ++p)
+    if (std::string d = structure_diff(*points[0].rec, *points[p].rec); !d.empty()) {
+      out.why = d;
+      return out;
+    }
+  auto f = std::make_unique<ShapeFamily>();
+  f->dims = dims;
+  // Dimensions with the same value at every point share a symbol.
+  std::vector<std::vector<int64_t>> values(dims.size());
+  for (size_t k = 0; k < dims.size(); ++k)
+    for (const FamilyPoint& p : points) {
+      ENCORE_CHECK(dims[k].arg < static_cast<int>(p.sig.args.size()) &&
+                       dims[k].dim < p.sig.args[dims[k].arg].shape.rank(),
+                   "build_family: no dimension ", dims[k].dim, " of argument ", dims[k].arg);
+      values[k].push_back(p.sig.args[dims[k].arg].shape[dims[k].dim]);
+    }
+  std::vector<std::vector<int64_t>> symbol_values;  // per symbol, its values at the points
+  for (size_t k = 0; k < dims.size(); ++k) {
+    auto it = std::find(symbol_values.begin(), symbol_values.end(), values[k]);
+    f->symbol_of.push_back(static_cast<int>(it - symbol_values.begin()));
+    if (it == symbol_values.end()) symbol_values.push_back(values[k]);
+  }
+  f->symbols = static_cast<int>(symbol_values.size());
+  std::vector<std::vector<int64_t>> at_points(points.size(), std::vector<int64_t>(f->symbols));
+  for (size_t p = 0; p < points.size(); ++p)
+    for (int s = 0; s < f->symbols; ++s) at_points[p][s] = symbol_values[s][p];
+  f->pool = ExprPool(std::move(at_points));
+  f->sig = points.back().sig;
+  f->points = std::move(points);
+
+  if (!derive_sizes(*f, out.why, out.ambiguous)) return out;
+
+  std::vector<ExprId*> roots;
+  for (ExprId& e : f->dim_exprs) roots.push_back(&e);
+  for (ShapeFamily::AttrSlot& a : f->attrs) roots.push_back(&a.e);
+  f->pool = f->pool.compact(roots);
+  // The recording instantiated is the latest trace's: its constants and bound tensors are the
+  // ones a replay at that size would use.
+  f->base = f->points.back().rec;
+  out.family = std::move(f);
+  return out;
+}
+
+bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std::string* key,
+                  bool grad, int mode, std::vector<int64_t>& symbols) {
+  const Signature& s = f.sig;
+  if (s.args.size() != args.size() || s.grad != grad || s.mode != mode) return false;
+  if ((key == nullptr ? !s.key.empty() : s.key != *key)) return false;
+  symbols.assign(static_cast<size_t>(f.symbols), -1);
+  size_t next = 0;  // f.dims is sorted by argument, then dimension
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSig& a = s.args[i];
+    const TensorImpl& t = *args[i].impl();
+    if (t.dtype != a.dtype || t.requires_grad != a.requires_grad ||
+        t.shape.rank() != a.shape.rank() || t.storage->device() != a.device)
+      return false;
+    for (int d = 0; d < a.shape.rank(); ++d) {
+      if (next < f.dims.size() && f.dims[next].arg == static_cast<int>(i) &&
+          f.dims[next].dim == d) {
+        int64_t& v = symbols[static_cast<size_t>(f.symbol_of[next++])];
+        if (t.shape[d] < 1 || (v >= 0 && v != t.shape[d])) return false;
+        v = t.shape[d];
+      } else if (t.shape[d] != a.shape[d]) {
+        return false;
+      }
+    }
+  }
+  return same_aliasing(s, args);
+}
+
+std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
+                                       std::string& why) {
+  std::vector<int64_t> v;
+  if (!f.pool.eval(symbols, v)) {
+    why = cat("no schedule at ", sizes_text(symbols),
+              ": a size would be negative or overflow (a kernel larger than its padded input?)");
+    return nullptr;
+  }
+  auto rec = std::make_shared<Recording>(*f.base);
+  size_t k = 0;
+  bool ok = true;
+  for_each_operand(*rec, [&](Operand& o) {
+    Shape s;
+    for (int d = 0; d < o.shape.rank(); ++d) {
+      const int64_t x = v[static_cast<size_t>(f.dim_exprs[k++])];
+      if (x < 0 || !ok) {
+        ok = false;
+        continue;
+      }
+      try {
+        s.push_back(x);
+      } catch (const Error&) {
+        ok = false;
+      }
+    }
+    if (ok) o.shape = s;
+  });
+  if (!ok) {
+    why = cat("no schedule at ", sizes_text(symbols), ": a shape would be negative or too large");
+    return nullptr;
+  }
+  const int nf = static_cast<int>(rec->forward.size());
+  for (const ShapeFamily::AttrSlot& a : f.attrs) {
+    Step& s = a.step < nf ? rec->forward[a.step] : rec->backward[a.step - nf];
+    set_attr(s.attrs, a, v[static_cast<size_t>(a.e)]);
+  }
+  // Temporaries, arguments and incoming gradients hold what their largest operand needs.
+  std::vector<size_t> largest(rec->buffers.size(), 0);
+  for_each_operand(*rec, [&](const Operand& o) {
+    largest[o.buf] = std::max(largest[o.buf], o.nbytes());
+  });
+  for (size_t b = 0; b < rec->buffers.size(); ++b) {
+    Buffer& buf = rec->buffers[b];
+    if (buf.kind == BufKind::Temp || buf.kind == BufKind::Arg || buf.kind == BufKind::GradIn)
+      buf.nbytes = largest[b];
+    else if (largest[b] > buf.nbytes) {
+      why = cat("no schedule at ", sizes_text(symbols), ": buffer ", b, " would be read past its end");
+      return nullptr;
+    }
+  }
+  for (const std::vector<Step>* steps : {&rec->forward, &rec->backward})
+    for (const Step& s : *steps)
+      if (std::string bad = check_step(s); !bad.empty()) {
+        why = cat("no schedule at ", sizes_text(symbols), ": ", bad);
+        return nullptr;
+      }
+  return rec;
+}
+
+std::vector<std::vector<std::string>> symbol_names(const ShapeFamily& f) {
+  std::vector<std::vector<std::string>> out(f.sig.args.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i].assign(static_cast<size_t>(f.sig.args[i].shape.rank()), std::string());
+  for (size_t k = 0; k < f.dims.size(); ++k)
+    out[f.dims[k].arg][f.dims[k].dim] = cat("s", f.symbol_of[k]);
+  return out;
+}
+
+std::string sizes_text(std::span<const int64_t> symbols) {
+  std::string s;
+  for (size_t k = 0; k < symbols.size(); ++k) s += cat(k ? ", " : "", "s", k, "=", symbols[k]);
+  return s;
+}
+
+}  // namespace encore::schedule::detail

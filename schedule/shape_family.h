@@ -1,0 +1,131 @@
+// Shape families: one recording written in the symbols of its dynamic dimensions, built from
+// traces of one function at different sizes, and instantiated for the sizes of a later call
+// without running the function. Internal to schedule/.
+//
+// The evidence is the traces themselves. Two or more recordings of one function whose signatures
+// differ only in some argument dimensions must have the same structure (ops, attributes that are
+// not sizes, buffers, leaves, results) and every size in them (each operand's dimensions, the
+// attributes that hold sizes: slice bounds, batch-norm counts, layer-norm columns, a scalar that
+// is a size or its reciprocal) must be explained, at every traced point, by one expression in
+// the dimensions' symbols:
+//  - an op's shape rule where its output sizes are new values (convolution and pooling outputs,
+//    concat, slice);
+//  - else a dimension or a product of consecutive dimensions of one of the step's inputs (an
+//    elementwise output, a matmul's rows, a reshape that flattens or splits), or of anything the
+//    trace computed before (a gradient buffer shaped like a forward value);
+//  - else a constant, when it has the same value at every point.
+// A size no expression explains (user code that computes a shape or a scalar from a size in a
+// way the trace cannot see, a branch on a size) means the dimensions cannot be dynamic, and the
+// reason names the step and the op. A size that a constant and a symbolic expression explain
+// equally well at every point (a pooled size that happens to be equal at both sizes) is ambiguous:
+// the builder asks for one more traced size instead of guessing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+#include "schedule/recording.h"
+#include "schedule/signature.h"
+#include "schedule/sym_expr.h"
+
+namespace encore::schedule::detail {
+
+// Most traced sizes a family is built from.
+inline constexpr size_t kMaxFamilyPoints = 4;
+
+// Dimension `dim` of argument `arg`.
+struct DynDim {
+  int arg = 0;
+  int dim = 0;
+  bool operator==(const DynDim&) const = default;
+  auto operator<=>(const DynDim&) const = default;
+};
+
+// One traced size: the recording as traced (before planning) and its signature.
+struct FamilyPoint {
+  std::shared_ptr<const Recording> rec;
+  Signature sig;
+};
+
+// The sizes a step's attributes hold (ShapeFamily::AttrSlot::field).
+enum AttrField : uint8_t { kSliceStart, kSliceStop, kBatchNormCount, kLayerNormCols, kScalar };
+
+struct ShapeFamily {
+  std::vector<DynDim> dims;     // the dynamic dimensions, sorted
+  std::vector<int> symbol_of;   // per dimension, its symbol (dimensions equal at every point share one)
+  int symbols = 0;
+  Signature sig;                // the latest point's; its dynamic dimensions are the symbols
+  ExprPool pool;
+  // The latest point's recording, instantiated with every size below replaced.
+  std::shared_ptr<const Recording> base;
+  std::vector<ExprId> dim_exprs;  // per operand dimension, in for_each_operand's order
+  struct AttrSlot {
+    int step = 0;       // forward steps, then backward steps
+    uint8_t field = 0;  // which size of the step's attributes (see shape_family.cc)
+    ExprId e = -1;
+    // ScalarAttrs::value: 0 the size e, 1 k / e.
+    uint8_t scalar_form = 0;
+    double k = 0;
+  };
+  std::vector<AttrSlot> attrs;
+  std::vector<FamilyPoint> points;  // the evidence, oldest first
+};
+
+// What building a family found.
+struct FamilyBuild {
+  std::unique_ptr<ShapeFamily> family;  // null: not built
+  bool ambiguous = false;  // more evidence (another traced size) may settle it
+  std::string why;         // why not: "step 7 (forward) reshape: ..."
+};
+
+// Fills f.pool, f.dim_exprs and f.attrs from f.points and f.dims (shape_rules.cc): false, with
+// why (and whether another traced size might settle it), when some size has no expression.
+bool derive_sizes(ShapeFamily& f, std::string& why, bool& ambiguous);
+
+// Every operand of a recording, in the order a family stores their dimensions: each forward
+// step's inputs then outputs, the results, each backward step's inputs then outputs, the
+// contributions.
+template <typename R, typename F>
+void for_each_operand(R& rec, F&& f) {
+  for (auto& s : rec.forward) {
+    for (auto& o : s.in) f(o);
+    for (auto& o : s.out) f(o);
+  }
+  for (auto& o : rec.results) f(o);
+  for (auto& s : rec.backward) {
+    for (auto& o : s.in) f(o);
+    for (auto& o : s.out) f(o);
+  }
+  for (auto& c : rec.contributions) f(c.grad);
+}
+
+// "step 7 (forward) relu".
+std::string step_label(const Recording& rec, int step);
+
+// Builds the family of `points` (2 to kMaxFamilyPoints traces whose signatures differ only in
+// `dims`).
+FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> dims);
+
+// The symbols' values for a call: false when the arguments do not fit the family (a dimension
+// that is not dynamic differs, or dimensions sharing a symbol differ, or a dynamic one is 0).
+bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std::string* key,
+                  bool grad, int mode, std::vector<int64_t>& symbols);
+
+// The family's recording at these sizes, ready to plan; null (and why) when the sizes are
+// impossible for it (a kernel larger than its padded input, a product that overflows, operands
+// that no longer agree).
+std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
+                                       std::string& why);
+
+// Every dimension of an argument as the family sees it: "s0" for a dynamic one, "" otherwise.
+std::vector<std::vector<std::string>> symbol_names(const ShapeFamily& f);
+
+// "s0=17, s1=40".
+std::string sizes_text(std::span<const int64_t> symbols);
+
+}  // namespace encore::schedule::detail
