@@ -1,4 +1,4 @@
-// The training step timed by MlpSmall/*, MlpLarge/* and Retrace/first_call: the 784-h-h-10
+// The training step timed by MlpSmall/*, MlpLarge/* and Retrace/*: the 784-h-h-10
 // perceptron, Adam with its defaults, a rand input and int32 labels fixed at construction. On a
 // CUDA device (the /cuda cases) the model and data are made on the host as for the CPU, then
 // moved, so both devices train the same weights on the same data.
