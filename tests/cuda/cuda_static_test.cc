@@ -20,29 +20,6 @@
 using namespace encore;
 using namespace encore::testing;
 
-namespace {
-
-// How the entry's replays ran: with graphs on, every replayed phase was one graph launch (a
-// forward per hit, and a backward when the schedule has one) and nothing fell back; with graphs
-// off, none was.
-void check_graph_use(const EntryReport& e, bool graphs, int64_t hits) {
-  INFO("entry " << e.signature << ": " << e.graph_text());
-  if (graphs) {
-    CHECK(e.graph_fallback == "");
-    CHECK(e.stream_replays == 0);
-    CHECK(e.graph_launches >= hits);
-    CHECK(e.graph_launches <= 2 * hits);
-    CHECK(e.graph_captures >= 1);
-    CHECK(e.graph_captures <= e.graph_launches);
-  } else {
-    CHECK(e.graph_launches == 0);
-    CHECK(e.graph_captures == 0);
-    CHECK(e.stream_replays >= hits);
-  }
-}
-
-}  // namespace
-
 // ---- Replay equals eager -------------------------------------------------------------------
 
 TEST_CASE("MLP training with a static forward (module form) on cuda equals eager bit for bit",

@@ -1,9 +1,13 @@
 // Helpers of the CUDA tests: the device, scopes that set the CUDA-graph switch and keep the
-// generators' state, and a test case run with graphs on and off. Host copies and bitwise comparison
-// of tensors on any device (bit_diff, check_same_parameters, on_host) are in test_util.h.
+// generators' state, a test case run with graphs on and off, and the check of how a cache entry's
+// replays used CUDA graphs. Host copies and bitwise comparison of tensors on any device (bit_diff,
+// check_same_parameters, on_host) are in test_util.h.
 #pragma once
 
+#include <cstdint>
+
 #include "encore/encore.h"
+#include "encore/static_graph.h"
 #include "runtime/cuda.h"
 #include "tests/test_util.h"
 
@@ -22,6 +26,25 @@ void with_graphs_on_and_off(Scenario&& scenario) {
   INFO("CUDA graphs " << (graphs ? "on" : "off"));
   GraphsEnabled use_graphs(graphs);
   scenario(graphs);
+}
+
+// How a cache entry's replays ran: with graphs on, every replayed phase was one graph launch (a
+// forward per hit, and a backward when the schedule has one) and nothing fell back; with graphs
+// off, none was.
+inline void check_graph_use(const EntryReport& e, bool graphs, int64_t hits) {
+  INFO("entry " << e.signature << ": " << e.graph_text());
+  if (graphs) {
+    CHECK(e.graph_fallback == "");
+    CHECK(e.stream_replays == 0);
+    CHECK(e.graph_launches >= hits);
+    CHECK(e.graph_launches <= 2 * hits);
+    CHECK(e.graph_captures >= 1);
+    CHECK(e.graph_captures <= e.graph_launches);
+  } else {
+    CHECK(e.graph_launches == 0);
+    CHECK(e.graph_captures == 0);
+    CHECK(e.stream_replays >= hits);
+  }
 }
 
 // Restores the cpu's and cuda:0's generators when the scope ends.
