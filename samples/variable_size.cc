@@ -1,10 +1,13 @@
 // The tf.function retracing experiment, scaled to a CPU: a small VGG-style network trained
 // (Adam, softmax cross-entropy) on random images whose height and width change every batch.
-// The same steps run eagerly, then as one static function; every new (height, width) is a new
-// signature, so the static version retraces, and encore says so. A later issue (shape-generic
-// traces) addresses this; this sample shows honestly what happens today.
+// The same steps run eagerly, then as one static function. The second size traces once more;
+// the two traces agree in everything but sizes, so height and width become dynamic and every
+// later size is planned from the trace without running the step's code. With --fixed every
+// (height, width) is a signature of its own (DynamicShapes::Off): the static version retraces
+// on every new size, as tf.function does, and encore says so.
 //
 //   build/samples/variable_size --steps 40 --min 32 --max 96
+//   build/samples/variable_size --fixed
 #include <cstdio>
 #include <exception>
 #include <random>
@@ -20,6 +23,7 @@ namespace {
 
 struct Flags {
   int64_t steps = 40, batch = 8, min = 32, max = 96, seed = 0, cache = 8;
+  bool fixed = false;
 };
 
 // One (height, width) per step, uniform in [min, max], from a fixed seed.
@@ -54,7 +58,8 @@ Run run(const Flags& f, bool static_on) {
       {.name = "vgg_step",
        .cache_limit = static_cast<int>(f.cache),
        .arg_names = {"x", "t"},
-       .modules = {model}});
+       .modules = {model},
+       .dynamic = f.fixed ? DynamicShapes::Off : DynamicShapes::Automatic});
   const bool was = set_static_enabled(static_on);
   Tensor labels = Tensor::empty({f.batch}, DType::Int32);
   for (int64_t i = 0; i < f.batch; ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(i % 10);
@@ -77,6 +82,16 @@ Run run(const Flags& f, bool static_on) {
     const size_t n = st.traces_history.size();
     for (size_t i = n > 5 ? n - 5 : 0; i < n; ++i)
       std::printf("  %s\n", st.traces_history[i].message.c_str());
+    for (const std::string& d : st.dynamic_history) std::printf("  %s\n", d.c_str());
+    for (const DynamicReport& d : st.dynamic) {
+      int64_t bytes = 0;
+      for (const EntryReport& e : d.sizes) bytes += e.arena_bytes;
+      std::printf(
+          "dynamic: %s\n  %lld sizes planned without tracing, %zu kept (%lld arena bytes)\n",
+          d.signature.c_str(), static_cast<long long>(d.sizes_planned), d.sizes.size(),
+          static_cast<long long>(bytes));
+    }
+    for (const std::string& why : st.static_dims) std::printf("static: %s\n", why.c_str());
     std::printf("warnings (%zu):\n", st.warnings.size());
     for (const std::string& w : st.warnings) std::printf("  %s\n", w.c_str());
   }
@@ -96,6 +111,7 @@ int main(int argc, char** argv) {
   cli.integer("max", &f.max, 8, "largest height and width");
   cli.integer("seed", &f.seed, 0, "seed for the sizes, images and initialisation");
   cli.integer("cache", &f.cache, 1, "cache limit of the static step");
+  cli.flag("fixed", &f.fixed, "every size its own signature (no dynamic shapes)");
   cli.parse(argc, argv);
   if (f.max < f.min) cli.die("--max must be >= --min");
   try {

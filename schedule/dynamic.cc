@@ -51,10 +51,21 @@ bool only_sizes_differ(const Signature& was, const Signature& now, std::vector<D
   return true;
 }
 
+// The points at which no dimension of `dims` is 1, by index.
+std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
+                                     const std::vector<DynDim>& dims) {
+  std::vector<size_t> keep;
+  for (size_t k = 0; k < points.size(); ++k)
+    if (std::none_of(dims.begin(), dims.end(),
+                     [&](const DynDim& d) { return points[k].sig.args[d.arg].shape[d.dim] == 1; }))
+      keep.push_back(k);
+  return keep;
+}
+
 // An entry for the family's recording at `sizes`, planned; null (and why) when it has none.
 std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<const Tensor> args,
-                                 const std::string* key, int mode,
-                                 std::span<const int64_t> sizes, std::string& why) {
+                                 const std::string* key, int mode, std::span<const int64_t> sizes,
+                                 std::string& why) {
   std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why);
   if (!rec) return nullptr;
   const Entry& p = *f.proto;
@@ -85,13 +96,12 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
 }  // namespace
 
 std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> args,
-                                                        const std::string* key, bool grad,
-                                                        int mode,
+                                                        const std::string* key, bool grad, int mode,
                                                         std::unique_lock<std::mutex>& lock,
                                                         std::string& reason, int64_t& hits) {
   if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())
     return nullptr;
-  std::vector<int64_t> sizes;
+  std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
   for (auto it = families.begin(); it != families.end(); ++it) {
     if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
     if (std::string why = guard_failure(*(*it)->proto); !why.empty()) {
@@ -112,18 +122,18 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
       return hit;
     }
     // A size not planned yet: planned from the family's recording, outside the lock.
+    const std::vector<int64_t> at = sizes;
     lock.unlock();
     std::string why;
-    std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, sizes, why);
+    std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, at, why);
     lock.lock();
     if (!e) {
       reason = cat(why, " (planned from dynamic family ", f->id, ")");
       return nullptr;
     }
     // Another call may have planned this size meanwhile: one entry per size.
-    auto same = std::find_if(f->sizes.begin(), f->sizes.end(), [&](const auto& s) {
-      return matches(s->sig, args, key, grad, mode);
-    });
+    auto same = std::find_if(f->sizes.begin(), f->sizes.end(),
+                             [&](const auto& s) { return matches(s->sig, args, key, grad, mode); });
     if (same != f->sizes.end()) {
       e = *same;
     } else {
@@ -160,8 +170,7 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   // eligible sizes only.
   for (const auto& f : families) {
     if (!only_sizes_differ(f->shapes->sig, e.sig, changed) ||
-        !std::all_of(changed.begin(), changed.end(), eligible) ||
-        !guard_failure(*f->proto).empty())
+        !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*f->proto).empty())
       continue;
     dims = changed;
     dims.insert(dims.end(), f->shapes->dims.begin(), f->shapes->dims.end());
@@ -176,10 +185,10 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
           !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty())
         continue;
       dims = changed;
-      if (!b->ambiguous_points.empty()) {
+      if (!b->pending_points.empty()) {
         dims.insert(dims.end(), b->dynamic_dims.begin(), b->dynamic_dims.end());
-        evidence = b->ambiguous_points;
-        ids = b->ambiguous_ids;
+        evidence = b->pending_points;
+        ids = b->pending_ids;
       } else {
         evidence = {FamilyPoint{b->pristine, b->sig}};
         ids = {b->id};
@@ -209,7 +218,6 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     b = build_family(points, e->dynamic_dims);
   } catch (const std::exception& ex) {
     b.family.reset();
-    b.ambiguous = false;
     b.why = ex.what();
   }
   std::unique_lock<std::mutex> lock(mu);
@@ -225,20 +233,24 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     families.remove_if([&](const std::shared_ptr<Family>& old) {
       return std::find(ids.begin(), ids.end(), old->id) != ids.end();
     });
-    const std::string line =
-        cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
-            " agree in everything but sizes): one schedule serves ",
-            describe(f->shapes->sig, config, symbol_names(*f->shapes)));
+    const std::string line = cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
+                                 " agree in everything but sizes): one schedule serves ",
+                                 describe(f->shapes->sig, config, symbol_names(*f->shapes)));
     families.push_front(std::move(f));
     while (static_cast<int>(families.size()) > std::max(1, config.cache_limit)) families.pop_back();
     ++stats.dynamic_events;
     keep_bounded(stats.dynamic_history, line, kHistory);
     log_retrace(line);
-  } else if (b.ambiguous && points.size() < kMaxFamilyPoints) {
-    e->ambiguous_points = std::move(points);
-    e->ambiguous_ids = ids;
-    log_retrace(cat(config.name, ": ", what, " may be dynamic, but ", b.why,
-                    " (traces ", ids_text(ids), "); the next size traces once more to tell"));
+  } else if (std::vector<size_t> keep = without_size_one(points, e->dynamic_dims);
+             !keep.empty() && keep.size() < points.size()) {
+    // A trace where a dimension is 1 may have other ops (broadcasting needs none at size 1):
+    // the others wait for a trace at another size.
+    for (size_t k : keep) {
+      e->pending_points.push_back(points[k]);
+      e->pending_ids.push_back(ids[k]);
+    }
+    log_retrace(cat(config.name, ": ", what, " may be dynamic, but the traces at size 1 differ (",
+                    b.why, "); the next size is checked against trace ", ids_text(e->pending_ids)));
   } else {
     const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
                                  " static: ", b.why, " (traces ", ids_text(ids), ")");

@@ -66,8 +66,8 @@ struct PaddedBuffer {
   int64_t pad_h = 0, pad_w = 0, hp = 0, wp = 0, image = 0;
 };
 
-// Verify mode: appends the values of a padded Conv2d or Conv2dAct output `y` (kConvPaddedOutput), its
-// [N, C, H, W] interior without the border, as a dense buffer holds them.
+// Verify mode: appends the values of a padded Conv2d or Conv2dAct output `y` (kConvPaddedOutput),
+// its [N, C, H, W] interior without the border, as a dense buffer holds them.
 void append_padded_interior(std::vector<unsigned char>& bytes, const BufferView& y,
                             const Conv2dAttrs& a);
 

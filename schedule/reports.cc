@@ -194,9 +194,9 @@ std::string StaticGraph::schedule_text() const {
     }
     for (size_t k = 0; k < r.sizes.size() && k < sizes.size(); ++k) {
       const EntryReport& e = r.sizes[k];
-      out += cat("\n  size ", e.signature, " (", e.hits, e.hits == 1 ? " call" : " calls",
-                 "): ", describe(sizes[k]->sig, config), "\n    ",
-                 memory_text(*sizes[k]->plan), "\n");
+      out +=
+          cat("\n  size ", e.signature, " (", e.hits, e.hits == 1 ? " call" : " calls",
+              "): ", describe(sizes[k]->sig, config), "\n    ", memory_text(*sizes[k]->plan), "\n");
       out += sizes[k]->plan->steps_text(names_of(*sizes[k], config), "    ");
     }
   }
@@ -255,9 +255,9 @@ std::string report_table() {
     for (const DynamicReport& d : s.dynamic) {
       int64_t bytes = 0;
       for (const EntryReport& r : d.sizes) bytes += r.arena_bytes;
-      out += cat("  dynamic ", d.id, ": ", d.signature, "; ", d.sizes.size(), " sizes planned (",
-                 bytes, " arena bytes), ", d.sizes_planned, " planned in all, ", d.hits,
-                 " replays\n");
+      out +=
+          cat("  dynamic ", d.id, ": ", d.signature, "; ", d.sizes.size(), " sizes planned (",
+              bytes, " arena bytes), ", d.sizes_planned, " planned in all, ", d.hits, " replays\n");
     }
     for (const std::string& w : s.static_dims) out += "  " + w + "\n";
     for (const std::string& w : s.warnings) out += "  warning: " + w + "\n";

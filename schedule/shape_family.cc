@@ -158,8 +158,8 @@ void set_attr(AttrBlob& a, const ShapeFamily::AttrSlot& slot, int64_t value) {
       break;
     }
     case kScalar: {
-      const double v = slot.scalar_form == 0 ? static_cast<double>(value)
-                                             : slot.k / static_cast<double>(value);
+      const double v =
+          slot.scalar_form == 0 ? static_cast<double>(value) : slot.k / static_cast<double>(value);
       a = AttrBlob::of(ScalarAttrs{v});
       break;
     }
@@ -238,11 +238,17 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
   f->sig = points.back().sig;
   f->points = std::move(points);
 
-  if (!derive_sizes(*f, out.why, out.ambiguous)) return out;
+  for (int k = 0; k < f->symbols; ++k)
+    f->serves_one.push_back(std::count(symbol_values[k].begin(), symbol_values[k].end(), 1) > 0);
+  if (!derive_sizes(*f, out.why)) return out;
 
   std::vector<ExprId*> roots;
   for (ExprId& e : f->dim_exprs) roots.push_back(&e);
   for (ShapeFamily::AttrSlot& a : f->attrs) roots.push_back(&a.e);
+  for (ShapeFamily::Guard& g : f->guards) {
+    roots.push_back(&g.taken);
+    roots.push_back(&g.other);
+  }
   f->pool = f->pool.compact(roots);
   // The recording instantiated is the latest trace's: its constants and bound tensors are the
   // ones a replay at that size would use.
@@ -267,8 +273,11 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
     for (int d = 0; d < a.shape.rank(); ++d) {
       if (next < f.dims.size() && f.dims[next].arg == static_cast<int>(i) &&
           f.dims[next].dim == d) {
-        int64_t& v = symbols[static_cast<size_t>(f.symbol_of[next++])];
-        if (t.shape[d] < 1 || (v >= 0 && v != t.shape[d])) return false;
+        const int sym = f.symbol_of[next++];
+        int64_t& v = symbols[static_cast<size_t>(sym)];
+        if (t.shape[d] < 1 || (t.shape[d] == 1 && !f.serves_one[static_cast<size_t>(sym)]) ||
+            (v >= 0 && v != t.shape[d]))
+          return false;
         v = t.shape[d];
       } else if (t.shape[d] != a.shape[d]) {
         return false;
@@ -286,6 +295,13 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
               ": a size would be negative or overflow (a kernel larger than its padded input?)");
     return nullptr;
   }
+  for (const ShapeFamily::Guard& g : f.guards)
+    if (v[static_cast<size_t>(g.taken)] != v[static_cast<size_t>(g.other)]) {
+      why = cat("no schedule at ", sizes_text(symbols), ": the traced sizes did not tell whether ",
+                g.what, " is ", f.pool.text(g.taken), " or ", f.pool.text(g.other),
+                ", which differ here");
+      return nullptr;
+    }
   auto rec = std::make_shared<Recording>(*f.base);
   size_t k = 0;
   bool ok = true;
@@ -316,15 +332,15 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
   }
   // Temporaries, arguments and incoming gradients hold what their largest operand needs.
   std::vector<size_t> largest(rec->buffers.size(), 0);
-  for_each_operand(*rec, [&](const Operand& o) {
-    largest[o.buf] = std::max(largest[o.buf], o.nbytes());
-  });
+  for_each_operand(
+      *rec, [&](const Operand& o) { largest[o.buf] = std::max(largest[o.buf], o.nbytes()); });
   for (size_t b = 0; b < rec->buffers.size(); ++b) {
     Buffer& buf = rec->buffers[b];
     if (buf.kind == BufKind::Temp || buf.kind == BufKind::Arg || buf.kind == BufKind::GradIn)
       buf.nbytes = largest[b];
     else if (largest[b] > buf.nbytes) {
-      why = cat("no schedule at ", sizes_text(symbols), ": buffer ", b, " would be read past its end");
+      why = cat("no schedule at ", sizes_text(symbols), ": buffer ", b,
+                " would be read past its end");
       return nullptr;
     }
   }

@@ -16,9 +16,12 @@
 //  - else a constant, when it has the same value at every point.
 // A size no expression explains (user code that computes a shape or a scalar from a size in a
 // way the trace cannot see, a branch on a size) means the dimensions cannot be dynamic, and the
-// reason names the step and the op. A size that a constant and a symbolic expression explain
-// equally well at every point (a pooled size that happens to be equal at both sizes) is ambiguous:
-// the builder asks for one more traced size instead of guessing.
+// reason names the step and the op. Where two expressions explain a size equally well at every
+// point (a pooled size that happens to be equal at both traced sizes, and a constant), the
+// builder takes one and keeps a guard that the two agree: a later size at which they do not is
+// traced again, and the family is rebuilt with that size as more evidence. A point where a
+// dynamic dimension is 1 may differ from the others (broadcasting needs no op at size 1): a
+// family serves size 1 only when it was traced at 1.
 #pragma once
 
 #include <array>
@@ -56,10 +59,11 @@ struct FamilyPoint {
 enum AttrField : uint8_t { kSliceStart, kSliceStop, kBatchNormCount, kLayerNormCols, kScalar };
 
 struct ShapeFamily {
-  std::vector<DynDim> dims;     // the dynamic dimensions, sorted
-  std::vector<int> symbol_of;   // per dimension, its symbol (dimensions equal at every point share one)
+  std::vector<DynDim> dims;  // the dynamic dimensions, sorted
+  std::vector<int>
+      symbol_of;  // per dimension, its symbol (dimensions equal at every point share one)
   int symbols = 0;
-  Signature sig;                // the latest point's; its dynamic dimensions are the symbols
+  Signature sig;  // the latest point's; its dynamic dimensions are the symbols
   ExprPool pool;
   // The latest point's recording, instantiated with every size below replaced.
   std::shared_ptr<const Recording> base;
@@ -73,19 +77,26 @@ struct ShapeFamily {
     double k = 0;
   };
   std::vector<AttrSlot> attrs;
+  // Expressions that agreed at every traced point and must agree at a size served: `taken` for
+  // the size `what` names, which `other` gave as well.
+  struct Guard {
+    ExprId taken = -1, other = -1;
+    std::string what;  // "step 23 (backward) div_scalar's scalar"
+  };
+  std::vector<Guard> guards;
+  std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
   std::vector<FamilyPoint> points;  // the evidence, oldest first
 };
 
 // What building a family found.
 struct FamilyBuild {
   std::unique_ptr<ShapeFamily> family;  // null: not built
-  bool ambiguous = false;  // more evidence (another traced size) may settle it
-  std::string why;         // why not: "step 7 (forward) reshape: ..."
+  std::string why;                      // why not: "step 7 (forward) relu: ..."
 };
 
-// Fills f.pool, f.dim_exprs and f.attrs from f.points and f.dims (shape_rules.cc): false, with
-// why (and whether another traced size might settle it), when some size has no expression.
-bool derive_sizes(ShapeFamily& f, std::string& why, bool& ambiguous);
+// Fills f.pool, f.dim_exprs, f.attrs and f.guards from f.points and f.dims (shape_rules.cc):
+// false, with why, when some size has no expression.
+bool derive_sizes(ShapeFamily& f, std::string& why);
 
 // Every operand of a recording, in the order a family stores their dimensions: each forward
 // step's inputs then outputs, the results, each backward step's inputs then outputs, the
@@ -112,13 +123,14 @@ std::string step_label(const Recording& rec, int step);
 FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> dims);
 
 // The symbols' values for a call: false when the arguments do not fit the family (a dimension
-// that is not dynamic differs, or dimensions sharing a symbol differ, or a dynamic one is 0).
+// that is not dynamic differs, dimensions sharing a symbol differ, a dynamic one is 0, or 1 where
+// the family was not traced at 1).
 bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std::string* key,
                   bool grad, int mode, std::vector<int64_t>& symbols);
 
 // The family's recording at these sizes, ready to plan; null (and why) when the sizes are
 // impossible for it (a kernel larger than its padded input, a product that overflows, operands
-// that no longer agree).
+// that no longer agree) or when a guard fails (the traces do not tell what these sizes need).
 std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
                                        std::string& why);
 

@@ -7,10 +7,10 @@
 //    embedding, permute, broadcast);
 //  - an input of the step with the same shape (elementwise ops, softmax, normalisation, most
 //    gradients);
-//  - the sizes seen so far with the same values at every traced point: only when exactly one
-//    expression has them (two that agree at every point are ambiguous: another traced size
-//    tells them apart);
-//  - a constant, when the size is the same at every point and no symbolic size is.
+//  - the sizes seen so far with the same values at every traced point;
+//  - a constant, when the size is the same at every point.
+// Where more than one of the last two fits, the first is taken and a guard that the others
+// equal it is kept (shape_family.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -40,7 +40,7 @@ std::string values_text(std::span<const int64_t> v) {
 class Builder {
  public:
   explicit Builder(ShapeFamily& f) : f_(f), x_(f.pool), P_(f.points.size()) {}
-  bool run(std::string& why, bool& ambiguous);
+  bool run(std::string& why);
 
  private:
   // An operand's dimensions as expressions (-1: not known yet).
@@ -82,15 +82,18 @@ class Builder {
     for (int k = i; k < j; ++k) e = x_.mul(e, s.d[k]);
     return e;
   }
-  void note_ambiguity(std::string what) {
-    if (ambiguity_.empty()) ambiguity_ = std::move(what);
+  // `a` was taken for `what`, which `b` gives as well at every point.
+  void guard(ExprId a, ExprId b, const std::string& what) {
+    if (a == b) return;
+    for (const ShapeFamily::Guard& g : f_.guards)
+      if (g.taken == a && g.other == b) return;
+    f_.guards.push_back({a, b, what});
   }
   // Remembers a shape's dimensions and products of consecutive dimensions (symbolic ones).
   void remember(const Dims& s);
   // A size with values `v` at the points from the dimensions (or products of consecutive
   // dimensions) of `locals`, from the sizes seen so far, or a constant; -1 when none has them.
-  ExprId resolve(std::span<const int64_t> v, std::span<const Dims> locals,
-                 const std::string& what);
+  ExprId resolve(std::span<const int64_t> v, std::span<const Dims> locals, const std::string& what);
   // The operand's dimensions from `src` (the shape its buffer was written with) when it is that
   // shape or a reshape of it: groups of consecutive dimensions with equal products.
   void from_source(const Dims& src, const Ops& ops, Dims& out);
@@ -111,7 +114,6 @@ class Builder {
   absl::flat_hash_map<Key, absl::InlinedVector<ExprId, 2>> seen_;
   std::vector<ExprId> seen_list_;  // the first expression of each key, in order
   std::vector<Dims> buf_dims_;     // per buffer: the shape it was written (or bound) with
-  std::string ambiguity_;
 };
 
 void Builder::remember(const Dims& s) {
@@ -152,16 +154,12 @@ ExprId Builder::resolve(std::span<const int64_t> v, std::span<const Dims> locals
     for (ExprId e : it->second) add(e);
   if (constant) {
     const ExprId c = x_.constant(v[0]);
-    if (std::any_of(cands.begin(), cands.end(), [&](ExprId e) { return !x_.is_const(e); }))
-      note_ambiguity(cat(what, " is ", v[0],
-                         " at every traced size, which a constant and a size of the trace "
-                         "both give"));
+    for (ExprId e : cands)
+      if (!x_.is_const(e)) guard(c, e, what);
     return c;
   }
   if (cands.empty()) return -1;
-  if (cands.size() > 1)
-    note_ambiguity(cat(what, " is ", values_text(v), " at the traced sizes, which ",
-                       x_.text(cands[0]), " and ", x_.text(cands[1]), " both give"));
+  for (size_t k = 1; k < cands.size(); ++k) guard(cands[0], cands[k], what);
   return cands[0];
 }
 
@@ -222,9 +220,8 @@ Builder::Dims Builder::rule_out(int i, int k, std::span<const Dims> ins, const E
   for (const Dims& in : ins)
     if (!known(in)) return r;
   auto out_size = [&](ExprId in, int64_t pad2_minus_extent, int64_t stride) {
-    return x_.add(
-        x_.floor_div(x_.add(in, x_.constant(pad2_minus_extent)), x_.constant(stride)),
-        x_.constant(1));
+    return x_.add(x_.floor_div(x_.add(in, x_.constant(pad2_minus_extent)), x_.constant(stride)),
+                  x_.constant(1));
   };
   switch (s.op) {
     case Op::Conv2d: {
@@ -346,8 +343,8 @@ bool Builder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs
   const std::span<const int64_t> vs(v.data(), P_);
   auto int_slot = [&](uint8_t field, int slot, auto get, ExprId rule, const char* name) {
     for (size_t p = 0; p < P_; ++p) v[p] = get(step(p, i).attrs);
-    const ExprId e = rule >= 0 && values_are(rule, vs) ? rule
-                                                        : resolve(vs, ins, cat(label, "'s ", name));
+    const ExprId e =
+        rule >= 0 && values_are(rule, vs) ? rule : resolve(vs, ins, cat(label, "'s ", name));
     if (e < 0) {
       why = cat(label, ": its ", name, " is ", values_text(vs),
                 " at the traced sizes, which no size of the trace explains");
@@ -358,16 +355,19 @@ bool Builder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs
     return true;
   };
   if (s0.attrs.holds<SliceAttrs>())
-    return int_slot(kSliceStart, 0, [](const AttrBlob& a) { return a.as<SliceAttrs>().start; }, -1,
-                    "start") &&
-           int_slot(kSliceStop, 1, [](const AttrBlob& a) { return a.as<SliceAttrs>().stop; }, -1,
-                    "stop");
+    return int_slot(
+               kSliceStart, 0, [](const AttrBlob& a) { return a.as<SliceAttrs>().start; }, -1,
+               "start") &&
+           int_slot(
+               kSliceStop, 1, [](const AttrBlob& a) { return a.as<SliceAttrs>().stop; }, -1,
+               "stop");
   if (is_batch_norm(s0.op)) {
     ExprId rule = -1;  // elements per channel: numel(x) / x.size(1)
     if (!ins.empty() && ins[0].rank >= 2 && s0.op != Op::BatchNormStatsUpdate)
       rule = x_.floor_div(product(ins[0], 0, ins[0].rank), ins[0].d[1]);
-    if (!int_slot(kBatchNormCount, 0,
-                  [](const AttrBlob& a) { return a.as<BatchNormAttrs>().count; }, rule, "count"))
+    if (!int_slot(
+            kBatchNormCount, 0, [](const AttrBlob& a) { return a.as<BatchNormAttrs>().count; },
+            rule, "count"))
       return false;
     Dims count;
     count.rank = 1;
@@ -376,8 +376,9 @@ bool Builder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs
     return true;
   }
   if (s0.attrs.holds<LayerNormAttrs>())
-    return int_slot(kLayerNormCols, 0,
-                    [](const AttrBlob& a) { return a.as<LayerNormAttrs>().cols; }, -1, "columns");
+    return int_slot(
+        kLayerNormCols, 0, [](const AttrBlob& a) { return a.as<LayerNormAttrs>().cols; }, -1,
+        "columns");
   if (!s0.attrs.holds<ScalarAttrs>()) return true;
 
   // A scalar: the same at every size (a constant, unless a size gives it as well), a size, or
@@ -386,21 +387,22 @@ bool Builder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs
   for (size_t p = 0; p < P_; ++p) sv[p] = step(p, i).attrs.as<ScalarAttrs>().value;
   const bool constant =
       std::all_of(sv, sv + P_, [&](double y) { return std::memcmp(&y, &sv[0], sizeof y) == 0; });
-  const bool integral = std::all_of(
-      sv, sv + P_, [](double y) { return std::abs(y) < 9e15 && y == std::floor(y); });
+  const bool integral =
+      std::all_of(sv, sv + P_, [](double y) { return std::abs(y) < 9e15 && y == std::floor(y); });
   if (integral) {
     for (size_t p = 0; p < P_; ++p) v[p] = static_cast<int64_t>(sv[p]);
     if (constant) {
-      if (seen_.contains(key(vs)))
-        note_ambiguity(cat(label, "'s scalar is ", sv[0],
-                           " at every traced size, which a constant and a size both give"));
+      // A constant, unless a size of the trace gives the same value at every point: guarded.
+      if (auto it = seen_.find(key(vs)); it != seen_.end())
+        for (ExprId e : it->second) guard(x_.constant(v[0]), e, cat(label, "'s scalar"));
     } else if (const ExprId e = resolve(vs, ins, cat(label, "'s scalar")); e >= 0) {
       f_.attrs.push_back({i, kScalar, e, 0, 0});
       return true;
     }
   }
   // k / e: k from the first point, checked bit for bit at every point (not for 0 or an
-  // infinity, which k / e gives for any e).
+  // infinity, which k / e gives for any e). A scalar the same at every point is a constant,
+  // unless 1 / e or 2 / e (a mean's, a squared error's gradient) gives it: guarded.
   const bool finite_nonzero =
       std::all_of(sv, sv + P_, [](double y) { return std::isfinite(y) && y != 0; });
   if (finite_nonzero)
@@ -409,14 +411,13 @@ bool Builder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs
       if (std::any_of(u.begin(), u.end(), [](int64_t y) { return y <= 0; })) continue;
       double k = sv[0] * static_cast<double>(u[0]);
       if (const double r = std::nearbyint(k); std::abs(k - r) <= 1e-9 * std::abs(k)) k = r;
+      if (constant && k != 1 && k != 2) continue;
       bool fits = true;
       for (size_t p = 0; p < P_ && fits; ++p) fits = k / static_cast<double>(u[p]) == sv[p];
       if (!fits) continue;
       if (constant) {
-        note_ambiguity(cat(label, "'s scalar is ", sv[0],
-                           " at every traced size, which a constant and ", k,
-                           " / a size both give"));
-        return true;
+        guard(x_.constant(u[0]), e, cat(label, "'s scalar"));
+        continue;
       }
       f_.attrs.push_back({i, kScalar, e, 1, k});
       return true;
@@ -507,7 +508,7 @@ bool Builder::run_steps(int begin, int end, std::string& why) {
   return true;
 }
 
-bool Builder::run(std::string& why, bool& ambiguous) {
+bool Builder::run(std::string& why) {
   const Recording& r0 = rec(0);
   buf_dims_.assign(r0.buffers.size(), Dims());
   // The arguments' shapes: symbols for the dynamic dimensions, constants elsewhere.
@@ -521,7 +522,8 @@ bool Builder::run(std::string& why, bool& ambiguous) {
     args[f_.dims[k].arg].d[f_.dims[k].dim] = x_.symbol(f_.symbol_of[k]);
   for (const Dims& s : args) remember(s);
   for (size_t b = 0; b < r0.buffers.size(); ++b)
-    if (r0.buffers[b].kind == BufKind::Arg && static_cast<size_t>(r0.buffers[b].index) < args.size())
+    if (r0.buffers[b].kind == BufKind::Arg &&
+        static_cast<size_t>(r0.buffers[b].index) < args.size())
       buf_dims_[b] = args[r0.buffers[b].index];
 
   const int nf = static_cast<int>(r0.forward.size());
@@ -531,8 +533,8 @@ bool Builder::run(std::string& why, bool& ambiguous) {
   std::vector<Dims> results(r0.results.size());
   for (size_t k = 0; k < r0.results.size(); ++k) {
     for (size_t p = 0; p < P_; ++p) ops[p] = &rec(p).results[k];
-    if (!operand(ops, &buf_dims_[r0.results[k].buf], nullptr, {}, results[k],
-                 cat("result ", k), why))
+    if (!operand(ops, &buf_dims_[r0.results[k].buf], nullptr, {}, results[k], cat("result ", k),
+                 why))
       return false;
   }
   // The incoming gradients of the differentiable results have their shapes.
@@ -548,18 +550,13 @@ bool Builder::run(std::string& why, bool& ambiguous) {
                  cat("gradient ", k), why))
       return false;
   }
-  if (!ambiguity_.empty()) {
-    why = ambiguity_;
-    ambiguous = true;
-    return false;
-  }
   return true;
 }
 
 }  // namespace
 
-bool derive_sizes(ShapeFamily& f, std::string& why, bool& ambiguous) {
-  return Builder(f).run(why, ambiguous);
+bool derive_sizes(ShapeFamily& f, std::string& why) {
+  return Builder(f).run(why);
 }
 
 }  // namespace encore::schedule::detail

@@ -110,10 +110,9 @@ std::string describe(const Signature& s, const Config& c,
     if (i < dims.size()) {
       std::string inner;
       for (int d = 0; d < a.shape.rank(); ++d)
-        inner += cat(d ? "," : "",
-                     static_cast<size_t>(d) < dims[i].size() && !dims[i][d].empty()
-                         ? dims[i][d]
-                         : cat(a.shape[d]));
+        inner += cat(d ? "," : "", static_cast<size_t>(d) < dims[i].size() && !dims[i][d].empty()
+                                       ? dims[i][d]
+                                       : cat(a.shape[d]));
       shape = cat("[", inner, "]");
     }
     out += cat(i ? ", " : "",

@@ -224,7 +224,8 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
 
   // A size of a dynamic family (dynamic.cc).
   int64_t dynamic_hits = 0;
-  if (std::shared_ptr<Entry> d = dynamic_entry(args, key, grad, m, lock, guard_reason, dynamic_hits))
+  if (std::shared_ptr<Entry> d =
+          dynamic_entry(args, key, grad, m, lock, guard_reason, dynamic_hits))
     return replay(d, args, results, verify_every > 0 && dynamic_hits % verify_every == 0);
 
   // A new signature: a placeholder entry, so that concurrent calls with it run eagerly while
@@ -246,9 +247,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->name = label;
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
-  e->plan_options = {fusion_enabled(), redzones_enabled() || verify_every > 0,
-                     early_updates_enabled(), lanes_enabled(), padded_layouts_enabled(),
-                     fold_activations_enabled()};
+  e->plan_options = {fusion_enabled(),         redzones_enabled() || verify_every > 0,
+                     early_updates_enabled(),  lanes_enabled(),
+                     padded_layouts_enabled(), fold_activations_enabled()};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

@@ -96,8 +96,8 @@ struct EntryReport {
 
 // A family of dynamic shapes: one trace serving every size of some argument dimensions.
 struct DynamicReport {
-  int64_t id = 0;         // the trace that completed it
-  std::string signature;  // "x: float32[s0,784]; grad on; train"
+  int64_t id = 0;                 // the trace that completed it
+  std::string signature;          // "x: float32[s0,784]; grad on; train"
   std::vector<std::string> dims;  // "argument 0 'x' dim 0 = s0"
   std::vector<int64_t> traces;    // the traces it was checked against (its evidence)
   int64_t hits = 0;               // replays at sizes planned before

@@ -62,6 +62,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   };
   std::list<std::shared_ptr<Family>> families;
   std::map<detail::DynDim, std::string> static_dims;
+  std::vector<int64_t> family_sizes_scratch;  // a call's symbol values (dynamic_entry)
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
 
   Impl(Body b, Config c);

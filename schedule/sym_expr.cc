@@ -85,15 +85,39 @@ ExprId ExprPool::symbol(int k) {
 }
 
 ExprId ExprPool::add(ExprId a, ExprId b) {
-  if (is_const(a) && !is_const(b)) std::swap(a, b);
-  if (is_const(b)) {
-    if (node(b).c == 0) return a;
-    if (is_const(a)) return constant(node(a).c + node(b).c);
-    // (x + c1) + c2 -> x + (c1 + c2)
-    if (node(a).kind == Kind::Add && is_const(node(a).b))
-      return add(node(a).a, constant(node(node(a).b).c + node(b).c));
+  // Sums are kept as terms (a term times its integer coefficient), like terms combined, in term
+  // id order, then the constant: s0 + s0 is s0*2, (s0 + s0) + s0*-1 is s0.
+  int64_t c = 0;
+  std::vector<std::pair<ExprId, int64_t>> terms;
+  auto gather = [&](auto&& self, ExprId x, int64_t k) -> void {
+    const Node& n = node(x);
+    if (n.kind == Kind::Const) {
+      c += k * n.c;
+    } else if (n.kind == Kind::Add) {
+      self(self, n.a, k);
+      self(self, n.b, k);
+    } else if (n.kind == Kind::Mul && is_const(n.b)) {  // term * coefficient (mul's form)
+      self(self, n.a, k * node(n.b).c);
+    } else {
+      terms.emplace_back(x, k);
+    }
+  };
+  gather(gather, a, 1);
+  gather(gather, b, 1);
+  std::sort(terms.begin(), terms.end());
+  ExprId e = -1;
+  for (size_t i = 0; i < terms.size();) {
+    int64_t k = 0;
+    size_t j = i;
+    for (; j < terms.size() && terms[j].first == terms[i].first; ++j) k += terms[j].second;
+    if (k != 0) {
+      const ExprId t = k == 1 ? terms[i].first : mul(terms[i].first, constant(k));
+      e = e < 0 ? t : make(Kind::Add, 0, e, t);
+    }
+    i = j;
   }
-  return make(Kind::Add, 0, a, b);
+  if (e < 0) return constant(c);
+  return c == 0 ? e : make(Kind::Add, 0, e, constant(c));
 }
 
 ExprId ExprPool::mul(ExprId a, ExprId b) {

@@ -23,8 +23,8 @@ class ExprPool {
   enum class Kind : uint8_t { Const, Sym, Add, Mul, FloorDiv };
   struct Node {
     Kind kind;
-    int64_t c;     // Const: the value; Sym: the symbol
-    ExprId a, b;   // operands
+    int64_t c;    // Const: the value; Sym: the symbol
+    ExprId a, b;  // operands
   };
 
   ExprPool() = default;

@@ -37,17 +37,6 @@ void spoil(const Call& c) {
   fill_(c.w, 2.0);
 }
 
-// Captures what the static graphs log for a scope.
-class LogCapture {
- public:
-  LogCapture() : old_(set_log_sink([this](const std::string& l) { lines.push_back(l); })) {}
-  ~LogCapture() { set_log_sink(old_); }
-  std::vector<std::string> lines;
-
- private:
-  LogSink old_;
-};
-
 bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
   for (const std::string& l : lines)
     if (l.find(part) != std::string::npos) return true;

@@ -88,6 +88,17 @@ class SwitchScope {
   bool previous_;
 };
 
+// Captures what the static graphs log for a scope.
+class LogCapture {
+ public:
+  LogCapture() : old_(set_log_sink([this](const std::string& l) { lines.push_back(l); })) {}
+  ~LogCapture() { set_log_sink(old_); }
+  std::vector<std::string> lines;
+
+ private:
+  LogSink old_;
+};
+
 // Turns static graphs on for a test (ENCORE_STATIC=0 in the environment would turn them off).
 struct StaticEnabled : SwitchScope<set_static_enabled> {
   explicit StaticEnabled(bool on = true) : SwitchScope(on) {}
