@@ -10,7 +10,10 @@
 //  - the sizes seen so far with the same values at every traced point;
 //  - a constant, when the size is the same at every point.
 // Where more than one of the last two fits, the first is taken and a guard that the others
-// equal it is kept (shape_family.h).
+// equal it is kept (shape_family.h). A size the same at every point that a symbolic size gives as
+// well is first a variable: an elementwise op that reads it beside an operand of the same shape
+// settles it as that operand's size (the op needs equal shapes at every size the family serves),
+// which drops the guard; a variable nothing settles is the constant, guarded.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -106,6 +109,34 @@ class Builder {
   bool operand(const Ops& ops, const Dims* src, const Dims* rule, std::span<const Dims> locals,
                Dims& out, const std::string& what, std::string& why);
   bool run_steps(int begin, int end, std::string& why);
+  // The variable `e` is settled as (itself when not a variable, or not settled).
+  ExprId find(ExprId e) {
+    while (x_.is_var(e)) {
+      auto it = parent_.find(e);
+      if (it == parent_.end()) break;
+      e = it->second;
+    }
+    return e;
+  }
+  void unify(ExprId a, ExprId b) {
+    a = find(a);
+    b = find(b);
+    if (a == b) return;
+    if (x_.is_var(a))
+      parent_[a] = b;
+    else if (x_.is_var(b))
+      parent_[b] = a;
+  }
+  // The operands of an elementwise step of the same shape as its output: their sizes are equal.
+  void unify_elementwise(const Step& s, std::span<const Dims> ins, const Dims& out);
+  // A convolution's or pooling's gradient: its incoming gradient has the forward output's shape.
+  void unify_gradient(const Step& s, std::span<const Dims> ins, const Dims& out);
+  // Output sizes of a convolution (x, w) and of a pooling (x), or rank 0 when not 4-D.
+  ExprId out_size(ExprId in, int64_t pad2_minus_extent, int64_t stride);
+  Dims conv_out(const Dims& x, const Dims& w, const Conv2dAttrs& a);
+  Dims pool_out(const Dims& x, const Pool2dAttrs& a);
+  // Every stored expression with its variables replaced by what settled them (or their value).
+  void settle_variables();
 
   ShapeFamily& f_;
   ExprPool& x_;
@@ -114,6 +145,7 @@ class Builder {
   absl::flat_hash_map<Key, absl::InlinedVector<ExprId, 2>> seen_;
   std::vector<ExprId> seen_list_;  // the first expression of each key, in order
   std::vector<Dims> buf_dims_;     // per buffer: the shape it was written (or bound) with
+  absl::flat_hash_map<ExprId, ExprId> parent_;  // variable -> what settled it
 };
 
 void Builder::remember(const Dims& s) {
@@ -153,10 +185,12 @@ ExprId Builder::resolve(std::span<const int64_t> v, std::span<const Dims> locals
   if (auto it = seen_.find(key(v)); it != seen_.end())
     for (ExprId e : it->second) add(e);
   if (constant) {
-    const ExprId c = x_.constant(v[0]);
+    if (std::all_of(cands.begin(), cands.end(), [&](ExprId e) { return x_.is_const(e); }))
+      return x_.constant(v[0]);
+    const ExprId var = x_.variable(v[0]);
     for (ExprId e : cands)
-      if (!x_.is_const(e)) guard(c, e, what);
-    return c;
+      if (!x_.is_const(e)) guard(var, e, what);
+    return var;
   }
   if (cands.empty()) return -1;
   for (size_t k = 1; k < cands.size(); ++k) guard(cands[0], cands[k], what);
@@ -208,6 +242,60 @@ void Builder::from_source(const Dims& src, const Ops& ops, Dims& out) {
   }
 }
 
+ExprId Builder::out_size(ExprId in, int64_t pad2_minus_extent, int64_t stride) {
+  return x_.add(x_.floor_div(x_.add(in, x_.constant(pad2_minus_extent)), x_.constant(stride)),
+                x_.constant(1));
+}
+
+Builder::Dims Builder::conv_out(const Dims& x, const Dims& w, const Conv2dAttrs& a) {
+  Dims r;
+  if (x.rank != 4 || w.rank != 4 || !x_.is_const(w.d[2]) || !x_.is_const(w.d[3])) return r;
+  r.rank = 4;
+  r.d[0] = x.d[0];
+  r.d[1] = w.d[0];
+  for (int h = 0; h < 2; ++h) {
+    const int64_t extent = int64_t{a.dilation[h]} * (x_.node(w.d[2 + h]).c - 1) + 1;
+    r.d[2 + h] = out_size(x.d[2 + h], 2 * int64_t{a.padding[h]} - extent, a.stride[h]);
+  }
+  return r;
+}
+
+Builder::Dims Builder::pool_out(const Dims& x, const Pool2dAttrs& a) {
+  Dims r;
+  if (x.rank != 4) return r;
+  r.rank = 4;
+  r.d[0] = x.d[0];
+  r.d[1] = x.d[1];
+  for (int h = 0; h < 2; ++h)
+    r.d[2 + h] = out_size(x.d[2 + h], 2 * int64_t{a.padding[h]} - a.kernel[h], a.stride[h]);
+  return r;
+}
+
+void Builder::unify_gradient(const Step& s, std::span<const Dims> ins, const Dims& out) {
+  // The incoming gradient of a convolution or pooling has the shape of its output.
+  auto same = [&](const Dims& a, const Dims& b) {
+    if (a.rank != b.rank) return;
+    for (int d = 0; d < a.rank; ++d)
+      if (a.d[d] >= 0 && b.d[d] >= 0) unify(a.d[d], b.d[d]);
+  };
+  switch (s.op) {
+    case Op::MaxPool2dGrad:  // (x, gy) -> gx
+      if (ins.size() == 2) same(ins[1], pool_out(ins[0], s.attrs.as<Pool2dAttrs>()));
+      break;
+    case Op::AvgPool2dGrad:  // (gy) -> gx
+      if (ins.size() == 1) same(ins[0], pool_out(out, s.attrs.as<Pool2dAttrs>()));
+      break;
+    case Op::Conv2dGradInput:  // (gy, w) -> gx
+      if (ins.size() == 2) same(ins[0], conv_out(out, ins[1], s.attrs.as<Conv2dAttrs>()));
+      break;
+    case Op::Conv2dGradWeight:  // (x, gy) -> gw
+      if (ins.size() == 2) same(ins[1], conv_out(ins[0], out, s.attrs.as<Conv2dAttrs>()));
+      break;
+    default:
+      break;
+  }
+}
+
 Builder::Dims Builder::rule_out(int i, int k, std::span<const Dims> ins, const ExprId* attr_exprs) {
   Dims r;
   const Step& s = step(0, i);
@@ -219,34 +307,14 @@ Builder::Dims Builder::rule_out(int i, int k, std::span<const Dims> ins, const E
   };
   for (const Dims& in : ins)
     if (!known(in)) return r;
-  auto out_size = [&](ExprId in, int64_t pad2_minus_extent, int64_t stride) {
-    return x_.add(x_.floor_div(x_.add(in, x_.constant(pad2_minus_extent)), x_.constant(stride)),
-                  x_.constant(1));
-  };
   switch (s.op) {
-    case Op::Conv2d: {
-      if (ins.size() < 2 || ins[0].rank != 4 || ins[1].rank != 4 || r.rank != 4) break;
-      if (!x_.is_const(ins[1].d[2]) || !x_.is_const(ins[1].d[3])) break;
-      const Conv2dAttrs& a = s.attrs.as<Conv2dAttrs>();
-      r.d[0] = ins[0].d[0];
-      r.d[1] = ins[1].d[0];
-      for (int h = 0; h < 2; ++h) {
-        const int64_t extent = int64_t{a.dilation[h]} * (x_.node(ins[1].d[2 + h]).c - 1) + 1;
-        r.d[2 + h] = out_size(ins[0].d[2 + h], 2 * int64_t{a.padding[h]} - extent, a.stride[h]);
-      }
+    case Op::Conv2d:
+      if (ins.size() >= 2 && r.rank == 4) r = conv_out(ins[0], ins[1], s.attrs.as<Conv2dAttrs>());
       break;
-    }
     case Op::MaxPool2d:
-    case Op::AvgPool2d: {
-      if (ins.empty() || ins[0].rank != 4 || r.rank != 4) break;
-      const Pool2dAttrs& a = s.attrs.as<Pool2dAttrs>();
-      r.d[0] = ins[0].d[0];
-      r.d[1] = ins[0].d[1];
-      for (int h = 0; h < 2; ++h)
-        r.d[2 + h] =
-            out_size(ins[0].d[2 + h], 2 * int64_t{a.padding[h]} - a.kernel[h], a.stride[h]);
+    case Op::AvgPool2d:
+      if (!ins.empty() && r.rank == 4) r = pool_out(ins[0], s.attrs.as<Pool2dAttrs>());
       break;
-    }
     case Op::Concat: {
       const int axis = s.attrs.as<AxisAttrs>().axis;
       if (ins.empty() || ins[0].rank != r.rank || axis >= r.rank) break;
@@ -479,6 +547,54 @@ bool Builder::operand(const Ops& ops, const Dims* src, const Dims* rule,
   return true;
 }
 
+void Builder::unify_elementwise(const Step& s, std::span<const Dims> ins, const Dims& out) {
+  const bool same_shapes = (op_elementwise(s.op) && s.out.size() == 1) || s.op == Op::AddInplace ||
+                           s.op == Op::CopyInplace;
+  if (!same_shapes) return;
+  const Dims& ref = s.out.empty() ? ins[0] : out;
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Dims& in = ins[k];
+    if (in.rank != ref.rank) continue;
+    bool same = true;
+    for (int d = 0; d < in.rank && same; ++d) {
+      const std::span<const int64_t> a = x_.values(in.d[d]), b = x_.values(ref.d[d]);
+      same = std::equal(a.begin(), a.end(), b.begin(), b.end());
+    }
+    if (same)
+      for (int d = 0; d < in.rank; ++d) unify(in.d[d], ref.d[d]);
+  }
+}
+
+void Builder::settle_variables() {
+  absl::flat_hash_map<ExprId, ExprId> memo;
+  auto with = [&](ExprId var) {
+    const ExprId r = find(var);
+    return x_.is_var(r) ? x_.constant(x_.node(r).c) : r;
+  };
+  // What settled a variable may hold variables itself: substituted until none is left.
+  auto sub = [&](ExprId e) {
+    for (int round = 0; round < 8; ++round) {
+      const ExprId next = x_.substitute(e, with, memo);
+      if (next == e) break;
+      e = next;
+    }
+    return e;
+  };
+  for (ExprId& e : f_.dim_exprs) e = sub(e);
+  for (ShapeFamily::AttrSlot& a : f_.attrs) a.e = sub(a.e);
+  std::vector<ShapeFamily::Guard> kept;
+  for (ShapeFamily::Guard& g : f_.guards) {
+    g.taken = sub(g.taken);
+    g.other = sub(g.other);
+    if (g.taken == g.other) continue;
+    if (std::none_of(kept.begin(), kept.end(), [&](const ShapeFamily::Guard& k) {
+          return k.taken == g.taken && k.other == g.other;
+        }))
+      kept.push_back(std::move(g));
+  }
+  f_.guards = std::move(kept);
+}
+
 bool Builder::run_steps(int begin, int end, std::string& why) {
   Ops ops(P_);
   for (int i = begin; i < end; ++i) {
@@ -503,7 +619,12 @@ bool Builder::run_steps(int begin, int end, std::string& why) {
       Dims out;
       if (!operand(ops, nullptr, &rule, ins, out, cat(label, ": output ", k), why)) return false;
       buf_dims_[s0.out[k].buf] = out;
+      if (k == 0) {
+        unify_elementwise(s0, ins, out);
+        unify_gradient(s0, ins, out);
+      }
     }
+    if (s0.out.empty()) unify_elementwise(s0, ins, Dims());
   }
   return true;
 }
@@ -550,6 +671,7 @@ bool Builder::run(std::string& why) {
                  cat("gradient ", k), why))
       return false;
   }
+  settle_variables();
   return true;
 }
 

@@ -27,6 +27,9 @@ bool apply(const ExprPool::Node& n, int64_t a, int64_t b, int64_t& out) {
       return true;
     case ExprPool::Kind::Sym:
       return false;  // read from the symbols
+    case ExprPool::Kind::Var:
+      out = n.c;
+      return true;
     case ExprPool::Kind::Add:
       return checked_add(a, b, out);
     case ExprPool::Kind::Mul:
@@ -56,7 +59,7 @@ ExprId ExprPool::make(Kind kind, int64_t c, ExprId a, ExprId b) {
       int64_t v = 0;
       if (kind == Kind::Sym) {
         v = points_[p][static_cast<size_t>(c)];
-      } else if (kind != Kind::Const) {
+      } else if (kind != Kind::Const && kind != Kind::Var) {
         // Values outside the sizes' range (a negative intermediate) still get a value here: the
         // builder only compares them with traced sizes, which are never negative.
         const int64_t x = point_values_[static_cast<size_t>(a) * P + p];
@@ -161,7 +164,7 @@ bool ExprPool::eval(std::span<const int64_t> symbols, std::vector<int64_t>& out)
       out[i] = symbols[static_cast<size_t>(n.c)];
       continue;
     }
-    if (n.kind == Kind::Const) {
+    if (n.kind == Kind::Const || n.kind == Kind::Var) {
       out[i] = n.c;
       continue;
     }
@@ -179,6 +182,7 @@ std::string ExprPool::text(ExprId e) const {
   };
   switch (n.kind) {
     case Kind::Const:
+    case Kind::Var:
       return cat(n.c);
     case Kind::Sym:
       return cat("s", n.c);
@@ -212,8 +216,9 @@ ExprPool ExprPool::compact(std::vector<ExprId*> roots) const {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     if (!reached[i]) continue;
     const Node& n = nodes_[i];
-    const ExprId a = n.a >= 0 ? map[static_cast<size_t>(n.a)] : -1;
-    const ExprId b = n.b >= 0 ? map[static_cast<size_t>(n.b)] : -1;
+    const bool operands = n.kind == Kind::Add || n.kind == Kind::Mul || n.kind == Kind::FloorDiv;
+    const ExprId a = operands ? map[static_cast<size_t>(n.a)] : n.a;
+    const ExprId b = operands ? map[static_cast<size_t>(n.b)] : n.b;
     map[i] = out.make(n.kind, n.c, a, b);
   }
   for (ExprId* r : roots)

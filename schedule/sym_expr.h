@@ -20,11 +20,13 @@ using ExprId = int32_t;
 
 class ExprPool {
  public:
-  enum class Kind : uint8_t { Const, Sym, Add, Mul, FloorDiv };
+  // Var: a size the same at every traced point that may yet turn out to be an expression (the
+  // family builder settles each, then substitutes it away).
+  enum class Kind : uint8_t { Const, Sym, Add, Mul, FloorDiv, Var };
   struct Node {
     Kind kind;
-    int64_t c;    // Const: the value; Sym: the symbol
-    ExprId a, b;  // operands
+    int64_t c;    // Const, Var: the value; Sym: the symbol
+    ExprId a, b;  // operands (Var: its number)
   };
 
   ExprPool() = default;
@@ -37,6 +39,12 @@ class ExprPool {
   ExprId mul(ExprId a, ExprId b);
   // Floor of a / b; evaluating it with a < 0 or b <= 0 fails (no size is negative).
   ExprId floor_div(ExprId a, ExprId b);
+  // A new variable of value `c` at every point.
+  ExprId variable(int64_t c) { return make(Kind::Var, c, vars_++, -1); }
+  bool is_var(ExprId e) const { return node(e).kind == Kind::Var; }
+  // `e` with each variable v replaced by `with(v)` (memoised in `memo`, by node).
+  template <typename F>
+  ExprId substitute(ExprId e, F&& with, absl::flat_hash_map<ExprId, ExprId>& memo);
 
   const Node& node(ExprId e) const { return nodes_[static_cast<size_t>(e)]; }
   bool is_const(ExprId e) const { return node(e).kind == Kind::Const; }
@@ -62,8 +70,34 @@ class ExprPool {
 
   std::vector<Node> nodes_;
   absl::flat_hash_map<std::tuple<uint8_t, int64_t, ExprId, ExprId>, ExprId> index_;
+  ExprId vars_ = 0;
   std::vector<std::vector<int64_t>> points_;
   std::vector<int64_t> point_values_;  // node-major: node e's values at points [e*P, e*P+P)
 };
+
+template <typename F>
+ExprId ExprPool::substitute(ExprId e, F&& with, absl::flat_hash_map<ExprId, ExprId>& memo) {
+  if (auto it = memo.find(e); it != memo.end()) return it->second;
+  const Node n = node(e);
+  ExprId out = e;
+  switch (n.kind) {
+    case Kind::Var:
+      out = with(e);
+      break;
+    case Kind::Add:
+      out = add(substitute(n.a, with, memo), substitute(n.b, with, memo));
+      break;
+    case Kind::Mul:
+      out = mul(substitute(n.a, with, memo), substitute(n.b, with, memo));
+      break;
+    case Kind::FloorDiv:
+      out = floor_div(substitute(n.a, with, memo), substitute(n.b, with, memo));
+      break;
+    default:
+      break;
+  }
+  memo.emplace(e, out);
+  return out;
+}
 
 }  // namespace encore::schedule

@@ -601,7 +601,7 @@ void check_dynamic_program(uint64_t seed, bool image) {
   CHECK(st.dynamic_events >= 1);
   // Two traces, and one more wherever the traces so far did not tell two sizes apart (pooled
   // sizes of small images often agree at two sizes); every other call replays.
-  CHECK(st.traces <= (image ? 6 : 3));
+  CHECK(st.traces <= (image ? 4 : 3));
   CHECK(st.traces + st.hits == 20);
   // Each size traced or planned once (more than size_limit sizes may be planned again).
   CHECK(st.traces + st.sizes_planned >= static_cast<int64_t>(shapes.size()));
