@@ -229,9 +229,16 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     f->proto = e;
     f->traces = ids;
     f->shapes = std::move(b.family);
-    // A family this one extends (its traces are this one's evidence) goes.
+    // A family this one extends (its traces are this one's evidence), or one it covers (made
+    // meanwhile by another thread from other traces of these sizes), goes.
+    std::vector<DynDim> changed;
     families.remove_if([&](const std::shared_ptr<Family>& old) {
-      return std::find(ids.begin(), ids.end(), old->id) != ids.end();
+      if (std::find(ids.begin(), ids.end(), old->id) != ids.end()) return true;
+      const std::vector<DynDim>& dims = f->shapes->dims;
+      return only_sizes_differ(old->shapes->sig, f->shapes->sig, changed) &&
+             std::includes(dims.begin(), dims.end(), old->shapes->dims.begin(),
+                           old->shapes->dims.end()) &&
+             std::includes(dims.begin(), dims.end(), changed.begin(), changed.end());
     });
     const std::string line = cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
                                  " agree in everything but sizes): one schedule serves ",

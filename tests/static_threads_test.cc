@@ -159,6 +159,40 @@ TEST_CASE("concurrent first calls and evictions of one static function stay corr
   CHECK(s.evictions == s.traces - s.entries);
 }
 
+TEST_CASE("threads calling a dynamic function at new sizes at once get eager's bits",
+          "[static][threads][dynamic]") {
+  manual_seed(15);
+  auto model = std::make_shared<MlpNet>(16, 24, 6);
+  auto fn = static_graph([&](const Tensor& x) { return mlp_body(*model, x); },
+                         {.name = "dynamic_threads", .modules = {model}});
+  NoGradGuard no_grad;
+  std::vector<Tensor> inputs, expected;
+  for (int64_t n = 2; n <= 13; ++n) {  // twelve batch sizes
+    inputs.push_back(randn({n, 16}));
+    expected.push_back(mlp_body(*model, inputs.back()));
+  }
+  const LogSink old = set_log_sink([](const std::string&) {});
+  const std::vector<std::string> failures = run_threads([&](int t) -> std::string {
+    for (int k = 0; k < 120; ++k) {
+      const int i = (t * 5 + k * (2 * t + 1)) % static_cast<int>(inputs.size());
+      if (std::string d = bit_diff(fn(inputs[i]), expected[i]); !d.empty())
+        return cat("call ", k, " batch ", i + 2, ": ", d);
+    }
+    return "";
+  });
+  set_log_sink(old);
+  check_no_failures(failures);
+  const StaticStats s = fn.stats();
+  check_stats_add_up(s);
+  CHECK(s.calls == kThreads * 120);
+  // Concurrent first calls may trace a few sizes before one trace completes the family; every
+  // size after that is planned (once: a size two threads plan at once is kept once).
+  CHECK(s.dynamic_events >= 1);
+  CHECK(s.traces + s.sizes_planned <= 12 + kThreads);
+  REQUIRE(s.dynamic.size() == 1);
+  CHECK(static_cast<int64_t>(s.dynamic[0].sizes.size()) <= s.sizes_planned);
+}
+
 TEST_CASE("threads calling one new signature at once trace it once", "[static][threads]") {
   manual_seed(14);
   auto model = std::make_shared<MlpNet>(16, 32, 4);
