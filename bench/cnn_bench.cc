@@ -6,9 +6,10 @@
 //
 // VarSize/eager, VarSize/static: training steps of the variable_size sample (models::VggSmall,
 // Adam, batch 8) on images whose height and width follow a fixed sequence of 16 sizes drawn
-// from [32, 96]; one iteration is one step, cycling through the sequence. The static step has
-// the default cache of 8 entries, so the 16 sizes keep evicting each other: the `traces` counter
-// (traces per step) shows how often it retraces, `traces_total` every trace of the run.
+// from [32, 96]; one iteration is one step, cycling through the sequence. The static step's
+// height and width become dynamic at its second size; later sizes are planned from the trace
+// (`planned`, `planned_total`) instead of traced (`traces` per step, `traces_total` every trace of
+// the run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

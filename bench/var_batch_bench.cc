@@ -1,8 +1,8 @@
 // VarBatch/eager, VarBatch/static: the MlpSmall training step (bench/mlp_step.h: 784-100-100-10,
 // Adam) with the batch cycling through 1, 7, 16, 32, 33, 64, 100, 128; one iteration is one
-// step. The static step has the default cache of 8 entries, so each batch size is traced once
-// and replayed after: `traces` counts traces per measured step, `traces_total` every trace of
-// the run (warm-up included).
+// step. The static step's batch becomes dynamic at its second size; the other sizes are planned
+// from the trace (`planned_total`) and replayed after: `traces` counts traces per measured step,
+// `traces_total` every trace of the run (warm-up included).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

@@ -68,26 +68,20 @@ bool same_bound(const Tensor& a, const Tensor& b) {
 std::string structure_diff(const Recording& a, const Recording& b) {
   if (!a.unsafe.empty() || !b.unsafe.empty()) return "a trace was unsafe";
   if (a.saw_backward != b.saw_backward) return "one trace ran a backward inside, the other not";
-  if (a.buffers.size() != b.buffers.size())
-    return cat("the traces used ", a.buffers.size(), " and ", b.buffers.size(), " buffers");
-  for (size_t i = 0; i < a.buffers.size(); ++i) {
-    const Buffer &x = a.buffers[i], &y = b.buffers[i];
-    if (x.kind != y.kind || x.index != y.index || x.device != y.device || x.mutated != y.mutated)
-      return cat("buffer ", i, " is a different kind of tensor in the traces");
-    if (x.kind == BufKind::External && !same_bound(x.bound, y.bound))
-      return cat("buffer ", i, " is a tensor made in the call (a constant) or captured, ",
-                 x.bound.shape(), " and ", y.bound.shape(),
-                 ", whose values differ between the traces");
-  }
   auto same_operand = [](const Operand& x, const Operand& y) {
     return x.buf == y.buf && x.dtype == y.dtype && x.shape.rank() == y.shape.rank();
   };
   const std::vector<Step>* phases_a[] = {&a.forward, &a.backward};
   const std::vector<Step>* phases_b[] = {&b.forward, &b.backward};
+  for (int ph = 0; ph < 2; ++ph)
+    if (phases_a[ph]->size() != phases_b[ph]->size())
+      return cat("the ", ph == 0 ? "forward" : "backward", " ran ", phases_a[ph]->size(),
+                 " ops at one traced size and ", phases_b[ph]->size(),
+                 " at another (a loop over a size?)");
   for (int ph = 0; ph < 2; ++ph) {
     const std::vector<Step>&x = *phases_a[ph], &y = *phases_b[ph];
     const char* what = ph == 0 ? "forward" : "backward";
-    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    for (size_t i = 0; i < x.size(); ++i) {
       const Step &s = x[i], &t = y[i];
       if (s.op != t.op)
         return cat("step ", i, " (", what, ") is ", op_name(s.op), " at one traced size and ",
@@ -103,9 +97,17 @@ std::string structure_diff(const Recording& a, const Recording& b) {
         return cat("step ", i, " (", what, ") ", op_name(s.op),
                    " has other attributes at one traced size than at another");
     }
-    if (x.size() != y.size())
-      return cat("the ", what, " ran ", x.size(), " ops at one traced size and ", y.size(),
-                 " at another");
+  }
+  if (a.buffers.size() != b.buffers.size())
+    return cat("the traces used ", a.buffers.size(), " and ", b.buffers.size(), " buffers");
+  for (size_t i = 0; i < a.buffers.size(); ++i) {
+    const Buffer &x = a.buffers[i], &y = b.buffers[i];
+    if (x.kind != y.kind || x.index != y.index || x.device != y.device || x.mutated != y.mutated)
+      return cat("buffer ", i, " is a different kind of tensor in the traces");
+    if (x.kind == BufKind::External && !same_bound(x.bound, y.bound))
+      return cat("buffer ", i, " is a tensor made in the call (a constant) or captured, ",
+                 x.bound.shape(), " and ", y.bound.shape(),
+                 ", whose values differ between the traces");
   }
   if (a.leaves.size() != b.leaves.size()) return "the traces touched different leaves";
   for (size_t i = 0; i < a.leaves.size(); ++i) {
