@@ -6,10 +6,10 @@
 //
 // VarSize/eager, VarSize/static: training steps of the variable_size sample (models::VggSmall,
 // Adam, batch 8) on images whose height and width follow a fixed sequence of 16 sizes drawn
-// from [32, 96]; one iteration is one step, cycling through the sequence. The static step's
-// height and width become dynamic at its second size; later sizes are planned from the trace
-// (`planned`, `planned_total`) instead of traced (`traces` per step, `traces_total` every trace of
-// the run).
+// from [32, 96]; one iteration is one step, cycling through the sequence, after a warm-up that
+// calls every size once. The static step's height and width become dynamic at its second size;
+// later sizes are planned from the trace (`planned`, `planned_total`) instead of traced (`traces`
+// per step, `traces_total` every trace of the run).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -98,7 +98,7 @@ void BM_VarSize(benchmark::State& state, bool static_on) {
     const Tensor& x = xs[i++ % xs.size()];
     return static_on ? static_step(x, labels) : step(x, labels);
   };
-  cycle_sizes(state, static_step, static_on, kWarmupSteps, run);
+  cycle_sizes(state, static_step, static_on, static_cast<int>(xs.size()), run);  // every size once
   set_log_sink(nullptr);
 }
 
