@@ -109,26 +109,60 @@ inline Tensor cyclic_labels(int64_t n, Device device = Device::cpu()) {
   return t.to(device);
 }
 
-// The measured loop of a case cycling through input sizes (VarSize/*, VarBatch/*): `warmup`
-// untimed calls of run(), then one per iteration. A static case (`fn` the static function run()
-// calls) reports `traces` (per measured step), `traces_total` (every trace of the run) and
-// `evictions`.
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  if (v.size() % 2 == 1) return *mid;
+  return (*mid + *std::max_element(v.begin(), mid)) / 2;
+}
+
+// The measured loop of a case cycling through `sizes` inputs (VarSize/*, VarBatch/*):
+// run(k, static_on) steps on input k. A warm-up calls every input once; then one step per
+// iteration, k = 0, 1, ..., sizes - 1, 0, .... A static case (`fn` the static function) reports
+// `traces` (per measured step), `traces_total` (every trace of the run), `planned` and
+// `planned_total` (sizes planned from a dynamic family without tracing) and `evictions`; it is
+// timed by hand (register it with UseManualTime): after each static step an eager step on the
+// same input and model is timed too, and `ratio_to_eager` is median(static) / median(eager) over
+// those pairs, which the drift of a shared machine affects alike.
 template <typename Static, typename Run>
-void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, int warmup, Run run) {
-  for (int k = 0; k < warmup; ++k) run();
+void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, size_t sizes, Run run) {
+  for (size_t k = 0; k < sizes; ++k) run(k, static_on);
   const StaticStats before = fn.stats();
-  for (auto _ : state) run();
-  if (!static_on) return;
+  size_t i = 0;
+  if (!static_on) {
+    for (auto _ : state) run(i++ % sizes, false);
+    return;
+  }
+  std::vector<double> static_s, eager_s;
+  for (auto _ : state) {
+    const size_t k = i++ % sizes;
+    Clock::time_point start = Clock::now();
+    run(k, true);
+    const double t = seconds_since(start);
+    state.SetIterationTime(t);
+    static_s.push_back(t);
+    start = Clock::now();
+    run(k, false);
+    eager_s.push_back(seconds_since(start));
+  }
   const StaticStats after = fn.stats();
   state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
                                                 benchmark::Counter::kAvgIterations);
   state.counters["traces_total"] = static_cast<double>(after.traces);
   state.counters["evictions"] = static_cast<double>(after.evictions);
-  // Sizes planned from a dynamic family without tracing, per measured step and in all.
   state.counters["planned"] =
       benchmark::Counter(static_cast<double>(after.sizes_planned - before.sizes_planned),
                          benchmark::Counter::kAvgIterations);
   state.counters["planned_total"] = static_cast<double>(after.sizes_planned);
+  const double eager = median(eager_s);
+  state.counters["ratio_to_eager"] = eager > 0 ? median(static_s) / eager : 0;
 }
 
 // ---- CUDA ----------------------------------------------------------------------------------

@@ -24,20 +24,6 @@
 namespace encore::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  if (v.size() % 2 == 1) return *mid;
-  return (*mid + *std::max_element(v.begin(), mid)) / 2;
-}
-
 void BM_RetraceFirstCall(benchmark::State& state) {
   MlpStep step(kMlpSmallHidden, kMlpSmallBatch);
   for (int i = 0; i < 3; ++i) step.run();  // gradients, Adam state, allocator cache

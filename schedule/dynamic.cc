@@ -85,6 +85,7 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->rec = rec;
   try {
     e->plan = std::make_shared<Plan>(std::move(rec), e->plan_options);
+    e->plan->share_arenas(f.arenas);
   } catch (const std::exception& ex) {
     why = cat("planning ", sizes_text(sizes), " failed: ", ex.what());
     return nullptr;
@@ -229,6 +230,8 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     f->proto = e;
     f->traces = ids;
     f->shapes = std::move(b.family);
+    f->arenas = std::make_shared<ArenaPool>(e->sig.args.empty() ? Device::cpu()
+                                                                : e->sig.args[0].device);
     // A family this one extends (its traces are this one's evidence), or one it covers (made
     // meanwhile by another thread from other traces of these sizes), goes.
     std::vector<DynDim> changed;

@@ -25,8 +25,17 @@ std::vector<profiler::StepTime>& step_times() {
 }  // namespace
 
 Plan::~Plan() {
-  for (auto& b : states_)
-    if (b->arena != nullptr) allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
+  for (auto& b : states_) {
+    if (b->arena == nullptr) continue;
+    if (shared_arenas_)
+      shared_arenas_->give(b->arena);
+    else
+      allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
+  }
+}
+
+void Plan::share_arenas(std::shared_ptr<ArenaPool> pool) {
+  if (device_.type == DeviceType::CPU) shared_arenas_ = std::move(pool);
 }
 
 void Plan::build_steps() {
@@ -94,19 +103,32 @@ void Plan::build_steps() {
 }
 
 CallState* Plan::acquire() {
+  // A shared arena is taken per call: the views into it are patched each time.
+  auto take_shared = [this](CallState* b) {
+    if (memory_.arena_bytes == 0) return b;
+    b->arena = shared_arenas_->take(static_cast<size_t>(memory_.arena_bytes));
+    for (const auto& [vi, off] : arena_views_)
+      b->views[vi].data = static_cast<char*>(b->arena) + off;
+    return b;
+  };
   {
     std::lock_guard<std::mutex> l(pool_mu_);
     if (!free_.empty()) {
       CallState* b = free_.back();
       free_.pop_back();
-      return b;
+      return shared_arenas_ ? take_shared(b) : b;
     }
   }
   auto b = std::make_unique<CallState>();
-  if (memory_.arena_bytes > 0)
-    b->arena = allocator_for(device_).allocate(static_cast<size_t>(memory_.arena_bytes));
   b->views = view_template_;
-  for (const auto& [vi, off] : arena_views_) b->views[vi].data = static_cast<char*>(b->arena) + off;
+  if (shared_arenas_) {
+    take_shared(b.get());
+  } else {
+    if (memory_.arena_bytes > 0)
+      b->arena = allocator_for(device_).allocate(static_cast<size_t>(memory_.arena_bytes));
+    for (const auto& [vi, off] : arena_views_)
+      b->views[vi].data = static_cast<char*>(b->arena) + off;
+  }
   b->ptrs.assign(rec_->buffers.size(), nullptr);
   if (!step_lane_.empty()) b->done = std::make_unique<std::atomic<uint32_t>[]>(steps_.size());
   b->own.resize(escapes_);
@@ -129,6 +151,10 @@ void Plan::release(CallState* b) {
   for (auto& s : b->own) s.reset();
   b->backward_done = false;
   b->forward_staged = false;
+  if (shared_arenas_ && b->arena != nullptr) {
+    shared_arenas_->give(b->arena);
+    b->arena = nullptr;
+  }
   std::lock_guard<std::mutex> l(pool_mu_);
   free_.push_back(b);
 }

@@ -25,6 +25,7 @@
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
 #include "runtime/parallel.h"
+#include "schedule/arena_pool.h"
 #include "schedule/memory_plan.h"
 #include "schedule/recording.h"
 
@@ -185,6 +186,10 @@ class Plan {
   // from several threads at once; the replay itself takes no lock.
   CallState* acquire();
   void release(CallState* b);
+  // A cpu plan takes its arenas from `pool` (shared by the planned sizes of a dynamic family) as a
+  // call starts and gives them back as it ends, instead of keeping one per call state. Called
+  // before the first acquire.
+  void share_arenas(std::shared_ptr<ArenaPool> pool);
 
   // The device every step runs on (cpu for a plan without steps).
   Device device() const { return device_; }
@@ -319,7 +324,8 @@ class Plan {
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
   std::once_flag profile_args_once_;
 
-  mutable std::mutex pool_mu_;  // guards states_ and free_
+  std::shared_ptr<ArenaPool> shared_arenas_;  // see share_arenas
+  mutable std::mutex pool_mu_;                // guards states_ and free_
   std::vector<std::unique_ptr<CallState>> states_;
   std::vector<CallState*> free_;
 

@@ -58,6 +58,7 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
   r.hits = f.hits;
   r.sizes_planned = f.planned;
   r.evictions = f.evictions;
+  r.shared_arena_bytes = f.arenas ? f.arenas->bytes() : 0;
   for (const auto& e : f.sizes) r.sizes.push_back(entry_report(*e, size_label(f, *e)));
   return r;
 }
@@ -186,7 +187,7 @@ std::string StaticGraph::schedule_text() const {
     out += cat("  ", r.sizes_planned, r.sizes_planned == 1 ? " size" : " sizes",
                " planned without tracing, ", r.hits, r.hits == 1 ? " replay" : " replays",
                " of planned sizes, ", r.evictions, r.evictions == 1 ? " eviction" : " evictions",
-               "\n");
+               "; shared arenas ", r.shared_arena_bytes, " bytes\n");
     std::vector<std::shared_ptr<Entry>> sizes;
     {
       std::lock_guard<std::mutex> l(impl_->mu);

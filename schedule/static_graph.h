@@ -103,6 +103,10 @@ struct DynamicReport {
   int64_t hits = 0;               // replays at sizes planned before
   int64_t sizes_planned = 0;      // sizes planned from it without running the function
   int64_t evictions = 0;          // planned sizes evicted (size_limit)
+  // On the cpu the planned sizes share their arenas: a call takes a block big enough for its
+  // size's arena and gives it back as it ends. The bytes of those blocks (one per call under
+  // way at once, as big as the largest size's arena needed).
+  int64_t shared_arena_bytes = 0;
   // The planned sizes, most recently used first: their signature is "s0=17", their arena and
   // replays as for a cache entry.
   std::vector<EntryReport> sizes;

@@ -57,6 +57,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
     std::unique_ptr<detail::ShapeFamily> shapes;
     std::shared_ptr<Entry> proto;  // the latest trace's entry: guards, slots, options
     std::list<std::shared_ptr<Entry>> sizes;
+    std::shared_ptr<ArenaPool> arenas;  // the cpu arenas its planned sizes share
     std::vector<int64_t> traces;
     int64_t hits = 0, planned = 0, evictions = 0;
   };
