@@ -123,14 +123,25 @@ inline double median(std::vector<double> v) {
   return (*mid + *std::max_element(v.begin(), mid)) / 2;
 }
 
+// A static call and an eager step beside it, timed in each iteration: the ratio of their medians
+// is what the drift of a shared machine affects least.
+struct PairedTimes {
+  std::vector<double> mine, eager;  // seconds
+  // Counters `eager_ms` (the median eager step) and `ratio` = median(mine) / median(eager).
+  void report(benchmark::State& state, const char* ratio) const {
+    const double e = median(eager);
+    state.counters[ratio] = e > 0 ? median(mine) / e : 0;
+    state.counters["eager_ms"] = e * 1e3;
+  }
+};
+
 // The measured loop of a case cycling through `sizes` inputs (VarSize/*, VarBatch/*):
 // run(k, static_on) steps on input k. A warm-up calls every input once; then one step per
 // iteration, k = 0, 1, ..., sizes - 1, 0, .... A static case (`fn` the static function) reports
 // `traces` (per measured step), `traces_total` (every trace of the run), `planned` and
 // `planned_total` (sizes planned from a dynamic family without tracing) and `evictions`; it is
 // timed by hand (register it with UseManualTime): after each static step an eager step on the
-// same input and model is timed too, and `ratio_to_eager` is median(static) / median(eager) over
-// those pairs, which the drift of a shared machine affects alike.
+// same input and model is timed too (PairedTimes: `ratio_to_eager`, `eager_ms`).
 template <typename Static, typename Run>
 void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, size_t sizes, Run run) {
   for (size_t k = 0; k < sizes; ++k) run(k, static_on);
@@ -140,17 +151,16 @@ void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, size
     for (auto _ : state) run(i++ % sizes, false);
     return;
   }
-  std::vector<double> static_s, eager_s;
+  PairedTimes times;
   for (auto _ : state) {
     const size_t k = i++ % sizes;
     Clock::time_point start = Clock::now();
     run(k, true);
-    const double t = seconds_since(start);
-    state.SetIterationTime(t);
-    static_s.push_back(t);
+    times.mine.push_back(seconds_since(start));
+    state.SetIterationTime(times.mine.back());
     start = Clock::now();
     run(k, false);
-    eager_s.push_back(seconds_since(start));
+    times.eager.push_back(seconds_since(start));
   }
   const StaticStats after = fn.stats();
   state.counters["traces"] = benchmark::Counter(static_cast<double>(after.traces - before.traces),
@@ -161,8 +171,7 @@ void cycle_sizes(benchmark::State& state, const Static& fn, bool static_on, size
       benchmark::Counter(static_cast<double>(after.sizes_planned - before.sizes_planned),
                          benchmark::Counter::kAvgIterations);
   state.counters["planned_total"] = static_cast<double>(after.sizes_planned);
-  const double eager = median(eager_s);
-  state.counters["ratio_to_eager"] = eager > 0 ? median(static_s) / eager : 0;
+  times.report(state, "ratio_to_eager");
 }
 
 // ---- CUDA ----------------------------------------------------------------------------------

@@ -9,10 +9,9 @@
 // no size repeats within one function. The ratio counter: median(first call) / median(eager).
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,7 +27,7 @@ void BM_RetraceFirstCall(benchmark::State& state) {
   MlpStep step(kMlpSmallHidden, kMlpSmallBatch);
   for (int i = 0; i < 3; ++i) step.run();  // gradients, Adam state, allocator cache
 
-  std::vector<double> first_call_s, eager_s;
+  PairedTimes times;
   for (auto _ : state) {
     auto static_step = step.make_static();  // empty cache: the call below traces
     Clock::time_point start = Clock::now();
@@ -38,15 +37,13 @@ void BM_RetraceFirstCall(benchmark::State& state) {
 
     start = Clock::now();
     step.run();
-    eager_s.push_back(seconds_since(start));
-    first_call_s.push_back(first);
+    times.eager.push_back(seconds_since(start));
+    times.mine.push_back(first);
     state.SetIterationTime(first);
   }
   if (state.error_occurred()) return;
 
-  const double eager = median(eager_s);
-  state.counters["ratio"] = eager > 0 ? median(first_call_s) / eager : 0;
-  state.counters["eager_ms"] = eager * 1e3;
+  times.report(state, "ratio");
   set_threads_counters(state);
 }
 BENCHMARK(BM_RetraceFirstCall)
@@ -87,13 +84,13 @@ void BM_RetraceNewSize(benchmark::State& state) {
   }
 
   using Static = decltype(step.make_static());
-  std::optional<Static> static_step;
+  std::unique_ptr<Static> static_step;
   int64_t k = kNewSizes, planned = 0;
-  std::vector<double> first_call_s, eager_s;
+  PairedTimes times;
   for (auto _ : state) {
     if (k == kNewSizes) {  // a fresh function, its batch made dynamic (untimed)
       static_step.reset();
-      static_step.emplace(step.make_static());
+      static_step = std::make_unique<Static>(step.make_static());
       (*static_step)(step.x(), step.labels());
       (*static_step)(x17, labels17);
       if (!check_dynamic(state, static_step->stats())) break;
@@ -116,16 +113,14 @@ void BM_RetraceNewSize(benchmark::State& state) {
 
     start = Clock::now();
     step(xs[k], labels[k]);
-    eager_s.push_back(seconds_since(start));
-    first_call_s.push_back(first);
+    times.eager.push_back(seconds_since(start));
+    times.mine.push_back(first);
     state.SetIterationTime(first);
     ++k;
   }
   if (state.error_occurred()) return;
 
-  const double eager = median(eager_s);
-  state.counters["ratio_to_eager"] = eager > 0 ? median(first_call_s) / eager : 0;
-  state.counters["eager_ms"] = eager * 1e3;
+  times.report(state, "ratio_to_eager");
   set_threads_counters(state);
 }
 BENCHMARK(BM_RetraceNewSize)
