@@ -18,13 +18,25 @@ constexpr size_t kMaxGraphsPerPhase = 4;
 // What a CUDA graph of each phase reads from staging copies, and where random steps find their
 // {seed, offset}.
 void Plan::plan_graphs() {
-  const std::vector<Buffer>& bufs = rec_->buffers;
+  std::vector<Buffer>& bufs = rec_->buffers;
+  // A staged buffer is copied for the bytes its steps read: an argument's storage past its
+  // offset may be larger at the trace and smaller at a later call.
+  std::vector<size_t> read_bytes(bufs.size(), 0);
+  auto note = [&](const Operand& o) {
+    read_bytes[o.buf] = std::max(read_bytes[o.buf], o.nbytes());
+  };
+  for (const Step& s : all_) {
+    for (const Operand& o : s.in) note(o);
+    for (const Operand& o : s.out) note(o);
+  }
   stage_slot_.assign(bufs.size(), -1);
   for (int buf : external_) {
     const Buffer& b = bufs[buf];
     // An argument written in place must be the caller's own buffer: it is keyed, not staged.
-    if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn)
+    if ((b.kind == BufKind::Arg && !b.mutated) || b.kind == BufKind::GradIn) {
       stage_slot_[buf] = static_cast<int>(stage_slots_++);
+      bufs[buf].nbytes = read_bytes[buf];
+    }
   }
   // A buffer both phases read is staged once, by the forward (the backward holds the call state),
   // unless the forward ran on the stream.
