@@ -244,6 +244,33 @@ TEST_CASE("dynamic: a size the trace can follow is dynamic (1 / n, reshape(x, {n
   CHECK(st.static_dims.empty());
 }
 
+TEST_CASE("dynamic: a size two traces cannot tell apart is guarded, not guessed",
+          "[static][dynamic]") {
+  // [2, 2, h, h] pooled to h / 2 plus a literal [1, 1, 4, 4]: valid at h = 8 and 9 only. Both
+  // traces see 4; the family takes the literal's 4 and guards it against the pooled size, so at
+  // h = 10 the call traces (and the function fails as it does eagerly) instead of replaying.
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  auto body = [](const Tensor& x) { return F::max_pool2d(x, 2) + zeros({1, 1, 4, 4}); };
+  auto fn = static_graph(body, {.name = "guarded", .arg_names = {"x"}});
+  for (int64_t h : {8, 9, 9, 8}) {
+    const Tensor x = randn({2, 2, h, h});
+    CHECK(bit_diff(fn(x), body(x)) == "");
+  }
+  StaticStats st = fn.stats();
+  CHECK(st.traces == 2);
+  REQUIRE(st.dynamic.size() == 1);
+  const std::string eager_error = error_of([&] { body(randn({2, 2, 10, 10})); });
+  REQUIRE(!eager_error.empty());
+  CHECK(error_of([&] { fn(randn({2, 2, 10, 10})); }) == eager_error);
+  st = fn.stats();
+  CHECK(st.traces == 3);  // traced, not planned
+  CHECK(st.sizes_planned == 0);
+  const Tensor x9 = randn({2, 2, 9, 9});
+  CHECK(bit_diff(fn(x9), body(x9)) == "");
+  CHECK(fn.stats().traces == 3);
+}
+
 // ---- Policies, eviction, statistics ------------------------------------------------------------
 
 Tensor scaled_softmax(const Tensor& x) {
