@@ -223,6 +223,29 @@ std::string StaticGraph::schedule_dot() const {
       out += cat("    ", prefix, "none [shape=plaintext, label=", dot_quote(why), "];\n");
     out += "  }\n";
   }
+  // Dynamic families: a cluster each, in it one per planned size.
+  std::vector<
+      std::pair<std::shared_ptr<StaticGraph::Impl::Family>, std::vector<std::shared_ptr<Entry>>>>
+      fams;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    for (const auto& f : impl_->families)
+      fams.emplace_back(f, std::vector<std::shared_ptr<Entry>>(f->sizes.begin(), f->sizes.end()));
+  }
+  for (const auto& [f, sizes] : fams) {
+    const std::string label = cat("dynamic family ", f->id, ": ",
+                                  describe(f->shapes->sig, config, symbol_names(*f->shapes)));
+    out += cat("  subgraph cluster_d", f->id, " {\n    label=", dot_quote(label), ";\n");
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const Entry& e = *sizes[k];
+      const std::string prefix = cat("d", f->id, "_", k, "_");
+      out += cat("    subgraph cluster_d", f->id, "_", k, " {\n      label=",
+                 dot_quote(cat("size ", size_label(*f, e), "\n", memory_text(*e.plan))), ";\n");
+      out += e.plan->steps_dot(names_of(e, config), prefix);
+      out += "    }\n";
+    }
+    out += "  }\n";
+  }
   return out + "}\n";
 }
 

@@ -439,6 +439,11 @@ TEST_CASE("dynamic: the report, the table and the schedule dump show the family"
   CHECK_THAT(text, Catch::Contains("argument 0 'x' dim 0 = s0"));
   CHECK_THAT(text, Catch::Contains("size s0=9 (1 call): x: float32[9,5]; grad off"));
   CHECK_THAT(text, Catch::Contains("size s0=6 (1 call)"));
+  const std::string dot = fn.schedule_dot();
+  CHECK_THAT(dot, Catch::Contains("subgraph cluster_d2 {"));
+  CHECK_THAT(dot, Catch::Contains("dynamic family 2: x: float32[s0,5]; grad off"));
+  CHECK_THAT(dot, Catch::Contains("subgraph cluster_d2_0 {"));
+  CHECK_THAT(dot, Catch::Contains("size s0=9"));
   const StaticStats st = fn.stats();
   REQUIRE(st.dynamic_history.size() == 1);
   CHECK_THAT(st.dynamic_history[0], Catch::Contains("shown: argument 0 'x' dim 0 became dynamic"));
