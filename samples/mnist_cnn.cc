@@ -43,6 +43,7 @@ struct RunResult {
   double seconds = 0;       // training time of the last epoch (no evaluation; --compare: its steps)
   samples::Eval test;       // after the last epoch
   int64_t traces = 0;       // static: traces of the forward (train and eval signatures)
+  int64_t planned = 0;      // static: batch sizes planned from a dynamic family, untraced
   int64_t arena_bytes = 0;  // static: arena of the training entry
   int64_t step_peak = 0;    // allocator peak over one training step, above what was in use
 };
@@ -107,6 +108,7 @@ struct Trainer {
 StaticStats static_figures(const Trainer& tr, RunResult& r) {
   const StaticStats st = static_stats(*tr.model);
   r.traces = st.traces;
+  r.planned = st.sizes_planned;
   for (const EntryReport& e : st.cache)
     if (e.signature.find("train") != std::string::npos) r.arena_bytes = e.arena_bytes;
   return st;
@@ -226,9 +228,11 @@ void print_summary(const RunResult& e, const RunResult& s) {
   std::printf("%-7s | %11.2f | %9.4f | %8.4f | arena %11s\n", "static", s.seconds, s.test.loss,
               s.test.accuracy, samples::kib(s.arena_bytes).c_str());
   std::printf(
-      "\nspeedup %.2fx (eager time / static time); traces %lld (one per input signature: the "
-      "training batch, the test batch, a smaller last batch); static step peak %s\n",
-      e.seconds / s.seconds, static_cast<long long>(s.traces), samples::kib(s.step_peak).c_str());
+      "\nspeedup %.2fx (eager time / static time); traces %lld (training and evaluation trace "
+      "once each; a batch of a second size traces once more and makes the batch dynamic), "
+      "sizes planned without tracing %lld; static step peak %s\n",
+      e.seconds / s.seconds, static_cast<long long>(s.traces), static_cast<long long>(s.planned),
+      samples::kib(s.step_peak).c_str());
   std::printf("results %s\n", e.test.loss == s.test.loss && e.test.accuracy == s.test.accuracy
                                   ? "identical (bit for bit)"
                                   : "DIFFER");
