@@ -24,10 +24,40 @@ std::vector<Tensor> zeros_for(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) out.push_back(zeros(p.shape(), p.dtype(), p.device()));
   return out;
 }
+
+// Writes `values` into the members named in `members`; all names are checked first.
+void set_named(const char* kind, const std::vector<std::pair<std::string, double*>>& members,
+               const std::vector<std::pair<std::string, double>>& values) {
+  for (const auto& [name, value] : values) {
+    bool known = false;
+    for (const auto& m : members) known = known || m.first == name;
+    ENCORE_CHECK(known, kind, "::set_hyper_parameters: unknown hyper-parameter '", name, "'");
+  }
+  for (const auto& [name, value] : values)
+    for (const auto& m : members)
+      if (m.first == name) *m.second = value;
+}
+
+void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
+               const std::vector<Tensor>& params, bool scalar_int64 = false) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& p = params[i];
+    out.push_back({std::to_string(i) + "." + state, &tensors[i], scalar_int64 ? Shape{} : p.shape(),
+                   scalar_int64 ? DType::Int64 : p.dtype(), p.device()});
+  }
+}
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : Optimizer(std::move(params)), options(options) {}
+
+std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
+  return {{"lr", options.lr}, {"weight_decay", options.weight_decay}};
+}
+
+void SGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  set_named("SGD", {{"lr", &options.lr}, {"weight_decay", &options.weight_decay}}, values);
+}
 
 void SGD::step() {
   NoGradGuard no_grad;
@@ -41,6 +71,25 @@ void SGD::step() {
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
     : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {}
+
+std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
+  return {
+      {"lr", options.lr}, {"momentum", options.momentum}, {"weight_decay", options.weight_decay}};
+}
+
+void MomentumSGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  set_named("MomentumSGD",
+            {{"lr", &options.lr},
+             {"momentum", &options.momentum},
+             {"weight_decay", &options.weight_decay}},
+            values);
+}
+
+std::vector<StateSlot> MomentumSGD::state_slots() {
+  std::vector<StateSlot> out;
+  add_slots(out, "velocity", velocity_, params_);
+  return out;
+}
 
 void MomentumSGD::step() {
   NoGradGuard no_grad;
@@ -61,6 +110,36 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
                "Adam: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
   ENCORE_CHECK(options.eps >= 0 && options.lr >= 0, "Adam: lr and eps must be non-negative");
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
+}
+
+std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
+  return {{"lr", options.lr},
+          {"beta1", options.beta1},
+          {"beta2", options.beta2},
+          {"eps", options.eps},
+          {"weight_decay", options.weight_decay},
+          {"decoupled", options.decoupled ? 1.0 : 0.0}};
+}
+
+void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  double decoupled = options.decoupled ? 1 : 0;
+  set_named(kind().c_str(),
+            {{"lr", &options.lr},
+             {"beta1", &options.beta1},
+             {"beta2", &options.beta2},
+             {"eps", &options.eps},
+             {"weight_decay", &options.weight_decay},
+             {"decoupled", &decoupled}},
+            values);
+  options.decoupled = decoupled != 0;
+}
+
+std::vector<StateSlot> Adam::state_slots() {
+  std::vector<StateSlot> out;
+  add_slots(out, "m", m_, params_);
+  add_slots(out, "v", v_, params_);
+  add_slots(out, "t", t_, params_, /*scalar_int64=*/true);
+  return out;
 }
 
 void Adam::step() {
