@@ -222,6 +222,14 @@ TEST_CASE("checkpoint: a file that does not fit the module is an Error naming th
   optim::MomentumSGD sgd(f.model->parameters());
   check_unchanged_error(*f.model, &sgd, "the optimizer state is Adam's, not MomentumSGD's");
 
+  // An optimizer defined outside encore that does not describe its state cannot take part.
+  struct Custom : optim::Optimizer {
+    using Optimizer::Optimizer;
+    void step() override {}
+  } custom(f.model->parameters());
+  check_unchanged_error(*f.model, &custom, "the optimizer has no kind()");
+  CHECK_THAT(error_of([&] { save(f.good, *f.model, &custom); }),
+             Catch::Contains("save: checkpoint") && Catch::Contains("has no kind()"));
   // The file's optimizer entries are ignored when no optimizer is given.
   CHECK(load(f.good, *f.model).unexpected.empty());
   // Non-strict: what matches is loaded, the rest is reported.

@@ -37,12 +37,13 @@ class Optimizer {
   int64_t steps() const { return steps_; }
 
   // What a checkpoint saves and restores. kind() names the class ("Adam"); a checkpoint loads
-  // only into an optimizer of the same kind.
-  virtual std::string kind() const = 0;
+  // only into an optimizer of the same kind, and one whose kind() is "" (the default for
+  // optimizers defined outside encore) cannot be saved or loaded.
+  virtual std::string kind() const { return ""; }
   // The hyper-parameters by name (a bool as 0 or 1), always the same names for one kind.
-  virtual std::vector<std::pair<std::string, double>> hyper_parameters() const = 0;
+  virtual std::vector<std::pair<std::string, double>> hyper_parameters() const { return {}; }
   // Sets hyper-parameters by the names hyper_parameters() gives; an unknown name is an Error.
-  virtual void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) = 0;
+  virtual void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values);
   // The state tensors (none for plain SGD). A loader writes into a defined slot in place (a
   // static schedule bound to it stays valid) and creates an undefined one as described.
   virtual std::vector<StateSlot> state_slots() { return {}; }

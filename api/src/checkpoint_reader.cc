@@ -253,6 +253,9 @@ Plan plan(const File& f, const std::vector<checkpoint::Target>& targets,
 
 LoadResult load(const std::string& path, nn::Module& module, optim::Optimizer* optimizer,
                 Generator* generator, LoadOptions options) {
+  ENCORE_CHECK(!optimizer || !optimizer->kind().empty(), "load: checkpoint ", path,
+               ": the optimizer has no kind() (one defined outside encore must name its kind, "
+               "hyper-parameters and state to be saved or loaded)");
   const File f = read_file(path);
   const std::vector<checkpoint::Target> targets = checkpoint::targets(module, optimizer);
   LoadResult result;

@@ -87,6 +87,9 @@ nlohmann::json metadata(optim::Optimizer* optimizer, Generator* generator) {
 
 void save(const std::string& path, const nn::Module& module, optim::Optimizer* optimizer,
           Generator* generator) {
+  ENCORE_CHECK(!optimizer || !optimizer->kind().empty(), "save: checkpoint ", path,
+               ": the optimizer has no kind() (one defined outside encore must name its kind, "
+               "hyper-parameters and state to be saved or loaded)");
   std::vector<checkpoint::Target> tensors = checkpoint::targets(module, optimizer);
   std::erase_if(tensors, [](const checkpoint::Target& t) { return !t.tensor->defined(); });
 

@@ -13,6 +13,11 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   }
 }
 
+void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  ENCORE_CHECK(values.empty(), "Optimizer::set_hyper_parameters: this optimizer has none, but '",
+               values.front().first, "' was given");
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   detail::zero_grads(params_, set_to_none);
 }
