@@ -184,6 +184,10 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
   h["__metadata__"]["optimizer.lr"] = "fast";
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("'optimizer.lr' is 'fast'"));
   h = p.header;
+  h["__metadata__"]["optimizer.beta2"] = "1.5";
+  CHECK_THAT(f.fails(h, p.data),
+             Catch::Contains("hyper-parameters: Adam: betas must be in [0, 1)"));
+  h = p.header;
   h["__metadata__"].erase("generator.offset");
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("generator.offset"));
 

@@ -42,7 +42,8 @@ class Optimizer {
   virtual std::string kind() const { return ""; }
   // The hyper-parameters by name (a bool as 0 or 1), always the same names for one kind.
   virtual std::vector<std::pair<std::string, double>> hyper_parameters() const { return {}; }
-  // Sets hyper-parameters by the names hyper_parameters() gives; an unknown name is an Error.
+  // Sets hyper-parameters by the names hyper_parameters() gives; an unknown name or a value the
+  // constructor would reject is an Error, and leaves them as they were.
   virtual void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values);
   // The state tensors (none for plain SGD). A loader writes into a defined slot in place (a
   // static schedule bound to it stays valid) and creates an undefined one as described.

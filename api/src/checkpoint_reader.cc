@@ -261,15 +261,20 @@ LoadResult load(const std::string& path, nn::Module& module, optim::Optimizer* o
   LoadResult result;
   const Plan p = plan(f, targets, optimizer, generator, result, options.strict);
 
+  // First, as the optimizer checks the values (an Error leaves it unchanged).
+  if (optimizer) {
+    try {
+      optimizer->set_hyper_parameters(p.hyper_parameters);
+    } catch (const Error& e) {
+      bad(f, "the optimizer's hyper-parameters: ", e.what());
+    }
+    optimizer->set_steps(p.steps);
+  }
   for (const auto& [t, e] : p.copies) {
     if (!t->tensor->defined()) *t->tensor = zeros(t->shape, t->dtype, t->device);
     Tensor& x = *t->tensor;
     cuda::copy_bytes(x.raw_data(), x.device(), f.data(*e), Device::cpu(), e->end - e->begin);
     x.impl()->storage->bump_version();
-  }
-  if (optimizer) {
-    optimizer->set_hyper_parameters(p.hyper_parameters);
-    optimizer->set_steps(p.steps);
   }
   if (generator) generator->set_state(p.stream);
   return result;

@@ -43,6 +43,12 @@ void set_named(const char* kind, const std::vector<std::pair<std::string, double
       if (m.first == name) *m.second = value;
 }
 
+void check_adam_options(const AdamOptions& o) {
+  ENCORE_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+               "Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
+  ENCORE_CHECK(o.eps >= 0 && o.lr >= 0, "Adam: lr and eps must be non-negative");
+}
+
 void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
                const std::vector<Tensor>& params, bool scalar_int64 = false) {
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -111,9 +117,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
       options(options),
       m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
-  ENCORE_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-               "Adam: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
-  ENCORE_CHECK(options.eps >= 0 && options.lr >= 0, "Adam: lr and eps must be non-negative");
+  check_adam_options(options);
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
 }
 
@@ -126,17 +130,23 @@ std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
           {"decoupled", options.decoupled ? 1.0 : 0.0}};
 }
 
+// Checks the new values on a copy: an Error leaves the options as they were.
 void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
-  double decoupled = options.decoupled ? 1 : 0;
+  AdamOptions o = options;
+  double decoupled = o.decoupled ? 1 : 0;
   set_named(kind().c_str(),
-            {{"lr", &options.lr},
-             {"beta1", &options.beta1},
-             {"beta2", &options.beta2},
-             {"eps", &options.eps},
-             {"weight_decay", &options.weight_decay},
+            {{"lr", &o.lr},
+             {"beta1", &o.beta1},
+             {"beta2", &o.beta2},
+             {"eps", &o.eps},
+             {"weight_decay", &o.weight_decay},
              {"decoupled", &decoupled}},
             values);
-  options.decoupled = decoupled != 0;
+  ENCORE_CHECK(decoupled == 0 || decoupled == 1, kind(), ": decoupled must be 0 or 1, got ",
+               decoupled);
+  o.decoupled = decoupled != 0;
+  check_adam_options(o);
+  options = o;
 }
 
 std::vector<StateSlot> Adam::state_slots() {
