@@ -40,10 +40,15 @@ template <typename... Parts>
 }
 
 std::vector<char> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   ENCORE_CHECK(in.good(), "load: checkpoint ", path, ": cannot open (", std::strerror(errno), ")");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ENCORE_CHECK(!in.bad(), "load: checkpoint ", path, ": cannot read");
+  const std::streamoff size = in.tellg();
+  ENCORE_CHECK(size >= 0, "load: checkpoint ", path, ": cannot read its size");
+  std::vector<char> bytes(static_cast<size_t>(size));
+  in.seekg(0);
+  in.read(bytes.data(), size);
+  ENCORE_CHECK(in.gcount() == size, "load: checkpoint ", path, ": cannot read all ", size,
+               " bytes");
   return bytes;
 }
 
