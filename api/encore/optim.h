@@ -10,6 +10,8 @@
 // buffers, Adam moments and step counters) lives in tensors for the same reason.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,7 +36,8 @@ class Optimizer {
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& params() const { return params_; }
-  int64_t steps() const { return steps_; }
+  // The step() calls so far, replays of a static training step included.
+  int64_t steps() const { return steps_->load(std::memory_order_relaxed); }
 
   // What a checkpoint saves and restores. kind() names the class ("Adam"); a checkpoint loads
   // only into an optimizer of the same kind, and one whose kind() is "" (the default for
@@ -48,11 +51,15 @@ class Optimizer {
   // The state tensors (none for plain SGD). A loader writes into a defined slot in place (a
   // static schedule bound to it stays valid) and creates an undefined one as described.
   virtual std::vector<StateSlot> state_slots() { return {}; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps) { steps_->store(steps, std::memory_order_relaxed); }
 
  protected:
+  // Counts one step; inside a static function its replays count too.
+  void count_step();
+
   std::vector<Tensor> params_;
-  int64_t steps_ = 0;
+  // Shared with the static schedules that recorded a step, which advance it on every replay.
+  std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 struct SGDOptions {

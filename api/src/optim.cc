@@ -18,6 +18,11 @@ void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, do
                values.front().first, "' was given");
 }
 
+void Optimizer::count_step() {
+  steps_->fetch_add(1, std::memory_order_relaxed);
+  if (Tracer* t = current_tracer()) t->on_count(steps_);
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   detail::zero_grads(params_, set_to_none);
 }
@@ -77,7 +82,7 @@ void SGD::step() {
     const Tensor g = p.grad();
     if (g.defined()) dispatch(Op::SgdUpdate, {p, g}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
@@ -109,7 +114,7 @@ void MomentumSGD::step() {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::MomentumSgdUpdate, {params_[i], g, velocity_[i]}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
@@ -166,7 +171,7 @@ void Adam::step() {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::AdamUpdate, {params_[i], g, m_[i], v_[i], t_[i]}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 }  // namespace encore::optim
