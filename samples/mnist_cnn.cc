@@ -291,6 +291,8 @@ int main(int argc, char** argv) {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);
     if (!f.profile.empty()) profiler::start();
     if (f.compare) {
+      if (!f.checkpoints.save_path.empty() || !f.checkpoints.resume_path.empty())
+        throw Error("--save and --resume train one model; --compare trains two");
       compare(f, train_set, test_set);
     } else {
       Trainer tr(f, f.static_forward, train_set);
