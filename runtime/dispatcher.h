@@ -9,7 +9,10 @@
 // know nothing of autograd, so a replay loop can call them again with other buffers.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string_view>
 
@@ -65,6 +68,9 @@ class Tracer {
   }
   // A backward pass starts on this thread (autograd::backward).
   virtual void on_backward() {}
+  // The traced code added one to a host counter (an optimizer's step count): a replay of the
+  // call adds one too, as the code it stands for would have.
+  virtual void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) { (void)counter; }
   // The engine is about to accumulate `grad` into the .grad of `leaf`. Returning true takes the
   // contribution: the accumulation still happens, but its ops are not reported.
   virtual bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) {

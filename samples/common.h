@@ -219,4 +219,25 @@ inline void print_entries(const StaticStats& st) {
   }
 }
 
+// --save PATH and --resume PATH: the model, the optimizer and the device's generator in one
+// checkpoint (encore/checkpoint.h), saved after every epoch and loaded before the first. A
+// resumed run trains --epochs more epochs; the data order starts again from --seed.
+struct Checkpointing {
+  std::string save_path, resume_path;
+
+  void add_flags(Cli& cli) {
+    cli.text("save", &save_path, "save a checkpoint here after every epoch");
+    cli.text("resume", &resume_path, "resume from this checkpoint (model, optimizer, generator)");
+  }
+  void resume(nn::Module& model, optim::Optimizer& opt, Device device) const {
+    if (resume_path.empty()) return;
+    load(resume_path, model, &opt, &default_generator(device));
+    std::printf("resumed from %s (%lld optimizer steps before)\n", resume_path.c_str(),
+                static_cast<long long>(opt.steps()));
+  }
+  void save_epoch(const nn::Module& model, optim::Optimizer& opt, Device device) const {
+    if (!save_path.empty()) save(save_path, model, &opt, &default_generator(device));
+  }
+};
+
 }  // namespace encore::samples

@@ -3,7 +3,8 @@
 // forward static with one line (StaticSeedCnn below), as the reference's @static_graph does;
 // --compare trains one epoch each way from the same seed, side by side (the two models take
 // turns, a batch each, and every step is timed), and prints a summary, then profiles a few more
-// steps each way and prints the ops that took the most time.
+// steps each way and prints the ops that took the most time. --save PATH checkpoints after
+// every epoch; --resume PATH goes on from such a checkpoint.
 //
 //   build/samples/mnist_cnn --epochs 2 --static
 //   build/samples/mnist_cnn --compare
@@ -37,6 +38,7 @@ struct Flags {
   std::string profile, schedule, device = "cpu";
   int64_t epochs = 1, batch = 32, seed = 0, limit = 0, profile_steps = 50;
   bool static_forward = false, compare = false;
+  samples::Checkpointing checkpoints;  // --save, --resume (not with --compare)
 };
 
 struct RunResult {
@@ -139,9 +141,11 @@ RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool
     progress.clear();
     r.seconds = samples::seconds_since(epoch_start);
     r.test = samples::evaluate(*tr.model, test_set);
-    if (verbose)
+    if (verbose) {
       samples::print_table_row(epoch, samples::seconds_since(start),
                                loss_sum / static_cast<double>(seen), r.test);
+      f.checkpoints.save_epoch(*tr.model, tr.opt, tr.device);
+    }
   }
   if (tr.static_forward) {
     const StaticStats st = static_figures(tr, r);
@@ -285,14 +289,18 @@ int main(int argc, char** argv) {
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
   cli.text("schedule", &f.schedule, "with --static: write the schedules here (text) and .dot");
   cli.text("device", &f.device, "cpu, or cuda / cuda:N to train on a GPU");
+  f.checkpoints.add_flags(cli);
   cli.parse(argc, argv);
   try {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);
     if (!f.profile.empty()) profiler::start();
     if (f.compare) {
+      if (!f.checkpoints.save_path.empty() || !f.checkpoints.resume_path.empty())
+        throw Error("--save and --resume train one model; --compare trains two");
       compare(f, train_set, test_set);
     } else {
       Trainer tr(f, f.static_forward, train_set);
+      f.checkpoints.resume(*tr.model, tr.opt, tr.device);
       train(f, tr, test_set, true);
     }
     if (!f.profile.empty()) {

@@ -1,8 +1,11 @@
 // Chainer's MNIST example: a 784-1000-1000-10 perceptron trained with Adam at batch 100, here on
 // Fashion-MNIST (or any IDX set with --data). --static makes the whole training step (forward,
 // loss, backward, Adam) one static function: traced on its first call, replayed after.
+// --save PATH checkpoints after every epoch; --resume PATH goes on from such a checkpoint.
 //
 //   build/samples/mnist_mlp --epochs 5 --static
+//   build/samples/mnist_mlp --epochs 2 --save run.safetensors   # then:
+//   build/samples/mnist_mlp --epochs 3 --resume run.safetensors
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -26,6 +29,8 @@ int main(int argc, char** argv) {
   cli.integer("limit", &limit, 0, "use only the first N samples of each split (0: all)");
   cli.flag("static", &static_step, "run the training step as a static graph");
   cli.text("device", &device_name, "cpu, or cuda / cuda:N to train on a GPU");
+  samples::Checkpointing checkpoints;
+  checkpoints.add_flags(cli);
   cli.parse(argc, argv);
   try {
     const auto [train_set, test_set] = samples::load_or_exit("mnist_mlp", dir, limit);
@@ -34,6 +39,7 @@ int main(int argc, char** argv) {
     const Device device = Device::parse(device_name);
     model->to(device);  // before the optimizer takes the parameters
     optim::Adam opt(model->parameters(), {.lr = 1e-3});
+    checkpoints.resume(*model, opt, device);
     data::BatchIterator batches(train_set, batch, /*shuffle=*/true, static_cast<uint64_t>(seed));
     batches.set_device(device);
     auto step_fn = [&](const Tensor& x, const Tensor& t) {
@@ -66,6 +72,7 @@ int main(int argc, char** argv) {
       samples::print_table_row(epoch, samples::seconds_since(start),
                                loss_sum / static_cast<double>(seen),
                                samples::evaluate(*model, test_set));
+      checkpoints.save_epoch(*model, opt, device);
     }
     if (static_step) {
       const StaticStats st = static_step_fn.stats();

@@ -204,4 +204,8 @@ void Recorder::on_backward() {
   if (phase_ == Phase::Forward) rec_.saw_backward = true;
 }
 
+void Recorder::on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) {
+  rec_.counters.push_back(counter);
+}
+
 }  // namespace encore::schedule

@@ -8,7 +8,9 @@
 // a buffer read with a shape.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,6 +100,8 @@ struct Recording {
   };
   std::vector<Contribution> contributions;
   bool saw_backward = false;  // a backward ran inside the function (a whole training step)
+  // Host counters the traced code advanced, once per advance: every replay adds one to each.
+  std::vector<std::shared_ptr<std::atomic<int64_t>>> counters;
   std::string unsafe;         // why the trace cannot be replayed (empty: it can)
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
   std::vector<std::vector<unsigned char>> snapshots;
@@ -122,6 +126,7 @@ class Recorder final : public Tracer {
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_backward() override;
+  void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) override;
   bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) override;
 
  private:

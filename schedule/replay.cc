@@ -106,10 +106,11 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   p.allocate_escapes(*b, Phase::Forward);
   p.bind(*b, Phase::Forward);
   p.run(*b, Phase::Forward, verify ? &snaps : nullptr);
-  // In-place writes to bound tensors count as eager's do. A verified call's eager run already
-  // bumped their versions (its state restore does not), and the tensors it saved for backward
+  // In-place writes to bound tensors count as eager's do, and host counters advance as the traced
+  // code advanced them. A verified call's eager run already bumped their versions and counters (its state restore does not), and the tensors it saved for backward
   // were saved at those versions.
   if (!verify) {
+    for (const auto& c : rec.counters) c->fetch_add(1, std::memory_order_relaxed);
     for (int buf : p.mutated_external()) {
       const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
       if (t != nullptr) t->impl()->storage->bump_version();

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "encore/encore.h"
+#include "test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
@@ -161,4 +162,37 @@ TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[
   CHECK(p.to_vector<double>()[0] == 1.0);
   CHECK_THROWS_WITH(optim::SGD({Tensor()}), Contains("undefined"));
   CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}), Contains("betas"));
+}
+
+// A replay runs no user code, so no step() call: the step count is a host counter that the
+// schedule advances on every replay, as many times per call as the traced code stepped.
+TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static]") {
+  testing::StaticEnabled on;
+  auto model = nn::mlp(4, 3, 2);
+  optim::Adam adam(model->parameters(), {.lr = 1e-2});
+  optim::SGD sgd(model->parameters(), {.lr = 1e-2});
+  auto body = [&](const Tensor& x) {
+    Tensor y = (*model)(x);
+    Tensor loss = F::mean(F::mul(y, y));
+    adam.zero_grad();
+    loss.backward();
+    adam.step();
+    sgd.step();
+    sgd.step();  // two steps in one call: two per replay
+    return loss;
+  };
+  auto step = static_graph(body, {.name = "counted", .modules = {model}});
+  const int calls = 5;
+  for (int i = 0; i < calls; ++i) step(randn({8, 4}));
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().hits == calls - 1);
+  CHECK(adam.steps() == calls);
+  CHECK(sgd.steps() == 2 * calls);
+  // Verify mode reruns the user code eagerly beside each replay: it counts once, not twice.
+  auto verified =
+      static_graph(body, {.name = "counted_verified", .verify_every = 1, .modules = {model}});
+  adam.set_steps(0);
+  for (int i = 0; i < 3; ++i) verified(randn({8, 4}));
+  CHECK(verified.stats().verifications == 2);
+  CHECK(adam.steps() == 3);
 }

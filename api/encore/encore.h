@@ -2,6 +2,7 @@
 // static-graph tracer can record. Include this one header.
 #pragma once
 
+#include "encore/checkpoint.h"
 #include "encore/data.h"
 #include "encore/functions.h"
 #include "encore/models.h"

@@ -10,11 +10,24 @@
 // buffers, Adam moments and step counters) lives in tensors for the same reason.
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "encore/functions.h"
 
 namespace encore::optim {
+
+// One tensor of an optimizer's state, as a checkpoint (encore/checkpoint.h) sees it.
+struct StateSlot {
+  std::string name;  // "<parameter index>.<state>", e.g. "0.m"
+  Tensor* tensor;    // the member; undefined while lazily created state does not exist yet
+  Shape shape;       // what the state is (or will be) when it exists
+  DType dtype;
+  Device device;
+};
 
 class Optimizer {
  public:
@@ -23,11 +36,30 @@ class Optimizer {
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& params() const { return params_; }
-  int64_t steps() const { return steps_; }
+  // The step() calls so far, replays of a static training step included.
+  int64_t steps() const { return steps_->load(std::memory_order_relaxed); }
+
+  // What a checkpoint saves and restores. kind() names the class ("Adam"); a checkpoint loads
+  // only into an optimizer of the same kind, and one whose kind() is "" (the default for
+  // optimizers defined outside encore) cannot be saved or loaded.
+  virtual std::string kind() const { return ""; }
+  // The hyper-parameters by name (a bool as 0 or 1), always the same names for one kind.
+  virtual std::vector<std::pair<std::string, double>> hyper_parameters() const { return {}; }
+  // Sets hyper-parameters by the names hyper_parameters() gives; an unknown name or a value the
+  // constructor would reject is an Error, and leaves them as they were.
+  virtual void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values);
+  // The state tensors (none for plain SGD). A loader writes into a defined slot in place (a
+  // static schedule bound to it stays valid) and creates an undefined one as described.
+  virtual std::vector<StateSlot> state_slots() { return {}; }
+  void set_steps(int64_t steps) { steps_->store(steps, std::memory_order_relaxed); }
 
  protected:
+  // Counts one step; inside a static function its replays count too.
+  void count_step();
+
   std::vector<Tensor> params_;
-  int64_t steps_ = 0;
+  // Shared with the static schedules that recorded a step, which advance it on every replay.
+  std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 struct SGDOptions {
@@ -40,6 +72,9 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options = {});
   void step() override;
+  std::string kind() const override { return "SGD"; }
+  std::vector<std::pair<std::string, double>> hyper_parameters() const override;
+  void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   SGDOptions options;
 };
 
@@ -54,6 +89,10 @@ class MomentumSGD : public Optimizer {
  public:
   MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options = {});
   void step() override;
+  std::string kind() const override { return "MomentumSGD"; }
+  std::vector<std::pair<std::string, double>> hyper_parameters() const override;
+  void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
+  std::vector<StateSlot> state_slots() override;
   MomentumSGDOptions options;
 
  private:
@@ -74,6 +113,10 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   void step() override;
+  std::string kind() const override { return "Adam"; }
+  std::vector<std::pair<std::string, double>> hyper_parameters() const override;
+  void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
+  std::vector<StateSlot> state_slots() override;
   AdamOptions options;
 
  private:
@@ -93,6 +136,7 @@ class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {})
       : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true}) {}
+  std::string kind() const override { return "AdamW"; }
 };
 
 }  // namespace encore::optim

@@ -13,6 +13,16 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   }
 }
 
+void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  ENCORE_CHECK(values.empty(), "Optimizer::set_hyper_parameters: this optimizer has none, but '",
+               values.front().first, "' was given");
+}
+
+void Optimizer::count_step() {
+  steps_->fetch_add(1, std::memory_order_relaxed);
+  if (Tracer* t = current_tracer()) t->on_count(steps_);
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   detail::zero_grads(params_, set_to_none);
 }
@@ -24,10 +34,46 @@ std::vector<Tensor> zeros_for(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) out.push_back(zeros(p.shape(), p.dtype(), p.device()));
   return out;
 }
+
+// Writes `values` into the members named in `members`; all names are checked first.
+void set_named(const char* kind, const std::vector<std::pair<std::string, double*>>& members,
+               const std::vector<std::pair<std::string, double>>& values) {
+  for (const auto& [name, value] : values) {
+    bool known = false;
+    for (const auto& m : members) known = known || m.first == name;
+    ENCORE_CHECK(known, kind, "::set_hyper_parameters: unknown hyper-parameter '", name, "'");
+  }
+  for (const auto& [name, value] : values)
+    for (const auto& m : members)
+      if (m.first == name) *m.second = value;
+}
+
+void check_adam_options(const AdamOptions& o) {
+  ENCORE_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+               "Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
+  ENCORE_CHECK(o.eps >= 0 && o.lr >= 0, "Adam: lr and eps must be non-negative");
+}
+
+void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
+               const std::vector<Tensor>& params, bool scalar_int64 = false) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& p = params[i];
+    out.push_back({std::to_string(i) + "." + state, &tensors[i], scalar_int64 ? Shape{} : p.shape(),
+                   scalar_int64 ? DType::Int64 : p.dtype(), p.device()});
+  }
+}
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : Optimizer(std::move(params)), options(options) {}
+
+std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
+  return {{"lr", options.lr}, {"weight_decay", options.weight_decay}};
+}
+
+void SGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  set_named("SGD", {{"lr", &options.lr}, {"weight_decay", &options.weight_decay}}, values);
+}
 
 void SGD::step() {
   NoGradGuard no_grad;
@@ -36,11 +82,30 @@ void SGD::step() {
     const Tensor g = p.grad();
     if (g.defined()) dispatch(Op::SgdUpdate, {p, g}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
     : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {}
+
+std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
+  return {
+      {"lr", options.lr}, {"momentum", options.momentum}, {"weight_decay", options.weight_decay}};
+}
+
+void MomentumSGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  set_named("MomentumSGD",
+            {{"lr", &options.lr},
+             {"momentum", &options.momentum},
+             {"weight_decay", &options.weight_decay}},
+            values);
+}
+
+std::vector<StateSlot> MomentumSGD::state_slots() {
+  std::vector<StateSlot> out;
+  add_slots(out, "velocity", velocity_, params_);
+  return out;
+}
 
 void MomentumSGD::step() {
   NoGradGuard no_grad;
@@ -49,7 +114,7 @@ void MomentumSGD::step() {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::MomentumSgdUpdate, {params_[i], g, velocity_[i]}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
@@ -57,10 +122,44 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
       options(options),
       m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
-  ENCORE_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-               "Adam: betas must be in [0, 1), got ", options.beta1, ", ", options.beta2);
-  ENCORE_CHECK(options.eps >= 0 && options.lr >= 0, "Adam: lr and eps must be non-negative");
+  check_adam_options(options);
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
+}
+
+std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
+  return {{"lr", options.lr},
+          {"beta1", options.beta1},
+          {"beta2", options.beta2},
+          {"eps", options.eps},
+          {"weight_decay", options.weight_decay},
+          {"decoupled", options.decoupled ? 1.0 : 0.0}};
+}
+
+// Checks the new values on a copy: an Error leaves the options as they were.
+void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  AdamOptions o = options;
+  double decoupled = o.decoupled ? 1 : 0;
+  set_named(kind().c_str(),
+            {{"lr", &o.lr},
+             {"beta1", &o.beta1},
+             {"beta2", &o.beta2},
+             {"eps", &o.eps},
+             {"weight_decay", &o.weight_decay},
+             {"decoupled", &decoupled}},
+            values);
+  ENCORE_CHECK(decoupled == 0 || decoupled == 1, kind(), ": decoupled must be 0 or 1, got ",
+               decoupled);
+  o.decoupled = decoupled != 0;
+  check_adam_options(o);
+  options = o;
+}
+
+std::vector<StateSlot> Adam::state_slots() {
+  std::vector<StateSlot> out;
+  add_slots(out, "m", m_, params_);
+  add_slots(out, "v", v_, params_);
+  add_slots(out, "t", t_, params_, /*scalar_int64=*/true);
+  return out;
 }
 
 void Adam::step() {
@@ -72,7 +171,7 @@ void Adam::step() {
     const Tensor g = params_[i].grad();
     if (g.defined()) dispatch(Op::AdamUpdate, {params_[i], g, m_[i], v_[i], t_[i]}, {}, attrs);
   }
-  ++steps_;
+  count_step();
 }
 
 }  // namespace encore::optim
