@@ -12,6 +12,22 @@ namespace {
 
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
+std::atomic<uint64_t> g_hook_ids{1};
+std::atomic<uint64_t> g_passes{1};
+// The outermost backward pass running on this thread: its number and queued callbacks.
+thread_local int t_depth = 0;
+thread_local uint64_t t_pass = 0;
+thread_local std::vector<std::function<void()>> t_callbacks;
+
+void run_grad_hooks(TensorImpl* leaf) {
+  if (!leaf->grad_hooks) return;
+  const Tensor t{IntrusivePtr<TensorImpl>(leaf)};
+  // By index: a hook may add or remove hooks.
+  for (size_t i = 0; i < leaf->grad_hooks->hooks.size(); ++i) {
+    const autograd::GradHook hook = leaf->grad_hooks->hooks[i].second;
+    hook(t);
+  }
+}
 
 // A tensor described by `m`, filled with `value` (implicit and missing gradients).
 Tensor filled(const TensorMeta& m, double value) {
@@ -46,10 +62,11 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
     leaf->grad = g.impl_ptr();
     if (Tracer* tracer = current_tracer())
       tracer->on_grad_set(Tensor(IntrusivePtr<TensorImpl>(leaf)), g);
-    return;
+  } else {
+    const Tensor acc(leaf->grad);
+    dispatch(Op::AddInplace, {acc, g}, {});
   }
-  const Tensor acc(leaf->grad);
-  dispatch(Op::AddInplace, {acc, g}, {});
+  run_grad_hooks(leaf);
 }
 
 void check_grad(const Node& node, int i, const Tensor& g) {
@@ -178,6 +195,19 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
                " outputs but ", grads.size(), " gradients");
   profiler::ScopedSpan span("autograd backward", profiler::SpanKind::Backward);
   if (Tracer* tracer = current_tracer()) tracer->on_backward();
+  // The outermost pass owns the callbacks; an aborted one drops them.
+  struct PassScope {
+    bool outermost = t_depth++ == 0;
+    PassScope() {
+      if (outermost) t_pass = g_passes.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~PassScope() {
+      if (--t_depth == 0) {
+        t_pass = 0;
+        t_callbacks.clear();
+      }
+    }
+  } pass;
   NoGradGuard no_grad;
   // Inline storage: a static function's backward is one node, so a pass allocates nothing here.
   absl::InlinedVector<Node*, 8> heap;
@@ -277,6 +307,38 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
       deliver(e, std::move(grad_inputs[i]));
     }
   }
+  if (pass.outermost)
+    for (size_t i = 0; i < t_callbacks.size(); ++i) {
+      const std::function<void()> fn = std::move(t_callbacks[i]);
+      fn();
+    }
+}
+
+uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, GradHook hook) {
+  ENCORE_CHECK(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(),
+               "add_post_accumulate_grad_hook: the tensor must be a leaf that requires grad; ",
+               leaf.defined() ? leaf.str() : std::string("it is undefined"));
+  ENCORE_CHECK(hook != nullptr, "add_post_accumulate_grad_hook: the hook is empty");
+  TensorImpl& impl = *leaf.impl();
+  if (!impl.grad_hooks) impl.grad_hooks = std::make_unique<GradHooks>();
+  const uint64_t id = g_hook_ids.fetch_add(1, std::memory_order_relaxed);
+  impl.grad_hooks->hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id) {
+  if (!leaf.defined() || !leaf.impl()->grad_hooks) return;
+  auto& hooks = leaf.impl()->grad_hooks->hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+void queue_callback(std::function<void()> fn) {
+  ENCORE_CHECK(t_depth > 0, "autograd::queue_callback: no backward pass is running on this thread");
+  t_callbacks.push_back(std::move(fn));
+}
+
+uint64_t current_pass() {
+  return t_pass;
 }
 
 }  // namespace autograd

@@ -9,8 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "runtime/dispatcher.h"
@@ -136,5 +139,31 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
 // element and gets 1). Gradients accumulate into the `.grad` of leaves.
 void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool retain_graph);
 
+// ---- Hooks (what data parallelism needs of the engine, as PyTorch's DDP does) ----------------
+
+// Called each time a backward pass has accumulated a gradient into the .grad of `leaf` (PyTorch's
+// register_post_accumulate_grad_hook), with the leaf; it runs inside the pass, so the ops it
+// dispatches are traced with the backward (a static whole step records them where the gradient
+// became final). Returns an id for remove_post_accumulate_grad_hook. `leaf` must require grad.
+using GradHook = std::function<void(const Tensor& leaf)>;
+uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, GradHook hook);
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id);
+
+// Runs `fn` once when the outermost backward pass running on this thread has finished its
+// nodes, before backward() returns (PyTorch's queue_callback); callbacks run in the order they
+// were queued, and one may queue another. An aborted pass drops its callbacks. Throws Error
+// outside a backward pass.
+void queue_callback(std::function<void()> fn);
+
+// The number of the outermost backward pass running on this thread (each pass gets a new one),
+// 0 outside any: a hook tells the first gradient of a pass from a later one.
+uint64_t current_pass();
+
 }  // namespace autograd
+
+// The post-accumulate hooks of a leaf.
+struct GradHooks {
+  std::vector<std::pair<uint64_t, autograd::GradHook>> hooks;
+};
+
 }  // namespace encore

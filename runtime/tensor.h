@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -20,6 +21,7 @@ namespace encore {
 
 class Node;
 class Tensor;
+struct GradHooks;
 
 class TensorImpl final : public RefCounted {
  public:
@@ -35,6 +37,7 @@ class TensorImpl final : public RefCounted {
   uint32_t output_nr = 0;      // which output of grad_fn this tensor is
   IntrusivePtr<Node> grad_fn;  // null for leaves
   IntrusivePtr<TensorImpl> grad;
+  std::unique_ptr<GradHooks> grad_hooks;  // a leaf's (autograd::add_post_accumulate_grad_hook)
 };
 
 class Tensor {
