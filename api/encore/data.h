@@ -67,6 +67,11 @@ class BatchIterator {
     pin_memory_ = device.type == DeviceType::CUDA;
     return *this;
   }
+  // Data parallelism: this process reads shard `index` of `count` (dist::rank() of
+  // dist::world_size()). Every epoch's order (the same permutation on every process: give them
+  // one seed) is cut into `count` disjoint runs of floor(N / count) samples, the rest left out,
+  // so every shard has the same number of batches. Restarts the epoch.
+  BatchIterator& set_shard(int index, int count);
 
  private:
   void reshuffle();
@@ -78,7 +83,8 @@ class BatchIterator {
   uint64_t seed_;
   uint64_t epoch_ = 0;
   int64_t pos_ = 0;
-  std::vector<int64_t> order_;
+  int shard_ = 0, shards_ = 1;
+  std::vector<int64_t> order_;  // this shard's samples of the epoch
 };
 
 }  // namespace encore::data

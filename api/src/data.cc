@@ -292,27 +292,45 @@ BatchIterator::BatchIterator(const Dataset& ds, int64_t batch_size, bool shuffle
       " must be [N, ...] and [N]");
   ENCORE_CHECK(ds.images.device() == Device::cpu() && ds.labels.device() == Device::cpu(),
                "BatchIterator: the dataset must be on the cpu");
-  order_.resize(static_cast<size_t>(ds.size()));
   reshuffle();
 }
 
 void BatchIterator::reshuffle() {
+  order_.resize(static_cast<size_t>(ds_.size()));
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
-  if (!shuffle_) return;
-  // Fisher-Yates written out (std::shuffle's algorithm varies between standard libraries).
-  std::mt19937_64 rng(seed_ + epoch_);
-  for (size_t i = order_.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(rng() % i);
-    std::swap(order_[i - 1], order_[j]);
+  if (shuffle_) {
+    // Fisher-Yates written out (std::shuffle's algorithm varies between standard libraries).
+    std::mt19937_64 rng(seed_ + epoch_);
+    for (size_t i = order_.size(); i > 1; --i) {
+      const size_t j = static_cast<size_t>(rng() % i);
+      std::swap(order_[i - 1], order_[j]);
+    }
+  }
+  if (shards_ > 1) {
+    const size_t per = order_.size() / static_cast<size_t>(shards_);
+    order_.erase(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(per * shard_));
+    order_.resize(per);
   }
 }
 
+BatchIterator& BatchIterator::set_shard(int index, int count) {
+  ENCORE_CHECK(count >= 1 && index >= 0 && index < count, "BatchIterator::set_shard: shard ",
+               index, " of ", count, " does not exist (0 <= index < count)");
+  ENCORE_CHECK(ds_.size() >= count, "BatchIterator::set_shard: ", ds_.size(),
+               " samples cannot make ", count, " shards");
+  shard_ = index;
+  shards_ = count;
+  pos_ = 0;
+  reshuffle();
+  return *this;
+}
+
 int64_t BatchIterator::batches_per_epoch() const {
-  return (ds_.size() + batch_size_ - 1) / batch_size_;
+  return (static_cast<int64_t>(order_.size()) + batch_size_ - 1) / batch_size_;
 }
 
 bool BatchIterator::next(Tensor& x, Tensor& t) {
-  const int64_t n = ds_.size();
+  const int64_t n = static_cast<int64_t>(order_.size());
   if (pos_ >= n) {
     ++epoch_;
     pos_ = 0;
@@ -322,7 +340,7 @@ bool BatchIterator::next(Tensor& x, Tensor& t) {
   const int64_t b = std::min(batch_size_, n - pos_);
   auto gather = [&](const Tensor& src) {
     Shape s = src.shape();
-    const size_t row = src.nbytes() / static_cast<size_t>(n);
+    const size_t row = src.nbytes() / static_cast<size_t>(src.size(0));
     s.set(0, b);
     Tensor out = pin_memory_ ? Tensor::empty_pinned(s, src.dtype()) : Tensor::empty(s, src.dtype());
     const char* from = static_cast<const char*>(src.raw_data());
