@@ -38,6 +38,11 @@ inline constexpr uint8_t kSplits = 1 << 5;
 // fused run. At most kMaxRowOpOutputs outputs (FusedInstr::kMaxOutputs).
 inline constexpr uint8_t kRowFusable = 1 << 6;
 inline constexpr int kMaxRowOpOutputs = 3;
+// A collective (dist/): every rank must make the same calls in the same order, and the buffer is
+// the communication's between a start and its wait. A plan never drops one (a rank that skipped
+// it would leave the others waiting), keeps them in recorded order and runs them on the calling
+// thread (schedule/lanes.cc).
+inline constexpr uint8_t kCollective = 1 << 7;
 
 // OpTraits::outputs of an op that takes any number of outputs from 1 to kMaxOpOutputs (the
 // autograd masks hold 8 bits).
@@ -54,7 +59,7 @@ struct OpTraits {
   AttrType attrs;     // the attribute struct its calls carry
   uint8_t mutates;    // Inplace: bit i set when input i is written
   uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits,
-                      // kRowFusable
+                      // kRowFusable, kCollective
 };
 
 inline constexpr OpTraits kOpTraits[] = {
@@ -169,6 +174,11 @@ inline constexpr OpTraits kOpTraits[] = {
      kSplits},
     {Op::MatmulAccumulate, "matmul_accumulate", OpKind::Inplace, 3, 3, -1, AttrType::Matmul, 0b100,
      0},
+    {Op::AllReduceStart, "all_reduce_start", OpKind::Compute, 1, 1, 1, AttrType::Collective, 0,
+     kCollective},
+    // Writes the buffer (inputs: buffer, handle).
+    {Op::AllReduceWait, "all_reduce_wait", OpKind::Inplace, 2, 2, 0, AttrType::Collective, 0b01,
+     kCollective},
 };
 
 namespace detail {
@@ -186,6 +196,7 @@ constexpr bool op_traits_consistent() {
       return false;
     if ((t.flags & kOptimizerUpdate) && t.kind != OpKind::Inplace) return false;
     if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
+    if ((t.flags & kCollective) && (t.flags & ~kCollective) != 0) return false;
   }
   return true;
 }
@@ -238,6 +249,9 @@ constexpr bool op_optimizer_update(Op op) {
 constexpr bool op_splits(Op op) {
   return (op_traits(op).flags & kSplits) != 0;
 }
+constexpr bool op_collective(Op op) {
+  return (op_traits(op).flags & kCollective) != 0;
+}
 // Whether `op` reads exactly two tensors (a fused instruction's operands a and b).
 constexpr bool op_reads_two(Op op) {
   return op_traits(op).min_inputs == 2 && op_traits(op).max_inputs == 2;
@@ -249,8 +263,9 @@ constexpr std::string_view attr_type_name(AttrType t) {
       "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",       "ReduceAttrs",    "PermuteAttrs",
       "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",    "Pool2dAttrs",
       "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",       "AdamAttrs",
-      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs", "LayerNormAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::LayerNorm) + 1);
+      "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs", "LayerNormAttrs",
+      "CollectiveAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Collective) + 1);
   return kNames[static_cast<int>(t)];
 }
 

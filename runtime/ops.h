@@ -111,6 +111,14 @@ enum class Op : uint16_t {
   // a, b, c (updated) -> c + matmul(a, b) for an outer product (k = 1; MatmulAttrs): each
   // product rounded, then added, as a Matmul and an add_ give.
   MatmulAccumulate,
+  // Collectives over the processes of a data-parallel job (dist/): every rank makes the same
+  // calls in the same order (CollectiveAttrs).
+  // buffer -> handle (int64 [1]): starts an in-place all-reduce of the buffer across ranks and
+  // returns at once; the buffer belongs to the communication until the wait.
+  AllReduceStart,
+  // buffer (updated), handle: waits for the all-reduce the handle stands for (the buffer then
+  // holds the reduction).
+  AllReduceWait,
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
@@ -149,6 +157,7 @@ enum class AttrType : uint8_t {
   MatmulAct,
   Embedding,
   LayerNorm,
+  Collective,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -294,6 +303,15 @@ struct MatmulActAttrs {
   ActAttrs act;
 };
 
+// How a collective combines the ranks' values.
+enum class ReduceOp : uint8_t { Sum, Max, Min };
+
+struct CollectiveAttrs {  // AllReduceStart, AllReduceWait
+  int32_t comm = 0;       // the communicator's index (0: every process of the job)
+  ReduceOp reduce = ReduceOp::Sum;
+  uint8_t unused[3] = {};
+};
+
 // The tags of the structs above.
 template <AttrType kType>
 struct AttrTag {
@@ -339,5 +357,7 @@ template <>
 struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
 template <>
 struct AttrTypeOf<LayerNormAttrs> : AttrTag<AttrType::LayerNorm> {};
+template <>
+struct AttrTypeOf<CollectiveAttrs> : AttrTag<AttrType::Collective> {};
 
 }  // namespace encore

@@ -6,7 +6,8 @@
 //
 // Plan time: the steps of a phase form a graph, an edge where two steps touch the same memory and
 // one of them writes it (arena bytes, or a storage outside the arena, so the arena's reuse of a
-// block is an edge too), plus the order of the steps that draw random numbers. A list scheduler
+// block is an edge too), plus the order of the steps that draw random numbers and of the
+// collectives (every rank makes them in one order), which run on lane 0, the calling thread. A list scheduler
 // with a cost per step (multiply-adds for products and convolutions, elements touched for the
 // rest) places each step, longest remaining path first, as early as its inputs allow: a large
 // step whose kernel splits its work (kSplits) on both lanes (wide) unless another large step is
@@ -119,16 +120,17 @@ void Plan::plan_lanes() {
     if (count == 0 || count > kMaxSteps) continue;
     // The graph (indices within the phase): deps[j] are the earlier steps j must follow.
     std::vector<std::vector<int>> deps(count), users(count);
-    int last_random = -1;
+    int last_random = -1, last_collective = -1;
+    auto follow = [&](int j, int& last) {
+      if (last >= 0 && std::find(deps[j].begin(), deps[j].end(), last) == deps[j].end())
+        deps[j].push_back(last);
+      last = j;
+    };
     for (int j = 0; j < count; ++j) {
       for (int i = 0; i < j; ++i)
         if (conflict(touches[begin + i], touches[begin + j])) deps[j].push_back(i);
-      if (steps_[begin + j].random) {
-        if (last_random >= 0 &&
-            std::find(deps[j].begin(), deps[j].end(), last_random) == deps[j].end())
-          deps[j].push_back(last_random);
-        last_random = j;
-      }
+      if (steps_[begin + j].random) follow(j, last_random);
+      if (op_collective(all_[begin + j].op)) follow(j, last_collective);
       for (int i : deps[j]) users[i].push_back(j);
     }
     // Per step its cost on one lane, whether its kernel splits (it may go on both lanes), and
@@ -179,8 +181,9 @@ void Plan::plan_lanes() {
       double start = std::max({inputs, free_at[0], free_at[1]});
       if (!wide) {
         const double at0 = std::max(inputs, free_at[0]), at1 = std::max(inputs, free_at[1]);
-        lane = at1 < at0 ? 1 : 0;
-        start = std::min(at0, at1);
+        // A collective calls MPI, which this process joined for one thread at a time.
+        lane = at1 < at0 && !op_collective(all_[begin + j].op) ? 1 : 0;
+        start = lane == 1 ? at1 : at0;
       }
       ends[j] = start + (wide ? split_cost(j) : cost[j]);
       step_lane_[begin + j] = static_cast<int8_t>(lane);

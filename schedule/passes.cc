@@ -108,7 +108,7 @@ void Plan::add_copies() {
 }
 
 // Drops compute steps whose outputs nothing reads. Random steps stay: skipping one would
-// shift the numbers every later one draws.
+// shift the numbers every later one draws. Collectives stay: the other ranks make them too.
 void Plan::eliminate_dead_steps() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   std::vector<char> needed(bufs.size(), 0);
@@ -117,7 +117,7 @@ void Plan::eliminate_dead_steps() {
   std::vector<char> keep(all_.size(), 0);
   for (int t = static_cast<int>(all_.size()) - 1; t >= 0; --t) {
     const Step& s = all_[t];
-    bool k = op_draws_random(s.op);
+    bool k = op_draws_random(s.op) || op_collective(s.op);
     const uint8_t mutates = op_mutated_inputs(s.op);
     for (size_t i = 0; i < s.in.size(); ++i)
       if (mask_bit(mutates, i)) k |= needed[s.in[i].buf] != 0;

@@ -1,0 +1,224 @@
+// dist::DataParallel: a module's gradients averaged across the ranks in buckets, each bucket's
+// all-reduce started by the post-accumulate hook of its last gradient and waited for by a
+// callback at the end of the backward pass (runtime/autograd.h). Everything it does to tensors is
+// dispatched ops, so a static whole step records it and replays it without the hooks.
+#include <cstdint>
+#include <string_view>
+
+#include "api/src/routine.h"
+#include "dist/world.h"
+#include "encore/dist.h"
+#include "runtime/autograd.h"
+
+namespace encore::dist {
+namespace {
+
+// Per parameter: a name hash, requires-grad, dtype, rank and up to 8 dimensions.
+constexpr int kDescribed = 12;
+
+int64_t name_hash(std::string_view name) {  // FNV-1a, the same in every process
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+
+// Max over ranks of `values` and of their negations, i.e. max and -min elementwise.
+std::vector<int64_t> max_and_negated_min(const std::vector<int64_t>& values) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  Tensor both = Tensor::empty({2 * n}, DType::Int64);
+  int64_t* p = both.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = values[static_cast<size_t>(i)];
+    p[n + i] = -values[static_cast<size_t>(i)];
+  }
+  all_reduce(both, ReduceOp::Max);
+  return both.to_vector<int64_t>();
+}
+
+}  // namespace
+
+struct DataParallel::State {
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    int bucket = -1;
+    int64_t offset = 0;  // in the bucket, in elements
+    bool ready = false;  // its gradient was accumulated in this pass
+  };
+  struct Bucket {
+    std::vector<int> params;
+    int64_t numel = 0;
+    int pending = 0;  // gradients this pass still waits for
+    Tensor buffer, handle;
+  };
+
+  nn::Module* module = nullptr;
+  std::vector<Param> params;  // that require grad, last first
+  std::vector<Bucket> buckets;
+  std::vector<uint64_t> hooks;
+  uint64_t pass = 0;          // the backward pass the fields below belong to
+  std::vector<int> launched;  // buckets in the order their all-reduces started
+
+  void check_agreement(const std::vector<std::pair<std::string, Tensor>>& named) const;
+  void make_buckets(size_t bucket_bytes);
+  void on_gradient(int p);
+  void launch(int b);
+  void finish();
+};
+
+void DataParallel::State::check_agreement(
+    const std::vector<std::pair<std::string, Tensor>>& named) const {
+  const int64_t count = static_cast<int64_t>(named.size());
+  const std::vector<int64_t> counts = max_and_negated_min({count});
+  if (counts[0] != -counts[1])
+    fail("DataParallel: the ranks' modules have different numbers of parameters (", -counts[1],
+         " to ", counts[0], "); ", rank_name(), " has ", count,
+         count > 0 ? cat(", the last '", named.back().first, "' ", named.back().second.str()) : "");
+  std::vector<int64_t> described(static_cast<size_t>(count * kDescribed), -1);
+  for (int64_t i = 0; i < count; ++i) {
+    const Tensor& t = named[static_cast<size_t>(i)].second;
+    int64_t* d = described.data() + i * kDescribed;
+    d[0] = name_hash(named[static_cast<size_t>(i)].first);
+    d[1] = t.requires_grad();
+    d[2] = static_cast<int64_t>(t.dtype());
+    d[3] = t.rank();
+    for (int a = 0; a < t.rank() && a < kDescribed - 4; ++a) d[4 + a] = t.shape()[a];
+  }
+  const std::vector<int64_t> seen = max_and_negated_min(described);
+  const size_t n = described.size();
+  for (size_t k = 0; k < n; ++k)
+    if (seen[k] != -seen[n + k]) {
+      const auto& [name, t] = named[k / kDescribed];
+      fail("DataParallel: parameter '", name, "' differs across ranks (in its ",
+           k % kDescribed == 0 ? "name" : k % kDescribed == 1 ? "requires_grad" : "shape or dtype",
+           "): on ", rank_name(), " it is ", t.str(), "; every rank must build the same module");
+    }
+}
+
+void DataParallel::State::make_buckets(size_t bucket_bytes) {
+  // Backward produces the last parameters' gradients first: they fill the first bucket.
+  for (int p = 0; p < static_cast<int>(params.size()); ++p) {
+    const Tensor& t = params[static_cast<size_t>(p)].tensor;
+    bool fits = !buckets.empty();
+    if (fits) {
+      const Tensor& first = params[static_cast<size_t>(buckets.back().params[0])].tensor;
+      fits = first.dtype() == t.dtype() && first.device() == t.device() &&
+             (buckets.back().numel + t.numel()) * static_cast<int64_t>(itemsize(t.dtype())) <=
+                 static_cast<int64_t>(bucket_bytes);
+    }
+    if (!fits) buckets.emplace_back();
+    Bucket& b = buckets.back();
+    params[static_cast<size_t>(p)].bucket = static_cast<int>(buckets.size()) - 1;
+    params[static_cast<size_t>(p)].offset = b.numel;
+    b.params.push_back(p);
+    b.numel += t.numel();
+  }
+}
+
+void DataParallel::State::on_gradient(int p) {
+  if (const uint64_t now = autograd::current_pass(); now != pass) {
+    pass = now;
+    for (Param& q : params) q.ready = false;
+    for (Bucket& b : buckets) b.pending = static_cast<int>(b.params.size());
+    launched.clear();
+    autograd::queue_callback([this] { finish(); });
+  }
+  Param& param = params[static_cast<size_t>(p)];
+  Bucket& b = buckets[static_cast<size_t>(param.bucket)];
+  if (param.ready) {
+    ENCORE_CHECK(b.pending > 0, "DataParallel: parameter '", param.name,
+                 "' got a second gradient in one backward after its bucket's all-reduce had "
+                 "started (a parameter used twice in a step); give it its own bucket by placing it "
+                 "last, or accumulate before backward");
+    return;
+  }
+  param.ready = true;
+  if (--b.pending == 0) launch(param.bucket);
+}
+
+void DataParallel::State::launch(int b) {
+  Bucket& bucket = buckets[static_cast<size_t>(b)];
+  std::vector<Tensor> flat;
+  flat.reserve(bucket.params.size());
+  for (const int p : bucket.params) {
+    const Tensor g = params[static_cast<size_t>(p)].tensor.grad();
+    flat.push_back(F::reshape(g, {g.numel()}));
+  }
+  bucket.buffer = Tensor::empty({bucket.numel}, flat[0].dtype(), flat[0].device());
+  dispatch(Op::Concat, std::span<const Tensor>(flat), std::span<Tensor>(&bucket.buffer, 1),
+           AttrBlob::of(AxisAttrs{0}));
+  bucket.handle = start_all_reduce(bucket.buffer);
+  launched.push_back(b);
+}
+
+void DataParallel::State::finish() {
+  for (const Bucket& b : buckets)
+    for (const int p : b.params)
+      ENCORE_CHECK(params[static_cast<size_t>(p)].ready, "DataParallel: parameter '",
+                   params[static_cast<size_t>(p)].name,
+                   "' got no gradient in this backward; every rank all-reduces every parameter "
+                   "that requires grad, so each must take part in the loss (or not require grad)");
+  const double scale = 1.0 / world_size();
+  for (const int b : launched) {
+    Bucket& bucket = buckets[static_cast<size_t>(b)];
+    wait_all_reduce(bucket.buffer, bucket.handle);
+    // Sum, then times 1/world_size (dividing is not the same bits for every world size).
+    const Tensor mean = detail::call1(Op::MulScalar, {bucket.buffer}, bucket.buffer.shape(),
+                                      bucket.buffer.dtype(), AttrBlob::of(ScalarAttrs{scale}));
+    for (const int p : bucket.params) {
+      const Param& param = params[static_cast<size_t>(p)];
+      const Tensor g = param.tensor.grad();
+      const Tensor piece =
+          detail::call1(Op::Slice, {mean}, {g.numel()}, g.dtype(),
+                        AttrBlob::of(SliceAttrs{0, param.offset, param.offset + g.numel(), 1}));
+      dispatch(Op::CopyInplace, {g, F::reshape(piece, g.shape().dims())}, {});
+    }
+    bucket.buffer = Tensor();
+    bucket.handle = Tensor();
+  }
+  launched.clear();
+}
+
+DataParallel::DataParallel(nn::Module& module, DataParallelOptions options)
+    : state_(std::make_unique<State>()) {
+  ENCORE_CHECK(initialized(), "DataParallel: call dist::init() first");
+  ENCORE_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes must be positive");
+  state_->module = &module;
+  const std::vector<std::pair<std::string, Tensor>> named = module.named_parameters();
+  if (world_size() == 1) return;  // nothing to average
+  state_->check_agreement(named);
+  {
+    NoGradGuard no_grad;
+    for (auto [name, t] : named) broadcast(t, 0);
+    for (auto& [name, slot] : module.named_buffer_slots()) broadcast(*slot, 0);
+  }
+  for (auto it = named.rbegin(); it != named.rend(); ++it)
+    if (it->second.requires_grad()) state_->params.push_back({it->first, it->second});
+  state_->make_buckets(options.bucket_bytes);
+  State* state = state_.get();
+  for (int p = 0; p < static_cast<int>(state->params.size()); ++p)
+    state->hooks.push_back(autograd::add_post_accumulate_grad_hook(
+        state->params[static_cast<size_t>(p)].tensor, [state, p](const Tensor&) {
+          state->on_gradient(p);
+        }));
+}
+
+DataParallel::~DataParallel() {
+  for (size_t p = 0; p < state_->hooks.size(); ++p)
+    autograd::remove_post_accumulate_grad_hook(state_->params[p].tensor, state_->hooks[p]);
+}
+
+nn::Module& DataParallel::module() const {
+  return *state_->module;
+}
+
+std::vector<std::vector<std::string>> DataParallel::buckets() const {
+  std::vector<std::vector<std::string>> out;
+  for (const State::Bucket& b : state_->buckets) {
+    std::vector<std::string>& names = out.emplace_back();
+    for (const int p : b.params) names.push_back(state_->params[static_cast<size_t>(p)].name);
+  }
+  return out;
+}
+
+}  // namespace encore::dist

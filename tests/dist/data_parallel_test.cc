@@ -1,0 +1,185 @@
+// DataParallel between two ranks: each rank trains on its half of every batch; after the steps
+// both ranks hold the same parameters bit for bit, and the parameters of one process that sums
+// the two half-batch gradients (then halves them) in the same order; the static whole step gives
+// eager's bits with the all-reduce steps in its schedule; ranks that build different modules get
+// an Error naming the parameter.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "encore/dist.h"
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+
+using namespace encore;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr int kSteps = 6;
+constexpr int64_t kBatch = 32;  // per step, both halves
+
+struct Batch {
+  Tensor x, t;
+};
+
+std::vector<Batch> batches() {
+  const auto ds = data::synthetic_classification(kSteps * kBatch, 20, 10, /*seed=*/5);
+  data::BatchIterator it(ds, kBatch, /*shuffle=*/false);
+  std::vector<Batch> out;
+  Batch b;
+  while (it.next(b.x, b.t)) out.push_back(b);
+  return out;
+}
+
+Batch half(const Batch& b, int which) {
+  const int64_t h = kBatch / 2;
+  return {F::slice(b.x, 0, which * h, (which + 1) * h), F::slice(b.t, 0, which * h, (which + 1) * h)};
+}
+
+std::shared_ptr<nn::Module> model(uint64_t seed) {
+  manual_seed(seed);
+  return nn::mlp(20, 64, 10);
+}
+
+// A parameter's bytes.
+std::vector<unsigned char> bytes(const Tensor& t) {
+  std::vector<unsigned char> out(t.nbytes());
+  std::memcpy(out.data(), t.raw_data(), t.nbytes());
+  return out;
+}
+
+// Whether every parameter equals rank 0's bit for bit.
+bool equal_across_ranks(const nn::Module& m) {
+  for (const Tensor& p : m.parameters()) {
+    Tensor theirs = clone(p.detach());
+    dist::broadcast(theirs, 0);
+    if (bytes(theirs) != bytes(p)) return false;
+  }
+  return true;
+}
+
+void check_same_bits(const nn::Module& a, const nn::Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i].first);
+    CHECK(bytes(pa[i].second) == bytes(pb[i].second));
+  }
+}
+
+// One process's reference: per step the gradients of the two halves, g0 + g1, times 0.5.
+void train_reference(nn::Module& m, const std::vector<Batch>& data) {
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  for (const Batch& b : data) {
+    std::vector<Tensor> sums;
+    for (int w = 0; w < 2; ++w) {
+      opt.zero_grad();
+      const Batch h = half(b, w);
+      F::softmax_cross_entropy(m(h.x), h.t).backward();
+      std::vector<Tensor> grads;
+      for (const Tensor& p : m.parameters()) grads.push_back(p.grad());
+      if (w == 0) {
+        sums = grads;
+      } else {
+        for (size_t i = 0; i < sums.size(); ++i) sums[i] = F::add(sums[i], grads[i]);
+      }
+    }
+    std::vector<Tensor> params = m.parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(F::mul(sums[i], 0.5));
+    opt.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("eager data-parallel steps equal one process summing the half-batch gradients",
+          "[dist]") {
+  const std::vector<Batch> data = batches();
+  // Rank 1 starts from other parameters: DataParallel copies rank 0's.
+  auto m = model(dist::rank() == 0 ? 1 : 2);
+  dist::DataParallel ddp(*m, {.bucket_bytes = 4096});
+  CHECK(ddp.buckets().size() > 1);
+  CHECK(ddp.buckets().front().front() == "4.bias");  // the last parameter's gradient comes first
+  optim::SGD opt(m->parameters(), {.lr = 0.1});
+  for (const Batch& b : data) {
+    opt.zero_grad();
+    const Batch h = half(b, dist::rank());
+    F::softmax_cross_entropy((*m)(h.x), h.t).backward();
+    opt.step();
+  }
+  CHECK(equal_across_ranks(*m));
+  auto reference = model(1);
+  train_reference(*reference, data);
+  check_same_bits(*m, *reference);
+}
+
+TEST_CASE("a static data-parallel whole step equals eager, with the all-reduce in its schedule",
+          "[dist]") {
+  const std::vector<Batch> data = batches();
+  auto eager = model(3), traced = model(3);
+  dist::DataParallel ddp_eager(*eager, {.bucket_bytes = 4096}),
+      ddp_traced(*traced, {.bucket_bytes = 4096});
+  optim::SGD opt_eager(eager->parameters(), {.lr = 0.1}), opt_traced(traced->parameters(), {.lr = 0.1});
+  const auto train = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
+    opt.zero_grad();
+    Tensor loss = F::softmax_cross_entropy(m(x), t);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) { return train(*traced, opt_traced, x, t); },
+      {.name = "dp_step", .modules = {traced}});
+  for (const Batch& b : data) {
+    const Batch h = half(b, dist::rank());
+    train(*eager, opt_eager, h.x, h.t);
+    step(h.x, h.t);
+  }
+  check_same_bits(*eager, *traced);
+  CHECK(equal_across_ranks(*traced));
+  const StaticStats s = step.stats();
+  CHECK(s.traces == 1);
+  CHECK(s.hits == kSteps - 1);
+  const std::string text = step.schedule_text();
+  CHECK_THAT(text, Contains("all_reduce_start") && Contains("all_reduce_wait"));
+}
+
+TEST_CASE("ranks with different parameters get an Error naming the parameter", "[dist]") {
+  manual_seed(0);
+  auto m = nn::mlp(20, dist::rank() == 0 ? 64 : 65, 10);
+  CHECK_THROWS_WITH(dist::DataParallel(*m), Contains("'0.weight'") && Contains("differs"));
+  std::shared_ptr<nn::Module> fewer = nn::mlp(20, 8, 10);
+  if (dist::rank() == 1) fewer = std::make_shared<nn::Linear>(20, 10);
+  CHECK_THROWS_WITH(dist::DataParallel(*fewer), Contains("numbers of parameters"));
+}
+
+TEST_CASE("sharded batch iterators read disjoint halves with as many batches", "[dist]") {
+  const auto ds = data::synthetic_classification(101, 4, 3, /*seed=*/1);
+  data::BatchIterator it(ds, 8, /*shuffle=*/true, /*seed=*/7);
+  it.set_shard(dist::rank(), dist::world_size());
+  CHECK(it.batches_per_epoch() == 7);  // 50 samples each
+  std::vector<float> mine;
+  Tensor x, t;
+  while (it.next(x, t)) {
+    const std::vector<float> v = x.to_vector<float>();
+    mine.insert(mine.end(), v.begin(), v.end());
+  }
+  REQUIRE(mine.size() == 50 * 4);
+  Tensor ours = Tensor::empty({50 * 4});
+  std::memcpy(ours.raw_data(), mine.data(), mine.size() * sizeof(float));
+  Tensor theirs = clone(ours);
+  dist::broadcast(theirs, 1);  // rank 1's rows
+  if (dist::rank() == 0) {
+    // rank 1's rows are not rank 0's (distinct samples of a continuous distribution)
+    const std::vector<float> other = theirs.to_vector<float>();
+    for (size_t r = 0; r < 50; ++r)
+      for (size_t q = 0; q < 50; ++q)
+        CHECK_FALSE(std::memcmp(&mine[r * 4], &other[q * 4], 4 * sizeof(float)) == 0);
+  } else {
+    CHECK(bytes(theirs) == bytes(ours));
+  }
+}
