@@ -9,6 +9,7 @@
 #include "dist/backend.h"
 #include "dist/world.h"
 #include "runtime/error.h"
+#include "runtime/profiler.h"
 
 namespace encore::dist::host {
 namespace {
@@ -19,6 +20,10 @@ constexpr int kSlots = 64;
 std::array<MPI_Request, kSlots> g_requests;
 std::array<bool, kSlots> g_busy{};
 std::array<uint64_t, kSlots> g_started{};  // start order, for progress()
+// While profiling: when each request started (profiler::ticks(), -1: not profiled) and what it
+// is, for its span on the trace's communication lane, recorded when a test finds it complete.
+std::array<int64_t, kSlots> g_profile_start{};
+std::array<std::string_view, kSlots> g_profile_name{};
 uint64_t g_starts = 0;
 bool g_joined_here = false;  // this process called MPI_Init (so it calls MPI_Finalize)
 
@@ -67,10 +72,24 @@ int free_slot(std::string_view call) {
     if (!g_busy[s]) {
       g_busy[s] = true;
       g_started[s] = g_starts++;
+      g_profile_start[s] = profiler::active() ? profiler::ticks() : -1;
+      g_profile_name[s] = call;
       return s;
     }
   fail("dist::", call, ": ", kSlots, " requests are in flight on ", rank_name(),
        "; wait for some before starting more");
+}
+
+// MPI_Test of the request in `slot`: whether it is complete (now or before).
+bool test_request(int slot) {
+  MPI_Request& r = g_requests[slot];
+  if (r == MPI_REQUEST_NULL) return true;
+  int flag = 0;
+  check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+  if (flag && g_profile_start[slot] >= 0) [[unlikely]]
+    profiler::record_span(g_profile_name[slot], profiler::SpanKind::Communication,
+                          g_profile_start[slot], {});
+  return flag != 0;
 }
 
 }  // namespace
@@ -125,10 +144,9 @@ int start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
 bool test(int slot) {
   ENCORE_CHECK(slot >= 0 && slot < kSlots && g_busy[slot], "dist: a wait for request slot ", slot,
                ", which is not in flight");
-  int flag = 0;
-  check(MPI_Test(&g_requests[slot], &flag, MPI_STATUS_IGNORE), "MPI_Test");
-  if (flag) g_busy[slot] = false;
-  return flag != 0;
+  const bool done = test_request(slot);
+  if (done) g_busy[slot] = false;
+  return done;
 }
 
 void progress() {
@@ -138,9 +156,7 @@ void progress() {
     if (g_busy[s] && g_requests[s] != MPI_REQUEST_NULL &&
         (oldest < 0 || g_started[s] < g_started[oldest]))
       oldest = s;
-  if (oldest < 0) return;
-  int flag = 0;
-  check(MPI_Test(&g_requests[oldest], &flag, MPI_STATUS_IGNORE), "MPI_Test");
+  if (oldest >= 0) test_request(oldest);
 }
 
 }  // namespace encore::dist::host

@@ -203,6 +203,8 @@ std::string_view span_kind_name(SpanKind k) {
       return "autograd_backward";
     case SpanKind::User:
       return "user";
+    case SpanKind::Communication:
+      return "communication";
   }
   return "?";
 }

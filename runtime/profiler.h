@@ -44,6 +44,9 @@ enum class SpanKind : uint8_t {
   TraceBackward,   // the first backward of a traced call (recorded into its schedule)
   Backward,        // one autograd::backward pass
   User,            // a profiler::Range
+  // A collective in flight (dist/), from its start to the test that found it complete; the
+  // Chrome trace puts these on a lane of their own beside the threads' compute.
+  Communication,
 };
 std::string_view span_kind_name(SpanKind k);  // "forward_replay", ..., "user"
 

@@ -149,9 +149,18 @@ std::string Profile::chrome_trace() const {
   std::string out = "{\"traceEvents\": [\n";
   out += cat("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": ", pid,
              ", \"tid\": 0, \"args\": {\"name\": \"encore\"}}");
+  // Collectives in flight go on a lane of their own, after the threads' (tids 1, 2, ...).
+  constexpr uint32_t kCommunicationLane = 1000;
+  const auto lane = [](const Event& e) {
+    return e.is_span && e.kind == SpanKind::Communication ? kCommunicationLane : e.tid;
+  };
+  if (std::any_of(events_.begin(), events_.end(),
+                  [&](const Event& e) { return lane(e) == kCommunicationLane; }))
+    out += cat(",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": ", pid,
+               ", \"tid\": ", kCommunicationLane, ", \"args\": {\"name\": \"communication\"}}");
   uint32_t last_tid = 0;
   for (const Event& e : events_) {
-    if (e.tid != last_tid) {
+    if (lane(e) != kCommunicationLane && e.tid != last_tid) {
       last_tid = e.tid;
       out += cat(",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": ", pid,
                  ", \"tid\": ", e.tid, ", \"args\": {\"name\": \"thread ", e.tid, "\"}}");
@@ -159,7 +168,7 @@ std::string Profile::chrome_trace() const {
     out += cat(",\n{\"name\": ", json_string(e.name), ", \"cat\": \"",
                e.is_span ? span_kind_name(e.kind) : mode_name(e.mode),
                "\", \"ph\": \"X\", \"ts\": ", micros(e.start_ns), ", \"dur\": ", micros(e.dur_ns),
-               ", \"pid\": ", pid, ", \"tid\": ", e.tid, ", \"args\": {");
+               ", \"pid\": ", pid, ", \"tid\": ", lane(e), ", \"args\": {");
     std::string args;
     if (e.step >= 0)
       args += cat("\"schedule\": \"", e.backward_schedule ? "backward" : "forward",
