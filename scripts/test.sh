@@ -25,9 +25,14 @@ phase_done "tests (build/)"
 # The CUDA code is compiled (and, on a GPU machine, tested) in build/; the sanitizer build leaves
 # it out (ASan's shadow memory and the CUDA driver's address reservations do not mix).
 # -O1 -g1 (line tables: the sanitizers' stack traces keep file and line) compiles in about half
-# the time of -O2 -g.
+# the time of -O2 -g. MPI is left out as well: LeakSanitizer reports Open MPI's own allocations
+# (an MPI program of four calls leaks some 120 KB in 3,300 allocations with Open MPI 4.1), none
+# of them encore's, and suppressing them all would hide encore's behind them; the sanitizer
+# builds test encore::dist as the world of one process (dist/single_backend.cc), and the
+# two-rank tests run in build/.
 sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
-  -DENCORE_WERROR=ON -DENCORE_CUDA=OFF -DENCORE_BUILD_BENCH=OFF -DENCORE_BUILD_SAMPLES=OFF)
+  -DENCORE_WERROR=ON -DENCORE_CUDA=OFF -DENCORE_MPI=OFF -DENCORE_BUILD_BENCH=OFF
+  -DENCORE_BUILD_SAMPLES=OFF)
 scripts/setup.sh build-asan -DENCORE_SANITIZE=address,undefined "${sanitizer_flags[@]}"
 phase_done "build (build-asan/, address,undefined)"
 
