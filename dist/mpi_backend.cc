@@ -8,6 +8,7 @@
 
 #include "dist/backend.h"
 #include "dist/world.h"
+#include "runtime/comm_progress.h"
 #include "runtime/error.h"
 #include "runtime/profiler.h"
 
@@ -74,6 +75,7 @@ int free_slot(std::string_view call) {
       g_started[s] = g_starts++;
       g_profile_start[s] = profiler::active() ? profiler::ticks() : -1;
       g_profile_name[s] = call;
+      comm_progress::add_in_flight(1);
       return s;
     }
   fail("dist::", call, ": ", kSlots, " requests are in flight on ", rank_name(),
@@ -86,10 +88,12 @@ bool test_request(int slot) {
   if (r == MPI_REQUEST_NULL) return true;
   int flag = 0;
   check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-  if (flag && g_profile_start[slot] >= 0) [[unlikely]]
+  if (!flag) return false;
+  comm_progress::add_in_flight(-1);
+  if (g_profile_start[slot] >= 0) [[unlikely]]
     profiler::record_span(g_profile_name[slot], profiler::SpanKind::Communication,
                           g_profile_start[slot], {});
-  return flag != 0;
+  return true;
 }
 
 }  // namespace

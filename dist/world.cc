@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "dist/backend.h"
+#include "runtime/comm_progress.h"
 #include "runtime/error.h"
 
 namespace encore::dist {
@@ -23,6 +24,7 @@ std::atomic<bool> g_finalized{false};
 std::atomic<bool> g_broken{false};
 Membership g_world;
 std::atomic<double> g_timeout{kDefaultTimeout};
+std::atomic<bool> g_progress{true};
 
 double timeout_from_environment() {
   const char* env = std::getenv("ENCORE_DIST_TIMEOUT");
@@ -32,6 +34,17 @@ double timeout_from_environment() {
   ENCORE_CHECK(end != env && *end == '\0' && s > 0, "dist: ENCORE_DIST_TIMEOUT='", env,
                "' is not a positive number of seconds");
   return s;
+}
+
+bool flag_from_environment(const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  return std::string_view(env) != "0";
+}
+
+// Between kernels (runtime/comm_progress.h), while this thread has requests in flight.
+void progress_between_kernels() {
+  if (g_progress.load(std::memory_order_relaxed)) progress();
 }
 
 void check_usable(std::string_view what) {
@@ -49,7 +62,9 @@ void check_usable(std::string_view what) {
 void init() {
   std::call_once(g_init, [] {
     g_timeout.store(timeout_from_environment());
+    g_progress.store(flag_from_environment("ENCORE_DIST_PROGRESS", true));
     g_world = host::join();
+    comm_progress::set_function(&progress_between_kernels);
     g_initialized.store(true, std::memory_order_release);
     std::atexit(finalize);
   });
@@ -77,6 +92,13 @@ void set_timeout(double seconds) {
 }
 double timeout() {
   return g_timeout.load();
+}
+
+void set_progress_enabled(bool on) {
+  g_progress.store(on);
+}
+bool progress_enabled() {
+  return g_progress.load();
 }
 
 bool broken() {

@@ -34,6 +34,12 @@ void finalize();
 void set_timeout(double seconds);
 double timeout();
 
+// Whether host requests in flight are tested between kernels (eager dispatch and replayed steps),
+// so an all-reduce advances during the compute after its start (default on;
+// ENCORE_DIST_PROGRESS=0 turns it off). Off, it advances at later starts and at its wait.
+void set_progress_enabled(bool on);
+bool progress_enabled();
+
 // Whether an earlier wait timed out or the backend failed (the world cannot be used again).
 bool broken();
 // Marks the world broken and throws Error(message).

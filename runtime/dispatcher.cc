@@ -4,6 +4,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "runtime/autograd.h"
+#include "runtime/comm_progress.h"
 #include "runtime/profiler.h"
 
 namespace encore {
@@ -90,6 +91,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
     for (const Tensor& t : outputs) views.push_back({t.raw_data(), t.shape(), t.dtype()});
     const std::span<const BufferView> all(views.data(), views.size());
     fn(KernelArgs{all.first(inputs.size()), all.subspan(inputs.size()), attrs});
+    comm_progress::poll();
   }
 
   if (kind == OpKind::Inplace) {

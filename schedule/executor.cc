@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "runtime/allocator.h"
+#include "runtime/comm_progress.h"
 #include "runtime/padded_layout.h"
 #include "runtime/profiler.h"
 #include "runtime/rng.h"
@@ -288,6 +289,7 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       if constexpr (kProfile) t = profiler::ticks();  // the fill is not the step's time
     }
     run_step(b, i, device_random, next_random);
+    comm_progress::poll();
     if constexpr (kProfile) {
       const int64_t now = profiler::ticks();
       const bool backward = i >= n_forward_;

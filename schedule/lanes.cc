@@ -25,6 +25,7 @@
 #include <exception>
 #include <vector>
 
+#include "runtime/comm_progress.h"
 #include "schedule/plan.h"
 
 namespace encore::schedule {
@@ -246,6 +247,7 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
     }
     if (e.wide) pair.begin_wide();
     run_step(b, e.step, false, next_random);
+    if (lane == 0) comm_progress::poll();  // the thread that started the communication
     if (e.wide) pair.end_wide();
     b.done[e.step].store(run, std::memory_order_release);
   }

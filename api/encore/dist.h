@@ -52,6 +52,12 @@ void finalize();
 void set_timeout(double seconds);
 double timeout();
 
+// Whether an all-reduce in flight is given progress between kernels (eager ops and replayed
+// steps), so it advances during the compute after its start, without a progress thread (default
+// on; ENCORE_DIST_PROGRESS=0 turns it off). Off, it advances at later starts and at its wait.
+void set_progress_enabled(bool on);
+bool progress_enabled();
+
 // Returns when every rank has called it.
 void barrier();
 // Reduces `t` across ranks in place (every rank gets the result): two dispatched ops,
