@@ -4,15 +4,18 @@
 //   mpirun -np 2 build/bench/encore_dist_bench     # DataParallel/MlpLarge/ranks2
 //
 // The case is MlpLarge's whole Adam step (784-1000-1000-10, batch 100 per rank, bench/
-// mlp_step.h) as a static function, each rank under dist::DataParallel (default 25 MiB buckets:
-// this model's 7 MB of gradients are one bucket); its name carries the world size it ran in.
+// mlp_step.h) as a static function, each rank under dist::DataParallel with 2 MiB buckets (the
+// default 25 MiB would make this model's 7 MB of gradients one bucket, started when backward has
+// nothing left to overlap it with); its name carries the world size it ran in.
 // items_per_second counts the samples of every rank. Every rank runs the same fixed number of
 // iterations (the collectives must match up); rank 0 reports.
 //
 // Counters beside the throughput (ranks2), from a profiled pass after the measured loop:
-// allreduce_ms, the time of one blocking all-reduce of the step's gradients; wait_ms, the time a
-// step spends in its all_reduce_wait steps; hidden, 1 - wait_ms / allreduce_ms, the share of the
-// all-reduce the step does not wait for.
+// allreduce_ms, one blocking all-reduce of all the gradients (ranks aligned by a barrier);
+// exposed_ms, the time a step spends in its all_reduce_start and all_reduce_wait steps (the
+// progress given between kernels is counted with the kernels: it is the same core's time);
+// hidden, 1 - exposed_ms / allreduce_ms. ENCORE_DIST_BENCH_TRACE=path writes each rank's Chrome
+// trace of that pass to path.rank<r>.json (the all-reduces on the communication lane).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -32,6 +35,7 @@ namespace {
 
 constexpr int64_t kHidden = 1000, kBatch = 100;
 constexpr int kWarmupSteps = 3, kIterations = 40, kProfiledSteps = 10;
+constexpr size_t kBucketBytes = size_t{2} << 20;
 
 // Milliseconds of one blocking all-reduce of `numel` floats (the mean of a few, ranks aligned
 // by a barrier before each).
@@ -52,7 +56,7 @@ double blocking_all_reduce_ms(int64_t numel) {
 void BM_DataParallelMlpLarge(benchmark::State& state) {
   manual_seed(0);
   auto model = nn::mlp(784, kHidden, 10);
-  dist::DataParallel ddp(*model);
+  dist::DataParallel ddp(*model, {.bucket_bytes = kBucketBytes});
   TrainStep<nn::Sequential, optim::Adam> train{model, optim::Adam(model->parameters())};
   manual_seed(1 + static_cast<uint64_t>(dist::rank()));  // each rank its own batch
   const Tensor x = rand({kBatch, 784}), labels = cyclic_labels(kBatch);
@@ -75,13 +79,14 @@ void BM_DataParallelMlpLarge(benchmark::State& state) {
   profiler::start();
   for (int i = 0; i < kProfiledSteps; ++i) step(x, labels);
   const profiler::Profile profile = profiler::stop();
-  double wait_ns = 0;
+  double exposed_ns = 0;
   for (const profiler::OpRow& row : profile.ops())
-    if (row.op == "all_reduce_wait") wait_ns += static_cast<double>(row.total_ns);
-  const double wait_ms = wait_ns / 1e6 / kProfiledSteps;
+    if (row.op == "all_reduce_start" || row.op == "all_reduce_wait")
+      exposed_ns += static_cast<double>(row.total_ns);
+  const double exposed_ms = exposed_ns / 1e6 / kProfiledSteps;
   state.counters["allreduce_ms"] = all_reduce_ms;
-  state.counters["wait_ms"] = wait_ms;
-  state.counters["hidden"] = 1 - wait_ms / all_reduce_ms;
+  state.counters["exposed_ms"] = exposed_ms;
+  state.counters["hidden"] = 1 - exposed_ms / all_reduce_ms;
   if (const char* path = std::getenv("ENCORE_DIST_BENCH_TRACE"); path != nullptr && *path)
     profile.write_chrome_trace(cat(path, ".rank", dist::rank(), ".json"));
 }
