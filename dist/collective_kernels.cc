@@ -47,8 +47,7 @@ const bool registered = [] {
   register_kernel(Op::AllReduceStart, DeviceType::CPU, &all_reduce_start_kernel<DeviceType::CPU>);
   register_kernel(Op::AllReduceWait, DeviceType::CPU, &all_reduce_wait_kernel<DeviceType::CPU>);
 #ifdef ENCORE_HAS_CUDA
-  register_kernel(Op::AllReduceStart, DeviceType::CUDA,
-                  &all_reduce_start_kernel<DeviceType::CUDA>);
+  register_kernel(Op::AllReduceStart, DeviceType::CUDA, &all_reduce_start_kernel<DeviceType::CUDA>);
   register_kernel(Op::AllReduceWait, DeviceType::CUDA, &all_reduce_wait_kernel<DeviceType::CUDA>);
 #endif
   return true;

@@ -79,9 +79,9 @@ DeviceComm& comm_of(int device, const Membership& world) {
   ncclUniqueId id{};
   if (world.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   static_assert(sizeof(id) % sizeof(int32_t) == 0);
-  dist::broadcast(BufferView{&id, Shape{static_cast<int64_t>(sizeof(id) / sizeof(int32_t))},
-                             DType::Int32},
-                  Device::cpu(), 0);
+  dist::broadcast(
+      BufferView{&id, Shape{static_cast<int64_t>(sizeof(id) / sizeof(int32_t))}, DType::Int32},
+      Device::cpu(), 0);
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
   check_nccl(ncclCommInitRank(&c.comm, world.size, id, world.rank), "ncclCommInitRank");
   check_cuda(cudaStreamCreateWithFlags(&c.side, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -126,8 +126,10 @@ void broadcast(const BufferView& buffer, int device, int root, const Membership&
         if (state != cudaErrorNotReady) check_cuda(state, "cudaEventQuery");
         return state == cudaSuccess;
       },
-      cat("a broadcast of ", buffer.shape, " ", buffer.dtype, " from rank ", root, " on cuda:",
-          device));
+      [&] {
+        return cat("a broadcast of ", buffer.shape, " ", buffer.dtype, " from rank ", root,
+                   " on cuda:", device);
+      });
   check_cuda(cudaStreamWaitEvent(current(device), c.done, 0), "cudaStreamWaitEvent");
 }
 

@@ -114,7 +114,7 @@ std::string rank_name() {
   return cat("rank ", g_world.rank, " of ", g_world.size);
 }
 
-void wait_for(absl::FunctionRef<bool()> done, std::string_view what) {
+void wait_for(absl::FunctionRef<bool()> done, absl::FunctionRef<std::string()> what) {
   if (done()) return;
   using Clock = std::chrono::steady_clock;
   const double limit = timeout();
@@ -125,8 +125,9 @@ void wait_for(absl::FunctionRef<bool()> done, std::string_view what) {
     if (done()) return;
     if (polls % kPollsPerCheck == 0) {
       if (Clock::now() > deadline)
-        throw_broken(cat("dist: ", rank_name(), " waited ", limit, " s for ", what,
-                 "; a peer process died or stalls (dist::set_timeout, ENCORE_DIST_TIMEOUT)"));
+        throw_broken(
+            cat("dist: ", rank_name(), " waited ", limit, " s for ", what(),
+                "; a peer process died or stalls (dist::set_timeout, ENCORE_DIST_TIMEOUT)"));
       std::this_thread::yield();
     }
   }
@@ -135,7 +136,7 @@ void wait_for(absl::FunctionRef<bool()> done, std::string_view what) {
 void barrier() {
   check_usable("barrier");
   const int slot = host::start_barrier();
-  wait_for([slot] { return host::test(slot); }, "a barrier");
+  wait_for([slot] { return host::test(slot); }, [] { return std::string("a barrier"); });
 }
 
 void broadcast(const BufferView& buffer, Device device, int root) {
@@ -149,8 +150,9 @@ void broadcast(const BufferView& buffer, Device device, int root) {
   }
   const int slot =
       host::start_broadcast(buffer.data, buffer.numel() * itemsize(buffer.dtype), root);
-  wait_for([slot] { return host::test(slot); },
-           cat("a broadcast of ", buffer.shape, " ", buffer.dtype, " from rank ", root));
+  wait_for(
+      [slot] { return host::test(slot); },
+      [&] { return cat("a broadcast of ", buffer.shape, " ", buffer.dtype, " from rank ", root); });
 }
 
 int64_t start_all_reduce(const BufferView& buffer, Device device, ReduceOp op) {
@@ -171,9 +173,8 @@ void wait_all_reduce(int64_t slot, const BufferView& buffer, Device device) {
     return;
   }
   const int s = static_cast<int>(slot);
-  if (host::test(s)) return;  // the common case once communication is hidden: no message built
   wait_for([s] { return host::test(s); },
-           cat("an all-reduce of ", buffer.shape, " ", buffer.dtype));
+           [&] { return cat("an all-reduce of ", buffer.shape, " ", buffer.dtype); });
 }
 
 void progress() {

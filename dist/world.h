@@ -45,8 +45,9 @@ bool broken();
 // Marks the world broken and throws Error(message).
 [[noreturn]] void throw_broken(std::string message);
 // Polls `done` until it returns true; after timeout() seconds marks the world broken and throws
-// Error "dist: rank r waited N s for <what>". Each poll gives the backend progress.
-void wait_for(absl::FunctionRef<bool()> done, std::string_view what);
+// Error "dist: rank r of n waited N s for <what()>" (`what` runs only then: a wait allocates
+// nothing).
+void wait_for(absl::FunctionRef<bool()> done, absl::FunctionRef<std::string()> what);
 
 // The rank's name in messages: "rank 1 of 2".
 std::string rank_name();

@@ -90,7 +90,9 @@ void DataParallel::State::check_agreement(
     if (seen[k] != -seen[n + k]) {
       const auto& [name, t] = named[k / kDescribed];
       fail("DataParallel: parameter '", name, "' differs across ranks (in its ",
-           k % kDescribed == 0 ? "name" : k % kDescribed == 1 ? "requires_grad" : "shape or dtype",
+           k % kDescribed == 0   ? "name"
+           : k % kDescribed == 1 ? "requires_grad"
+                                 : "shape or dtype",
            "): on ", rank_name(), " it is ", t.str(), "; every rank must build the same module");
     }
 }
@@ -198,9 +200,8 @@ DataParallel::DataParallel(nn::Module& module, DataParallelOptions options)
   State* state = state_.get();
   for (int p = 0; p < static_cast<int>(state->params.size()); ++p)
     state->hooks.push_back(autograd::add_post_accumulate_grad_hook(
-        state->params[static_cast<size_t>(p)].tensor, [state, p](const Tensor&) {
-          state->on_gradient(p);
-        }));
+        state->params[static_cast<size_t>(p)].tensor,
+        [state, p](const Tensor&) { state->on_gradient(p); }));
 }
 
 DataParallel::~DataParallel() {

@@ -47,8 +47,8 @@ double blocking_all_reduce_ms(int64_t numel) {
     dist::barrier();
     const auto begin = std::chrono::steady_clock::now();
     dist::all_reduce(buffer);
-    total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin)
-                 .count();
+    total +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
   }
   return total / kRepeats;
 }
@@ -60,9 +60,9 @@ void BM_DataParallelMlpLarge(benchmark::State& state) {
   TrainStep<nn::Sequential, optim::Adam> train{model, optim::Adam(model->parameters())};
   manual_seed(1 + static_cast<uint64_t>(dist::rank()));  // each rank its own batch
   const Tensor x = rand({kBatch, 784}), labels = cyclic_labels(kBatch);
-  auto step = static_graph(
-      [&](const Tensor& in, const Tensor& t) { return train(in, t); },
-      {.name = "dp_mlp_step", .arg_names = {"x", "labels"}, .modules = {model}});
+  auto step =
+      static_graph([&](const Tensor& in, const Tensor& t) { return train(in, t); },
+                   {.name = "dp_mlp_step", .arg_names = {"x", "labels"}, .modules = {model}});
   for (int i = 0; i < kWarmupSteps; ++i) step(x, labels);
   dist::barrier();
   for (auto _ : state) step(x, labels);

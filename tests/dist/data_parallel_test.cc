@@ -37,7 +37,8 @@ std::vector<Batch> batches() {
 
 Batch half(const Batch& b, int which) {
   const int64_t h = kBatch / 2;
-  return {F::slice(b.x, 0, which * h, (which + 1) * h), F::slice(b.t, 0, which * h, (which + 1) * h)};
+  return {F::slice(b.x, 0, which * h, (which + 1) * h),
+          F::slice(b.t, 0, which * h, (which + 1) * h)};
 }
 
 std::shared_ptr<nn::Module> model(uint64_t seed) {
@@ -123,7 +124,8 @@ TEST_CASE("a static data-parallel whole step equals eager, with the all-reduce i
   auto eager = model(3), traced = model(3);
   dist::DataParallel ddp_eager(*eager, {.bucket_bytes = 4096}),
       ddp_traced(*traced, {.bucket_bytes = 4096});
-  optim::SGD opt_eager(eager->parameters(), {.lr = 0.1}), opt_traced(traced->parameters(), {.lr = 0.1});
+  optim::SGD opt_eager(eager->parameters(), {.lr = 0.1}),
+      opt_traced(traced->parameters(), {.lr = 0.1});
   const auto train = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
     opt.zero_grad();
     Tensor loss = F::softmax_cross_entropy(m(x), t);

@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
     dist::all_reduce(t);
     std::printf("rank %d: the all-reduce completed\n", dist::rank());
   } catch (const Error& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (dist::rank() == 0 && s < kTimeout + 2)
       std::printf("survivor: %s after %.1f s\n", e.what(), s);
     else
