@@ -46,7 +46,7 @@ TEST_CASE("DataParallel in a world of one leaves training as it is", "[dist]") {
   CHECK(&ddp.module() == m.get());
 }
 
-TEST_CASE("post-accumulate gradient hooks see each accumulation; callbacks run at the end",
+TEST_CASE("post-accumulate gradient hooks see each accumulation, callbacks the end of the pass",
           "[dist][autograd]") {
   Tensor w = full({3}, 2.0).set_requires_grad();
   std::vector<std::string> events;
