@@ -64,6 +64,9 @@ struct DataParallel::State {
   void on_gradient(int p);
   void launch(int b);
   void finish();
+  // Waits for the buckets in flight and drops them, then throws Error(message): the ranks' requests
+  // complete before the error leaves, so the next step starts with none in flight.
+  [[noreturn]] void abandon(const std::string& message);
 };
 
 void DataParallel::State::check_agreement(
@@ -128,10 +131,11 @@ void DataParallel::State::on_gradient(int p) {
   Param& param = params[static_cast<size_t>(p)];
   Bucket& b = buckets[static_cast<size_t>(param.bucket)];
   if (param.ready) {
-    ENCORE_CHECK(b.pending > 0, "DataParallel: parameter '", param.name,
-                 "' got a second gradient in one backward after its bucket's all-reduce had "
-                 "started (a parameter used twice in a step); give it its own bucket by placing it "
-                 "last, or accumulate before backward");
+    if (b.pending == 0)
+      abandon(cat("DataParallel: parameter '", param.name,
+                  "' got a second gradient in one backward after its bucket's all-reduce had "
+                  "started (it is used more than once in the step); DataParallel needs each "
+                  "gradient final when it is first accumulated"));
     return;
   }
   param.ready = true;
@@ -153,13 +157,23 @@ void DataParallel::State::launch(int b) {
   launched.push_back(b);
 }
 
+void DataParallel::State::abandon(const std::string& message) {
+  for (const int b : launched) {
+    Bucket& bucket = buckets[static_cast<size_t>(b)];
+    wait_all_reduce(bucket.buffer, bucket.handle);
+    bucket.buffer = Tensor();
+    bucket.handle = Tensor();
+  }
+  launched.clear();
+  throw Error(message);
+}
+
 void DataParallel::State::finish() {
-  for (const Bucket& b : buckets)
-    for (const int p : b.params)
-      ENCORE_CHECK(params[static_cast<size_t>(p)].ready, "DataParallel: parameter '",
-                   params[static_cast<size_t>(p)].name,
-                   "' got no gradient in this backward; every rank all-reduces every parameter "
-                   "that requires grad, so each must take part in the loss (or not require grad)");
+  for (const Param& param : params)
+    if (!param.ready)
+      abandon(cat("DataParallel: parameter '", param.name,
+                  "' got no gradient in this backward; every rank all-reduces every parameter "
+                  "that requires grad, so each must take part in the loss (or not require grad)"));
   const double scale = 1.0 / world_size();
   for (const int b : launched) {
     Bucket& bucket = buckets[static_cast<size_t>(b)];

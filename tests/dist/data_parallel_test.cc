@@ -199,6 +199,44 @@ TEST_CASE("ranks with different parameters get an Error naming the parameter", "
   CHECK_THROWS_WITH(dist::DataParallel(*fewer), Contains("numbers of parameters"));
 }
 
+namespace {
+
+// y = x w + b, plus a parameter the forward may leave out, and w used twice on request.
+struct Misused : nn::Module {
+  Misused() {
+    register_parameter("w", &w);
+    register_parameter("b", &b);
+    register_parameter("spare", &spare);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = F::add(F::matmul(x, w), b);
+    if (twice) y = F::add(y, F::matmul(x, w));
+    return use_spare ? F::add(y, spare) : y;
+  }
+  Tensor w = full({4, 3}, 0.5), b = full({3}, 0.1), spare = full({3}, 0.0);
+  bool twice = false, use_spare = true;
+};
+
+}  // namespace
+
+TEST_CASE("a parameter without a gradient, or with a second one, is an Error naming it", "[dist]") {
+  Misused m;
+  dist::DataParallel ddp(m, {.bucket_bytes = 1});  // a bucket per parameter
+  const Tensor x = full({2, 4}, 1.0);
+  m.use_spare = false;
+  CHECK_THROWS_WITH(F::sum(m(x)).backward(), Contains("'spare'") && Contains("no gradient"));
+  m.use_spare = true;
+  m.twice = true;
+  m.zero_grad();
+  CHECK_THROWS_WITH(F::sum(m(x)).backward(), Contains("'w'") && Contains("second gradient"));
+  // The requests of the failed steps completed: a good step averages as usual.
+  m.twice = false;
+  m.zero_grad();
+  F::sum(m(x)).backward();
+  CHECK(m.w.grad().to_vector<float>() == std::vector<float>(12, 2.0f));
+  dist::barrier();
+}
+
 TEST_CASE("sharded batch iterators read disjoint halves with as many batches", "[dist]") {
   const auto ds = data::synthetic_classification(101, 4, 3, /*seed=*/1);
   data::BatchIterator it(ds, 8, /*shuffle=*/true, /*seed=*/7);
