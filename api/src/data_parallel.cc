@@ -144,6 +144,13 @@ void DataParallel::State::on_gradient(int p) {
 
 void DataParallel::State::launch(int b) {
   Bucket& bucket = buckets[static_cast<size_t>(b)];
+  if (bucket.params.size() == 1) {
+    // A bucket of one (a large parameter): its gradient is the buffer, no concatenation.
+    bucket.buffer = params[static_cast<size_t>(bucket.params[0])].tensor.grad();
+    bucket.handle = start_all_reduce(bucket.buffer);
+    launched.push_back(b);
+    return;
+  }
   std::vector<Tensor> flat;
   flat.reserve(bucket.params.size());
   for (const int p : bucket.params) {
@@ -181,6 +188,12 @@ void DataParallel::State::finish() {
     // Sum, then times 1/world_size (dividing is not the same bits for every world size).
     const Tensor mean = detail::call1(Op::MulScalar, {bucket.buffer}, bucket.buffer.shape(),
                                       bucket.buffer.dtype(), AttrBlob::of(ScalarAttrs{scale}));
+    if (bucket.params.size() == 1) {
+      dispatch(Op::CopyInplace, {bucket.buffer, mean}, {});  // the buffer is the gradient
+      bucket.buffer = Tensor();
+      bucket.handle = Tensor();
+      continue;
+    }
     for (const int p : bucket.params) {
       const Param& param = params[static_cast<size_t>(p)];
       const Tensor g = param.tensor.grad();
