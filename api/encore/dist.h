@@ -89,7 +89,10 @@ struct DataParallelOptions {
 // copied back into the .grad of its parameters. In a static whole training step the starts are
 // steps of the schedule right where the gradients became final, and the waits come after the
 // rest of the backward. Every parameter that requires grad must get a gradient in every
-// backward, once (an Error names one that does not).
+// backward, once (an Error names one that does not). Make it after moving the model to its
+// device (it hooks the parameter tensors) and before the first call of a static function that
+// trains the model: a schedule traced without it replays without the all-reduce, and one traced
+// with it keeps all-reducing after it is gone. In a world of one it does nothing.
 class DataParallel {
  public:
   explicit DataParallel(nn::Module& module, DataParallelOptions options = {});
