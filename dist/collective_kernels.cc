@@ -35,12 +35,32 @@ void all_reduce_start_kernel(const KernelArgs& args) {
   if constexpr (kDevice == DeviceType::CPU) std::memcpy(args.out[0].data, &slot, sizeof slot);
 }
 
+// x *= scale, as mul_scalar computes it (x * static_cast<T>(scale)).
+template <typename T>
+void scale_in_place(const BufferView& x, double scale) {
+  T* p = x.as<T>();
+  const T s = static_cast<T>(scale);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= s;
+}
+
 template <DeviceType kDevice>
 void all_reduce_wait_kernel(const KernelArgs& args) {
-  check_comm(args.attr<CollectiveAttrs>(), Op::AllReduceWait);
+  const CollectiveAttrs& a = args.attr<CollectiveAttrs>();
+  check_comm(a, Op::AllReduceWait);
+  const BufferView& buffer = args.in[0];
+  ENCORE_CHECK(a.scale == 1 || (kDevice == DeviceType::CPU &&
+                                (buffer.dtype == DType::Float32 || buffer.dtype == DType::Float64)),
+               "all_reduce_wait: a scale of ", a.scale, " applies to float32 and float64 cpu ",
+               "buffers; this one is ", buffer.shape, " ", buffer.dtype,
+               kDevice == DeviceType::CUDA ? " on cuda" : "");
   int64_t slot = -1;
   if constexpr (kDevice == DeviceType::CPU) std::memcpy(&slot, args.in[1].data, sizeof slot);
-  wait_all_reduce(slot, args.in[0], this_device<kDevice>());
+  wait_all_reduce(slot, buffer, this_device<kDevice>());
+  if (a.scale == 1) return;
+  if (buffer.dtype == DType::Float32)
+    scale_in_place<float>(buffer, a.scale);
+  else
+    scale_in_place<double>(buffer, a.scale);
 }
 
 const bool registered = [] {

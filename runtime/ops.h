@@ -116,8 +116,8 @@ enum class Op : uint16_t {
   // buffer -> handle (int64 [1]): starts an in-place all-reduce of the buffer across ranks and
   // returns at once; the buffer belongs to the communication until the wait.
   AllReduceStart,
-  // buffer (updated), handle: waits for the all-reduce the handle stands for (the buffer then
-  // holds the reduction).
+  // buffer (updated), handle: waits for the all-reduce the handle stands for; the buffer then
+  // holds the reduction times CollectiveAttrs::scale (a mean's 1 / world_size: no pass of its own).
   AllReduceWait,
   kCount
 };
@@ -310,6 +310,9 @@ struct CollectiveAttrs {  // AllReduceStart, AllReduceWait
   int32_t comm = 0;       // the communicator's index (0: every process of the job)
   ReduceOp reduce = ReduceOp::Sum;
   uint8_t unused[3] = {};
+  // AllReduceWait on the cpu: the result is multiplied by this (in the dtype, as mul_scalar
+  // does), float32 and float64 only.
+  double scale = 1;
 };
 
 // The tags of the structs above.

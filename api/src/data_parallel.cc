@@ -184,23 +184,27 @@ void DataParallel::State::finish() {
   const double scale = 1.0 / world_size();
   for (const int b : launched) {
     Bucket& bucket = buckets[static_cast<size_t>(b)];
-    wait_all_reduce(bucket.buffer, bucket.handle);
-    // Sum, then times 1/world_size (dividing is not the same bits for every world size).
-    const Tensor mean = detail::call1(Op::MulScalar, {bucket.buffer}, bucket.buffer.shape(),
-                                      bucket.buffer.dtype(), AttrBlob::of(ScalarAttrs{scale}));
+    // Sum, then times 1/world_size (dividing is not the same bits for every world size): on the
+    // cpu the wait scales in place, elsewhere a mul_scalar does.
+    const bool host = bucket.buffer.device().type == DeviceType::CPU;
+    dispatch(Op::AllReduceWait, {bucket.buffer, bucket.handle}, {},
+             AttrBlob::of(CollectiveAttrs{0, ReduceOp::Sum, {}, host ? scale : 1}));
+    const Tensor mean =
+        host ? bucket.buffer
+             : detail::call1(Op::MulScalar, {bucket.buffer}, bucket.buffer.shape(),
+                             bucket.buffer.dtype(), AttrBlob::of(ScalarAttrs{scale}));
     if (bucket.params.size() == 1) {
-      dispatch(Op::CopyInplace, {bucket.buffer, mean}, {});  // the buffer is the gradient
-      bucket.buffer = Tensor();
-      bucket.handle = Tensor();
-      continue;
-    }
-    for (const int p : bucket.params) {
-      const Param& param = params[static_cast<size_t>(p)];
-      const Tensor g = param.tensor.grad();
-      const Tensor piece =
-          detail::call1(Op::Slice, {mean}, {g.numel()}, g.dtype(),
-                        AttrBlob::of(SliceAttrs{0, param.offset, param.offset + g.numel(), 1}));
-      dispatch(Op::CopyInplace, {g, F::reshape(piece, g.shape().dims())}, {});
+      // The buffer is the gradient.
+      if (!host) dispatch(Op::CopyInplace, {bucket.buffer, mean}, {});
+    } else {
+      for (const int p : bucket.params) {
+        const Param& param = params[static_cast<size_t>(p)];
+        const Tensor g = param.tensor.grad();
+        const Tensor piece =
+            detail::call1(Op::Slice, {mean}, {g.numel()}, g.dtype(),
+                          AttrBlob::of(SliceAttrs{0, param.offset, param.offset + g.numel(), 1}));
+        dispatch(Op::CopyInplace, {g, F::reshape(piece, g.shape().dims())}, {});
+      }
     }
     bucket.buffer = Tensor();
     bucket.handle = Tensor();

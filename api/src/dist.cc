@@ -25,7 +25,7 @@ Tensor start_all_reduce(Tensor& t, ReduceOp op) {
   ENCORE_CHECK(!(GradMode::enabled() && t.requires_grad()), "dist::start_all_reduce: ", t.str(),
                " requires grad and grad mode is on; reduce it under NoGradGuard");
   Tensor handle = Tensor::empty({1}, DType::Int64, t.device());
-  dispatch(Op::AllReduceStart, {t}, {handle}, AttrBlob::of(CollectiveAttrs{0, op, {}}));
+  dispatch(Op::AllReduceStart, {t}, {handle}, AttrBlob::of(CollectiveAttrs{0, op, {}, 1}));
   return handle;
 }
 
