@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config libabsl-dev catch2 libbenchmark-dev libopenblas-dev
-          zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist fortunes)
+          zlib1g-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev dataset-fashion-mnist fortunes)
 
 missing=()
 for p in "${packages[@]}"; do
