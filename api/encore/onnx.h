@@ -17,10 +17,11 @@
 // "output_<i>"). The model is checked with onnx::checker before it is written (to a temporary
 // file, then renamed over `path`).
 //
-// Which entry: the most recently used one traced with the modules in eval mode (a function
-// without modules: with grad mode off) and no backward inside; with example_args given, the one
-// of their signature, traced first (grad mode off, the modules switched to eval for that call)
-// when there is none. The batch may be any size at run time: reshapes get -1 where the batch
+// Which entry: the most recently used planned one traced with the modules in eval mode (a
+// function without modules: with grad mode off) and no backward inside; with example_args given,
+// the one of their signature, traced first (grad mode off, the modules switched to eval for that
+// call) when there is none. A forward called with grad mode on is planned only after its first
+// backward, so inference calls meant for export run under NoGradGuard. The batch may be any size at run time: reshapes get -1 where the batch
 // is, constants shaped by it are made from the input's shape. An op that has no ONNX form, or
 // that would bake the traced batch size in (a slice or split across the batch), is an Error
 // naming the op; so is a trace at batch size 1 (it cannot tell which dimension is the batch).

@@ -58,9 +58,8 @@ std::shared_ptr<const schedule::ForwardTrace> eval_trace(detail::StaticCore& cor
   if (examples.empty()) {
     auto trace = graph.eval_forward();
     ENCORE_CHECK(trace != nullptr, "export_onnx: '", name,
-                 "' has no eval entry to export: call it once with its modules in eval mode (a "
-                 "function without modules: with grad mode off), or pass OnnxOptions::"
-                 "example_args");
+                 "' has no eval entry to export: call it once under NoGradGuard with its modules "
+                 "in eval mode, or pass OnnxOptions::example_args");
     return trace;
   }
   for (size_t i = 0; i < examples.size(); ++i)
