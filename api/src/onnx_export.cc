@@ -1,4 +1,5 @@
 // export_onnx: finds (or traces) the eval entry, builds the model, checks it, writes it.
+#include <unistd.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -98,7 +99,7 @@ void write_model(const onnx::ModelProto& model, const std::string& name, const s
   ENCORE_CHECK(model.SerializeToString(&bytes), "export_onnx: '", name,
                "': the model does not serialise (over protobuf's 2 GiB limit?)");
   // A complete file or none: written beside the target, then renamed over it.
-  const std::string temp = path + ".tmp";
+  const std::string temp = cat(path, ".tmp.", ::getpid());
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     ENCORE_CHECK(out.good(), "export_onnx: '", name, "': cannot create ", temp, " (",
@@ -139,18 +140,20 @@ void export_onnx(StaticCore& core, const std::string& path, const OnnxOptions& o
 
   onnx_export::GraphBuilder g(*trace, graph, module_names(core.modules()), options,
                               batch_dims(*trace, options));
+  const size_t n = trace->results.size();
+  std::vector<std::string> outputs;
+  for (size_t k = 0; k < n; ++k) {
+    outputs.push_back(k < options.output_names.size() && !options.output_names[k].empty()
+                          ? options.output_names[k]
+                      : n == 1 ? "output"
+                               : cat("output_", k));
+    g.reserve(outputs.back());
+  }
   for (size_t k = 0; k < trace->steps.size(); ++k) {
     g.begin_step(static_cast<int>(k), trace->steps[k]);
     onnx_export::emit_step(g, trace->steps[k]);
   }
-  const size_t n = trace->results.size();
-  for (size_t k = 0; k < n; ++k) {
-    const std::string name = k < options.output_names.size() && !options.output_names[k].empty()
-                                 ? options.output_names[k]
-                             : n == 1 ? "output"
-                                      : cat("output_", k);
-    g.add_output(trace->results[k], name);
-  }
+  for (size_t k = 0; k < n; ++k) g.add_output(trace->results[k], outputs[k]);
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {

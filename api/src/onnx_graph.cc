@@ -37,7 +37,7 @@ GraphBuilder::GraphBuilder(const schedule::ForwardTrace& trace, onnx::GraphProto
                 : i < trace.arg_names.size() && !trace.arg_names[i].empty() ? trace.arg_names[i]
                 : n == 1                                                    ? "input"
                                                                             : cat("input_", i);
-    if (!used_.insert(inputs[i]).second) fail(cat("two inputs are named '", inputs[i], "'"));
+    reserve(inputs[i]);
     const int b = batch_dims[i];
     if (b < 0) continue;
     const int64_t size = trace.arg_shapes[i][b];
@@ -258,9 +258,12 @@ void GraphBuilder::add_value_info(onnx::ValueInfoProto& info, const std::string&
   }
 }
 
+void GraphBuilder::reserve(const std::string& name) {
+  if (!used_.insert(name).second) fail(cat("two inputs or outputs are named '", name, "'"));
+}
+
 void GraphBuilder::add_output(const Operand& result, const std::string& name) {
   step_ = -1;
-  if (!used_.insert(name).second) fail(cat("two values are named '", name, "'"));
   const Value v = read(result);
   node("Identity", {v.name}, {name});
   add_value_info(*graph_.add_output(), name, v.shape, v.dtype, v.batch);

@@ -76,7 +76,9 @@ class GraphBuilder {
   // batch size.
   int reshaped_batch(const Shape& from, int batch, const Shape& to) const;
 
-  // Graph outputs: result `k` of the trace as `name`.
+  // Keeps `name` for a graph output (before any node is emitted, so no value takes it).
+  void reserve(const std::string& name);
+  // A graph output: `result` as `name` (reserved).
   void add_output(const Operand& result, const std::string& name);
 
  private:

@@ -1,10 +1,11 @@
 // onnxruntime runs the models encore exports and gets encore's eval results: SeedCnn, VggSmall,
 // the MLP, CharLstm's one-step cell (tokens, h, c -> logits, h', c') and TinyGpt, each traced at
-// batch 4 and run at batch 4 and 7 (the batch is symbolic in the files). encore writes each
-// model, its inputs and its outputs; compare.py runs them and checks every element to a relative
-// error of 1e-5, with an absolute floor of 1e-6 of the output's largest magnitude for elements
-// near zero (see compare.py). Exits with 77 (skipped) when python3 cannot import onnxruntime and
-// numpy.
+// batch 4 and run at batch 4 and 7 (the batch is symbolic in the files); and a function adding a
+// constant it makes in the batch's shape, which the file must make at the batch it runs at. encore
+// writes each model, its inputs and its outputs; compare.py runs them and checks every element to a
+// relative error of 1e-5, with an absolute floor of 1e-6 of the output's largest magnitude for
+// elements near zero (see compare.py). Exits with 77 (skipped) when python3 cannot import
+// onnxruntime and numpy.
 #include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
@@ -131,6 +132,24 @@ int main() {
                export_onnx(cell, path, with);
              }},
     };
+    auto shifted = static_graph(
+        [](const Tensor& x) {
+          return F::add(x, full({x.size(0), 3}, 0.5));
+        },
+        {.name = "shifted"});
+    cases.push_back(Case{"batch_constant",
+                         {"input"},
+                         [](int64_t b) {
+                           return std::vector<Tensor>{randn({b, 3})};
+                         },
+                         [](const std::vector<Tensor>& in) {
+                           return std::vector<Tensor>{F::add(in[0], full({in[0].size(0), 3}, 0.5))};
+                         },
+                         [&](const std::string& path, const OnnxOptions& o) {
+                           OnnxOptions with = o;
+                           with.example_args = {randn({4, 3})};
+                           export_onnx(shifted, path, with);
+                         }});
     std::ofstream manifest(dir / "manifest.txt");
     for (const Case& c : cases) {
       const std::string model = (dir / (c.name + ".onnx")).string();
