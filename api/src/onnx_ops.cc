@@ -103,9 +103,11 @@ void matmul(GraphBuilder& g, const Step& s) {
   const Value a = g.read(s.in[0]), b = g.read(s.in[1]);
   const MatmulAttrs& m = s.attrs.as<MatmulAttrs>();
   const int rank = s.out[0].shape.rank();
+  // The batch may be a leading (batched-product) dimension of either operand, or the rows of an
+  // untransposed a: those are where it lands in the result.
   if ((a.batch >= 0 && a.batch >= a.shape.rank() - (m.trans_a ? 2 : 1)) ||
       (b.batch >= 0 && b.batch >= b.shape.rank() - 2))
-    g.fail("the batch is a dimension the product sums over or a column of its result");
+    g.fail("the batch is a matrix dimension the product sums over or transposes");
   const std::string y = g.node1(
       "MatMul", {m.trans_a ? transposed(g, a) : a.name, m.trans_b ? transposed(g, b) : b.name},
       "matmul");
