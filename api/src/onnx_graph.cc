@@ -1,6 +1,4 @@
 // GraphBuilder: the buffers of a traced forward as ONNX values.
-#include <cmath>
-
 #include "api/src/onnx_graph.h"
 
 namespace encore::onnx_export {
@@ -41,6 +39,11 @@ GraphBuilder::GraphBuilder(const schedule::ForwardTrace& trace, onnx::GraphProto
     const int b = batch_dims[i];
     if (b < 0) continue;
     const int64_t size = trace.arg_shapes[i][b];
+    if (size < 2)
+      fail(cat("input '", inputs[i], "' was traced at batch size ", size,
+               ", where the trace cannot tell which dimension is the batch; trace at a batch "
+               "size of 2 or more (OnnxOptions::example_args), or export fixed sizes "
+               "(OnnxOptions::batch_dims -1)"));
     if (batch_size_ == 0) {
       batch_size_ = size;
       batch_source_ = inputs[i];
@@ -48,15 +51,9 @@ GraphBuilder::GraphBuilder(const schedule::ForwardTrace& trace, onnx::GraphProto
     } else if (size != batch_size_) {
       fail(cat("input '", inputs[i], "' has batch size ", size, " in dimension ", b, ", input '",
                batch_source_, "' ", batch_size_,
-               "; the batch dimensions must agree (set "
-               "OnnxOptions::batch_dims)"));
+               "; the batch dimensions must agree (OnnxOptions::batch_dims)"));
     }
   }
-  if (batch_size_ == 1)
-    fail(
-        "traced at batch size 1, where any dimension of size 1 could be the batch; trace at a "
-        "batch size of 2 or more (OnnxOptions::example_args), or export fixed sizes "
-        "(OnnxOptions::batch_dims -1)");
   for (size_t i = 0; i < n; ++i)
     add_value_info(*graph_.add_input(), inputs[i], trace.arg_shapes[i], trace.arg_dtypes[i],
                    batch_dims[i]);
