@@ -302,8 +302,9 @@ void embedding(GraphBuilder& g, const Step& s) {
   g.define(s.out[0], y, ids.batch);
 }
 
-// A constant: fixed, or shaped by the batch when one dimension has the traced batch size (the
-// zero state of a recurrent layer made inside the function).
+// A constant: fixed, or shaped by the batch when one dimension has the traced batch size
+// (zeros({x.size(0), n}) made inside the function). Only a dimension equal to the batch size is
+// taken for it: one that is a multiple of it could as well be a constant.
 void fill(GraphBuilder& g, const Step& s) {
   const Operand& t = s.in[0];
   const double value = s.attrs.as<ScalarAttrs>().value;
