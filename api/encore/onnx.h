@@ -21,12 +21,14 @@
 // function without modules: with grad mode off) and no backward inside; with example_args given,
 // the one of their signature, traced first (grad mode off, the modules switched to eval for that
 // call) when there is none. A forward called with grad mode on is planned only after its first
-// backward, so inference calls meant for export run under NoGradGuard. The batch may be any size at run time: reshapes get -1 where the batch
-// is, constants shaped by it are made from the input's shape. An op that has no ONNX form, or
-// that would bake the traced batch size in (a slice or split across the batch), is an Error
-// naming the op; so is a trace at batch size 1 (it cannot tell which dimension is the batch).
-// What the trace cannot see stays as traced: a value the function computed on the host from
-// the batch size is a constant of the export.
+// backward, so inference calls meant for export run under NoGradGuard.
+//
+// The batch may be any size at run time: reshapes get -1 where the batch is, constants filled in
+// the batch's shape are made from the input's shape. An op that has no ONNX form, or that would
+// bake the traced batch size in (a slice or split across the batch), is an Error naming the op;
+// so is a trace at batch size 0 or 1 (it cannot tell which dimension is the batch). What the
+// trace cannot see stays as traced: a value the function computed on the host from the batch
+// size is a constant of the export. api/README.md lists the ops that map.
 #pragma once
 
 #include <string>
