@@ -195,6 +195,15 @@ TEST_CASE("What would bake the traced batch size in is an Error", "[onnx]") {
   export_onnx(head, s.path("head.onnx"), {.example_args = {randn({4, 3})}, .batch_dims = {-1}});
   CHECK(dims_of(read_model(s.path("head.onnx")).graph().input(0)) == "4,3");
 
+  // [4, 6] read as [2, 12] halves the batch into one dimension and moves the rest into another.
+  auto pairs = static_graph(
+      [](const Tensor& x) {
+        return F::relu(F::reshape(x, {2, 12}));
+      },
+      {.name = "pairs"});
+  REQUIRE_THROWS_WITH(export_onnx(pairs, s.path("pairs.onnx"), {.example_args = {randn({4, 6})}}),
+                      Catch::Contains("relu") && Catch::Contains("mixes the batch"));
+
   auto twice = static_graph([](const Tensor& x) { return F::relu(x); }, {.name = "relu"});
   REQUIRE_THROWS_WITH(export_onnx(twice, s.path("one.onnx"), {.example_args = {randn({1, 3})}}),
                       Catch::Contains("batch size 1"));
