@@ -1,10 +1,5 @@
 // export_onnx: finds (or traces) the eval entry, builds the model, checks it, writes it.
-#include <unistd.h>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-
+#include "api/src/atomic_file.h"
 #include "api/src/onnx_graph.h"
 #include "onnx/checker.h"
 #include "runtime/autograd.h"
@@ -98,25 +93,9 @@ void write_model(const onnx::ModelProto& model, const std::string& name, const s
   std::string bytes;
   ENCORE_CHECK(model.SerializeToString(&bytes), "export_onnx: '", name,
                "': the model does not serialise (over protobuf's 2 GiB limit?)");
-  // A complete file or none: written beside the target, then renamed over it.
-  const std::string temp = cat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    ENCORE_CHECK(out.good(), "export_onnx: '", name, "': cannot create ", temp, " (",
-                 std::strerror(errno), ")");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out.good()) {
-      std::remove(temp.c_str());
-      throw Error(cat("export_onnx: '", name, "': cannot write ", temp));
-    }
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(temp.c_str());
-    throw Error(cat("export_onnx: '", name, "': cannot rename ", temp, " to ", path, " (",
-                    std::strerror(err), ")"));
-  }
+  AtomicFile file(path, cat("export_onnx: '", name, "'"));
+  file.write(bytes.data(), bytes.size());
+  file.commit();
 }
 
 }  // namespace
