@@ -4,9 +4,11 @@
 // --compare trains one epoch each way from the same seed, side by side (the two models take
 // turns, a batch each, and every step is timed), and prints a summary, then profiles a few more
 // steps each way and prints the ops that took the most time. --save PATH checkpoints after
-// every epoch; --resume PATH goes on from such a checkpoint.
+// every epoch; --resume PATH goes on from such a checkpoint. --export PATH writes the trained
+// model's eval forward as an ONNX model (images [batch, 784] -> logits [batch, 10]).
 //
 //   build/samples/mnist_cnn --epochs 2 --static
+//   build/samples/mnist_cnn --epochs 2 --export model.onnx
 //   build/samples/mnist_cnn --compare
 //   build/samples/mnist_cnn --static --limit 3200 --profile cnn.json --schedule cnn.txt
 //
@@ -35,11 +37,22 @@ struct StaticSeedCnn : models::SeedCnn {
 
 struct Flags {
   std::string data = data::kFashionMnistDir;
-  std::string profile, schedule, device = "cpu";
+  std::string profile, schedule, device = "cpu", export_path;
   int64_t epochs = 1, batch = 32, seed = 0, limit = 0, profile_steps = 50;
   bool static_forward = false, compare = false;
   samples::Checkpointing checkpoints;  // --save, --resume (not with --compare)
 };
+
+// The trained model as a deployable file: its eval forward (traced here on two blank images, in
+// eval mode with grad mode off) as ONNX, the batch left symbolic.
+void export_model(nn::Module& model, Device device, const std::string& path) {
+  export_onnx(model, path,
+              {.example_args = {zeros({2, 784}, DType::Float32, device)},
+               .input_names = {"images"},
+               .output_names = {"logits"}});
+  std::printf("ONNX model (opset %d) written to %s: images [batch, 784] -> logits [batch, 10]\n",
+              kOnnxOpset, path.c_str());
+}
 
 struct RunResult {
   double seconds = 0;       // training time of the last epoch (no evaluation; --compare: its steps)
@@ -289,6 +302,8 @@ int main(int argc, char** argv) {
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
   cli.text("schedule", &f.schedule, "with --static: write the schedules here (text) and .dot");
   cli.text("device", &f.device, "cpu, or cuda / cuda:N to train on a GPU");
+  cli.text("export", &f.export_path,
+           "after training, write the model's eval forward here as ONNX (not with --compare)");
   f.checkpoints.add_flags(cli);
   cli.parse(argc, argv);
   try {
@@ -302,6 +317,7 @@ int main(int argc, char** argv) {
       Trainer tr(f, f.static_forward, train_set);
       f.checkpoints.resume(*tr.model, tr.opt, tr.device);
       train(f, tr, test_set, true);
+      if (!f.export_path.empty()) export_model(*tr.model, tr.device, f.export_path);
     }
     if (!f.profile.empty()) {
       const profiler::Profile p = profiler::stop();

@@ -107,6 +107,20 @@ struct Recording {
   std::vector<std::vector<unsigned char>> snapshots;
 };
 
+// A forward as traced, for exporters (StaticGraph::eval_forward): its steps over the buffers of
+// its recording, before any pass. Buffers keep their trace-time tensors (`bound`).
+struct ForwardTrace {
+  std::string name;       // the function's
+  std::string signature;  // "x: float32[32,784]; grad off; eval"
+  std::vector<std::string> arg_names;  // as the function names them (may be fewer than args)
+  std::vector<Shape> arg_shapes;       // every argument's, by position
+  std::vector<DType> arg_dtypes;
+  std::vector<Buffer> buffers;
+  std::vector<Step> steps;
+  std::vector<Operand> results;
+  std::vector<std::string> param_names;  // watched parameter slots' names, by index
+};
+
 // Records what the dispatcher runs into a Recording while it is the active tracer.
 class Recorder final : public Tracer {
  public:

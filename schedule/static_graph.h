@@ -184,6 +184,9 @@ bool set_log_retraces(bool on);
 bool set_redzones_enabled(bool on);
 bool redzones_enabled();
 
+// A traced forward as exporters read it (recording.h).
+struct ForwardTrace;
+
 class StaticGraph {
  public:
   // Runs the user's function on `args`, appending its results.
@@ -205,6 +208,11 @@ class StaticGraph {
   std::string schedule_dot() const;
   void clear();
   const Config& config() const;
+  // The forward of an eval entry, its steps as traced (before any pass): the most recently used
+  // planned entry with its modules in eval mode (or, with no modules, grad mode off) that ran no
+  // backward; with `like` given, the one whose arguments have their shapes and dtypes. Null when
+  // there is none.
+  std::shared_ptr<const ForwardTrace> eval_forward(std::span<const Tensor> like = {}) const;
 
   struct Impl;
 

@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config libabsl-dev catch2 libbenchmark-dev libopenblas-dev
-          zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist fortunes libopenmpi-dev
-          openmpi-bin)
+          zlib1g-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev libopenmpi-dev openmpi-bin
+          dataset-fashion-mnist fortunes)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -29,6 +29,23 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get update
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The Python modules the interop tests use (checkpoint_interop, onnx_runtime_check): pip installs
+# the missing ones, best effort and quietly; offline those tests are skipped (exit 77), so this
+# never fails the run. PIP_BREAK_SYSTEM_PACKAGES lets Debian's own python3 take them.
+python_modules=(numpy safetensors onnxruntime)
+if command -v python3 >/dev/null; then
+  missing_py=()
+  for m in "${python_modules[@]}"; do
+    python3 -c "import $m" 2>/dev/null || missing_py+=("$m")
+  done
+  if ((${#missing_py[@]})); then
+    echo "setup: pip install ${missing_py[*]} (best effort)"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check \
+      --retries 1 --timeout 15 "${missing_py[@]}" >/dev/null 2>&1 ||
+      echo "setup: could not install ${missing_py[*]}; the tests that need them will be skipped"
+  fi
 fi
 
 if (($# == 0)); then

@@ -8,6 +8,7 @@
 #include "encore/models.h"
 #include "encore/nn.h"
 #include "encore/nn_sequence.h"
+#include "encore/onnx.h"
 #include "encore/optim.h"
 #include "encore/profiler.h"
 #include "encore/static_graph.h"

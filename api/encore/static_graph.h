@@ -172,6 +172,8 @@ class StaticCore {
              schedule::StaticGraph::Body body);
   std::vector<Tensor> call(std::span<const Tensor> args, const std::string* key);
   schedule::StaticGraph& graph() { return *graph_; }
+  // The modules whose mode joins the signature and whose parameters are watched.
+  const std::vector<nn::Module*>& modules() const { return modules_; }
 
  private:
   std::vector<std::shared_ptr<nn::Module>> owned_;  // options.modules, kept alive
@@ -288,6 +290,8 @@ class StaticFunction {
   // Drops every cache entry (the next call traces).
   void clear() { core_->graph().clear(); }
   schedule::StaticGraph& graph() { return core_->graph(); }
+  // The type-erased function (its cache and modules), for exporters (export_onnx).
+  detail::StaticCore& core() const { return *core_; }
 
  private:
   template <typename... Args>
@@ -348,6 +352,7 @@ class StaticForward final : public nn::StaticHook {
   }
   StaticStats stats() const { return core_.graph().stats(); }
   schedule::StaticGraph& graph() { return core_.graph(); }
+  detail::StaticCore& core() const { return core_; }
 
  private:
   StaticForward(nn::Module* module, StaticOptions options, schedule::StaticGraph::Body body);
