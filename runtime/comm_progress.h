@@ -23,6 +23,11 @@ inline void add_in_flight(int delta) {
   detail::t_in_flight += delta;
 }
 
+// Whether this thread has requests in flight (a kernel may then poll between parts of its work).
+inline bool in_flight() {
+  return detail::t_in_flight > 0;
+}
+
 // Gives the communication in flight a chance to advance.
 inline void poll() {
   if (detail::t_in_flight > 0) [[unlikely]]

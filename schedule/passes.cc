@@ -39,6 +39,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
   if (device_.type == DeviceType::CPU && options_.fold_activations) rewrite_activations();
+  move_collectives_early();
   if (options_.early_updates) {
     fold_zero_fills();
     move_updates_early();

@@ -1,14 +1,15 @@
 // A Plan: a Recording made executable. Passes: outputs that leave the call get their own
 // storage (a Copy where they alias something else), dead steps are dropped, activations fold into
-// the steps producing their inputs (cpu plans), optimizer updates move to right after the last
-// step they depend on, elementwise steps write over an input that dies there, and every other
-// temporary gets an offset in one arena (liveness over forward and backward together, placed
-// largest first into the best-fitting gap). run() replays a phase's steps over a call's arena
-// with no lookups or allocation.
+// the steps producing their inputs (cpu plans), all-reduce starts move as early as their
+// gradients allow, optimizer updates move to right after the last step they depend on,
+// elementwise steps write over an input that dies there, and every other temporary gets an offset
+// in one arena (liveness over forward and backward together, placed largest first into the
+// best-fitting gap). run() replays a phase's steps over a call's arena with no lookups or
+// allocation.
 //
 // Where each part lives: the passes in passes.cc, activation rewrites in rewrites.cc, early
-// updates in early_updates.cc, elementwise fusion in fusion.cc, padded layouts in
-// padded_layouts.cc, placement in memory_plan.cc, the
+// all-reduce starts in early_collectives.cc, early updates in early_updates.cc, elementwise
+// fusion in fusion.cc, padded layouts in padded_layouts.cc, placement in memory_plan.cc, the
 // executor (compiled steps, call states, the replay loop) in executor.cc, the two-lane schedule
 // and replay in lanes.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
@@ -273,6 +274,9 @@ class Plan {
   // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
   const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
+  // All-reduce starts, with the steps they depend on, ahead of the steps they do not
+  // (early_collectives.cc).
+  void move_collectives_early();
   void move_updates_early();
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
   std::vector<int> storage_ids() const;

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/simd.h"
+#include "runtime/comm_progress.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {
@@ -13,6 +15,27 @@ namespace {
 
 // Elements per thread below which an update runs on the calling thread alone.
 constexpr int64_t kParallelGrain = int64_t{1} << 14;
+// Elements between two progress polls while communication is in flight (about 0.1 ms of Adam).
+constexpr int64_t kProgressSlice = int64_t{1} << 16;
+
+// body(begin, end) over the elements [0, n), split across cores as parallel_for splits it. While
+// this thread has communication in flight (a data-parallel step's all-reduces, which advance
+// only inside MPI calls: runtime/comm_progress.h), in slices with a poll between them, so the
+// all-reduce of the next bucket advances during a large parameter's update instead of waiting
+// for it. Elementwise, so the bits do not depend on the slices.
+template <typename Body>
+void update_for(int64_t n, Body body) {
+  if (!comm_progress::in_flight()) {
+    parallel_for(n, kParallelGrain, std::move(body));
+    return;
+  }
+  for (int64_t begin = 0; begin < n; begin += kProgressSlice) {
+    const int64_t end = std::min(n, begin + kProgressSlice);
+    parallel_for(end - begin, kParallelGrain,
+                 [&body, begin](int64_t b, int64_t e) { body(begin + b, begin + e); });
+    comm_progress::poll();
+  }
+}
 
 // p -= lr * (g + wd * p).
 void sgd_kernel(const KernelArgs& args) {
@@ -22,11 +45,14 @@ void sgd_kernel(const KernelArgs& args) {
     T* pp = p.as<T>();
     const T* pg = g.as<T>();
     const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay);
-    const int64_t n = p.numel();
     if (a.weight_decay == 0) {
-      for (int64_t i = 0; i < n; ++i) pp[i] -= lr * pg[i];
+      update_for(p.numel(), [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) pp[i] -= lr * pg[i];
+      });
     } else {
-      for (int64_t i = 0; i < n; ++i) pp[i] -= lr * (pg[i] + wd * pp[i]);
+      update_for(p.numel(), [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) pp[i] -= lr * (pg[i] + wd * pp[i]);
+      });
     }
   });
 }
@@ -41,11 +67,13 @@ void momentum_sgd_kernel(const KernelArgs& args) {
     T* pv = v.as<T>();
     const T lr = static_cast<T>(a.lr), mu = static_cast<T>(a.momentum),
             wd = static_cast<T>(a.weight_decay);
-    for (int64_t i = 0, n = p.numel(); i < n; ++i) {
-      const T vi = mu * pv[i] - lr * (pg[i] + wd * pp[i]);
-      pv[i] = vi;
-      pp[i] += vi;
-    }
+    update_for(p.numel(), [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T vi = mu * pv[i] - lr * (pg[i] + wd * pp[i]);
+        pv[i] = vi;
+        pp[i] += vi;
+      }
+    });
   });
 }
 
@@ -74,10 +102,10 @@ void adam_kernel(const KernelArgs& args) {
     T* pm = m.as<T>();
     T* pv = v.as<T>();
     // Memory-bound on large parameters: split across cores (elementwise, so bit-identical at
-    // any thread count), and within a thread in chunks that stay in L1 so the sqrt between
+    // any thread count and in any slices), and within a thread in chunks that stay in L1 so the sqrt between
     // the two passes runs as SIMD. Captures by value: values read through a reference to the
     // enclosing frame might alias the arrays, which stops the loops from vectorizing.
-    parallel_for(p.numel(), kParallelGrain, [=](int64_t begin, int64_t end) {
+    update_for(p.numel(), [=](int64_t begin, int64_t end) {
       constexpr int64_t kChunk = 512;
       T root[kChunk];
       for (int64_t c = begin; c < end; c += kChunk) {
