@@ -2,9 +2,9 @@
 // calls; with no progress thread (one thread per rank on a machine of few cores), an all-reduce
 // started during backward would do all its work at its wait. So the communication layer (dist/)
 // counts the requests this thread has in flight and installs its progress function, and the
-// replay loop and dispatch() call poll() after each kernel: one thread-local load while nothing
-// is in flight. Only the thread that started a request polls it (MPI is joined for one thread at
-// a time).
+// replay loop and dispatch() call poll() after each kernel; a long kernel may also poll between
+// parts of its work (the optimizer updates). With nothing in flight a poll is one thread-local
+// load. Only the thread that started a request polls it (MPI is joined for one thread at a time).
 #pragma once
 
 namespace encore::comm_progress {

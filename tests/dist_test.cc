@@ -103,3 +103,35 @@ TEST_CASE("collective steps stay in a static schedule and replay as eager", "[di
     CHECK(start < wait);
   }
 }
+
+TEST_CASE("a static schedule starts an all-reduce ahead of the steps it does not depend on",
+          "[dist][static]") {
+  dist::init();
+  manual_seed(0);
+  const Tensor a = rand({16, 16}), b = rand({16, 16});
+  // As the engine orders a backward: the product that does not feed the reduced tensor is
+  // recorded before the all-reduce starts.
+  const auto fn = [&](const Tensor& x) {
+    Tensor reduced = F::matmul(x, a);
+    Tensor other = F::matmul(x, b);
+    dist::all_reduce(reduced);
+    return F::add(reduced, other);
+  };
+  auto step = static_graph(fn, {.name = "early_start", .verify_every = 2});
+  for (int call = 0; call < 4; ++call) {
+    const Tensor x = rand({4, 16});
+    CHECK(step(x).to_vector<float>() == fn(x).to_vector<float>());
+  }
+  CHECK(step.stats().hits == 3);
+  const std::string text = step.schedule_text();
+  INFO(text);
+  const size_t first = text.find("matmul"), start = text.find("all_reduce_start");
+  REQUIRE(first != std::string::npos);
+  REQUIRE(start != std::string::npos);
+  const size_t second = text.find("matmul", first + 1), wait = text.find("all_reduce_wait");
+  REQUIRE(second != std::string::npos);
+  REQUIRE(wait != std::string::npos);
+  CHECK(first < start);
+  CHECK(start < second);  // the independent product runs while the all-reduce is in flight
+  CHECK(second < wait);
+}
