@@ -71,6 +71,10 @@ class Tracer {
   // The traced code added one to a host counter (an optimizer's step count): a replay of the
   // call adds one too, as the code it stands for would have.
   virtual void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) { (void)counter; }
+  // The traced code ran a set-up that happens once and that a replay must not repeat (the first
+  // backward of dist::DataParallel, which learns how each parameter is used): the trace is
+  // dropped after its call, and the next call traces again, saying `why`.
+  virtual void on_unrepeatable(std::string_view why) { (void)why; }
   // The engine is about to accumulate `grad` into the .grad of `leaf`. Returning true takes the
   // contribution: the accumulation still happens, but its ops are not reported.
   virtual bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) {

@@ -37,11 +37,12 @@ struct GradGuard {
 
 // Where an entry is in its life. Tracing, it is a placeholder: other calls with its signature
 // run eagerly meanwhile, and only its signature may be read. The trace publishes Ready (planned),
-// Waiting (for the first backward through its outputs) or Eager (unsafe); from Waiting, that
-// backward makes it Ready or Failed, and outputs that die unused make it Abandoned. The state is
+// Waiting (for the first backward through its outputs), Eager (unsafe) or Retrace (its trace ran
+// a one-time set-up: the next call traces again); from Waiting, that backward makes it Ready,
+// Retrace or Failed, and outputs that die unused make it Abandoned. The state is
 // stored (release) after the fields it publishes are written, and loaded (acquire) before they
 // are read.
-enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned };
+enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned, Retrace };
 
 struct Entry {
   std::string_view name;  // the function's (interned)

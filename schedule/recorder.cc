@@ -168,6 +168,10 @@ void Recorder::on_host_read(const Tensor& t, std::string_view what) {
              "it outside the static function, or pass on_unsafe = OnUnsafe::Eager"));
 }
 
+void Recorder::on_unrepeatable(std::string_view why) {
+  if (rec_.retrace.empty()) rec_.retrace = why;
+}
+
 void Recorder::on_grad_set(const Tensor& leaf, const Tensor& grad) {
   if (phase_ != Phase::Forward) return;  // the subgraph's backward collects its own gradients
   const int li = leaf_for(leaf);

@@ -103,6 +103,7 @@ struct Recording {
   // Host counters the traced code advanced, once per advance: every replay adds one to each.
   std::vector<std::shared_ptr<std::atomic<int64_t>>> counters;
   std::string unsafe;         // why the trace cannot be replayed (empty: it can)
+  std::string retrace;        // a one-time set-up it saw: the next call traces again
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
   std::vector<std::vector<unsigned char>> snapshots;
 };
@@ -141,6 +142,7 @@ class Recorder final : public Tracer {
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_backward() override;
   void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) override;
+  void on_unrepeatable(std::string_view why) override;
   bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) override;
 
  private:

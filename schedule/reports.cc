@@ -121,6 +121,8 @@ std::string no_schedule(const Entry& e, EntryState state) {
       return cat("the first backward through its outputs failed (", e.failure, ")");
     case EntryState::Abandoned:
       return "no backward reached the outputs of its trace; the next call traces again";
+    case EntryState::Retrace:
+      return cat("its trace ran a one-time set-up (", e.rec->retrace, "); the next call traces again");
   }
   return {};
 }

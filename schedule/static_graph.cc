@@ -188,11 +188,13 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     Entry& e = **it;
     if (!matches(e.sig, args, key, grad, m)) continue;
     const EntryState state = e.load_state();
-    if (state == EntryState::Abandoned ||
+    if (state == EntryState::Abandoned || state == EntryState::Retrace ||
         (state == EntryState::Failed && e.backward_failures < kMaxBackwardFailures)) {
       guard_reason = state == EntryState::Abandoned
                          ? "no backward reached the outputs of the previous trace (evaluating in "
                            "grad mode? wrap it in NoGradGuard)"
+                     : state == EntryState::Retrace
+                         ? cat("the previous trace ran a one-time set-up (", e.rec->retrace, ")")
                          : cat("the first backward of the previous trace failed (", e.failure, ")");
       if (state == EntryState::Failed) failures = e.backward_failures;
       entries.erase(it);
@@ -278,7 +280,10 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     throw;
   }
   lock.lock();
-  e->publish(e->eager_only ? EntryState::Eager : e->node ? EntryState::Waiting : EntryState::Ready);
+  e->publish(e->eager_only               ? EntryState::Eager
+             : e->node                    ? EntryState::Waiting
+             : !e->rec->retrace.empty()   ? EntryState::Retrace
+                                          : EntryState::Ready);
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
   after_trace(*e, reason, ch, ms_since(t0));
   unlock_and_log(lock);

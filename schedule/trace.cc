@@ -52,6 +52,11 @@ void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
     }
     if (e.eager_only) return;
     const Recording& rec = *f.rec;
+    if (!rec.retrace.empty()) {
+      f.recorder.reset();
+      e.publish(EntryState::Retrace);
+      return;
+    }
     for (size_t b = 0; b < rec.buffers.size(); ++b)
       if (rec.buffers[b].kind == BufKind::GradIn) {
         if (e.grad_in.size() <= static_cast<size_t>(rec.buffers[b].index))
@@ -170,7 +175,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   if (!node) {
     // Results leave the trace cut from its graph (a whole step already ran its backward).
     for (const Tensor& r : inner) results.push_back(r.requires_grad() ? r.detach() : r);
-    if (!e.eager_only) complete_entry(e);
+    if (!e.eager_only && rec->retrace.empty()) complete_entry(e);
     return rec->unsafe;
   }
 

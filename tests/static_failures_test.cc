@@ -1,6 +1,7 @@
 // static_graph when things go wrong: a recorded first backward that fails lets the next call
-// trace again (a bounded number of times, said in the statistics and the log), and every
-// per-function list of diagnostics stays bounded however long a retrace storm lasts.
+// trace again (a bounded number of times, said in the statistics and the log), a trace that ran a
+// one-time set-up is dropped, and every per-function list of diagnostics stays bounded however
+// long a retrace storm lasts.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "runtime/dispatcher.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -138,4 +140,37 @@ TEST_CASE("per-function diagnostics stay bounded in a retrace storm", "[static][
   // Every warning reached the log once; the statistics keep the first and the latest 64.
   CHECK(static_cast<int64_t>(log.lines.size()) == 64 + s.warnings_dropped);
   CHECK(s.entries == 8);
+}
+
+TEST_CASE("a trace that ran a one-time set-up is dropped, and the next call traces again") {
+  int setups = 0;
+  const auto body = [&](const Tensor& x) {
+    if (setups++ == 0)
+      if (Tracer* t = current_tracer()) t->on_unrepeatable("the test's set-up");
+    return F::mul(x, 2.0);
+  };
+  const std::string reason = "the previous trace ran a one-time set-up (the test's set-up)";
+  SECTION("a whole call") {
+    auto fn = static_graph(body, {.name = "set_up_once"});
+    for (int call = 0; call < 4; ++call)
+      CHECK(fn(full({3}, 1.0)).to_vector<float>() == std::vector<float>(3, 2.0f));
+    const StaticStats s = fn.stats();
+    CHECK(s.traces == 2);
+    CHECK(s.hits == 2);
+    REQUIRE(s.traces_history.size() == 2);
+    CHECK(s.traces_history[1].reason == reason);
+  }
+  SECTION("a forward whose backward comes later") {
+    auto fn = static_graph(body, {.name = "set_up_once_forward"});
+    for (int call = 0; call < 4; ++call) {
+      Tensor x = leaf(full({3}, 1.0));
+      F::sum(fn(x)).backward();
+      CHECK(x.grad().to_vector<float>() == std::vector<float>(3, 2.0f));
+    }
+    const StaticStats s = fn.stats();
+    CHECK(s.traces == 2);
+    CHECK(s.hits == 2);
+    REQUIRE(s.traces_history.size() == 2);
+    CHECK(s.traces_history[1].reason == reason);
+  }
 }

@@ -88,8 +88,11 @@ struct DataParallelOptions {
 // all-reduce, and when the backward ends each bucket is waited for, scaled by 1 / world_size and
 // copied back into the .grad of its parameters. In a static whole training step the starts are
 // steps of the schedule right where the gradients became final, and the waits come after the
-// rest of the backward. Every parameter that requires grad must get a gradient in every
-// backward, once (an Error names one that does not). Make it after moving the model to its
+// rest of the backward. The first backward learns how many gradients each parameter gets (one;
+// two for a weight used twice; none for one the loss does not use), all-reduces every bucket at
+// its end and leaves the unused parameters out from then on (their .grad untouched), as PyTorch
+// DDP with static_graph=True: every rank must count the same in it, and every later backward as
+// the first (an Error names the parameter that does not). Make it after moving the model to its
 // device (it hooks the parameter tensors) and before the first call of a static function that
 // trains the model: a schedule traced without it replays without the all-reduce, and one traced
 // with it keeps all-reducing after it is gone. In a world of one it does nothing.
@@ -101,7 +104,8 @@ class DataParallel {
   DataParallel& operator=(const DataParallel&) = delete;
 
   nn::Module& module() const;
-  // The buckets as the names of their parameters, in the order their all-reduces start.
+  // The buckets as the names of their parameters, in the order their all-reduces start (after
+  // the first backward, without the parameters it found unused).
   std::vector<std::vector<std::string>> buckets() const;
 
  private:

@@ -2,6 +2,13 @@
 // all-reduce started by the post-accumulate hook of its last gradient and waited for by a
 // callback at the end of the backward pass (runtime/autograd.h). Everything it does to tensors is
 // dispatched ops, so a static whole step records it and replays it without the hooks.
+//
+// A gradient is final after as many accumulations as the backward makes into it: one for most
+// parameters, two for a weight used twice (tied), none for a parameter the loss does not use. The
+// first backward learns these counts (as PyTorch DDP's static_graph does): it all-reduces every
+// bucket at its end, checks that every rank counted the same, and drops the unused parameters
+// from the buckets. Every later backward must count the same; a parameter that does not is an
+// Error naming it.
 #include <cstdint>
 #include <string_view>
 
@@ -9,6 +16,7 @@
 #include "dist/world.h"
 #include "encore/dist.h"
 #include "runtime/autograd.h"
+#include "runtime/dispatcher.h"
 
 namespace encore::dist {
 namespace {
@@ -41,9 +49,10 @@ struct DataParallel::State {
   struct Param {
     std::string name;
     Tensor tensor;
-    int bucket = -1;
+    int bucket = -1;     // -1: unused, in no bucket
     int64_t offset = 0;  // in the bucket, in elements
-    bool ready = false;  // its gradient was accumulated in this pass
+    int uses = -1;       // accumulations per backward, learned from the first (-1: not yet)
+    int seen = 0;        // accumulations in this pass
   };
   struct Bucket {
     std::vector<int> params;
@@ -55,14 +64,20 @@ struct DataParallel::State {
   nn::Module* module = nullptr;
   std::vector<Param> params;  // that require grad, last first
   std::vector<Bucket> buckets;
+  size_t bucket_bytes = 0;
+  bool learned = false;  // the first backward has counted each parameter's uses
   std::vector<uint64_t> hooks;
   uint64_t pass = 0;          // the backward pass the fields below belong to
   std::vector<int> launched;  // buckets in the order their all-reduces started
 
   void check_agreement(const std::vector<std::pair<std::string, Tensor>>& named) const;
-  void make_buckets(size_t bucket_bytes);
+  // Buckets of the parameters in use (all of them before the first backward).
+  void make_buckets();
   void on_gradient(int p);
   void launch(int b);
+  // The end of the first backward: every rank's counts agree, the unused parameters leave the
+  // buckets, and every bucket starts its all-reduce.
+  void learn();
   void finish();
   // Waits for the buckets in flight and drops them, then throws Error(message): the ranks' requests
   // complete before the error leaves, so the next step starts with none in flight.
@@ -100,9 +115,12 @@ void DataParallel::State::check_agreement(
     }
 }
 
-void DataParallel::State::make_buckets(size_t bucket_bytes) {
+void DataParallel::State::make_buckets() {
+  buckets.clear();
   // Backward produces the last parameters' gradients first: they fill the first bucket.
   for (int p = 0; p < static_cast<int>(params.size()); ++p) {
+    params[static_cast<size_t>(p)].bucket = -1;
+    if (params[static_cast<size_t>(p)].uses == 0) continue;
     const Tensor& t = params[static_cast<size_t>(p)].tensor;
     bool fits = !buckets.empty();
     if (fits) {
@@ -123,23 +141,23 @@ void DataParallel::State::make_buckets(size_t bucket_bytes) {
 void DataParallel::State::on_gradient(int p) {
   if (const uint64_t now = autograd::current_pass(); now != pass) {
     pass = now;
-    for (Param& q : params) q.ready = false;
+    for (Param& q : params) q.seen = 0;
     for (Bucket& b : buckets) b.pending = static_cast<int>(b.params.size());
     launched.clear();
     autograd::queue_callback([this] { finish(); });
   }
   Param& param = params[static_cast<size_t>(p)];
-  Bucket& b = buckets[static_cast<size_t>(param.bucket)];
-  if (param.ready) {
-    if (b.pending == 0)
-      abandon(cat("DataParallel: parameter '", param.name,
-                  "' got a second gradient in one backward after its bucket's all-reduce had "
-                  "started (it is used more than once in the step); DataParallel needs each "
-                  "gradient final when it is first accumulated"));
-    return;
-  }
-  param.ready = true;
-  if (--b.pending == 0) launch(param.bucket);
+  ++param.seen;
+  if (!learned) return;  // the first backward all-reduces at its end
+  if (param.seen > param.uses)
+    abandon(cat("DataParallel: parameter '", param.name, "' got gradient ", param.seen,
+                " in this backward; the first backward gave it ", param.uses,
+                " (DataParallel learns from the first backward how often each parameter is used, "
+                "and starts a bucket's all-reduce when its gradients are final): the step must "
+                "use every parameter as often each time"));
+  if (param.seen == param.uses &&
+      --buckets[static_cast<size_t>(param.bucket)].pending == 0)
+    launch(param.bucket);
 }
 
 void DataParallel::State::launch(int b) {
@@ -175,12 +193,42 @@ void DataParallel::State::abandon(const std::string& message) {
   throw Error(message);
 }
 
+void DataParallel::State::learn() {
+  // A static function tracing this pass records all-reduces at its end, where later passes start
+  // them during backward: it must trace again.
+  if (Tracer* tracer = current_tracer())
+    tracer->on_unrepeatable("dist::DataParallel's first backward, which learns how each "
+                            "parameter is used");
+  std::vector<int64_t> counts;
+  for (const Param& param : params) counts.push_back(param.seen);
+  std::vector<int64_t> seen;
+  {
+    // A check of this first pass only: a static function tracing it does not replay it.
+    TracerScope untraced(nullptr);
+    seen = max_and_negated_min(counts);
+  }
+  const size_t n = counts.size();
+  for (size_t k = 0; k < n; ++k)
+    if (seen[k] != -seen[n + k])
+      fail("DataParallel: parameter '", params[k].name, "' got ", counts[k],
+           " gradients in the first backward on ", rank_name(), " and ", -seen[n + k], " to ",
+           seen[k], " across the ranks; every rank must use each parameter as often");
+  for (Param& param : params) param.uses = param.seen;
+  learned = true;
+  make_buckets();
+  for (int b = 0; b < static_cast<int>(buckets.size()); ++b) launch(b);
+}
+
 void DataParallel::State::finish() {
-  for (const Param& param : params)
-    if (!param.ready)
-      abandon(cat("DataParallel: parameter '", param.name,
-                  "' got no gradient in this backward; every rank all-reduces every parameter "
-                  "that requires grad, so each must take part in the loss (or not require grad)"));
+  if (!learned) {
+    learn();
+  } else {
+    for (const Param& param : params)
+      if (param.seen != param.uses)
+        abandon(cat("DataParallel: parameter '", param.name, "' got ", param.seen,
+                    " gradients in this backward; the first backward gave it ", param.uses,
+                    ": the step must use every parameter as often each time"));
+  }
   const double scale = 1.0 / world_size();
   for (const int b : launched) {
     Bucket& bucket = buckets[static_cast<size_t>(b)];
@@ -227,7 +275,8 @@ DataParallel::DataParallel(nn::Module& module, DataParallelOptions options)
   }
   for (auto it = named.rbegin(); it != named.rend(); ++it)
     if (it->second.requires_grad()) state_->params.push_back({it->first, it->second});
-  state_->make_buckets(options.bucket_bytes);
+  state_->bucket_bytes = options.bucket_bytes;
+  state_->make_buckets();
   State* state = state_.get();
   for (int p = 0; p < static_cast<int>(state->params.size()); ++p)
     state->hooks.push_back(autograd::add_post_accumulate_grad_hook(

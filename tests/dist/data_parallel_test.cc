@@ -1,8 +1,9 @@
 // DataParallel between two ranks: each rank trains on its half of every batch; after the steps
 // both ranks hold the same parameters bit for bit, and the parameters of one process that sums
 // the two half-batch gradients (then halves them) in the same order; the static whole step gives
-// eager's bits with the all-reduce steps in its schedule; ranks that build different modules get
-// an Error naming the parameter.
+// eager's bits with the all-reduce steps in its schedule; tied and unused parameters are learned
+// from the first backward; ranks that build different modules, or use a parameter differently,
+// get an Error naming the parameter.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -143,10 +144,15 @@ TEST_CASE("a static data-parallel whole step equals eager, with the all-reduce i
   }
   check_same_bits(*eager, *traced);
   CHECK(equal_across_ranks(*traced));
+  // The first call is DataParallel's first backward, which learns the parameters' uses: its
+  // trace is dropped and the second call traces the step as every later backward runs it.
   const StaticStats s = step.stats();
-  CHECK(s.traces == 1);
-  CHECK(s.hits == kSteps - 1);
-  CHECK(s.verifications == (kSteps - 1) / 2);  // replays checked against eager, collectives too
+  CHECK(s.traces == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK_THAT(s.traces_history[1].reason,
+             Contains("one-time set-up") && Contains("DataParallel's first backward"));
+  CHECK(s.hits == kSteps - 2);
+  CHECK(s.verifications == (kSteps - 2) / 2);  // replays checked against eager, collectives too
   const std::string text = step.schedule_text();
   CHECK_THAT(text, Contains("all_reduce_start") && Contains("all_reduce_wait"));
 }
@@ -219,22 +225,87 @@ struct Misused : nn::Module {
 
 }  // namespace
 
-TEST_CASE("a parameter without a gradient, or with a second one, is an Error naming it", "[dist]") {
+TEST_CASE("a weight used twice and an unused parameter: the first backward learns their uses",
+          "[dist]") {
   Misused m;
-  dist::DataParallel ddp(m, {.bucket_bytes = 1});  // a bucket per parameter
-  const Tensor x = full({2, 4}, 1.0);
-  m.use_spare = false;
-  CHECK_THROWS_WITH(F::sum(m(x)).backward(), Contains("'spare'") && Contains("no gradient"));
-  m.use_spare = true;
   m.twice = true;
-  m.zero_grad();
-  CHECK_THROWS_WITH(F::sum(m(x)).backward(), Contains("'w'") && Contains("second gradient"));
-  // The requests of the failed steps completed: a good step averages as usual.
+  m.use_spare = false;
+  dist::DataParallel ddp(m, {.bucket_bytes = 1});  // a bucket per parameter
+  const Tensor x = full({2, 4}, 1.0 + dist::rank());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    m.zero_grad();
+    F::sum(m(x)).backward();
+    // Per rank d/dw = 2 (uses) x 2 (rows) x (1 + rank): 4 and 8, averaged 6; d/db = 2.
+    CHECK(m.w.grad().to_vector<float>() == std::vector<float>(12, 6.0f));
+    CHECK(m.b.grad().to_vector<float>() == std::vector<float>(3, 2.0f));
+    CHECK_FALSE(m.spare.grad().defined());
+  }
+  CHECK(ddp.buckets() == std::vector<std::vector<std::string>>{{"b"}, {"w"}});
+  // A later backward that uses a parameter differently is an Error naming it.
   m.twice = false;
   m.zero_grad();
+  CHECK_THROWS_WITH(F::sum(m(x)).backward(),
+                    Contains("'w'") && Contains("got 1 gradients") && Contains("gave it 2"));
+  m.twice = true;
+  m.use_spare = true;
+  m.zero_grad();
+  CHECK_THROWS_WITH(F::sum(m(x)).backward(), Contains("'spare'") && Contains("gave it 0"));
+  // The requests of the failed steps completed: a good step averages as before.
+  m.use_spare = false;
+  m.zero_grad();
   F::sum(m(x)).backward();
-  CHECK(m.w.grad().to_vector<float>() == std::vector<float>(12, 2.0f));
+  CHECK(m.w.grad().to_vector<float>() == std::vector<float>(12, 6.0f));
   dist::barrier();
+}
+
+TEST_CASE("ranks that use a parameter differently in the first backward get an Error naming it",
+          "[dist]") {
+  Misused m;
+  m.use_spare = dist::rank() == 0;
+  dist::DataParallel ddp(m, {.bucket_bytes = 1});
+  const Tensor x = full({2, 4}, 1.0);
+  CHECK_THROWS_WITH(F::sum(m(x)).backward(),
+                    Contains("'spare'") && Contains("every rank must use each parameter"));
+  // Nothing was learned: the next first backward, the same on both ranks, learns.
+  m.use_spare = true;
+  m.zero_grad();
+  F::sum(m(x)).backward();
+  CHECK(m.spare.grad().to_vector<float>() == std::vector<float>(3, 2.0f));
+  dist::barrier();
+}
+
+TEST_CASE("a static step with a weight used twice equals eager, and learns as eager does",
+          "[dist]") {
+  Misused eager, traced;
+  for (Misused* m : {&eager, &traced}) {
+    m->twice = true;
+    m->use_spare = false;
+  }
+  dist::DataParallel ddp_eager(eager, {.bucket_bytes = 1}), ddp_traced(traced, {.bucket_bytes = 1});
+  optim::SGD opt_eager(eager.parameters(), {.lr = 0.01}),
+      opt_traced(traced.parameters(), {.lr = 0.01});
+  const auto train = [](nn::Module& m, optim::Optimizer& opt, const Tensor& x) {
+    opt.zero_grad();
+    Tensor loss = F::sum(F::mul(m(x), m(x)));
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  // The first call is the first backward: it learns, and the second call traces the step.
+  auto step = static_graph([&](const Tensor& x) { return train(traced, opt_traced, x); },
+                           {.name = "dp_tied", .verify_every = 2});
+  manual_seed(10 + static_cast<uint64_t>(dist::rank()));
+  for (int i = 0; i < kSteps; ++i) {
+    const Tensor x = rand({3, 4});
+    train(eager, opt_eager, x);
+    step(x);
+  }
+  check_same_bits(eager, traced);
+  CHECK(equal_across_ranks(traced));
+  CHECK(step.stats().traces == 2);
+  CHECK(step.stats().hits == kSteps - 2);
+  CHECK_FALSE(traced.spare.grad().defined());
 }
 
 TEST_CASE("sharded batch iterators read disjoint halves with as many batches", "[dist]") {
