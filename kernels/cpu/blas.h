@@ -16,6 +16,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "runtime/comm_progress.h"
 #include "runtime/error.h"
 #include "runtime/op_traits.h"
 #include "runtime/parallel.h"
@@ -245,6 +246,11 @@ inline void ensure_single_threaded_blas() {
 
 // The least work (flops) parallel_gemm gives a part; products below it run whole.
 inline constexpr double kGemmPartFlops = 1 << 20;
+// Products of more flops run in slices of about this many (0.5 ms on one core), one after the
+// other, with a communication progress poll between two (runtime/comm_progress.h: an all-reduce
+// started before the product advances during it, not only after it). The slices are a function
+// of the shapes only, so the bits do not depend on whether anything is in flight.
+inline constexpr double kGemmSliceFlops = 1 << 25;
 
 // What parallel_gemm does after each part by default: nothing.
 struct NoAfterPart {
@@ -252,9 +258,10 @@ struct NoAfterPart {
 };
 
 // gemm() split into parts across parallel_for's threads: the longer side of c in whole blocks
-// of kBlock rows or columns, at least about kPartFlops each. after_part(r0, r1, c0, c1) runs on
-// the part's thread once it has written rows [r0, r1) and columns [c0, c1) of c (a producer's
-// activation, kernels/cpu/activation.h, while the part is in cache).
+// of kBlock rows or columns, at least about kPartFlops each (within each slice, above).
+// after_part(r0, r1, c0, c1) runs on the part's thread once it has written rows [r0, r1) and
+// columns [c0, c1) of c (a producer's activation, kernels/cpu/activation.h, while the part is in
+// cache).
 template <typename T, typename AfterPart = NoAfterPart>
 void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
@@ -267,18 +274,25 @@ void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   const double block_flops = 2.0 * static_cast<double>(kBlock * other) * static_cast<double>(k);
   const int64_t grain =
       std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
-  parallel_for(blocks, grain, [=](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * kBlock, hi = std::min(side, b1 * kBlock);
-    if (by_rows) {
-      gemm(trans_a, trans_b, hi - lo, n, k, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
-           c + lo * ldc, ldc);
-      after_part(lo, hi, int64_t{0}, n);
-    } else {
-      gemm(trans_a, trans_b, m, hi - lo, k, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta,
-           c + lo, ldc);
-      after_part(int64_t{0}, m, lo, hi);
-    }
-  });
+  const int64_t slices = std::clamp<int64_t>(
+      static_cast<int64_t>(block_flops * static_cast<double>(blocks) / kGemmSliceFlops), 1,
+      blocks);
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t first = blocks * s / slices, last = blocks * (s + 1) / slices;
+    parallel_for(last - first, grain, [=](int64_t b0, int64_t b1) {
+      const int64_t lo = (first + b0) * kBlock, hi = std::min(side, (first + b1) * kBlock);
+      if (by_rows) {
+        gemm(trans_a, trans_b, hi - lo, n, k, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta,
+             c + lo * ldc, ldc);
+        after_part(lo, hi, int64_t{0}, n);
+      } else {
+        gemm(trans_a, trans_b, m, hi - lo, k, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta,
+             c + lo, ldc);
+        after_part(int64_t{0}, m, lo, hi);
+      }
+    });
+    if (s + 1 < slices) comm_progress::poll();
+  }
 }
 
 // Fails, naming `op`, unless every size fits cblas's integer type.
