@@ -24,12 +24,15 @@ size_t size_class(size_t bytes) {
   return (bytes + quarter - 1) / quarter * quarter;
 }
 
+thread_local int64_t t_allocations = 0;
+
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(RawMemory raw) : raw_(std::move(raw)) {}
   ~CachingAllocator() override { empty_cache(); }
 
   void* allocate(size_t bytes) override {
+    ++t_allocations;
     const size_t cls = size_class(bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -127,6 +130,10 @@ Registry& registry() {
 }
 
 }  // namespace
+
+int64_t thread_allocation_count() {
+  return t_allocations;
+}
 
 std::unique_ptr<Allocator> make_caching_allocator(RawMemory raw) {
   return std::make_unique<CachingAllocator>(std::move(raw));

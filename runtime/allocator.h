@@ -55,4 +55,8 @@ struct RawMemory {
 };
 std::unique_ptr<Allocator> make_caching_allocator(RawMemory raw);
 
+// allocate() calls of caching allocators this thread made since it started, cached blocks
+// included: a CUDA-graph capture that sees this change has baked a block into the graph.
+int64_t thread_allocation_count();
+
 }  // namespace encore

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "runtime/allocator.h"
 #include "runtime/error.h"
 
 #ifdef ENCORE_HAS_CUDA
@@ -58,6 +59,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
                 bool) {
   if (dst_device.type != DeviceType::CPU || src_device.type != DeviceType::CPU) not_built("copy");
   if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+void* malloc_workspace(size_t) {
+  not_built("malloc_workspace");
 }
 void call_after_stream(int, void (*)(void*), void*) {
   not_built("call_after_stream");
@@ -141,6 +145,7 @@ const Probe& probe() {
 struct DeviceState {
   std::once_flag once;
   cudaStream_t stream = nullptr;
+  std::atomic<bool> used{false};  // a stream of the device exists (it has a context)
 };
 DeviceState* device_states() {
   static DeviceState* s = new DeviceState[kMaxDevices];
@@ -256,6 +261,7 @@ StreamHandle create_stream(int device) {
   cudaStream_t s = nullptr;
   CHECK_CUDA("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   set_device(previous);
+  device_states()[device].used.store(true, std::memory_order_release);
   return s;
 }
 
@@ -274,6 +280,9 @@ StreamHandle capture_stream(int device) {
 void synchronize(int device) {
   const int n = device_count();
   for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d) {
+    // Every device: only those with a stream, which all work goes to. Looking at the others
+    // would make a context on each (hundreds of MB of device memory).
+    if (device < 0 && !device_states()[d].used.load(std::memory_order_acquire)) continue;
     require_device(d, "synchronize");
     CHECK_CUDA("synchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream(d))));
   }
@@ -307,6 +316,18 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   }
   // A copy that involves the host is finished on return unless asked otherwise.
   if ((dst_cpu || src_cpu) && !non_blocking) CHECK_CUDA("copy", cudaStreamSynchronize(stream));
+}
+
+void* malloc_workspace(size_t bytes) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaSuccess) return p;
+    (void)cudaGetLastError();  // out of memory is not sticky: clear it
+    if (e != cudaErrorMemoryAllocation) return nullptr;
+    if (attempt == 0) allocator_for(Device::cuda(current_device())).empty_cache();
+  }
+  return nullptr;
 }
 
 void call_after_stream(int device, void (*fn)(void*), void* arg) {

@@ -62,7 +62,8 @@ void destroy_stream(StreamHandle s);
 // This thread's stream for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture.
 StreamHandle capture_stream(int device);
-// Waits for all work queued on the current stream of `device` (every device when -1).
+// Waits for all work queued on the current stream of `device` (when -1, of every device this
+// process has made a stream on: the others have no work, and are left without a context).
 void synchronize(int device = -1);
 
 // Copies `bytes` between any two devices, in order with the current stream of the CUDA side.
@@ -75,6 +76,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // (cudaLaunchHostFunc). `fn` must not call CUDA; Tensor::to uses it to keep a pinned source
 // alive until its asynchronous copy has read it.
 void call_after_stream(int device, void (*fn)(void*), void* arg);
+
+// cudaMalloc of a library's own device memory on the current device (a cuBLAS or cuDNN
+// workspace): when the device is out of memory, the device's caching allocator releases its
+// cached blocks and the call is tried once more. Null when that fails too.
+void* malloc_workspace(size_t bytes);
 
 // Page-locked host memory (cudaHostAlloc), cached like the other allocators. Tensors on it are
 // cpu tensors whose copies to a device can be asynchronous (Tensor::pin_memory).

@@ -92,6 +92,8 @@ class Tensor {
   // a non-leaf that requires grad is an Error (detach() it first). With `non_blocking` the copy
   // is only queued on the CUDA side's current stream (the source must stay unchanged until the
   // stream reaches it: pinned host memory, see pin_memory()); otherwise it is finished on return.
+  // A non-blocking copy from a CUDA device to the cpu goes into pinned memory: read it after
+  // cuda::synchronize().
   // Inside a traced static function this is a host access, like item().
   Tensor to(Device device, bool non_blocking = false) const;
   // A copy of a cpu tensor in page-locked memory, whose copies to a CUDA device can overlap with

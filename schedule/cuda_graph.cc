@@ -3,6 +3,7 @@
 // replay, and the counters of how replays ran.
 #include <algorithm>
 
+#include "runtime/allocator.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
 
@@ -134,9 +135,17 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   try {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
     const cuda::StreamGuard on_side(device_.index, side);
+    const int64_t allocations = thread_allocation_count();
     fresh.graph.begin_capture(side);
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
-    if (!fresh.graph.end_capture()) failure = fresh.graph.failure();
+    const bool captured = fresh.graph.end_capture();
+    // A block handed out during the capture, even a cached one, is baked into the graph: the
+    // next launch would write memory that has since been freed or handed to someone else.
+    if (const int64_t n = thread_allocation_count() - allocations; n > 0)
+      failure = cat(n, n == 1 ? " allocation" : " allocations",
+                    " during the capture (a block would be baked into the graph)");
+    else if (!captured)
+      failure = fresh.graph.failure();
   } catch (const std::exception& e) {
     fresh.graph.abort_capture();
     failure = e.what();

@@ -78,7 +78,8 @@ void Plan::build_steps() {
             const int r = root_[o.buf];
             if (offset_[r] < 0) return;
             guards_.push_back({offset_[r] + static_cast<int64_t>(bufs[r].nbytes),
-                               offset_[r] + arena_aligned(bufs[r].nbytes) + kRedzoneBytes, o.buf});
+                               offset_[r] + arena_aligned(bufs[r].nbytes, align_) + kRedzoneBytes,
+                               o.buf});
           });
     }
   }
@@ -149,6 +150,7 @@ CallState* Plan::acquire() {
 void Plan::release(CallState* b) {
   b->held.clear();
   b->versions.clear();
+  b->copy_out.clear();  // a run that threw before finish_copy_out leaves its copies pending
   for (auto& s : b->own) s.reset();
   b->backward_done = false;
   b->forward_staged = false;
@@ -371,7 +373,7 @@ template void Plan::run_steps<false, false>(CallState&, int, int, std::vector<St
 // The guards are filled before every step that writes their blocks, not once per arena: the
 // bytes of a block's guard belong to other blocks while it is not alive.
 void Plan::fill_redzones(CallState& b, int i) const {
-  static const std::vector<unsigned char> fill(kArenaAlign - 1 + kRedzoneBytes, kRedzoneFill);
+  static const std::vector<unsigned char> fill(kCudaArenaAlign - 1 + kRedzoneBytes, kRedzoneFill);
   for (uint32_t g = guard_begin_[i]; g < guard_begin_[i + 1]; ++g)
     cuda::copy_bytes(static_cast<unsigned char*>(b.arena) + guards_[g].begin, device_, fill.data(),
                      Device::cpu(), static_cast<size_t>(guards_[g].end - guards_[g].begin));

@@ -38,6 +38,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   add_copies();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
+  align_ = device_.type == DeviceType::CUDA ? kCudaArenaAlign : kArenaAlign;
   if (device_.type == DeviceType::CPU && options_.fold_activations) rewrite_activations();
   move_collectives_early();
   if (options_.early_updates) {
@@ -199,6 +200,11 @@ void Plan::fold_zero_fills() {
   n_forward_ = n_forward;
 }
 
+int64_t Plan::block_bytes(size_t nbytes) const {
+  const int64_t guard = options_.redzones ? kRedzoneBytes : 0;
+  return arena_aligned(static_cast<size_t>(arena_aligned(nbytes, align_) + guard), align_);
+}
+
 void Plan::plan_memory() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int nb = static_cast<int>(bufs.size());
@@ -219,7 +225,7 @@ void Plan::plan_memory() {
   const int64_t guard = options_.redzones ? kRedzoneBytes : 0;
   for (int b = 0; b < nb; ++b)
     if (arena(b) && first[b] != INT_MAX)
-      memory_.naive_bytes += arena_aligned(bufs[b].nbytes) + guard;
+      memory_.naive_bytes += block_bytes(bufs[b].nbytes);
 
   // In place: an elementwise step's fresh output takes the block of an input dying there.
   for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
@@ -244,7 +250,7 @@ void Plan::plan_memory() {
   std::vector<int> block_buf;
   for (int b = 0; b < nb; ++b)
     if (arena(b) && root_[b] == b && first[b] != INT_MAX) {
-      blocks.push_back({arena_aligned(bufs[b].nbytes) + guard, first[b], last[b]});
+      blocks.push_back({block_bytes(bufs[b].nbytes), first[b], last[b]});
       block_buf.push_back(b);
     }
   const Placement placed = place_intervals(blocks);

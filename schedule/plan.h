@@ -82,11 +82,15 @@ struct LaneEntry {
   uint32_t waits_begin = 0, waits_end = 0;
 };
 
-// Arena blocks start at multiples of kArenaAlign: a block is its buffer's size rounded up, then
-// its red zone, if any (the guard begins right after the buffer's last byte).
+// Arena blocks start at multiples of the plan's alignment: a block is its buffer's size rounded
+// up, then its red zone, if any (the guard begins right after the buffer's last byte), rounded
+// up again. 64 bytes (a cache line) on the cpu; on a CUDA device 256, as the caching allocator
+// aligns eager buffers: cuBLAS and cuDNN may choose other kernels for other alignments, and a
+// replay must compute what eager computes.
 constexpr int64_t kArenaAlign = 64;
-inline int64_t arena_aligned(size_t n) {
-  return (static_cast<int64_t>(n) + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+constexpr int64_t kCudaArenaAlign = 256;
+inline int64_t arena_aligned(size_t n, int64_t align = kArenaAlign) {
+  return (static_cast<int64_t>(n) + align - 1) / align * align;
 }
 // Red zones: the guard after each arena block, and the byte it is filled with before every step
 // that writes the block.
@@ -335,6 +339,9 @@ class Plan {
 
   // CUDA graph replay.
   Device device_;
+  int64_t align_ = kArenaAlign;  // of arena blocks: kCudaArenaAlign on a CUDA device
+  // A block's bytes in the arena: the buffer's, then its red zone, rounded up to align_.
+  int64_t block_bytes(size_t nbytes) const;
   std::vector<int> stage_slot_;  // per buffer: its staging slot, or -1
   size_t stage_slots_ = 0;
   PerPhase<std::vector<std::pair<uint32_t, int>>> staged_views_;  // view -> staging slot

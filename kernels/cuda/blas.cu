@@ -47,8 +47,10 @@ CublasLease::CublasLease(Op op) {
                  device,
                  " would be created during CUDA graph capture; run a GEMM on the device eagerly "
                  "first");
-    void* workspace = nullptr;
-    ENCORE_CUDA_OK(op, cudaMalloc(&workspace, kWorkspaceBytes));
+    void* workspace = encore::cuda::malloc_workspace(kWorkspaceBytes);
+    ENCORE_CHECK(workspace != nullptr, op_name(op), ": no device memory for the cuBLAS workspace (",
+                 kWorkspaceBytes, " bytes on CUDA device ", device, "), even after emptying the ",
+                 "caching allocator's cache");
     cublasHandle_t h = nullptr;
     const cublasStatus_t s = cublasCreate(&h);
     if (s != CUBLAS_STATUS_SUCCESS) {

@@ -4,13 +4,18 @@
 //
 // - One cuDNN handle per device, created on first use; every call sets the current stream on it.
 // - A plan per (device, op, dtype, shapes, attributes) holds the descriptors and an algorithm
-//   chosen once by measurement (cudnnFind*, which allocates its own buffers), keeping only
-//   algorithms that succeeded and are deterministic, so a replay gives the eager run's bits.
-// - One workspace per device, grown (cudaMalloc) when a plan is made. A buffer it outgrows is
+//   chosen once from cuDNN's heuristics (cudnnGet*Algorithm_v7: the same list in the same order
+//   for the same GPU, cuDNN version and shapes, where timing with cudnnFind* could pick another
+//   algorithm in another process, with other bits): the first that is deterministic, and on
+//   float32 uses no tensor-core math, and whose workspace can be had. A replay then gives the
+//   eager run's bits, and two processes on one kind of GPU give the same bits (PyTorch's
+//   deterministic mode chooses the same way).
+// - One workspace per device, grown (cudaMalloc, the caching allocator's cache emptied if the
+//   device is out of memory) when a plan is made. A buffer it outgrows is
 //   kept, never freed: a captured CUDA graph may still point at it. The workspace assumes a
 //   device's convolutions run in order (one stream at a time, encore's default); convolutions on
 //   two streams of a device at once would need a workspace each.
-// - While the thread captures a CUDA graph, nothing is measured or allocated: a missing plan or
+// - While the thread captures a CUDA graph, no plan is made and nothing allocated: a missing plan or
 //   a handle not yet created throws Error and the caller runs the work eagerly instead.
 // State is guarded by one mutex (cuDNN handles are not to be used by two threads at once).
 #include <cudnn.h>
@@ -91,11 +96,8 @@ State& state() {
 // Grows d's workspace to at least `bytes` (outside capture only). False when cudaMalloc fails.
 bool reserve(DeviceState& d, size_t bytes) {
   if (bytes <= d.workspace_bytes) return true;
-  void* p = nullptr;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: clear it
-    return false;
-  }
+  void* p = encore::cuda::malloc_workspace(bytes);  // the allocator's cache emptied if need be
+  if (p == nullptr) return false;
   if (d.workspace != nullptr) d.retired.push_back(d.workspace);
   d.workspace = p;
   d.workspace_bytes = bytes;
@@ -110,7 +112,7 @@ int32_t dim(const Shape& s, int i) {
   return static_cast<int32_t>(s[i]);
 }
 
-// The first measured algorithm (fastest first) that succeeded, is deterministic, and (float32)
+// The first algorithm in cuDNN's heuristic order that it supports, is deterministic, and (float32)
 // does not use tensor-core math; its workspace is reserved. False when there is none.
 template <typename Perf, typename SizeFn>
 bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, DeviceState& d,
@@ -132,7 +134,7 @@ bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Dev
   return false;
 }
 
-// Builds the descriptors of a convolution and measures its algorithms (eager only).
+// Builds the descriptors of a convolution and chooses its algorithm (eager only).
 std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
                                 const Shape& ys, const Conv2dAttrs& a, DeviceState& d) {
   auto plan = std::make_unique<Plan>();
@@ -172,8 +174,8 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
     case Kind::Forward: {
       ENCORE_CUDNN_OK(op, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnFindConvolutionForwardAlgorithm(h, p.x, p.w, p.conv, p.y, max, &got,
-                                                               perf.data()));
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max,
+                                                                 &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
@@ -185,8 +187,8 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
     case Kind::GradInput: {
       ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnFindConvolutionBackwardDataAlgorithm(h, p.w, p.y, p.conv, p.x, max,
-                                                                    &got, perf.data()));
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x,
+                                                                      max, &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
@@ -199,8 +201,8 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
     case Kind::GradWeight: {
       ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnFindConvolutionBackwardFilterAlgorithm(h, p.x, p.y, p.conv, p.w, max,
-                                                                      &got, perf.data()));
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
+                                                                        max, &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
@@ -213,7 +215,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
   }
   if (!chosen)
     fail(op_name(op), ": cuDNN has no deterministic algorithm (of ", got,
-         " measured) whose workspace could be allocated for x ", xs, ", weight ", ws, ", y ", ys,
+         " it proposes) whose workspace could be allocated for x ", xs, ", weight ", ws, ", y ", ys,
          ", ", dtype);
   return plan;
 }
@@ -233,7 +235,7 @@ DeviceState& device_state(Op op) {
 }
 
 // Runs run(handle, plan, workspace) under the state's lock with the plan of this convolution,
-// made (measured) on first use. x, w, y are the forward roles' shapes.
+// made (its algorithm chosen) on first use. x, w, y are the forward roles' shapes.
 template <typename F>
 void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
                const Conv2dAttrs& a, F&& run) {
@@ -270,7 +272,7 @@ void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, 
   if (it == st.plans.end()) {
     if (encore::cuda::capturing())
       fail(op_name(op), ": no cuDNN algorithm has been chosen for x ", xs, ", weight ", ws, ", y ",
-           ys, " yet; it is measured eagerly, never while a CUDA graph is captured");
+           ys, " yet; it is chosen eagerly, never while a CUDA graph is captured");
     it = st.plans.emplace(key, make_plan(op, kind, dtype, xs, ws, ys, a, d)).first;
   }
   const Plan& p = *it->second;

@@ -287,6 +287,7 @@ TEST_CASE("pin_memory gives page-locked cpu tensors whose copies may be asynchro
     const Tensor src = pattern({1001}, dt, 3).pin_memory();
     const Tensor there = src.to(kCuda, true);
     const Tensor back = there.to(Device::cpu(), true);
+    CHECK(back.is_pinned());  // a non-blocking copy to the host lands in pinned memory
     cuda::synchronize();
     CHECK(same_bytes(back, src));
   }

@@ -8,6 +8,8 @@
 // graphs. Then the randomized differential test (random_program_check.h).
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <regex>
+#include <string>
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
@@ -37,6 +39,16 @@ TEST_CASE("MLP training with the whole step static (function form) on cuda equal
     check_graph_use(run.stats.cache[0], graphs, 19);
     // The schedule dump says how the entry replayed.
     CHECK_THAT(run.schedule, Catch::Matchers::Contains("on cuda:0: "));
+    // Every arena block starts on 256 bytes, as the caching allocator aligns eager buffers
+    // (cuBLAS and cuDNN may choose other kernels for other alignments).
+    const std::regex block(R"(arena \[([0-9]+),)");
+    int blocks = 0;
+    for (auto it = std::sregex_iterator(run.schedule.begin(), run.schedule.end(), block);
+         it != std::sregex_iterator(); ++it, ++blocks) {
+      INFO((*it)[0].str());
+      CHECK(std::stoll((*it)[1].str()) % 256 == 0);
+    }
+    CHECK(blocks > 0);
   });
 }
 
