@@ -115,8 +115,8 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
                "; call detach() first");
   notify_host_access("to");
   // A non-blocking copy to the host lands in pinned memory, so it can overlap (as PyTorch's).
-  const bool pinned_out = non_blocking && device.type == DeviceType::CPU &&
-                          this->device().type == DeviceType::CUDA;
+  const bool pinned_out =
+      non_blocking && device.type == DeviceType::CPU && this->device().type == DeviceType::CUDA;
   Tensor out = pinned_out ? empty_pinned(shape(), dtype()) : empty(shape(), dtype(), device);
   cuda::copy_bytes(out.raw_data(), device, raw_data(), this->device(), nbytes(), non_blocking);
   if (non_blocking && device.type == DeviceType::CUDA && is_pinned()) {

@@ -61,6 +61,18 @@ void Plan::plan_graphs() {
   }
 }
 
+GraphUseTotals& graph_use_totals() {
+  static GraphUseTotals totals;
+  return totals;
+}
+
+GraphUseCounts graph_use_counts() {
+  const GraphUseTotals& t = graph_use_totals();
+  return {t.launches.load(std::memory_order_relaxed), t.captures.load(std::memory_order_relaxed),
+          t.stream_replays.load(std::memory_order_relaxed),
+          t.fallbacks.load(std::memory_order_relaxed)};
+}
+
 GraphStats Plan::graph_stats() const {
   GraphStats s;
   s.launches = graph_launches_.load(std::memory_order_relaxed);
@@ -125,6 +137,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     g.graph.launch(stream);
     graph_launches_.fetch_add(1, std::memory_order_relaxed);
+    graph_use_totals().launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), then
@@ -158,12 +171,15 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
         fallback_ = cat(phase_name(phase), " capture failed: ", failure);
       graphs_off_.store(true, std::memory_order_release);
     }
+    graph_use_totals().fallbacks.fetch_add(1, std::memory_order_relaxed);
     graphs.clear();
     stream_replays_.fetch_add(1, std::memory_order_relaxed);
+    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
     return;
   }
   graph_captures_.fetch_add(1, std::memory_order_relaxed);
+  graph_use_totals().captures.fetch_add(1, std::memory_order_relaxed);
   fresh.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   CapturedGraph* g = nullptr;
   if (graphs.size() < kMaxGraphsPerPhase) {
@@ -175,6 +191,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   }
   g->graph.launch(stream);
   graph_launches_.fetch_add(1, std::memory_order_relaxed);
+  graph_use_totals().launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace encore::schedule

@@ -101,8 +101,8 @@ std::string Plan::location(int buf, const Names& names) const {
     const int64_t end = off + static_cast<int64_t>(b.nbytes);
     std::string where = cat("arena [", off, ",", end, ")");
     if (memory_.redzone_bytes > 0)
-      where += cat(", red zone [", end, ",", off + arena_aligned(b.nbytes, align_) + kRedzoneBytes,
-                   ")");
+      where +=
+          cat(", red zone [", end, ",", off + arena_aligned(b.nbytes, align_) + kRedzoneBytes, ")");
     if (buf < static_cast<int>(padded_.size()) && padded_[buf].image > 0) {
       const PaddedBuffer& p = padded_[buf];
       where += cat(", padded ", p.pad_h, ",", p.pad_w, " (", p.hp, "x", p.wp, " planes)");

@@ -230,6 +230,7 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
       return;
     }
     stream_replays_.fetch_add(1, std::memory_order_relaxed);
+    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
     if (!backward) b.forward_staged = false;
   }
   const bool profile = profiler::active();

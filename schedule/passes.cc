@@ -224,8 +224,7 @@ void Plan::plan_memory() {
   // The naive sum gives every buffer a block of its own, in place or not.
   const int64_t guard = options_.redzones ? kRedzoneBytes : 0;
   for (int b = 0; b < nb; ++b)
-    if (arena(b) && first[b] != INT_MAX)
-      memory_.naive_bytes += block_bytes(bufs[b].nbytes);
+    if (arena(b) && first[b] != INT_MAX) memory_.naive_bytes += block_bytes(bufs[b].nbytes);
 
   // In place: an elementwise step's fresh output takes the block of an input dying there.
   for (int t = 0; t < static_cast<int>(all_.size()); ++t) {

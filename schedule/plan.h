@@ -155,6 +155,13 @@ struct GraphStats {
   std::string fallback;        // why this plan stopped capturing (empty: it did not)
 };
 
+// The same counts summed over every plan of the process, and the failed captures
+// (graph_use_counts() in static_graph.h reads them).
+struct GraphUseTotals {
+  std::atomic<int64_t> launches{0}, captures{0}, stream_replays{0}, fallbacks{0};
+};
+GraphUseTotals& graph_use_totals();
+
 class Plan {
  public:
   // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps.

@@ -102,8 +102,8 @@ struct Recording {
   bool saw_backward = false;  // a backward ran inside the function (a whole training step)
   // Host counters the traced code advanced, once per advance: every replay adds one to each.
   std::vector<std::shared_ptr<std::atomic<int64_t>>> counters;
-  std::string unsafe;         // why the trace cannot be replayed (empty: it can)
-  std::string retrace;        // a one-time set-up it saw: the next call traces again
+  std::string unsafe;   // why the trace cannot be replayed (empty: it can)
+  std::string retrace;  // a one-time set-up it saw: the next call traces again
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
   std::vector<std::vector<unsigned char>> snapshots;
 };
@@ -111,8 +111,8 @@ struct Recording {
 // A forward as traced, for exporters (StaticGraph::eval_forward): its steps over the buffers of
 // its recording, before any pass. Buffers keep their trace-time tensors (`bound`).
 struct ForwardTrace {
-  std::string name;       // the function's
-  std::string signature;  // "x: float32[32,784]; grad off; eval"
+  std::string name;                    // the function's
+  std::string signature;               // "x: float32[32,784]; grad off; eval"
   std::vector<std::string> arg_names;  // as the function names them (may be fewer than args)
   std::vector<Shape> arg_shapes;       // every argument's, by position
   std::vector<DType> arg_dtypes;

@@ -280,10 +280,10 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     throw;
   }
   lock.lock();
-  e->publish(e->eager_only               ? EntryState::Eager
-             : e->node                    ? EntryState::Waiting
-             : !e->rec->retrace.empty()   ? EntryState::Retrace
-                                          : EntryState::Ready);
+  e->publish(e->eager_only              ? EntryState::Eager
+             : e->node                  ? EntryState::Waiting
+             : !e->rec->retrace.empty() ? EntryState::Retrace
+                                        : EntryState::Ready);
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
   after_trace(*e, reason, ch, ms_since(t0));
   unlock_and_log(lock);

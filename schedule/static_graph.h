@@ -152,6 +152,14 @@ bool fusion_enabled();
 // the last step it depends on, and write a zero-filled buffer's first add_ at once
 // (ENCORE_STATIC_EARLY_UPDATES=0 starts it off). Returns the previous setting.
 bool set_early_updates_enabled(bool on);
+
+// How every CUDA plan of the process has replayed so far: phases launched as CUDA graphs, graphs
+// captured, phases replayed kernel by kernel on the stream, and captures that failed (after which
+// that plan replays on the stream). Tests take the difference around a scenario.
+struct GraphUseCounts {
+  int64_t launches = 0, captures = 0, stream_replays = 0, fallbacks = 0;
+};
+GraphUseCounts graph_use_counts();
 bool early_updates_enabled();
 // Whether signatures traced from now on get a two-lane schedule for their cpu plans, replayed on
 // two threads when num_threads() is 2 (ENCORE_STATIC_LANES=0 starts it off). Returns the previous

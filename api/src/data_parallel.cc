@@ -155,8 +155,7 @@ void DataParallel::State::on_gradient(int p) {
                 " (DataParallel learns from the first backward how often each parameter is used, "
                 "and starts a bucket's all-reduce when its gradients are final): the step must "
                 "use every parameter as often each time"));
-  if (param.seen == param.uses &&
-      --buckets[static_cast<size_t>(param.bucket)].pending == 0)
+  if (param.seen == param.uses && --buckets[static_cast<size_t>(param.bucket)].pending == 0)
     launch(param.bucket);
 }
 
@@ -197,8 +196,9 @@ void DataParallel::State::learn() {
   // A static function tracing this pass records all-reduces at its end, where later passes start
   // them during backward: it must trace again.
   if (Tracer* tracer = current_tracer())
-    tracer->on_unrepeatable("dist::DataParallel's first backward, which learns how each "
-                            "parameter is used");
+    tracer->on_unrepeatable(
+        "dist::DataParallel's first backward, which learns how each "
+        "parameter is used");
   std::vector<int64_t> counts;
   for (const Param& param : params) counts.push_back(param.seen);
   std::vector<int64_t> seen;

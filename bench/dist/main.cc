@@ -15,8 +15,9 @@
 // exposed_ms, the time a step spends in its all_reduce_start and all_reduce_wait steps (the
 // progress given between kernels is counted with the kernels: it is the same core's time), on
 // the rank that spends least there: the slowest, which the others wait for (their longer waits,
-// exposed_max_ms, are its lag, not communication); hidden, 1 - exposed_ms / allreduce_ms. ENCORE_DIST_BENCH_TRACE=path writes each rank's Chrome
-// trace of that pass to path.rank<r>.json (the all-reduces on the communication lane).
+// exposed_max_ms, are its lag, not communication); hidden, 1 - exposed_ms / allreduce_ms.
+// ENCORE_DIST_BENCH_TRACE=path writes each rank's Chrome trace of that pass to path.rank<r>.json
+// (the all-reduces on the communication lane).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 

@@ -275,8 +275,7 @@ void parallel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   const int64_t grain =
       std::max<int64_t>(1, static_cast<int64_t>(kPartFlops / std::max(block_flops, 1.0)));
   const int64_t slices = std::clamp<int64_t>(
-      static_cast<int64_t>(block_flops * static_cast<double>(blocks) / kGemmSliceFlops), 1,
-      blocks);
+      static_cast<int64_t>(block_flops * static_cast<double>(blocks) / kGemmSliceFlops), 1, blocks);
   for (int64_t s = 0; s < slices; ++s) {
     const int64_t first = blocks * s / slices, last = blocks * (s + 1) / slices;
     parallel_for(last - first, grain, [=](int64_t b0, int64_t b1) {

@@ -102,9 +102,9 @@ void adam_kernel(const KernelArgs& args) {
     T* pm = m.as<T>();
     T* pv = v.as<T>();
     // Memory-bound on large parameters: split across cores (elementwise, so bit-identical at
-    // any thread count and in any slices), and within a thread in chunks that stay in L1 so the sqrt between
-    // the two passes runs as SIMD. Captures by value: values read through a reference to the
-    // enclosing frame might alias the arrays, which stops the loops from vectorizing.
+    // any thread count and in any slices), and within a thread in chunks that stay in L1 so the
+    // sqrt between the two passes runs as SIMD. Captures by value: values read through a reference
+    // to the enclosing frame might alias the arrays, which stops the loops from vectorizing.
     update_for(p.numel(), [=](int64_t begin, int64_t end) {
       constexpr int64_t kChunk = 512;
       T root[kChunk];

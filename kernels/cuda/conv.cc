@@ -15,7 +15,8 @@
 //   kept, never freed: a captured CUDA graph may still point at it. The workspace assumes a
 //   device's convolutions run in order (one stream at a time, encore's default); convolutions on
 //   two streams of a device at once would need a workspace each.
-// - While the thread captures a CUDA graph, no plan is made and nothing allocated: a missing plan or
+// - While the thread captures a CUDA graph, no plan is made and nothing allocated: a missing plan
+// or
 //   a handle not yet created throws Error and the caller runs the work eagerly instead.
 // State is guarded by one mutex (cuDNN handles are not to be used by two threads at once).
 #include <cudnn.h>
@@ -187,8 +188,8 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
     case Kind::GradInput: {
       ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x,
-                                                                      max, &got, perf.data()));
+      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, max,
+                                                                      &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {

@@ -13,18 +13,22 @@ TEST_CASE("cuda checkpoint: an MLP with dropout and Adam resumes bit for bit",
           "[cuda][checkpoint]") {
   const bool as_static = GENERATE(false, true);
   INFO((as_static ? "static step" : "eager step"));
-  with_graphs_on_and_off([&](bool) {
-    KeepGenerators keep;
-    check_resume(mlp_with_dropout, adam, 16, as_static, kCuda);
-  });
+  with_graphs_on_and_off(
+      [&](bool) {
+        KeepGenerators keep;
+        check_resume(mlp_with_dropout, adam, 16, as_static, kCuda);
+      },
+      /*replays=*/as_static);
 }
 
 TEST_CASE("cuda checkpoint: SeedCnn with Adam resumes bit for bit", "[cuda][checkpoint]") {
   const bool as_static = GENERATE(false, true);
   INFO((as_static ? "static step" : "eager step"));
-  with_graphs_on_and_off([&](bool) {
-    KeepGenerators keep;
-    check_resume([] { return std::make_shared<models::SeedCnn>(2); }, adam, 784, as_static,
-                 kCuda);
-  });
+  with_graphs_on_and_off(
+      [&](bool) {
+        KeepGenerators keep;
+        check_resume([] { return std::make_shared<models::SeedCnn>(2); }, adam, 784, as_static,
+                     kCuda);
+      },
+      /*replays=*/as_static);
 }

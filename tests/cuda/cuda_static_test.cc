@@ -123,11 +123,15 @@ TEST_CASE("a static function with ops on the cpu and on cuda is refused, or runs
 TEST_CASE("static_graph on cuda replays random programs bit for bit as eager runs them",
           "[cuda][static][random]") {
   GraphsEnabled use_graphs(true);
+  const CheckGraphUse use(true);
   random_program::run_random_programs(kCuda, /*default_programs=*/400);
+  use.check();
 }
 
 TEST_CASE("static_graph on cuda without CUDA graphs replays random programs as eager runs them",
           "[cuda][static][random]") {
   GraphsEnabled use_graphs(false);
+  const CheckGraphUse use(false);
   random_program::run_random_programs(kCuda, /*default_programs=*/200);
+  use.check();
 }

@@ -18,14 +18,53 @@ inline constexpr Device kCuda = Device::cuda(0);
 // Sets whether static replay on CUDA uses CUDA graphs for a scope.
 using GraphsEnabled = SwitchScope<cuda::set_graphs_enabled>;
 
+// How the CUDA plans of a scope replayed (every plan of the process, counted from the scope's
+// start): with graphs on, as graph launches only (a failed capture falls back to a bit-identical
+// stream replay, so a scenario that compares bits alone would pass without any graph); with
+// graphs off, on the stream only. `replays`: whether the scope replays anything at all (an eager
+// scenario does not).
+class CheckGraphUse {
+ public:
+  explicit CheckGraphUse(bool graphs, bool replays = true)
+      : graphs_(graphs), replays_(replays), before_(schedule::graph_use_counts()) {}
+  void check() const {
+    const schedule::GraphUseCounts now = schedule::graph_use_counts();
+    const int64_t launches = now.launches - before_.launches,
+                  captures = now.captures - before_.captures,
+                  stream = now.stream_replays - before_.stream_replays,
+                  fallbacks = now.fallbacks - before_.fallbacks;
+    INFO("graph launches " << launches << ", captures " << captures << ", stream replays " << stream
+                           << ", failed captures " << fallbacks);
+    CHECK(fallbacks == 0);
+    if (!replays_) {
+      CHECK(launches + stream == 0);
+    } else if (graphs_) {
+      CHECK(stream == 0);
+      CHECK(launches > 0);
+      CHECK(captures >= 1);
+    } else {
+      CHECK(launches == 0);
+      CHECK(captures == 0);
+      CHECK(stream > 0);
+    }
+  }
+
+ private:
+  bool graphs_, replays_;
+  schedule::GraphUseCounts before_;
+};
+
 // Runs scenario(graphs) in a test case that Catch runs twice (a GENERATE): with static replay on
-// CUDA as CUDA graphs (graphs true), then launch by launch.
+// CUDA as CUDA graphs (graphs true), then launch by launch; then checks that the replays ran
+// that way (CheckGraphUse; `replays` false: a scenario that replays nothing).
 template <typename Scenario>
-void with_graphs_on_and_off(Scenario&& scenario) {
+void with_graphs_on_and_off(Scenario&& scenario, bool replays = true) {
   const bool graphs = GENERATE(true, false);
   INFO("CUDA graphs " << (graphs ? "on" : "off"));
   GraphsEnabled use_graphs(graphs);
+  const CheckGraphUse use(graphs, replays);
   scenario(graphs);
+  use.check();
 }
 
 // How a cache entry's replays ran: with graphs on, every replayed phase was one graph launch (a
