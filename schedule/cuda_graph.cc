@@ -13,6 +13,10 @@ namespace {
 // Graphs kept per arena and phase: addresses alternate when a caller keeps the previous call's
 // outputs while making the next call (y = f(x) in a loop), so two or three sets are common.
 constexpr size_t kMaxGraphsPerPhase = 4;
+// Failed captures a plan tries again (on a new arena, or with new addresses: what failed may
+// have been a block handed out during the capture, or an address) before it replays on the stream
+// for good.
+constexpr int64_t kMaxCaptureFailures = 3;
 
 }  // namespace
 
@@ -61,6 +65,14 @@ void Plan::plan_graphs() {
   }
 }
 
+namespace {
+std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
+}  // namespace
+
+void fail_next_graph_captures(int n) {
+  g_failing_captures.store(n, std::memory_order_relaxed);
+}
+
 GraphUseTotals& graph_use_totals() {
   static GraphUseTotals totals;
   return totals;
@@ -78,9 +90,11 @@ GraphStats Plan::graph_stats() const {
   s.launches = graph_launches_.load(std::memory_order_relaxed);
   s.captures = graph_captures_.load(std::memory_order_relaxed);
   s.stream_replays = stream_replays_.load(std::memory_order_relaxed);
-  if (graphs_off_.load(std::memory_order_acquire)) {
+  s.capture_failures = capture_failures_.load(std::memory_order_acquire);
+  if (s.capture_failures > 0) {
     std::lock_guard<std::mutex> l(fallback_mu_);
-    s.fallback = fallback_;
+    s.last_failure = last_failure_;
+    if (graphs_off_.load(std::memory_order_acquire)) s.fallback = fallback_;
   }
   return s;
 }
@@ -141,9 +155,19 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), then
-  // launched on the current stream.
+  // launched on the current stream; not again for addresses whose capture failed on this arena.
   CapturedGraph fresh;
   for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
+  std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
+  const auto on_stream = [&] {
+    stream_replays_.fetch_add(1, std::memory_order_relaxed);
+    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
+    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+  };
+  if (std::find(failed.begin(), failed.end(), fresh.key) != failed.end()) {
+    on_stream();
+    return;
+  }
   std::string failure;
   try {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
@@ -159,23 +183,29 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
                     " during the capture (a block would be baked into the graph)");
     else if (!captured)
       failure = fresh.graph.failure();
+    else if (g_failing_captures.load(std::memory_order_relaxed) > 0 &&
+             g_failing_captures.fetch_sub(1, std::memory_order_relaxed) > 0)
+      failure = "failed on purpose (fail_next_graph_captures)";
   } catch (const std::exception& e) {
     fresh.graph.abort_capture();
     failure = e.what();
   }
   if (!failure.empty()) {
-    // Capture is impossible for this schedule: replay it on the stream from now on.
+    // These addresses replay on the stream on this arena; others, or another arena, capture
+    // again, until kMaxCaptureFailures failures turn graphs off for the plan.
     {
       std::lock_guard<std::mutex> l(fallback_mu_);
-      if (!graphs_off_.load(std::memory_order_relaxed))
-        fallback_ = cat(phase_name(phase), " capture failed: ", failure);
-      graphs_off_.store(true, std::memory_order_release);
+      last_failure_ = cat(phase_name(phase), " capture failed: ", failure);
+      const int64_t n = capture_failures_.fetch_add(1, std::memory_order_acq_rel) + 1;
+      if (n >= kMaxCaptureFailures && !graphs_off_.load(std::memory_order_relaxed)) {
+        fallback_ = cat(n, " captures failed; the last: ", last_failure_);
+        graphs_off_.store(true, std::memory_order_release);
+      }
     }
     graph_use_totals().fallbacks.fetch_add(1, std::memory_order_relaxed);
-    graphs.clear();
-    stream_replays_.fetch_add(1, std::memory_order_relaxed);
-    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
-    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+    if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
+    failed.push_back(std::move(fresh.key));
+    on_stream();
     return;
   }
   graph_captures_.fetch_add(1, std::memory_order_relaxed);

@@ -144,15 +144,19 @@ struct CallState {
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   PerPhase<std::vector<CapturedGraph>> graphs;
+  // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
+  PerPhase<std::vector<std::vector<void*>>> failed_keys;
   cuda::EventTimeline timeline;  // profiled CUDA runs
 };
 
 // How a plan's CUDA replays ran.
 struct GraphStats {
-  int64_t launches = 0;        // phases replayed as one CUDA-graph launch
-  int64_t captures = 0;        // graphs captured (a new arena, or new addresses of bound tensors)
-  int64_t stream_replays = 0;  // phases replayed kernel by kernel on the stream
-  std::string fallback;        // why this plan stopped capturing (empty: it did not)
+  int64_t launches = 0;          // phases replayed as one CUDA-graph launch
+  int64_t captures = 0;          // graphs captured (a new arena, or new addresses of bound tensors)
+  int64_t stream_replays = 0;    // phases replayed kernel by kernel on the stream
+  int64_t capture_failures = 0;  // captures that failed (each retried on a new arena or addresses)
+  std::string last_failure;      // why the last one failed
+  std::string fallback;          // why this plan stopped capturing for good (empty: it did not)
 };
 
 // The same counts summed over every plan of the process, and the failed captures
@@ -358,12 +362,13 @@ class Plan {
   std::vector<int> random_steps_;         // in step order: step r uses {seed, offset} pair r
   size_t random_forward_ = 0;             // random steps of the forward (they come first)
   std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
-  // GraphStats, counted by concurrent calls; the fallback reason is written once, under its
-  // mutex, before `graphs_off_` is set.
-  std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0};
+  // GraphStats, counted by concurrent calls; the failure and fallback reasons are written under
+  // their mutex, the fallback before `graphs_off_` is set.
+  std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0},
+      capture_failures_{0};
   std::atomic<bool> graphs_off_{false};
   mutable std::mutex fallback_mu_;
-  std::string fallback_;
+  std::string fallback_, last_failure_;
 };
 
 // A new temporary buffer (not escaping) for a value shaped like `like`, added by a pass: its

@@ -32,6 +32,8 @@ EntryReport entry_report(const Entry& e, std::string signature) {
     r.lane_replays = e.plan->lane_replays();
     r.graph_captures = gs.captures;
     r.stream_replays = gs.stream_replays;
+    r.graph_capture_failures = gs.capture_failures;
+    r.graph_last_failure = gs.last_failure;
     r.graph_fallback = gs.fallback;
   }
   return r;
@@ -136,19 +138,26 @@ std::string memory_text(const Plan& p) {
 }
 
 // "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
-std::string graph_counts(int64_t launches, int64_t captures, int64_t replays,
-                         const std::string& fallback) {
+std::string graph_counts(int64_t launches, int64_t captures, int64_t replays, int64_t failures,
+                         const std::string& last_failure, const std::string& fallback) {
+  std::string failed;
+  if (!fallback.empty())
+    failed = cat("; graphs off: ", fallback);
+  else if (failures > 0)
+    failed = cat("; ", failures, failures == 1 ? " failed capture (" : " failed captures (",
+                 last_failure, "), retried on new addresses or arenas");
   return cat(launches, launches == 1 ? " graph launch, " : " graph launches, ", captures,
              captures == 1 ? " capture, " : " captures, ", replays,
-             replays == 1 ? " stream replay" : " stream replays",
-             fallback.empty() ? std::string() : cat("; graphs off: ", fallback));
+             replays == 1 ? " stream replay" : " stream replays", failed);
 }
 }  // namespace
 
 std::string EntryReport::graph_text() const {
-  if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 && graph_fallback.empty())
+  if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 &&
+      graph_capture_failures == 0)
     return {};
-  return graph_counts(graph_launches, graph_captures, stream_replays, graph_fallback);
+  return graph_counts(graph_launches, graph_captures, stream_replays, graph_capture_failures,
+                      graph_last_failure, graph_fallback);
 }
 
 std::string StaticGraph::schedule_text() const {
@@ -167,7 +176,9 @@ std::string StaticGraph::schedule_text() const {
     if (e->plan->device().type == DeviceType::CUDA) {
       const GraphStats gs = e->plan->graph_stats();
       out += cat("  on ", e->plan->device(), ": ",
-                 graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.fallback), "\n");
+                 graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.capture_failures,
+                              gs.last_failure, gs.fallback),
+                 "\n");
     }
     out += e->plan->steps_text(names_of(*e, config), "  ");
   }

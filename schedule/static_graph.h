@@ -88,6 +88,10 @@ struct EntryReport {
   // CPU replay: phases replayed on two lanes (two threads, see set_static_lanes_enabled).
   int64_t lane_replays = 0;
   int64_t stream_replays = 0;
+  // Captures that failed (each retried on a new arena or with new addresses, at most 3 before
+  // graphs go off: graph_fallback), and why the last one did.
+  int64_t graph_capture_failures = 0;
+  std::string graph_last_failure;
   std::string graph_fallback;
   // A line for reports, as schedule_text() shows it: "40 graph launches, 2 captures, 0 stream
   // replays", with "; graphs off: <why>" after a failed capture ("" on the cpu).
@@ -160,6 +164,9 @@ struct GraphUseCounts {
   int64_t launches = 0, captures = 0, stream_replays = 0, fallbacks = 0;
 };
 GraphUseCounts graph_use_counts();
+// For tests: the next `n` CUDA-graph captures of the process fail (after capturing, as one that
+// allocated would), so that a test sees a failed capture replayed on the stream and retried.
+void fail_next_graph_captures(int n);
 bool early_updates_enabled();
 // Whether signatures traced from now on get a two-lane schedule for their cpu plans, replayed on
 // two threads when num_threads() is 2 (ENCORE_STATIC_LANES=0 starts it off). Returns the previous

@@ -93,6 +93,48 @@ TEST_CASE("outputs and saved activations on cuda outlive later calls", "[cuda][s
   with_graphs_on_and_off([](bool) { check_kept_output_and_activations(kCuda); });
 }
 
+TEST_CASE("a failed CUDA-graph capture replays on the stream, and is tried again on new addresses",
+          "[cuda][static]") {
+  GraphsEnabled use_graphs(true);
+  StaticEnabled on;
+  manual_seed(3);
+  auto lin = std::make_shared<nn::Linear>(4, 3, nn::LinearOptions{.bias = false, .device = kCuda});
+  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
+                        {.name = "retried_capture", .modules = {lin}});
+  const Tensor x = rand({2, 4}, DType::Float32, kCuda, -1, 1);
+  F::sum(f(x)).backward();  // trace
+  schedule::fail_next_graph_captures(1);
+  for (int call = 0; call < 2; ++call) {
+    // The first replay's forward capture fails; the same addresses are not captured again.
+    Tensor y = f(x);
+    CHECK(bit_diff(y, (*lin)(x)) == "");
+    F::sum(y).backward();
+  }
+  EntryReport e = f.stats().cache[0];
+  INFO(e.graph_text());
+  CHECK(e.graph_capture_failures == 1);
+  CHECK(e.graph_fallback.empty());
+  CHECK_THAT(e.graph_text(),
+             Catch::Matchers::Contains("1 failed capture (forward capture failed") &&
+                 Catch::Matchers::Contains("on purpose"));
+  const int64_t stream_replays = e.stream_replays;
+  CHECK(stream_replays >= 2);  // both forwards
+  // A replaced weight: new addresses, captured again, and launched from then on.
+  Tensor new_w = rand({3, 4}, DType::Float32, kCuda, -1, 1);
+  new_w.set_requires_grad();
+  lin->weight = new_w;
+  for (int call = 0; call < 2; ++call) {
+    Tensor y = f(x);
+    CHECK(bit_diff(y, (*lin)(x)) == "");
+    F::sum(y).backward();
+  }
+  e = f.stats().cache[0];
+  CHECK(e.graph_capture_failures == 1);
+  CHECK(e.graph_fallback.empty());
+  CHECK(e.graph_launches >= 2);
+  CHECK(e.stream_replays == stream_replays);
+}
+
 // ---- The randomized differential test ------------------------------------------------------
 
 // A failure prints each failing program's seed and listing; to run one alone:

@@ -74,6 +74,7 @@ inline void check_graph_use(const EntryReport& e, bool graphs, int64_t hits) {
   INFO("entry " << e.signature << ": " << e.graph_text());
   if (graphs) {
     CHECK(e.graph_fallback == "");
+    CHECK(e.graph_capture_failures == 0);
     CHECK(e.stream_replays == 0);
     CHECK(e.graph_launches >= hits);
     CHECK(e.graph_launches <= 2 * hits);
