@@ -25,12 +25,7 @@ void Plan::move_collectives_early() {
   const int nb = static_cast<int>(rec_->buffers.size());
   const std::vector<int> memory = storage_ids();
 
-  std::vector<Step> steps;
-  steps.reserve(all_.size());
-  int n_forward = 0;
-  for (const Phase phase : {Phase::Forward, Phase::Backward}) {
-    const int begin = phase == Phase::Forward ? 0 : n_forward_;
-    const int end = phase == Phase::Forward ? n_forward_ : static_cast<int>(all_.size());
+  reorder_phases([&](int begin, int end) {
     std::vector<std::vector<int>> after(all_.size());  // per step, the steps it must follow
     std::vector<int> last_write(nb, -1);
     std::vector<std::vector<int>> readers(nb);  // per memory, its readers since its last write
@@ -89,11 +84,8 @@ void Plan::move_collectives_early() {
     }
     for (int t = begin; t < end; ++t)
       if (!placed[t]) order.push_back(t);
-    for (int t : order) steps.push_back(std::move(all_[t]));
-    if (phase == Phase::Forward) n_forward = static_cast<int>(steps.size());
-  }
-  all_ = std::move(steps);
-  n_forward_ = n_forward;
+    return order;
+  });
 }
 
 }  // namespace encore::schedule

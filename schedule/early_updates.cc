@@ -22,12 +22,7 @@ void Plan::move_updates_early() {
   const std::vector<int> memory = storage_ids();
   const bool fuses = device_.type == DeviceType::CPU && options_.fuse;
 
-  std::vector<Step> steps;
-  steps.reserve(all_.size());
-  int n_forward = 0;
-  for (const Phase phase : {Phase::Forward, Phase::Backward}) {
-    const int begin = phase == Phase::Forward ? 0 : n_forward_;
-    const int end = phase == Phase::Forward ? n_forward_ : static_cast<int>(all_.size());
+  reorder_phases([&](int begin, int end) {
     // The phase's steps (indices into all_) in their new order, each one's place in it, and per
     // memory its last reader and last writer so far (in the new order).
     std::vector<int> order, place(all_.size(), -1);
@@ -64,11 +59,8 @@ void Plan::move_updates_early() {
       for (const Operand& i : s.in) last_read[memory[i.buf]] = later(t, last_read[memory[i.buf]]);
       writes([&](int m) { last_write[m] = later(t, last_write[m]); });
     }
-    for (int t : order) steps.push_back(std::move(all_[t]));
-    if (phase == Phase::Forward) n_forward = static_cast<int>(steps.size());
-  }
-  all_ = std::move(steps);
-  n_forward_ = n_forward;
+    return order;
+  });
 }
 
 }  // namespace encore::schedule

@@ -139,6 +139,20 @@ void Plan::eliminate_dead_steps() {
   n_forward_ = n_forward;
 }
 
+void Plan::reorder_phases(absl::FunctionRef<std::vector<int>(int begin, int end)> order) {
+  std::vector<Step> steps;
+  steps.reserve(all_.size());
+  int n_forward = 0;
+  for (const Phase phase : {Phase::Forward, Phase::Backward}) {
+    const int begin = phase == Phase::Forward ? 0 : n_forward_;
+    const int end = phase == Phase::Forward ? n_forward_ : static_cast<int>(all_.size());
+    for (int t : order(begin, end)) steps.push_back(std::move(all_[t]));
+    if (phase == Phase::Forward) n_forward = static_cast<int>(steps.size());
+  }
+  all_ = std::move(steps);
+  n_forward_ = n_forward;
+}
+
 std::vector<int> Plan::storage_ids() const {
   const std::vector<Buffer>& bufs = rec_->buffers;
   // Bound tensors (arguments, parameters, externals, entry .grads) may be views of one storage

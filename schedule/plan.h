@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
@@ -289,6 +290,9 @@ class Plan {
   // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
   const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
+  // Puts each phase's steps in a new order: order(begin, end) returns the indices of all_ in
+  // [begin, end), each once (passes.cc).
+  void reorder_phases(absl::FunctionRef<std::vector<int>(int begin, int end)> order);
   // All-reduce starts, with the steps they depend on, ahead of the steps they do not
   // (early_collectives.cc).
   void move_collectives_early();

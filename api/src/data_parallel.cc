@@ -197,8 +197,7 @@ void DataParallel::State::learn() {
   // them during backward: it must trace again.
   if (Tracer* tracer = current_tracer())
     tracer->on_unrepeatable(
-        "dist::DataParallel's first backward, which learns how each "
-        "parameter is used");
+        "dist::DataParallel's first backward, which learns how often each parameter is used");
   std::vector<int64_t> counts;
   for (const Param& param : params) counts.push_back(param.seen);
   std::vector<int64_t> seen;
