@@ -67,22 +67,31 @@ void Plan::plan_graphs() {
 
 namespace {
 std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
+// The plans' counts summed over the process, and the failed captures.
+std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0};
 }  // namespace
 
 void fail_next_graph_captures(int n) {
   g_failing_captures.store(n, std::memory_order_relaxed);
 }
 
-GraphUseTotals& graph_use_totals() {
-  static GraphUseTotals totals;
-  return totals;
+GraphUseCounts graph_use_counts() {
+  return {g_launches.load(std::memory_order_relaxed), g_captures.load(std::memory_order_relaxed),
+          g_stream_replays.load(std::memory_order_relaxed),
+          g_failed_captures.load(std::memory_order_relaxed)};
 }
 
-GraphUseCounts graph_use_counts() {
-  const GraphUseTotals& t = graph_use_totals();
-  return {t.launches.load(std::memory_order_relaxed), t.captures.load(std::memory_order_relaxed),
-          t.stream_replays.load(std::memory_order_relaxed),
-          t.fallbacks.load(std::memory_order_relaxed)};
+void Plan::count_launch() {
+  graph_launches_.fetch_add(1, std::memory_order_relaxed);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+void Plan::count_capture() {
+  graph_captures_.fetch_add(1, std::memory_order_relaxed);
+  g_captures.fetch_add(1, std::memory_order_relaxed);
+}
+void Plan::count_stream_replay() {
+  stream_replays_.fetch_add(1, std::memory_order_relaxed);
+  g_stream_replays.fetch_add(1, std::memory_order_relaxed);
 }
 
 GraphStats Plan::graph_stats() const {
@@ -150,8 +159,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     if (!same) continue;
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     g.graph.launch(stream);
-    graph_launches_.fetch_add(1, std::memory_order_relaxed);
-    graph_use_totals().launches.fetch_add(1, std::memory_order_relaxed);
+    count_launch();
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), then
@@ -160,8 +168,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
   const auto on_stream = [&] {
-    stream_replays_.fetch_add(1, std::memory_order_relaxed);
-    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
+    count_stream_replay();
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
   if (std::find(failed.begin(), failed.end(), fresh.key) != failed.end()) {
@@ -202,14 +209,13 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
         graphs_off_.store(true, std::memory_order_release);
       }
     }
-    graph_use_totals().fallbacks.fetch_add(1, std::memory_order_relaxed);
+    g_failed_captures.fetch_add(1, std::memory_order_relaxed);
     if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
     failed.push_back(std::move(fresh.key));
     on_stream();
     return;
   }
-  graph_captures_.fetch_add(1, std::memory_order_relaxed);
-  graph_use_totals().captures.fetch_add(1, std::memory_order_relaxed);
+  count_capture();
   fresh.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   CapturedGraph* g = nullptr;
   if (graphs.size() < kMaxGraphsPerPhase) {
@@ -220,8 +226,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     *g = std::move(fresh);
   }
   g->graph.launch(stream);
-  graph_launches_.fetch_add(1, std::memory_order_relaxed);
-  graph_use_totals().launches.fetch_add(1, std::memory_order_relaxed);
+  count_launch();
 }
 
 }  // namespace encore::schedule

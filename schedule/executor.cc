@@ -229,8 +229,7 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
       finish_copy_out(b);
       return;
     }
-    stream_replays_.fetch_add(1, std::memory_order_relaxed);
-    graph_use_totals().stream_replays.fetch_add(1, std::memory_order_relaxed);
+    count_stream_replay();
     if (!backward) b.forward_staged = false;
   }
   const bool profile = profiler::active();

@@ -160,13 +160,6 @@ struct GraphStats {
   std::string fallback;          // why this plan stopped capturing for good (empty: it did not)
 };
 
-// The same counts summed over every plan of the process, and the failed captures
-// (graph_use_counts() in static_graph.h reads them).
-struct GraphUseTotals {
-  std::atomic<int64_t> launches{0}, captures{0}, stream_replays{0}, fallbacks{0};
-};
-GraphUseTotals& graph_use_totals();
-
 class Plan {
  public:
   // Plans `rec` (forward and, when recorded, backward). Consumes the recording's steps.
@@ -368,6 +361,10 @@ class Plan {
   std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
   // GraphStats, counted by concurrent calls; the failure and fallback reasons are written under
   // their mutex, the fallback before `graphs_off_` is set.
+  // Each adds one to the plan's count and to the process's (graph_use_counts()).
+  void count_launch();
+  void count_capture();
+  void count_stream_replay();
   std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0},
       capture_failures_{0};
   std::atomic<bool> graphs_off_{false};
