@@ -4,9 +4,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
 
 #include "runtime/allocator.h"
+#include "runtime/cuda_stream_frees.h"
 #include "runtime/error.h"
+#include "runtime/op_traits.h"
 
 #ifdef ENCORE_HAS_CUDA
 #include <cuda_runtime.h>
@@ -54,7 +59,17 @@ StreamHandle capture_stream(int) {
   not_built("capture_stream");
 }
 void destroy_stream(StreamHandle) {}
+uint64_t stream_generation() {
+  return 0;
+}
+uint64_t stream_serial(StreamHandle) {
+  return 0;
+}
 void synchronize(int) {}
+DeviceErrorSlot device_error_slot(int) {
+  not_built("device_error_slot");
+}
+void check_device_errors(int) {}
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                 bool) {
   if (dst_device.type != DeviceType::CPU || src_device.type != DeviceType::CPU) not_built("copy");
@@ -78,6 +93,7 @@ bool set_graphs_enabled(bool) {
 Graph::~Graph() = default;
 Graph::Graph(Graph&& o) noexcept = default;
 Graph& Graph::operator=(Graph&& o) noexcept = default;
+void register_capture_preparer(void (*)(StreamHandle)) {}
 void Graph::begin_capture(StreamHandle) {
   not_built("graph capture");
 }
@@ -145,6 +161,9 @@ const Probe& probe() {
 struct DeviceState {
   std::once_flag once;
   cudaStream_t stream = nullptr;
+  DeviceErrorSlot errors;
+  // The host's view of errors.record, set once the slot exists.
+  std::atomic<volatile long long*> error_record{nullptr};
   std::atomic<bool> used{false};  // a stream of the device exists (it has a context)
 };
 DeviceState* device_states() {
@@ -156,9 +175,30 @@ thread_local int tl_device = -1;
 thread_local StreamHandle tl_stream[kMaxDevices] = {};
 thread_local bool tl_capturing = false;
 
+// The device's error slot (DeviceErrorSlot), made with its default stream.
+DeviceErrorSlot make_error_slot(int device) {
+  const int previous = current_device();
+  set_device(device);
+  DeviceErrorSlot slot;
+  void* host = nullptr;
+  CHECK_CUDA("device error slot", cudaMalloc(reinterpret_cast<void**>(&slot.claim), 64));
+  CHECK_CUDA("device error slot", cudaMemset(slot.claim, 0, 64));
+  CHECK_CUDA("device error slot", cudaHostAlloc(&host, 4 * sizeof(long long), cudaHostAllocMapped));
+  std::memset(host, 0, 4 * sizeof(long long));
+  CHECK_CUDA("device error slot",
+             cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot.record), host, 0));
+  device_states()[device].error_record.store(static_cast<volatile long long*>(host),
+                                             std::memory_order_release);
+  set_device(previous);
+  return slot;
+}
+
 StreamHandle default_stream(int device) {
   DeviceState& d = device_states()[device];
-  std::call_once(d.once, [&] { d.stream = static_cast<cudaStream_t>(create_stream(device)); });
+  std::call_once(d.once, [&] {
+    d.stream = static_cast<cudaStream_t>(create_stream(device));
+    d.errors = make_error_slot(device);
+  });
   return d.stream;
 }
 
@@ -195,7 +235,9 @@ void device_free(void* ctx, void* p) {
 Allocator* make_device_allocator(int index) {
   require_device(index, "allocator");
   auto* mem = new DeviceMemory{index};
-  return make_caching_allocator({&device_alloc, &device_free, mem, cat("cuda:", index)}).release();
+  return stream_ordered(
+             make_caching_allocator({&device_alloc, &device_free, mem, cat("cuda:", index)}))
+      .release();
 }
 
 [[maybe_unused]] const bool g_registered = [] {
@@ -254,6 +296,20 @@ StreamGuard::~StreamGuard() {
   tl_stream[device_] = previous_;
 }
 
+namespace {
+// The live streams create_stream made, with their serials.
+struct Streams {
+  std::mutex mu;
+  std::unordered_map<StreamHandle, uint64_t> serial;
+  uint64_t next = 1;
+  std::atomic<uint64_t> generation{0};
+};
+Streams& streams() {
+  static Streams* s = new Streams;  // never destroyed: streams outlive static destructors
+  return *s;
+}
+}  // namespace
+
 StreamHandle create_stream(int device) {
   require_device(device, "create_stream");
   const int previous = current_device();
@@ -262,11 +318,32 @@ StreamHandle create_stream(int device) {
   CHECK_CUDA("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   set_device(previous);
   device_states()[device].used.store(true, std::memory_order_release);
+  Streams& all = streams();
+  const std::lock_guard<std::mutex> lock(all.mu);
+  all.serial[s] = all.next++;
   return s;
 }
 
 void destroy_stream(StreamHandle s) {
-  if (s != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  if (s == nullptr) return;
+  Streams& all = streams();
+  {
+    const std::lock_guard<std::mutex> lock(all.mu);
+    all.serial.erase(s);
+  }
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  all.generation.fetch_add(1, std::memory_order_release);
+}
+
+uint64_t stream_generation() {
+  return streams().generation.load(std::memory_order_acquire);
+}
+
+uint64_t stream_serial(StreamHandle s) {
+  Streams& all = streams();
+  const std::lock_guard<std::mutex> lock(all.mu);
+  const auto it = all.serial.find(s);
+  return it == all.serial.end() ? 0 : it->second;
 }
 
 StreamHandle capture_stream(int device) {
@@ -286,7 +363,54 @@ void synchronize(int device) {
     require_device(d, "synchronize");
     CHECK_CUDA("synchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream(d))));
   }
+  // Every device waited for first, then the first report.
+  for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d)
+    if (device_states()[d].used.load(std::memory_order_acquire)) check_device_errors(d);
 }
+
+DeviceErrorSlot device_error_slot(int device) {
+  default_stream(device);
+  return device_states()[device].errors;
+}
+
+void check_device_errors(int device) {
+  DeviceState& d = device_states()[device];
+  volatile long long* r = d.error_record.load(std::memory_order_acquire);
+  if (r == nullptr || r[0] == 0) [[likely]]
+    return;
+  const long long head = r[0], value = r[1], index = r[2], bound = r[3];
+  r[0] = 0;
+  // In order after the work that reported: the next report finds the claim free.
+  const int previous = current_device();
+  set_device(device);
+  (void)cudaMemsetAsync(d.errors.claim, 0, sizeof(unsigned int),
+                        static_cast<cudaStream_t>(current_stream(device)));
+  set_device(previous);
+  const std::string_view op = op_name(static_cast<Op>((head & 0xffffffff) - 1));
+  const std::string where =
+      cat(" (reported by cuda:", device, " when the host next waited for it)");
+  if (static_cast<DeviceErrorKind>(head >> 32) == DeviceErrorKind::Id)
+    fail(op, ": argument 'ids' holds ", value, " at flat index ", index, ", outside [0, ", bound,
+         ") (weight has ", bound, " rows)", where);
+  fail(op, ": label ", value, " of sample ", index, " is out of range [0, ", bound, ")", where);
+}
+
+namespace {
+
+// Makes `waiter` wait for the work queued so far on `stream` of `device` (through an event of
+// this thread's, one per device).
+void wait_for(cudaStream_t waiter, int device, cudaStream_t stream) {
+  thread_local cudaEvent_t events[kMaxDevices] = {};
+  cudaEvent_t& e = events[device];
+  const int previous = current_device();
+  set_device(device);
+  if (e == nullptr) CHECK_CUDA("copy", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CHECK_CUDA("copy", cudaEventRecord(e, stream));
+  set_device(previous);
+  CHECK_CUDA("copy", cudaStreamWaitEvent(waiter, e, 0));
+}
+
+}  // namespace
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                 bool non_blocking) {
@@ -306,8 +430,14 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   set_device(device);
   auto stream = static_cast<cudaStream_t>(current_stream(device));
   if (!dst_cpu && !src_cpu && dst_device.index != src_device.index) {
+    // On the destination's stream once the source's stream has written the data; and the
+    // source's stream waits for the copy before its later work (its caching allocator reuses
+    // the source's block in that stream's order).
+    auto src_stream = static_cast<cudaStream_t>(current_stream(src_device.index));
+    wait_for(stream, src_device.index, src_stream);
     CHECK_CUDA("copy",
                cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream));
+    wait_for(src_stream, device, stream);
   } else {
     const cudaMemcpyKind kind = src_cpu   ? cudaMemcpyHostToDevice
                                 : dst_cpu ? cudaMemcpyDeviceToHost
@@ -315,7 +445,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     CHECK_CUDA("copy", cudaMemcpyAsync(dst, src, bytes, kind, stream));
   }
   // A copy that involves the host is finished on return unless asked otherwise.
-  if ((dst_cpu || src_cpu) && !non_blocking) CHECK_CUDA("copy", cudaStreamSynchronize(stream));
+  if ((dst_cpu || src_cpu) && !non_blocking) {
+    CHECK_CUDA("copy", cudaStreamSynchronize(stream));
+    check_device_errors(device);
+  }
 }
 
 void* malloc_workspace(size_t bytes) {
@@ -414,8 +547,17 @@ void Graph::reset() noexcept {
   exec_ = nullptr;
 }
 
+namespace {
+void (*g_capture_preparer)(StreamHandle) = nullptr;
+}  // namespace
+
+void register_capture_preparer(void (*prepare)(StreamHandle stream)) {
+  g_capture_preparer = prepare;
+}
+
 void Graph::begin_capture(StreamHandle stream) {
   ENCORE_CHECK(!capturing_ && !tl_capturing, "graph capture: this thread is already capturing");
+  if (g_capture_preparer != nullptr) g_capture_preparer(stream);
   CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
                                                      cudaStreamCaptureModeThreadLocal));
   stream_ = stream;

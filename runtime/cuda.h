@@ -59,6 +59,12 @@ class StreamGuard {
 // A new non-blocking stream on `device` (destroy with destroy_stream).
 StreamHandle create_stream(int device);
 void destroy_stream(StreamHandle s);
+// CUDA may hand a destroyed stream's handle out again, so state cached by stream handle checks
+// these: stream_generation() counts destroy_stream calls (nothing cached can be stale while it
+// is unchanged), and stream_serial() is a number naming a stream create_stream made for as long
+// as it lives (never reused; 0 for a handle it did not make or has destroyed).
+uint64_t stream_generation();
+uint64_t stream_serial(StreamHandle s);
 // This thread's stream for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture.
 StreamHandle capture_stream(int device);
@@ -82,6 +88,30 @@ void call_after_stream(int device, void (*fn)(void*), void* arg);
 // cached blocks and the call is tried once more. Null when that fails too.
 void* malloc_workspace(size_t bytes);
 
+// Where kernels report bad input they cannot throw for without waiting for the device (an
+// out-of-range label or id): a claim word in device memory and a record in mapped host memory,
+// made with the device's default stream and kept for the process's life. The first report on a
+// device wins (kernels/cuda/common.cuh: report_device_error; with several bad inputs, the one a
+// thread reached first, not always the lowest index); the host reads the record whenever
+// it waits for a stream of the device (synchronize, a blocking copy, item()) and throws the
+// Error the cpu kernel throws.
+struct DeviceErrorSlot {
+  unsigned int* claim = nullptr;  // device memory: 0, or 1 once a kernel has reported
+  long long* record = nullptr;    // {kind << 32 | (op + 1), value, index, bound}, device view
+};
+// The kinds of report, and the messages the host makes of them.
+enum class DeviceErrorKind : int {
+  Label = 1,  // "label V of sample I is out of range [0, B)"
+  Id = 2,     // "argument 'ids' holds V at flat index I, outside [0, B) (weight has B rows)"
+};
+DeviceErrorSlot device_error_slot(int device);
+// Throws the Error a kernel of `device` reported since the last check (and clears the report).
+void check_device_errors(int device);
+
+// Storages freed while streams they were recorded on (Tensor::record_stream) had not yet passed
+// the free, whose blocks the allocator has not taken back yet.
+int64_t pending_frees();
+
 // Page-locked host memory (cudaHostAlloc), cached like the other allocators. Tensors on it are
 // cpu tensors whose copies to a device can be asynchronous (Tensor::pin_memory).
 Allocator& pinned_allocator();
@@ -91,6 +121,12 @@ Allocator& pinned_allocator();
 bool graphs_enabled();
 // Returns the previous setting.
 bool set_graphs_enabled(bool on);
+
+// Called on the capturing thread with the stream just before a capture begins on it (the stream's
+// device current): a backend makes there what the captured work would otherwise make during the
+// capture, where nothing may be allocated (kernels/cuda/stream_libraries.cc: the stream's cuBLAS
+// and cuDNN handles and workspaces). Registered at static-initialisation time.
+void register_capture_preparer(void (*prepare)(StreamHandle stream));
 
 // A captured sequence of work on one stream, replayed with one launch.
 //

@@ -13,12 +13,19 @@
 // with the row function of its own kernel (kernels/cpu/fused_rows.h); a reduction writes one
 // value per row, a column value later operations read broadcast along the row. layer_norm reads
 // its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
+//
+// On CUDA a run holds elementwise steps only (no row ops): the plan hands its program to the
+// backend's prepare function (register_fused_prepare), which compiles it into one kernel with
+// NVRTC (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay launches it
+// with no lookup.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/op_traits.h"
 
@@ -80,6 +87,9 @@ struct FusedProgram {
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
   // Per output: the instruction writing it, and which of its outputs it is.
   std::vector<FusedOutputOf> out_instr;
+  // The compiled kernel of a program for a device other than the cpu, set when the plan prepares
+  // it (prepare_fused) and owned by the backend's cache for the life of the process.
+  const void* device_kernel = nullptr;
 
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }
@@ -87,5 +97,15 @@ struct FusedProgram {
   int64_t block() const { return row_ops && row > kBlock ? row : kBlock; }
 };
 static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
+
+// A backend's preparation of a program for a device of its type: compiles it (or finds it
+// compiled) and sets `device_kernel`. Returns "" when the program is ready, else why it cannot be
+// run there; the plan then keeps the run's steps unfused.
+using FusedPrepare = std::string (*)(FusedProgram& program, Device device);
+// Registered by a backend at static-initialisation time.
+void register_fused_prepare(DeviceType type, FusedPrepare prepare);
+// Prepares `program` for `device`: "" when ready (the cpu needs nothing), else why not (no
+// backend registered one for the device type, or its reason).
+std::string prepare_fused(FusedProgram& program, Device device);
 
 }  // namespace encore

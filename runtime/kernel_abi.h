@@ -9,6 +9,7 @@
 //   register_kernel(Op::Exp, DeviceType::CPU, &exp_kernel);
 #pragma once
 
+#include <atomic>
 #include <cassert>
 #include <cstddef>
 #include <cstring>
@@ -71,6 +72,11 @@ struct KernelArgs {
   std::span<const BufferView> in;
   std::span<const BufferView> out;
   const AttrBlob& attrs;
+  // A slot of the call site (a static plan's step: the same shapes and attributes on every call)
+  // in which a kernel keeps what it resolved on the first call (the cuDNN plan of a
+  // convolution), so a replay looks nothing up; null for an eager call. What a kernel stores
+  // there must live as long as the process.
+  std::atomic<void*>* state = nullptr;
   template <typename T>
   const T& attr() const {
     return attrs.template as<T>();

@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "runtime/cuda_stream_frees.h"
+
 namespace encore {
 namespace {
 std::atomic<uint64_t> g_next_serial{1};
@@ -18,7 +20,17 @@ uint64_t Storage::next_serial() {
   return g_next_serial.load(std::memory_order_relaxed);
 }
 
+void Storage::record_stream(void* stream) {
+  for (void* s : streams_)
+    if (s == stream) return;
+  streams_.push_back(stream);
+}
+
 Storage::~Storage() {
+  if (!streams_.empty()) {
+    cuda::free_after_streams(device_.index, streams_, *allocator_, data_, nbytes_);
+    return;
+  }
   allocator_->deallocate(data_, nbytes_);
 }
 

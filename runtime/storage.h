@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -27,6 +28,11 @@ class Storage final : public RefCounted {
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
 
+  // Marks that work queued on `stream` (a cudaStream_t of this storage's device) uses it: when
+  // the storage is freed, its block goes back to the allocator only once the stream has passed
+  // that point (Tensor::record_stream).
+  void record_stream(void* stream);
+
   // A number no other storage of this process has or will have (creation order).
   uint64_t serial() const { return serial_; }
   // The serial the next storage will get.
@@ -39,6 +45,7 @@ class Storage final : public RefCounted {
   Device device_;
   uint32_t version_ = 0;
   uint64_t serial_;
+  std::vector<void*> streams_;  // recorded by record_stream
 };
 
 }  // namespace encore

@@ -107,12 +107,18 @@ Tensor host_values(const Tensor& t, const char* what) {
 }
 }  // namespace
 
+namespace {
+
+// The gradient of to(device): the output's gradient copied back to the source's device.
+void to_backward(BackwardContext& ctx) {
+  ctx.set_input_grad(0, ctx.grad_output(0).to(ctx.input_meta(0).device));
+}
+
+}  // namespace
+
 Tensor Tensor::to(Device device, bool non_blocking) const {
   const TensorImpl& i = checked();
   if (device == this->device()) return *this;
-  ENCORE_CHECK(!i.requires_grad || !i.grad_fn, "to: copies across devices are not recorded by ",
-               "autograd, and this ", shape(), " tensor is the output of ", op_name(i.grad_fn->op),
-               "; call detach() first");
   notify_host_access("to");
   // A non-blocking copy to the host lands in pinned memory, so it can overlap (as PyTorch's).
   const bool pinned_out =
@@ -127,7 +133,17 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
     cuda::call_after_stream(
         device.index, [](void* p) { delete static_cast<IntrusivePtr<Storage>*>(p); }, keep);
   }
-  out.impl_->requires_grad = i.requires_grad;
+  if (i.requires_grad && GradMode::enabled()) {
+    auto node = make_intrusive<Node>();
+    node->op = Op::Copy;  // unused: the label names the node
+    node->label = "to";
+    node->sequence_nr = autograd::next_sequence_nr();
+    node->backward = &to_backward;
+    node->next.push_back(gradient_edge(*this));
+    node->inputs.push_back(TensorMeta::of(*this));
+    node->outputs.push_back(TensorMeta::of(out));
+    set_gradient_edge(*out.impl_, std::move(node), 0);
+  }
   return out;
 }
 
@@ -138,6 +154,12 @@ Tensor Tensor::pin_memory() const {
   Tensor out = empty_pinned(shape(), dtype());
   if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
   return out;
+}
+
+void Tensor::record_stream(void* stream) const {
+  ENCORE_CHECK(device().type == DeviceType::CUDA, "record_stream: the tensor is on ", device(),
+               "; only CUDA tensors are used by streams");
+  checked().storage->record_stream(stream);
 }
 
 bool Tensor::is_pinned() const {

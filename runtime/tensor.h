@@ -87,10 +87,11 @@ class Tensor {
   template <typename T>
   std::vector<T> to_vector() const;
 
-  // A copy on `device`, or this tensor when it is already there. Copies are not recorded by
-  // autograd: a leaf that requires grad gives a new leaf that requires grad (as model.to() needs),
-  // a non-leaf that requires grad is an Error (detach() it first). With `non_blocking` the copy
-  // is only queued on the CUDA side's current stream (the source must stay unchanged until the
+  // A copy on `device`, or this tensor when it is already there. The copy is differentiable (as
+  // PyTorch's): from a tensor that requires grad, with grad mode on, it is a graph output whose
+  // gradient is copied back to this tensor's device, so a cpu leaf moved to a GPU gets its
+  // .grad on the cpu (Module::to moves parameters as new leaves instead). With `non_blocking` the
+  // copy is only queued on the CUDA side's current stream (the source must stay unchanged until the
   // stream reaches it: pinned host memory, see pin_memory()); otherwise it is finished on return.
   // A non-blocking copy from a CUDA device to the cpu goes into pinned memory: read it after
   // cuda::synchronize().
@@ -99,6 +100,12 @@ class Tensor {
   // A copy of a cpu tensor in page-locked memory, whose copies to a CUDA device can overlap with
   // the device's work. Throws Error without a CUDA device.
   Tensor pin_memory() const;
+  // Marks that work queued on `stream` (a cuda::StreamHandle of this tensor's device) uses this
+  // tensor's memory, as PyTorch's record_stream: the caching allocator hands the block out again
+  // only once that stream has passed the point where the last tensor on it was freed. Needed for
+  // a tensor made on one stream and used on another (the allocator orders reuse by the device's
+  // current stream). Throws Error for a cpu tensor.
+  void record_stream(void* stream) const;
   bool is_pinned() const;
 
   // Autograd.

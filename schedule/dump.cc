@@ -137,6 +137,8 @@ const std::string* Plan::rewrite_note(const Step& s) const {
 
 std::string Plan::steps_text(const Names& names, const std::string& indent) const {
   std::string out;
+  if (!unfused_reason_.empty())
+    out += cat(indent, "elementwise runs left unfused: ", unfused_reason_, "\n");
   if (memory_.redzone_bytes > 0)
     out += cat(indent, "red zones: ", memory_.redzone_bytes,
                " guard bytes after each arena block, checked after every step\n");
@@ -163,7 +165,10 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       if (mutates != 0) mark("updates its input in place");
       const FusedProgram* fused =
           s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
-      if (fused != nullptr)
+      if (fused != nullptr && fused->device_kernel != nullptr)
+        mark(cat("fuses ", fused->instrs.size(), " steps into one compiled kernel",
+                 fused->by_rows ? cat(", by rows of ", fused->row) : std::string()));
+      else if (fused != nullptr)
         mark(cat("fuses ", fused->instrs.size(), " steps, ", fused->n_scratch,
                  fused->n_scratch == 1 ? " scratch block" : " scratch blocks",
                  fused->by_rows ? cat(", by rows of ", fused->row) : std::string()));

@@ -20,7 +20,8 @@ void Plan::move_updates_early() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int nb = static_cast<int>(bufs.size());
   const std::vector<int> memory = storage_ids();
-  const bool fuses = device_.type == DeviceType::CPU && options_.fuse;
+  const bool fuses = options_.fuse;
+  const bool row_ops = device_.type == DeviceType::CPU;  // fused on the cpu only
 
   reorder_phases([&](int begin, int end) {
     // The phase's steps (indices into all_) in their new order, each one's place in it, and per
@@ -44,7 +45,7 @@ void Plan::move_updates_early() {
         int to = after < 0 ? 0 : place[after] + 1;
         auto fusable = [&](int k) {
           const Op op = all_[order[k]].op;
-          return op_fusable(op) || op_row_fusable(op);
+          return op_fusable(op) || (row_ops && op_row_fusable(op));
         };
         while (to < at && (op_optimizer_update(all_[order[to]].op) ||
                            (fuses && to > 0 && fusable(to - 1) && fusable(to))))

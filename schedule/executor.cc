@@ -102,6 +102,7 @@ void Plan::build_steps() {
                           bufs[b].kind == BufKind::GradSlot;
     if (bwd_read[b] && per_call) backward_reads_.push_back(static_cast<int>(b));
   }
+  kernel_state_ = std::make_unique<std::atomic<void*>[]>(steps_.size());
 }
 
 CallState* Plan::acquire() {
@@ -361,9 +362,9 @@ void Plan::run_step(CallState& b, int i, bool device_random, size_t& next_random
       a.seed = st.seed;
       a.offset = st.offset;
     }
-    s.fn(KernelArgs{in, out, AttrBlob::of(a)});
+    s.fn(KernelArgs{in, out, AttrBlob::of(a), &kernel_state_[i]});
   } else {
-    s.fn(KernelArgs{in, out, s.attrs});
+    s.fn(KernelArgs{in, out, s.attrs, &kernel_state_[i]});
   }
 }
 

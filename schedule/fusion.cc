@@ -1,9 +1,11 @@
-// Elementwise fusion (cpu plans): runs of adjacent elementwise steps, and row ops over their
-// last axis, become one FusedElementwise step whose program (runtime/fused.h) keeps values only
-// the run reads in scratch blocks.
+// Elementwise fusion: runs of adjacent elementwise steps, and on the cpu row ops over their last
+// axis, become one FusedElementwise step whose program (runtime/fused.h) keeps values only the
+// run reads in scratch blocks (cpu) or registers (CUDA, where the backend compiles the program
+// into one kernel).
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <string>
 
 #include "runtime/fused.h"
 #include "schedule/plan.h"
@@ -107,11 +109,14 @@ bool input_layout(const Step& s, const Operand& i, const RunShape& run, Layout& 
 }  // namespace
 
 // Runs of adjacent steps of one phase and dtype over one element count become one
-// FusedElementwise step (cpu plans): elementwise steps, whose operands may be broadcast along or
-// across the rows, and row ops over the last axis. Its kernel runs the steps block by block: a
-// value only the run reads lives in a scratch block (never in the arena), and one the rest of the
-// schedule reads (a saved activation, a result, a gradient) is an output of the fused step.
+// FusedElementwise step: elementwise steps, whose operands may be broadcast along or across the
+// rows, and on the cpu row ops over the last axis. Its kernel runs the steps block by block (cpu)
+// or element by element (CUDA): a value only the run reads lives in a scratch block or a register
+// (never in the arena), and one the rest of the schedule reads (a saved activation, a result, a
+// gradient) is an output of the fused step. A program the device's backend cannot prepare (CUDA
+// without NVRTC) leaves its steps as they were, and the plan says why.
 void Plan::fuse_elementwise() {
+  const bool row_ops = device_.type == DeviceType::CPU;
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int n = static_cast<int>(all_.size());
   std::vector<int> last_read(bufs.size(), -1);
@@ -134,7 +139,7 @@ void Plan::fuse_elementwise() {
         s.in.size() > l.size())
       return false;
     const bool row_op = op_row_fusable(s.op);
-    if (!op_fusable(s.op) && !(row_op && row_op_fits(s))) return false;
+    if (!op_fusable(s.op) && !(row_op && row_ops && row_op_fits(s))) return false;
     for (size_t k = 0; k < s.out.size(); ++k) {
       const Operand& o = s.out[k];
       if (o.dtype != run.dtype || bufs[o.buf].kind != BufKind::Temp ||
@@ -304,6 +309,13 @@ void Plan::fuse_elementwise() {
       p.trace_index.push_back(s.index);
     }
     for (int k : touched) reg[k] = -1;
+    if (std::string why = prepare_fused(p, device_); !why.empty()) {
+      if (unfused_reason_.empty()) unfused_reason_ = std::move(why);
+      if (t < n_forward_) n_forward += e - t - 1;
+      for (int j = t; j < e; ++j) steps.push_back(std::move(all_[j]));
+      t = e;
+      continue;
+    }
     programs_.push_back(std::move(program));
     steps.push_back(std::move(fused));
     t = e;

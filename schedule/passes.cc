@@ -45,7 +45,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
     fold_zero_fills();
     move_updates_early();
   }
-  if (device_.type == DeviceType::CPU && options_.fuse) fuse_elementwise();
+  if (options_.fuse) fuse_elementwise();
   if (device_.type == DeviceType::CPU && options_.padded_layouts) plan_padded_layouts();
   plan_memory();
   build_steps();

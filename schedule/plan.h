@@ -47,7 +47,7 @@ struct ExecStep {
 
 // How a recording is planned.
 struct PlanOptions {
-  bool fuse = true;       // a cpu plan fuses runs of elementwise steps
+  bool fuse = true;       // fuse runs of elementwise steps
   bool redzones = false;  // guard bytes after every arena block, checked after every step
   // Optimizer updates move to right after the steps they depend on; a zero fill_ and the add_
   // into it become one step.
@@ -315,12 +315,15 @@ class Plan {
   std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer, in step order
   size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;
+  // Per step: what its kernel resolved on its first run (KernelArgs::state).
+  std::unique_ptr<std::atomic<void*>[]> kernel_state_;
   std::vector<BufferView> view_template_;
   std::vector<std::pair<uint32_t, int64_t>> arena_views_;  // view -> arena offset
   MemoryPlan memory_;
   int escapes_ = 0;
   std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
-  std::vector<PaddedBuffer> padded_;                     // per buffer (padded_layouts.cc)
+  std::string unfused_reason_;        // why the device could not run a fused program, or ""
+  std::vector<PaddedBuffer> padded_;  // per buffer (padded_layouts.cc)
 
   // Red zones: the guards of the arena blocks each step writes, step i's from guard_begin_[i].
   struct Guard {

@@ -19,6 +19,22 @@
 
 namespace encore::testing {
 
+// Every fusable op once, in a chain whose values stay finite and positive where log, sqrt and
+// pow need it. `c` has one element (a broadcast operand), `w` the shape of x.
+inline Tensor every_fusable_op(const Tensor& x, const Tensor& w, const Tensor& c) {
+  Tensor y = F::sigmoid(x);         // (0, 1)
+  y = F::add(F::mul(y, 2.0), 0.5);  // (0.5, 2.5)
+  y = F::sqrt(y) + F::log(y);       // tensor + tensor
+  y = F::exp(F::mul(y, 0.25));      // positive
+  y = F::pow(y, 2.0) - F::pow(y, 1.5);
+  y = F::div(y, w) * c;           // broadcast c
+  y = F::sub(c, F::div(y, 3.0));  // c - y: the broadcast operand first
+  y = F::tanh(F::leaky_relu(y, 0.1)) + F::relu(F::neg(y));
+  y = F::gelu(y) - F::gelu(y, "tanh");
+  y = F::div(1.0, F::add(F::mul(y, y), 1.0)) - F::sub(1.0, y);
+  return y;
+}
+
 template <size_t N>
 using Args = std::array<Tensor, N>;
 

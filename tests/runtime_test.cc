@@ -37,6 +37,14 @@ TEST_CASE("dtypes and devices", "[runtime]") {
   CHECK_THROWS_WITH(Device::parse("tpu"), Contains("tpu"));
 }
 
+TEST_CASE("record_stream is for CUDA tensors; to() of a cpu tensor to the cpu is itself",
+          "[runtime]") {
+  const Tensor t = rand({3}).set_requires_grad();
+  CHECK_THROWS_WITH(t.record_stream(nullptr),
+                    Contains("record_stream: the tensor is on cpu; only CUDA tensors"));
+  CHECK(t.to(Device::cpu()).is_same(t));  // nothing copied, nothing recorded
+}
+
 TEST_CASE("tensors share storage on copy and views", "[runtime]") {
   Tensor a = arange(6);
   Tensor b = a;

@@ -14,37 +14,18 @@
 
 #include "encore/encore.h"
 #include "encore/profiler.h"
+#include "tests/fusion_patterns.h"
 #include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
 using testing::bit_diff;
+using testing::count_of;
+using testing::every_fusable_op;
 using testing::StaticEnabled;
 using testing::StaticFusion;
 
 namespace {
-
-int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
-// Every fusable op once, in a chain whose values stay finite and positive where log, sqrt and
-// pow need it. `c` has one element (a broadcast operand), `w` the shape of x.
-Tensor every_op(const Tensor& x, const Tensor& w, const Tensor& c) {
-  Tensor y = F::sigmoid(x);         // (0, 1)
-  y = F::add(F::mul(y, 2.0), 0.5);  // (0.5, 2.5)
-  y = F::sqrt(y) + F::log(y);       // tensor + tensor
-  y = F::exp(F::mul(y, 0.25));      // positive
-  y = F::pow(y, 2.0) - F::pow(y, 1.5);
-  y = F::div(y, w) * c;           // broadcast c
-  y = F::sub(c, F::div(y, 3.0));  // c - y: the broadcast operand first
-  y = F::tanh(F::leaky_relu(y, 0.1)) + F::relu(F::neg(y));
-  y = F::gelu(y) - F::gelu(y, "tanh");
-  y = F::div(1.0, F::add(F::mul(y, y), 1.0)) - F::sub(1.0, y);
-  return y;
-}
 
 struct Checked {
   Tensor y, gx, gw;
@@ -75,7 +56,7 @@ TEST_CASE("fused elementwise runs replay eager's bits for every fusable op", "[s
       INFO(name(dtype) << " over " << n << " elements");
       manual_seed(static_cast<uint64_t>(n));
       const Tensor c = rand({1}, dtype, Device::cpu(), 0.5, 1.5);
-      auto body = [&c](const Tensor& x, const Tensor& w) { return every_op(x, w, c); };
+      auto body = [&c](const Tensor& x, const Tensor& w) { return every_fusable_op(x, w, c); };
       auto f = static_graph(body, {.name = "every_op", .arg_names = {"x", "w"}});
       for (int call = 0; call < 4; ++call) {  // trace, then replays on fresh values
         const Tensor x = rand({n}, dtype, Device::cpu(), -2, 2);
@@ -99,7 +80,7 @@ TEST_CASE("fused and unfused plans give the same bits", "[static][fusion]") {
   StaticEnabled on;
   manual_seed(3);
   const Tensor c = rand({1}, DType::Float32, Device::cpu(), 0.5, 1.5);
-  auto body = [&c](const Tensor& x, const Tensor& w) { return every_op(x, w, c); };
+  auto body = [&c](const Tensor& x, const Tensor& w) { return every_fusable_op(x, w, c); };
   auto f = static_graph(body, {.name = "fused"});
   auto g = static_graph(body, {.name = "unfused"});
   for (int call = 0; call < 3; ++call) {

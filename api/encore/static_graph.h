@@ -101,13 +101,14 @@ struct StaticKey {
 bool set_static_enabled(bool on);
 bool static_enabled();
 // Whether signatures traced from now on fuse each run of adjacent elementwise steps of their
-// cpu schedules into one step (the default, unless ENCORE_STATIC_FUSE=0): steps over one element
+// schedules into one step (the default, unless ENCORE_STATIC_FUSE=0): steps over one element
 // count, reading operands of that count, one element, one row broadcast over the rows (a bias)
-// or one value per row, and row ops over the last axis among them (sum, mean, max over axis -1,
-// softmax, log_softmax and their gradients), so softmax(scores * scale + mask) or
-// x - mean(x, -1, true) is one step. Fused or not, a replay gives the same values bit for bit (a
-// NaN aside: which NaN an operation on two NaNs returns may differ); off, the profiler and the
-// schedule dump show every op on its own.
+// or one value per row, and on the cpu row ops over the last axis among them (sum, mean, max over
+// axis -1, softmax, log_softmax and their gradients), so softmax(scores * scale + mask) or
+// x - mean(x, -1, true) is one step. On CUDA each run is one kernel compiled with NVRTC when the
+// signature is traced (without NVRTC the steps stay apart and the schedule dump says why). Fused
+// or not, a replay gives the same values bit for bit (a NaN aside: which NaN an operation on two
+// NaNs returns may differ); off, the profiler and the schedule dump show every op on its own.
 // Returns the previous setting.
 bool set_static_fusion_enabled(bool on);
 bool static_fusion_enabled();

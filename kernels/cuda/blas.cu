@@ -1,4 +1,4 @@
-// cuBLAS handles and row-major GEMM (blas.h), and Matmul and Linear on them (as
+// Row-major GEMM on cuBLAS (blas.h), and Matmul and Linear on them (as
 // kernels/cpu/matmul.cc).
 //
 // cuBLAS is column-major. A row-major [r, c] matrix with row length ld is, read column-major, its
@@ -17,54 +17,6 @@ namespace encore::kernels::cuda {
 void fail_cublas(Op op, const char* call, cublasStatus_t status) {
   fail(op_name(op), ": cuBLAS error in ", call, ": ", cublasGetStatusName(status), " (",
        cublasGetStatusString(status), ")");
-}
-
-namespace {
-
-constexpr int kMaxDevices = 64;
-
-struct DeviceBlas {
-  std::mutex mu;
-  cublasHandle_t handle = nullptr;
-  void* workspace = nullptr;
-};
-
-std::array<DeviceBlas, kMaxDevices>& device_blas() {
-  static auto* table = new std::array<DeviceBlas, kMaxDevices>;  // never destroyed (see blas.h)
-  return *table;
-}
-
-}  // namespace
-
-CublasLease::CublasLease(Op op) {
-  const int device = encore::cuda::current_device();
-  ENCORE_CHECK(device >= 0 && device < kMaxDevices, op_name(op), ": CUDA device ", device,
-               " is out of the range cuBLAS handles are kept for (0 to ", kMaxDevices - 1, ")");
-  DeviceBlas& d = device_blas()[device];
-  lock_ = std::unique_lock<std::mutex>(d.mu);
-  if (d.handle == nullptr) {
-    ENCORE_CHECK(!encore::cuda::capturing(), op_name(op), ": the cuBLAS handle of CUDA device ",
-                 device,
-                 " would be created during CUDA graph capture; run a GEMM on the device eagerly "
-                 "first");
-    void* workspace = encore::cuda::malloc_workspace(kWorkspaceBytes);
-    ENCORE_CHECK(workspace != nullptr, op_name(op), ": no device memory for the cuBLAS workspace (",
-                 kWorkspaceBytes, " bytes on CUDA device ", device, "), even after emptying the ",
-                 "caching allocator's cache");
-    cublasHandle_t h = nullptr;
-    const cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      (void)cudaFree(workspace);
-      fail_cublas(op, "cublasCreate(&h)", s);
-    }
-    ENCORE_CUBLAS_OK(op, cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
-    ENCORE_CUBLAS_OK(op, cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    d.workspace = workspace;
-    d.handle = h;
-  }
-  handle_ = d.handle;
-  ENCORE_CUBLAS_OK(op, cublasSetStream(handle_, stream()));
-  ENCORE_CUBLAS_OK(op, cublasSetWorkspace(handle_, d.workspace, kWorkspaceBytes));
 }
 
 void check_gemm_sizes(Op op, const GemmShape& g) {
@@ -138,8 +90,7 @@ void matmul_kernel(const KernelArgs& args) {
       return;
     }
     check_gemm_sizes(Op::Matmul, g);
-    CublasLease blas(Op::Matmul);
-    gemm(Op::Matmul, blas.handle(), g, a.as<T>(), b.as<T>(), T(0), c.as<T>());
+    gemm(Op::Matmul, cublas_handle(Op::Matmul), g, a.as<T>(), b.as<T>(), T(0), c.as<T>());
   });
 }
 
@@ -161,8 +112,8 @@ void linear_kernel(const KernelArgs& args) {
     }
     if (g.k == 0) return;
     check_gemm_sizes(Op::Linear, g);
-    CublasLease blas(Op::Linear);
-    gemm(Op::Linear, blas.handle(), g, x.as<T>(), w.as<T>(), bias != nullptr ? T(1) : T(0), py);
+    gemm(Op::Linear, cublas_handle(Op::Linear), g, x.as<T>(), w.as<T>(),
+         bias != nullptr ? T(1) : T(0), py);
   });
 }
 

@@ -1,5 +1,6 @@
 // What every CUDA kernel file includes: the kernel contract (runtime/kernel_abi.h), the dtype
-// switch, the current stream, launch geometry and error checks.
+// switch, the device math functions (element_ops.cuh), the current stream, launch geometry and
+// error checks.
 //
 //   void relu(const KernelArgs& a) {
 //     switch_floating(a.in[0].dtype, Op::Relu, [&]<typename T>(Type<T>) {
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/element_ops.cuh"
 #include "kernels/dtype_switch.h"
 #include "runtime/cuda.h"
 #include "runtime/error.h"
@@ -50,43 +52,25 @@ void with_index_type(int64_t max_numel, Fn&& fn) {
   }
 }
 
-// The device's math functions by element type.
-__device__ __forceinline__ float dev_exp(float x) {
-  return ::expf(x);
+// Reports bad input a kernel cannot throw for (runtime/cuda.h: DeviceErrorSlot): the first
+// report on the device wins, and the host throws it as the cpu kernel's Error when it next waits
+// for the device. The kernel still writes its outputs (NaN where the input was bad).
+inline encore::cuda::DeviceErrorSlot error_slot() {
+  return encore::cuda::device_error_slot(encore::cuda::current_device());
 }
-__device__ __forceinline__ double dev_exp(double x) {
-  return ::exp(x);
+#ifdef __CUDACC__
+__device__ inline void report_device_error(encore::cuda::DeviceErrorSlot slot,
+                                           encore::cuda::DeviceErrorKind kind, Op op,
+                                           long long value, long long index, long long bound) {
+  if (atomicCAS(slot.claim, 0u, 1u) != 0u) return;
+  volatile long long* r = slot.record;
+  r[1] = value;
+  r[2] = index;
+  r[3] = bound;
+  __threadfence_system();  // the fields before the head that says they are there
+  r[0] = (static_cast<long long>(kind) << 32) | (static_cast<long long>(op) + 1);
 }
-__device__ __forceinline__ float dev_log(float x) {
-  return ::logf(x);
-}
-__device__ __forceinline__ double dev_log(double x) {
-  return ::log(x);
-}
-__device__ __forceinline__ float dev_sqrt(float x) {
-  return ::sqrtf(x);
-}
-__device__ __forceinline__ double dev_sqrt(double x) {
-  return ::sqrt(x);
-}
-__device__ __forceinline__ float dev_tanh(float x) {
-  return ::tanhf(x);
-}
-__device__ __forceinline__ double dev_tanh(double x) {
-  return ::tanh(x);
-}
-__device__ __forceinline__ float dev_erf(float x) {
-  return ::erff(x);
-}
-__device__ __forceinline__ double dev_erf(double x) {
-  return ::erf(x);
-}
-__device__ __forceinline__ float dev_abs(float x) {
-  return ::fabsf(x);
-}
-__device__ __forceinline__ double dev_abs(double x) {
-  return ::fabs(x);
-}
+#endif
 
 // Throws Error naming the op, the failed call and CUDA's message.
 [[noreturn]] inline void fail_cuda(Op op, const char* call, cudaError_t e) {

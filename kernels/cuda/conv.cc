@@ -2,27 +2,27 @@
 // weight gradient, with the semantics of kernels/cpu/conv.cc (NCHW cross-correlation, stride,
 // zero padding, dilation, groups; float32 and float64).
 //
-// - One cuDNN handle per device, created on first use; every call sets the current stream on it.
+// - The cuDNN handle and workspace of the current stream (stream_libraries.h): no lock, and two
+//   streams never share a workspace.
 // - A plan per (device, op, dtype, shapes, attributes) holds the descriptors and an algorithm
 //   chosen once from cuDNN's heuristics (cudnnGet*Algorithm_v7: the same list in the same order
 //   for the same GPU, cuDNN version and shapes, where timing with cudnnFind* could pick another
 //   algorithm in another process, with other bits): the first that is deterministic, and on
 //   float32 uses no tensor-core math, and whose workspace can be had. A replay then gives the
 //   eager run's bits, and two processes on one kind of GPU give the same bits (PyTorch's
-//   deterministic mode chooses the same way).
-// - One workspace per device, grown (cudaMalloc, the caching allocator's cache emptied if the
-//   device is out of memory) when a plan is made. A buffer it outgrows is
-//   kept, never freed: a captured CUDA graph may still point at it. The workspace assumes a
-//   device's convolutions run in order (one stream at a time, encore's default); convolutions on
-//   two streams of a device at once would need a workspace each.
+//   deterministic mode chooses the same way). Plans live as long as the process, found by key
+//   under a lock; a static plan's step keeps its plan in its KernelArgs::state, so a replay looks
+//   nothing up.
+// - A stream's workspace grows (cudaMalloc, the caching allocator's cache emptied if the device
+//   is out of memory) when a plan needs more. A buffer it outgrows is kept, never freed: a
+//   captured CUDA graph may still point at it.
 // - While the thread captures a CUDA graph, no plan is made and nothing allocated: a missing plan
-// or
-//   a handle not yet created throws Error and the caller runs the work eagerly instead.
-// State is guarded by one mutex (cuDNN handles are not to be used by two threads at once).
+//   or a handle not yet created throws Error and the caller runs the work eagerly instead.
 #include <cudnn.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/stream_libraries.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -71,38 +72,19 @@ struct Plan {
   }
 };
 
-struct DeviceState {
-  cudnnHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  std::vector<void*> retired;  // outgrown workspaces, kept for graphs that point at them
-};
-
 // device, kind, dtype, x[4], w[4], y[4], stride[2], padding[2], dilation[2], groups.
 using Key = std::array<int32_t, 22>;
 
 struct State {
   std::mutex mu;
-  absl::flat_hash_map<int, DeviceState> devices;
   absl::flat_hash_map<Key, std::unique_ptr<Plan>> plans;
 };
 
-// Never destroyed: handles and buffers must outlive every static destructor that could still
-// launch work, and the driver reclaims them at exit.
+// Never destroyed: plans must outlive every static destructor that could still launch work (and
+// every static plan's step that points at one).
 State& state() {
   static State* s = new State;
   return *s;
-}
-
-// Grows d's workspace to at least `bytes` (outside capture only). False when cudaMalloc fails.
-bool reserve(DeviceState& d, size_t bytes) {
-  if (bytes <= d.workspace_bytes) return true;
-  void* p = encore::cuda::malloc_workspace(bytes);  // the allocator's cache emptied if need be
-  if (p == nullptr) return false;
-  if (d.workspace != nullptr) d.retired.push_back(d.workspace);
-  d.workspace = p;
-  d.workspace_bytes = bytes;
-  return true;
 }
 
 cudnnDataType_t data_type(DType dt) {
@@ -116,7 +98,7 @@ int32_t dim(const Shape& s, int i) {
 // The first algorithm in cuDNN's heuristic order that it supports, is deterministic, and (float32)
 // does not use tensor-core math; its workspace is reserved. False when there is none.
 template <typename Perf, typename SizeFn>
-bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, DeviceState& d,
+bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, StreamLibraries& libs,
             Plan& plan) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
@@ -127,7 +109,7 @@ bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Dev
     size_t bytes = 0;
     if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     bytes = std::max(bytes, p.memory);
-    if (!reserve(d, bytes)) continue;
+    if (!reserve_cudnn_workspace(libs, bytes)) continue;
     plan.algo = static_cast<int>(p.algo);
     plan.workspace = bytes;
     return true;
@@ -137,10 +119,10 @@ bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Dev
 
 // Builds the descriptors of a convolution and chooses its algorithm (eager only).
 std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
-                                const Shape& ys, const Conv2dAttrs& a, DeviceState& d) {
+                                const Shape& ys, const Conv2dAttrs& a, StreamLibraries& libs) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
-  const cudnnHandle_t h = d.handle;
+  const cudnnHandle_t h = libs.dnn;
   const cudnnDataType_t dt = data_type(dtype);
   ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.x));
   ENCORE_CUDNN_OK(op, cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, dim(xs, 0), dim(xs, 1),
@@ -182,7 +164,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
           [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
             return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, algo, bytes);
           },
-          d, p);
+          libs, p);
       break;
     }
     case Kind::GradInput: {
@@ -196,7 +178,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
             return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, algo,
                                                                 bytes);
           },
-          d, p);
+          libs, p);
       break;
     }
     case Kind::GradWeight: {
@@ -210,7 +192,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, algo,
                                                                   bytes);
           },
-          d, p);
+          libs, p);
       break;
     }
   }
@@ -221,32 +203,17 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
   return plan;
 }
 
-// The device's state with its handle set to the current stream. The caller holds state().mu.
-DeviceState& device_state(Op op) {
-  const int device = encore::cuda::current_device();
-  DeviceState& d = state().devices[device];
-  if (d.handle == nullptr) {
-    if (encore::cuda::capturing())
-      fail(op_name(op), ": the cuDNN handle of device ", device,
-           " cannot be created while a CUDA graph is captured (run the op eagerly first)");
-    ENCORE_CUDNN_OK(op, cudnnCreate(&d.handle));
-  }
-  ENCORE_CUDNN_OK(op, cudnnSetStream(d.handle, stream()));
-  return d;
-}
-
-// Runs run(handle, plan, workspace) under the state's lock with the plan of this convolution,
-// made (its algorithm chosen) on first use. x, w, y are the forward roles' shapes.
-template <typename F>
-void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
-               const Conv2dAttrs& a, F&& run) {
+// The plan of this convolution, made (its algorithm chosen) on its first call; a static plan's
+// step keeps it in `state`. x, w, y are the forward roles' shapes.
+const Plan& plan_for(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
+                     const Shape& ys, const Conv2dAttrs& a, std::atomic<void*>* state_slot) {
+  if (state_slot != nullptr)
+    if (const void* p = state_slot->load(std::memory_order_acquire); p != nullptr) [[likely]]
+      return *static_cast<const Plan*>(p);
   for (const Shape* s : {&xs, &ws, &ys})
     if (s->numel() > INT_MAX)
       fail(op_name(op), ": tensors of more than ", INT_MAX,
            " elements are not supported on CUDA (x ", xs, ", weight ", ws, ", y ", ys, ")");
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  DeviceState& d = device_state(op);
   const Key key{encore::cuda::current_device(),
                 static_cast<int32_t>(kind),
                 static_cast<int32_t>(dtype),
@@ -269,19 +236,29 @@ void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, 
                 a.dilation[0],
                 a.dilation[1],
                 a.groups};
+  State& st = state();
+  const std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     if (encore::cuda::capturing())
       fail(op_name(op), ": no cuDNN algorithm has been chosen for x ", xs, ", weight ", ws, ", y ",
            ys, " yet; it is chosen eagerly, never while a CUDA graph is captured");
-    it = st.plans.emplace(key, make_plan(op, kind, dtype, xs, ws, ys, a, d)).first;
+    StreamLibraries& libs = cudnn_libraries(op, 0);
+    it = st.plans.emplace(key, make_plan(op, kind, dtype, xs, ws, ys, a, libs)).first;
   }
   const Plan& p = *it->second;
-  if (p.workspace > d.workspace_bytes) {  // only after a failed reserve; never while capturing
-    if (encore::cuda::capturing() || !reserve(d, p.workspace))
-      fail(op_name(op), ": cannot allocate the cuDNN workspace of ", p.workspace, " bytes");
-  }
-  run(d.handle, p, d.workspace);
+  if (state_slot != nullptr) state_slot->store(const_cast<Plan*>(&p), std::memory_order_release);
+  return p;
+}
+
+// Runs run(handle, plan, workspace) with the plan of this convolution and the current stream's
+// cuDNN handle and workspace.
+template <typename F>
+void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
+               const Conv2dAttrs& a, std::atomic<void*>* state_slot, F&& run) {
+  const Plan& p = plan_for(op, kind, dtype, xs, ws, ys, a, state_slot);
+  StreamLibraries& libs = cudnn_libraries(op, p.workspace);
+  run(libs.dnn, p, libs.dnn_workspace);
 }
 
 // x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo].
@@ -300,8 +277,7 @@ void conv2d(const KernelArgs& args) {
       if (bias == nullptr) return;
       if (y.numel() > INT_MAX)
         fail(op_name(Op::Conv2d), ": y ", y.shape, " has more than ", INT_MAX, " elements");
-      std::lock_guard<std::mutex> lock(state().mu);
-      DeviceState& d = device_state(Op::Conv2d);
+      StreamLibraries& libs = cudnn_libraries(Op::Conv2d, 0);
       Plan p;  // descriptors only
       const cudnnDataType_t dt = data_type(y.dtype);
       ENCORE_CUDNN_OK(Op::Conv2d, cudnnCreateTensorDescriptor(&p.y));
@@ -312,10 +288,10 @@ void conv2d(const KernelArgs& args) {
       ENCORE_CUDNN_OK(Op::Conv2d, cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1,
                                                              dim(y.shape, 1), 1, 1));
       ENCORE_CUDNN_OK(Op::Conv2d,
-                      cudnnAddTensor(d.handle, &one, p.bias, bias->data, &one, p.y, y.data));
+                      cudnnAddTensor(libs.dnn, &one, p.bias, bias->data, &one, p.y, y.data));
       return;
     }
-    with_plan(Op::Conv2d, Kind::Forward, y.dtype, x.shape, w.shape, y.shape, a,
+    with_plan(Op::Conv2d, Kind::Forward, y.dtype, x.shape, w.shape, y.shape, a, args.state,
               [&](cudnnHandle_t h, const Plan& p, void* workspace) {
                 ENCORE_CUDNN_OK(Op::Conv2d, cudnnConvolutionForward(
                                                 h, &one, p.x, x.data, p.w, w.data, p.conv,
@@ -336,7 +312,7 @@ void conv2d_grad_input(const KernelArgs& args) {
     if (gx.numel() == 0) return;  // else N > 0, so gy is not empty either
     const T one = 1, zero = 0;
     with_plan(Op::Conv2dGradInput, Kind::GradInput, gx.dtype, gx.shape, w.shape, gy.shape, a,
-              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
+              args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace) {
                 ENCORE_CUDNN_OK(
                     Op::Conv2dGradInput,
                     cudnnConvolutionBackwardData(h, &one, p.w, w.data, p.y, gy.data, p.conv,
@@ -360,7 +336,7 @@ void conv2d_grad_weight(const KernelArgs& args) {
     }
     const T one = 1, zero = 0;
     with_plan(Op::Conv2dGradWeight, Kind::GradWeight, gw.dtype, x.shape, gw.shape, gy.shape, a,
-              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
+              args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace) {
                 ENCORE_CUDNN_OK(Op::Conv2dGradWeight,
                                 cudnnConvolutionBackwardFilter(
                                     h, &one, p.x, x.data, p.y, gy.data, p.conv,

@@ -1,6 +1,8 @@
 // Elementwise CUDA kernels, the same semantics as kernels/cpu/binary.cc, unary.cc and convert.cc:
 // broadcasting binary ops and comparisons, where, add_, tensor-scalar ops, activations and their
-// gradients, fill_, copy and copy_ (with dtype conversion).
+// gradients, fill_, copy and copy_ (with dtype conversion). Each op computes its elements with
+// its element function (element_ops.cuh), as the fused kernels of CUDA plans do; this file is
+// compiled with -fmad=false, as they are.
 //
 // Same-shape operands (and a broadcast single element) run through one grid-stride map that
 // moves 16 bytes per operand and step when every pointer is aligned for it. Other broadcasts
@@ -132,18 +134,19 @@ __global__ void where_strided_kernel(int64_t n, Strided<3> s, T* out, const uint
 
 // ---- Binary ops: add, sub, mul, div, equal, greater, add_ ---------------------------------
 
+// The element function of each op (element_ops.cuh), which the fused kernels call too.
 template <Op kOp>
 struct BinaryF {
   template <typename T>
   __device__ auto operator()(T a, T b) const {
     if constexpr (kOp == Op::Add || kOp == Op::AddInplace) {
-      return a + b;
+      return el::add(a, b);
     } else if constexpr (kOp == Op::Sub) {
-      return a - b;
+      return el::sub(a, b);
     } else if constexpr (kOp == Op::Mul) {
-      return a * b;
+      return el::mul(a, b);
     } else if constexpr (kOp == Op::Div) {
-      return a / b;
+      return el::div(a, b);
     } else if constexpr (kOp == Op::Equal) {
       return a == b;
     } else {
@@ -242,66 +245,28 @@ void where_kernel(const KernelArgs& args) {
 
 // ---- Tensor-scalar ops and activations ----------------------------------------------------
 
-__device__ __forceinline__ float dev_pow(float x, float y) {
-  return ::powf(x, y);
-}
-__device__ __forceinline__ double dev_pow(double x, double y) {
-  return ::pow(x, y);
-}
-
-// GELU and its gradient as PyTorch computes them (kernels/cpu/elementwise.h): exact through
-// erf, or the tanh approximation.
-constexpr double kGeluSqrt1_2 = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kGeluSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / pi)
-constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
-constexpr double kGeluKappa = 0.044715;
-
-template <typename T>
-__device__ __forceinline__ T dev_gelu(T x, bool tanh_approx) {
-  if (tanh_approx) {
-    const T inner = T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x * x * x);
-    return T(0.5) * x * (T(1) + dev_tanh(inner));
-  }
-  return T(0.5) * x * (T(1) + dev_erf(x * T(kGeluSqrt1_2)));
-}
-
-template <typename T>
-__device__ __forceinline__ T dev_gelu_grad(T x, T gy, bool tanh_approx) {
-  if (tanh_approx) {
-    const T x_sq = x * x;
-    const T t = dev_tanh(T(kGeluSqrt2_Pi) * (x + T(kGeluKappa) * x_sq * x));
-    const T left_derivative = T(0.5) * (T(1) + t);
-    const T right_derivative = T(0.5) * x * (T(1) - t * t);
-    const T inner_derivative = T(kGeluSqrt2_Pi) * (T(1) + T(3 * kGeluKappa) * x_sq);
-    return gy * (left_derivative + right_derivative * inner_derivative);
-  }
-  const T cdf = T(0.5) * (T(1) + dev_erf(x * T(kGeluSqrt1_2)));
-  const T pdf = T(kGeluInvSqrt2Pi) * dev_exp(T(-0.5) * x * x);
-  return gy * (cdf + x * pdf);
-}
-
 // y = f(x, s), s = ScalarAttrs.value cast to T.
 template <Op kOp, typename T>
 struct ScalarF {
   T s;
   __device__ T operator()(T x) const {
     if constexpr (kOp == Op::AddScalar) {
-      return x + s;
+      return el::add_scalar(x, s);
     } else if constexpr (kOp == Op::MulScalar) {
-      return x * s;
+      return el::mul_scalar(x, s);
     } else if constexpr (kOp == Op::RsubScalar) {
-      return s - x;
+      return el::rsub_scalar(x, s);
     } else if constexpr (kOp == Op::DivScalar) {
-      return x / s;
+      return el::div_scalar(x, s);
     } else if constexpr (kOp == Op::RdivScalar) {
-      return s / x;
+      return el::rdiv_scalar(x, s);
     } else if constexpr (kOp == Op::PowScalar) {
-      return dev_pow(x, s);
+      return el::pow_scalar(x, s);
     } else if constexpr (kOp == Op::Gelu) {  // s: the form, kGeluTanh or 0
-      return dev_gelu(x, s != T(0));
+      return el::gelu(x, s);
     } else {
       static_assert(kOp == Op::LeakyRelu);
-      return x > T(0) ? x : s * x;
+      return el::leaky_relu(x, s);
     }
   }
 };
@@ -309,7 +274,7 @@ struct ScalarF {
 struct SquareF {
   template <typename T>
   __device__ T operator()(T x) const {
-    return x * x;
+    return el::square(x);
   }
 };
 
@@ -331,22 +296,20 @@ struct UnaryF {
   template <typename T>
   __device__ T operator()(T x) const {
     if constexpr (kOp == Op::Neg) {
-      return -x;
+      return el::neg(x);
     } else if constexpr (kOp == Op::Exp) {
-      return dev_exp(x);
+      return el::exp(x);
     } else if constexpr (kOp == Op::Log) {
-      return dev_log(x);
+      return el::log(x);
     } else if constexpr (kOp == Op::Sqrt) {
-      return dev_sqrt(x);
-    } else if constexpr (kOp == Op::Relu) {  // x <= 0 rather than x > 0: relu(NaN) is NaN
-      return x <= T(0) ? T(0) : x;
-    } else if constexpr (kOp == Op::Sigmoid) {  // exp(-|x|) never overflows
-      const T e = dev_exp(-dev_abs(x));
-      const T r = T(1) / (T(1) + e);
-      return x >= T(0) ? r : e * r;
+      return el::sqrt(x);
+    } else if constexpr (kOp == Op::Relu) {
+      return el::relu(x);
+    } else if constexpr (kOp == Op::Sigmoid) {
+      return el::sigmoid(x);
     } else {
       static_assert(kOp == Op::Tanh);
-      return dev_tanh(x);
+      return el::tanh(x);
     }
   }
 };
@@ -360,24 +323,22 @@ void unary_kernel(const KernelArgs& args) {
 }
 
 // gx = f(a, gy): a is the forward output y, or the input x for LeakyReluGrad and GeluGrad
-// (whose slope is the form). As PyTorch's
-// threshold_backward and leaky_relu_backward: at a NaN, relu's gradient is gy (0 only where
-// y <= 0) and leaky_relu's is slope * gy (x > 0 is false).
+// (whose slope is the form).
 template <Op kOp, typename T>
 struct ActivationGradF {
   T slope;
   __device__ T operator()(T a, T gy) const {
     if constexpr (kOp == Op::ReluGrad) {
-      return a <= T(0) ? T(0) : gy;
+      return el::relu_grad(a, gy, slope);
     } else if constexpr (kOp == Op::LeakyReluGrad) {
-      return a > T(0) ? gy : slope * gy;
+      return el::leaky_relu_grad(a, gy, slope);
     } else if constexpr (kOp == Op::SigmoidGrad) {
-      return gy * a * (T(1) - a);
+      return el::sigmoid_grad(a, gy, slope);
     } else if constexpr (kOp == Op::GeluGrad) {
-      return dev_gelu_grad(a, gy, slope != T(0));
+      return el::gelu_grad(a, gy, slope);
     } else {
       static_assert(kOp == Op::TanhGrad);
-      return gy * (T(1) - a * a);
+      return el::tanh_grad(a, gy, slope);
     }
   }
 };

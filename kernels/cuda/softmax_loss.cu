@@ -9,7 +9,9 @@
 // order; sums over samples are in double as on the CPU. The cross-entropy gradient recounts the
 // non-ignored labels in each of its blocks rather than keeping the count in a scratch buffer.
 // A label outside [0, C) (other than the ignore label) cannot throw here without a host sync:
-// it makes the loss NaN and its gradient row NaN (the CPU throws; accuracy counts it a miss).
+// it makes the loss NaN and its gradient row NaN, and is reported to the host
+// (report_device_error), which throws the CPU's Error when it next waits for the device
+// (accuracy counts it a miss, as on the CPU).
 #include <cuda/std/limits>
 
 #include <cstdint>
@@ -217,7 +219,8 @@ __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, in
 template <typename T, typename L>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
-                         int64_t rows, int64_t classes, int64_t ignore) {
+                         int64_t rows, int64_t classes, int64_t ignore,
+                         encore::cuda::DeviceErrorSlot errors) {
   __shared__ double sh_total[kLossWarps];
   __shared__ int64_t sh_count[kLossWarps];
   __shared__ int64_t sh_bad[kLossWarps];
@@ -230,6 +233,9 @@ __global__ void __launch_bounds__(kLossThreads)
     ++count;
     if (label < 0 || label >= classes) {
       ++bad;
+      if (lane == 0)
+        report_device_error(errors, encore::cuda::DeviceErrorKind::Label, Op::SoftmaxCrossEntropy,
+                            label, i, classes);
       continue;
     }
     const T* row = x + i * classes;
@@ -262,7 +268,8 @@ template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
                               const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
-                              int64_t classes, int64_t ignore) {
+                              int64_t classes, int64_t ignore,
+                              encore::cuda::DeviceErrorSlot errors) {
   __shared__ int64_t sh[32];
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kThreads)
@@ -283,6 +290,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (label < 0 || label >= classes) {
       for (int64_t j = lane; j < classes; j += 32) grow[j] = nan_of<T>();
+      if (lane == 0)
+        report_device_error(errors, encore::cuda::DeviceErrorKind::Label,
+                            Op::SoftmaxCrossEntropyGrad, label, i, classes);
       continue;
     }
     const T m = warp_row_max(row, classes, lane);
@@ -350,8 +360,8 @@ void cross_entropy(const KernelArgs& args) {
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
-      cross_entropy_kernel<<<1, kLossThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(),
-                                                             out.as<T>(), rows, classes, ignore);
+      cross_entropy_kernel<<<1, kLossThreads, 0, stream()>>>(
+          logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, error_slot());
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });
@@ -368,8 +378,9 @@ void cross_entropy_grad(const KernelArgs& args) {
       if (gx.numel() == 0) return;
       unsigned blocks = blocks_for(rows, kThreads / 32);
       if (blocks > kGradMaxBlocks) blocks = kGradMaxBlocks;
-      cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(
-          logits.as<T>(), labels.as<L>(), gy.as<T>(), gx.as<T>(), rows, classes, ignore);
+      cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(),
+                                                                   gy.as<T>(), gx.as<T>(), rows,
+                                                                   classes, ignore, error_slot());
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });

@@ -1,6 +1,7 @@
 // The runtime on cuda:0: copies between devices for every dtype and shape, the caching allocator's
 // statistics, pinned host memory and asynchronous copies, errors for mixed devices, item(),
 // factories on the device, Module::to and pinned batches.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -131,22 +132,173 @@ TEST_CASE("factories make tensors on cuda", "[cuda][runtime]") {
 
 // ---- Autograd across devices ---------------------------------------------------------------
 
-TEST_CASE("to() keeps a leaf's requires_grad and refuses graph outputs", "[cuda][runtime]") {
+TEST_CASE("to() is differentiable: the gradient goes back to the source device",
+          "[cuda][runtime]") {
+  // A cpu leaf used on the GPU: its .grad arrives on the cpu.
   Tensor w = rand({3, 2}).set_requires_grad();
   const Tensor wd = w.to(kCuda);
   CHECK(wd.requires_grad());
-  CHECK(wd.is_leaf());
-  CHECK_FALSE(wd.grad().defined());
+  CHECK_FALSE(wd.is_leaf());
   F::sum(F::mul(wd, wd)).backward();
-  REQUIRE(wd.grad().defined());
-  CHECK(wd.grad().device() == kCuda);
-  CHECK_FALSE(w.grad().defined());  // the copy is not recorded: the cpu leaf gets nothing
-  const std::vector<float> wv = w.to_vector<float>(), gv = wd.grad().to_vector<float>();
+  REQUIRE(w.grad().defined());
+  CHECK(w.grad().device() == Device::cpu());
+  const std::vector<float> wv = w.to_vector<float>(), gv = w.grad().to_vector<float>();
   for (size_t i = 0; i < wv.size(); ++i) CHECK(gv[i] == 2 * wv[i]);
 
-  const Tensor y = F::mul(wd, 2.0);
-  CHECK_THROWS_WITH(y.to(Device::cpu()), Contains("detach"));
-  CHECK(y.detach().to(Device::cpu()).to_vector<float>().size() == 6);
+  // A GPU result moved to the cpu, with a loss there: the gradient reaches the cuda leaf, through
+  // the ops before the copy.
+  Tensor v = rand({4}, DType::Float64).to(kCuda).set_requires_grad();
+  const Tensor y = F::mul(v, 3.0).to(Device::cpu());
+  CHECK(y.device() == Device::cpu());
+  F::sum(F::mul(y, y)).backward();
+  REQUIRE(v.grad().defined());
+  CHECK(v.grad().device() == kCuda);
+  const std::vector<double> vv = v.to_vector<double>(), g = v.grad().to_vector<double>();
+  // d/dv of sum((3v)^2), computed as the ops round it: 3 * (2 * (3 * v)).
+  for (size_t i = 0; i < vv.size(); ++i) CHECK(g[i] == 3.0 * (2.0 * (3.0 * vv[i])));
+
+  // Two copies there and back: the gradients of both paths add up on the source.
+  Tensor u = rand({5}).set_requires_grad();
+  F::sum(F::add(u.to(kCuda), u.to(kCuda)).to(Device::cpu())).backward();
+  for (float gi : u.grad().to_vector<float>()) CHECK(gi == 2.0f);
+
+  // Nothing is recorded without grad mode, or for a tensor that needs no gradient.
+  {
+    NoGradGuard off;
+    CHECK_FALSE(w.to(kCuda).requires_grad());
+  }
+  CHECK_FALSE(rand({2}).to(kCuda).requires_grad());
+}
+
+// ---- Streams and memory ----------------------------------------------------------------------
+
+namespace {
+// A host function that holds its stream until `*go` is set.
+void hold_stream(void* go) {
+  while (!static_cast<std::atomic<bool>*>(go)->load()) {
+  }
+}
+}  // namespace
+
+TEST_CASE("a block recorded on another stream is reused only once that stream has passed it",
+          "[cuda][runtime]") {
+  const cuda::StreamHandle side = cuda::create_stream(0);
+  for (bool record : {false, true}) {
+    INFO((record ? "recorded" : "not recorded"));
+    std::atomic<bool> go{false};
+    Tensor x = rand({4096}).to(kCuda);
+    cuda::synchronize(0);
+    const void* block = x.raw_data();
+    Tensor y;
+    {
+      cuda::StreamGuard on_side(0, side);
+      cuda::call_after_stream(0, &hold_stream, &go);  // the side stream waits for `go`
+      y = F::mul(x, 2.0);                             // queued behind it: reads x later
+      if (record) x.record_stream(side);
+    }
+    x = Tensor();  // freed on the host while the side stream still has to read it
+    const Tensor z = empty({4096}, DType::Float32, kCuda);
+    // Unrecorded, the allocator hands the block out at once (the race record_stream prevents).
+    CHECK((z.raw_data() == block) == !record);
+    CHECK(cuda::pending_frees() == (record ? 1 : 0));
+    go = true;
+    {
+      cuda::StreamGuard on_side(0, side);
+      cuda::synchronize(0);
+    }
+    const Tensor w = empty({4096}, DType::Float32, kCuda);  // takes back what the stream passed
+    CHECK(cuda::pending_frees() == 0);
+    if (record) CHECK(w.raw_data() == block);
+  }
+  cuda::destroy_stream(side);
+  CHECK_THROWS_WITH(rand({2}).record_stream(side), Contains("record_stream") && Contains("cpu"));
+}
+
+TEST_CASE("products and convolutions on several streams equal the default stream's",
+          "[cuda][runtime]") {
+  const Tensor a = rand({64, 96}), b = rand({96, 48});
+  const Tensor x = rand({2, 3, 9, 9}), w = rand({4, 3, 3, 3});
+  const Tensor ad = a.to(kCuda), bd = b.to(kCuda), xd = x.to(kCuda), wd = w.to(kCuda);
+  const std::vector<float> mm = F::matmul(ad, bd).to_vector<float>();
+  const std::vector<float> conv = F::conv2d(xd, wd).to_vector<float>();
+  // Each stream has its own handles and workspaces; a destroyed stream's handle may come back
+  // for a new stream, whose handles are then made anew.
+  for (int round = 0; round < 3; ++round) {
+    const cuda::StreamHandle s1 = cuda::create_stream(0), s2 = cuda::create_stream(0);
+    Tensor m1, m2, c1, c2;
+    {
+      cuda::StreamGuard on(0, s1);
+      m1 = F::matmul(ad, bd);
+      c1 = F::conv2d(xd, wd);
+    }
+    {
+      cuda::StreamGuard on(0, s2);
+      m2 = F::matmul(ad, bd);
+      c2 = F::conv2d(xd, wd);
+    }
+    for (cuda::StreamHandle s : {s1, s2}) {
+      cuda::StreamGuard on(0, s);
+      cuda::synchronize(0);
+    }
+    for (const Tensor* m : {&m1, &m2}) CHECK(m->to_vector<float>() == mm);
+    for (const Tensor* c : {&c1, &c2}) CHECK(c->to_vector<float>() == conv);
+    cuda::destroy_stream(s1);
+    cuda::destroy_stream(s2);
+  }
+}
+
+// ---- Errors found on the device ---------------------------------------------------------------
+
+TEST_CASE("an out-of-range label or id on cuda raises the cpu's Error when the host next waits",
+          "[cuda][runtime]") {
+  const Tensor logits = rand({4, 5}).to(kCuda);
+  const Tensor bad_labels = tensor({1, 7, 2, 0}, {4}, DType::Int64, kCuda);
+  // The kernel cannot throw: the op returns, and the report waits for the next wait.
+  const Tensor loss = F::softmax_cross_entropy(logits, bad_labels);
+  CHECK_THROWS_WITH(loss.item<float>(),
+                    Contains("softmax_cross_entropy: label 7 of sample 1 is out of range [0, 5)") &&
+                        Contains("cuda:0"));
+  // Reported once: the next wait is clean, and a good call gives a number.
+  CHECK_NOTHROW(cuda::synchronize());
+  const Tensor good = tensor({1, 3, 2, 0}, {4}, DType::Int64, kCuda);
+  CHECK(std::isfinite(F::softmax_cross_entropy(logits, good).item<float>()));
+
+  // The gradient's kernel reports too (its own op), as the cpu's does.
+  const Tensor gy = tensor({1}, {}, DType::Float32, kCuda);
+  const Tensor gx = empty({4, 5}, DType::Float32, kCuda);
+  dispatch(Op::SoftmaxCrossEntropyGrad, {logits, bad_labels, gy}, {gx},
+           AttrBlob::of(CrossEntropyAttrs{}));
+  CHECK_THROWS_WITH(cuda::synchronize(),
+                    Contains("softmax_cross_entropy_grad: label 7 of sample 1"));
+
+  // Embedding ids, forward and backward, at a blocking copy to the host.
+  const Tensor w = rand({5, 3}).to(kCuda).set_requires_grad();
+  const Tensor ids = tensor({0, 9, 4}, {3}, DType::Int32, kCuda);
+  const Tensor y = F::embedding(ids, w);
+  CHECK_THROWS_WITH(y.to(Device::cpu()),
+                    Contains("embedding: argument 'ids' holds 9 at flat index 1, outside [0, 5)"));
+  F::sum(y).backward();
+  CHECK_THROWS_WITH(w.grad().to_vector<float>(),
+                    Contains("embedding_grad: argument 'ids' holds 9 at flat index 1"));
+  CHECK_NOTHROW(cuda::synchronize());
+}
+
+TEST_CASE("a bad label in a replayed static step on cuda raises the Error at the next wait",
+          "[cuda][runtime][static]") {
+  with_graphs_on_and_off([](bool) {
+    StaticEnabled on;
+    const Tensor logits = rand({6, 3}).to(kCuda);
+    auto loss_of = static_graph(
+        [](const Tensor& x, const Tensor& t) { return F::softmax_cross_entropy(F::relu(x), t); },
+        {.name = "loss"});
+    const Tensor good = tensor({0, 1, 2, 0, 1, 2}, {6}, DType::Int64, kCuda);
+    for (int call = 0; call < 3; ++call) CHECK(std::isfinite(loss_of(logits, good).item<float>()));
+    const Tensor bad = tensor({0, 1, 2, -4, 1, 2}, {6}, DType::Int64, kCuda);
+    CHECK_THROWS_WITH(loss_of(logits, bad).item<float>(),
+                      Contains("label -4 of sample 3 is out of range [0, 3)"));
+    CHECK(std::isfinite(loss_of(logits, good).item<float>()));
+    CHECK(loss_of.stats().traces == 1);
+  });
 }
 
 TEST_CASE("mixing devices in one op raises an Error naming the op and both devices",

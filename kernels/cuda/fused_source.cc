@@ -1,0 +1,181 @@
+// Generates the CUDA source of a fused program (fused_source.h).
+#include "kernels/cuda/fused_source.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "runtime/error.h"
+
+namespace encore::kernels::cuda {
+namespace {
+
+// How an op's element function (element_ops.cuh) takes its operands.
+enum class Form {
+  Binary,  // f(a, b)
+  Scalar,  // f(a, s): s its ScalarAttrs value (a slope or a form for activations)
+  Unary,   // f(a)
+  Grad,    // f(a, gy, s)
+};
+
+struct ElementFn {
+  const char* name = nullptr;  // null: no element function
+  Form form = Form::Unary;
+};
+
+// Here goes a new fusable op's element function.
+ElementFn element_fn(Op op) {
+  switch (op) {
+    case Op::Add:
+      return {"add", Form::Binary};
+    case Op::Sub:
+      return {"sub", Form::Binary};
+    case Op::Mul:
+      return {"mul", Form::Binary};
+    case Op::Div:
+      return {"div", Form::Binary};
+    case Op::AddScalar:
+      return {"add_scalar", Form::Scalar};
+    case Op::MulScalar:
+      return {"mul_scalar", Form::Scalar};
+    case Op::RsubScalar:
+      return {"rsub_scalar", Form::Scalar};
+    case Op::DivScalar:
+      return {"div_scalar", Form::Scalar};
+    case Op::RdivScalar:
+      return {"rdiv_scalar", Form::Scalar};
+    case Op::PowScalar:
+      return {"pow_scalar", Form::Scalar};
+    case Op::LeakyRelu:
+      return {"leaky_relu", Form::Scalar};
+    case Op::Gelu:
+      return {"gelu", Form::Scalar};
+    case Op::Neg:
+      return {"neg", Form::Unary};
+    case Op::Exp:
+      return {"exp", Form::Unary};
+    case Op::Log:
+      return {"log", Form::Unary};
+    case Op::Sqrt:
+      return {"sqrt", Form::Unary};
+    case Op::Relu:
+      return {"relu", Form::Unary};
+    case Op::Sigmoid:
+      return {"sigmoid", Form::Unary};
+    case Op::Tanh:
+      return {"tanh", Form::Unary};
+    case Op::ReluGrad:
+      return {"relu_grad", Form::Grad};
+    case Op::LeakyReluGrad:
+      return {"leaky_relu_grad", Form::Grad};
+    case Op::SigmoidGrad:
+      return {"sigmoid_grad", Form::Grad};
+    case Op::TanhGrad:
+      return {"tanh_grad", Form::Grad};
+    case Op::GeluGrad:
+      return {"gelu_grad", Form::Grad};
+    default:
+      return {};
+  }
+}
+
+// A scalar as a T expression with the value static_cast<T>(v) has on the host: a double
+// literal converted to T (hexadecimal, so exact), or its bits where it is not finite.
+std::string scalar_literal(double v) {
+  if (std::isfinite(v)) return absl::StrFormat("T(%a)", v);
+  return absl::StrFormat("T(__longlong_as_double(0x%016xLL))", std::bit_cast<uint64_t>(v));
+}
+
+const char* index_of(FusedLayout l) {
+  switch (l) {
+    case FusedLayout::Full:
+      return "i";
+    case FusedLayout::One:
+      return "0";
+    case FusedLayout::Row:
+      return "c";
+    case FusedLayout::Column:
+      return "j";
+  }
+  return "i";
+}
+
+}  // namespace
+
+std::string fused_unsupported(const FusedProgram& p) {
+  if (p.dtype != DType::Float32 && p.dtype != DType::Float64)
+    return cat("a fused program over ", name(p.dtype));
+  if (p.row_ops) return "a fused program with row operations";
+  if (p.row < 1) return "a fused program with rows of no element";
+  if (static_cast<int>(p.in_layout.size()) != p.n_in ||
+      static_cast<int>(p.out_instr.size()) != p.n_out)
+    return "a fused program whose inputs or outputs are not all described";
+  std::vector<bool> written(FusedProgram::kMaxRegisters, false);
+  for (int k = 0; k < p.n_in; ++k) written[k] = true;
+  for (const FusedInstr& ins : p.instrs) {
+    const ElementFn f = element_fn(ins.op);
+    if (f.name == nullptr) return cat("no CUDA element function for ", op_name(ins.op));
+    if (ins.n_out != 1) return cat(op_name(ins.op), " with ", int{ins.n_out}, " outputs");
+    if (!written[ins.a] || ((f.form == Form::Binary || f.form == Form::Grad) && !written[ins.b]))
+      return cat(op_name(ins.op), " reads a register no instruction wrote before it");
+    written[ins.out[0]] = true;
+  }
+  for (int k = 0; k < p.n_out; ++k) {
+    const FusedOutputOf& of = p.out_instr[k];
+    if (of.instr < 0 || of.instr >= static_cast<int>(p.instrs.size()) || of.output != 0 ||
+        (!p.out_column.empty() && p.out_column[k]))
+      return "a fused program whose outputs are not its instructions' only outputs";
+  }
+  return {};
+}
+
+std::string fused_source(const FusedProgram& p) {
+  if (const std::string why = fused_unsupported(p); !why.empty())
+    fail("fused_elementwise: cannot generate CUDA source for ", why);
+  const bool f32 = p.dtype == DType::Float32;
+  // Row and column indices in 32-bit arithmetic where every index fits.
+  const bool narrow = p.numel <= int64_t{UINT32_MAX};
+  std::string s;
+  s += cat("// ", p.instrs.size(), " fused elementwise steps over ", p.numel, " elements (rows of ",
+           p.row, ")\n#include \"", kElementOpsInclude, "\"\n",
+           "using namespace encore::kernels::cuda;\ntypedef ", f32 ? "float" : "double",
+           " T;\ntypedef ", narrow ? "unsigned int" : "unsigned long long", " I;\n",
+           "extern \"C\" __global__ void __launch_bounds__(256) ", kFusedKernelName,
+           "(unsigned long long n");
+  for (int k = 0; k < p.n_in; ++k) s += cat(", const T* in", k);
+  for (int k = 0; k < p.n_out; ++k) s += cat(", T* out", k);
+  absl::StrAppend(&s,
+                  ") {\n  const unsigned long long stride = (unsigned long long)gridDim.x * "
+                  "blockDim.x;\n  for (unsigned long long i = (unsigned long long)blockIdx.x * "
+                  "blockDim.x + threadIdx.x; i < n; i += stride) {\n");
+  if (p.by_rows)
+    s += cat("    const I j = (I)i / (I)", p.row, "ull;\n    const I c = (I)i - j * (I)", p.row,
+             "ull;\n");
+  // The value each register holds: an input read at the top, then each instruction's result.
+  std::vector<std::string> value(FusedProgram::kMaxRegisters);
+  for (int k = 0; k < p.n_in; ++k) {
+    value[k] = cat("x", k);
+    s += cat("    const T x", k, " = in", k, "[", index_of(p.in_layout[k]), "];\n");
+  }
+  for (size_t t = 0; t < p.instrs.size(); ++t) {
+    const FusedInstr& ins = p.instrs[t];
+    // An exponent of exactly 2 is a square, as the unfused kernel decides (element_ops.cuh).
+    const ElementFn f = ins.op == Op::PowScalar && ins.scalar == 2.0
+                            ? ElementFn{"square", Form::Unary}
+                            : element_fn(ins.op);
+    std::string args = value[ins.a];
+    if (f.form == Form::Binary || f.form == Form::Grad) args += cat(", ", value[ins.b]);
+    if (f.form == Form::Scalar || f.form == Form::Grad)
+      args += cat(", ", scalar_literal(ins.scalar));
+    s += cat("    const T v", t, " = el::", f.name, "(", args, ");  // ", op_name(ins.op), "\n");
+    value[ins.out[0]] = cat("v", t);
+  }
+  for (int k = 0; k < p.n_out; ++k) s += cat("    out", k, "[i] = v", p.out_instr[k].instr, ";\n");
+  s += cat("  }\n}\n");
+  return s;
+}
+
+}  // namespace encore::kernels::cuda

@@ -1,0 +1,34 @@
+// The CUDA C++ source of a fused program (runtime/fused.h): one kernel, `encore_fused`, in which
+// each thread runs the whole program for its elements, every value in registers, with the
+// element functions of the unfused kernels (element_ops.cuh). Host code: it needs neither a GPU
+// nor the CUDA compiler, and NVRTC compiles what it writes (nvrtc.h).
+//
+// The kernel's parameters: the element count (unsigned long long), the program's inputs in order
+// (const T*), then its outputs (T*). An input is read at the element's index (Full), at 0 (One),
+// at index % row (Row) or index / row (Column); an output is written at the element's index, once
+// every input the element reads has been read, so an output may share its buffer with an input
+// of the run's element count (in place).
+#pragma once
+
+#include <string>
+
+#include "runtime/fused.h"
+
+namespace encore::kernels::cuda {
+
+inline constexpr const char* kFusedKernelName = "encore_fused";
+// The name under which the generated source includes element_ops.cuh.
+inline constexpr const char* kElementOpsInclude = "encore_element_ops.cuh";
+
+// "" when the program can run as one CUDA kernel, else why not: a float32 or float64 program of
+// elementwise instructions (kFusable ops), each with one output, reading registers written
+// before.
+std::string fused_unsupported(const FusedProgram& p);
+
+// The kernel's source. The program must be supported (else Error).
+std::string fused_source(const FusedProgram& p);
+
+// The text of element_ops.cuh, embedded at build time.
+const char* element_ops_text();
+
+}  // namespace encore::kernels::cuda

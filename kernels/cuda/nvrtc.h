@@ -1,0 +1,20 @@
+// NVRTC, the CUDA toolkit's runtime compiler, loaded when first used: $ENCORE_NVRTC, else
+// libnvrtc.so.13 or libnvrtc.so on the loader's path, else beside the cuBLAS the process loaded,
+// else /usr/local/cuda/lib64. A process that never fuses a CUDA plan needs no NVRTC, and one that
+// cannot load it runs its CUDA plans unfused, as one of another CUDA release than the build's
+// (its compiler and math library could round otherwise). Compiling needs no GPU.
+#pragma once
+
+#include <string>
+
+namespace encore::kernels::cuda {
+
+// "" when NVRTC is loaded, else why it cannot be.
+const std::string& nvrtc_unavailable();
+
+// The cubin of a fused kernel's source (fused_source.h) for compute capability `arch` (90: sm_90),
+// with element_ops.cuh as its one header. Compiled as the unfused kernels are: no contraction into
+// fma, IEEE division and square root, denormals kept. Error with NVRTC's log when it fails.
+std::string nvrtc_compile(const std::string& source, int arch);
+
+}  // namespace encore::kernels::cuda

@@ -1,0 +1,156 @@
+// Frees that wait for streams (cuda_stream_frees.h).
+#include "runtime/cuda_stream_frees.h"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "runtime/cuda.h"
+#include "runtime/error.h"
+
+#ifdef ENCORE_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace encore::cuda {
+
+#ifndef ENCORE_HAS_CUDA
+
+void free_after_streams(int, std::span<void* const>, Allocator& allocator, void* p,
+                        size_t bytes) noexcept {
+  allocator.deallocate(p, bytes);
+}
+std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {
+  return inner;
+}
+int64_t pending_frees() {
+  return 0;
+}
+
+#else
+
+namespace {
+
+struct PendingFree {
+  std::vector<cudaEvent_t> events;  // one per stream the storage was used on
+  Allocator* allocator;
+  void* p;
+  size_t bytes;
+};
+
+std::mutex g_mu;
+std::vector<PendingFree>* g_pending = new std::vector<PendingFree>;  // never destroyed
+std::atomic<int64_t> g_count{0};
+
+// Returns to their allocators the pending frees whose events have completed (every one, waiting
+// for them, when `wait`). An event that reports an error counts as completed: the device has
+// failed, and nothing queued after it will run.
+void release(bool wait) noexcept {
+  std::vector<PendingFree> done;
+  {
+    const std::lock_guard<std::mutex> lock(g_mu);
+    std::vector<PendingFree>& pending = *g_pending;
+    for (size_t k = 0; k < pending.size();) {
+      bool finished = true;
+      for (cudaEvent_t e : pending[k].events)
+        if ((wait ? cudaEventSynchronize(e) : cudaEventQuery(e)) == cudaErrorNotReady) {
+          finished = false;
+          break;
+        }
+      if (finished) {
+        done.push_back(std::move(pending[k]));
+        pending[k] = std::move(pending.back());
+        pending.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    g_count.store(static_cast<int64_t>(pending.size()), std::memory_order_relaxed);
+  }
+  (void)cudaGetLastError();  // a query's cudaErrorNotReady is no error
+  for (PendingFree& f : done) {
+    for (cudaEvent_t e : f.events) (void)cudaEventDestroy(e);
+    f.allocator->deallocate(f.p, f.bytes);
+  }
+}
+
+class StreamOrdered final : public Allocator {
+ public:
+  explicit StreamOrdered(std::unique_ptr<Allocator> inner) : inner_(std::move(inner)) {}
+  void* allocate(size_t bytes) override {
+    if (g_count.load(std::memory_order_relaxed) == 0) [[likely]]
+      return inner_->allocate(bytes);
+    release(false);
+    try {
+      return inner_->allocate(bytes);
+    } catch (const Error&) {  // out of memory: the blocks still waiting for streams may do
+      release(true);
+      return inner_->allocate(bytes);
+    }
+  }
+  void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
+  AllocatorStats stats() const override { return inner_->stats(); }
+  void reset_peak() override { inner_->reset_peak(); }
+  void empty_cache() override {
+    release(true);
+    inner_->empty_cache();
+  }
+
+ private:
+  std::unique_ptr<Allocator> inner_;
+};
+
+}  // namespace
+
+void free_after_streams(int device, std::span<void* const> streams, Allocator& allocator, void* p,
+                        size_t bytes) noexcept {
+  PendingFree f{{}, &allocator, p, bytes};
+  int previous = 0;
+  const bool switched =
+      cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+  bool recorded = switched;
+  for (void* s : streams) {
+    cudaEvent_t e = nullptr;
+    if (recorded && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(e, static_cast<cudaStream_t>(s)) == cudaSuccess) {
+        try {
+          f.events.push_back(e);
+          continue;
+        } catch (...) {  // no memory for the list
+        }
+      }
+      (void)cudaEventDestroy(e);
+    }
+    recorded = false;
+    break;
+  }
+  if (switched) (void)cudaSetDevice(previous);
+  if (recorded) {
+    try {
+      const std::lock_guard<std::mutex> lock(g_mu);
+      g_pending->push_back(std::move(f));
+      g_count.store(static_cast<int64_t>(g_pending->size()), std::memory_order_relaxed);
+      return;
+    } catch (...) {
+    }
+  }
+  // An event could not be had (a stream of another device, a failed device, no memory): wait for
+  // the streams themselves instead, then free.
+  (void)cudaGetLastError();
+  for (cudaEvent_t e : f.events) (void)cudaEventDestroy(e);
+  for (void* s : streams) (void)cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+  (void)cudaGetLastError();
+  allocator.deallocate(p, bytes);
+}
+
+std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {
+  return std::make_unique<StreamOrdered>(std::move(inner));
+}
+
+int64_t pending_frees() {
+  return g_count.load(std::memory_order_relaxed);
+}
+
+#endif
+
+}  // namespace encore::cuda

@@ -1,0 +1,64 @@
+// Fused elementwise runs of CUDA plans: each run is one kernel NVRTC compiled from the program,
+// calling the unfused kernels' element functions, so a replay gives eager's bits (forward and
+// gradients) for every fusable op, in float32 and float64, with operands broadcast as one element,
+// one row and one value per row, with CUDA graphs on and off; verify mode compares each fused
+// output with the eager step it stands for.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <string>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/fusion_patterns.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+
+TEST_CASE("fused runs on cuda are compiled kernels that replay eager's bits for every fusable op",
+          "[cuda][static][fusion]") {
+  with_graphs_on_and_off([](bool) {
+    StaticEnabled on;
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      // One element, one block, many blocks; rows of 48 for the broadcast row and column.
+      for (const Shape& shape : {Shape{1, 1}, Shape{7, 48}, Shape{4096, 48}}) {
+        INFO(name(dtype) << " over " << shape.str());
+        manual_seed(static_cast<uint64_t>(shape.numel()));
+        const Tensor c = rand({1}, dtype, kCuda, 0.5, 1.5);
+        const Tensor row = rand({shape[1]}, dtype, kCuda, -1, 1);
+        const Tensor column = rand({shape[0], 1}, dtype, kCuda, -1, 1);
+        auto body = [&](const Tensor& x, const Tensor& w) {
+          return F::relu(every_fusable_op(x, w, c) * row - column);
+        };
+        auto fused = static_graph(body, {.name = "fused"});
+        auto verified = static_graph(body, {.name = "verified", .verify_every = 1});
+        auto unfused = static_graph(body, {.name = "unfused"});
+        for (int call = 0; call < 3; ++call) {  // trace, then replays on fresh values
+          const Args<2> args = {rand(shape, dtype, kCuda, -2, 2),
+                                rand(shape, dtype, kCuda, 0.5, 1.5)};
+          const auto want = run_once<2>(body, args);
+          for (auto* fn : {&fused, &verified, &unfused}) {
+            const StaticFusion fuse(fn != &unfused);  // read when the first call traces
+            const auto got = run_once<2>(*fn, args);
+            CHECK(bit_diff(got.first, want.first) == "");
+            for (size_t i = 0; i < 2; ++i) CHECK(bit_diff(got.second[i], want.second[i]) == "");
+          }
+        }
+        REQUIRE(fused.stats().traces == 1);
+        CHECK(verified.stats().verifications >= 2);
+        const std::string text = fused.schedule_text();
+        INFO(text);
+        CHECK_THAT(text, !Catch::Contains("left unfused"));
+        // Both phases, each fused step a compiled kernel.
+        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
+              2);
+        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps, )") == 0);
+        CHECK_THAT(unfused.schedule_text(), !Catch::Contains("fused_elementwise"));
+        const EntryReport a = fused.stats().cache[0], b = unfused.stats().cache[0];
+        CHECK(a.forward_steps + a.backward_steps < b.forward_steps + b.backward_steps);
+      }
+    }
+  });
+}

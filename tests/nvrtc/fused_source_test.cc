@@ -1,0 +1,227 @@
+// The CUDA source of fused programs, compiled with NVRTC for sm_90 (no GPU needed): every
+// fusable op in float32 and float64, every way a binary op reads its operands, and random runs
+// of up to a program's limits. A fusable op without a CUDA element function, or generated code
+// NVRTC rejects, fails here; the [cuda] tests run the kernels and compare their bits with the
+// unfused steps'.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/fused_source.h"
+#include "kernels/cuda/nvrtc.h"
+#include "runtime/error.h"
+#include "runtime/fused.h"
+
+using namespace encore;
+using encore::kernels::cuda::fused_source;
+using encore::kernels::cuda::fused_unsupported;
+using encore::kernels::cuda::nvrtc_compile;
+
+namespace {
+
+constexpr int kArch = 90;
+
+// The cubin holds the kernel's symbol.
+void check_compiles(const FusedProgram& p) {
+  INFO(fused_source(p));
+  const std::string cubin = nvrtc_compile(fused_source(p), kArch);
+  CHECK(cubin.size() > 64);
+  CHECK(cubin.compare(0, 4,
+                      "\x7f"
+                      "ELF") == 0);
+  CHECK(cubin.find(kernels::cuda::kFusedKernelName) != std::string::npos);
+}
+
+// Reads of an op: two for binary ops and gradients, one for the rest.
+int reads_of(Op op) {
+  switch (op) {
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::ReluGrad:
+    case Op::LeakyReluGrad:
+    case Op::SigmoidGrad:
+    case Op::TanhGrad:
+    case Op::GeluGrad:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// A program of one instruction over inputs read in `layouts`.
+FusedProgram one_step(Op op, DType dtype, std::vector<FusedLayout> layouts, double scalar) {
+  FusedProgram p;
+  p.dtype = dtype;
+  p.numel = 3000;
+  p.row = 60;
+  p.n_in = static_cast<int>(layouts.size());
+  p.in_layout = layouts;
+  for (FusedLayout l : layouts) p.by_rows |= l == FusedLayout::Row || l == FusedLayout::Column;
+  FusedInstr ins;
+  ins.op = op;
+  ins.a = 0;
+  ins.b = static_cast<uint8_t>(p.n_in > 1 ? 1 : 0);
+  ins.la = layouts[0];
+  ins.lb = layouts[ins.b];
+  ins.out[0] = static_cast<uint8_t>(p.out_reg(0));
+  ins.scalar = scalar;
+  p.instrs.push_back(ins);
+  p.n_out = 1;
+  p.out_instr.push_back({0, 0});
+  p.out_column.push_back(false);
+  p.trace_index.push_back(0);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("NVRTC loads", "[nvrtc]") {
+  CHECK(kernels::cuda::nvrtc_unavailable() == "");
+}
+
+TEST_CASE("every fusable op compiles into a fused CUDA kernel", "[nvrtc]") {
+  int ops = 0;
+  for (int k = 0; k < kNumOps; ++k) {
+    const Op op = static_cast<Op>(k);
+    if (!op_fusable(op)) continue;
+    ++ops;
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      INFO(op_name(op) << " " << name(dtype));
+      const int n = reads_of(op);
+      const FusedProgram p =
+          one_step(op, dtype, std::vector<FusedLayout>(n, FusedLayout::Full), 0.5);
+      REQUIRE(fused_unsupported(p) == "");
+      CHECK_THAT(fused_source(p), Catch::Contains(std::string(op_name(op))));
+      check_compiles(p);
+    }
+  }
+  CHECK(ops >= 24);  // add ... gelu_grad
+}
+
+TEST_CASE("a binary op reads its operands in every layout", "[nvrtc]") {
+  const FusedLayout all[] = {FusedLayout::Full, FusedLayout::One, FusedLayout::Row,
+                             FusedLayout::Column};
+  FusedProgram p;
+  p.dtype = DType::Float32;
+  p.numel = 4096;
+  p.row = 64;
+  p.by_rows = true;
+  // One input per layout; instruction k reads inputs a and b in every pair of layouts, each result
+  // an output.
+  for (FusedLayout l : all) p.in_layout.push_back(l);
+  p.n_in = 4;
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b) {
+      FusedInstr ins;
+      ins.op = (a + b) % 2 ? Op::Mul : Op::Sub;
+      ins.a = static_cast<uint8_t>(a);
+      ins.b = static_cast<uint8_t>(b);
+      ins.la = all[a];
+      ins.lb = all[b];
+      ins.out[0] = static_cast<uint8_t>(p.out_reg(p.n_out));
+      p.out_instr.push_back({static_cast<int>(p.instrs.size()), 0});
+      p.out_column.push_back(false);
+      p.instrs.push_back(ins);
+      ++p.n_out;
+    }
+  const std::string src = fused_source(p);
+  CHECK_THAT(src, Catch::Contains("in1[0]"));  // One
+  CHECK_THAT(src, Catch::Contains("in2[c]"));  // Row
+  CHECK_THAT(src, Catch::Contains("in3[j]"));  // Column
+  check_compiles(p);
+}
+
+TEST_CASE("scalars keep their value: non-finite ones and the double nearest a decimal", "[nvrtc]") {
+  for (double s : {0.1, -0.0, 1e300, 1.0 / 0.0, -1.0 / 0.0, 0.0 / 0.0}) {
+    INFO(s);
+    FusedProgram p = one_step(Op::MulScalar, DType::Float64, {FusedLayout::Full}, s);
+    check_compiles(p);
+  }
+  CHECK_THAT(fused_source(one_step(Op::AddScalar, DType::Float32, {FusedLayout::Full}, 0.1)),
+             Catch::Contains("T(0x1.999999999999ap-4)"));
+  // pow with an exponent of exactly 2 (as a double) squares, as the unfused kernel does; one a
+  // float32 cannot tell from 2 still calls pow.
+  CHECK_THAT(fused_source(one_step(Op::PowScalar, DType::Float32, {FusedLayout::Full}, 2.0)),
+             Catch::Contains("el::square(x0)"));
+  const FusedProgram near_two =
+      one_step(Op::PowScalar, DType::Float32, {FusedLayout::Full}, 2.0 + 1e-12);
+  CHECK_THAT(fused_source(near_two),
+             Catch::Contains("el::pow_scalar(x0, T(0x1.00000000008ccp+1))"));
+  check_compiles(near_two);
+}
+
+TEST_CASE("random fused runs compile", "[nvrtc]") {
+  std::mt19937 rng(20261126);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  std::vector<Op> ops;
+  for (int k = 0; k < kNumOps; ++k)
+    if (op_fusable(static_cast<Op>(k))) ops.push_back(static_cast<Op>(k));
+  for (int round = 0; round < 30; ++round) {
+    FusedProgram p;
+    p.dtype = round % 3 == 2 ? DType::Float64 : DType::Float32;
+    p.row = 1 + pick(300);
+    p.numel = p.row * (1 + pick(5000));
+    p.n_in = 1 + pick(FusedProgram::kMaxInputs);
+    for (int k = 0; k < p.n_in; ++k) {
+      const auto l = static_cast<FusedLayout>(pick(4));
+      p.in_layout.push_back(l);
+      p.by_rows |= l == FusedLayout::Row || l == FusedLayout::Column;
+    }
+    // Registers written so far: the inputs, then scratch slots and outputs as instructions write
+    // them (a scratch slot rewritten, an output written once).
+    std::vector<uint8_t> readable;
+    for (int k = 0; k < p.n_in; ++k) readable.push_back(static_cast<uint8_t>(k));
+    const int steps = 2 + pick(round < 2 ? FusedProgram::kMaxSteps - 1 : 40);
+    for (int t = 0; t < steps; ++t) {
+      FusedInstr ins;
+      ins.op = ops[pick(static_cast<int>(ops.size()))];
+      ins.a = readable[pick(static_cast<int>(readable.size()))];
+      ins.b = readable[pick(static_cast<int>(readable.size()))];
+      ins.scalar = 0.25 * (1 + pick(8));
+      if (t + 1 < steps && pick(3) != 0) {
+        ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
+      } else {
+        ins.out[0] = static_cast<uint8_t>(p.out_reg(p.n_out++));
+        p.out_instr.push_back({t, 0});
+        p.out_column.push_back(false);
+      }
+      readable.push_back(ins.out[0]);
+      p.instrs.push_back(ins);
+    }
+    INFO("round " << round << ": " << p.n_in << " inputs, " << steps << " steps");
+    REQUIRE(fused_unsupported(p) == "");
+    check_compiles(p);
+  }
+}
+
+TEST_CASE("programs a CUDA kernel cannot run are refused with the reason", "[nvrtc]") {
+  FusedProgram rows = one_step(Op::Sum, DType::Float32, {FusedLayout::Full}, 0);
+  rows.row_ops = true;
+  CHECK_THAT(fused_unsupported(rows), Catch::Contains("row operations"));
+  CHECK_THROWS_AS(fused_source(rows), Error);
+
+  FusedProgram sum = one_step(Op::Sum, DType::Float32, {FusedLayout::Full}, 0);
+  CHECK_THAT(fused_unsupported(sum), Catch::Contains("no CUDA element function for sum"));
+
+  FusedProgram ints = one_step(Op::Add, DType::Int64, {FusedLayout::Full, FusedLayout::Full}, 0);
+  CHECK_THAT(fused_unsupported(ints), Catch::Contains("int64"));
+
+  FusedProgram unwritten = one_step(Op::Add, DType::Float32, {FusedLayout::Full}, 0);
+  unwritten.instrs[0].b = static_cast<uint8_t>(unwritten.scratch_reg(3));
+  CHECK_THAT(fused_unsupported(unwritten), Catch::Contains("reads a register no instruction"));
+}
+
+TEST_CASE("NVRTC's errors name the op and carry its log", "[nvrtc]") {
+  try {
+    nvrtc_compile("this is not CUDA", kArch);
+    FAIL("compiled");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("fused_elementwise"));
+    CHECK_THAT(e.what(), Catch::Contains("sm_90"));
+    CHECK_THAT(e.what(), Catch::Contains("error"));
+  }
+}
