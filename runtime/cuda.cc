@@ -302,8 +302,9 @@ struct Streams {
   std::mutex mu;
   std::unordered_map<StreamHandle, uint64_t> serial;
   uint64_t next = 1;
-  std::atomic<uint64_t> generation{0};
 };
+// Read on every GEMM and convolution: constant-initialized, no guard.
+std::atomic<uint64_t> g_stream_generation{0};
 Streams& streams() {
   static Streams* s = new Streams;  // never destroyed: streams outlive static destructors
   return *s;
@@ -332,11 +333,11 @@ void destroy_stream(StreamHandle s) {
     all.serial.erase(s);
   }
   (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
-  all.generation.fetch_add(1, std::memory_order_release);
+  g_stream_generation.fetch_add(1, std::memory_order_release);
 }
 
 uint64_t stream_generation() {
-  return streams().generation.load(std::memory_order_acquire);
+  return g_stream_generation.load(std::memory_order_acquire);
 }
 
 uint64_t stream_serial(StreamHandle s) {

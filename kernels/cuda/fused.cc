@@ -68,7 +68,7 @@ std::string prepare(FusedProgram& p, Device device) {
 void fused_kernel(const KernelArgs& args) {
   const FusedProgram& p = *args.attr<FusedAttrs>().program;
   if (p.device_kernel == nullptr)
-    fail("fused_elementwise: the program was not compiled for ", Device::cuda().str());
+    fail("fused_elementwise: the program has no compiled kernel (its plan did not prepare it)");
   unsigned long long n = static_cast<unsigned long long>(p.numel);
   if (n == 0) return;
   constexpr int kMaxParams = 1 + FusedProgram::kMaxInputs + FusedProgram::kMaxSteps;

@@ -301,6 +301,25 @@ TEST_CASE("a bad label in a replayed static step on cuda raises the Error at the
   });
 }
 
+TEST_CASE("a verified replay on cuda that fails in the middle leaves the next call right",
+          "[cuda][runtime][static]") {
+  StaticEnabled on;
+  const Tensor logits = rand({6, 3}).to(kCuda);
+  auto body = [](const Tensor& x, const Tensor& t) {
+    return F::softmax_cross_entropy(F::relu(x), t);
+  };
+  auto loss_of = static_graph(body, {.name = "verified_loss", .verify_every = 1});
+  const Tensor good = tensor({0, 1, 2, 0, 1, 2}, {6}, DType::Int64, kCuda);
+  const float want = body(logits, good).item<float>();
+  for (int call = 0; call < 2; ++call) CHECK(loss_of(logits, good).item<float>() == want);
+  // Verify mode copies each step's values to the host, where the report is raised: the call
+  // stops between its steps, and its block must be released whole.
+  const Tensor bad = tensor({0, 1, 2, -4, 1, 2}, {6}, DType::Int64, kCuda);
+  CHECK_THROWS_WITH(loss_of(logits, bad), Contains("label -4 of sample 3 is out of range [0, 3)"));
+  CHECK_NOTHROW(cuda::synchronize());
+  for (int call = 0; call < 2; ++call) CHECK(loss_of(logits, good).item<float>() == want);
+}
+
 TEST_CASE("mixing devices in one op raises an Error naming the op and both devices",
           "[cuda][runtime]") {
   const Tensor c = rand({2, 3}), d = rand({2, 3}).to(kCuda);
