@@ -18,11 +18,13 @@ void register_fused_prepare(DeviceType type, FusedPrepare prepare) {
   preparers()[static_cast<size_t>(type)] = prepare;
 }
 
-std::string prepare_fused(FusedProgram& program, Device device) {
-  if (device.type == DeviceType::CPU) return {};
+std::vector<std::string> prepare_fused(std::span<FusedProgram* const> programs, Device device) {
+  if (device.type == DeviceType::CPU || programs.empty())
+    return std::vector<std::string>(programs.size());
   const FusedPrepare prepare = preparers()[static_cast<size_t>(device.type)];
-  if (prepare == nullptr) return "no fused kernels for " + device.str();
-  return prepare(program, device);
+  if (prepare == nullptr)
+    return std::vector<std::string>(programs.size(), "no fused kernels for " + device.str());
+  return prepare(programs, device);
 }
 
 }  // namespace encore

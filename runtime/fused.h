@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,14 +99,15 @@ struct FusedProgram {
 };
 static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 
-// A backend's preparation of a program for a device of its type: compiles it (or finds it
-// compiled) and sets `device_kernel`. Returns "" when the program is ready, else why it cannot be
-// run there; the plan then keeps the run's steps unfused.
-using FusedPrepare = std::string (*)(FusedProgram& program, Device device);
+// A backend's preparation of a plan's programs for a device of its type: compiles them (together,
+// or finds them compiled) and sets each one's `device_kernel`. Returns per program "" when it is
+// ready, else why it cannot run there; the plan then keeps that run's steps unfused.
+using FusedPrepare = std::vector<std::string> (*)(std::span<FusedProgram* const> programs,
+                                                  Device device);
 // Registered by a backend at static-initialisation time.
 void register_fused_prepare(DeviceType type, FusedPrepare prepare);
-// Prepares `program` for `device`: "" when ready (the cpu needs nothing), else why not (no
-// backend registered one for the device type, or its reason).
-std::string prepare_fused(FusedProgram& program, Device device);
+// Prepares `programs` for `device`: per program "" when ready (the cpu needs nothing), else why
+// not (no backend registered one for the device type, or its reason).
+std::vector<std::string> prepare_fused(std::span<FusedProgram* const> programs, Device device);
 
 }  // namespace encore

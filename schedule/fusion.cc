@@ -4,6 +4,7 @@
 // into one kernel).
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -171,6 +172,14 @@ void Plan::fuse_elementwise() {
 
   std::vector<Step> steps;
   int n_forward = 0;
+  // Each fused step made: where it is in `steps`, its program and the steps it stands for, which
+  // come back where the device's backend cannot run the program.
+  struct Made {
+    size_t at;
+    FusedProgram* program;
+    std::vector<Step> steps;
+  };
+  std::vector<Made> made;
   for (int t = 0; t < n;) {
     const Step& first = all_[t];
     const int phase_end = t < n_forward_ ? n_forward_ : n;
@@ -309,18 +318,33 @@ void Plan::fuse_elementwise() {
       p.trace_index.push_back(s.index);
     }
     for (int k : touched) reg[k] = -1;
-    if (std::string why = prepare_fused(p, device_); !why.empty()) {
-      if (unfused_reason_.empty()) unfused_reason_ = std::move(why);
-      if (t < n_forward_) n_forward += e - t - 1;
-      for (int j = t; j < e; ++j) steps.push_back(std::move(all_[j]));
-      t = e;
-      continue;
-    }
+    made.push_back({steps.size(), program.get(),
+                    std::vector<Step>(std::make_move_iterator(all_.begin() + t),
+                                      std::make_move_iterator(all_.begin() + e))});
     programs_.push_back(std::move(program));
     steps.push_back(std::move(fused));
     t = e;
   }
-  all_ = std::move(steps);
+  // The backend prepares every program at once (CUDA: one NVRTC compile for the plan).
+  std::vector<FusedProgram*> programs;
+  for (const Made& m : made) programs.push_back(m.program);
+  const std::vector<std::string> why = prepare_fused(programs, device_);
+  all_.clear();
+  const int fused_forward = n_forward;  // steps of `steps` in the forward
+  size_t next = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (next < made.size() && made[next].at == i) {
+      Made& m = made[next];
+      if (const std::string& reason = why[next++]; !reason.empty()) {
+        if (unfused_reason_.empty()) unfused_reason_ = reason;
+        if (static_cast<int>(i) < fused_forward) n_forward += static_cast<int>(m.steps.size()) - 1;
+        std::erase_if(programs_, [&](const auto& p) { return p.get() == m.program; });
+        for (Step& original : m.steps) all_.push_back(std::move(original));
+        continue;
+      }
+    }
+    all_.push_back(std::move(steps[i]));
+  }
   n_forward_ = n_forward;
 }
 

@@ -1,11 +1,15 @@
 // FusedElementwise on CUDA (runtime/fused.h): a run of elementwise steps of a CUDA plan as one
 // kernel, generated from its program (fused_source.h) and compiled with NVRTC (nvrtc.h) when the
-// plan is made. Kernels are cached for the life of the process by compute capability and source,
-// so two plans with the same program (a retrace, another model) share one. The step's kernel
+// plan is made, all of a plan's new programs in one NVRTC compile. Kernels are cached for the life
+// of the process by compute capability and source, so two runs or plans with the same program (a
+// repeated cell, a retrace, another model) share one. The step's kernel
 // then launches the compiled kernel with its buffers: no lookup, lock or allocation.
+#include <algorithm>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "kernels/cuda/common.cuh"
@@ -22,46 +26,85 @@ struct Compiled {
   std::string error;
 };
 
-Compiled compile(const std::string& source, int arch) {
-  Compiled c;
+// Compiles kernels[k] (each following the prelude, named names[k]) in one NVRTC program and loads
+// it; per kernel, the loaded kernel or why not. One compile pays NVRTC's fixed cost once for a
+// whole plan. Loaded libraries are never unloaded: a plan's kernel, or a graph that captured it,
+// may run until the process ends.
+std::vector<Compiled> compile(const std::vector<std::string>& kernels,
+                              const std::vector<std::string>& names, int arch) {
+  std::vector<Compiled> out(kernels.size());
+  std::string source = fused_prelude();
+  for (const std::string& k : kernels) source += k;
   try {
     const std::string cubin = nvrtc_compile(source, arch);
     cudaLibrary_t library = nullptr;
-    cudaError_t e =
+    const cudaError_t loaded =
         cudaLibraryLoadData(&library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (e == cudaSuccess) e = cudaLibraryGetKernel(&c.kernel, library, kFusedKernelName);
-    if (e != cudaSuccess) {
-      c.kernel = nullptr;
-      c.error = cat("the compiled fused kernel does not load: ", cudaGetErrorName(e), " (",
-                    cudaGetErrorString(e), ")");
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      cudaError_t e = loaded;
+      if (e == cudaSuccess) e = cudaLibraryGetKernel(&out[k].kernel, library, names[k].c_str());
+      if (e != cudaSuccess) {
+        out[k].kernel = nullptr;
+        out[k].error = cat("the compiled fused kernel does not load: ", cudaGetErrorName(e), " (",
+                           cudaGetErrorString(e), ")");
+      }
     }
   } catch (const Error& e) {
-    c.error = e.what();
+    if (kernels.size() == 1) {
+      out[0].error = e.what();
+    } else {  // find which: each on its own
+      for (size_t k = 0; k < kernels.size(); ++k)
+        out[k] = compile({kernels[k]}, {names[k]}, arch)[0];
+    }
   }
-  return c;
+  return out;
 }
 
-std::string prepare(FusedProgram& p, Device device) {
-  if (std::string why = fused_unsupported(p); !why.empty()) return why;
-  if (const std::string& why = nvrtc_unavailable(); !why.empty()) return why;
+std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device device) {
+  std::vector<std::string> why(programs.size());
+  auto all = [&](const std::string& reason) {
+    std::fill(why.begin(), why.end(), reason);
+    return why;
+  };
+  if (const std::string& reason = nvrtc_unavailable(); !reason.empty()) return all(reason);
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index) !=
           cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index) !=
           cudaSuccess)
-    return cat("the compute capability of ", device.str(), " cannot be read");
+    return all(cat("the compute capability of ", device.str(), " cannot be read"));
   const int arch = 10 * major + minor;
-  std::string source = fused_source(p);
-  // Loaded libraries are never unloaded: a plan's kernel, or a graph that captured it, may run
-  // until the process ends.
+
+  // Per process, by capability and kernel source (named kFusedKernelName in the key).
   static std::mutex mu;
   static absl::flat_hash_map<std::string, Compiled> cache;
   const std::lock_guard<std::mutex> lock(mu);
-  std::string key = cat(arch, "\n", source);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(std::move(key), compile(source, arch)).first;
-  p.device_kernel = it->second.kernel;
-  return it->second.error;
+  std::vector<std::string> keys(programs.size());
+  std::vector<std::string> kernels, names, new_keys;
+  for (size_t k = 0; k < programs.size(); ++k) {
+    if (std::string reason = fused_unsupported(*programs[k]); !reason.empty()) {
+      why[k] = std::move(reason);
+      continue;
+    }
+    keys[k] = cat(arch, "\n", fused_kernel_source(*programs[k], kFusedKernelName));
+    if (cache.contains(keys[k]) ||
+        std::find(new_keys.begin(), new_keys.end(), keys[k]) != new_keys.end())
+      continue;
+    names.push_back(cat(kFusedKernelName, "_", kernels.size()));
+    kernels.push_back(fused_kernel_source(*programs[k], names.back()));
+    new_keys.push_back(keys[k]);
+  }
+  if (!kernels.empty()) {
+    std::vector<Compiled> compiled = compile(kernels, names, arch);
+    for (size_t k = 0; k < compiled.size(); ++k) cache.emplace(new_keys[k], std::move(compiled[k]));
+  }
+  for (size_t k = 0; k < programs.size(); ++k) {
+    if (keys[k].empty()) continue;
+    const Compiled& c = cache.at(keys[k]);
+    programs[k]->device_kernel = c.kernel;
+    why[k] = c.error;
+  }
+  return why;
 }
 
 // The element count, then the inputs, then the outputs: the generated kernel's parameters.

@@ -132,25 +132,25 @@ std::string fused_unsupported(const FusedProgram& p) {
   return {};
 }
 
-std::string fused_source(const FusedProgram& p) {
+std::string fused_prelude() {
+  return cat("#include \"", kElementOpsInclude, "\"\nusing namespace encore::kernels::cuda;\n");
+}
+
+std::string fused_kernel_source(const FusedProgram& p, std::string_view name) {
   if (const std::string why = fused_unsupported(p); !why.empty())
     fail("fused_elementwise: cannot generate CUDA source for ", why);
-  const bool f32 = p.dtype == DType::Float32;
+  const char* t = p.dtype == DType::Float32 ? "float" : "double";
   // Row and column indices in 32-bit arithmetic where every index fits.
   const bool narrow = p.numel <= int64_t{UINT32_MAX};
-  std::string s;
-  s += cat("// ", p.instrs.size(), " fused elementwise steps over ", p.numel, " elements (rows of ",
-           p.row, ")\n#include \"", kElementOpsInclude, "\"\n",
-           "using namespace encore::kernels::cuda;\ntypedef ", f32 ? "float" : "double",
-           " T;\ntypedef ", narrow ? "unsigned int" : "unsigned long long", " I;\n",
-           "extern \"C\" __global__ void __launch_bounds__(256) ", kFusedKernelName,
-           "(unsigned long long n");
-  for (int k = 0; k < p.n_in; ++k) s += cat(", const T* in", k);
-  for (int k = 0; k < p.n_out; ++k) s += cat(", T* out", k);
-  absl::StrAppend(&s,
-                  ") {\n  const unsigned long long stride = (unsigned long long)gridDim.x * "
-                  "blockDim.x;\n  for (unsigned long long i = (unsigned long long)blockIdx.x * "
-                  "blockDim.x + threadIdx.x; i < n; i += stride) {\n");
+  std::string s = cat("// ", p.instrs.size(), " fused elementwise steps over ", p.numel,
+                      " elements (rows of ", p.row, ")\nextern \"C\" __global__ void ",
+                      "__launch_bounds__(256) ", name, "(unsigned long long n");
+  for (int k = 0; k < p.n_in; ++k) s += cat(", const ", t, "* in", k);
+  for (int k = 0; k < p.n_out; ++k) s += cat(", ", t, "* out", k);
+  s += cat(") {\n  typedef ", t, " T;\n  typedef ", narrow ? "unsigned int" : "unsigned long long",
+           " I;\n  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n",
+           "  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + ",
+           "threadIdx.x; i < n; i += stride) {\n");
   if (p.by_rows)
     s += cat("    const I j = (I)i / (I)", p.row, "ull;\n    const I c = (I)i - j * (I)", p.row,
              "ull;\n");
@@ -160,8 +160,8 @@ std::string fused_source(const FusedProgram& p) {
     value[k] = cat("x", k);
     s += cat("    const T x", k, " = in", k, "[", index_of(p.in_layout[k]), "];\n");
   }
-  for (size_t t = 0; t < p.instrs.size(); ++t) {
-    const FusedInstr& ins = p.instrs[t];
+  for (size_t v = 0; v < p.instrs.size(); ++v) {
+    const FusedInstr& ins = p.instrs[v];
     // An exponent of exactly 2 is a square, as the unfused kernel decides (element_ops.cuh).
     const ElementFn f = ins.op == Op::PowScalar && ins.scalar == 2.0
                             ? ElementFn{"square", Form::Unary}
@@ -170,12 +170,16 @@ std::string fused_source(const FusedProgram& p) {
     if (f.form == Form::Binary || f.form == Form::Grad) args += cat(", ", value[ins.b]);
     if (f.form == Form::Scalar || f.form == Form::Grad)
       args += cat(", ", scalar_literal(ins.scalar));
-    s += cat("    const T v", t, " = el::", f.name, "(", args, ");  // ", op_name(ins.op), "\n");
-    value[ins.out[0]] = cat("v", t);
+    s += cat("    const T v", v, " = el::", f.name, "(", args, ");  // ", op_name(ins.op), "\n");
+    value[ins.out[0]] = cat("v", v);
   }
   for (int k = 0; k < p.n_out; ++k) s += cat("    out", k, "[i] = v", p.out_instr[k].instr, ";\n");
-  s += cat("  }\n}\n");
+  s += "  }\n}\n";
   return s;
+}
+
+std::string fused_source(const FusedProgram& p) {
+  return fused_prelude() + fused_kernel_source(p, kFusedKernelName);
 }
 
 }  // namespace encore::kernels::cuda

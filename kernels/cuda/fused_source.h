@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "runtime/fused.h"
 
@@ -25,7 +26,15 @@ inline constexpr const char* kElementOpsInclude = "encore_element_ops.cuh";
 // before.
 std::string fused_unsupported(const FusedProgram& p);
 
-// The kernel's source. The program must be supported (else Error).
+// What every source of fused kernels starts with: element_ops.cuh, and its namespace in scope.
+std::string fused_prelude();
+
+// One program's kernel, named `name` (extern "C"), to follow the prelude; several kernels may
+// follow one prelude (a plan's programs compile together). The program must be supported (else
+// Error).
+std::string fused_kernel_source(const FusedProgram& p, std::string_view name);
+
+// A whole source: the prelude and the program's kernel, named kFusedKernelName.
 std::string fused_source(const FusedProgram& p);
 
 // The text of element_ops.cuh, embedded at build time.

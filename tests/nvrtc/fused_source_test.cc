@@ -198,6 +198,24 @@ TEST_CASE("random fused runs compile", "[nvrtc]") {
   }
 }
 
+TEST_CASE("a plan's programs compile together, each kernel under its own name", "[nvrtc]") {
+  // As the CUDA backend compiles a plan: one prelude, then each program's kernel.
+  const FusedProgram a = one_step(Op::Tanh, DType::Float32, {FusedLayout::Full}, 0);
+  const FusedProgram b =
+      one_step(Op::Mul, DType::Float64, {FusedLayout::Full, FusedLayout::Row}, 0);
+  const std::string source = kernels::cuda::fused_prelude() +
+                             kernels::cuda::fused_kernel_source(a, "encore_fused_0") +
+                             kernels::cuda::fused_kernel_source(b, "encore_fused_1");
+  INFO(source);
+  const std::string cubin = nvrtc_compile(source, kArch);
+  CHECK(cubin.find("encore_fused_0") != std::string::npos);
+  CHECK(cubin.find("encore_fused_1") != std::string::npos);
+  // The whole-source form is the prelude and the kernel under kFusedKernelName.
+  CHECK(fused_source(a) ==
+        kernels::cuda::fused_prelude() +
+            kernels::cuda::fused_kernel_source(a, kernels::cuda::kFusedKernelName));
+}
+
 TEST_CASE("programs a CUDA kernel cannot run are refused with the reason", "[nvrtc]") {
   FusedProgram rows = one_step(Op::Sum, DType::Float32, {FusedLayout::Full}, 0);
   rows.row_ops = true;
