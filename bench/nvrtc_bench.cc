@@ -1,8 +1,8 @@
-// NvrtcCompile/N: what fusing costs a CUDA plan when its signature is traced, per fused run:
-// generating the CUDA source of a program of N elementwise instructions (a chain of add, mul by
-// a scalar and tanh over two inputs, float32) and compiling it with NVRTC for sm_90 (host time;
-// no GPU needed). Plans share compiled kernels by source, so a run repeated in a model (an
-// unrolled LSTM cell) is compiled once.
+// NvrtcCompile/N: what fusing costs a CUDA plan when its signature is traced: generating the
+// CUDA source of a program of N elementwise instructions (a chain of add, mul by a scalar and tanh
+// over two inputs, float32) and compiling it with NVRTC for sm_90 (host time; no GPU needed). A
+// plan compiles all its new programs in one NVRTC program, so N stands for the instructions of
+// all its runs; runs already compiled (a cell repeated in a model, a retrace) cost nothing.
 #include <benchmark/benchmark.h>
 
 #ifdef ENCORE_HAS_CUDA
