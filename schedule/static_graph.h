@@ -167,6 +167,9 @@ GraphUseCounts graph_use_counts();
 // For tests: the next `n` CUDA-graph captures of the process fail (after capturing, as one that
 // allocated would), so that a test sees a failed capture replayed on the stream and retried.
 void fail_next_graph_captures(int n);
+// For tests: the next `n` fused programs planned are refused as a backend refuses one it cannot
+// compile (CUDA without NVRTC), so that a test sees a run's steps put back, on any device.
+void refuse_next_fused_programs(int n);
 bool early_updates_enabled();
 // Whether signatures traced from now on get a two-lane schedule for their cpu plans, replayed on
 // two threads when num_threads() is 2 (ENCORE_STATIC_LANES=0 starts it off). Returns the previous

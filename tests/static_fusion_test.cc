@@ -14,6 +14,7 @@
 
 #include "encore/encore.h"
 #include "encore/profiler.h"
+#include "encore/static_graph.h"
 #include "tests/fusion_patterns.h"
 #include "tests/test_util.h"
 
@@ -94,6 +95,36 @@ TEST_CASE("fused and unfused plans give the same bits", "[static][fusion]") {
   CHECK_THAT(f.schedule_text(), Contains("fused_elementwise"));
   CHECK_THAT(g.schedule_text(), !Contains("fused_elementwise"));
   CHECK(f.stats().cache[0].forward_steps < g.stats().cache[0].forward_steps);
+}
+
+TEST_CASE("a fused program the backend refuses puts its run's steps back", "[static][fusion]") {
+  StaticEnabled on;
+  const StaticFusion fused(true);
+  manual_seed(5);
+  const Tensor c = rand({1}, DType::Float64, Device::cpu(), 0.5, 1.5);
+  auto body = [&c](const Tensor& x, const Tensor& w) { return every_fusable_op(x, w, c); };
+  auto all = static_graph(body, {.name = "all_fused"});
+  auto some = static_graph(body, {.name = "first_refused", .verify_every = 1});
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = rand({40}, DType::Float64, Device::cpu(), -2, 2);
+    const Tensor w = rand({40}, DType::Float64, Device::cpu(), 0.5, 1.5);
+    const Checked want = run_once(body, x, w);
+    check_same(run_once(all, x, w), want);
+    // The forward's first run (planned first) is refused, as CUDA without NVRTC refuses one: its
+    // steps come back in place, in the forward, and replay eager's bits.
+    if (call == 0) schedule::refuse_next_fused_programs(1);
+    check_same(run_once(some, x, w), want);
+  }
+  schedule::refuse_next_fused_programs(0);
+  REQUIRE(some.stats().traces == 1);
+  CHECK(some.stats().verifications >= 2);
+  const std::string text = some.schedule_text();
+  INFO(text);
+  CHECK_THAT(text, Contains("elementwise runs left unfused: refused on purpose"));
+  const EntryReport a = all.stats().cache[0], b = some.stats().cache[0];
+  CHECK(b.forward_steps > a.forward_steps);     // the refused run's steps, back in the forward
+  CHECK(b.backward_steps == a.backward_steps);  // the backward's runs fused as before
+  CHECK(count_of(text, R"(fused_elementwise)") >= 1);
 }
 
 TEST_CASE("a fused run keeps in the arena only what outlives it", "[static][fusion]") {
