@@ -1,6 +1,7 @@
-// The runtime on cuda:0: copies between devices for every dtype and shape, the caching allocator's
-// statistics, pinned host memory and asynchronous copies, errors for mixed devices, item(),
-// factories on the device, Module::to and pinned batches.
+// The runtime on cuda:0: copies between devices for every dtype and shape, to()'s gradients, the
+// caching allocator's statistics and record_stream, products and convolutions on several streams,
+// pinned host memory and asynchronous copies, errors for mixed devices and errors kernels report
+// (bad labels and ids), item(), factories on the device, Module::to and pinned batches.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
