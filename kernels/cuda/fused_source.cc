@@ -142,9 +142,9 @@ std::string fused_kernel_source(const FusedProgram& p, std::string_view name) {
   const char* t = p.dtype == DType::Float32 ? "float" : "double";
   // Row and column indices in 32-bit arithmetic where every index fits.
   const bool narrow = p.numel <= int64_t{UINT32_MAX};
-  std::string s = cat("// ", p.instrs.size(), " fused elementwise steps over ", p.numel,
-                      " elements (rows of ", p.row, ")\nextern \"C\" __global__ void ",
-                      "__launch_bounds__(256) ", name, "(unsigned long long n");
+  // Nothing of the element count but whether indices fit 32 bits: one kernel serves every size.
+  std::string s = cat("// ", p.instrs.size(), " fused elementwise steps\nextern \"C\" __global__ ",
+                      "void __launch_bounds__(256) ", name, "(unsigned long long n");
   for (int k = 0; k < p.n_in; ++k) s += cat(", const ", t, "* in", k);
   for (int k = 0; k < p.n_out; ++k) s += cat(", ", t, "* out", k);
   s += cat(") {\n  typedef ", t, " T;\n  typedef ", narrow ? "unsigned int" : "unsigned long long",

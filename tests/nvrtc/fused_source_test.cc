@@ -210,6 +210,12 @@ TEST_CASE("a plan's programs compile together, each kernel under its own name", 
   const std::string cubin = nvrtc_compile(source, kArch);
   CHECK(cubin.find("encore_fused_0") != std::string::npos);
   CHECK(cubin.find("encore_fused_1") != std::string::npos);
+  // A kernel does not depend on the element count (but for 32-bit indices), so plans of other
+  // sizes share it.
+  FusedProgram larger = a;
+  larger.numel = 7 * a.numel;
+  CHECK(kernels::cuda::fused_kernel_source(larger, "k") ==
+        kernels::cuda::fused_kernel_source(a, "k"));
   // The whole-source form is the prelude and the kernel under kFusedKernelName.
   CHECK(fused_source(a) ==
         kernels::cuda::fused_prelude() +
