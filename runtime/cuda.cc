@@ -13,6 +13,8 @@
 #include "runtime/error.h"
 #include "runtime/op_traits.h"
 
+#include "runtime/cuda_check.h"
+
 #ifdef ENCORE_HAS_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -21,11 +23,7 @@ namespace encore::cuda {
 
 #ifndef ENCORE_HAS_CUDA
 
-namespace {
-[[noreturn]] void not_built(const char* what) {
-  fail(what, ": this build has no CUDA backend (built without nvcc, or with ENCORE_CUDA=OFF)");
-}
-}  // namespace
+using detail::not_built;
 
 bool is_built() {
   return false;
@@ -84,54 +82,11 @@ void call_after_stream(int, void (*)(void*), void*) {
 Allocator& pinned_allocator() {
   not_built("pin_memory");
 }
-bool graphs_enabled() {
-  return false;
-}
-bool set_graphs_enabled(bool) {
-  return false;
-}
-Graph::~Graph() = default;
-Graph::Graph(Graph&& o) noexcept = default;
-Graph& Graph::operator=(Graph&& o) noexcept = default;
-void register_capture_preparer(void (*)(StreamHandle)) {}
-void Graph::begin_capture(StreamHandle) {
-  not_built("graph capture");
-}
-bool Graph::end_capture() {
-  return false;
-}
-void Graph::abort_capture() noexcept {}
-void Graph::launch(StreamHandle) const {
-  not_built("graph launch");
-}
-void Graph::reset() noexcept {}
-bool capturing() {
-  return false;
-}
-EventTimeline::~EventTimeline() = default;
-void EventTimeline::mark(StreamHandle) {
-  not_built("EventTimeline");
-}
-std::vector<int64_t> EventTimeline::take_intervals_ns() {
-  return {};
-}
-
 #else  // ENCORE_HAS_CUDA
 
 namespace {
 
 constexpr int kMaxDevices = 64;
-
-[[noreturn]] void fail_call(std::string_view what, const char* call, cudaError_t e) {
-  fail(what, ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-}
-
-#define CHECK_CUDA(what, call)          \
-  do {                                  \
-    const cudaError_t e_ = (call);      \
-    if (e_ != cudaSuccess) [[unlikely]] \
-      fail_call(what, #call, e_);       \
-  } while (0)
 
 struct Probe {
   int count = 0;
@@ -173,7 +128,6 @@ DeviceState* device_states() {
 
 thread_local int tl_device = -1;
 thread_local StreamHandle tl_stream[kMaxDevices] = {};
-thread_local bool tl_capturing = false;
 
 // The device's error slot (DeviceErrorSlot), made with its default stream.
 DeviceErrorSlot make_error_slot(int device) {
@@ -208,7 +162,7 @@ struct DeviceMemory {
 };
 void* device_alloc(void* ctx, size_t n) {
   const int index = static_cast<DeviceMemory*>(ctx)->index;
-  ENCORE_CHECK(!tl_capturing, "allocate: ", n, " bytes on cuda:", index,
+  ENCORE_CHECK(!capturing(), "allocate: ", n, " bytes on cuda:", index,
                " requested while capturing a CUDA graph");
   const int previous = current_device();
   set_device(index);
@@ -244,8 +198,6 @@ Allocator* make_device_allocator(int index) {
   register_allocator_factory(DeviceType::CUDA, &make_device_allocator);
   return true;
 }();
-
-std::atomic<int> g_graphs{-1};  // -1: not read from the environment yet
 
 }  // namespace
 
@@ -425,9 +377,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   const int device = dst_cpu ? src_device.index : dst_device.index;
   require_device(device, "copy");
   if (bytes == 0) return;
-  ENCORE_CHECK(!tl_capturing || (!dst_cpu && !src_cpu), "copy: a copy of ", bytes,
-               " bytes between ", src_device, " and ", dst_device,
-               " cannot be captured in a CUDA graph");
+  ENCORE_CHECK(!capturing() || (!dst_cpu && !src_cpu), "copy: a copy of ", bytes, " bytes between ",
+               src_device, " and ", dst_device, " cannot be captured in a CUDA graph");
   set_device(device);
   auto stream = static_cast<cudaStream_t>(current_stream(device));
   if (!dst_cpu && !src_cpu && dst_device.index != src_device.index) {
@@ -476,7 +427,7 @@ Allocator& pinned_allocator() {
     require_device(0, "pin_memory");
     return make_caching_allocator(
                {[](void*, size_t n) -> void* {
-                  ENCORE_CHECK(!tl_capturing, "pin_memory: allocation while capturing a graph");
+                  ENCORE_CHECK(!capturing(), "pin_memory: allocation while capturing a graph");
                   void* p = nullptr;
                   const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocDefault);
                   if (e == cudaErrorMemoryAllocation) {
@@ -491,167 +442,6 @@ Allocator& pinned_allocator() {
   }();
   return *a;
 }
-
-bool graphs_enabled() {
-  int v = g_graphs.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* env = std::getenv("ENCORE_CUDA_GRAPHS");
-    v = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
-    int expected = -1;
-    g_graphs.compare_exchange_strong(expected, v);
-    v = g_graphs.load(std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-bool set_graphs_enabled(bool on) {
-  const bool previous = graphs_enabled();
-  g_graphs.store(on ? 1 : 0, std::memory_order_relaxed);
-  return previous;
-}
-
-bool capturing() {
-  return tl_capturing;
-}
-
-// ---- Graph ----------------------------------------------------------------------------
-
-Graph::~Graph() {
-  reset();
-}
-
-Graph::Graph(Graph&& o) noexcept
-    : stream_(o.stream_),
-      exec_(o.exec_),
-      capturing_(o.capturing_),
-      failure_(std::move(o.failure_)) {
-  o.exec_ = nullptr;
-  o.capturing_ = false;
-}
-
-Graph& Graph::operator=(Graph&& o) noexcept {
-  if (this != &o) {
-    reset();
-    stream_ = o.stream_;
-    exec_ = o.exec_;
-    capturing_ = o.capturing_;
-    failure_ = std::move(o.failure_);
-    o.exec_ = nullptr;
-    o.capturing_ = false;
-  }
-  return *this;
-}
-
-void Graph::reset() noexcept {
-  abort_capture();
-  if (exec_ != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-  exec_ = nullptr;
-}
-
-namespace {
-void (*g_capture_preparer)(StreamHandle) = nullptr;
-}  // namespace
-
-void register_capture_preparer(void (*prepare)(StreamHandle stream)) {
-  g_capture_preparer = prepare;
-}
-
-void Graph::begin_capture(StreamHandle stream) {
-  ENCORE_CHECK(!capturing_ && !tl_capturing, "graph capture: this thread is already capturing");
-  if (g_capture_preparer != nullptr) g_capture_preparer(stream);
-  CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
-                                                     cudaStreamCaptureModeThreadLocal));
-  stream_ = stream;
-  capturing_ = true;
-  tl_capturing = true;
-  failure_.clear();
-}
-
-void Graph::abort_capture() noexcept {
-  if (!capturing_) return;
-  cudaGraph_t g = nullptr;
-  (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
-  if (g != nullptr) (void)cudaGraphDestroy(g);
-  (void)cudaGetLastError();
-  capturing_ = false;
-  tl_capturing = false;
-}
-
-bool Graph::end_capture() {
-  ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
-  cudaGraph_t g = nullptr;
-  const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
-  capturing_ = false;
-  tl_capturing = false;
-  if (e != cudaSuccess || g == nullptr) {
-    (void)cudaGetLastError();
-    if (g != nullptr) (void)cudaGraphDestroy(g);
-    failure_ =
-        cat("stream capture failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-    return false;
-  }
-  if (exec_ != nullptr) {
-    // Same topology (a recapture with other addresses): update the executable graph in place.
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(exec_), g, &info) == cudaSuccess) {
-      (void)cudaGraphDestroy(g);
-      return true;
-    }
-    (void)cudaGetLastError();
-    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-    exec_ = nullptr;
-  }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
-  (void)cudaGraphDestroy(g);
-  if (ie != cudaSuccess) {
-    (void)cudaGetLastError();
-    failure_ = cat("graph instantiation failed: ", cudaGetErrorName(ie), " (",
-                   cudaGetErrorString(ie), ")");
-    return false;
-  }
-  exec_ = exec;
-  return true;
-}
-
-void Graph::launch(StreamHandle stream) const {
-  ENCORE_CHECK(exec_ != nullptr, "graph launch: no graph was captured");
-  CHECK_CUDA("graph launch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
-                                             static_cast<cudaStream_t>(stream)));
-}
-
-// ---- EventTimeline --------------------------------------------------------------------
-
-EventTimeline::~EventTimeline() {
-  for (void* e : events_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
-}
-
-void EventTimeline::mark(StreamHandle stream) {
-  if (used_ == events_.size()) {
-    cudaEvent_t e = nullptr;
-    CHECK_CUDA("profiler", cudaEventCreate(&e));
-    events_.push_back(e);
-  }
-  CHECK_CUDA("profiler", cudaEventRecord(static_cast<cudaEvent_t>(events_[used_++]),
-                                         static_cast<cudaStream_t>(stream)));
-}
-
-std::vector<int64_t> EventTimeline::take_intervals_ns() {
-  std::vector<int64_t> out;
-  if (used_ == 0) return out;
-  CHECK_CUDA("profiler", cudaEventSynchronize(static_cast<cudaEvent_t>(events_[used_ - 1])));
-  out.reserve(used_ - 1);
-  for (size_t k = 1; k < used_; ++k) {
-    float ms = 0;
-    CHECK_CUDA("profiler", cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[k - 1]),
-                                                static_cast<cudaEvent_t>(events_[k])));
-    out.push_back(static_cast<int64_t>(static_cast<double>(ms) * 1e6));
-  }
-  used_ = 0;
-  return out;
-}
-
-#undef CHECK_CUDA
 
 #endif  // ENCORE_HAS_CUDA
 
