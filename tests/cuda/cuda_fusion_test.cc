@@ -17,48 +17,79 @@
 using namespace encore;
 using namespace encore::testing;
 
+namespace {
+
+// For float32 and float64 over one element, one block and many blocks (rows of 48 for the row
+// and column broadcasts): check(body, fresh), body every fusable op then a row and a column
+// broadcast, fresh() new arguments on cuda:0.
+template <typename Check>
+void for_each_case(Check&& check) {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const Shape& shape : {Shape{1, 1}, Shape{7, 48}, Shape{4096, 48}}) {
+      INFO(name(dtype) << " over " << shape.str());
+      manual_seed(static_cast<uint64_t>(shape.numel()));
+      const Tensor c = rand({1}, dtype, kCuda, 0.5, 1.5);
+      const Tensor row = rand({shape[1]}, dtype, kCuda, -1, 1);
+      const Tensor column = rand({shape[0], 1}, dtype, kCuda, -1, 1);
+      auto body = [&](const Tensor& x, const Tensor& w) {
+        return F::relu(every_fusable_op(x, w, c) * row - column);
+      };
+      auto fresh = [&] {
+        return Args<2>{rand(shape, dtype, kCuda, -2, 2), rand(shape, dtype, kCuda, 0.5, 1.5)};
+      };
+      check(body, fresh);
+    }
+  }
+}
+
+// Replays of `fn` (traced with fusion on or off) against eager's bits, forward and gradients.
+template <typename Body, typename Fresh, typename Fn>
+void check_replays(Body& body, Fresh& fresh, Fn& fn, bool fuse) {
+  for (int call = 0; call < 3; ++call) {  // trace, then replays on fresh values
+    const Args<2> args = fresh();
+    const auto want = run_once<2>(body, args);
+    const StaticFusion setting(fuse);  // read when the first call traces
+    const auto got = run_once<2>(fn, args);
+    CHECK(bit_diff(got.first, want.first) == "");
+    for (size_t i = 0; i < 2; ++i) CHECK(bit_diff(got.second[i], want.second[i]) == "");
+  }
+}
+
+}  // namespace
+
 TEST_CASE("fused runs on cuda are compiled kernels that replay eager's bits for every fusable op",
           "[cuda][static][fusion]") {
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
-    for (DType dtype : {DType::Float32, DType::Float64}) {
-      // One element, one block, many blocks; rows of 48 for the broadcast row and column.
-      for (const Shape& shape : {Shape{1, 1}, Shape{7, 48}, Shape{4096, 48}}) {
-        INFO(name(dtype) << " over " << shape.str());
-        manual_seed(static_cast<uint64_t>(shape.numel()));
-        const Tensor c = rand({1}, dtype, kCuda, 0.5, 1.5);
-        const Tensor row = rand({shape[1]}, dtype, kCuda, -1, 1);
-        const Tensor column = rand({shape[0], 1}, dtype, kCuda, -1, 1);
-        auto body = [&](const Tensor& x, const Tensor& w) {
-          return F::relu(every_fusable_op(x, w, c) * row - column);
-        };
-        auto fused = static_graph(body, {.name = "fused"});
-        auto verified = static_graph(body, {.name = "verified", .verify_every = 1});
-        auto unfused = static_graph(body, {.name = "unfused"});
-        for (int call = 0; call < 3; ++call) {  // trace, then replays on fresh values
-          const Args<2> args = {rand(shape, dtype, kCuda, -2, 2),
-                                rand(shape, dtype, kCuda, 0.5, 1.5)};
-          const auto want = run_once<2>(body, args);
-          for (auto* fn : {&fused, &verified, &unfused}) {
-            const StaticFusion fuse(fn != &unfused);  // read when the first call traces
-            const auto got = run_once<2>(*fn, args);
-            CHECK(bit_diff(got.first, want.first) == "");
-            for (size_t i = 0; i < 2; ++i) CHECK(bit_diff(got.second[i], want.second[i]) == "");
-          }
-        }
-        REQUIRE(fused.stats().traces == 1);
-        CHECK(verified.stats().verifications >= 2);
-        const std::string text = fused.schedule_text();
-        INFO(text);
-        CHECK_THAT(text, !Catch::Contains("left unfused"));
-        // Both phases, each fused step a compiled kernel.
-        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
-              2);
-        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps, )") == 0);
-        CHECK_THAT(unfused.schedule_text(), !Catch::Contains("fused_elementwise"));
-        const EntryReport a = fused.stats().cache[0], b = unfused.stats().cache[0];
-        CHECK(a.forward_steps + a.backward_steps < b.forward_steps + b.backward_steps);
-      }
-    }
+    for_each_case([](auto& body, auto& fresh) {
+      auto fused = static_graph(body, {.name = "fused"});
+      auto unfused = static_graph(body, {.name = "unfused"});
+      check_replays(body, fresh, fused, true);
+      check_replays(body, fresh, unfused, false);
+      REQUIRE(fused.stats().traces == 1);
+      const std::string text = fused.schedule_text();
+      INFO(text);
+      CHECK_THAT(text, !Catch::Contains("left unfused"));
+      // Both phases, each fused step a compiled kernel.
+      CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
+            2);
+      CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps, )") == 0);
+      CHECK_THAT(unfused.schedule_text(), !Catch::Contains("fused_elementwise"));
+      const EntryReport a = fused.stats().cache[0], b = unfused.stats().cache[0];
+      CHECK(a.forward_steps + a.backward_steps < b.forward_steps + b.backward_steps);
+    });
+  });
+}
+
+// Verify mode replays on the stream (no graph), comparing every fused output with the recorded
+// step it stands for.
+TEST_CASE("verify mode checks each fused cuda output against the eager step it stands for",
+          "[cuda][static][fusion]") {
+  StaticEnabled on;
+  for_each_case([](auto& body, auto& fresh) {
+    auto verified = static_graph(body, {.name = "verified", .verify_every = 1});
+    check_replays(body, fresh, verified, true);
+    CHECK(verified.stats().verifications >= 2);
+    CHECK_THAT(verified.schedule_text(), Catch::Contains("into one compiled kernel"));
   });
 }
