@@ -129,10 +129,26 @@ DeviceState* device_states() {
 thread_local int tl_device = -1;
 thread_local StreamHandle tl_stream[kMaxDevices] = {};
 
+// Makes `device` current for the guard's scope; the previous device is current again afterwards,
+// also when an Error unwinds the scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : previous_(current_device()) { set_device(device); }
+  ~DeviceGuard() {
+    if (tl_device == previous_) return;
+    (void)cudaSetDevice(previous_);  // it was current a moment ago
+    tl_device = previous_;
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
 // The device's error slot (DeviceErrorSlot), made with its default stream.
 DeviceErrorSlot make_error_slot(int device) {
-  const int previous = current_device();
-  set_device(device);
+  const DeviceGuard on(device);
   DeviceErrorSlot slot;
   void* host = nullptr;
   CHECK_CUDA("device error slot", cudaMalloc(reinterpret_cast<void**>(&slot.claim), 64));
@@ -143,7 +159,6 @@ DeviceErrorSlot make_error_slot(int device) {
              cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot.record), host, 0));
   device_states()[device].error_record.store(static_cast<volatile long long*>(host),
                                              std::memory_order_release);
-  set_device(previous);
   return slot;
 }
 
@@ -164,11 +179,12 @@ void* device_alloc(void* ctx, size_t n) {
   const int index = static_cast<DeviceMemory*>(ctx)->index;
   ENCORE_CHECK(!capturing(), "allocate: ", n, " bytes on cuda:", index,
                " requested while capturing a CUDA graph");
-  const int previous = current_device();
-  set_device(index);
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, n);
-  set_device(previous);
+  cudaError_t e;
+  {
+    const DeviceGuard on(index);
+    e = cudaMalloc(&p, n);
+  }
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     return nullptr;
@@ -178,12 +194,10 @@ void* device_alloc(void* ctx, size_t n) {
 }
 void device_free(void* ctx, void* p) {
   const int index = static_cast<DeviceMemory*>(ctx)->index;
-  const int previous = current_device();
-  set_device(index);
+  const DeviceGuard on(index);
   // cudaFree waits for the device; a failure here (e.g. the driver shutting down at process
   // exit) leaves nothing to recover.
   (void)cudaFree(p);
-  set_device(previous);
 }
 
 Allocator* make_device_allocator(int index) {
@@ -265,11 +279,11 @@ Streams& streams() {
 
 StreamHandle create_stream(int device) {
   require_device(device, "create_stream");
-  const int previous = current_device();
-  set_device(device);
   cudaStream_t s = nullptr;
-  CHECK_CUDA("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  set_device(previous);
+  {
+    const DeviceGuard on(device);
+    CHECK_CUDA("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
   device_states()[device].used.store(true, std::memory_order_release);
   Streams& all = streams();
   const std::lock_guard<std::mutex> lock(all.mu);
@@ -334,11 +348,11 @@ void check_device_errors(int device) {
   const long long head = r[0], value = r[1], index = r[2], bound = r[3];
   r[0] = 0;
   // In order after the work that reported: the next report finds the claim free.
-  const int previous = current_device();
-  set_device(device);
-  (void)cudaMemsetAsync(d.errors.claim, 0, sizeof(unsigned int),
-                        static_cast<cudaStream_t>(current_stream(device)));
-  set_device(previous);
+  {
+    const DeviceGuard on(device);
+    (void)cudaMemsetAsync(d.errors.claim, 0, sizeof(unsigned int),
+                          static_cast<cudaStream_t>(current_stream(device)));
+  }
   const std::string_view op = op_name(static_cast<Op>((head & 0xffffffff) - 1));
   const std::string where =
       cat(" (reported by cuda:", device, " when the host next waited for it)");
@@ -355,11 +369,11 @@ namespace {
 void wait_for(cudaStream_t waiter, int device, cudaStream_t stream) {
   thread_local cudaEvent_t events[kMaxDevices] = {};
   cudaEvent_t& e = events[device];
-  const int previous = current_device();
-  set_device(device);
-  if (e == nullptr) CHECK_CUDA("copy", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  CHECK_CUDA("copy", cudaEventRecord(e, stream));
-  set_device(previous);
+  {
+    const DeviceGuard on(device);
+    if (e == nullptr) CHECK_CUDA("copy", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CHECK_CUDA("copy", cudaEventRecord(e, stream));
+  }
   CHECK_CUDA("copy", cudaStreamWaitEvent(waiter, e, 0));
 }
 
