@@ -5,6 +5,7 @@
 #include "runtime/autograd.h"
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
+#include "runtime/labelled_node.h"
 
 namespace encore {
 
@@ -134,15 +135,9 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
         device.index, [](void* p) { delete static_cast<IntrusivePtr<Storage>*>(p); }, keep);
   }
   if (i.requires_grad && GradMode::enabled()) {
-    auto node = make_intrusive<Node>();
-    node->op = Op::Copy;  // unused: the label names the node
-    node->label = "to";
-    node->sequence_nr = autograd::next_sequence_nr();
-    node->backward = &to_backward;
-    node->next.push_back(gradient_edge(*this));
-    node->inputs.push_back(TensorMeta::of(*this));
-    node->outputs.push_back(TensorMeta::of(out));
-    set_gradient_edge(*out.impl_, std::move(node), 0);
+    IntrusivePtr<Node> node = labelled_node("to", &to_backward, 1, 1);
+    add_input(*node, *this);
+    add_output(node, *out.impl_);
   }
   return out;
 }

@@ -1,9 +1,9 @@
 // Replay: a call of a planned entry binds its tensors into a call state and runs the forward
 // schedule; the subgraph node's backward runs the backward schedule.
 #include "runtime/autograd.h"
+#include "runtime/labelled_node.h"
 #include "runtime/profiler.h"
 #include "schedule/static_graph_impl.h"
-#include "schedule/subgraph_node.h"
 #include "schedule/verify.h"
 
 namespace encore::schedule {
@@ -107,8 +107,8 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   p.bind(*b, Phase::Forward);
   p.run(*b, Phase::Forward, verify ? &snaps : nullptr);
   // In-place writes to bound tensors count as eager's do, and host counters advance as the traced
-  // code advanced them. A verified call's eager run already bumped their versions and counters (its state restore does not), and the tensors it saved for backward
-  // were saved at those versions.
+  // code advanced them. A verified call's eager run already bumped their versions and counters (its
+  // state restore does not), and the tensors it saved for backward were saved at those versions.
   if (!verify) {
     for (const auto& c : rec.counters) c->fetch_add(1, std::memory_order_relaxed);
     for (int buf : p.mutated_external()) {
@@ -154,7 +154,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     frame->verify = std::move(vs);
   }
   IntrusivePtr<Node> n =
-      subgraph_node(label, &replay_backward, rec.contributions.size(), rec.differentiable.size());
+      labelled_node(label, &replay_backward, rec.contributions.size(), rec.differentiable.size());
   for (const Recording::Contribution& c : rec.contributions)
     add_input(*n, c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
   for (int k : rec.differentiable) add_output(n, *results[k].impl());

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "runtime/autograd.h"
+#include "runtime/labelled_node.h"
 #include "runtime/profiler.h"
 #include "schedule/static_graph_impl.h"
-#include "schedule/subgraph_node.h"
 
 namespace encore::schedule {
 using namespace detail;
@@ -190,7 +190,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
 
   IntrusivePtr<Node> n =
-      subgraph_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
+      labelled_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
   for (int a : frame->node_args) add_input(*n, args[a]);
   for (size_t k = 0; k < inner.size(); ++k) {
     Tensor out = inner[k].detach();

@@ -1,8 +1,9 @@
-#include "schedule/subgraph_node.h"
+// Autograd nodes named by a label (labelled_node.h).
+#include "runtime/labelled_node.h"
 
-namespace encore::schedule::detail {
+namespace encore {
 
-IntrusivePtr<Node> subgraph_node(std::string_view label, BackwardFn backward, size_t inputs,
+IntrusivePtr<Node> labelled_node(std::string_view label, BackwardFn backward, size_t inputs,
                                  size_t outputs) {
   auto n = make_intrusive<Node>();
   n->op = Op::Copy;  // unused: the label names the node
@@ -25,4 +26,4 @@ void add_output(const IntrusivePtr<Node>& n, TensorImpl& out) {
   set_gradient_edge(out, n, static_cast<uint32_t>(n->outputs.size() - 1));
 }
 
-}  // namespace encore::schedule::detail
+}  // namespace encore
