@@ -61,6 +61,9 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                " inputs and ",
                traits.outputs == kAnyOutputs ? cat("1 to ", kMaxOpOutputs) : cat(traits.outputs),
                " outputs");
+  ENCORE_CHECK(traits.group == 0 || n_in % traits.group == 0, traits.name, ": called with ", n_in,
+               " inputs; it takes groups of ", static_cast<int>(traits.group),
+               " (one per parameter)");
   ENCORE_CHECK(attrs.type == traits.attrs, traits.name, ": called with ",
                attr_type_name(attrs.type), "; it reads ", attr_type_name(traits.attrs));
   for (size_t i = 0; i < inputs.size(); ++i)
@@ -74,10 +77,9 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
     ENCORE_CHECK(outputs[i].defined() && outputs[i].device() == device, traits.name, ": output ", i,
                  " is not allocated on ", device);
 
-  const uint8_t mutates = traits.mutates;
   if (kind == OpKind::Inplace && GradMode::enabled()) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      ENCORE_CHECK(!mask_bit(mutates, i) || !inputs[i].requires_grad(), traits.name,
+      ENCORE_CHECK(!op_writes_input(op, i) || !inputs[i].requires_grad(), traits.name,
                    ": in-place update of argument ", i, " ", inputs[i].shape(),
                    ", which requires grad, while grad mode is on; run it under NoGradGuard");
   }
@@ -96,7 +98,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
 
   if (kind == OpKind::Inplace) {
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (mask_bit(mutates, i)) inputs[i].impl()->storage->bump_version();
+      if (op_writes_input(op, i)) inputs[i].impl()->storage->bump_version();
   } else if (GradMode::enabled()) {
     const BackwardDef& def = g_backward[static_cast<int>(op)];
     if (def.fn != nullptr) autograd::record(op, attrs, def, inputs, outputs);

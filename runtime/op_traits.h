@@ -57,9 +57,12 @@ struct OpTraits {
   int8_t max_inputs;  // -1: any number
   int8_t outputs;     // -1: a planner-made op, never dispatched; kAnyOutputs: 1 to 8
   AttrType attrs;     // the attribute struct its calls carry
-  uint8_t mutates;    // Inplace: bit i set when input i is written
+  uint8_t mutates;    // Inplace: bit i set when input i is written (of each group, see below)
   uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits,
                       // kRowFusable, kCollective
+  // 0, or: the inputs come in groups of this many (an optimizer update of several parameters in
+  // one call, as PyTorch's foreach), min_inputs is one group, and `mutates` describes each group.
+  int8_t group = 0;
 };
 
 inline constexpr OpTraits kOpTraits[] = {
@@ -158,13 +161,16 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::UniformInit, "uniform_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
     {Op::NormalInit, "normal_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},
-    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, 2, 0, AttrType::Sgd, 0b1, kOptimizerUpdate},
+    // The optimizer updates take one group of inputs per parameter, any number of groups.
+    // Writes param (inputs: param, grad).
+    {Op::SgdUpdate, "sgd_update", OpKind::Inplace, 2, -1, 0, AttrType::Sgd, 0b1, kOptimizerUpdate,
+     2},
     // Writes param and velocity (inputs: param, grad, velocity).
-    {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, 3, 0, AttrType::Sgd, 0b101,
-     kOptimizerUpdate},
+    {Op::MomentumSgdUpdate, "momentum_sgd_update", OpKind::Inplace, 3, -1, 0, AttrType::Sgd, 0b101,
+     kOptimizerUpdate, 3},
     // Writes param, m, v and the step counter (inputs: param, grad, m, v, step).
-    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, 5, 0, AttrType::Adam, 0b11101,
-     kOptimizerUpdate | kSplits},
+    {Op::AdamUpdate, "adam_update", OpKind::Inplace, 5, -1, 0, AttrType::Adam, 0b11101,
+     kOptimizerUpdate | kSplits, 5},
     {Op::BatchNormStatsUpdate, "batch_norm_stats_update", OpKind::Inplace, 4, 4, 0,
      AttrType::BatchNorm, 0b11, 0},
     {Op::FusedElementwise, "fused_elementwise", OpKind::Compute, 1, -1, -1, AttrType::Fused, 0, 0},
@@ -197,6 +203,9 @@ constexpr bool op_traits_consistent() {
     if ((t.flags & kOptimizerUpdate) && t.kind != OpKind::Inplace) return false;
     if ((t.mutates != 0) != (t.kind == OpKind::Inplace)) return false;
     if ((t.flags & kCollective) && (t.flags & ~kCollective) != 0) return false;
+    if (t.group != 0 &&
+        (t.group != t.min_inputs || t.max_inputs != -1 || t.kind != OpKind::Inplace))
+      return false;
   }
   return true;
 }
@@ -222,10 +231,15 @@ constexpr AttrType op_attr_type(Op op) {
 constexpr bool op_has_scalar_attrs(Op op) {
   return op_attr_type(op) == AttrType::Scalar;
 }
-// Bit i is set when input i is written in place (its version counter is bumped); 0 for ops
-// that are not Inplace.
+// Bit i is set when input i (of each group, for an op with input groups) is written in place
+// (its version counter is bumped); 0 for ops that are not Inplace. Use op_writes_input for one
+// input of a call.
 constexpr uint8_t op_mutated_inputs(Op op) {
   return op_traits(op).mutates;
+}
+// Inputs per group of an op whose inputs come in groups (OpTraits::group), else 0.
+constexpr int op_input_group(Op op) {
+  return op_traits(op).group;
 }
 // See kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits, kRowFusable.
 constexpr bool op_elementwise(Op op) {
@@ -275,13 +289,19 @@ constexpr bool mask_bit(uint8_t mask, size_t i) {
   return i < 8 && (mask >> i & 1) != 0;
 }
 
+// Whether a call of `op` writes its input i in place.
+constexpr bool op_writes_input(Op op, size_t i) {
+  const OpTraits& t = op_traits(op);
+  return mask_bit(t.mutates, t.group > 0 ? i % static_cast<size_t>(t.group) : i);
+}
+
 // Calls f on each operand a step of `op` writes, in order: the inputs an Inplace op updates,
 // else the outputs. (The bytes verify mode compares.)
 template <typename T, typename F>
 void for_each_written(Op op, std::span<const T> in, std::span<const T> out, F&& f) {
-  if (const uint8_t mutates = op_mutated_inputs(op); mutates != 0) {
+  if (op_mutated_inputs(op) != 0) {
     for (size_t i = 0; i < in.size(); ++i)
-      if (mask_bit(mutates, i)) f(in[i]);
+      if (op_writes_input(op, i)) f(in[i]);
   } else {
     for (const T& o : out) f(o);
   }

@@ -161,8 +161,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       if (op_draws_random(s.op)) mark("random");
       for (size_t k = 0; k < s.out.size(); ++k)
         if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
-      const uint8_t mutates = op_mutated_inputs(s.op);
-      if (mutates != 0) mark("updates its input in place");
+      if (op_mutated_inputs(s.op) != 0) mark("updates its input in place");
       const FusedProgram* fused =
           s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
       if (fused != nullptr && fused->device_kernel != nullptr)
@@ -196,7 +195,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
         out += cat(head, location(o.buf, names), note.empty() ? "" : "  " + note, "\n");
       };
       for (size_t k = 0; k < s.in.size(); ++k)
-        operand("in", k, s.in[k], mask_bit(mutates, k) ? "(written in place)" : "");
+        operand("in", k, s.in[k], op_writes_input(s.op, k) ? "(written in place)" : "");
       for (size_t k = 0; k < s.out.size(); ++k) {
         const int over = in_place_input(s, static_cast<int>(k));
         operand("out", k, s.out[k], over >= 0 ? cat("(in place over in ", over, ")") : "");
@@ -245,11 +244,10 @@ std::string Plan::steps_dot(const Names& names, const std::string& prefix) const
                  ", label=\"", phase == Phase::Forward ? "fwd " : "bwd ", t - begin, ": ",
                  op_name(s.op), note.empty() ? "" : "\\n" + note, in_place ? "\\n(in place)" : "",
                  random ? "\\n(random)" : "", moved_early(s) ? "\\n(moved early)" : "", "\"];\n");
-      const uint8_t mutates = op_mutated_inputs(s.op);
       for (size_t k = 0; k < s.in.size(); ++k) {
         const int b = s.in[k].buf;
         edges += cat("    ", prefix, "b", b, " -> ", prefix, "s", t, ";\n");
-        if (mask_bit(mutates, k))
+        if (op_writes_input(s.op, k))
           edges += cat("    ", prefix, "s", t, " -> ", prefix, "b", b,
                        " [style=dashed, label=\"updates\"];\n");
       }

@@ -33,7 +33,6 @@ void Plan::move_collectives_early() {
     for (int t = begin; t < end; ++t) {
       const Step& s = all_[t];
       std::vector<int>& deps = after[t];
-      const uint8_t mutates = op_mutated_inputs(s.op);
       for (const Operand& i : s.in)
         if (last_write[memory[i.buf]] >= 0) deps.push_back(last_write[memory[i.buf]]);
       auto on_write = [&](int m) {
@@ -42,7 +41,7 @@ void Plan::move_collectives_early() {
           if (r != t) deps.push_back(r);
       };
       for (size_t i = 0; i < s.in.size(); ++i)
-        if (mask_bit(mutates, i)) on_write(memory[s.in[i].buf]);
+        if (op_writes_input(s.op, i)) on_write(memory[s.in[i].buf]);
       for (const Operand& o : s.out) on_write(memory[o.buf]);
       if (op_draws_random(s.op)) {
         if (last_random >= 0) deps.push_back(last_random);
@@ -58,7 +57,7 @@ void Plan::move_collectives_early() {
         readers[m].clear();
       };
       for (size_t i = 0; i < s.in.size(); ++i)
-        if (mask_bit(mutates, i)) written(memory[s.in[i].buf]);
+        if (op_writes_input(s.op, i)) written(memory[s.in[i].buf]);
       for (const Operand& o : s.out) written(memory[o.buf]);
     }
 

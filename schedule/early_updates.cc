@@ -31,10 +31,9 @@ void Plan::move_updates_early() {
     auto later = [&](int a, int b) { return (b < 0 || (a >= 0 && place[a] > place[b])) ? a : b; };
     for (int t = begin; t < end; ++t) {
       const Step& s = all_[t];
-      const uint8_t mutates = op_mutated_inputs(s.op);
       auto writes = [&](auto&& fn) {
         for (size_t i = 0; i < s.in.size(); ++i)
-          if (mask_bit(mutates, i)) fn(memory[s.in[i].buf]);
+          if (op_writes_input(s.op, i)) fn(memory[s.in[i].buf]);
         for (const Operand& o : s.out) fn(memory[o.buf]);
       };
       int at = static_cast<int>(order.size());

@@ -7,9 +7,9 @@
 // Plan time: the steps of a phase form a graph, an edge where two steps touch the same memory and
 // one of them writes it (arena bytes, or a storage outside the arena, so the arena's reuse of a
 // block is an edge too), plus the order of the steps that draw random numbers and of the
-// collectives (every rank makes them in one order), which run on lane 0, the calling thread. A list scheduler
-// with a cost per step (multiply-adds for products and convolutions, elements touched for the
-// rest) places each step, longest remaining path first, as early as its inputs allow: a large
+// collectives (every rank makes them in one order), which run on lane 0, the calling thread. A list
+// scheduler with a cost per step (multiply-adds for products and convolutions, elements touched for
+// the rest) places each step, longest remaining path first, as early as its inputs allow: a large
 // step whose kernel splits its work (kSplits) on both lanes (wide) unless another large step is
 // ready to run beside it, the rest on the lane where it can start first. Each lane's program is
 // its steps in placement order, and every edge points to an earlier placement, so the lanes cannot
@@ -110,8 +110,7 @@ void Plan::plan_lanes() {
       else
         touches[t].push_back({memory[o.buf], 0, 1, write});
     };
-    const uint8_t mutates = op_mutated_inputs(s.op);
-    for (size_t i = 0; i < s.in.size(); ++i) add(s.in[i], mask_bit(mutates, i));
+    for (size_t i = 0; i < s.in.size(); ++i) add(s.in[i], op_writes_input(s.op, i));
     for (const Operand& o : s.out) add(o, true);
   }
 

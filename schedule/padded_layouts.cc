@@ -56,13 +56,12 @@ void Plan::plan_padded_layouts() {
   for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
     const Step& s = all_[t];
     const auto in = shapes(s.in), out = shapes(s.out);
-    const uint8_t mutates = op_mutated_inputs(s.op);
     for (size_t i = 0; i < s.in.size(); ++i) {
       const Operand& o = s.in[i];
       Use& u = use[o.buf];
       ++u.reads;
       PaddedInput p;
-      u.paddable = u.paddable && i == 0 && !mask_bit(mutates, i) && whole(o) &&
+      u.paddable = u.paddable && i == 0 && !op_writes_input(s.op, i) && whole(o) &&
                    q.reads_padded(s.op, in, out, s.attrs, o.dtype, &p) &&
                    (u.reads == 1 || (p.pad_h == u.layout.pad_h && p.pad_w == u.layout.pad_w));
       if (u.paddable) u.layout = {p.pad_h, p.pad_w, std::max(u.layout.image, p.image)};

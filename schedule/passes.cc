@@ -120,9 +120,8 @@ void Plan::eliminate_dead_steps() {
   for (int t = static_cast<int>(all_.size()) - 1; t >= 0; --t) {
     const Step& s = all_[t];
     bool k = op_draws_random(s.op) || op_collective(s.op);
-    const uint8_t mutates = op_mutated_inputs(s.op);
     for (size_t i = 0; i < s.in.size(); ++i)
-      if (mask_bit(mutates, i)) k |= needed[s.in[i].buf] != 0;
+      if (op_writes_input(s.op, i)) k |= needed[s.in[i].buf] != 0;
     for (const Operand& o : s.out) k |= needed[o.buf] != 0;
     if (!k) continue;
     keep[t] = 1;

@@ -127,9 +127,8 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
                "; a static function's schedule runs on one device. Move its tensors to one "
                "device, or pass on_unsafe = OnUnsafe::Eager"));
   Step s{op, attrs, -1, {}, {}};
-  const uint8_t mutates = op_mutated_inputs(op);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool written = mask_bit(mutates, i);
+    const bool written = op_writes_input(op, i);
     const int b = resolve_input(inputs[i], written);
     if (rec_.buffers[b].kind == BufKind::Temp && inputs[i].requires_grad() && inputs[i].is_leaf())
       unsafe(lazy_parameter(inputs[i]));

@@ -6,12 +6,18 @@
 //   opt.step();
 //   opt.zero_grad();
 //
-// Each update is one dispatched in-place op per parameter, so a tracer sees it. State (momentum
+// Each update is a dispatched in-place op, so a tracer sees it: one call per parameter, or with
+// `foreach` (the default on CUDA, as PyTorch's) one call for all parameters of a device and dtype,
+// which CUDA runs as one or two kernels instead of one or two per parameter. The values are the
+// same either way. A static training step records what the optimizer dispatched; on the cpu one
+// call per parameter lets each update run as soon as its gradient is final. State (momentum
 // buffers, Adam moments and step counters) lives in tensors for the same reason.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +62,13 @@ class Optimizer {
  protected:
   // Counts one step; inside a static function its replays count too.
   void count_step();
+  // Dispatches `op` (an optimizer update, op_traits.h) for every parameter with a gradient;
+  // inputs(i, grad, out) appends parameter i's group of inputs to `out`. With foreach (unset:
+  // when the parameters are on CUDA) one call per device and dtype, else one per parameter.
+  // Parameters that share a storage are always updated one call each.
+  void dispatch_updates(
+      Op op, const AttrBlob& attrs, std::optional<bool> foreach,
+      const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const;
 
   std::vector<Tensor> params_;
   // Shared with the static schedules that recorded a step, which advance it on every replay.
@@ -65,6 +78,8 @@ class Optimizer {
 struct SGDOptions {
   double lr = 0.01;  // Chainer's default
   double weight_decay = 0;
+  std::optional<bool> foreach =
+      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
 };
 
 // p -= lr * (g + weight_decay * p)
@@ -82,6 +97,8 @@ struct MomentumSGDOptions {
   double lr = 0.01;
   double momentum = 0.9;
   double weight_decay = 0;
+  std::optional<bool> foreach =
+      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
 };
 
 // v = momentum * v - lr * (g + wd * p); p += v   (Chainer's MomentumSGD)
@@ -106,6 +123,8 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0;  // L2 added to the gradient (PyTorch Adam) ...
   bool decoupled = false;   // ... or decoupled, p -= lr * wd * p (AdamW)
+  std::optional<bool> foreach =
+      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
 };
 
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps)
@@ -129,13 +148,15 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;  // PyTorch's AdamW default
+  std::optional<bool> foreach =
+      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
 };
 
 // Adam with decoupled weight decay, as torch.optim.AdamW: p -= lr * wd * p, then Adam's update.
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {})
-      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true}) {}
+      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach}) {}
   std::string kind() const override { return "AdamW"; }
 };
 

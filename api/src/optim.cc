@@ -23,6 +23,41 @@ void Optimizer::count_step() {
   if (Tracer* t = current_tracer()) t->on_count(steps_);
 }
 
+void Optimizer::dispatch_updates(
+    Op op, const AttrBlob& attrs, std::optional<bool> foreach,
+    const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const {
+  const size_t n = params_.size();
+  bool shared = false;  // two parameters over one storage: one kernel must not update both
+  for (size_t i = 0; i < n && !shared; ++i)
+    for (size_t j = i + 1; j < n && !shared; ++j)
+      shared = params_[i].impl()->storage == params_[j].impl()->storage;
+  const bool on_cuda = n > 0 && params_[0].device().type == DeviceType::CUDA;
+  std::vector<Tensor> call;
+  if (shared || !foreach.value_or(on_cuda)) {
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor g = params_[i].grad();
+      if (!g.defined()) continue;
+      call.clear();
+      inputs(i, g, call);
+      dispatch(op, call, {}, attrs);
+    }
+    return;
+  }
+  // One call per device and dtype, in the order of each one's first parameter.
+  std::vector<char> done(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (done[i]) continue;
+    call.clear();
+    for (size_t j = i; j < n; ++j) {
+      const Tensor& p = params_[j];
+      if (done[j] || p.device() != params_[i].device() || p.dtype() != params_[i].dtype()) continue;
+      done[j] = 1;
+      if (const Tensor g = p.grad(); g.defined()) inputs(j, g, call);
+    }
+    if (!call.empty()) dispatch(op, call, {}, attrs);
+  }
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   detail::zero_grads(params_, set_to_none);
 }
@@ -78,10 +113,10 @@ void SGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>
 void SGD::step() {
   NoGradGuard no_grad;
   const AttrBlob attrs = AttrBlob::of(SgdAttrs{options.lr, 0.0, options.weight_decay});
-  for (const Tensor& p : params_) {
-    const Tensor g = p.grad();
-    if (g.defined()) dispatch(Op::SgdUpdate, {p, g}, {}, attrs);
-  }
+  dispatch_updates(Op::SgdUpdate, attrs, options.foreach,
+                   [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
+                     in.insert(in.end(), {params_[i], g});
+                   });
   count_step();
 }
 
@@ -110,10 +145,10 @@ std::vector<StateSlot> MomentumSGD::state_slots() {
 void MomentumSGD::step() {
   NoGradGuard no_grad;
   const AttrBlob attrs = AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = params_[i].grad();
-    if (g.defined()) dispatch(Op::MomentumSgdUpdate, {params_[i], g, velocity_[i]}, {}, attrs);
-  }
+  dispatch_updates(Op::MomentumSgdUpdate, attrs, options.foreach,
+                   [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
+                     in.insert(in.end(), {params_[i], g, velocity_[i]});
+                   });
   count_step();
 }
 
@@ -167,10 +202,10 @@ void Adam::step() {
   const AttrBlob attrs =
       AttrBlob::of(AdamAttrs{options.lr, options.beta1, options.beta2, options.eps,
                              options.weight_decay, options.decoupled});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = params_[i].grad();
-    if (g.defined()) dispatch(Op::AdamUpdate, {params_[i], g, m_[i], v_[i], t_[i]}, {}, attrs);
-  }
+  dispatch_updates(Op::AdamUpdate, attrs, options.foreach,
+                   [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
+                     in.insert(in.end(), {params_[i], g, m_[i], v_[i], t_[i]});
+                   });
   count_step();
 }
 

@@ -1,12 +1,15 @@
 // Optimizer updates, in place and fused: one pass over the parameter and its state. Scalars
-// are computed once in double and applied in the parameter's dtype.
+// are computed once in double and applied in the parameter's dtype. A call takes one group of
+// inputs per parameter (op_traits.h); the groups are updated one after another.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <utility>
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/update_groups.h"
 #include "runtime/comm_progress.h"
 #include "runtime/parallel.h"
 
@@ -37,9 +40,17 @@ void update_for(int64_t n, Body body) {
   }
 }
 
+// Calls update(group) for each parameter's group of inputs of an optimizer update, once all are
+// checked (kernels/update_groups.h).
+template <int kGroup, int kArrays, int kCounter, typename Update>
+void for_each_group(const KernelArgs& args, Op op, Update update) {
+  check_update_groups(args.in, op, kArrays, kCounter);
+  for (size_t k = 0; k + kGroup <= args.in.size(); k += kGroup) update(args.in.subspan(k, kGroup));
+}
+
 // p -= lr * (g + wd * p).
-void sgd_kernel(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1];
+void sgd_one(std::span<const BufferView> in, const KernelArgs& args) {
+  const BufferView &p = in[0], &g = in[1];
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(p.dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
     T* pp = p.as<T>();
@@ -58,8 +69,8 @@ void sgd_kernel(const KernelArgs& args) {
 }
 
 // v = momentum * v - lr * (g + wd * p); p += v.
-void momentum_sgd_kernel(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1], &v = args.in[2];
+void momentum_sgd_one(std::span<const BufferView> in, const KernelArgs& args) {
+  const BufferView &p = in[0], &g = in[1], &v = in[2];
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(p.dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
     T* pp = p.as<T>();
@@ -78,9 +89,9 @@ void momentum_sgd_kernel(const KernelArgs& args) {
 }
 
 // Adam / AdamW with PyTorch's formula; in: p, g, m, v, t (int64 step, incremented first).
-void adam_kernel(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1], &m = args.in[2], &v = args.in[3];
-  const BufferView& step = args.in[4];
+void adam_one(std::span<const BufferView> in, const KernelArgs& args) {
+  const BufferView &p = in[0], &g = in[1], &m = in[2], &v = in[3];
+  const BufferView& step = in[4];
   const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(p.dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
     int64_t& t = *step.as<int64_t>();
@@ -125,6 +136,19 @@ void adam_kernel(const KernelArgs& args) {
       }
     });
   });
+}
+
+void sgd_kernel(const KernelArgs& args) {
+  for_each_group<2, 2, -1>(args, Op::SgdUpdate,
+                           [&](std::span<const BufferView> in) { sgd_one(in, args); });
+}
+void momentum_sgd_kernel(const KernelArgs& args) {
+  for_each_group<3, 3, -1>(args, Op::MomentumSgdUpdate,
+                           [&](std::span<const BufferView> in) { momentum_sgd_one(in, args); });
+}
+void adam_kernel(const KernelArgs& args) {
+  for_each_group<5, 4, 4>(args, Op::AdamUpdate,
+                          [&](std::span<const BufferView> in) { adam_one(in, args); });
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -1,20 +1,63 @@
-// Optimizer updates, in place and fused: one elementwise kernel per parameter, the formulas of
-// kernels/cpu/optim.cc. Adam's step counter stays on the device: a one-thread kernel increments it
-// and the update reads it there, so a step never waits for the host and a captured graph counts
-// on every replay.
+// Optimizer updates, in place and fused, the formulas of kernels/cpu/optim.cc. A call updates one
+// or more parameters (one group of inputs each, op_traits.h) in one launch per kMaxTensors of them:
+// each parameter gets its own range of blocks, as PyTorch's multi-tensor apply does, so an
+// optimizer step over a model's parameters is one or two kernels instead of one or two per
+// parameter. Adam's step counters stay on the device: a one-block kernel increments them and the
+// update reads them there, so a step never waits for the host and a captured graph counts on every
+// replay.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/update_groups.h"
 
 namespace encore::kernels::cuda {
 namespace {
 
+// Parameters per launch: the table travels as a kernel argument (about 1.3 KB of the 4 KB).
+constexpr int kMaxTensors = 24;
+
+// The parameters of one launch: per array (param, grad, and the optimizer's state) a pointer per
+// parameter, each one's element count, and the first block of each (the last entry: the grid).
+template <int kArrays>
+struct TensorTable {
+  void* ptr[kArrays][kMaxTensors];
+  int64_t numel[kMaxTensors];
+  unsigned first_block[kMaxTensors + 1];
+  int count;
+};
+
+struct Counters {
+  int64_t* t[kMaxTensors];
+  int count;
+};
+
+// The parameter this block updates, and the block's place among that parameter's blocks.
+struct BlockRange {
+  int k;
+  int64_t begin, stride, n;
+};
+
+template <int kArrays>
+__device__ BlockRange block_range(const TensorTable<kArrays>& tab) {
+  int k = 0;
+  while (k + 1 < tab.count && blockIdx.x >= tab.first_block[k + 1]) ++k;
+  const unsigned blocks = tab.first_block[k + 1] - tab.first_block[k];
+  return {k, static_cast<int64_t>(blockIdx.x - tab.first_block[k]) * blockDim.x + threadIdx.x,
+          static_cast<int64_t>(blocks) * blockDim.x, tab.numel[k]};
+}
+
+template <typename T, int kArrays>
+__device__ T* array(const TensorTable<kArrays>& tab, int a, int k) {
+  return static_cast<T*>(tab.ptr[a][k]);
+}
+
 // p -= lr * (g + wd * p) (p -= lr * g without weight decay).
 template <typename T>
-__global__ void sgd_kernel(T* __restrict__ p, const T* __restrict__ g, int64_t n, T lr, T wd,
-                           bool decay) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+__global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
+  const BlockRange r = block_range(tab);
+  T* __restrict__ p = array<T>(tab, 0, r.k);
+  const T* __restrict__ g = array<T>(tab, 1, r.k);
+  for (int64_t i = r.begin; i < r.n; i += r.stride) {
     if (decay) {
       p[i] -= lr * (g[i] + wd * p[i]);
     } else {
@@ -25,34 +68,36 @@ __global__ void sgd_kernel(T* __restrict__ p, const T* __restrict__ g, int64_t n
 
 // v = momentum * v - lr * (g + wd * p); p += v.
 template <typename T>
-__global__ void momentum_sgd_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ v,
-                                    int64_t n, T lr, T mu, T wd) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+__global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
+  const BlockRange r = block_range(tab);
+  T* __restrict__ p = array<T>(tab, 0, r.k);
+  const T* __restrict__ g = array<T>(tab, 1, r.k);
+  T* __restrict__ v = array<T>(tab, 2, r.k);
+  for (int64_t i = r.begin; i < r.n; i += r.stride) {
     const T vi = mu * v[i] - lr * (g[i] + wd * p[i]);
     v[i] = vi;
     p[i] += vi;
   }
 }
 
-__global__ void increment_kernel(int64_t* t) {
-  *t += 1;
+__global__ void increment_kernel(Counters c) {
+  if (static_cast<int>(threadIdx.x) < c.count) *c.t[threadIdx.x] += 1;
 }
 
 struct AdamScalars {
   double lr, beta1, beta2;
 };
 
-// Adam / AdamW with the CPU's formula; t was incremented by increment_kernel before this launch.
-// The bias corrections depend on t only: one thread per block computes them (in double, as the
-// CPU) and shares them through shared memory.
+// Adam / AdamW with the CPU's formula; the counters were incremented by increment_kernel before
+// this launch. The bias corrections depend on t only: one thread per block computes its
+// parameter's (in double, as the CPU) and shares them through shared memory.
 template <typename T>
-__global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
-                            T* __restrict__ v, const int64_t* __restrict__ t, int64_t n,
-                            AdamScalars s, T b1, T b2, T c1, T c2, T eps, T decay, T wd) {
+__global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1, T b2, T c1, T c2,
+                            T eps, T decay, T wd) {
+  const BlockRange r = block_range(tab);
   __shared__ T shared_step_size, shared_inv_sqrt_bc2;
   if (threadIdx.x == 0) {
-    const double steps = static_cast<double>(*t);
+    const double steps = static_cast<double>(*c.t[r.k]);
     const double bc1 = 1 - pow(s.beta1, steps);
     const double bc2 = 1 - pow(s.beta2, steps);
     shared_step_size = static_cast<T>(s.lr / bc1);
@@ -60,8 +105,11 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
   }
   __syncthreads();
   const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+  T* __restrict__ p = array<T>(tab, 0, r.k);
+  const T* __restrict__ g = array<T>(tab, 1, r.k);
+  T* __restrict__ m = array<T>(tab, 2, r.k);
+  T* __restrict__ v = array<T>(tab, 3, r.k);
+  for (int64_t i = r.begin; i < r.n; i += r.stride) {
     const T pi = p[i];
     const T gi = g[i] + wd * pi;
     const T mi = b1 * m[i] + c1 * gi;
@@ -72,52 +120,78 @@ __global__ void adam_kernel(T* __restrict__ p, const T* __restrict__ g, T* __res
   }
 }
 
+// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call whose inputs come
+// in groups of kGroup: the first kArrays of each group in the table (the parameter first) and
+// input kCounter, if any, in the counters. Parameters with no elements get no blocks (their
+// counter still counts).
+template <int kGroup, int kArrays, int kCounter, typename Launch>
+void for_each_launch(const KernelArgs& args, Op op, Launch launch) {
+  const std::span<const BufferView> in = args.in;
+  check_update_groups(in, op, kArrays, kCounter);
+  for (size_t g0 = 0; g0 < in.size(); g0 += kGroup * kMaxTensors) {
+    TensorTable<kArrays> tab{};
+    Counters counters{};
+    unsigned blocks = 0;
+    for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup) {
+      const int k = tab.count++;
+      for (int a = 0; a < kArrays; ++a) tab.ptr[a][k] = in[g + a].data;
+      if constexpr (kCounter >= 0) counters.t[counters.count++] = in[g + kCounter].as<int64_t>();
+      const int64_t n = in[g].numel();
+      tab.numel[k] = n;
+      tab.first_block[k] = blocks;
+      blocks += n == 0 ? 0 : blocks_for(n);
+    }
+    tab.first_block[tab.count] = blocks;
+    launch(tab, counters, blocks);
+  }
+}
+
 void sgd(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1];
   const SgdAttrs& a = args.attr<SgdAttrs>();
-  switch_floating(p.dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
-    const int64_t n = p.numel();
-    if (n == 0) return;
-    sgd_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
-        p.as<T>(), g.as<T>(), n, static_cast<T>(a.lr), static_cast<T>(a.weight_decay),
-        a.weight_decay != 0);
-    ENCORE_CUDA_LAUNCHED(Op::SgdUpdate);
+  switch_floating(args.in[0].dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
+    for_each_launch<2, 2, -1>(
+        args, Op::SgdUpdate, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
+          if (blocks == 0) return;
+          sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+              tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
+          ENCORE_CUDA_LAUNCHED(Op::SgdUpdate);
+        });
   });
 }
 
 void momentum_sgd(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1], &v = args.in[2];
   const SgdAttrs& a = args.attr<SgdAttrs>();
-  switch_floating(p.dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
-    const int64_t n = p.numel();
-    if (n == 0) return;
-    momentum_sgd_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
-        p.as<T>(), g.as<T>(), v.as<T>(), n, static_cast<T>(a.lr), static_cast<T>(a.momentum),
-        static_cast<T>(a.weight_decay));
-    ENCORE_CUDA_LAUNCHED(Op::MomentumSgdUpdate);
+  switch_floating(args.in[0].dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
+    for_each_launch<3, 3, -1>(args, Op::MomentumSgdUpdate,
+                              [&](const TensorTable<3>& tab, const Counters&, unsigned blocks) {
+                                if (blocks == 0) return;
+                                momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+                                    tab, static_cast<T>(a.lr), static_cast<T>(a.momentum),
+                                    static_cast<T>(a.weight_decay));
+                                ENCORE_CUDA_LAUNCHED(Op::MomentumSgdUpdate);
+                              });
   });
 }
 
-// in: p, g, m, v, t (int64 step, incremented first, also when p is empty, as on the CPU).
+// Per parameter in: p, g, m, v, t (int64 step, incremented first, also when p is empty, as on the
+// CPU).
 void adam(const KernelArgs& args) {
-  const BufferView &p = args.in[0], &g = args.in[1], &m = args.in[2], &v = args.in[3];
-  const BufferView& t = args.in[4];
   const AdamAttrs& a = args.attr<AdamAttrs>();
-  ENCORE_CHECK(t.dtype == DType::Int64 && t.numel() == 1, op_name(Op::AdamUpdate),
-               ": the step counter must be one int64, it is ", t.dtype, " ", t.shape);
-  switch_floating(p.dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
-    increment_kernel<<<1, 1, 0, stream()>>>(t.as<int64_t>());
-    ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
-    const int64_t n = p.numel();
-    if (n == 0) return;
+  switch_floating(args.in[0].dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
     // Decoupled: p *= 1 - lr*wd and g is used as is; coupled: g' = g + wd*p.
     const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
     const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
-    adam_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
-        p.as<T>(), g.as<T>(), m.as<T>(), v.as<T>(), t.as<int64_t>(), n,
-        AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1), static_cast<T>(a.beta2),
-        static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2), static_cast<T>(a.eps), decay, wd);
-    ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+    for_each_launch<5, 4, 4>(
+        args, Op::AdamUpdate, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
+          increment_kernel<<<1, kMaxTensors, 0, stream()>>>(c);
+          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+          if (blocks == 0) return;
+          adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+              tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
+              static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
+              static_cast<T>(a.eps), decay, wd);
+          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+        });
   });
 }
 

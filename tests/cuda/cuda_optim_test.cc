@@ -1,0 +1,34 @@
+// Optimizer updates on cuda:0 (tests/optim_foreach.h): foreach, on by default here, runs a call's
+// parameters in one or two launches per 24 and gives the bits of one call per parameter; a static
+// whole step holds one update step and replays eager's bits, as CUDA graphs and on the stream.
+#include <catch2/catch.hpp>
+
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/optim_foreach.h"
+
+using namespace encore;
+using namespace encore::testing;
+
+TEST_CASE("foreach optimizer updates on cuda equal one call per parameter bit for bit",
+          "[cuda][optim]") {
+  check_foreach_equals_loop(kCuda);
+  // The default on cuda is foreach: one call for both parameters.
+  Tensor p = randn({4}, DType::Float32, kCuda).set_requires_grad();
+  Tensor q = randn({300}, DType::Float32, kCuda).set_requires_grad();
+  optim::Adam adam({p, q});
+  p.set_grad(ones({4}, DType::Float32, kCuda));
+  q.set_grad(ones({300}, DType::Float32, kCuda));
+  UpdateCounter counter;
+  adam.step();
+  CHECK(counter.parameters_per_call == std::vector<int>{2});
+}
+
+TEST_CASE("a static whole step with a foreach update on cuda replays eager's bits",
+          "[cuda][optim][static]") {
+  with_graphs_on_and_off([](bool graphs) {
+    const StaticStats s = check_foreach_whole_step(kCuda);
+    check_graph_use(s.cache[0], graphs, 5);
+  });
+  const StaticStats verified = check_foreach_whole_step(kCuda, /*verify_every=*/1);
+  CHECK(verified.verifications == 5);
+}
