@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/device_activity.h"
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "runtime/cuda.h"
@@ -253,7 +254,12 @@ inline void label_warnings(benchmark::State& state, Device device, const StaticS
 //               kernels kernel_us would then miss);
 //   replay_us:  the same replay unprofiled (graphs as configured), timed over as many steps
 //               after the loop, as <case>/static/cuda measures it;
-//   replay_over_kernel: replay_us / kernel_us (the target for MlpSmall: <= 1.2).
+//   replay_over_kernel: replay_us / kernel_us;
+// and, where the build has CUPTI (bench/device_activity.h), of the same replay unprofiled:
+//   device_us:  the summed device time of its kernels, copies and fills, each as the device ran
+//               it (no event between kernels; the kernel nodes of graph launches included);
+//   device_kernels, device_copies: how many ran per step;
+//   replay_over_device: replay_us / device_us (MlpSmall's target: at most 1.2).
 template <typename ReplayFn>
 void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) {
   profiler::Options options;
@@ -285,15 +291,32 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
   // capture its graphs again).
   for (int i = 0; i < 2; ++i) replay();
   cuda::synchronize(device.index);
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iterations; ++i) {
-    replay();
-    cuda::synchronize(device.index);
+  auto replay_steps = [&] {
+    for (int64_t i = 0; i < iterations; ++i) {
+      replay();
+      cuda::synchronize(device.index);
+    }
+  };
+  // Its device time from CUPTI's records (a loop of its own: recording costs host time).
+  double device_ns = 0;
+  if (const std::string why = start_device_activity(); why.empty()) {
+    replay_steps();
+    const DeviceActivity a = stop_device_activity();
+    device_ns = static_cast<double>(a.kernel_ns + a.copy_ns) / iters;
+    state.counters["device_us"] = device_ns * 1e-3;
+    state.counters["device_kernels"] = static_cast<double>(a.kernels) / iters;
+    state.counters["device_copies"] = static_cast<double>(a.copies) / iters;
+    if (a.dropped > 0) state.counters["device_dropped"] = static_cast<double>(a.dropped);
+  } else {
+    state.SetLabel("no device_us: " + why);
   }
+  const auto start = std::chrono::steady_clock::now();
+  replay_steps();
   const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
   const double replay_ns = elapsed.count() / iters;
   state.counters["replay_us"] = replay_ns * 1e-3;
   state.counters["replay_over_kernel"] = kernel_ns > 0 ? replay_ns / kernel_ns : 0;
+  if (device_ns > 0) state.counters["replay_over_device"] = replay_ns / device_ns;
 }
 
 // A training step's measurement: `warmup` untimed calls of run(), then run() per iteration

@@ -1,6 +1,8 @@
 // The inputs of an optimizer update (cpu and cuda host code): one group per parameter (the
 // parameter, its gradient, the optimizer's state; op_traits.h), checked before anything is written
-// so that a bad call leaves every parameter as it was.
+// so that a bad call leaves every parameter as it was. The groups of one call must not share
+// memory (CUDA updates them at once): the optimizers pass a parameter, and its state, once, and
+// update parameters that share a storage one call each.
 #pragma once
 
 #include <cstddef>

@@ -152,7 +152,10 @@ DeviceErrorSlot make_error_slot(int device) {
   DeviceErrorSlot slot;
   void* host = nullptr;
   CHECK_CUDA("device error slot", cudaMalloc(reinterpret_cast<void**>(&slot.claim), 64));
+  // Zeroed before any kernel of the device's streams can claim it: a memset runs on the legacy
+  // default stream, which does not order the non-blocking streams encore uses.
   CHECK_CUDA("device error slot", cudaMemset(slot.claim, 0, 64));
+  CHECK_CUDA("device error slot", cudaDeviceSynchronize());
   CHECK_CUDA("device error slot", cudaHostAlloc(&host, 4 * sizeof(long long), cudaHostAllocMapped));
   std::memset(host, 0, 4 * sizeof(long long));
   CHECK_CUDA("device error slot",
@@ -313,11 +316,43 @@ uint64_t stream_serial(StreamHandle s) {
   return it == all.serial.end() ? 0 : it->second;
 }
 
+namespace {
+// Capture streams of threads that have ended, per device, for the next thread that captures: the
+// cuBLAS and cuDNN handles and workspaces made for a stream go with it (a new stream per thread
+// would leave a dead thread's behind).
+std::mutex g_capture_mu;
+std::vector<StreamHandle>* g_free_capture = new std::vector<StreamHandle>[kMaxDevices];
+
+struct CaptureStreams {
+  StreamHandle s[kMaxDevices] = {};
+  CaptureStreams() = default;
+  CaptureStreams(const CaptureStreams&) = delete;
+  CaptureStreams& operator=(const CaptureStreams&) = delete;
+  ~CaptureStreams() {
+    const std::lock_guard<std::mutex> lock(g_capture_mu);
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (s[d] != nullptr) g_free_capture[d].push_back(s[d]);
+  }
+};
+}  // namespace
+
 StreamHandle capture_stream(int device) {
-  // Per thread and device, kept for the thread's life (a graph's nodes do not refer to it).
-  thread_local StreamHandle streams[kMaxDevices] = {};
-  StreamHandle& s = streams[device];
-  if (s == nullptr) s = create_stream(device);
+  // Per thread and device while the thread lives (a graph's nodes do not refer to it), then
+  // another thread's.
+  thread_local CaptureStreams streams;
+  StreamHandle& s = streams.s[device];
+  if (s != nullptr) [[likely]]
+    return s;
+  {
+    const std::lock_guard<std::mutex> lock(g_capture_mu);
+    std::vector<StreamHandle>& free = g_free_capture[device];
+    if (!free.empty()) {
+      s = free.back();
+      free.pop_back();
+      return s;
+    }
+  }
+  s = create_stream(device);
   return s;
 }
 

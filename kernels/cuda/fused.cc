@@ -20,11 +20,20 @@
 namespace encore::kernels::cuda {
 namespace {
 
-// A compiled program, or why it could not be.
+// A compiled program, or why it could not be (`lasting`: an NVRTC error, which a later plan would
+// meet again; a load that failed, say for want of memory, is tried again).
 struct Compiled {
   cudaKernel_t kernel = nullptr;
   std::string error;
+  bool lasting = true;
 };
+
+// Why a runtime call failed, clearing the thread's last error (else the next kernel's launch
+// check would report it under its own name).
+std::string load_failure(const std::string& what, cudaError_t e) {
+  (void)cudaGetLastError();
+  return cat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
 
 // Compiles kernels[k] (each following the prelude, named names[k]) in one NVRTC program and loads
 // it; per kernel, the loaded kernel or why not. One compile pays NVRTC's fixed cost once for a
@@ -43,10 +52,15 @@ std::vector<Compiled> compile(const std::vector<std::string>& kernels,
     for (size_t k = 0; k < kernels.size(); ++k) {
       cudaError_t e = loaded;
       if (e == cudaSuccess) e = cudaLibraryGetKernel(&out[k].kernel, library, names[k].c_str());
+      // Loaded into the device's context now: with lazy loading a kernel would otherwise load at
+      // its first launch, which is a graph capture when the plan replays as CUDA graphs.
+      cudaFuncAttributes attributes;
+      if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(out[k].kernel));
       if (e != cudaSuccess) {
         out[k].kernel = nullptr;
-        out[k].error = cat("the compiled fused kernel does not load: ", cudaGetErrorName(e), " (",
-                           cudaGetErrorString(e), ")");
+        out[k].error = load_failure("the compiled fused kernel does not load", e);
+        out[k].lasting = false;
       }
     }
   } catch (const Error& e) {
@@ -68,12 +82,22 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
   };
   if (const std::string& reason = nvrtc_unavailable(); !reason.empty()) return all(reason);
   int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index) !=
-          cudaSuccess)
-    return all(cat("the compute capability of ", device.str(), " cannot be read"));
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index);
+  if (e != cudaSuccess)
+    return all(load_failure(cat("the compute capability of ", device.str(), " cannot be read"), e));
   const int arch = 10 * major + minor;
+  // The kernels load into this device's context.
+  int previous = 0;
+  if (e = cudaGetDevice(&previous); e != cudaSuccess)
+    return all(load_failure("the current CUDA device cannot be read", e));
+  if (e = cudaSetDevice(device.index); e != cudaSuccess)
+    return all(load_failure(cat(device.str(), " cannot be made current"), e));
+  struct Restore {
+    int device;
+    ~Restore() { (void)cudaSetDevice(device); }
+  } restore{previous};
 
   // Per process, by capability and kernel source (named kFusedKernelName in the key).
   static std::mutex mu;
@@ -94,13 +118,18 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
     kernels.push_back(fused_kernel_source(*programs[k], names.back()));
     new_keys.push_back(keys[k]);
   }
-  if (!kernels.empty()) {
-    std::vector<Compiled> compiled = compile(kernels, names, arch);
-    for (size_t k = 0; k < compiled.size(); ++k) cache.emplace(new_keys[k], std::move(compiled[k]));
-  }
+  std::vector<Compiled> compiled;
+  if (!kernels.empty()) compiled = compile(kernels, names, arch);
+  for (size_t k = 0; k < compiled.size(); ++k)
+    if (compiled[k].lasting) cache.emplace(new_keys[k], compiled[k]);
+  auto compiled_for = [&](const std::string& key) -> const Compiled& {
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+    return compiled[static_cast<size_t>(std::find(new_keys.begin(), new_keys.end(), key) -
+                                        new_keys.begin())];
+  };
   for (size_t k = 0; k < programs.size(); ++k) {
     if (keys[k].empty()) continue;
-    const Compiled& c = cache.at(keys[k]);
+    const Compiled& c = compiled_for(keys[k]);
     programs[k]->device_kernel = c.kernel;
     why[k] = c.error;
   }

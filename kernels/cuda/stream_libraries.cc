@@ -35,17 +35,29 @@ struct ThreadLibraries {
   }
 };
 
-// An ended thread's libraries of stream `s` (serial `serial`) of `device`, or null.
+void free_libraries(StreamLibraries* l);
+
+// An ended thread's libraries of stream `s` (serial `serial`) of `device`, or null. Frees those
+// of streams destroyed since (unless this thread is capturing: freeing waits for the device).
 StreamLibraries* adopt(int device, cudaStream_t s, uint64_t serial) {
-  const std::lock_guard<std::mutex> lock(g_orphans_mu);
-  for (auto it = g_orphans->begin(); it != g_orphans->end(); ++it) {
-    StreamLibraries* l = *it;
-    if (l->device == device && l->stream == s && l->serial == serial) {
-      g_orphans->erase(it);
-      return l;
+  StreamLibraries* found = nullptr;
+  std::vector<StreamLibraries*> dead;
+  {
+    const std::lock_guard<std::mutex> lock(g_orphans_mu);
+    const bool may_free = !encore::cuda::capturing();
+    std::vector<StreamLibraries*> kept;
+    for (StreamLibraries* l : *g_orphans) {
+      if (found == nullptr && l->device == device && l->stream == s && l->serial == serial)
+        found = l;
+      else if (may_free && l->serial != 0 && encore::cuda::stream_serial(l->stream) != l->serial)
+        dead.push_back(l);
+      else
+        kept.push_back(l);
     }
+    *g_orphans = std::move(kept);
   }
-  return nullptr;
+  for (StreamLibraries* l : dead) free_libraries(l);
+  return found;
 }
 
 // Whether any stream has a cuBLAS or cuDNN handle yet, and the largest cuDNN workspace asked

@@ -1,0 +1,24 @@
+// The device time of the kernels, copies and fills a stretch of work ran, from CUPTI's activity
+// records (CUDA builds with CUPTI): each kernel's own start and end on the device, with nothing
+// inserted between kernels (the profiler's events are), for the kernel nodes of CUDA graph
+// launches too. KernelSum/<case>/cuda sets a replayed step's wall time beside this sum.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace encore::bench {
+
+struct DeviceActivity {
+  int64_t kernel_ns = 0, kernels = 0;  // summed durations, and how many
+  int64_t copy_ns = 0, copies = 0;     // memcpy and memset
+  int64_t dropped = 0;                 // records CUPTI could not keep (the sums miss them)
+};
+
+// Records device activity from start_device_activity() to stop_device_activity() (one stretch at
+// a time, on the calling thread's process). start returns "" or why it cannot record (no CUPTI
+// in this build, or a CUPTI error), and stop then returns zeros. stop waits for the device.
+std::string start_device_activity();
+DeviceActivity stop_device_activity();
+
+}  // namespace encore::bench
