@@ -78,8 +78,7 @@ class Optimizer {
 struct SGDOptions {
   double lr = 0.01;  // Chainer's default
   double weight_decay = 0;
-  std::optional<bool> foreach =
-      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
+  std::optional<bool> foreach = std::nullopt;  // one call for all parameters (unset: on CUDA)
 };
 
 // p -= lr * (g + weight_decay * p)
@@ -97,8 +96,7 @@ struct MomentumSGDOptions {
   double lr = 0.01;
   double momentum = 0.9;
   double weight_decay = 0;
-  std::optional<bool> foreach =
-      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
+  std::optional<bool> foreach = std::nullopt;  // one call for all parameters (unset: on CUDA)
 };
 
 // v = momentum * v - lr * (g + wd * p); p += v   (Chainer's MomentumSGD)
@@ -121,10 +119,9 @@ struct AdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0;  // L2 added to the gradient (PyTorch Adam) ...
-  bool decoupled = false;   // ... or decoupled, p -= lr * wd * p (AdamW)
-  std::optional<bool> foreach =
-      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
+  double weight_decay = 0;                     // L2 added to the gradient (PyTorch Adam) ...
+  bool decoupled = false;                      // ... or decoupled, p -= lr * wd * p (AdamW)
+  std::optional<bool> foreach = std::nullopt;  // one call for all parameters (unset: on CUDA)
 };
 
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps)
@@ -147,9 +144,8 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 1e-2;  // PyTorch's AdamW default
-  std::optional<bool> foreach =
-      std::nullopt;  // one call for all parameters (unset: on CUDA); see above
+  double weight_decay = 1e-2;                  // PyTorch's AdamW default
+  std::optional<bool> foreach = std::nullopt;  // one call for all parameters (unset: on CUDA)
 };
 
 // Adam with decoupled weight decay, as torch.optim.AdamW: p -= lr * wd * p, then Adam's update.
