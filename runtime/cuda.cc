@@ -63,6 +63,7 @@ uint64_t stream_generation() {
 uint64_t stream_serial(StreamHandle) {
   return 0;
 }
+void order_after(int, StreamHandle, StreamHandle, uint64_t) {}
 void synchronize(int) {}
 DeviceErrorSlot device_error_slot(int) {
   not_built("device_error_slot");
@@ -75,6 +76,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 }
 void* malloc_workspace(size_t) {
   not_built("malloc_workspace");
+}
+bool stream_finished(int) {
+  not_built("stream_finished");
 }
 void call_after_stream(int, void (*)(void*), void*) {
   not_built("call_after_stream");
@@ -401,18 +405,29 @@ namespace {
 
 // Makes `waiter` wait for the work queued so far on `stream` of `device` (through an event of
 // this thread's, one per device).
-void wait_for(cudaStream_t waiter, int device, cudaStream_t stream) {
+void wait_for(const char* what, cudaStream_t waiter, int device, cudaStream_t stream) {
   thread_local cudaEvent_t events[kMaxDevices] = {};
   cudaEvent_t& e = events[device];
   {
     const DeviceGuard on(device);
-    if (e == nullptr) CHECK_CUDA("copy", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    CHECK_CUDA("copy", cudaEventRecord(e, stream));
+    if (e == nullptr) CHECK_CUDA(what, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CHECK_CUDA(what, cudaEventRecord(e, stream));
   }
-  CHECK_CUDA("copy", cudaStreamWaitEvent(waiter, e, 0));
+  CHECK_CUDA(what, cudaStreamWaitEvent(waiter, e, 0));
 }
 
 }  // namespace
+
+void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial) {
+  if (stream == nullptr || stream == waiter) return;
+  if (stream_serial(stream) != serial) {  // destroyed: its work may still run
+    const DeviceGuard on(device);
+    CHECK_CUDA("stream order", cudaDeviceSynchronize());
+    return;
+  }
+  wait_for("stream order", static_cast<cudaStream_t>(waiter), device,
+           static_cast<cudaStream_t>(stream));
+}
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                 bool non_blocking) {
@@ -435,10 +450,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     // source's stream waits for the copy before its later work (its caching allocator reuses
     // the source's block in that stream's order).
     auto src_stream = static_cast<cudaStream_t>(current_stream(src_device.index));
-    wait_for(stream, src_device.index, src_stream);
+    wait_for("copy", stream, src_device.index, src_stream);
     CHECK_CUDA("copy",
                cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream));
-    wait_for(src_stream, device, stream);
+    wait_for("copy", src_stream, device, stream);
   } else {
     const cudaMemcpyKind kind = src_cpu   ? cudaMemcpyHostToDevice
                                 : dst_cpu ? cudaMemcpyDeviceToHost
@@ -469,6 +484,17 @@ void call_after_stream(int device, void (*fn)(void*), void* arg) {
   set_device(device);
   CHECK_CUDA("call_after_stream",
              cudaLaunchHostFunc(static_cast<cudaStream_t>(current_stream(device)), fn, arg));
+}
+
+bool stream_finished(int device) {
+  require_device(device, "stream_finished");
+  const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(current_stream(device)));
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  CHECK_CUDA("stream_finished", e);
+  return true;
 }
 
 Allocator& pinned_allocator() {

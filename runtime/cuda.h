@@ -65,6 +65,10 @@ void destroy_stream(StreamHandle s);
 // as it lives (never reused; 0 for a handle it did not make or has destroyed).
 uint64_t stream_generation();
 uint64_t stream_serial(StreamHandle s);
+// Orders the work queued on `waiter` from now on after the work queued so far on `stream` (both
+// of `device`), without waiting on the host; `serial` is stream_serial(stream) when it was last
+// used: a stream destroyed since is waited for by waiting for the whole device.
+void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial);
 // This thread's stream for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture.
 StreamHandle capture_stream(int device);
@@ -82,6 +86,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // (cudaLaunchHostFunc). `fn` must not call CUDA; Tensor::to uses it to keep a pinned source
 // alive until its asynchronous copy has read it.
 void call_after_stream(int device, void (*fn)(void*), void* arg);
+// Whether all work queued so far on the current stream of `device` has finished (without
+// waiting; errors it reports are raised at the next wait).
+bool stream_finished(int device);
 
 // cudaMalloc of a library's own device memory on the current device (a cuBLAS or cuDNN
 // workspace): when the device is out of memory, the device's caching allocator releases its

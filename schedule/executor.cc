@@ -224,6 +224,12 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
   const auto [begin, end] = step_range(phase);
   if (device_.type == DeviceType::CUDA) {
     cuda::set_device(device_.index);
+    if (const cuda::StreamHandle s = cuda::current_stream(device_.index); s != b.stream)
+        [[unlikely]] {
+      cuda::order_after(device_.index, s, b.stream, b.stream_serial);
+      b.stream = s;
+      b.stream_serial = cuda::stream_serial(s);
+    }
     if (begin < end && snapshots == nullptr && !profiler::active() && !options_.redzones &&
         !graphs_off_.load(std::memory_order_acquire) && cuda::graphs_enabled()) {
       run_graph(b, phase, begin, end);

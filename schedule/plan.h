@@ -130,7 +130,11 @@ struct CallState {
   std::unique_ptr<std::atomic<uint32_t>[]> done;
   uint32_t runs = 0;
 
-  // CUDA. Escaping storages kept for reuse once the caller has dropped them (same addresses,
+  // CUDA. The stream of this arena's last run (and its stream_serial): a call on another stream
+  // first waits for it, since the host returns before the device has finished with the arena.
+  cuda::StreamHandle stream = nullptr;
+  uint64_t stream_serial = 0;
+  // Escaping storages kept for reuse once the caller has dropped them (same addresses,
   // so a captured graph stays valid), per escape slot.
   std::vector<std::vector<IntrusivePtr<Storage>>> escape_pool;
   // Per escape slot: the buffer the steps write when every pooled storage is still held, and

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "encore/encore.h"
+#include "encore/static_graph.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -213,6 +214,42 @@ TEST_CASE("a block recorded on another stream is reused only once that stream ha
   }
   cuda::destroy_stream(side);
   CHECK_THROWS_WITH(rand({2}).record_stream(side), Contains("record_stream") && Contains("cpu"));
+}
+
+TEST_CASE("a static call on another stream than its arena's last call waits for that call",
+          "[cuda][runtime][static]") {
+  with_graphs_on_and_off([](bool) {
+    StaticEnabled on;
+    auto f = static_graph([](const Tensor& x) { return F::mul(F::add(x, 1.0), 2.0); },
+                          {.name = "two_streams"});
+    const Tensor x = rand({1024}).to(kCuda);
+    const Tensor expected = f(x);  // the trace
+    f(x);                          // a replay (the graph's capture)
+    cuda::synchronize(0);
+    const cuda::StreamHandle a = cuda::create_stream(0), b = cuda::create_stream(0);
+    std::atomic<bool> go{false};
+    Tensor ya, yb;
+    {
+      cuda::StreamGuard on_a(0, a);
+      cuda::call_after_stream(0, &hold_stream, &go);  // stream a waits for `go`
+      ya = f(x);  // queued behind it; the call's arena is free again on the host
+    }
+    {
+      cuda::StreamGuard on_b(0, b);
+      yb = f(x);  // the same arena: stream b must wait for stream a's replay
+      CHECK_FALSE(cuda::stream_finished(0));
+    }
+    go = true;
+    for (const cuda::StreamHandle s : {a, b}) {
+      cuda::StreamGuard on(0, s);
+      cuda::synchronize(0);
+    }
+    CHECK(bit_diff(ya, expected) == "");
+    CHECK(bit_diff(yb, expected) == "");
+    CHECK(f.stats().cache.at(0).arenas == 1);
+    cuda::destroy_stream(a);
+    cuda::destroy_stream(b);
+  });
 }
 
 TEST_CASE("products and convolutions on several streams equal the default stream's",
