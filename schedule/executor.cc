@@ -51,8 +51,8 @@ void Plan::build_steps() {
     e.fn = lookup_kernel(s.op, device_.type);
     e.attrs = s.attrs;
     e.view = static_cast<uint32_t>(view_template_.size());
-    e.n_in = static_cast<uint8_t>(s.in.size());
-    e.n_out = static_cast<uint8_t>(s.out.size());
+    e.n_in = static_cast<uint32_t>(s.in.size());
+    e.n_out = static_cast<uint32_t>(s.out.size());
     e.random = op_draws_random(s.op);
     if (e.random) e.random_count = random_count(s.in[0].shape.numel());
     auto add_view = [&](const Operand& o, bool read) {
@@ -321,7 +321,7 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       };
       if (s.op == Op::FusedElementwise) {
         const FusedProgram& p = *s.attrs.as<FusedAttrs>().program;
-        for (int k = 0; k < s.n_out; ++k) {
+        for (uint32_t k = 0; k < s.n_out; ++k) {
           const FusedOutputOf& of = p.out_instr[k];
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[of.instr], {}, of.output}),
                out[k]);

@@ -38,8 +38,8 @@ struct ExecStep {
   KernelFn fn;
   AttrBlob attrs;
   uint32_t view = 0;  // first input view; outputs follow the inputs
-  uint8_t n_in = 0;
-  uint8_t n_out = 0;
+  uint32_t n_in = 0;  // any number: a foreach optimizer update takes five per parameter
+  uint32_t n_out = 0;
   bool random = false;  // draws fresh numbers on every run
   uint64_t random_count = 0;
   int trace_index = 0;  // its position in the recording's forward then backward lists

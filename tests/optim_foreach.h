@@ -143,24 +143,40 @@ inline void check_foreach_equals_loop(Device d) {
   }
 }
 
-// An MLP's whole training step, static, with Adam (foreach on): the schedule holds one
-// adam_update step for the six parameters, and replays (verified against eager on every
+// 30 linear layers of 8 (tanh between them), made from `seed` on `d`: 60 parameters, so a foreach
+// Adam call takes 300 inputs and CUDA runs it in three launches.
+inline std::shared_ptr<nn::Sequential> deep_mlp(uint64_t seed, Device d) {
+  return seeded(seed, d, [] {
+    auto m = std::make_shared<nn::Sequential>();
+    for (int i = 0; i < 29; ++i) {
+      m->add(std::make_shared<nn::Linear>(8, 8));
+      m->add(std::make_shared<nn::Tanh>());
+    }
+    m->add(std::make_shared<nn::Linear>(8, 10));
+    return m;
+  });
+}
+
+// A whole training step of deep_mlp, static, with Adam (foreach on): the schedule holds one
+// adam_update step for the 60 parameters, and replays (verified against eager on every
 // `verify_every`-th call) equal an eager twin with one call per parameter bit for bit. Returns
 // the static function's stats.
 inline StaticStats check_foreach_whole_step(Device d, int verify_every = 0) {
   StaticEnabled on;
   const int steps = 6;
-  const auto mlps = twin_mlps<MlpNet>(d, /*seed=*/4, 24, 16, steps, 8, /*data_seed=*/9);
-  auto eager_opt = optim::Adam(mlps.eager->parameters(), {.lr = 1e-2, .foreach = false});
-  auto model_opt = optim::Adam(mlps.model->parameters(), {.lr = 1e-2, .foreach = true});
+  const std::vector<Batch> batches = mlp_batches(steps, 8, 8, /*seed=*/9, d);
+  REQUIRE(static_cast<int>(batches.size()) == steps);
+  const auto eager = deep_mlp(4, d), model = deep_mlp(4, d);
+  auto eager_opt = optim::Adam(eager->parameters(), {.lr = 1e-2, .foreach = false});
+  auto model_opt = optim::Adam(model->parameters(), {.lr = 1e-2, .foreach = true});
   auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) { return train_step(*mlps.model, model_opt, x, t); },
-      {.name = "foreach_step", .verify_every = verify_every, .modules = {mlps.model}});
+      [&](const Tensor& x, const Tensor& t) { return train_step(*model, model_opt, x, t); },
+      {.name = "foreach_step", .verify_every = verify_every, .modules = {model}});
   for (int i = 0; i < steps; ++i) {
     INFO("step " << i);
-    const Batch& b = mlps.batches[i];
-    CHECK(bit_diff(train_step(*mlps.eager, eager_opt, b.x, b.t), step(b.x, b.t)) == "");
-    check_same_parameters(*mlps.eager, *mlps.model, cat("step ", i));
+    const Batch& b = batches[i];
+    CHECK(bit_diff(train_step(*eager, eager_opt, b.x, b.t), step(b.x, b.t)) == "");
+    check_same_parameters(*eager, *model, cat("step ", i));
   }
   const std::string text = step.schedule_text();
   INFO(text);
@@ -169,7 +185,9 @@ inline StaticStats check_foreach_whole_step(Device d, int verify_every = 0) {
        at = text.find(" adam_update", at + 1))
     ++updates;
   CHECK(updates == 1);
-  CHECK(text.find("in  29  ") != std::string::npos);  // six parameters' groups of five inputs
+  // 60 parameters' groups of five inputs, and no more.
+  CHECK(text.find("in  299  ") != std::string::npos);
+  CHECK(text.find("in  300  ") == std::string::npos);
   const StaticStats s = step.stats();
   check_one_trace_then_replays(s, steps);
   return s;
