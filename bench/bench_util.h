@@ -297,26 +297,25 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
       cuda::synchronize(device.index);
     }
   };
-  // Its device time from CUPTI's records (a loop of its own: recording costs host time).
-  double device_ns = 0;
-  if (const std::string why = start_device_activity(); why.empty()) {
-    replay_steps();
-    const DeviceActivity a = stop_device_activity();
-    device_ns = static_cast<double>(a.kernel_ns + a.copy_ns) / iters;
-    state.counters["device_us"] = device_ns * 1e-3;
-    state.counters["device_kernels"] = static_cast<double>(a.kernels) / iters;
-    state.counters["device_copies"] = static_cast<double>(a.copies) / iters;
-    if (a.dropped > 0) state.counters["device_dropped"] = static_cast<double>(a.dropped);
-  } else {
-    state.SetLabel("no device_us: " + why);
-  }
   const auto start = std::chrono::steady_clock::now();
   replay_steps();
   const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - start;
   const double replay_ns = elapsed.count() / iters;
   state.counters["replay_us"] = replay_ns * 1e-3;
   state.counters["replay_over_kernel"] = kernel_ns > 0 ? replay_ns / kernel_ns : 0;
-  if (device_ns > 0) state.counters["replay_over_device"] = replay_ns / device_ns;
+  // Its device time from CUPTI's records, over a loop of its own (recording costs host time).
+  if (const std::string why = start_device_activity(); why.empty()) {
+    replay_steps();
+    const DeviceActivity a = stop_device_activity();
+    const double device_ns = static_cast<double>(a.kernel_ns + a.copy_ns) / iters;
+    state.counters["device_us"] = device_ns * 1e-3;
+    state.counters["device_kernels"] = static_cast<double>(a.kernels) / iters;
+    state.counters["device_copies"] = static_cast<double>(a.copies) / iters;
+    if (a.dropped > 0) state.counters["device_dropped"] = static_cast<double>(a.dropped);
+    if (device_ns > 0) state.counters["replay_over_device"] = replay_ns / device_ns;
+  } else {
+    state.SetLabel("no device_us: " + why);
+  }
 }
 
 // A training step's measurement: `warmup` untimed calls of run(), then run() per iteration

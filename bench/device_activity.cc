@@ -33,35 +33,44 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t,
                                size_t valid) {
   DeviceActivity part;
+  // A record without both timestamps (one a forced flush cut short) is counted as dropped.
+  auto add = [&part](uint64_t start, uint64_t end, int64_t& ns, int64_t& count) {
+    if (start == 0 || end < start) {
+      ++part.dropped;
+      return;
+    }
+    ns += static_cast<int64_t>(end - start);
+    ++count;
+  };
   CUpti_Activity* record = nullptr;
-  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+  CUptiResult next = CUPTI_SUCCESS;
+  while ((next = cuptiActivityGetNextRecord(buffer, valid, &record)) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        part.kernel_ns += static_cast<int64_t>(k->end - k->start);
-        ++part.kernels;
+        add(k->start, k->end, part.kernel_ns, part.kernels);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        part.copy_ns += static_cast<int64_t>(c->end - c->start);
-        ++part.copies;
+        add(c->start, c->end, part.copy_ns, part.copies);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const auto* s = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        part.copy_ns += static_cast<int64_t>(s->end - s->start);
-        ++part.copies;
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        add(m->start, m->end, part.copy_ns, part.copies);
         break;
       }
       default:
         break;
     }
   }
-  size_t dropped = 0;
+  // The end of the buffer, or a record CUPTI could not read (the rest are lost).
+  if (next != CUPTI_ERROR_MAX_LIMIT_REACHED) ++part.dropped;
+  size_t dropped = 0;  // since the last call, which resets the count
   if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS)
-    part.dropped = static_cast<int64_t>(dropped);
+    part.dropped += static_cast<int64_t>(dropped);
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mu);
   g_sum.kernel_ns += part.kernel_ns;
@@ -104,6 +113,7 @@ DeviceActivity stop_device_activity() {
   g_recording = false;
   cudaDeviceSynchronize();
   for (const CUpti_ActivityKind kind : kKinds) cuptiActivityDisable(kind);
+  cuptiActivityFlushAll(0);  // the completed records, then any left
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(g_mu);
   return g_sum;

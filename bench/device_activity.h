@@ -12,7 +12,7 @@ namespace encore::bench {
 struct DeviceActivity {
   int64_t kernel_ns = 0, kernels = 0;  // summed durations, and how many
   int64_t copy_ns = 0, copies = 0;     // memcpy and memset
-  int64_t dropped = 0;                 // records CUPTI could not keep (the sums miss them)
+  int64_t dropped = 0;  // records CUPTI could not keep or complete (the sums miss them)
 };
 
 // Records device activity from start_device_activity() to stop_device_activity() (one stretch at

@@ -56,6 +56,7 @@ StreamHandle create_stream(int) {
 StreamHandle capture_stream(int) {
   not_built("capture_stream");
 }
+void hold_capture_streams() {}
 void destroy_stream(StreamHandle) {}
 uint64_t stream_generation() {
   return 0;
@@ -338,13 +339,20 @@ struct CaptureStreams {
       if (s[d] != nullptr) g_free_capture[d].push_back(s[d]);
   }
 };
+CaptureStreams& thread_capture_streams() {
+  thread_local CaptureStreams streams;
+  return streams;
+}
 }  // namespace
+
+void hold_capture_streams() {
+  thread_capture_streams();
+}
 
 StreamHandle capture_stream(int device) {
   // Per thread and device while the thread lives (a graph's nodes do not refer to it), then
   // another thread's.
-  thread_local CaptureStreams streams;
-  StreamHandle& s = streams.s[device];
+  StreamHandle& s = thread_capture_streams().s[device];
   if (s != nullptr) [[likely]]
     return s;
   {
@@ -420,7 +428,8 @@ void wait_for(const char* what, cudaStream_t waiter, int device, cudaStream_t st
 
 void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial) {
   if (stream == nullptr || stream == waiter) return;
-  if (stream_serial(stream) != serial) {  // destroyed: its work may still run
+  // Destroyed (its work may still run), or not made here (it may have been destroyed since).
+  if (serial == 0 || stream_serial(stream) != serial) {
     const DeviceGuard on(device);
     CHECK_CUDA("stream order", cudaDeviceSynchronize());
     return;

@@ -67,11 +67,16 @@ uint64_t stream_generation();
 uint64_t stream_serial(StreamHandle s);
 // Orders the work queued on `waiter` from now on after the work queued so far on `stream` (both
 // of `device`), without waiting on the host; `serial` is stream_serial(stream) when it was last
-// used: a stream destroyed since is waited for by waiting for the whole device.
+// used: a stream destroyed since, or one create_stream did not make, is waited for by waiting for
+// the whole device.
 void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial);
 // This thread's stream for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture.
 StreamHandle capture_stream(int device);
+// Makes this thread's record of its capture streams now. Thread-local state ends in the reverse
+// order of its making, so state made after this call (the stream libraries) is left for other
+// threads before the thread's capture streams go back to the pool.
+void hold_capture_streams();
 // Waits for all work queued on the current stream of `device` (when -1, of every device this
 // process has made a stream on: the others have no work, and are left without a context).
 void synchronize(int device = -1);

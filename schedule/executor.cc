@@ -28,10 +28,20 @@ std::vector<profiler::StepTime>& step_times() {
 Plan::~Plan() {
   for (auto& b : states_) {
     if (b->arena == nullptr) continue;
-    if (shared_arenas_)
+    if (shared_arenas_) {
       shared_arenas_->give(b->arena);
-    else
-      allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
+      continue;
+    }
+    // The allocator hands a block out again to work on this thread's stream: that must follow
+    // the arena's last run, which may have been on another.
+    if (b->stream != nullptr) {
+      try {
+        cuda::order_after(device_.index, cuda::current_stream(device_.index), b->stream,
+                          b->stream_serial);
+      } catch (const Error&) {  // a failed device: nothing queued after will run
+      }
+    }
+    allocator_for(device_).deallocate(b->arena, memory_.arena_bytes);
   }
 }
 

@@ -8,10 +8,10 @@
 //
 // Each update is a dispatched in-place op, so a tracer sees it: one call per parameter, or with
 // `foreach` (the default on CUDA, as PyTorch's) one call for all parameters of a device and dtype,
-// which CUDA runs as one or two kernels instead of one or two per parameter. The values are the
-// same either way. A static training step records what the optimizer dispatched; on the cpu one
-// call per parameter lets each update run as soon as its gradient is final. State (momentum
-// buffers, Adam moments and step counters) lives in tensors for the same reason.
+// which CUDA runs as one or two kernels per 24 parameters instead of one or two per parameter. The
+// values are the same either way. A static training step records what the optimizer dispatched; on
+// the cpu one call per parameter lets each update run as soon as its gradient is final. State
+// (momentum buffers, Adam moments and step counters) lives in tensors for the same reason.
 #pragma once
 
 #include <atomic>
@@ -71,6 +71,8 @@ class Optimizer {
       const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const;
 
   std::vector<Tensor> params_;
+  bool shared_storage_ =
+      false;  // two parameters over one storage (one kernel must not update both)
   // Shared with the static schedules that recorded a step, which advance it on every replay.
   std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 };

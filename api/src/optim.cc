@@ -1,16 +1,22 @@
 #include "encore/optim.h"
 
+#include <algorithm>
+
 #include "api/src/routine.h"
 
 namespace encore::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  std::vector<const Storage*> storages;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
     ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
                  p.dtype(), "; parameters must be floating");
+    storages.push_back(p.impl()->storage.get());
   }
+  std::sort(storages.begin(), storages.end());
+  shared_storage_ = std::adjacent_find(storages.begin(), storages.end()) != storages.end();
 }
 
 void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
@@ -27,13 +33,9 @@ void Optimizer::dispatch_updates(
     Op op, const AttrBlob& attrs, std::optional<bool> foreach,
     const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const {
   const size_t n = params_.size();
-  bool shared = false;  // two parameters over one storage: one kernel must not update both
-  for (size_t i = 0; i < n && !shared; ++i)
-    for (size_t j = i + 1; j < n && !shared; ++j)
-      shared = params_[i].impl()->storage == params_[j].impl()->storage;
   const bool on_cuda = n > 0 && params_[0].device().type == DeviceType::CUDA;
   std::vector<Tensor> call;
-  if (shared || !foreach.value_or(on_cuda)) {
+  if (shared_storage_ || !foreach.value_or(on_cuda)) {
     for (size_t i = 0; i < n; ++i) {
       const Tensor g = params_[i].grad();
       if (!g.defined()) continue;

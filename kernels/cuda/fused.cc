@@ -20,8 +20,8 @@
 namespace encore::kernels::cuda {
 namespace {
 
-// A compiled program, or why it could not be (`lasting`: an NVRTC error, which a later plan would
-// meet again; a load that failed, say for want of memory, is tried again).
+// A compiled program, or why it could not be (`lasting`: an error a later plan would meet again;
+// a load that failed for want of memory is tried again).
 struct Compiled {
   cudaKernel_t kernel = nullptr;
   std::string error;
@@ -52,15 +52,10 @@ std::vector<Compiled> compile(const std::vector<std::string>& kernels,
     for (size_t k = 0; k < kernels.size(); ++k) {
       cudaError_t e = loaded;
       if (e == cudaSuccess) e = cudaLibraryGetKernel(&out[k].kernel, library, names[k].c_str());
-      // Loaded into the device's context now: with lazy loading a kernel would otherwise load at
-      // its first launch, which is a graph capture when the plan replays as CUDA graphs.
-      cudaFuncAttributes attributes;
-      if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(out[k].kernel));
       if (e != cudaSuccess) {
         out[k].kernel = nullptr;
         out[k].error = load_failure("the compiled fused kernel does not load", e);
-        out[k].lasting = false;
+        out[k].lasting = e != cudaErrorMemoryAllocation;
       }
     }
   } catch (const Error& e) {
@@ -130,8 +125,18 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
   for (size_t k = 0; k < programs.size(); ++k) {
     if (keys[k].empty()) continue;
     const Compiled& c = compiled_for(keys[k]);
-    programs[k]->device_kernel = c.kernel;
     why[k] = c.error;
+    if (c.kernel == nullptr) continue;
+    // Loaded into this device's context now (a cached kernel too: another device may have loaded
+    // it): with lazy loading it would load at its first launch, which is a graph capture when
+    // the plan replays as CUDA graphs.
+    cudaFuncAttributes attributes;
+    if (e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(c.kernel));
+        e != cudaSuccess) {
+      why[k] = load_failure(cat("the compiled fused kernel does not load on ", device.str()), e);
+      continue;
+    }
+    programs[k]->device_kernel = c.kernel;
   }
   return why;
 }

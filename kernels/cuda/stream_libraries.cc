@@ -94,6 +94,10 @@ void drop_destroyed(ThreadLibraries& t) {
 
 // This thread's libraries of stream `s` of `device`, made (without handles) on first use.
 StreamLibraries& libraries_for(Op op, int device, cudaStream_t s) {
+  // The capture streams' record first, so that it ends after these libraries: a capture stream
+  // goes back to the pool only once its libraries are there for the thread that takes it.
+  thread_local const bool streams_first = (encore::cuda::hold_capture_streams(), true);
+  (void)streams_first;
   thread_local ThreadLibraries t;
   ENCORE_CHECK(device >= 0 && device < kMaxDevices, op_name(op), ": CUDA device ", device,
                " is out of the range cuBLAS and cuDNN handles are kept for (0 to ", kMaxDevices - 1,

@@ -4,11 +4,13 @@
 // (bad labels and ids), item(), factories on the device, Module::to and pinned batches.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "encore/encore.h"
@@ -222,21 +224,22 @@ TEST_CASE("a static call on another stream than its arena's last call waits for 
     StaticEnabled on;
     auto f = static_graph([](const Tensor& x) { return F::mul(F::add(x, 1.0), 2.0); },
                           {.name = "two_streams"});
-    const Tensor x = rand({1024}).to(kCuda);
-    const Tensor expected = f(x);  // the trace
-    f(x);                          // a replay (the graph's capture)
+    const Tensor x1 = rand({1024}).to(kCuda), x2 = rand({1024}).to(kCuda);
+    const Tensor expected1 = f(x1), expected2 = f(x2);  // the trace, and a replay (the capture)
     cuda::synchronize(0);
     const cuda::StreamHandle a = cuda::create_stream(0), b = cuda::create_stream(0);
     std::atomic<bool> go{false};
-    Tensor ya, yb;
+    Tensor y1, y2;
     {
       cuda::StreamGuard on_a(0, a);
       cuda::call_after_stream(0, &hold_stream, &go);  // stream a waits for `go`
-      ya = f(x);  // queued behind it; the call's arena is free again on the host
+      y1 = f(x1);  // queued behind it; the call's arena is free again on the host
     }
     {
       cuda::StreamGuard on_b(0, b);
-      yb = f(x);  // the same arena: stream b must wait for stream a's replay
+      y2 = f(x2);  // the same arena: stream b must wait for stream a's replay
+      // Unordered, stream b's few small kernels would be long done.
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
       CHECK_FALSE(cuda::stream_finished(0));
     }
     go = true;
@@ -244,8 +247,8 @@ TEST_CASE("a static call on another stream than its arena's last call waits for 
       cuda::StreamGuard on(0, s);
       cuda::synchronize(0);
     }
-    CHECK(bit_diff(ya, expected) == "");
-    CHECK(bit_diff(yb, expected) == "");
+    CHECK(bit_diff(y1, expected1) == "");
+    CHECK(bit_diff(y2, expected2) == "");
     CHECK(f.stats().cache.at(0).arenas == 1);
     cuda::destroy_stream(a);
     cuda::destroy_stream(b);
