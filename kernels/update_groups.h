@@ -14,17 +14,36 @@
 
 namespace encore::kernels {
 
-// Every parameter has parameter 0's dtype, the first `arrays` inputs of each group have their
-// parameter's dtype and element count, and input `counter` of each group (-1: none) is one int64.
-inline void check_update_groups(std::span<const BufferView> in, Op op, size_t arrays, int counter) {
-  const size_t group = static_cast<size_t>(op_input_group(op));
+// What a group of an update op holds: `arrays` inputs of the parameter's dtype and size (the
+// parameter first, then its gradient and state), and at `counter` (-1: none) Adam's step count.
+struct UpdateGroup {
+  int size, arrays, counter;
+};
+constexpr UpdateGroup update_group(Op op) {
+  switch (op) {
+    case Op::SgdUpdate:
+      return {op_input_group(op), 2, -1};
+    case Op::MomentumSgdUpdate:
+      return {op_input_group(op), 3, -1};
+    case Op::AdamUpdate:
+      return {op_input_group(op), 4, 4};
+    default:
+      return {op_input_group(op), 0, -1};
+  }
+}
+
+// Every parameter has parameter 0's dtype, the arrays of each group have their parameter's dtype
+// and element count, and each group's step counter (Adam's) is one int64.
+inline void check_update_groups(std::span<const BufferView> in, Op op) {
+  const auto [size, arrays, counter] = update_group(op);
+  const size_t group = static_cast<size_t>(size);
   const BufferView& first = in[0];
   for (size_t g = 0; g + group <= in.size(); g += group) {
     const BufferView& p = in[g];
     ENCORE_CHECK(p.dtype == first.dtype, op_name(op), ": parameter ", g / group, " (argument ", g,
                  ") is ", p.dtype, p.shape, " but parameter 0 is ", first.dtype, first.shape,
                  "; one call updates parameters of one dtype");
-    for (size_t a = 1; a < arrays; ++a) {
+    for (size_t a = 1; a < static_cast<size_t>(arrays); ++a) {
       const BufferView& x = in[g + a];
       ENCORE_CHECK(x.dtype == p.dtype && x.numel() == p.numel(), op_name(op), ": argument ", g + a,
                    " is ", x.dtype, x.shape, " but its parameter (argument ", g, ") is ", p.dtype,

@@ -43,6 +43,10 @@ int current_device() {
 void set_device(int) {
   not_built("set_device");
 }
+DeviceGuard::DeviceGuard(int) : previous_(0) {
+  not_built("DeviceGuard");
+}
+DeviceGuard::~DeviceGuard() = default;
 StreamHandle current_stream(int) {
   not_built("current_stream");
 }
@@ -133,23 +137,6 @@ DeviceState* device_states() {
 
 thread_local int tl_device = -1;
 thread_local StreamHandle tl_stream[kMaxDevices] = {};
-
-// Makes `device` current for the guard's scope; the previous device is current again afterwards,
-// also when an Error unwinds the scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : previous_(current_device()) { set_device(device); }
-  ~DeviceGuard() {
-    if (tl_device == previous_) return;
-    (void)cudaSetDevice(previous_);  // it was current a moment ago
-    tl_device = previous_;
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_;
-};
 
 // The device's error slot (DeviceErrorSlot), made with its default stream.
 DeviceErrorSlot make_error_slot(int device) {
@@ -255,6 +242,15 @@ void set_device(int index) {
   require_device(index, "set_device");
   CHECK_CUDA("set_device", cudaSetDevice(index));
   tl_device = index;
+}
+
+DeviceGuard::DeviceGuard(int device) : previous_(current_device()) {
+  set_device(device);
+}
+DeviceGuard::~DeviceGuard() {
+  if (tl_device == previous_) return;
+  (void)cudaSetDevice(previous_);  // it was current a moment ago
+  tl_device = previous_;
 }
 
 StreamHandle current_stream(int device) {

@@ -39,6 +39,18 @@ void require_device(int index, const char* what);
 // The current device of this thread (cudaSetDevice); the dispatcher switches to an op's device.
 int current_device();
 void set_device(int index);
+// Makes `device` current for the guard's scope; the previous device is current again afterwards,
+// also when an Error unwinds the scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_;
+};
 
 // An opaque cudaStream_t.
 using StreamHandle = void*;

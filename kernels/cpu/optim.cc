@@ -42,10 +42,11 @@ void update_for(int64_t n, Body body) {
 
 // Calls update(group) for each parameter's group of inputs of an optimizer update, once all are
 // checked (kernels/update_groups.h).
-template <int kGroup, int kArrays, int kCounter, typename Update>
+template <typename Update>
 void for_each_group(const KernelArgs& args, Op op, Update update) {
-  check_update_groups(args.in, op, kArrays, kCounter);
-  for (size_t k = 0; k + kGroup <= args.in.size(); k += kGroup) update(args.in.subspan(k, kGroup));
+  check_update_groups(args.in, op);
+  const size_t group = static_cast<size_t>(op_input_group(op));
+  for (size_t k = 0; k + group <= args.in.size(); k += group) update(args.in.subspan(k, group));
 }
 
 // p -= lr * (g + wd * p).
@@ -139,16 +140,14 @@ void adam_one(std::span<const BufferView> in, const KernelArgs& args) {
 }
 
 void sgd_kernel(const KernelArgs& args) {
-  for_each_group<2, 2, -1>(args, Op::SgdUpdate,
-                           [&](std::span<const BufferView> in) { sgd_one(in, args); });
+  for_each_group(args, Op::SgdUpdate, [&](std::span<const BufferView> in) { sgd_one(in, args); });
 }
 void momentum_sgd_kernel(const KernelArgs& args) {
-  for_each_group<3, 3, -1>(args, Op::MomentumSgdUpdate,
-                           [&](std::span<const BufferView> in) { momentum_sgd_one(in, args); });
+  for_each_group(args, Op::MomentumSgdUpdate,
+                 [&](std::span<const BufferView> in) { momentum_sgd_one(in, args); });
 }
 void adam_kernel(const KernelArgs& args) {
-  for_each_group<5, 4, 4>(args, Op::AdamUpdate,
-                          [&](std::span<const BufferView> in) { adam_one(in, args); });
+  for_each_group(args, Op::AdamUpdate, [&](std::span<const BufferView> in) { adam_one(in, args); });
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

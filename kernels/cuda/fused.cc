@@ -83,16 +83,7 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
   if (e != cudaSuccess)
     return all(load_failure(cat("the compute capability of ", device.str(), " cannot be read"), e));
   const int arch = 10 * major + minor;
-  // The kernels load into this device's context.
-  int previous = 0;
-  if (e = cudaGetDevice(&previous); e != cudaSuccess)
-    return all(load_failure("the current CUDA device cannot be read", e));
-  if (e = cudaSetDevice(device.index); e != cudaSuccess)
-    return all(load_failure(cat(device.str(), " cannot be made current"), e));
-  struct Restore {
-    int device;
-    ~Restore() { (void)cudaSetDevice(device); }
-  } restore{previous};
+  const encore::cuda::DeviceGuard on(device.index);  // the kernels load into its context
 
   // Per process, by capability and kernel source (named kFusedKernelName in the key).
   static std::mutex mu;

@@ -120,22 +120,24 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1,
   }
 }
 
-// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call whose inputs come
-// in groups of kGroup: the first kArrays of each group in the table (the parameter first) and
-// input kCounter, if any, in the counters. Parameters with no elements get no blocks (their
-// counter still counts).
-template <int kGroup, int kArrays, int kCounter, typename Launch>
-void for_each_launch(const KernelArgs& args, Op op, Launch launch) {
+// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op
+// kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
+// step counter, if any, in the counters. Parameters with no elements get no blocks (their counter
+// still counts).
+template <Op kOp, typename Launch>
+void for_each_launch(const KernelArgs& args, Launch launch) {
+  constexpr UpdateGroup kGroup = update_group(kOp);
   const std::span<const BufferView> in = args.in;
-  check_update_groups(in, op, kArrays, kCounter);
-  for (size_t g0 = 0; g0 < in.size(); g0 += kGroup * kMaxTensors) {
-    TensorTable<kArrays> tab{};
+  check_update_groups(in, kOp);
+  for (size_t g0 = 0; g0 < in.size(); g0 += kGroup.size * kMaxTensors) {
+    TensorTable<kGroup.arrays> tab{};
     Counters counters{};
     unsigned blocks = 0;
-    for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup) {
+    for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup.size) {
       const int k = tab.count++;
-      for (int a = 0; a < kArrays; ++a) tab.ptr[a][k] = in[g + a].data;
-      if constexpr (kCounter >= 0) counters.t[counters.count++] = in[g + kCounter].as<int64_t>();
+      for (int a = 0; a < kGroup.arrays; ++a) tab.ptr[a][k] = in[g + a].data;
+      if constexpr (kGroup.counter >= 0)
+        counters.t[counters.count++] = in[g + kGroup.counter].as<int64_t>();
       const int64_t n = in[g].numel();
       tab.numel[k] = n;
       tab.first_block[k] = blocks;
@@ -149,8 +151,8 @@ void for_each_launch(const KernelArgs& args, Op op, Launch launch) {
 void sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
-    for_each_launch<2, 2, -1>(
-        args, Op::SgdUpdate, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
+    for_each_launch<Op::SgdUpdate>(
+        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
           if (blocks == 0) return;
           sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
@@ -162,14 +164,13 @@ void sgd(const KernelArgs& args) {
 void momentum_sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
-    for_each_launch<3, 3, -1>(args, Op::MomentumSgdUpdate,
-                              [&](const TensorTable<3>& tab, const Counters&, unsigned blocks) {
-                                if (blocks == 0) return;
-                                momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-                                    tab, static_cast<T>(a.lr), static_cast<T>(a.momentum),
-                                    static_cast<T>(a.weight_decay));
-                                ENCORE_CUDA_LAUNCHED(Op::MomentumSgdUpdate);
-                              });
+    for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&,
+                                                     unsigned blocks) {
+      if (blocks == 0) return;
+      momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+          tab, static_cast<T>(a.lr), static_cast<T>(a.momentum), static_cast<T>(a.weight_decay));
+      ENCORE_CUDA_LAUNCHED(Op::MomentumSgdUpdate);
+    });
   });
 }
 
@@ -181,8 +182,8 @@ void adam(const KernelArgs& args) {
     // Decoupled: p *= 1 - lr*wd and g is used as is; coupled: g' = g + wd*p.
     const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
     const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
-    for_each_launch<5, 4, 4>(
-        args, Op::AdamUpdate, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
+    for_each_launch<Op::AdamUpdate>(
+        args, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
           increment_kernel<<<1, kMaxTensors, 0, stream()>>>(c);
           ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
           if (blocks == 0) return;

@@ -66,14 +66,14 @@ std::atomic<bool> g_blas_used{false}, g_dnn_used{false};
 std::atomic<size_t> g_dnn_bytes{0};
 
 void free_libraries(StreamLibraries* l) {
-  const int previous = encore::cuda::current_device();
-  encore::cuda::set_device(l->device);
-  if (l->blas != nullptr) (void)cublasDestroy(l->blas);
-  if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
-  for (void* p : l->retired) (void)cudaFree(p);
-  if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
-  if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
-  encore::cuda::set_device(previous);
+  {
+    const encore::cuda::DeviceGuard on(l->device);
+    if (l->blas != nullptr) (void)cublasDestroy(l->blas);
+    if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
+    for (void* p : l->retired) (void)cudaFree(p);
+    if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
+    if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
+  }
   delete l;
 }
 
