@@ -34,23 +34,14 @@ void Optimizer::dispatch_updates(
     const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const {
   const size_t n = params_.size();
   const bool on_cuda = n > 0 && params_[0].device().type == DeviceType::CUDA;
-  std::vector<Tensor> call;
-  if (shared_storage_ || !foreach.value_or(on_cuda)) {
-    for (size_t i = 0; i < n; ++i) {
-      const Tensor g = params_[i].grad();
-      if (!g.defined()) continue;
-      call.clear();
-      inputs(i, g, call);
-      dispatch(op, call, {}, attrs);
-    }
-    return;
-  }
-  // One call per device and dtype, in the order of each one's first parameter.
+  const bool grouped = !shared_storage_ && foreach.value_or(on_cuda);
+  // One call per parameter, or per device and dtype in the order of each one's first parameter.
   std::vector<char> done(n, 0);
+  std::vector<Tensor> call;
   for (size_t i = 0; i < n; ++i) {
     if (done[i]) continue;
     call.clear();
-    for (size_t j = i; j < n; ++j) {
+    for (size_t j = i; j < (grouped ? n : i + 1); ++j) {
       const Tensor& p = params_[j];
       if (done[j] || p.device() != params_[i].device() || p.dtype() != params_[i].dtype()) continue;
       done[j] = 1;
