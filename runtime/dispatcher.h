@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "runtime/kernel_abi.h"
@@ -42,6 +43,16 @@ const BackwardDef& backward_def(Op op);
 
 // ---- Tracer -----------------------------------------------------------------------------
 
+// Host state the traced code read and a replay bakes in (an optimizer's learning rate, which
+// becomes an attribute of its update steps): a call finding it changed traces again.
+class HostGuard {
+ public:
+  virtual ~HostGuard() = default;
+  // What changed since the guard was made ("Adam lr 0.001 -> 0.05"); empty: nothing. Called at
+  // every call of a static function: it must not allocate unless something changed.
+  virtual std::string changed() const = 0;
+};
+
 // Notified of every op the dispatcher executes while it is active (static_graph records with it).
 class Tracer {
  public:
@@ -66,6 +77,11 @@ class Tracer {
     (void)leaf;
     (void)grad;
   }
+  // Tensor::grad was called on `leaf`: what the traced code does next may depend on whether the
+  // .grad is defined (zero_grad fills one and leaves none alone), not only on its values.
+  virtual void on_grad_read(const Tensor& leaf) { (void)leaf; }
+  // The traced code read host state that a replay bakes in (see HostGuard).
+  virtual void on_host_guard(std::shared_ptr<const HostGuard> guard) { (void)guard; }
   // A backward pass starts on this thread (autograd::backward).
   virtual void on_backward() {}
   // The traced code added one to a host counter (an optimizer's step count): a replay of the

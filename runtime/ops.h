@@ -197,6 +197,10 @@ struct SliceAttrs {  // Slice and SliceGrad: elements start, start+step, ... < s
   int64_t start = 0;
   int64_t stop = 0;
   int64_t step = 1;
+  // The bounds the caller asked for, which Python's clamping made start and stop: a schedule
+  // planned for another size clamps them as eager would (schedule/shape_rules.cc).
+  int64_t asked_start = 0;
+  int64_t asked_stop = 0;
 };
 
 struct CrossEntropyAttrs {  // SoftmaxCrossEntropy(Grad), Accuracy

@@ -47,6 +47,12 @@ Tensor& Tensor::set_requires_grad(bool on) {
   return *this;
 }
 
+Tensor Tensor::grad() const {
+  const TensorImpl& impl = checked();
+  if (Tracer* tr = current_tracer()) tr->on_grad_read(*this);
+  return Tensor(impl.grad);
+}
+
 void Tensor::set_grad(const Tensor& g) {
   checked();
   if (g.defined()) {

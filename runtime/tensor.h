@@ -113,7 +113,8 @@ class Tensor {
   // Marks a leaf as needing a gradient; throws for a non-leaf or a non-floating tensor.
   Tensor& set_requires_grad(bool on = true);
   bool is_leaf() const { return !checked().grad_fn; }
-  Tensor grad() const { return Tensor(checked().grad); }
+  // Inside a trace, the .grad it finds joins the call's signature (runtime/dispatcher.h).
+  Tensor grad() const;
   // Sets (or, with an undefined tensor, clears) the gradient. It must match the tensor's shape,
   // dtype and device, be no part of a graph, and not share this tensor's storage.
   void set_grad(const Tensor& g);

@@ -1,6 +1,8 @@
 // A cache entry's guards and its profiler span names.
 #include "schedule/cache_entry.h"
 
+#include <algorithm>
+
 namespace encore::schedule::detail {
 namespace {
 
@@ -41,6 +43,8 @@ std::string guard_failure(const Entry& e) {
       return cat("parameter '", name, "' requires_grad changed ",
                  g.requires_grad ? "true -> false" : "false -> true");
   }
+  for (const auto& g : e.rec->host_guards)
+    if (std::string why = g->changed(); !why.empty()) return why;
   for (const GradGuard& g : e.grads) {
     const Leaf& l = e.rec->leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);
@@ -51,6 +55,69 @@ std::string guard_failure(const Entry& e) {
     if (g.defined && !(grad.shape() == g.shape))
       return cat("gradient of ", leaf_label(e, l), " shape changed ", g.shape, " -> ",
                  grad.shape());
+  }
+  return {};
+}
+
+void set_alias_guards(Entry& e) {
+  const Recording& rec = *e.rec;
+  e.alias_params.clear();
+  e.alias_externals.clear();
+  e.arg_written.assign(e.sig.args.size(), 0);
+  for (const Buffer& buf : rec.buffers)
+    if (buf.kind == BufKind::Arg && static_cast<size_t>(buf.index) < e.arg_written.size())
+      e.arg_written[buf.index] |= static_cast<char>(buf.mutated);
+  const bool any_written =
+      std::any_of(e.arg_written.begin(), e.arg_written.end(), [](char w) { return w != 0; });
+  for (size_t b = 0; b < rec.buffers.size(); ++b) {
+    const Buffer& buf = rec.buffers[b];
+    if (!buf.mutated && !any_written) continue;  // no call can make it a hazard
+    if (buf.kind == BufKind::Param)
+      e.alias_params.push_back({nullptr, static_cast<int>(b), buf.mutated});
+    else if (buf.kind == BufKind::External)
+      e.alias_externals.push_back(
+          {buf.bound.impl()->storage.get(), static_cast<int>(b), buf.mutated});
+  }
+  std::sort(e.alias_externals.begin(), e.alias_externals.end(),
+            [](const AliasGuard& a, const AliasGuard& b) { return a.storage < b.storage; });
+}
+
+std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool traced) {
+  if (e.eager_only) return {};
+  const Recording& rec = *e.rec;
+  auto why = [&](size_t i, const std::string& what) {
+    return cat("argument ", i, " ", args[i].shape(), " shares storage with ", what,
+               traced ? ", which the trace cannot tell from it"
+                      : ", and the function writes one of them; the schedule keeps them apart");
+  };
+  auto param_name = [&](int slot) { return cat("parameter '", e.slots[slot].name, "'"); };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Storage* s = args[i].impl()->storage.get();
+    auto shares = [s](const Tensor& t) { return t.defined() && t.impl()->storage.get() == s; };
+    if (traced) {  // every bound tensor, and every watched one
+      for (const Buffer& b : rec.buffers)
+        if ((b.kind == BufKind::Param || b.kind == BufKind::External) && shares(b.bound))
+          return why(i, b.kind == BufKind::Param
+                            ? param_name(b.index)
+                            : cat("a tensor ", b.bound.shape(), " the function uses"));
+      for (size_t k = 0; k < e.slots.size(); ++k)
+        if (shares(*e.slots[k].slot)) return why(i, param_name(static_cast<int>(k)));
+      for (const Leaf& l : rec.leaves)
+        if (l.param < 0 && shares(l.tensor))
+          return why(i, cat("a captured tensor ", l.tensor.shape(), " that requires grad"));
+      continue;
+    }
+    const int first = e.sig.args[i].same_as >= 0 ? e.sig.args[i].same_as : static_cast<int>(i);
+    const bool written = static_cast<size_t>(first) < e.arg_written.size() && e.arg_written[first];
+    for (const AliasGuard& g : e.alias_params) {
+      const int slot = rec.buffers[g.buf].index;
+      if ((g.written || written) && shares(*e.slots[slot].slot)) return why(i, param_name(slot));
+    }
+    auto at = std::lower_bound(e.alias_externals.begin(), e.alias_externals.end(), s,
+                               [](const AliasGuard& g, const Storage* x) { return g.storage < x; });
+    for (; at != e.alias_externals.end() && at->storage == s; ++at)
+      if (at->written || written)
+        return why(i, cat("a tensor ", rec.buffers[at->buf].bound.shape(), " the function uses"));
   }
   return {};
 }

@@ -35,6 +35,15 @@ struct GradGuard {
   Shape shape;
 };
 
+// A bound buffer (Param or External) of the entry's recording that a call's arguments must not
+// share storage with: the plan takes them for separate memory, and its passes reorder a write
+// of one and the reads of the other (early updates, lanes, in place).
+struct AliasGuard {
+  const Storage* storage;  // External: its storage (the recording holds the tensor)
+  int buf;
+  bool written;  // the function writes it (else only an argument it writes may not share it)
+};
+
 // Where an entry is in its life. Tracing, it is a placeholder: other calls with its signature
 // run eagerly meanwhile, and only its signature may be read. The trace publishes Ready (planned),
 // Waiting (for the first backward through its outputs), Eager (unsafe) or Retrace (its trace ran
@@ -61,7 +70,11 @@ struct Entry {
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
-  int64_t hits = 0;          // guarded by the function's mutex
+  // Param buffers, and External ones sorted by storage (checked by a binary search: an optimizer's
+  // state is most of them).
+  std::vector<AliasGuard> alias_params, alias_externals;
+  std::vector<char> arg_written;  // per argument: the function writes it
+  int64_t hits = 0;               // guarded by the function's mutex
   // Failed: why, and how many first backwards of this signature failed in a row (a retrace
   // carries the count over).
   std::string failure;
@@ -100,6 +113,13 @@ inline const Tensor& leaf_now(const Entry& e, const Leaf& l) {
 
 // Why the entry's guards fail for this call (empty: they hold).
 std::string guard_failure(const Entry& e);
+
+// Fills e.alias_params, e.alias_externals and e.arg_written from its recording.
+void set_alias_guards(Entry& e);
+// Why this call's arguments share storage with a bound tensor the entry's plan keeps apart from
+// them (empty: none does). At a trace (`traced`), sharing any watched parameter, captured leaf
+// or bound tensor counts: the recorder took the shared tensor for the argument.
+std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool traced = false);
 
 // The tensor a non-arena buffer is for this call (null for GradIn and temporaries).
 inline const Tensor* bound_tensor(const Entry& e, const Buffer& b, std::span<const Tensor> args,

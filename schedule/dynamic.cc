@@ -82,6 +82,9 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->grads = p.grads;
   e->grad_in = p.grad_in;
   e->early_clear = p.early_clear;
+  e->alias_params = p.alias_params;
+  e->alias_externals = p.alias_externals;
+  e->arg_written = p.arg_written;
   e->rec = rec;
   try {
     e->plan = std::make_shared<Plan>(std::move(rec), e->plan_options);
@@ -105,8 +108,10 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
   for (auto it = families.begin(); it != families.end(); ++it) {
     if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
-    if (std::string why = guard_failure(*(*it)->proto); !why.empty()) {
-      if (reason.empty()) reason = std::move(why);
+    std::string failed = guard_failure(*(*it)->proto);
+    if (failed.empty()) failed = alias_failure(*(*it)->proto, args);
+    if (!failed.empty()) {
+      if (reason.empty()) reason = std::move(failed);
       continue;
     }
     families.splice(families.begin(), families, it);
@@ -230,8 +235,8 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     f->proto = e;
     f->traces = ids;
     f->shapes = std::move(b.family);
-    f->arenas = std::make_shared<ArenaPool>(e->sig.args.empty() ? Device::cpu()
-                                                                : e->sig.args[0].device);
+    f->arenas =
+        std::make_shared<ArenaPool>(e->sig.args.empty() ? Device::cpu() : e->sig.args[0].device);
     // A family this one extends (its traces are this one's evidence), or one it covers (made
     // meanwhile by another thread from other traces of these sizes), goes.
     std::vector<DynDim> changed;

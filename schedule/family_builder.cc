@@ -118,6 +118,27 @@ bool SizeBuilder::operand(const Ops& ops, const Dims* src, const Dims* rule,
                           std::span<const Dims> locals, Dims& out, const std::string& what,
                           std::string& why) {
   out.rank = ops[0]->shape.rank();
+  // A tensor bound by reference has one shape at every size: its sizes are constants, even
+  // where a size of the trace happens to take the same values at the traced points.
+  const BufKind kind = rec(0).buffers[ops[0]->buf].kind;
+  if (kind == BufKind::Param || kind == BufKind::External || kind == BufKind::GradSlot) {
+    for (int d = 0; d < out.rank; ++d) {
+      const std::span<const int64_t> v = dim_values(ops, d);
+      if (std::any_of(v.begin(), v.end(), [&](int64_t y) { return y != v[0]; })) {
+        why = cat(what, " reads ",
+                  kind == BufKind::Param      ? "a parameter"
+                  : kind == BufKind::GradSlot ? "a gradient"
+                                              : "a tensor made outside the schedule (a constant "
+                                                "made in the call, or a captured tensor)",
+                  " whose shape changes with the size (", ops[0]->shape, " at one size)");
+        return false;
+      }
+      out.d[d] = x_.constant(v[0]);
+    }
+    for (int d = 0; d < out.rank; ++d) f_.dim_exprs.push_back(out.d[d]);
+    remember(out);
+    return true;
+  }
   if (src != nullptr && src->rank > 0) {
     if (same_shape(*src, ops))
       out = *src;
@@ -146,18 +167,6 @@ bool SizeBuilder::operand(const Ops& ops, const Dims* src, const Dims* rule,
       return false;
     }
   }
-  const BufKind kind = rec(0).buffers[ops[0]->buf].kind;
-  if (kind == BufKind::Param || kind == BufKind::External || kind == BufKind::GradSlot)
-    for (int d = 0; d < out.rank; ++d)
-      if (!x_.is_const(out.d[d])) {
-        why = cat(what, " reads ",
-                  kind == BufKind::Param      ? "a parameter"
-                  : kind == BufKind::GradSlot ? "a gradient"
-                                              : "a tensor made outside the schedule (a constant "
-                                                "made in the call, or a captured tensor)",
-                  " whose shape changes with the size (", ops[0]->shape, " at one size)");
-        return false;
-      }
   for (int d = 0; d < out.rank; ++d) f_.dim_exprs.push_back(out.d[d]);
   remember(out);
   return true;
@@ -204,7 +213,7 @@ void SizeBuilder::settle_variables() {
     g.other = sub(g.other);
     if (g.taken == g.other) continue;
     if (std::none_of(kept.begin(), kept.end(), [&](const ShapeFamily::Guard& k) {
-          return k.taken == g.taken && k.other == g.other;
+          return k.taken == g.taken && k.other == g.other && k.at_most == g.at_most;
         }))
       kept.push_back(std::move(g));
   }

@@ -69,12 +69,13 @@ class SizeBuilder {
     for (int k = i; k < j; ++k) e = x_.mul(e, s.d[k]);
     return e;
   }
-  // `a` was taken for `what`, which `b` gives as well at every point.
-  void guard(ExprId a, ExprId b, const std::string& what) {
+  // `a` was taken for `what`, which `b` gives as well at every point (at_most: `a` was at most
+  // `b` at every point, which `what` needs).
+  void guard(ExprId a, ExprId b, const std::string& what, bool at_most = false) {
     if (a == b) return;
     for (const ShapeFamily::Guard& g : f_.guards)
-      if (g.taken == a && g.other == b) return;
-    f_.guards.push_back({a, b, what});
+      if (g.taken == a && g.other == b && g.at_most == at_most) return;
+    f_.guards.push_back({a, b, what, at_most});
   }
   // Remembers a shape's dimensions and products of consecutive dimensions (symbolic ones).
   void remember(const Dims& s);
@@ -87,6 +88,7 @@ class SizeBuilder {
   // The rule of step i's output k, from its inputs (entries -1 where it has none).
   Dims rule_out(int i, int k, std::span<const Dims> ins, const ExprId* attr_exprs);
   bool resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs, std::string& why);
+  bool slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_exprs, std::string& why);
   // Fills `out` for an operand: entries already set stay; the rest from `src`, `rule`, the
   // inputs of the same shape, then one by one. Then checks bound buffers keep their shapes,
   // stores the expressions and remembers them.

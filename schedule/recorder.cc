@@ -56,7 +56,7 @@ int Recorder::leaf_for(const Tensor& leaf) {
   l.tensor = leaf;
   auto w = watched_.find(key_of(leaf));
   l.param = w == watched_.end() ? -1 : w->second;
-  l.entry_grad = leaf.grad();
+  l.entry_grad = Tensor(leaf.impl()->grad);  // (not grad(): that would call on_grad_read)
   rec_.leaves.push_back(std::move(l));
   const int id = static_cast<int>(rec_.leaves.size()) - 1;
   if (rec_.leaves[id].entry_grad.defined())
@@ -168,7 +168,7 @@ void Recorder::on_host_read(const Tensor& t, std::string_view what) {
 }
 
 void Recorder::on_unrepeatable(std::string_view why) {
-  if (rec_.retrace.empty()) rec_.retrace = why;
+  if (rec_.retrace.empty()) rec_.retrace = cat("ran a one-time set-up (", why, ")");
 }
 
 void Recorder::on_grad_set(const Tensor& leaf, const Tensor& grad) {
@@ -189,6 +189,14 @@ void Recorder::on_grad_replaced(const Tensor& leaf, const Tensor& grad) {
   l.final_grad = b;
 }
 
+void Recorder::on_grad_read(const Tensor& leaf) {
+  if (phase_ != Phase::Forward || !leaf.requires_grad() || !leaf.is_leaf()) return;
+  for (const TensorImpl* a : args_)
+    if (a == leaf.impl()) return;  // an argument's alias: its .grad is the call's own
+  Leaf& l = rec_.leaves[leaf_for(leaf)];
+  if (l.first == Leaf::First::None) l.first = Leaf::First::Read;
+}
+
 bool Recorder::on_leaf_grad(const Tensor& leaf, const Tensor& grad) {
   if (phase_ != Phase::Backward) return false;  // a whole step: its accumulation is recorded
   Recording::Contribution c;
@@ -204,7 +212,21 @@ bool Recorder::on_leaf_grad(const Tensor& leaf, const Tensor& grad) {
 }
 
 void Recorder::on_backward() {
-  if (phase_ == Phase::Forward) rec_.saw_backward = true;
+  if (phase_ != Phase::Forward) return;
+  rec_.saw_backward = true;
+  // A whole step's backward would accumulate into stand-ins for its arguments, not into the
+  // arguments' .grad or their producers (and a replay has no place to send such gradients).
+  for (size_t i = 0; i < args_.size(); ++i)
+    if (args_[i] != nullptr && args_[i]->requires_grad)
+      fail(name_, ": the traced function runs a backward, and its argument ", i, " ",
+           args_[i]->shape, " requires grad; a static function that runs its own backward (a ",
+           "whole training step) cannot deliver gradients to its arguments. Make the tensor a ",
+           "parameter (of a module in .modules, or captured by the function), or pass "
+           "it detached");
+}
+
+void Recorder::on_host_guard(std::shared_ptr<const HostGuard> guard) {
+  if (phase_ == Phase::Forward) rec_.host_guards.push_back(std::move(guard));
 }
 
 void Recorder::on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) {

@@ -77,7 +77,9 @@ struct Leaf {
   int param = -1;     // its watched slot, or -1 for a captured tensor
   int buf = -1;       // its buffer
   Tensor entry_grad;  // its .grad when the trace began (watched) or first saw it
-  // The first thing the trace did with the .grad: it decides what a replay requires.
+  // The first thing the trace did with the .grad: it decides what a replay requires. Read: an
+  // op read its values, or the code asked for it (Tensor::grad) and may have branched on whether
+  // it was defined; a replay requires the .grad defined (with its shape) or undefined, as found.
   enum class First : uint8_t { None, EngineSet, Replaced, Read } first = First::None;
   // What .grad is when the call ends: kUntouched, kCleared, or the buffer it lives in.
   static constexpr int kUntouched = -2, kCleared = -1;
@@ -102,8 +104,12 @@ struct Recording {
   bool saw_backward = false;  // a backward ran inside the function (a whole training step)
   // Host counters the traced code advanced, once per advance: every replay adds one to each.
   std::vector<std::shared_ptr<std::atomic<int64_t>>> counters;
-  std::string unsafe;   // why the trace cannot be replayed (empty: it can)
-  std::string retrace;  // a one-time set-up it saw: the next call traces again
+  // Host state the trace baked in, checked at every call (HostGuard).
+  std::vector<std::shared_ptr<const HostGuard>> host_guards;
+  std::string unsafe;  // why the trace cannot be replayed (empty: it can)
+  // Why the trace must not be replayed, and the next call traces again: "ran a one-time set-up
+  // (...)", or "took argument k for a parameter (...)".
+  std::string retrace;
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
   std::vector<std::vector<unsigned char>> snapshots;
 };
@@ -140,6 +146,8 @@ class Recorder final : public Tracer {
   void on_host_read(const Tensor& t, std::string_view what) override;
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
+  void on_grad_read(const Tensor& leaf) override;
+  void on_host_guard(std::shared_ptr<const HostGuard> guard) override;
   void on_backward() override;
   void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) override;
   void on_unrepeatable(std::string_view why) override;

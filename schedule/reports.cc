@@ -124,8 +124,7 @@ std::string no_schedule(const Entry& e, EntryState state) {
     case EntryState::Abandoned:
       return "no backward reached the outputs of its trace; the next call traces again";
     case EntryState::Retrace:
-      return cat("its trace ran a one-time set-up (", e.rec->retrace,
-                 "); the next call traces again");
+      return cat("its trace ", e.rec->retrace, "; the next call traces again");
   }
   return {};
 }

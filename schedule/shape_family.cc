@@ -23,7 +23,7 @@ AttrBlob without_sizes(Op op, const AttrBlob& a) {
     b = AttrBlob::of(r);
   } else if (a.holds<SliceAttrs>()) {
     SliceAttrs s = a.as<SliceAttrs>();
-    s.start = s.stop = 0;
+    s.start = s.stop = s.asked_start = s.asked_stop = 0;
     b = AttrBlob::of(s);
   } else if (a.holds<BatchNormAttrs>()) {
     BatchNormAttrs s = a.as<BatchNormAttrs>();
@@ -297,13 +297,21 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
               ": a size would be negative or overflow (a kernel larger than its padded input?)");
     return nullptr;
   }
-  for (const ShapeFamily::Guard& g : f.guards)
-    if (v[static_cast<size_t>(g.taken)] != v[static_cast<size_t>(g.other)]) {
+  for (const ShapeFamily::Guard& g : f.guards) {
+    const int64_t a = v[static_cast<size_t>(g.taken)], b = v[static_cast<size_t>(g.other)];
+    if (g.at_most && a > b) {
+      why = cat("no schedule at ", sizes_text(symbols), ": ", g.what, " (", f.pool.text(g.taken),
+                " = ", a, ") would pass ", f.pool.text(g.other), " = ", b,
+                ", which it did not at the traced sizes");
+      return nullptr;
+    }
+    if (!g.at_most && a != b) {
       why = cat("no schedule at ", sizes_text(symbols), ": the traced sizes did not tell whether ",
                 g.what, " is ", f.pool.text(g.taken), " or ", f.pool.text(g.other),
                 ", which differ here");
       return nullptr;
     }
+  }
   auto rec = std::make_shared<Recording>(*f.base);
   size_t k = 0;
   bool ok = true;

@@ -78,10 +78,12 @@ struct ShapeFamily {
   };
   std::vector<AttrSlot> attrs;
   // Expressions that agreed at every traced point and must agree at a size served: `taken` for
-  // the size `what` names, which `other` gave as well.
+  // the size `what` names, which `other` gave as well. `at_most`: `taken` was at most `other` at
+  // every point, as `what` needs (a slice's bound within its dimension) and must stay.
   struct Guard {
     ExprId taken = -1, other = -1;
     std::string what;  // "step 23 (backward) div_scalar's scalar"
+    bool at_most = false;
   };
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1

@@ -182,6 +182,58 @@ SizeBuilder::Dims SizeBuilder::rule_out(int i, int k, std::span<const Dims> ins,
   return r;
 }
 
+// A slice's bounds are the bounds asked for, clamped as Python clamps them; a size served must
+// clamp them the same way as every traced point did. A bound is either as asked at every point
+// (a size or a constant, then kept within the dimension by a guard), or clamped to the
+// dimension's end at every point (what was asked stays at or past it, by a guard). Bounds from
+// the end (negative) or clamped to 0 keep the dimension static.
+bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_exprs,
+                               std::string& why) {
+  const std::string label = step_label(rec(0), i);
+  const SliceAttrs& a0 = step(0, i).attrs.as<SliceAttrs>();
+  const ExprId n = !ins.empty() && a0.axis < ins[0].rank ? ins[0].d[a0.axis] : -1;
+  if (n < 0) {
+    why = cat(label, ": the size of the dimension it slices is not known");
+    return false;
+  }
+  const std::span<const int64_t> nv = x_.values(n);
+  std::array<int64_t, kMaxFamilyPoints> got{}, asked{};
+  const std::span<const int64_t> gs(got.data(), P_), as(asked.data(), P_);
+  for (int bound = 0; bound < 2; ++bound) {
+    const char* name = bound == 0 ? "start" : "stop";
+    for (size_t p = 0; p < P_; ++p) {
+      const SliceAttrs& s = step(p, i).attrs.as<SliceAttrs>();
+      got[p] = bound == 0 ? s.start : s.stop;
+      asked[p] = bound == 0 ? s.asked_start : s.asked_stop;
+    }
+    auto every = [&](auto pred) {
+      for (size_t p = 0; p < P_; ++p)
+        if (!pred(p)) return false;
+      return true;
+    };
+    const std::string what = cat(label, "'s ", name);
+    ExprId e = -1;
+    if (every([&](size_t p) { return asked[p] >= 0 && asked[p] == got[p]; })) {
+      e = resolve(gs, ins, what);
+      if (e >= 0) guard(e, n, what, /*at_most=*/true);
+    } else if (every([&](size_t p) { return got[p] == nv[p] && asked[p] >= nv[p]; })) {
+      if (const ExprId past = resolve(as, ins, what); past >= 0) {
+        e = n;
+        guard(n, past, cat(what, " (clamped to the end)"), /*at_most=*/true);
+      }
+    }
+    if (e < 0) {
+      why = cat(what, " is ", values_text(gs), " (", values_text(as),
+                " asked) at the traced sizes, which no size of the trace explains");
+      return false;
+    }
+    attr_exprs[bound] = e;
+    if (!x_.is_const(e)) f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});
+  }
+  guard(attr_exprs[0], attr_exprs[1], cat(label, "'s start (within its stop)"), /*at_most=*/true);
+  return true;
+}
+
 bool SizeBuilder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_exprs,
                                 std::string& why) {
   const Step& s0 = step(0, i);
@@ -201,7 +253,8 @@ bool SizeBuilder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_e
     if (!x_.is_const(e)) f_.attrs.push_back({i, field, e, 0, 0});
     return true;
   };
-  if (s0.attrs.holds<SliceAttrs>())
+  if (s0.op == Op::Slice) return slice_bounds(i, ins, attr_exprs, why);
+  if (s0.attrs.holds<SliceAttrs>())  // a slice's gradient: the bounds its slice checked
     return int_slot(
                kSliceStart, 0, [](const AttrBlob& a) { return a.as<SliceAttrs>().start; }, -1,
                "start") &&
@@ -249,7 +302,10 @@ bool SizeBuilder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_e
   }
   // k / e: k from the first point, checked bit for bit at every point (not for 0 or an
   // infinity, which k / e gives for any e). A scalar the same at every point is a constant,
-  // unless 1 / e or 2 / e (a mean's, a squared error's gradient) gives it: guarded.
+  // unless 1 / e or 2 / e (a mean's, a squared error's gradient) gives it: guarded. k must be a
+  // power of two: then k / e, k * (1 / e) and (1 / e) * k round alike, so the value is eager's
+  // at every size whichever the code computed; for another k they may differ at a size not
+  // traced.
   const bool finite_nonzero =
       std::all_of(sv, sv + P_, [](double y) { return std::isfinite(y) && y != 0; });
   if (finite_nonzero)
@@ -259,6 +315,7 @@ bool SizeBuilder::resolve_attrs(int i, std::span<const Dims> ins, ExprId* attr_e
       double k = sv[0] * static_cast<double>(u[0]);
       if (const double r = std::nearbyint(k); std::abs(k - r) <= 1e-9 * std::abs(k)) k = r;
       if (constant && k != 1 && k != 2) continue;
+      if (int exp = 0; std::abs(std::frexp(k, &exp)) != 0.5) continue;
       bool fits = true;
       for (size_t p = 0; p < P_ && fits; ++p) fits = k / static_cast<double>(u[p]) == sv[p];
       if (!fits) continue;

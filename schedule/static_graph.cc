@@ -184,17 +184,22 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   ++stats.calls;
   std::string guard_reason;
   int failures = 0;  // failed first backwards of this signature, carried into its next trace
-  for (auto it = entries.begin(); it != entries.end(); ++it) {
+  for (auto next = entries.begin(); next != entries.end();) {
+    const auto it = next++;
     Entry& e = **it;
     if (!matches(e.sig, args, key, grad, m)) continue;
     const EntryState state = e.load_state();
-    if (state == EntryState::Abandoned || state == EntryState::Retrace ||
+    if (state == EntryState::Retrace) {
+      // Never replayed; an older entry of the signature may serve this call.
+      guard_reason = cat("the previous trace ", e.rec->retrace);
+      entries.erase(it);
+      continue;
+    }
+    if (state == EntryState::Abandoned ||
         (state == EntryState::Failed && e.backward_failures < kMaxBackwardFailures)) {
       guard_reason = state == EntryState::Abandoned
                          ? "no backward reached the outputs of the previous trace (evaluating in "
                            "grad mode? wrap it in NoGradGuard)"
-                     : state == EntryState::Retrace
-                         ? cat("the previous trace ran a one-time set-up (", e.rec->retrace, ")")
                          : cat("the first backward of the previous trace failed (", e.failure, ")");
       if (state == EntryState::Failed) failures = e.backward_failures;
       entries.erase(it);
@@ -202,6 +207,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     if (state != EntryState::Tracing) {
       std::string why = guard_failure(e);
+      if (why.empty()) why = alias_failure(e, args);
       if (!why.empty()) {
         if (guard_reason.empty()) guard_reason = std::move(why);
         continue;

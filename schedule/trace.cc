@@ -100,7 +100,7 @@ void trace_backward(BackwardContext& ctx) {
     if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
       f.args[i].impl()->grad = f.aliases[i].impl()->grad;
   for (size_t j = 0; j < f.node_args.size(); ++j) {
-    Tensor g = f.aliases[f.node_args[j]].grad();
+    Tensor g(f.aliases[f.node_args[j]].impl()->grad);
     if (g.defined()) ctx.set_input_grad(static_cast<int>(j), std::move(g));
   }
 }
@@ -167,9 +167,17 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     if (l.first == Leaf::First::EngineSet)
       e.grads.push_back({static_cast<int>(i), false, Shape()});
     else if (l.first == Leaf::First::Read)
-      e.grads.push_back({static_cast<int>(i), true, l.entry_grad.shape()});
+      e.grads.push_back({static_cast<int>(i), l.entry_grad.defined(),
+                         l.entry_grad.defined() ? l.entry_grad.shape() : Shape()});
   }
   e.rec = rec;
+  set_alias_guards(e);
+  if (std::string why = alias_failure(e, args, /*traced=*/true);
+      !why.empty() && rec->retrace.empty())
+    rec->retrace = cat("cannot be replayed: its ", why);
+  for (const auto& g : rec->host_guards)
+    if (std::string why = g->changed(); !why.empty() && rec->retrace.empty())
+      rec->retrace = cat("changed what a replay bakes in (", why, ")");
 
   results.clear();
   if (!node) {

@@ -62,6 +62,10 @@ class Optimizer {
  protected:
   // Counts one step; inside a static function its replays count too.
   void count_step();
+  // The attributes of this optimizer's update op for its hyper-parameters now. A static training
+  // step compares their bytes with those it recorded at every call: a changed learning rate
+  // traces again.
+  virtual AttrBlob update_attrs() const { return {}; }
   // Dispatches `op` (an optimizer update, op_traits.h) for every parameter with a gradient;
   // inputs(i, grad, out) appends parameter i's group of inputs to `out`. With foreach (unset:
   // when the parameters are on CUDA) one call per device and dtype, else one per parameter.
@@ -75,6 +79,13 @@ class Optimizer {
       false;  // two parameters over one storage (one kernel must not update both)
   // Shared with the static schedules that recorded a step, which advance it on every replay.
   std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
+
+ private:
+  friend class HyperGuard;
+  // Shared with the guards of the static steps that recorded this optimizer; an assignment
+  // replaces it (the guards then see another optimizer, whose state tensors the steps do not
+  // hold).
+  std::shared_ptr<const char> token_ = std::make_shared<const char>(0);
 };
 
 struct SGDOptions {
@@ -92,6 +103,9 @@ class SGD : public Optimizer {
   std::vector<std::pair<std::string, double>> hyper_parameters() const override;
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   SGDOptions options;
+
+ protected:
+  AttrBlob update_attrs() const override;
 };
 
 struct MomentumSGDOptions {
@@ -111,6 +125,9 @@ class MomentumSGD : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   MomentumSGDOptions options;
+
+ protected:
+  AttrBlob update_attrs() const override;
 
  private:
   std::vector<Tensor> velocity_;
@@ -136,6 +153,9 @@ class Adam : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   AdamOptions options;
+
+ protected:
+  AttrBlob update_attrs() const override;
 
  private:
   std::vector<Tensor> m_, v_, t_;  // t_: per-parameter step counters (int64 scalars)

@@ -249,7 +249,8 @@ void DataParallel::State::finish() {
         const Tensor g = param.tensor.grad();
         const Tensor piece =
             detail::call1(Op::Slice, {mean}, {g.numel()}, g.dtype(),
-                          AttrBlob::of(SliceAttrs{0, param.offset, param.offset + g.numel(), 1}));
+                          AttrBlob::of(SliceAttrs{0, param.offset, param.offset + g.numel(), 1,
+                                                  param.offset, param.offset + g.numel()}));
         dispatch(Op::CopyInplace, {g, F::reshape(piece, g.shape().dims())}, {});
       }
     }

@@ -257,8 +257,8 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int axis) {
   ENCORE_CHECK(x.rank() > 0, "chunk: cannot chunk a 0-d tensor");
   const int ax = normalize_axis(axis, x.rank(), "chunk");
   const int64_t n = x.shape()[ax];
-  ENCORE_CHECK(chunks > 0 && n % chunks == 0, "chunk: x ", x.shape(), " has ", n,
-               " along axis ", ax, ", not a positive multiple of ", chunks, " chunks");
+  ENCORE_CHECK(chunks > 0 && n % chunks == 0, "chunk: x ", x.shape(), " has ", n, " along axis ",
+               ax, ", not a positive multiple of ", chunks, " chunks");
   return split(x, std::vector<int64_t>(static_cast<size_t>(chunks), n / chunks), ax);
 }
 
@@ -269,11 +269,11 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t ste
   ENCORE_CHECK(step > 0, "slice: step must be positive, it is ", step);
   const int64_t n = x.shape()[ax];
   auto clamp = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
-  start = clamp(start);
-  stop = std::max(start, clamp(stop));
+  const int64_t first = clamp(start), end = std::max(first, clamp(stop));
   Shape s = x.shape();
-  s.set(ax, stop > start ? (stop - start - 1) / step + 1 : 0);
-  return call1(Op::Slice, {x}, s, x.dtype(), AttrBlob::of(SliceAttrs{ax, start, stop, step}));
+  s.set(ax, end > first ? (end - first - 1) / step + 1 : 0);
+  return call1(Op::Slice, {x}, s, x.dtype(),
+               AttrBlob::of(SliceAttrs{ax, first, end, step, start, stop}));
 }
 
 }  // namespace functions

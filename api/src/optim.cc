@@ -1,10 +1,40 @@
 #include "encore/optim.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include "api/src/routine.h"
 
 namespace encore::optim {
+
+// A static training step's guard on the optimizer it recorded: the same object (not replaced by
+// an assignment) with the same update attributes.
+class HyperGuard final : public HostGuard {
+ public:
+  HyperGuard(const Optimizer& opt, const AttrBlob& attrs)
+      : opt_(&opt), token_(opt.token_), attrs_(attrs), values_(opt.hyper_parameters()) {}
+
+  std::string changed() const override {
+    if (token_.expired()) return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    const AttrBlob now = opt_->update_attrs();
+    if (std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) return {};
+    std::string what;
+    const std::vector<std::pair<std::string, double>> values = opt_->hyper_parameters();
+    for (size_t i = 0; i < values.size() && i < values_.size(); ++i)
+      if (values[i].second != values_[i].second)
+        what += cat(what.empty() ? "" : ", ", values[i].first, " ", values_[i].second, " -> ",
+                    values[i].second);
+    return cat(kind_, " ", what.empty() ? "hyper-parameters changed" : what);
+  }
+
+ private:
+  const Optimizer* opt_;
+  std::weak_ptr<const char> token_;
+  AttrBlob attrs_;
+  std::vector<std::pair<std::string, double>> values_;
+  std::string kind_ = opt_->kind().empty() ? std::string("the") : opt_->kind();
+};
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   std::vector<const Storage*> storages;
@@ -32,6 +62,7 @@ void Optimizer::count_step() {
 void Optimizer::dispatch_updates(
     Op op, const AttrBlob& attrs, std::optional<bool> foreach,
     const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const {
+  if (Tracer* t = current_tracer()) t->on_host_guard(std::make_shared<HyperGuard>(*this, attrs));
   const size_t n = params_.size();
   const bool on_cuda = n > 0 && params_[0].device().type == DeviceType::CUDA;
   const bool grouped = !shared_storage_ && foreach.value_or(on_cuda);
@@ -103,10 +134,13 @@ void SGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>
   set_named("SGD", {{"lr", &options.lr}, {"weight_decay", &options.weight_decay}}, values);
 }
 
+AttrBlob SGD::update_attrs() const {
+  return AttrBlob::of(SgdAttrs{options.lr, 0.0, options.weight_decay});
+}
+
 void SGD::step() {
   NoGradGuard no_grad;
-  const AttrBlob attrs = AttrBlob::of(SgdAttrs{options.lr, 0.0, options.weight_decay});
-  dispatch_updates(Op::SgdUpdate, attrs, options.foreach,
+  dispatch_updates(Op::SgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
                      in.insert(in.end(), {params_[i], g});
                    });
@@ -135,10 +169,13 @@ std::vector<StateSlot> MomentumSGD::state_slots() {
   return out;
 }
 
+AttrBlob MomentumSGD::update_attrs() const {
+  return AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
+}
+
 void MomentumSGD::step() {
   NoGradGuard no_grad;
-  const AttrBlob attrs = AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
-  dispatch_updates(Op::MomentumSgdUpdate, attrs, options.foreach,
+  dispatch_updates(Op::MomentumSgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
                      in.insert(in.end(), {params_[i], g, velocity_[i]});
                    });
@@ -190,12 +227,14 @@ std::vector<StateSlot> Adam::state_slots() {
   return out;
 }
 
+AttrBlob Adam::update_attrs() const {
+  return AttrBlob::of(AdamAttrs{options.lr, options.beta1, options.beta2, options.eps,
+                                options.weight_decay, options.decoupled});
+}
+
 void Adam::step() {
   NoGradGuard no_grad;
-  const AttrBlob attrs =
-      AttrBlob::of(AdamAttrs{options.lr, options.beta1, options.beta2, options.eps,
-                             options.weight_decay, options.decoupled});
-  dispatch_updates(Op::AdamUpdate, attrs, options.foreach,
+  dispatch_updates(Op::AdamUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
                      in.insert(in.end(), {params_[i], g, m_[i], v_[i], t_[i]});
                    });

@@ -1,0 +1,112 @@
+// Shape-polymorphic replay at sizes the traces did not show: slice bounds that Python's clamping
+// gave (or would give at the new size), scalars computed from a size, and parameters whose sizes
+// a traced size happens to equal. Every call must give eager's bits; a size the traces cannot
+// speak for is traced, never planned wrong.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+
+namespace {
+
+// Calls `fn` eagerly and through `sf` at each size (rows of a [n, 2] float64 input) and checks
+// the bits; returns the sizes planned from a family.
+template <typename Fn, typename Sf>
+int64_t check_sizes(Fn&& fn, Sf& sf, std::initializer_list<int64_t> sizes) {
+  NoGradGuard no_grad;
+  for (int64_t n : sizes) {
+    INFO("size " << n);
+    const Tensor x = F::reshape(arange(n * 2, DType::Float64), {n, 2});
+    CHECK(bit_diff(sf(x), fn(x)) == "");
+  }
+  return sf.stats().sizes_planned;
+}
+
+}  // namespace
+
+TEST_CASE("a slice bound within the dimension at every trace is planned only where it stays so",
+          "[static][dynamic]") {
+  auto rows_1_to_3 = [](const Tensor& x) { return F::slice(x, 0, 1, 3); };
+  auto sf = static_graph(rows_1_to_3, {.name = "x[1:3]"});
+  CHECK(check_sizes(rows_1_to_3, sf, {4, 6, 8}) == 1);  // 8: planned
+  check_sizes(rows_1_to_3, sf, {2});                    // 2: stop 3 would pass 2 rows, traced
+  CHECK(sf.stats().sizes_planned == 1);
+}
+
+TEST_CASE("a slice bound clamped at every trace is planned only where it stays clamped",
+          "[static][dynamic]") {
+  auto first_5 = [](const Tensor& x) { return F::slice(x, 0, 0, 5); };
+  auto sf = static_graph(first_5, {.name = "x[:5]"});
+  CHECK(check_sizes(first_5, sf, {2, 3, 4}) == 1);  // 4: planned, still clamped
+  check_sizes(first_5, sf, {8});                    // 8: 5 rows, not 8: traced
+  NoGradGuard no_grad;
+  CHECK(sf(F::reshape(arange(16, DType::Float64), {8, 2})).size(0) == 5);
+  // To the end: one trace serves every size.
+  auto from_2 = [](const Tensor& x) { return F::slice(x, 0, 2, int64_t{1} << 40); };
+  auto sf2 = static_graph(from_2, {.name = "x[2:]"});
+  CHECK(check_sizes(from_2, sf2, {4, 6, 9, 30, 3}) == 3);
+}
+
+TEST_CASE("a slice's backward at an untraced size writes within its gradient",
+          "[static][dynamic]") {
+  SwitchScope<set_static_redzones_enabled> redzones(true);
+  auto loss = [](const Tensor& x) { return F::sum(F::mul(F::slice(x, 0, 1, 3), x.size(1))); };
+  auto sf = static_graph(loss, {.name = "slice_grad"});
+  for (int64_t n : {4, 6, 2, 8}) {
+    INFO("size " << n);
+    Tensor a = F::reshape(arange(n * 2, DType::Float64), {n, 2}).detach();
+    Tensor b = a.detach();
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    Tensor la = sf(a), lb = loss(b);
+    la.backward();
+    lb.backward();
+    CHECK(bit_diff(la, lb) == "");
+    CHECK(bit_diff(a.grad(), b.grad()) == "");
+  }
+}
+
+TEST_CASE("a scalar k / size is planned only when every way of computing it rounds alike",
+          "[static][dynamic]") {
+  // 0.3 * (1 / n) and 0.3 / n differ in the last bit at n = 7: the dimension stays static.
+  auto scaled = [](const Tensor& x) {
+    return F::mul(x, 0.3 * (1.0 / static_cast<double>(x.size(0))));
+  };
+  auto sf = static_graph(scaled, {.name = "scaled"});
+  CHECK(check_sizes(scaled, sf, {4, 6, 7, 13}) == 0);
+  // 1 / n (a mean's gradient) and 2 / n: planned.
+  auto mean_like = [](const Tensor& x) { return F::mul(x, 2.0 / static_cast<double>(x.size(0))); };
+  auto sf2 = static_graph(mean_like, {.name = "mean_like"});
+  CHECK(check_sizes(mean_like, sf2, {4, 6, 7, 13}) == 2);
+}
+
+TEST_CASE("a parameter size that a traced size happens to equal does not keep a dimension static",
+          "[static][dynamic]") {
+  // Images of 32 and 33 both pool to 16, the channel count of the second convolution.
+  manual_seed(1);
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(3, 16, 3, nn::Conv2dOptions{.padding = 1}),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+      std::make_shared<nn::Conv2d>(16, 16, 3, nn::Conv2dOptions{.padding = 1}),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::GlobalAvgPool2d>(),
+      std::make_shared<nn::Linear>(16, 10)});
+  net->eval();
+  auto infer =
+      static_graph([&](const Tensor& x) { return (*net)(x); }, {.name = "infer", .modules = {net}});
+  NoGradGuard no_grad;
+  for (int64_t s : {32, 33, 40, 48, 20}) {
+    INFO("size " << s);
+    const Tensor x = randn({2, 3, s, s});
+    CHECK(bit_diff(infer(x), (*net)(x)) == "");
+  }
+  CHECK(infer.stats().traces == 2);
+  CHECK(infer.stats().sizes_planned == 3);
+}

@@ -1,0 +1,281 @@
+// What a replay must see of the state around a static training step: whether .grad exists when
+// the step zero-fills it, arguments that require grad or share storage with the tensors the step
+// updates, and the optimizer's hyper-parameters (changed between calls, by a checkpoint, inside
+// the function) or the optimizer itself (replaced). Each runs beside an eager twin of the same
+// program and must equal it bit for bit at every call.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "encore/checkpoint.h"
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Tensor leaf(std::initializer_list<double> values, Shape shape) {
+  Tensor t = tensor(values, std::move(shape));
+  t.set_requires_grad(true);
+  return t;
+}
+
+std::string last_reason(const StaticStats& s) {
+  return s.traces_history.empty() ? std::string() : s.traces_history.back().reason;
+}
+
+// A model, its optimizer and a whole training step over them; `is_static` makes the step static.
+template <typename Opt, typename Options>
+struct Run {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<Opt> opt;
+  std::function<Tensor(const Tensor&, const Tensor&)> step;
+
+  Run(bool is_static, Options options) {
+    manual_seed(11);
+    model = nn::mlp(5, 6, 3);
+    opt = std::make_unique<Opt>(model->parameters(), options);
+    auto body = [this](const Tensor& x, const Tensor& t) {
+      Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      return loss;
+    };
+    if (is_static)
+      step = static_graph(body, {.name = "step", .modules = {model}});
+    else
+      step = body;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a step that zero-fills .grad traces again once the first .grad exists", "[static]") {
+  // zero_grad(false) leaves an undefined .grad alone and fills a defined one: the trace of the
+  // first step, made while .grad did not exist, must not stand for the later ones.
+  Tensor held[2];
+  int64_t traces = 0;
+  std::string reason;
+  std::vector<Tensor> grads[2], weights[2];
+  for (int st = 0; st < 2; ++st) {
+    Tensor w = leaf({1, 2, 3}, {3});
+    optim::SGD opt({w}, {.lr = 0.1});
+    auto body = [&](const Tensor& x) {
+      Tensor loss = F::sum(x * w);
+      opt.zero_grad(/*set_to_none=*/false);
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto step = static_graph(body, {.name = "step"});
+    std::function<Tensor(const Tensor&)> call = body;
+    if (st == 1) call = [&step](const Tensor& x) { return step(x); };
+    const Tensor x = tensor({-0.0, 1, 2}, {3});  // 0 + -0 is +0: a filled .grad is not a new one
+    call(x);
+    held[st] = w.grad();
+    for (int i = 0; i < 4; ++i) {
+      call(x);
+      grads[st].push_back(clone(w.grad()));
+      weights[st].push_back(clone(w));
+    }
+    CHECK(held[st].shares_storage(w.grad()));
+    if (st == 1) {
+      traces = step.stats().traces;
+      reason = last_reason(step.stats());
+    }
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    INFO("call " << i + 2);
+    CHECK(bit_diff(grads[1][i], grads[0][i]) == "");
+    CHECK(bit_diff(weights[1][i], weights[0][i]) == "");
+  }
+  CHECK_FALSE(std::signbit(grads[1][0].to_vector<float>()[0]));
+  CHECK(traces == 2);
+  CHECK_THAT(reason, Contains("gradient of captured tensor [3] changed undefined -> defined"));
+}
+
+TEST_CASE("a whole step whose argument requires grad is an Error naming the argument", "[static]") {
+  Tensor w = leaf({1, 2, 3}, {3});
+  optim::SGD opt({w}, {.lr = 0.1});
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& p) {
+        Tensor loss = F::sum(x * p * w);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "step"});
+  const Tensor x = tensor({1, 1, 1}, {3});
+  const std::string message = error_of([&] { step(x, w); });
+  CHECK_THAT(message, Contains("step: the traced function runs a backward, and its argument 1 "
+                               "[3] requires grad"));
+  CHECK(bit_diff(w, tensor({1, 2, 3}, {3})) == "");
+  // Detached, it is an input like any other.
+  CHECK(error_of([&] { step(x, w.detach()); }).empty());
+}
+
+TEST_CASE("an argument sharing storage with a tensor the step updates is never replayed",
+          "[static]") {
+  // The step reads argument p after updating a; eagerly a call that passes a's storage as p reads
+  // the updated values. The schedule keeps a and p apart (its early updates and lanes move the
+  // update ahead of the read), so such a call traces, and later calls that do not share replay.
+  std::vector<Tensor> b_after[2];
+  StaticStats stats;
+  for (int st = 0; st < 2; ++st) {
+    Tensor a = leaf({1, 2, 3, 4}, {2, 2});
+    Tensor b = leaf({1, -1, 2, 0}, {2, 2});
+    const Tensor x = tensor({1, 1, 1, 1}, {2, 2});
+    optim::SGD opt({a, b}, {.lr = 0.5});
+    auto body = [&](const Tensor& p) {
+      Tensor loss = F::sum(F::matmul(x, a)) + F::sum(F::matmul(b, p));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto step = static_graph(body, {.name = "step"});
+    std::function<Tensor(const Tensor&)> call = body;
+    if (st == 1) call = [&step](const Tensor& p) { return step(p); };
+    const Tensor apart = tensor({0, 1, 0, 1}, {2, 2});
+    for (int i = 0; i < 7; ++i) {
+      call(i == 2 || i == 3 || i == 5 ? a.detach() : apart);
+      b_after[st].push_back(clone(b));
+    }
+    if (st == 1) stats = step.stats();
+  }
+  for (size_t i = 0; i < b_after[0].size(); ++i) {
+    INFO("call " << i + 1);
+    CHECK(bit_diff(b_after[1][i], b_after[0][i]) == "");
+  }
+  std::string reasons;
+  for (const RetraceEvent& e : stats.traces_history) reasons += e.reason + "\n";
+  INFO(reasons);
+  CHECK(stats.hits >= 2);  // the calls that do not share still replay
+  bool said = false;
+  for (const RetraceEvent& e : stats.traces_history)
+    said = said || e.reason.find("argument 0 [2,2] shares storage with") != std::string::npos;
+  CHECK(said);
+}
+
+TEST_CASE("a learning rate changed between calls reaches the replays", "[static]") {
+  Run<optim::SGD, optim::SGDOptions> eager(false, {.lr = 0.1}), stat(true, {.lr = 0.1});
+  manual_seed(3);
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int i = 0; i < 6; ++i) {
+    if (i == 3) {
+      eager.opt->options.lr = 0.05;
+      stat.opt->options.lr = 0.05;
+    }
+    INFO("call " << i + 1);
+    CHECK(bit_diff(stat.step(x, t), eager.step(x, t)) == "");
+    check_same_parameters(*stat.model, *eager.model, "after the call");
+  }
+}
+
+TEST_CASE("a learning-rate change shows in the retrace reason, and each rate replays", "[static]") {
+  manual_seed(11);
+  auto model = nn::mlp(5, 6, 3);
+  optim::MomentumSGD opt(model->parameters(), {.lr = 0.1});
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "step", .modules = {model}});
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  step(x, t);
+  step(x, t);
+  opt.options.lr = 0.05;
+  step(x, t);
+  CHECK(step.stats().traces == 2);
+  CHECK_THAT(last_reason(step.stats()), Contains("MomentumSGD lr 0.1 -> 0.05"));
+  step(x, t);
+  CHECK(step.stats().traces == 2);
+  CHECK(step.stats().hits == 2);
+}
+
+TEST_CASE("a checkpoint loaded into a traced step's optimizer resumes bit for bit", "[static]") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "encore_static_user_state.safetensors").string();
+  manual_seed(7);
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  // The uninterrupted run, static, saved after three steps.
+  Run<optim::Adam, optim::AdamOptions> a(true, {.lr = 0.05});
+  for (int i = 0; i < 3; ++i) a.step(x, t);
+  save(path, *a.model, a.opt.get());
+  std::vector<Tensor> reference;
+  for (int i = 0; i < 3; ++i) reference.push_back(a.step(x, t));
+  // Another model and optimizer, with another learning rate, traced before the load.
+  Run<optim::Adam, optim::AdamOptions> b(true, {.lr = 1e-3});
+  b.step(x, t);
+  b.step(x, t);
+  load(path, *b.model, b.opt.get());
+  CHECK(b.opt->options.lr == 0.05);
+  for (int i = 0; i < 3; ++i) {
+    INFO("step " << i + 1 << " after the load");
+    CHECK(bit_diff(b.step(x, t), reference[i]) == "");
+  }
+  check_same_parameters(*b.model, *a.model, "the end");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("an optimizer replaced by assignment is the one the replays use", "[static]") {
+  Run<optim::MomentumSGD, optim::MomentumSGDOptions> eager(false, {.lr = 0.1}),
+      stat(true, {.lr = 0.1});
+  manual_seed(3);
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int i = 0; i < 5; ++i) {
+    if (i == 2) {  // new velocity tensors, at zero
+      *eager.opt = optim::MomentumSGD(eager.model->parameters(), {.lr = 0.1});
+      *stat.opt = optim::MomentumSGD(stat.model->parameters(), {.lr = 0.1});
+    }
+    INFO("call " << i + 1);
+    CHECK(bit_diff(stat.step(x, t), eager.step(x, t)) == "");
+    check_same_parameters(*stat.model, *eager.model, "after the call");
+  }
+}
+
+TEST_CASE("a learning rate the step itself changes is never baked into a replay", "[static]") {
+  // A schedule inside the function: host code a replay cannot run, so every call traces.
+  std::vector<Tensor> losses[2];
+  for (int st = 0; st < 2; ++st) {
+    manual_seed(11);
+    auto model = nn::mlp(5, 6, 3);
+    optim::SGD opt(model->parameters(), {.lr = 0.1});
+    auto body = [&](const Tensor& x, const Tensor& t) {
+      Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      opt.options.lr *= 0.5;
+      return loss;
+    };
+    auto step = static_graph(body, {.name = "step", .modules = {model}});
+    manual_seed(3);
+    const Tensor x = randn({4, 5});
+    const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+    for (int i = 0; i < 4; ++i) losses[st].push_back(st == 1 ? step(x, t) : body(x, t));
+    if (st == 1) {
+      CHECK(step.stats().hits == 0);
+      CHECK_THAT(last_reason(step.stats()), Contains("SGD lr"));
+    }
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) CHECK(bit_diff(losses[1][i], losses[0][i]) == "");
+}
