@@ -14,6 +14,7 @@ thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 std::atomic<uint64_t> g_hook_ids{1};
 std::atomic<uint64_t> g_passes{1};
+std::atomic<uint64_t> g_walks{1};
 // The outermost backward pass running on this thread: its number and queued callbacks.
 thread_local int t_depth = 0;
 thread_local uint64_t t_pass = 0;
@@ -74,6 +75,39 @@ void check_grad(const Node& node, int i, const Tensor& g) {
   ENCORE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype, "backward of ", node_name(node),
                ": gradient of input ", i, " is ", g.shape(), " ", g.dtype(), " but the input is ",
                m.shape, " ", m.dtype);
+}
+
+// Throws when `node` cannot run its backward: its saved tensors were released, or one of them
+// was modified in place after the forward.
+void check_runnable(const Node& node) {
+  ENCORE_CHECK(!node.released, "backward: the saved tensors of ", node_name(node),
+               " were released by an earlier backward; pass retain_graph=true to the first ",
+               "backward to go through the graph twice");
+  for (size_t s = 0; s < node.saved.size(); ++s) {
+    const Tensor& t = node.saved[s];
+    ENCORE_CHECK(t.version() == node.saved_versions[s], "backward of ", op_name(node.op),
+                 ": a tensor ", t.shape(), " saved for backward was modified in place ",
+                 "(version ", node.saved_versions[s], " -> ", t.version(), ")");
+  }
+}
+
+// Checks every node reachable from `roots` (each once, stopping at leaves) before the pass
+// delivers anything, so a graph that cannot run leaves every leaf's grad as it was.
+void check_graph(std::span<const Tensor> roots) {
+  const uint64_t walk = g_walks.fetch_add(1, std::memory_order_relaxed);
+  absl::InlinedVector<Node*, 8> unvisited;  // inline: a one-node graph allocates nothing
+  auto visit = [&](Node* n) {
+    if (n == nullptr || n->checked_walk == walk) return;
+    n->checked_walk = walk;
+    unvisited.push_back(n);
+  };
+  for (const Tensor& root : roots) visit(root.grad_fn().get());
+  while (!unvisited.empty()) {
+    Node* n = unvisited.back();
+    unvisited.pop_back();
+    check_runnable(*n);
+    for (const Edge& e : n->next) visit(e.node.get());
+  }
 }
 
 struct SequenceLess {
@@ -248,6 +282,8 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     }
   }
 
+  check_graph(roots);
+
   // On an error, leave no node marked as queued or holding gradients of the aborted pass.
   struct ResetOnError {
     absl::InlinedVector<Node*, 8>& heap;
@@ -276,15 +312,8 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     absl::InlinedVector<Tensor, 1> grad_outputs = std::move(node->pending_grads);
     node->pending_grads.clear();
 
-    ENCORE_CHECK(!node->released, "backward: the saved tensors of ", node_name(*node),
-                 " were released by an earlier backward; pass retain_graph=true to the first ",
-                 "backward to go through the graph twice");
-    for (size_t s = 0; s < node->saved.size(); ++s) {
-      const Tensor& t = node->saved[s];
-      ENCORE_CHECK(t.version() == node->saved_versions[s], "backward of ", op_name(node->op),
-                   ": a tensor ", t.shape(), " saved for backward was modified in place ",
-                   "(version ", node->saved_versions[s], " -> ", t.version(), ")");
-    }
+    // Checked again: a hook or a nested pass may have changed the node since check_graph.
+    check_runnable(*node);
     for (size_t i = 0; i < grad_outputs.size(); ++i)
       if (!grad_outputs[i].defined() && !mask_bit(node->no_grad_outputs, i))
         grad_outputs[i] = filled(node->outputs[i], 0.0);

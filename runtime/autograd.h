@@ -83,6 +83,7 @@ class Node final : public RefCounted {
   // Engine scratch, valid during one backward pass.
   absl::InlinedVector<Tensor, 1> pending_grads;
   bool enqueued = false;
+  uint64_t checked_walk = 0;  // the last pre-pass walk (backward's check) that reached the node
 };
 
 // What a backward formula sees. It returns input gradients with set_input_grad(), computed

@@ -205,6 +205,9 @@ struct SliceAttrs {  // Slice and SliceGrad: elements start, start+step, ... < s
 
 struct CrossEntropyAttrs {  // SoftmaxCrossEntropy(Grad), Accuracy
   int64_t ignore_label = -1;
+  // 1 for F::cross_entropy's call: a label out of range names it and its argument 'targets'
+  // (int64_t: the blob holds no padding bytes).
+  int64_t from_cross_entropy = 0;
 };
 
 struct Conv2dAttrs {  // Conv2d and its grads; [0] is height, [1] width

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "encore/encore.h"
+#include "tests/test_util.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
@@ -122,6 +123,35 @@ TEST_CASE("in-place modification of a saved tensor is detected", "[autograd]") {
   CHECK(b.version() == v + 1);
   CHECK_THROWS_WITH(y.backward(),
                     Contains("mul") && Contains("modified in place") && Contains("[2]"));
+}
+
+TEST_CASE("a backward that fails a graph check leaves leaf gradients as they were", "[autograd]") {
+  // The `+ x` path reaches x before exp's node, which is the one that cannot run.
+  SECTION("released saved tensors") {
+    Tensor x = leaf({0.5, -1.25}, {2});
+    Tensor y = F::sum(F::add(F::exp(x), x));
+    y.backward();
+    const Tensor before = clone(x.grad());
+    CHECK_THROWS_WITH(y.backward(), Contains("released") && Contains("exp"));
+    CHECK(testing::bit_diff(x.grad(), before) == "");
+  }
+  SECTION("a saved tensor modified in place") {
+    Tensor x = leaf({0.5, -1.25}, {2});
+    Tensor b = tensor({3, 4}, {2}, DType::Float64);
+    F::sum(x).backward();
+    const Tensor before = clone(x.grad());
+    Tensor y = F::sum(F::add(F::mul(x, b), x));
+    add_(b, ones({2}, DType::Float64));
+    CHECK_THROWS_WITH(y.backward(), Contains("mul") && Contains("modified in place"));
+    CHECK(testing::bit_diff(x.grad(), before) == "");
+  }
+  SECTION("a node reached by two paths is checked once and the pass still runs") {
+    Tensor x = leaf({0.5, -1.25}, {2});
+    Tensor e = F::exp(x);
+    F::sum(F::add(F::mul(e, e), e)).backward();
+    const auto g = values(x.grad());
+    CHECK(g[0] == Approx(2 * std::exp(1.0) + std::exp(0.5)));
+  }
 }
 
 TEST_CASE("in-place update of a tensor requiring grad is refused in grad mode", "[autograd]") {

@@ -147,6 +147,13 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
 
   CHECK_THAT(error_of([&] { load(f.dir.file("absent"), *f.model); }),
              Catch::Contains("cannot open"));
+  {
+    const Snapshot before(*f.model, f.opt.get(), &f.gen);
+    CHECK_THAT(error_of([&] { load(f.dir.dir().string(), *f.model, f.opt.get(), &f.gen); }),
+               Catch::Contains("load: checkpoint " + f.dir.dir().string()) &&
+                   Catch::Contains("not a regular file (a directory)"));
+    CHECK(Snapshot(*f.model, f.opt.get(), &f.gen).diff(before) == "");
+  }
   CHECK_THAT(f.fails(std::vector<char>(good.begin(), good.begin() + 5)),
              Catch::Contains("truncated"));
   std::vector<char> long_header = good;

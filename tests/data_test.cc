@@ -336,6 +336,24 @@ TEST_CASE("BatchIterator covers every sample once per epoch", "[data]") {
     for (int32_t i = 0; i < 23; ++i) identity[static_cast<size_t>(i)] = i;
     CHECK(epochs[0] != identity);
   }
+  SECTION("an epoch's order is not another seed's order at another epoch") {
+    // Orders of seeds 0..3 at epochs 0..3: equal only for the same seed and epoch.
+    std::vector<std::vector<int32_t>> orders[4];
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      data::BatchIterator it(ds, 4, /*shuffle=*/true, seed);
+      data::BatchIterator again(ds, 4, /*shuffle=*/true, seed);
+      for (int epoch = 0; epoch < 4; ++epoch) {
+        orders[seed].push_back(flat(one_epoch(it)));
+        CHECK(flat(one_epoch(again)) == orders[seed].back());
+      }
+    }
+    CHECK(orders[0][1] != orders[1][0]);
+    for (int a = 0; a < 16; ++a)
+      for (int b = a + 1; b < 16; ++b) {
+        CAPTURE(a / 4, a % 4, b / 4, b % 4);
+        CHECK(orders[a / 4][a % 4] != orders[b / 4][b % 4]);
+      }
+  }
   SECTION("batches are fresh tensors") {
     data::BatchIterator it(ds, 23, /*shuffle=*/false);
     Tensor x, t;

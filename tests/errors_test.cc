@@ -1,7 +1,9 @@
 // Bad arguments raise encore::Error with a message a user can act on: the op, the argument,
 // the shapes and dtypes involved, and what was expected.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -85,9 +87,9 @@ TEST_CASE("ops name both dtypes when float32 meets float64", "[errors]") {
   CHECK_THROWS_WITH(F::matmul(t32({2, 3}), t64({3, 4})),
                     Contains("matmul: dtypes differ: a is float32 [2,3], b is float64 [3,4]"));
   CHECK_THROWS_WITH(F::linear(t32({2, 3}), t64({4, 3})),
-                    Contains("linear: dtypes differ") && Contains("float64 [4,3]"));
+                    Contains("linear: dtypes differ: x is float32 [2,3], weight is float64 [4,3]"));
   CHECK_THROWS_WITH(F::linear(t32({2, 3}), t32({4, 3}), t64({4})),
-                    Contains("linear: dtypes differ") && Contains("float64 [4]"));
+                    Contains("linear: dtypes differ: x is float32 [2,3], bias is float64 [4]"));
   CHECK_THROWS_WITH(
       F::mean_squared_error(t64({3}), t32({3})),
       Contains("mean_squared_error: dtypes differ: a is float64 [3], b is float32 [3]"));
@@ -311,6 +313,16 @@ TEST_CASE("losses and accuracy check logits and labels", "[errors]") {
                       Contains(op + ": logits must be 2-D [N, C], they are [2,4,5]"));
     CHECK_THROWS_WITH(fn(logits, Tensor(), -1),
                       Contains(op + ": argument 'labels' is an undefined tensor"));
+    // Labels out of [0, C) are refused by both (the ignore label is not a class).
+    for (const DType d : {DType::Int32, DType::Int64}) {
+      CHECK_THROWS_WITH(fn(logits, tensor({0, 1, 5, 2}, {4}, d), -1),
+                        Contains(op + ": label 5 of sample 2 is out of range [0, 5)"));
+      CHECK_THROWS_WITH(fn(logits, tensor({0, -2, 1, 2}, {4}, d), -1),
+                        Contains(op + ": label -2 of sample 1 is out of range [0, 5)"));
+      CHECK_NOTHROW(fn(logits, tensor({0, 7, 4, 7}, {4}, d), 7));
+      CHECK_THROWS_WITH(fn(logits, tensor({0, 7, 4, 7}, {4}, d), -1),
+                        Contains(op + ": label 7 of sample 1 is out of range [0, 5)"));
+    }
   }
 }
 
@@ -448,7 +460,23 @@ TEST_CASE("factories and initialisers check their arguments", "[errors]") {
   CHECK_THROWS_WITH(tensor({1, 2, 3, 4, 5}, {2, 3}),
                     Contains("tensor: 5 values do not fill shape [2,3] (6 elements)"));
   CHECK_THROWS_WITH(uniform_(t32({3}), 1, 0), Contains("uniform_: low 1 > high 0"));
-  CHECK_THROWS_WITH(normal_(t32({3}), 0, -1), Contains("normal_: negative std -1"));
+  CHECK_THROWS_WITH(normal_(t32({3}), 0, -1),
+                    Contains("normal_: std must be finite and non-negative, got -1"));
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()})
+    CHECK_THROWS_WITH(normal_(t32({3}), 0, bad),
+                      Contains("normal_: std must be finite and non-negative"));
+  // full refuses an integer tensor of NaN or infinity (fill_ and copy_ convert them: ops_test).
+  for (const DType d : {DType::Int32, DType::Int64}) {
+    CAPTURE(d);
+    for (const double bad : {std::nan(""), -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::infinity()})
+      CHECK_THROWS_WITH(full({2}, bad, d), Contains("full: value") &&
+                                               Contains(cat("cannot fill a ", d)) &&
+                                               Contains("a NaN or infinity cannot be an integer"));
+  }
+  CHECK(full({2}, -2147483648.0, DType::Int32).to_vector<double>()[0] == -2147483648.0);
+  CHECK(std::isnan(full({2}, std::nan(""), DType::Float32).to_vector<double>()[0]));
+  CHECK_NOTHROW(full({2}, std::nan(""), DType::Bool));
   CHECK_THROWS_WITH(rand({3}, DType::Float32, Device::cpu(), 2, 1),
                     Contains("uniform_: low 2 > high 1"));
 }

@@ -150,5 +150,14 @@ TEST_CASE("cross_entropy refuses bad arguments, naming both shapes", "[errors][c
   CHECK_THROWS_WITH(F::cross_entropy(logits, zeros({2, 3})),
                     Contains("cross_entropy: argument 'targets' must be int32 or int64"));
   CHECK_THROWS_WITH(F::cross_entropy(logits, tensor({0, 1, 9, 2, 3, 4}, {2, 3}, DType::Int64)),
-                    Contains("label 9 of sample 2 is out of range [0, 5)"));
+                    Contains("cross_entropy: argument 'targets': label 9 at flat index 2 is "
+                             "out of range [0, 5)") &&
+                        !Contains("softmax_cross_entropy"));
+  CHECK_THROWS_WITH(
+      F::cross_entropy(logits, tensor({0, 1, 2, 3, 4, -3}, {2, 3}, DType::Int32), -100),
+      Contains("cross_entropy: argument 'targets': label -3 at flat index 5"));
+  // softmax_cross_entropy itself still names itself.
+  CHECK_THROWS_WITH(F::softmax_cross_entropy(F::reshape(logits, {6, 5}),
+                                             tensor({0, 1, 9, 2, 3, 4}, {6}, DType::Int64)),
+                    Contains("softmax_cross_entropy: label 9 of sample 2"));
 }

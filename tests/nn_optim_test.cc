@@ -164,6 +164,31 @@ TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[
   CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}), Contains("betas"));
 }
 
+TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[optim]") {
+  Tensor p = param({1.0, 2.0});
+  Tensor q = param({3.0});
+  const std::string twice = "optimizer: parameter 2 [2] is parameter 0 listed again";
+  CHECK_THAT(testing::error_of([&] { optim::Adam({p, q, p}); }), Contains(twice));
+  CHECK_THAT(testing::error_of([&] { optim::SGD({p, q, p}); }), Contains(twice));
+  CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p, q, p}); }), Contains(twice));
+  // Views of one storage are distinct parameters, as before.
+  CHECK_NOTHROW(optim::SGD({p, p.detach()}));
+
+  const double nan = std::nan("");
+  for (const double lr : {nan, -0.1}) {
+    CAPTURE(lr);
+    CHECK_THAT(testing::error_of([&] { optim::SGD({p}, {.lr = lr}); }),
+               Contains("SGD: lr must be non-negative"));
+    CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.lr = lr}); }),
+               Contains("MomentumSGD: lr and momentum must be non-negative"));
+  }
+  CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = -0.5}); }),
+             Contains("momentum -0.5"));
+  CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = nan}); }),
+             Contains("momentum nan"));
+  CHECK_NOTHROW(optim::MomentumSGD({p}, {.lr = 0, .momentum = 0}));
+}
+
 // A replay runs no user code, so no step() call: the step count is a host counter that the
 // schedule advances on every replay, as many times per call as the traced code stepped.
 TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static]") {

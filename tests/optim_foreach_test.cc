@@ -24,10 +24,12 @@ TEST_CASE("a static whole step with a foreach update replays eager's bits", "[op
 TEST_CASE("foreach is off by default on the cpu, and for parameters sharing a storage", "[optim]") {
   Tensor p = randn({4}, DType::Float32).set_requires_grad();
   Tensor q = randn({3}, DType::Float32).set_requires_grad();
+  Tensor p_view = p.detach().set_requires_grad();  // another parameter on p's storage
   optim::Adam by_default({p, q});
-  optim::Adam shared({p, p, q}, {.foreach = true});
+  optim::Adam shared({p, p_view, q}, {.foreach = true});
   for (optim::Optimizer* opt : std::vector<optim::Optimizer*>{&by_default, &shared}) {
     p.set_grad(ones({4}));
+    p_view.set_grad(ones({4}));
     q.set_grad(ones({3}));
     UpdateCounter counter;
     opt->step();

@@ -376,6 +376,12 @@ TEST_CASE("pooling, batch_norm and dropout reject bad arguments naming op, argum
                     Contains("max_pool2d") && Contains("'x'") && Contains("int32"));
   CHECK_THROWS_WITH(F::global_avg_pool2d(rand({2, 3})),
                     Contains("global_avg_pool2d") && Contains("[2,3]"));
+  // An average over no elements (NaN) is refused, as max_pool2d refuses them.
+  for (const Shape& empty : {Shape{2, 3, 0, 0}, Shape{2, 3, 0, 4}, Shape{2, 3, 4, 0}})
+    CHECK_THROWS_WITH(
+        F::global_avg_pool2d(rand(empty)),
+        Contains("global_avg_pool2d: x " + empty.str() + " has no elements in height or width"));
+  CHECK(F::global_avg_pool2d(rand({0, 3, 2, 2})).numel() == 0);
 
   CHECK_THROWS_WITH(F::batch_norm(rand({2, 3, 4}), {}, {}, {}, {}, true),
                     Contains("batch_norm") && Contains("[2,3,4]"));

@@ -166,7 +166,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // mean((a - b)^2) over all elements.
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
 // Fraction of samples whose argmax (a row's first NaN when it holds one, as torch.argmax) equals
-// the label (ignored labels excluded). No gradient.
+// the label (ignored labels excluded; any other label outside [0, C) is an Error, as in
+// softmax_cross_entropy). No gradient.
 Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 
 // ---- Convolution and pooling (NCHW) ------------------------------------------------------

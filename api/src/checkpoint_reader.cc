@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,12 @@ template <typename... Parts>
 }
 
 std::vector<char> read_all(const std::string& path) {
+  // An ifstream opens a directory, and its tellg is then a huge size.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  ENCORE_CHECK(ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
+               "load: checkpoint ", path, ": not a regular file",
+               std::filesystem::is_directory(status) ? " (a directory)" : "");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   ENCORE_CHECK(in.good(), "load: checkpoint ", path, ": cannot open (", std::strerror(errno), ")");
   const std::streamoff size = in.tellg();

@@ -184,6 +184,14 @@ double standard_normal(std::mt19937_64& rng) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+// One step of splitmix64: a bijective mix, so nearby inputs give unrelated outputs.
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
 
 Tensor read_idx_images(const std::string& path) {
@@ -300,7 +308,8 @@ void BatchIterator::reshuffle() {
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
   if (shuffle_) {
     // Fisher-Yates written out (std::shuffle's algorithm varies between standard libraries).
-    std::mt19937_64 rng(seed_ + epoch_);
+    // Seed and epoch mixed, not added: seed s at epoch e + 1 must not repeat seed s + 1 at e.
+    std::mt19937_64 rng(splitmix64(splitmix64(seed_) + epoch_));
     for (size_t i = order_.size(); i > 1; --i) {
       const size_t j = static_cast<size_t>(rng() % i);
       std::swap(order_[i - 1], order_[j]);

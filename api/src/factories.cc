@@ -1,4 +1,6 @@
 // Tensor factories and in-place routines.
+#include <cmath>
+
 #include "api/src/routine.h"
 
 namespace encore {
@@ -11,6 +13,10 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  // fill_ saturates and maps NaN to 0 (as a conversion does); a factory asked for a NaN or an
+  // infinity of an integer dtype is more likely a bug.
+  ENCORE_CHECK(!is_integral(dtype) || std::isfinite(value), "full: value ", value,
+               " cannot fill a ", dtype, " tensor: a NaN or infinity cannot be an integer");
   Tensor t = Tensor::empty(shape, dtype, device);
   fill_(t, value);
   return t;
@@ -123,7 +129,8 @@ void uniform_(const Tensor& t, double low, double high) {
 }
 
 void normal_(const Tensor& t, double mean, double std) {
-  ENCORE_CHECK(std >= 0, "normal_: negative std ", std);
+  ENCORE_CHECK(std::isfinite(std) && std >= 0, "normal_: std must be finite and non-negative, got ",
+               std);
   random_fill(Op::NormalInit, "normal_", t, mean, std);
 }
 

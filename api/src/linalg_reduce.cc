@@ -195,7 +195,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_floating("linear", "x", x);
   check_floating("linear", "weight", weight);
-  detail::check_same_dtype("linear", x, weight);
+  ENCORE_CHECK(weight.dtype() == x.dtype(), "linear: dtypes differ: x is ", x.dtype(), " ",
+               x.shape(), ", weight is ", weight.dtype(), " ", weight.shape());
   ENCORE_CHECK(weight.rank() == 2, "linear: weight must be 2-D [out, in], it is ", weight.shape());
   ENCORE_CHECK(x.rank() >= 1 && x.size(-1) == weight.size(1), "linear: x ", x.shape(),
                " does not match weight ", weight.shape(), " (expected x [..., ", weight.size(1),
@@ -205,7 +206,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.push_back(weight.size(0));
   if (!bias.defined()) return call1(Op::Linear, {x, weight}, out_shape, x.dtype());
   check_floating("linear", "bias", bias);
-  detail::check_same_dtype("linear", x, bias);
+  ENCORE_CHECK(bias.dtype() == x.dtype(), "linear: dtypes differ: x is ", x.dtype(), " ", x.shape(),
+               ", bias is ", bias.dtype(), " ", bias.shape());
   ENCORE_CHECK(bias.rank() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.shape(),
                " does not match weight ", weight.shape(), " (expected [", weight.size(0), "])");
   return call1(Op::Linear, {x, weight, bias}, out_shape, x.dtype());

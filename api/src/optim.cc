@@ -38,13 +38,21 @@ class HyperGuard final : public HostGuard {
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   std::vector<const Storage*> storages;
+  std::vector<std::pair<const TensorImpl*, size_t>> impls;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
     ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
                  p.dtype(), "; parameters must be floating");
     storages.push_back(p.impl()->storage.get());
+    impls.emplace_back(p.impl(), i);
   }
+  // A parameter listed twice would be stepped twice per step (PyTorch warns; we refuse).
+  std::sort(impls.begin(), impls.end());
+  for (size_t k = 1; k < impls.size(); ++k)
+    ENCORE_CHECK(impls[k].first != impls[k - 1].first, "optimizer: parameter ", impls[k].second,
+                 " ", params_[impls[k].second].shape(), " is parameter ", impls[k - 1].second,
+                 " listed again; list each parameter once");
   std::sort(storages.begin(), storages.end());
   shared_storage_ = std::adjacent_find(storages.begin(), storages.end()) != storages.end();
 }
@@ -124,7 +132,9 @@ void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tenso
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
-    : Optimizer(std::move(params)), options(options) {}
+    : Optimizer(std::move(params)), options(options) {
+  ENCORE_CHECK(options.lr >= 0, "SGD: lr must be non-negative, got ", options.lr);
+}
 
 std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
   return {{"lr", options.lr}, {"weight_decay", options.weight_decay}};
@@ -148,7 +158,11 @@ void SGD::step() {
 }
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
-    : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {}
+    : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {
+  ENCORE_CHECK(options.lr >= 0 && options.momentum >= 0,
+               "MomentumSGD: lr and momentum must be non-negative, got lr ", options.lr,
+               ", momentum ", options.momentum);
+}
 
 std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
   return {

@@ -151,6 +151,8 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Si
 Tensor global_avg_pool2d(const Tensor& x) {
   check_floating("global_avg_pool2d", "x", x);
   ENCORE_CHECK(x.rank() == 4, "global_avg_pool2d: x must be 4-D [N,C,H,W], it is ", x.shape());
+  ENCORE_CHECK(x.size(2) > 0 && x.size(3) > 0, "global_avg_pool2d: x ", x.shape(),
+               " has no elements in height or width");
   return mean(x, {2, 3});
 }
 

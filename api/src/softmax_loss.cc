@@ -98,7 +98,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                " do not match logits ", logits.shape(), " (expected targets ", expected,
                ", the class axis last)");
   const int64_t n = targets.numel(), classes = logits.size(-1);
-  return softmax_cross_entropy(reshape(logits, {n, classes}), reshape(targets, {n}), ignore_index);
+  // softmax_cross_entropy's op, with range errors that name this function and 'targets'.
+  return call1(Op::SoftmaxCrossEntropy, {reshape(logits, {n, classes}), reshape(targets, {n})},
+               Shape{}, logits.dtype(),
+               AttrBlob::of(CrossEntropyAttrs{ignore_index, /*from_cross_entropy=*/1}));
 }
 
 Tensor mean_squared_error(const Tensor& a, const Tensor& b) {

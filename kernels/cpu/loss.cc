@@ -10,17 +10,21 @@ namespace {
 
 // Checks that label `l` of sample `i` is the ignore label or a class index.
 template <typename L>
-bool counted(L l, int64_t i, int64_t classes, int64_t ignore, Op op) {
-  if (static_cast<int64_t>(l) == ignore) return false;
-  if (l < 0 || static_cast<int64_t>(l) >= classes)
+bool counted(L l, int64_t i, int64_t classes, const CrossEntropyAttrs& attrs, Op op) {
+  if (static_cast<int64_t>(l) == attrs.ignore_label) return false;
+  if (l < 0 || static_cast<int64_t>(l) >= classes) {
+    if (attrs.from_cross_entropy != 0)
+      fail("cross_entropy: argument 'targets': label ", l, " at flat index ", i,
+           " is out of range [0, ", classes, ")");
     fail(op_name(op), ": label ", l, " of sample ", i, " is out of range [0, ", classes, ")");
+  }
   return true;
 }
 
 // Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored.
 void cross_entropy_kernel(const KernelArgs& args) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
-  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const CrossEntropyAttrs& attrs = args.attr<CrossEntropyAttrs>();
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, Op::SoftmaxCrossEntropy, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, Op::SoftmaxCrossEntropy, [&]<typename L>(Type<L>) {
@@ -29,7 +33,7 @@ void cross_entropy_kernel(const KernelArgs& args) {
       double total = 0;
       int64_t count = 0;
       for (int64_t i = 0; i < rows; ++i) {
-        if (!counted(y[i], i, classes, ignore, Op::SoftmaxCrossEntropy)) continue;
+        if (!counted(y[i], i, classes, attrs, Op::SoftmaxCrossEntropy)) continue;
         const T* row = x + i * classes;
         total += static_cast<double>(log_sum_exp(row, classes, kUnitStride) - row[y[i]]);
         ++count;
@@ -43,7 +47,8 @@ void cross_entropy_kernel(const KernelArgs& args) {
 void cross_entropy_grad_kernel(const KernelArgs& args) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
   const BufferView& gx = args.out[0];
-  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const CrossEntropyAttrs& attrs = args.attr<CrossEntropyAttrs>();
+  const int64_t ignore = attrs.ignore_label;
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   constexpr Op kOp = Op::SoftmaxCrossEntropyGrad;
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
@@ -52,7 +57,7 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
       const L* y = labels.as<L>();
       T* g = gx.as<T>();
       int64_t count = 0;
-      for (int64_t i = 0; i < rows; ++i) count += counted(y[i], i, classes, ignore, kOp);
+      for (int64_t i = 0; i < rows; ++i) count += counted(y[i], i, classes, attrs, kOp);
       const T scale = count == 0 ? T(0) : *gy.as<T>() / static_cast<T>(count);
       for (int64_t i = 0; i < rows; ++i) {
         const T* row = x + i * classes;
@@ -98,10 +103,11 @@ void mean_squared_error_kernel(const KernelArgs& args) {
 }
 
 // Fraction of non-ignored samples whose first maximum (a row's first NaN when it holds one, as
-// torch.argmax) is at the label; 0 when none. A label outside [0, C) counts as a miss.
+// torch.argmax) is at the label; 0 when none. A label outside [0, C) is an Error, as in
+// softmax_cross_entropy.
 void accuracy_kernel(const KernelArgs& args) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
-  const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const CrossEntropyAttrs& attrs = args.attr<CrossEntropyAttrs>();
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, Op::Accuracy, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, Op::Accuracy, [&]<typename L>(Type<L>) {
@@ -109,13 +115,13 @@ void accuracy_kernel(const KernelArgs& args) {
       const L* y = labels.as<L>();
       int64_t count = 0, correct = 0;
       for (int64_t i = 0; i < rows; ++i) {
-        if (static_cast<int64_t>(y[i]) == ignore) continue;
+        if (!counted(y[i], i, classes, attrs, Op::Accuracy)) continue;
         ++count;
         const T* row = x + i * classes;
         int64_t arg = 0;
         for (int64_t j = 1; j < classes && row[arg] == row[arg]; ++j)
           if (row[j] > row[arg] || row[j] != row[j]) arg = j;
-        correct += classes > 0 && arg == static_cast<int64_t>(y[i]);
+        correct += arg == static_cast<int64_t>(y[i]);
       }
       *out.as<T>() = count == 0 ? T(0) : static_cast<T>(static_cast<double>(correct) / count);
     });

@@ -1,9 +1,11 @@
 // Reductions over an axis set: sum, mean, max.
 //
-// One strided loop over the input with the output as a second operand whose strides are 0 on
-// reduced axes. After coalescing, each innermost row is either a row reduction (output stride
-// 0: reduced with independent lanes, which vectorizes) or an accumulation of an input row into
-// an output row (stride 1 both), so sum over the last axis and sum over axis 0 are both tight.
+// Each output element combines its terms as a cascade (reduce_contiguous within a contiguous
+// run, Cascade across runs and rows), so a float32 sum over millions of terms on any axis keeps
+// its accuracy, and the order of the terms depends on the shapes alone. After coalescing, the
+// innermost axis is either reduced (one contiguous run per output element, reduced with
+// independent lanes) or kept (columns of the output: a chunk of them is accumulated down the
+// reduced rows at once, which vectorizes).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,11 +17,74 @@
 namespace encore::kernels::cpu {
 namespace {
 
+// Combines a sequence of items, each `width` (at most W) values, as a cascade: kBlock items in
+// order into a block, then blocks pairwise as a binary counter (two partials of equal weight
+// combine as soon as both exist). A float sum's rounding error then grows with kBlock plus the
+// log of the block count instead of with the item count.
+template <typename R, typename T, int W>
+class Cascade {
+ public:
+  explicit Cascade(int width) : width_(width) { std::fill(block_, block_ + W, init()); }
+
+  void add(const T* v) {
+    for (int j = 0; j < width_; ++j) block_[j] = R::combine(block_[j], v[j]);
+    if (++in_block_ == kBlock) carry();
+  }
+
+  // The combination of every item added (init when none), into out[0, width).
+  void finish(T* out) {
+    if (in_block_ > 0) carry();
+    std::fill(out, out + width_, init());
+    for (int l = 0; l < kLevels; ++l)
+      if (blocks_ >> l & 1)
+        for (int j = 0; j < width_; ++j) out[j] = R::combine(level_[l][j], out[j]);
+  }
+
+ private:
+  static constexpr int kBlock = 128;
+  static constexpr int kLevels = 64;  // one per bit of the block count
+  static constexpr T init() { return R::template init<T>(); }
+
+  // Moves the block up the levels, combining it with each full level it meets.
+  void carry() {
+    int l = 0;
+    for (; blocks_ >> l & 1; ++l)
+      for (int j = 0; j < width_; ++j) block_[j] = R::combine(level_[l][j], block_[j]);
+    std::copy(block_, block_ + width_, level_[l]);
+    ++blocks_;
+    in_block_ = 0;
+    std::fill(block_, block_ + W, init());
+  }
+
+  int width_;
+  int in_block_ = 0;
+  uint64_t blocks_ = 0;
+  T block_[W];
+  T level_[kLevels][W];
+};
+
+// Calls fn(offsets) for every element of `loop`, in row-major order.
+template <int N, typename Fn>
+void for_each_element(const StridedLoop<N>& loop, Fn&& fn) {
+  for_each_row(loop, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    int64_t o[N];
+    for (int k = 0; k < N; ++k) o[k] = off[k];
+    for (int64_t i = 0; i < n; ++i) {
+      fn(static_cast<const int64_t*>(o));
+      for (int k = 0; k < N; ++k) o[k] += st[k];
+    }
+  });
+}
+
 template <typename R, typename T>
 void reduce(const BufferView& x, const BufferView& out, uint8_t mask) {
   const T* px = x.as<T>();
   T* po = out.as<T>();
   const Shape& shape = x.shape;
+  if (x.numel() == 0) {
+    std::fill(po, po + out.numel(), R::template init<T>());
+    return;
+  }
   int64_t strides[2][kMaxRank];  // 0: out, 1: x
   contiguous_strides(shape, strides[1]);
   int64_t s = 1;
@@ -28,21 +93,45 @@ void reduce(const BufferView& x, const BufferView& out, uint8_t mask) {
     strides[0][d] = reduced ? 0 : s;
     if (!reduced) s *= shape[d];
   }
-  std::fill(po, po + out.numel(), R::template init<T>());
+  // Coalesced, the innermost axis has x stride 1 (x is contiguous), and out stride 1 when kept.
   const StridedLoop<2> loop = make_strided_loop<2>(shape.rank(), shape.begin(), strides);
-  for_each_row(loop, [&](const int64_t* off, int64_t n, const int64_t* st) {
-    T* o = po + off[0];
-    const T* in = px + off[1];
-    if (st[0] == 0 && st[1] == 1) {
-      *o = R::combine(*o, reduce_contiguous<R>(in, n));
-    } else if (st[0] == 1 && st[1] == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = R::combine(o[i], in[i]);
-    } else if (st[0] == 0) {
-      T r = *o;
-      for (int64_t i = 0; i < n; ++i) r = R::combine(r, in[i * st[1]]);
-      *o = r;
+  const int inner = loop.rank - 1;
+  const int64_t n = loop.dims[inner];
+  const bool inner_reduced = loop.strides[0][inner] == 0;
+  // The outer axes split into kept ones (out and x offsets) and reduced ones (x offsets).
+  int64_t kept_dims[kMaxRank], kept_strides[2][kMaxRank], red_dims[kMaxRank],
+      red_strides[1][kMaxRank];
+  int kept_rank = 0, red_rank = 0;
+  for (int d = 0; d < inner; ++d) {
+    if (loop.strides[0][d] == 0) {
+      red_dims[red_rank] = loop.dims[d];
+      red_strides[0][red_rank++] = loop.strides[1][d];
     } else {
-      for (int64_t i = 0; i < n; ++i) o[i * st[0]] = R::combine(o[i * st[0]], in[i * st[1]]);
+      kept_dims[kept_rank] = loop.dims[d];
+      kept_strides[0][kept_rank] = loop.strides[0][d];
+      kept_strides[1][kept_rank++] = loop.strides[1][d];
+    }
+  }
+  const StridedLoop<2> kept = make_strided_loop<2>(kept_rank, kept_dims, kept_strides);
+  const StridedLoop<1> rows = make_strided_loop<1>(red_rank, red_dims, red_strides);
+
+  for_each_element(kept, [&](const int64_t* off) {
+    const T* in = px + off[1];
+    T* o = po + off[0];
+    if (inner_reduced) {  // one contiguous run of n terms per reduced row
+      Cascade<R, T, 1> c(1);
+      for_each_element(rows, [&](const int64_t* r) {
+        const T v = reduce_contiguous<R>(in + r[0], n);
+        c.add(&v);
+      });
+      c.finish(o);
+    } else {  // n output columns, in chunks accumulated down the reduced rows
+      constexpr int kChunk = 128 / sizeof(T);
+      for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        Cascade<R, T, kChunk> c(static_cast<int>(std::min<int64_t>(kChunk, n - c0)));
+        for_each_element(rows, [&](const int64_t* r) { c.add(in + r[0] + c0); });
+        c.finish(o + c0);
+      }
     }
   });
 }

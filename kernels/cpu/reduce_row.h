@@ -42,7 +42,7 @@ struct MaxOp {
 // Reduction of x[0], x[1], ..., x[n-1] in independent lanes (vectorizable, and more accurate
 // for float sums than one running total).
 template <typename R, typename T>
-T reduce_contiguous(const T* x, int64_t n) {
+T reduce_lanes(const T* x, int64_t n) {
   constexpr int kLanes = 128 / sizeof(T);
   if (n < kLanes) {  // the lanes would all fold to init: the same bits without them
     T r = R::template init<T>();
@@ -59,6 +59,18 @@ T reduce_contiguous(const T* x, int64_t n) {
   T r = acc[0];
   for (; i < n; ++i) r = R::combine(r, x[i]);
   return r;
+}
+
+// Reduction of x[0], ..., x[n-1] as a cascade: blocks of 128 elements per lane reduced by
+// reduce_lanes, then halves of the blocks combined pairwise. Each lane adds at most 128 terms,
+// so a float32 sum of millions of elements keeps its accuracy (one lane adding n / 32 terms
+// does not); the order depends on n alone.
+template <typename R, typename T>
+T reduce_contiguous(const T* x, int64_t n) {
+  constexpr int64_t kBlock = 128 / sizeof(T) * 128;
+  if (n <= kBlock) return reduce_lanes<R>(x, n);
+  const int64_t left = (n + kBlock - 1) / kBlock / 2 * kBlock;  // half the blocks, at least one
+  return R::combine(reduce_contiguous<R>(x, left), reduce_contiguous<R>(x + left, n - left));
 }
 
 // What the reduction kernel writes for one row of n > 1 contiguous elements reduced over the

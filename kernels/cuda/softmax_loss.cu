@@ -9,9 +9,8 @@
 // order; sums over samples are in double as on the CPU. The cross-entropy gradient recounts the
 // non-ignored labels in each of its blocks rather than keeping the count in a scratch buffer.
 // A label outside [0, C) (other than the ignore label) cannot throw here without a host sync:
-// it makes the loss NaN and its gradient row NaN, and is reported to the host
-// (report_device_error), which throws the CPU's Error when it next waits for the device
-// (accuracy counts it a miss, as on the CPU).
+// it makes the loss (or accuracy) NaN and its gradient row NaN, and is reported to the host
+// (report_device_error), which throws the CPU's Error when it next waits for the device.
 #include <cuda/std/limits>
 
 #include <cstdint>
@@ -322,33 +321,45 @@ __global__ void __launch_bounds__(kLossThreads)
 }
 
 // Fraction of non-ignored samples whose first maximum is at the label; 0 when none. A label
-// outside [0, C) counts as a miss.
+// outside [0, C) is reported as in cross_entropy_kernel and makes the result NaN.
 template <typename T, typename L>
 __global__ void __launch_bounds__(kLossThreads)
     accuracy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
-                    int64_t rows, int64_t classes, int64_t ignore) {
+                    int64_t rows, int64_t classes, int64_t ignore,
+                    encore::cuda::DeviceErrorSlot errors) {
   __shared__ int64_t sh_count[kLossWarps];
   __shared__ int64_t sh_correct[kLossWarps];
+  __shared__ int64_t sh_bad[kLossWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int64_t count = 0, correct = 0;
+  int64_t count = 0, correct = 0, bad = 0;
   for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
     const int64_t label = static_cast<int64_t>(labels[i]);
     if (label == ignore) continue;
     ++count;
-    if (classes == 0) continue;
+    if (label < 0 || label >= classes) {
+      ++bad;
+      if (lane == 0)
+        report_device_error(errors, encore::cuda::DeviceErrorKind::Label, Op::Accuracy, label, i,
+                            classes);
+      continue;
+    }
     correct += warp_first_argmax(x + i * classes, classes, lane) == label ? 1 : 0;
   }
   if (lane == 0) {
     sh_count[warp] = count;
     sh_correct[warp] = correct;
+    sh_bad[warp] = bad;
   }
   __syncthreads();
   if (warp == 0) {
     count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
     correct = warp_reduce<SumOp>(lane < kLossWarps ? sh_correct[lane] : int64_t{0});
+    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
     if (lane == 0) {
-      *out = count == 0 ? T(0)
-                        : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
+      *out = bad > 0 ? nan_of<T>()
+             : count == 0
+                 ? T(0)
+                 : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
     }
   }
 }
@@ -404,7 +415,7 @@ void accuracy(const KernelArgs& args) {
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
       accuracy_kernel<<<1, kLossThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(), out.as<T>(),
-                                                        rows, classes, ignore);
+                                                        rows, classes, ignore, error_slot());
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });
