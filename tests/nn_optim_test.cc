@@ -187,6 +187,19 @@ TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[op
   CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = nan}); }),
              Contains("momentum nan"));
   CHECK_NOTHROW(optim::MomentumSGD({p}, {.lr = 0, .momentum = 0}));
+  // set_hyper_parameters checks the same, and a refused call changes nothing.
+  optim::MomentumSGD m({p}, {.lr = 0.1, .momentum = 0.9});
+  CHECK_THAT(testing::error_of([&] {
+               m.set_hyper_parameters({{"lr", 0.2}, {"momentum", -1}});
+             }),
+             Contains("MomentumSGD: lr and momentum must be non-negative"));
+  CHECK((m.options.lr == 0.1 && m.options.momentum == 0.9));
+  optim::SGD s({p}, {.lr = 0.1});
+  CHECK_THAT(testing::error_of([&] {
+               s.set_hyper_parameters({{"lr", nan}});
+             }),
+             Contains("SGD: lr must be non-negative"));
+  CHECK(s.options.lr == 0.1);
 }
 
 // A replay runs no user code, so no step() call: the step count is a host counter that the

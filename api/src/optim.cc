@@ -129,19 +129,34 @@ void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tenso
                    scalar_int64 ? DType::Int64 : p.dtype(), p.device()});
   }
 }
+
+void check_sgd_options(const SGDOptions& o) {
+  ENCORE_CHECK(o.lr >= 0, "SGD: lr must be non-negative, got ", o.lr);
+}
+
+void check_momentum_options(const MomentumSGDOptions& o) {
+  ENCORE_CHECK(o.lr >= 0 && o.momentum >= 0,
+               "MomentumSGD: lr and momentum must be non-negative, got lr ", o.lr, ", momentum ",
+               o.momentum);
+}
+
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : Optimizer(std::move(params)), options(options) {
-  ENCORE_CHECK(options.lr >= 0, "SGD: lr must be non-negative, got ", options.lr);
+  check_sgd_options(options);
 }
 
 std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
   return {{"lr", options.lr}, {"weight_decay", options.weight_decay}};
 }
 
+// Checks the new values on a copy: an Error leaves the options as they were.
 void SGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
-  set_named("SGD", {{"lr", &options.lr}, {"weight_decay", &options.weight_decay}}, values);
+  SGDOptions o = options;
+  set_named("SGD", {{"lr", &o.lr}, {"weight_decay", &o.weight_decay}}, values);
+  check_sgd_options(o);
+  options = o;
 }
 
 AttrBlob SGD::update_attrs() const {
@@ -159,9 +174,7 @@ void SGD::step() {
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
     : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {
-  ENCORE_CHECK(options.lr >= 0 && options.momentum >= 0,
-               "MomentumSGD: lr and momentum must be non-negative, got lr ", options.lr,
-               ", momentum ", options.momentum);
+  check_momentum_options(options);
 }
 
 std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
@@ -170,11 +183,11 @@ std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() cons
 }
 
 void MomentumSGD::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  MomentumSGDOptions o = options;
   set_named("MomentumSGD",
-            {{"lr", &options.lr},
-             {"momentum", &options.momentum},
-             {"weight_decay", &options.weight_decay}},
-            values);
+            {{"lr", &o.lr}, {"momentum", &o.momentum}, {"weight_decay", &o.weight_decay}}, values);
+  check_momentum_options(o);
+  options = o;
 }
 
 std::vector<StateSlot> MomentumSGD::state_slots() {
