@@ -399,9 +399,13 @@ void check_device_errors(int device) {
   const std::string_view op = op_name(static_cast<Op>((head & 0xffffffff) - 1));
   const std::string where =
       cat(" (reported by cuda:", device, " when the host next waited for it)");
-  if (static_cast<DeviceErrorKind>(head >> 32) == DeviceErrorKind::Id)
+  const auto kind = static_cast<DeviceErrorKind>(head >> 32);
+  if (kind == DeviceErrorKind::Id)
     fail(op, ": argument 'ids' holds ", value, " at flat index ", index, ", outside [0, ", bound,
          ") (weight has ", bound, " rows)", where);
+  if (kind == DeviceErrorKind::Target)
+    fail("cross_entropy: argument 'targets': label ", value, " at flat index ", index,
+         " is out of range [0, ", bound, ")", where);
   fail(op, ": label ", value, " of sample ", index, " is out of range [0, ", bound, ")", where);
 }
 

@@ -125,8 +125,9 @@ struct DeviceErrorSlot {
 };
 // The kinds of report, and the messages the host makes of them.
 enum class DeviceErrorKind : int {
-  Label = 1,  // "label V of sample I is out of range [0, B)"
-  Id = 2,     // "argument 'ids' holds V at flat index I, outside [0, B) (weight has B rows)"
+  Label = 1,   // "label V of sample I is out of range [0, B)"
+  Id = 2,      // "argument 'ids' holds V at flat index I, outside [0, B) (weight has B rows)"
+  Target = 3,  // cross_entropy's: "argument 'targets': label V at flat index I is out of range"
 };
 DeviceErrorSlot device_error_slot(int device);
 // Throws the Error a kernel of `device` reported since the last check (and clears the report).

@@ -219,7 +219,7 @@ template <typename T, typename L>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
                          int64_t rows, int64_t classes, int64_t ignore,
-                         encore::cuda::DeviceErrorSlot errors) {
+                         encore::cuda::DeviceErrorSlot errors, encore::cuda::DeviceErrorKind kind) {
   __shared__ double sh_total[kLossWarps];
   __shared__ int64_t sh_count[kLossWarps];
   __shared__ int64_t sh_bad[kLossWarps];
@@ -233,8 +233,7 @@ __global__ void __launch_bounds__(kLossThreads)
     if (label < 0 || label >= classes) {
       ++bad;
       if (lane == 0)
-        report_device_error(errors, encore::cuda::DeviceErrorKind::Label, Op::SoftmaxCrossEntropy,
-                            label, i, classes);
+        report_device_error(errors, kind, Op::SoftmaxCrossEntropy, label, i, classes);
       continue;
     }
     const T* row = x + i * classes;
@@ -268,7 +267,8 @@ __global__ void __launch_bounds__(kThreads)
     cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
                               const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
                               int64_t classes, int64_t ignore,
-                              encore::cuda::DeviceErrorSlot errors) {
+                              encore::cuda::DeviceErrorSlot errors,
+                              encore::cuda::DeviceErrorKind kind) {
   __shared__ int64_t sh[32];
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kThreads)
@@ -290,8 +290,7 @@ __global__ void __launch_bounds__(kThreads)
     if (label < 0 || label >= classes) {
       for (int64_t j = lane; j < classes; j += 32) grow[j] = nan_of<T>();
       if (lane == 0)
-        report_device_error(errors, encore::cuda::DeviceErrorKind::Label,
-                            Op::SoftmaxCrossEntropyGrad, label, i, classes);
+        report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
       continue;
     }
     const T m = warp_row_max(row, classes, lane);
@@ -364,15 +363,22 @@ __global__ void __launch_bounds__(kLossThreads)
   }
 }
 
+// How an out-of-range label is reported: as cross_entropy's targets, or the op's labels.
+encore::cuda::DeviceErrorKind label_error_kind(const CrossEntropyAttrs& attrs) {
+  return attrs.from_cross_entropy != 0 ? encore::cuda::DeviceErrorKind::Target
+                                       : encore::cuda::DeviceErrorKind::Label;
+}
+
 void cross_entropy(const KernelArgs& args) {
   constexpr Op kOp = Op::SoftmaxCrossEntropy;
   const BufferView &logits = args.in[0], &labels = args.in[1], &out = args.out[0];
   const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const auto kind = label_error_kind(args.attr<CrossEntropyAttrs>());
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
       cross_entropy_kernel<<<1, kLossThreads, 0, stream()>>>(
-          logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, error_slot());
+          logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, error_slot(), kind);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });
@@ -383,6 +389,7 @@ void cross_entropy_grad(const KernelArgs& args) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
   const BufferView& gx = args.out[0];
   const int64_t ignore = args.attr<CrossEntropyAttrs>().ignore_label;
+  const auto kind = label_error_kind(args.attr<CrossEntropyAttrs>());
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
@@ -391,7 +398,8 @@ void cross_entropy_grad(const KernelArgs& args) {
       if (blocks > kGradMaxBlocks) blocks = kGradMaxBlocks;
       cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(),
                                                                    gy.as<T>(), gx.as<T>(), rows,
-                                                                   classes, ignore, error_slot());
+                                                                   classes, ignore, error_slot(),
+                                                                   kind);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });

@@ -303,6 +303,10 @@ TEST_CASE("an out-of-range label or id on cuda raises the cpu's Error when the h
   CHECK_NOTHROW(cuda::synchronize());
   const Tensor good = tensor({1, 3, 2, 0}, {4}, DType::Int64, kCuda);
   CHECK(std::isfinite(F::softmax_cross_entropy(logits, good).item<float>()));
+  // cross_entropy names itself and its targets, as on the cpu.
+  CHECK_THROWS_WITH(F::cross_entropy(logits, bad_labels).item<float>(),
+                    Contains("cross_entropy: argument 'targets': label 7 at flat index 1 is out of "
+                             "range [0, 5)"));
 
   // The gradient's kernel reports too (its own op), as the cpu's does.
   const Tensor gy = tensor({1}, {}, DType::Float32, kCuda);
