@@ -107,8 +107,9 @@ struct Recording {
   // Host state the trace baked in, checked at every call (HostGuard).
   std::vector<std::shared_ptr<const HostGuard>> host_guards;
   std::string unsafe;  // why the trace cannot be replayed (empty: it can)
-  // Why the trace must not be replayed, and the next call traces again: "ran a one-time set-up
-  // (...)", or "took argument k for a parameter (...)".
+  // Why the trace must not be replayed, and the next call traces again, as a phrase after "the
+  // trace": "ran a one-time set-up (...)", "cannot be replayed: its argument 0 ... shares
+  // storage with ...", "changed what a replay bakes in (SGD lr 0.1 -> 0.05)".
   std::string retrace;
   // Verify mode: the bytes each forward (then backward) step wrote, in step order.
   std::vector<std::vector<unsigned char>> snapshots;
