@@ -64,8 +64,8 @@ std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
 
 // An entry for the family's recording at `sizes`, planned; null (and why) when it has none.
 std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<const Tensor> args,
-                                 const std::string* key, int mode, std::span<const int64_t> sizes,
-                                 std::string& why) {
+                                 const std::string* key, int64_t mode,
+                                 std::span<const int64_t> sizes, std::string& why) {
   std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why);
   if (!rec) return nullptr;
   const Entry& p = *f.proto;
@@ -100,7 +100,8 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
 }  // namespace
 
 std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> args,
-                                                        const std::string* key, bool grad, int mode,
+                                                        const std::string* key, bool grad,
+                                                        int64_t mode,
                                                         std::unique_lock<std::mutex>& lock,
                                                         std::string& reason, int64_t& hits) {
   if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())

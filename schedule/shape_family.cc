@@ -260,7 +260,7 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
 }
 
 bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std::string* key,
-                  bool grad, int mode, std::vector<int64_t>& symbols) {
+                  bool grad, int64_t mode, std::vector<int64_t>& symbols) {
   const Signature& s = f.sig;
   if (s.args.size() != args.size() || s.grad != grad || s.mode != mode) return false;
   if ((key == nullptr ? !s.key.empty() : s.key != *key)) return false;

@@ -128,7 +128,7 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
 // that is not dynamic differs, dimensions sharing a symbol differ, a dynamic one is 0, or 1 where
 // the family was not traced at 1).
 bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std::string* key,
-                  bool grad, int mode, std::vector<int64_t>& symbols);
+                  bool grad, int64_t mode, std::vector<int64_t>& symbols);
 
 // The family's recording at these sizes, ready to plan; null (and why) when the sizes are
 // impossible for it (a kernel larger than its padded input, a product that overflows, operands

@@ -196,8 +196,9 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     why = cat(label, ": the size of the dimension it slices is not known");
     return false;
   }
-  const std::span<const int64_t> nv = x_.values(n);
-  std::array<int64_t, kMaxFamilyPoints> got{}, asked{};
+  // A copy: resolve() makes nodes, which may move the pool's values.
+  std::array<int64_t, kMaxFamilyPoints> nv{}, got{}, asked{};
+  std::copy_n(x_.values(n).begin(), P_, nv.begin());
   const std::span<const int64_t> gs(got.data(), P_), as(asked.data(), P_);
   for (int bound = 0; bound < 2; ++bound) {
     const char* name = bound == 0 ? "start" : "stop";

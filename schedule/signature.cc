@@ -36,22 +36,16 @@ std::string alias_text(const ArgSig& a) {
              a.shared_offset == 0 ? std::string() : cat(" at byte offset ", a.shared_offset), ")");
 }
 
-std::string mode_name(int mode) {
-  switch (mode) {
-    case 0:
-      return "eval";
-    case 1:
-      return "train";
-    case 2:
-      return "mixed train/eval";
-    default:
-      return "no module";
-  }
+std::string mode_name(int64_t mode) {
+  if (mode < 0) return "no module";
+  if (mode == 0) return "eval";
+  if (mode == 1) return "train";
+  return cat("mixed train/eval (mix ", mode - 2, ")");
 }
 
 }  // namespace
 
-Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode) {
+Signature signature_of(std::span<const Tensor> args, const std::string* key, int64_t mode) {
   Signature s;
   s.args.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -66,7 +60,7 @@ Signature signature_of(std::span<const Tensor> args, const std::string* key, int
 }
 
 bool matches(const Signature& s, std::span<const Tensor> args, const std::string* key, bool grad,
-             int mode) {
+             int64_t mode) {
   if (s.args.size() != args.size() || s.grad != grad || s.mode != mode) return false;
   if ((key == nullptr ? !s.key.empty() : s.key != *key)) return false;
   for (size_t i = 0; i < args.size(); ++i) {

@@ -28,13 +28,13 @@ struct ArgSig {
 struct Signature {
   std::vector<ArgSig> args;
   bool grad = true;
-  int mode = -1;
+  int64_t mode = -1;
   std::string key;
 };
 
-Signature signature_of(std::span<const Tensor> args, const std::string* key, int mode);
+Signature signature_of(std::span<const Tensor> args, const std::string* key, int64_t mode);
 bool matches(const Signature& s, std::span<const Tensor> args, const std::string* key, bool grad,
-             int mode);
+             int64_t mode);
 // Whether the arguments alias one another as the signature's did.
 bool same_aliasing(const Signature& s, std::span<const Tensor> args);
 

@@ -179,7 +179,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
                        : std::string(),
                    ")");
   const bool grad = GradMode::enabled();
-  const int m = mode();
+  const int64_t m = mode();
   std::unique_lock<std::mutex> lock(mu);
   ++stats.calls;
   std::string guard_reason;
@@ -191,7 +191,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     const EntryState state = e.load_state();
     if (state == EntryState::Retrace) {
       // Never replayed; an older entry of the signature may serve this call.
-      guard_reason = cat("the previous trace ", e.rec->retrace);
+      if (guard_reason.empty()) guard_reason = cat("the previous trace ", e.rec->retrace);
       entries.erase(it);
       continue;
     }
@@ -207,7 +207,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     if (state != EntryState::Tracing) {
       std::string why = guard_failure(e);
-      if (why.empty()) why = alias_failure(e, args);
+      // (Other states run eagerly, where sharing is harmless; a Waiting entry's recording may
+      // still grow on the thread running its first backward.)
+      if (why.empty() && state == EntryState::Ready) why = alias_failure(e, args);
       if (!why.empty()) {
         if (guard_reason.empty()) guard_reason = std::move(why);
         continue;

@@ -46,8 +46,9 @@ struct Config {
   OnUnsafe on_unsafe = OnUnsafe::Error;
   int verify_every = 0;
   std::vector<std::string> arg_names;
-  // Train/eval mode of the watched modules: -1 none, 0 eval, 1 train, 2 mixed.
-  std::function<int()> mode;
+  // Train/eval mode of the watched modules and all their descendants: -1 none, 0 all eval, 1 all
+  // train, 2 and up one code per mix of the two.
+  std::function<int64_t()> mode;
   // The watched parameters (called at every trace).
   std::function<std::vector<ParamSlot>()> params;
   DynamicShapes dynamic = DynamicShapes::Automatic;

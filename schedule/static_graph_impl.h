@@ -68,7 +68,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
 
   Impl(Body b, Config c);
 
-  int mode() const { return config.mode ? config.mode() : -1; }
+  int64_t mode() const { return config.mode ? config.mode() : -1; }
   // With `mu` held.
   void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
   void warn(std::string w);
@@ -99,7 +99,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // Returns null with `lock` held when no family fits (`reason` says why one could not serve);
   // else the entry, its hit count in `hits`.
   std::shared_ptr<Entry> dynamic_entry(std::span<const Tensor> args, const std::string* key,
-                                       bool grad, int mode, std::unique_lock<std::mutex>& lock,
+                                       bool grad, int64_t mode, std::unique_lock<std::mutex>& lock,
                                        std::string& reason, int64_t& hits);
   // With `mu` held, for a new trace `e`: the dimensions it may make dynamic and the traces to
   // check it against (none: `e` stays a signature of its own).

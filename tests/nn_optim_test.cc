@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "encore/encore.h"
+#include "encore/static_graph.h"
 #include "test_util.h"
 
 using namespace encore;
@@ -30,6 +31,63 @@ TEST_CASE("train and eval propagate to submodules", "[nn]") {
   for (auto& [name, child] : model->named_children()) CHECK_FALSE(child->is_training());
   model->train();
   CHECK((*model)[0].is_training());
+}
+
+TEST_CASE("parameters() lists a shared child's and a tied weight's tensors once", "[nn]") {
+  struct Tied : nn::Module {
+    std::shared_ptr<nn::Linear> a = register_module("a", std::make_shared<nn::Linear>(2, 2));
+    std::shared_ptr<nn::Linear> b = register_module("b", a);  // the same child twice
+    Tensor forward(const Tensor& x) override { return (*b)((*a)(x)); }
+  };
+  Tied m;
+  CHECK(m.named_parameters().size() == 4);  // every name, as PyTorch's state_dict
+  const std::vector<Tensor> ps = m.parameters();
+  REQUIRE(ps.size() == 2);
+  CHECK(ps[0].is_same(m.a->weight));
+  CHECK(ps[1].is_same(m.a->bias));
+  optim::SGD opt(m.parameters(), {.lr = 0.1});  // no "listed twice" Error
+  F::sum(m(ones({1, 2}))).backward();
+  CHECK_NOTHROW(opt.step());
+}
+
+TEST_CASE("registering a null child or a name taken or malformed is an Error", "[nn]") {
+  struct Holder : nn::Module {
+    Tensor w = zeros({2});
+    Tensor running = zeros({2});
+    void child(const std::string& name, std::shared_ptr<Module> m) { register_module(name, m); }
+    void param(const std::string& name) { register_parameter(name, &w); }
+    void buffer(const std::string& name) { register_buffer(name, &running); }
+  };
+  Holder h;
+  CHECK_THAT(testing::error_of([&] { h.child("c", nullptr); }), Contains("module 'c' is null"));
+  h.child("c", std::make_shared<nn::ReLU>());
+  CHECK_THAT(testing::error_of([&] { h.child("c", std::make_shared<nn::ReLU>()); }),
+             Contains("module name 'c' is already registered"));
+  h.param("w");
+  CHECK_THAT(testing::error_of([&] { h.buffer("w"); }),
+             Contains("buffer name 'w' is already registered"));
+  CHECK_THAT(testing::error_of([&] { h.param("a.b"); }),
+             Contains("parameter name 'a.b' must be non-empty and hold no '.'"));
+  CHECK_THAT(testing::error_of([&] { h.buffer(""); }), Contains("must be non-empty"));
+  CHECK(h.named_parameters().size() == 1);
+  CHECK(h.named_buffer_slots().empty());
+}
+
+namespace {
+struct StaticLinear : nn::Linear {
+  using nn::Linear::Linear;
+  ENCORE_STATIC_GRAPH({.name = "static_linear"});
+};
+}  // namespace
+
+TEST_CASE("a Sequential calls its children's static forwards", "[nn][static]") {
+  testing::StaticEnabled on;
+  auto lin = std::make_shared<StaticLinear>(3, 3);
+  nn::Sequential seq({lin, std::make_shared<nn::ReLU>()});
+  NoGradGuard no_grad;
+  for (int i = 0; i < 3; ++i) seq(rand({2, 3}));
+  CHECK(static_stats(*lin).calls == 3);
+  CHECK(static_stats(*lin).hits == 2);
 }
 
 TEST_CASE("a replaced parameter is seen through the module", "[nn]") {

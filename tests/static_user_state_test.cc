@@ -279,3 +279,122 @@ TEST_CASE("a learning rate the step itself changes is never baked into a replay"
   }
   for (size_t i = 0; i < losses[0].size(); ++i) CHECK(bit_diff(losses[1][i], losses[0][i]) == "");
 }
+
+TEST_CASE("a submodule switched to eval, or another mix of modes, is a new signature", "[static]") {
+  // Freezing batch norm for fine-tuning: the model stays in train mode, its norm does not.
+  manual_seed(5);
+  auto bn = std::make_shared<nn::BatchNorm2d>(4);
+  auto drop = std::make_shared<nn::Dropout>(0.5);
+  auto model = std::make_shared<nn::Sequential>(
+      std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Linear>(3, 4), bn, drop});
+  auto f = static_graph([&](const Tensor& x) { return (*model)(x); },
+                        {.name = "forward", .modules = {model}});
+  NoGradGuard no_grad;
+  const Tensor x = randn({6, 3});
+  auto check = [&](const char* when) {
+    INFO(when);
+    const Tensor mean_before = clone(bn->running_mean);
+    manual_seed(9);
+    const Tensor ys = f(x);
+    const Tensor mean_static = clone(bn->running_mean);
+    copy_(bn->running_mean, mean_before);
+    manual_seed(9);
+    const Tensor ye = (*model)(x);
+    CHECK(bit_diff(ys, ye) == "");
+    CHECK(bit_diff(mean_static, bn->running_mean) == "");
+  };
+  f(x);
+  f(x);
+  bn->eval();  // the norm only
+  check("norm in eval, the rest in train");
+  bn->train();
+  drop->eval();  // the dropout only: another mix
+  check("dropout in eval, the rest in train");
+  CHECK(f.stats().traces == 3);
+}
+
+TEST_CASE("a buffer replaced by another tensor is the one the replays update", "[static]") {
+  auto bn = std::make_shared<nn::BatchNorm2d>(2);
+  auto f =
+      static_graph([&](const Tensor& x) { return (*bn)(x); }, {.name = "norm", .modules = {bn}});
+  NoGradGuard no_grad;
+  const Tensor x = tensor({1, 2, 3, 5}, {2, 2});
+  f(x);
+  f(x);
+  bn->running_mean = zeros({2});  // statistics reset by assignment
+  const Tensor fresh = bn->running_mean;
+  f(x);
+  CHECK(fresh.is_same(bn->running_mean));
+  CHECK(bit_diff(fresh, tensor({0.2, 0.35}, {2})) == "");
+}
+
+TEST_CASE("an optimizer copied, then destroyed, is not read by the guards of its steps",
+          "[static]") {
+  // The copy has its own identity: the step traced with the original traces again with the copy
+  // (under the address sanitizer, reading the destroyed original would be reported).
+  manual_seed(11);
+  auto model = nn::mlp(5, 6, 3);
+  auto first = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1});
+  optim::SGD* opt = first.get();
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        opt->zero_grad();
+        loss.backward();
+        opt->step();
+        return loss;
+      },
+      {.name = "step", .modules = {model}});
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  step(x, t);
+  step(x, t);
+  auto second = std::make_unique<optim::SGD>(*first);
+  opt = second.get();
+  first.reset();
+  step(x, t);
+  CHECK(step.stats().traces == 2);
+  CHECK_THAT(last_reason(step.stats()), Contains("SGD optimizer was replaced"));
+  step(x, t);
+  CHECK(step.stats().hits == 2);
+}
+
+namespace {
+// An optimizer defined outside encore: plain SGD through the protected dispatch, without saying
+// its attributes (update_attrs).
+class OwnSgd : public optim::Optimizer {
+ public:
+  OwnSgd(std::vector<Tensor> params, double lr) : Optimizer(std::move(params)), lr_(lr) {}
+  void step() override {
+    NoGradGuard no_grad;
+    dispatch_updates(Op::SgdUpdate, AttrBlob::of(SgdAttrs{lr_, 0.0, 0.0}), false,
+                     [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
+                       in.insert(in.end(), {params_[i], g});
+                     });
+    count_step();
+  }
+
+ private:
+  double lr_;
+};
+}  // namespace
+
+TEST_CASE("a step with an optimizer defined outside encore replays", "[static]") {
+  manual_seed(11);
+  auto model = nn::mlp(5, 6, 3);
+  OwnSgd opt(model->parameters(), 0.1);
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      {.name = "step", .modules = {model}});
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int i = 0; i < 4; ++i) step(x, t);
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().hits == 3);
+}

@@ -41,6 +41,8 @@ class Module {
 
   // Parameters of this module and its descendants, depth first, named "child.param".
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  // The same, each tensor once (a shared child's or a tied weight's first place): what an
+  // optimizer takes.
   std::vector<Tensor> parameters() const;
   // The members holding the parameters (defined ones), named as by named_parameters().
   std::vector<std::pair<std::string, Tensor*>> named_parameter_slots() const;
@@ -76,13 +78,16 @@ class Module {
   void register_parameter(std::string name, Tensor* member);
   // Registers state held in a member (moved by to(), not trained).
   void register_buffer(std::string name, Tensor* member);
+  // Registers a child module (not null; a name not taken by a parameter, buffer or child).
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
-    children_.emplace_back(std::move(name), m);
+    add_child(std::move(name), m);
     return m;
   }
 
  private:
+  void add_child(std::string name, std::shared_ptr<Module> m);
+  void check_name(const std::string& name, const char* what) const;
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out,
                bool buffers) const;
 

@@ -64,7 +64,8 @@ class Optimizer {
   void count_step();
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training
   // step compares their bytes with those it recorded at every call: a changed learning rate
-  // traces again.
+  // traces again. An optimizer defined outside encore overrides it to have its hyper-parameters
+  // watched so (the default, none, watches only that it is the same optimizer).
   virtual AttrBlob update_attrs() const { return {}; }
   // Dispatches `op` (an optimizer update, op_traits.h) for every parameter with a gradient;
   // inputs(i, grad, out) appends parameter i's group of inputs to `out`. With foreach (unset:
@@ -82,10 +83,19 @@ class Optimizer {
 
  private:
   friend class HyperGuard;
-  // Shared with the guards of the static steps that recorded this optimizer; an assignment
-  // replaces it (the guards then see another optimizer, whose state tensors the steps do not
-  // hold).
-  std::shared_ptr<const char> token_ = std::make_shared<const char>(0);
+  // Held weakly by the guards of the static steps that recorded this optimizer: it ends with the
+  // object, and an assignment gives the object a new one (the guards then see another
+  // optimizer, whose state tensors the steps do not hold). A copy has its own.
+  struct Token {
+    std::shared_ptr<const char> p = std::make_shared<const char>(0);
+    Token() = default;
+    Token(const Token&) : Token() {}
+    Token& operator=(const Token&) {
+      p = std::make_shared<const char>(0);
+      return *this;
+    }
+  };
+  Token token_;
 };
 
 struct SGDOptions {

@@ -140,9 +140,10 @@ bool static_padded_layouts_enabled();
 // reads its output becomes one step that applies the activation as it writes; an activation's
 // gradient is applied by the product computing the gradient it reads; an outer product (a weight
 // gradient at batch 1) is added into the gradient it accumulates into as it is computed;
-// max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. On by default (ENCORE_STATIC_FOLD=0 starts it off);
-// each element goes through the same element functions in the same order, so the values are the
-// same bit for bit. The schedule dump marks each rewritten step. Returns the previous setting.
+// max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. On by default
+// (ENCORE_STATIC_FOLD=0 starts it off); each element goes through the same element functions in the
+// same order, so the values are the same bit for bit. The schedule dump marks each rewritten step.
+// Returns the previous setting.
 bool set_static_fold_activations_enabled(bool on);
 bool static_fold_activations_enabled();
 // Whether calls from now on may make argument dimensions dynamic (StaticOptions::dynamic) and be
@@ -177,6 +178,10 @@ class StaticCore {
   const std::vector<nn::Module*>& modules() const { return modules_; }
 
  private:
+  // The signature's mode: the train bits of the modules and all their descendants (0 all eval,
+  // 1 all train, else 2 + a code of the mix).
+  int64_t tree_mode() const;
+
   std::vector<std::shared_ptr<nn::Module>> owned_;  // options.modules, kept alive
   std::vector<nn::Module*> modules_;
   std::unique_ptr<schedule::StaticGraph> graph_;
@@ -229,7 +234,6 @@ R unflatten_result(std::vector<Tensor>& v) {
     (std::make_index_sequence<std::tuple_size_v<R>>());
   }
 }
-
 
 // Calls fn with the call's arguments as separate parameters: the overload taking that many
 // tensors (a functor may have several). False when fn takes no N tensors.
@@ -387,11 +391,11 @@ std::string static_schedule_dot(const nn::Module& module);
 // template, which a local class cannot hold), in its public part: `ENCORE_STATIC_GRAPH();` or
 // `ENCORE_STATIC_GRAPH({.name = "net"});`. Declares the static forward and an operator() taking
 // and returning what the class's forward does (one tensor or several).
-#define ENCORE_STATIC_GRAPH(...)                                                          \
-  template <typename... EncoreArgs>                                                       \
+#define ENCORE_STATIC_GRAPH(...)                                                               \
+  template <typename... EncoreArgs>                                                            \
   auto operator()(const EncoreArgs&... encore_args)->decltype(this->forward(encore_args...)) { \
-    return encore_static_graph_.call_as(*this, encore_args...);                           \
-  }                                                                                       \
-  ::encore::StaticForward encore_static_graph_ {                                          \
-    this __VA_OPT__(, ) __VA_ARGS__                                                       \
+    return encore_static_graph_.call_as(*this, encore_args...);                                \
+  }                                                                                            \
+  ::encore::StaticForward encore_static_graph_ {                                               \
+    this __VA_OPT__(, ) __VA_ARGS__                                                            \
   }

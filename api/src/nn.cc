@@ -14,16 +14,30 @@ Tensor Module::forward(const Tensor&) {
 void Module::register_parameter(std::string name, Tensor* member) {
   ENCORE_CHECK(member != nullptr && member->defined(), describe(), ": parameter '", name,
                "' is undefined");
-  for (const auto& [n, p] : params_)
-    ENCORE_CHECK(n != name, describe(), ": parameter '", name, "' registered twice");
+  check_name(name, "parameter");
   member->set_requires_grad(true);
   params_.emplace_back(std::move(name), member);
 }
 
+void Module::check_name(const std::string& name, const char* what) const {
+  ENCORE_CHECK(!name.empty() && name.find('.') == std::string::npos, describe(), ": ", what,
+               " name '", name, "' must be non-empty and hold no '.'");
+  auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  };
+  ENCORE_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_), describe(), ": ", what,
+               " name '", name, "' is already registered");
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> m) {
+  ENCORE_CHECK(m != nullptr, describe(), ": module '", name, "' is null");
+  check_name(name, "module");
+  children_.emplace_back(std::move(name), std::move(m));
+}
+
 void Module::register_buffer(std::string name, Tensor* member) {
   ENCORE_CHECK(member != nullptr, describe(), ": buffer '", name, "' is null");
-  for (const auto& [n, p] : buffers_)
-    ENCORE_CHECK(n != name, describe(), ": buffer '", name, "' registered twice");
+  check_name(name, "buffer");
   buffers_.emplace_back(std::move(name), member);
 }
 
@@ -65,7 +79,9 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
 
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
-  for (auto& [name, p] : named_parameters()) out.push_back(std::move(p));
+  for (auto& [name, p] : named_parameters())
+    if (std::none_of(out.begin(), out.end(), [&](const Tensor& q) { return q.is_same(p); }))
+      out.push_back(std::move(p));
   return out;
 }
 
@@ -168,7 +184,7 @@ Sequential& Sequential::add(std::shared_ptr<Module> m) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& m : modules_) h = m->forward(h);
+  for (auto& m : modules_) h = (*m)(h);  // a child's static forward too
   return h;
 }
 

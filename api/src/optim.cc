@@ -12,11 +12,16 @@ namespace encore::optim {
 // an assignment) with the same update attributes.
 class HyperGuard final : public HostGuard {
  public:
-  HyperGuard(const Optimizer& opt, const AttrBlob& attrs)
-      : opt_(&opt), token_(opt.token_), attrs_(attrs), values_(opt.hyper_parameters()) {}
+  explicit HyperGuard(const Optimizer& opt)
+      : opt_(&opt),
+        token_(opt.token_.p),
+        attrs_(opt.update_attrs()),
+        values_(opt.hyper_parameters()) {}
 
   std::string changed() const override {
     if (token_.expired()) return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    // An optimizer defined outside encore that does not say its attributes: identity only.
+    if (attrs_.type == AttrType::None) return {};
     const AttrBlob now = opt_->update_attrs();
     if (std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) return {};
     std::string what;
@@ -70,7 +75,7 @@ void Optimizer::count_step() {
 void Optimizer::dispatch_updates(
     Op op, const AttrBlob& attrs, std::optional<bool> foreach,
     const std::function<void(size_t, const Tensor&, std::vector<Tensor>&)>& inputs) const {
-  if (Tracer* t = current_tracer()) t->on_host_guard(std::make_shared<HyperGuard>(*this, attrs));
+  if (Tracer* t = current_tracer()) t->on_host_guard(std::make_shared<HyperGuard>(*this));
   const size_t n = params_.size();
   const bool on_cuda = n > 0 && params_[0].device().type == DeviceType::CUDA;
   const bool grouped = !shared_storage_ && foreach.value_or(on_cuda);

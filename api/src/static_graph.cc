@@ -74,8 +74,8 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
                options.name, ": dynamic_dims names ", options.dynamic_dims.size(),
                " dimensions; they need dynamic = DynamicShapes::Explicit");
   for (const DynamicDim& d : options.dynamic_dims)
-    ENCORE_CHECK(d.arg >= 0 && d.dim >= 0, options.name, ": dynamic_dims has {", d.arg, ", ",
-                 d.dim, "}; arguments and dimensions count from 0");
+    ENCORE_CHECK(d.arg >= 0 && d.dim >= 0, options.name, ": dynamic_dims has {", d.arg, ", ", d.dim,
+                 "}; arguments and dimensions count from 0");
   schedule::Config c;
   c.name = std::move(options.name);
   c.dynamic = options.dynamic;
@@ -86,20 +86,43 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
   c.verify_every = options.verify_every;
   c.arg_names = std::move(options.arg_names);
   if (!modules_.empty()) {
-    c.mode = [this] {
-      int train = 0;
-      for (const nn::Module* m : modules_) train += m->is_training();
-      return train == 0 ? 0 : train == static_cast<int>(modules_.size()) ? 1 : 2;
-    };
+    c.mode = [this] { return tree_mode(); };
+    // Buffers too: one replaced by another tensor (running statistics reset) is rebound.
     c.params = [this] {
       std::vector<schedule::ParamSlot> slots;
       for (size_t i = 0; i < modules_.size(); ++i)
-        for (auto& [name, slot] : modules_[i]->named_parameter_slots())
-          slots.push_back({modules_.size() == 1 ? name : cat(i, ".", name), slot});
+        for (const bool buffers : {false, true})
+          for (auto& [name, slot] :
+               buffers ? modules_[i]->named_buffer_slots() : modules_[i]->named_parameter_slots())
+            slots.push_back({modules_.size() == 1 ? name : cat(i, ".", name), slot});
       return slots;
     };
   }
   graph_ = std::make_unique<schedule::StaticGraph>(std::move(body), std::move(c));
+}
+
+namespace {
+
+// Appends the train bit of `m` and its descendants, depth first, to a code of `bits` bits.
+void mode_bits(const nn::Module& m, uint64_t& code, int& bits, int& train) {
+  const bool on = m.is_training();
+  train += on;
+  // Exact up to 61 modules; beyond, an FNV-1a hash of the bits (with its top bit set).
+  code = bits < 61 ? (code << 1) | static_cast<uint64_t>(on)
+                   : (code ^ static_cast<uint64_t>(on)) * 1099511628211ULL;
+  ++bits;
+  for (const auto& [name, child] : m.named_children()) mode_bits(*child, code, bits, train);
+}
+
+}  // namespace
+
+int64_t StaticCore::tree_mode() const {
+  uint64_t code = 1;  // the leading 1 keeps the number of bits in the code
+  int bits = 0, train = 0;
+  for (const nn::Module* m : modules_) mode_bits(*m, code, bits, train);
+  if (train == 0) return 0;
+  if (train == bits) return 1;
+  return 2 + static_cast<int64_t>(bits < 61 ? code : code | (uint64_t{1} << 62));
 }
 
 std::vector<Tensor> StaticCore::call(std::span<const Tensor> args, const std::string* key) {
