@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,8 +33,9 @@ class Cli {
     opts_.push_back({std::move(name), std::move(help), std::to_string(*target),
                      [this, n, target, min](const char* v) {
                        char* end = nullptr;
+                       errno = 0;
                        const long long x = std::strtoll(v, &end, 10);
-                       if (end == v || *end != '\0' || x < min)
+                       if (end == v || *end != '\0' || errno == ERANGE || x < min)
                          die("--" + n + " needs an integer >= " + std::to_string(min) + ", got '" +
                              v + "'");
                        *target = x;

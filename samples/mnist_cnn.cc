@@ -307,6 +307,10 @@ int main(int argc, char** argv) {
   f.checkpoints.add_flags(cli);
   cli.parse(argc, argv);
   try {
+    if (f.compare && !f.export_path.empty())
+      throw Error("--export writes one model; --compare trains two");
+    if (!f.profile.empty() && profiler::enabled())
+      throw Error("--profile: the profiler already records (ENCORE_PROFILE is set)");
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);
     if (!f.profile.empty()) profiler::start();
     if (f.compare) {
@@ -321,8 +325,8 @@ int main(int argc, char** argv) {
     }
     if (!f.profile.empty()) {
       const profiler::Profile p = profiler::stop();
-      std::printf("\nprofile (trace written to %s):\n%s", f.profile.c_str(), p.table(15).c_str());
       p.write_chrome_trace(f.profile);
+      std::printf("\nprofile (trace written to %s):\n%s", f.profile.c_str(), p.table(15).c_str());
     }
     return 0;
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -300,6 +301,14 @@ TEST_CASE("load_idx_dataset rejects labels outside the data set's classes", "[da
 
 TEST_CASE("BatchIterator covers every sample once per epoch", "[data]") {
   const data::Dataset ds = numbered(23);
+
+  SECTION("a batch larger than the data set, up to the largest int64") {
+    for (const int64_t batch : {int64_t{24}, std::numeric_limits<int64_t>::max()}) {
+      data::BatchIterator it(ds, batch, /*shuffle=*/false);
+      CHECK(it.batches_per_epoch() == 1);
+      CHECK(one_epoch(it).size() == 1);
+    }
+  }
 
   SECTION("in order") {
     data::BatchIterator it(ds, 5, /*shuffle=*/false);

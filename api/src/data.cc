@@ -323,8 +323,8 @@ void BatchIterator::reshuffle() {
 }
 
 BatchIterator& BatchIterator::set_shard(int index, int count) {
-  ENCORE_CHECK(count >= 1 && index >= 0 && index < count, "BatchIterator::set_shard: shard ",
-               index, " of ", count, " does not exist (0 <= index < count)");
+  ENCORE_CHECK(count >= 1 && index >= 0 && index < count, "BatchIterator::set_shard: shard ", index,
+               " of ", count, " does not exist (0 <= index < count)");
   ENCORE_CHECK(ds_.size() >= count, "BatchIterator::set_shard: ", ds_.size(),
                " samples cannot make ", count, " shards");
   shard_ = index;
@@ -335,7 +335,8 @@ BatchIterator& BatchIterator::set_shard(int index, int count) {
 }
 
 int64_t BatchIterator::batches_per_epoch() const {
-  return (static_cast<int64_t>(order_.size()) + batch_size_ - 1) / batch_size_;
+  const auto n = static_cast<int64_t>(order_.size());
+  return n / batch_size_ + (n % batch_size_ != 0);  // (no n + batch - 1: a huge batch overflows)
 }
 
 bool BatchIterator::next(Tensor& x, Tensor& t) {
