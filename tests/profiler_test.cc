@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "encore/encore.h"
 #include "encore/profiler.h"
 #include "tests/test_util.h"
@@ -484,6 +486,19 @@ TEST_CASE("shapes can be left out, and the table can be cut to its largest rows"
   for (const prof::Event& e : p.events()) CHECK(e.args.empty());
   const std::string cut = p.table(1);
   CHECK_THAT(cut, Contains("2 more rows"));
+}
+
+TEST_CASE("a span name that is not well-formed UTF-8 leaves the trace valid JSON", "[profiler]") {
+  prof::Scope scope;
+  { prof::Range r("bad \xff, cut \xc3, fine \xc3\xa9"); }
+  const nlohmann::json trace = nlohmann::json::parse(scope.stop().chrome_trace());  // throws if not
+  bool found = false;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("cat") && e["cat"] == "user") {
+      CHECK(e["name"] == "bad \xef\xbf\xbd, cut \xef\xbf\xbd, fine \xc3\xa9");
+      found = true;
+    }
+  CHECK(found);
 }
 
 TEST_CASE("Scope writes its trace at the end of the scope; Range adds a user span", "[profiler]") {

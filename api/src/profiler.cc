@@ -14,9 +14,40 @@
 namespace encore::profiler {
 namespace {
 
+// The length of the well-formed UTF-8 sequence at the start of `s` (0: none is; JSON must not
+// hold such bytes).
+size_t utf8_length(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(0);
+  const size_t n = c < 0x80             ? 1
+                   : (c & 0xe0) == 0xc0 ? 2
+                   : (c & 0xf0) == 0xe0 ? 3
+                   : (c & 0xf8) == 0xf0 ? 4
+                                        : 0;
+  if (n == 0 || n > s.size() || (n == 2 && c < 0xc2) || (n == 4 && c > 0xf4)) return 0;
+  for (size_t i = 1; i < n; ++i)
+    if ((b(i) & 0xc0) != 0x80) return 0;
+  // Overlong forms, surrogates and code points past U+10FFFF.
+  if ((n == 3 && c == 0xe0 && b(1) < 0xa0) || (n == 3 && c == 0xed && b(1) >= 0xa0) ||
+      (n == 4 && c == 0xf0 && b(1) < 0x90) || (n == 4 && c == 0xf4 && b(1) >= 0x90))
+    return 0;
+  return n;
+}
+
 std::string json_string(std::string_view s) {
   std::string out = "\"";
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {  // kept when well formed, else U+FFFD
+      const size_t n = utf8_length(s.substr(i));
+      if (n == 0) {
+        out += "\\ufffd";
+      } else {
+        out += s.substr(i, n);
+        i += n - 1;
+      }
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
