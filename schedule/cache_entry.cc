@@ -73,7 +73,7 @@ void set_alias_guards(Entry& e) {
     const Buffer& buf = rec.buffers[b];
     if (!buf.mutated && !any_written) continue;  // no call can make it a hazard
     if (buf.kind == BufKind::Param)
-      e.alias_params.push_back({nullptr, static_cast<int>(b), buf.mutated});
+      e.alias_params.push_back({nullptr, buf.index, buf.mutated});
     else if (buf.kind == BufKind::External)
       e.alias_externals.push_back(
           {buf.bound.impl()->storage.get(), static_cast<int>(b), buf.mutated});
@@ -94,12 +94,10 @@ std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool tra
   for (size_t i = 0; i < args.size(); ++i) {
     const Storage* s = args[i].impl()->storage.get();
     auto shares = [s](const Tensor& t) { return t.defined() && t.impl()->storage.get() == s; };
-    if (traced) {  // every bound tensor, and every watched one
+    if (traced) {  // every bound tensor, and every watched one (Param buffers among them)
       for (const Buffer& b : rec.buffers)
-        if ((b.kind == BufKind::Param || b.kind == BufKind::External) && shares(b.bound))
-          return why(i, b.kind == BufKind::Param
-                            ? param_name(b.index)
-                            : cat("a tensor ", b.bound.shape(), " the function uses"));
+        if (b.kind == BufKind::External && shares(b.bound))
+          return why(i, cat("a tensor ", b.bound.shape(), " the function uses"));
       for (size_t k = 0; k < e.slots.size(); ++k)
         if (shares(*e.slots[k].slot)) return why(i, param_name(static_cast<int>(k)));
       for (const Leaf& l : rec.leaves)
@@ -109,15 +107,14 @@ std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool tra
     }
     const int first = e.sig.args[i].same_as >= 0 ? e.sig.args[i].same_as : static_cast<int>(i);
     const bool written = static_cast<size_t>(first) < e.arg_written.size() && e.arg_written[first];
-    for (const AliasGuard& g : e.alias_params) {
-      const int slot = rec.buffers[g.buf].index;
-      if ((g.written || written) && shares(*e.slots[slot].slot)) return why(i, param_name(slot));
-    }
+    for (const AliasGuard& g : e.alias_params)
+      if ((g.written || written) && shares(*e.slots[g.index].slot))
+        return why(i, param_name(g.index));
     auto at = std::lower_bound(e.alias_externals.begin(), e.alias_externals.end(), s,
                                [](const AliasGuard& g, const Storage* x) { return g.storage < x; });
     for (; at != e.alias_externals.end() && at->storage == s; ++at)
       if (at->written || written)
-        return why(i, cat("a tensor ", rec.buffers[at->buf].bound.shape(), " the function uses"));
+        return why(i, cat("a tensor ", rec.buffers[at->index].bound.shape(), " the function uses"));
   }
   return {};
 }

@@ -40,7 +40,7 @@ struct GradGuard {
 // of one and the reads of the other (early updates, lanes, in place).
 struct AliasGuard {
   const Storage* storage;  // External: its storage (the recording holds the tensor)
-  int buf;
+  int index;               // Param: its watched slot; External: its buffer
   bool written;  // the function writes it (else only an argument it writes may not share it)
 };
 

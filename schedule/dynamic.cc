@@ -82,9 +82,6 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->grads = p.grads;
   e->grad_in = p.grad_in;
   e->early_clear = p.early_clear;
-  e->alias_params = p.alias_params;
-  e->alias_externals = p.alias_externals;
-  e->arg_written = p.arg_written;
   e->rec = rec;
   try {
     e->plan = std::make_shared<Plan>(std::move(rec), e->plan_options);

@@ -33,6 +33,15 @@ std::string last_reason(const StaticStats& s) {
 }
 
 // A model, its optimizer and a whole training step over them; `is_static` makes the step static.
+// One whole training step: the model's loss, zero_grad, backward, the optimizer's step.
+Tensor train_step(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const Tensor& t) {
+  Tensor loss = F::softmax_cross_entropy(model(x), t);
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  return loss;
+}
+
 template <typename Opt, typename Options>
 struct Run {
   std::shared_ptr<nn::Sequential> model;
@@ -43,13 +52,7 @@ struct Run {
     manual_seed(11);
     model = nn::mlp(5, 6, 3);
     opt = std::make_unique<Opt>(model->parameters(), options);
-    auto body = [this](const Tensor& x, const Tensor& t) {
-      Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-      opt->zero_grad();
-      loss.backward();
-      opt->step();
-      return loss;
-    };
+    auto body = [this](const Tensor& x, const Tensor& t) { return train_step(*model, *opt, x, t); };
     if (is_static)
       step = static_graph(body, {.name = "step", .modules = {model}});
     else
@@ -187,15 +190,9 @@ TEST_CASE("a learning-rate change shows in the retrace reason, and each rate rep
   manual_seed(11);
   auto model = nn::mlp(5, 6, 3);
   optim::MomentumSGD opt(model->parameters(), {.lr = 0.1});
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
-      },
-      {.name = "step", .modules = {model}});
+  auto step =
+      static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, opt, x, t); },
+                   {.name = "step", .modules = {model}});
   const Tensor x = randn({4, 5});
   const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
   step(x, t);
@@ -260,10 +257,7 @@ TEST_CASE("a learning rate the step itself changes is never baked into a replay"
     auto model = nn::mlp(5, 6, 3);
     optim::SGD opt(model->parameters(), {.lr = 0.1});
     auto body = [&](const Tensor& x, const Tensor& t) {
-      Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
+      Tensor loss = train_step(*model, opt, x, t);
       opt.options.lr *= 0.5;
       return loss;
     };
@@ -336,15 +330,9 @@ TEST_CASE("an optimizer copied, then destroyed, is not read by the guards of its
   auto model = nn::mlp(5, 6, 3);
   auto first = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1});
   optim::SGD* opt = first.get();
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        opt->zero_grad();
-        loss.backward();
-        opt->step();
-        return loss;
-      },
-      {.name = "step", .modules = {model}});
+  auto step =
+      static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, *opt, x, t); },
+                   {.name = "step", .modules = {model}});
   const Tensor x = randn({4, 5});
   const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
   step(x, t);
@@ -383,15 +371,9 @@ TEST_CASE("a step with an optimizer defined outside encore replays", "[static]")
   manual_seed(11);
   auto model = nn::mlp(5, 6, 3);
   OwnSgd opt(model->parameters(), 0.1);
-  auto step = static_graph(
-      [&](const Tensor& x, const Tensor& t) {
-        Tensor loss = F::softmax_cross_entropy((*model)(x), t);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        return loss;
-      },
-      {.name = "step", .modules = {model}});
+  auto step =
+      static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, opt, x, t); },
+                   {.name = "step", .modules = {model}});
   const Tensor x = randn({4, 5});
   const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
   for (int i = 0; i < 4; ++i) step(x, t);
