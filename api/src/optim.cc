@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "api/src/routine.h"
 
@@ -42,24 +43,25 @@ class HyperGuard final : public HostGuard {
 };
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
-  std::vector<const Storage*> storages;
-  std::vector<std::pair<const TensorImpl*, size_t>> impls;
+  // Sorted by storage, then tensor, then position: a tensor listed twice, and two tensors over one
+  // storage, are neighbours.
+  std::vector<std::tuple<const Storage*, const TensorImpl*, size_t>> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
     ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
                  p.dtype(), "; parameters must be floating");
-    storages.push_back(p.impl()->storage.get());
-    impls.emplace_back(p.impl(), i);
+    seen.emplace_back(p.impl()->storage.get(), p.impl(), i);
   }
-  // A parameter listed twice would be stepped twice per step (PyTorch warns; we refuse).
-  std::sort(impls.begin(), impls.end());
-  for (size_t k = 1; k < impls.size(); ++k)
-    ENCORE_CHECK(impls[k].first != impls[k - 1].first, "optimizer: parameter ", impls[k].second,
-                 " ", params_[impls[k].second].shape(), " is parameter ", impls[k - 1].second,
-                 " listed again; list each parameter once");
-  std::sort(storages.begin(), storages.end());
-  shared_storage_ = std::adjacent_find(storages.begin(), storages.end()) != storages.end();
+  std::sort(seen.begin(), seen.end());
+  for (size_t k = 1; k < seen.size(); ++k) {
+    const auto& [storage, impl, i] = seen[k];
+    const auto& [prev_storage, prev_impl, prev_i] = seen[k - 1];
+    // A parameter listed twice would be stepped twice per step (PyTorch warns; we refuse).
+    ENCORE_CHECK(impl != prev_impl, "optimizer: parameter ", i, " ", params_[i].shape(),
+                 " is parameter ", prev_i, " listed again; list each parameter once");
+    shared_storage_ = shared_storage_ || storage == prev_storage;
+  }
 }
 
 void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
