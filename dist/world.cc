@@ -8,6 +8,7 @@
 
 #include "dist/backend.h"
 #include "runtime/comm_progress.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace encore::dist {
@@ -36,12 +37,6 @@ double timeout_from_environment() {
   return s;
 }
 
-bool flag_from_environment(const char* name, bool fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  return std::string_view(env) != "0";
-}
-
 // Between kernels (runtime/comm_progress.h), while this thread has requests in flight.
 void progress_between_kernels() {
   if (g_progress.load(std::memory_order_relaxed)) progress();
@@ -62,7 +57,7 @@ void check_usable(std::string_view what) {
 void init() {
   std::call_once(g_init, [] {
     g_timeout.store(timeout_from_environment());
-    g_progress.store(flag_from_environment("ENCORE_DIST_PROGRESS", true));
+    g_progress.store(env::flag("ENCORE_DIST_PROGRESS", true));
     g_world = host::join();
     comm_progress::set_function(&progress_between_kernels);
     g_initialized.store(true, std::memory_order_release);

@@ -4,13 +4,12 @@
 #include "runtime/cuda.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "runtime/cuda_check.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 #ifdef ENCORE_HAS_CUDA
@@ -65,8 +64,7 @@ thread_local bool tl_capturing = false;
 bool graphs_enabled() {
   int v = g_graphs.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("ENCORE_CUDA_GRAPHS");
-    v = env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
+    v = env::flag("ENCORE_CUDA_GRAPHS", true) ? 1 : 0;
     int expected = -1;
     g_graphs.compare_exchange_strong(expected, v);
     v = g_graphs.load(std::memory_order_relaxed);

@@ -4,9 +4,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
+
+#include "runtime/env.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -29,9 +30,8 @@ void pause() {
 class Pool {
  public:
   Pool() {
-    int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("ENCORE_NUM_THREADS")) n = std::atoi(env);
-    threads_.store(std::clamp(n, 1, 64));
+    const int cores = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 64);
+    threads_.store(static_cast<int>(env::integer("ENCORE_NUM_THREADS", 1, 64, cores)));
   }
 
   int threads() const { return threads_.load(std::memory_order_relaxed); }

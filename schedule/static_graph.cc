@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <mutex>
 
 #include "runtime/autograd.h"
+#include "runtime/env.h"
 #include "runtime/profiler.h"
 #include "schedule/static_graph_impl.h"
 
@@ -20,31 +22,24 @@ namespace {
 
 // ---- Process-wide switches, log and registry ---------------------------------------------
 
-bool env_flag_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr &&
-         (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "false") == 0);
-}
-
-std::atomic<bool> g_enabled{!env_flag_off("ENCORE_STATIC")};
-std::atomic<bool> g_fusion{!env_flag_off("ENCORE_STATIC_FUSE")};
-std::atomic<bool> g_early_updates{!env_flag_off("ENCORE_STATIC_EARLY_UPDATES")};
-std::atomic<bool> g_lanes{!env_flag_off("ENCORE_STATIC_LANES")};
-std::atomic<bool> g_padded_layouts{!env_flag_off("ENCORE_STATIC_PADDED")};
-std::atomic<bool> g_fold_activations{!env_flag_off("ENCORE_STATIC_FOLD")};
-std::atomic<bool> g_dynamic{!env_flag_off("ENCORE_STATIC_DYNAMIC")};
-std::atomic<bool> g_redzones{[] {
-  const char* v = std::getenv("ENCORE_STATIC_REDZONE");
-  return v != nullptr && *v != '\0' && !env_flag_off("ENCORE_STATIC_REDZONE");
-}()};
+std::atomic<bool> g_enabled{env::flag("ENCORE_STATIC", true)};
+std::atomic<bool> g_fusion{env::flag("ENCORE_STATIC_FUSE", true)};
+std::atomic<bool> g_early_updates{env::flag("ENCORE_STATIC_EARLY_UPDATES", true)};
+std::atomic<bool> g_lanes{env::flag("ENCORE_STATIC_LANES", true)};
+std::atomic<bool> g_padded_layouts{env::flag("ENCORE_STATIC_PADDED", true)};
+std::atomic<bool> g_fold_activations{env::flag("ENCORE_STATIC_FOLD", true)};
+std::atomic<bool> g_dynamic{env::flag("ENCORE_STATIC_DYNAMIC", true)};
+std::atomic<bool> g_redzones{env::flag("ENCORE_STATIC_REDZONE", false)};
 std::atomic<bool> g_log_retraces{[] {
   const char* v = std::getenv("ENCORE_LOG");
   return v != nullptr && std::strstr(v, "retrace") != nullptr;
 }()};
 
+// Read once, so that a value not understood is reported once.
 int env_verify_every() {
-  const char* v = std::getenv("ENCORE_STATIC_VERIFY");
-  return v == nullptr ? 0 : std::max(0, std::atoi(v));
+  static const int every =
+      static_cast<int>(env::integer("ENCORE_STATIC_VERIFY", 0, std::numeric_limits<int>::max(), 0));
+  return every;
 }
 
 std::mutex g_mu;

@@ -4,14 +4,13 @@
 // the step and the buffer.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <cstring>
 #include <regex>
 #include <string>
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "runtime/dispatcher.h"
+#include "runtime/env.h"
 #include "tests/static_scenarios.h"
 #include "tests/test_util.h"
 
@@ -78,9 +77,7 @@ TEST_CASE("red zones give eager's bits and show in the schedule", "[static][redz
 }
 
 TEST_CASE("the red-zone switch starts as ENCORE_STATIC_REDZONE says", "[static][redzone]") {
-  const char* env = std::getenv("ENCORE_STATIC_REDZONE");
-  const bool on = env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0 &&
-                  std::strcmp(env, "off") != 0 && std::strcmp(env, "false") != 0;
+  const bool on = encore::env::flag("ENCORE_STATIC_REDZONE", false);
   CHECK(static_redzones_enabled() == on);
   const RedZones flipped(!on);
   CHECK(static_redzones_enabled() == !on);

@@ -37,6 +37,7 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/scratch.h"
+#include "runtime/env.h"
 #include "runtime/padded_layout.h"
 #include "runtime/parallel.h"
 
@@ -82,10 +83,7 @@ Geometry geometry(const Shape& x, const Shape& w, const Shape& y, const Conv2dAt
 }
 
 // kernels/cpu/conv.h: read once from the environment, then set by set_conv_im2col().
-std::atomic<bool> g_force_im2col{[] {
-  const char* v = std::getenv("ENCORE_CONV_IM2COL");
-  return v != nullptr && v[0] != '\0' && v[0] != '0';
-}()};
+std::atomic<bool> g_force_im2col{env::flag("ENCORE_CONV_IM2COL", false)};
 
 bool force_im2col() {
   return g_force_im2col.load(std::memory_order_relaxed);
@@ -329,8 +327,12 @@ struct ImageLayout {
   }
   static ImageLayout planned(const Conv2dAttrs& a, int64_t planes, int64_t rows, int64_t cols) {
     const int64_t ph = a.out_padding[0], pw = a.out_padding[1];
-    return {padded_image_elements(planes, rows, cols, ph, pw), ph, pw, cols + 2 * pw,
-            (rows + 2 * ph) * (cols + 2 * pw), true};
+    return {padded_image_elements(planes, rows, cols, ph, pw),
+            ph,
+            pw,
+            cols + 2 * pw,
+            (rows + 2 * ph) * (cols + 2 * pw),
+            true};
   }
 };
 
@@ -352,14 +354,15 @@ void zero_border(T* image, int64_t planes, int64_t rows, int64_t cols, const Ima
 
 // dst image [groups * rows_per_group, l.rows, l.cols] (laid out as `out` says) = the stride-1
 // correlation of the padded src image [groups * sources, ...] with a (per group
-// [rows_per_group, sources kh kw]), plus bias (may be null), then the activation `act` (may be null: none) over each row as it
-// is written, for images [begin, end). With `src_padded`, src images already lie as l pads them, src_image apart: read in place.
+// [rows_per_group, sources kh kw]), plus bias (may be null), then the activation `act` (may be
+// null: none) over each row as it is written, for images [begin, end). With `src_padded`, src
+// images already lie as l pads them, src_image apart: read in place.
 template <typename T>
 void shifted_conv_images(const T* src, int64_t src_image, bool src_padded, const T* a,
-                         const T* bias, const ActAttrs* act, T* dst, const ImageLayout& out, int64_t hs, int64_t ws,
-                         int64_t groups, int64_t sources, int64_t rows_per_group, int64_t kh,
-                         int64_t kw, const ShiftedLayout& l, const int64_t* off, int64_t begin,
-                         int64_t end) {
+                         const T* bias, const ActAttrs* act, T* dst, const ImageLayout& out,
+                         int64_t hs, int64_t ws, int64_t groups, int64_t sources,
+                         int64_t rows_per_group, int64_t kh, int64_t kw, const ShiftedLayout& l,
+                         const int64_t* off, int64_t begin, int64_t end) {
   const int64_t taps = sources * kh * kw;
   T* padded = nullptr;
   if (!src_padded) {
@@ -447,8 +450,8 @@ int64_t images_per_chunk(int64_t image_bytes) {
 
 // gw[o][k] = sum over images of sum_q gy_wide[o][q] x_padded[off[k] + q]. Work is split by
 // tiles of (group, kDotRows output channels, kDotTaps taps); each tile adds fixed chunks of
-// images in order. With kConvPaddedInput x is read in place, padded_image_elements apart; the chunks stay
-// those of the copy (they fix the order of the sums).
+// images in order. With kConvPaddedInput x is read in place, padded_image_elements apart; the
+// chunks stay those of the copy (they fix the order of the sums).
 template <typename T>
 void shifted_grad_weight(const Geometry& g, const Conv2dAttrs& a, const T* x, const T* gy, T* gw) {
   // Row sums of width kLanes suffice here; the layout's tail covers them.
@@ -464,7 +467,8 @@ void shifted_grad_weight(const Geometry& g, const Conv2dAttrs& a, const T* x, co
   const int64_t x_image = l.padded_size(), gy_image = g.o * l.width;
   const int64_t chunk = images_per_chunk((x_image + gy_image) * int64_t{sizeof(T)});
   const bool x_padded = (a.layout & kConvPaddedInput) != 0;
-  const int64_t b_image = x_padded ? padded_image_elements(g.c, g.h, g.w, g.ph, g.pw) : x_image;  // between the images the tiles read
+  const int64_t b_image = x_padded ? padded_image_elements(g.c, g.h, g.w, g.ph, g.pw)
+                                   : x_image;  // between the images the tiles read
   parallel_for(tiles, grain_for(work), [&](int64_t begin, int64_t end) {
     T* padded = nullptr;
     if (!x_padded) {

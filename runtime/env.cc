@@ -1,0 +1,48 @@
+// runtime/env.h
+#include "runtime/env.h"
+
+#include <strings.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+namespace encore::env {
+namespace {
+
+// Called from static initializers too, so it writes with stdio rather than a stream.
+void ignored(const char* name, const char* value, const char* expected, const char* used) {
+  std::fprintf(stderr, "encore: %s='%s' is not %s; using %s\n", name, value, expected, used);
+}
+
+}  // namespace
+
+bool flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  for (const char* on : {"1", "on", "true", "yes"})
+    if (strcasecmp(v, on) == 0) return true;
+  for (const char* off : {"0", "off", "false", "no"})
+    if (strcasecmp(v, off) == 0) return false;
+  ignored(name, v, "one of 1, on, true, yes, 0, off, false, no", fallback ? "on" : "off");
+  return fallback;
+}
+
+int64_t integer(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (end != v && *end == '\0' && errno == 0 && n >= lo && n <= hi) return n;
+  char expected[96];
+  char used[32];
+  std::snprintf(expected, sizeof expected, "a whole number from %lld to %lld",
+                static_cast<long long>(lo), static_cast<long long>(hi));
+  std::snprintf(used, sizeof used, "%lld", static_cast<long long>(fallback));
+  ignored(name, v, expected, used);
+  return fallback;
+}
+
+}  // namespace encore::env
