@@ -181,3 +181,40 @@ TEST_CASE("conv2d rejects bad arguments, naming the argument and the shapes", "[
       conv(zeros({2, 0, 8, 8}), zeros({4, 0, 3, 3})),
       Contains("conv2d: weight [4,0,3,3] has an empty dimension") && Contains("[2,0,8,8]"));
 }
+
+TEST_CASE("conv, pooling and batch norm modules refuse bad options when built", "[conv][errors]") {
+  auto conv = [](nn::Conv2dOptions o) { return nn::Conv2d(3, 4, 3, o); };
+  nn::Conv2dOptions o;
+  o.stride = {2, 0};
+  CHECK_THROWS_WITH(conv(o), Contains("Conv2d: stride must be positive, got 2x0"));
+  o = {};
+  o.dilation = 0;
+  CHECK_THROWS_WITH(conv(o), Contains("Conv2d: dilation must be positive, got 0x0"));
+  o = {};
+  o.padding = {0, -1};
+  CHECK_THROWS_WITH(conv(o), Contains("Conv2d: padding must be non-negative, got 0x-1"));
+  o = {};
+  o.dtype = DType::Int32;
+  CHECK_THROWS_WITH(conv(o), Contains("Conv2d: dtype must be float32 or float64, it is int32"));
+
+  CHECK_THROWS_WITH(nn::MaxPool2d(0), Contains("MaxPool2d: kernel must be positive, it is 0x0"));
+  CHECK_THROWS_WITH(nn::AvgPool2d(2, Size2{1, 0}),
+                    Contains("AvgPool2d: stride must be positive, it is 1x0"));
+  CHECK_THROWS_WITH(nn::MaxPool2d(2, std::nullopt, 2),
+                    Contains("MaxPool2d: padding 2x2 must be between 0 and half the kernel 2x2"));
+  CHECK_NOTHROW(nn::AvgPool2d(3, 2, 1));
+
+  nn::BatchNormOptions b;
+  b.eps = -1e-5;
+  CHECK_THROWS_WITH(nn::BatchNorm2d(4, b), Contains("BatchNorm2d: eps must be finite"));
+  b = {};
+  b.eps = std::nan("");
+  CHECK_THROWS_WITH(nn::BatchNorm2d(4, b), Contains("BatchNorm2d: eps must be finite"));
+  b = {};
+  b.momentum = 1.5;
+  CHECK_THROWS_WITH(nn::BatchNorm2d(4, b),
+                    Contains("BatchNorm2d: momentum must be in [0, 1], it is 1.5"));
+  b = {};
+  b.dtype = DType::Int64;
+  CHECK_THROWS_WITH(nn::BatchNorm2d(4, b), Contains("BatchNorm2d: dtype must be float32"));
+}

@@ -255,8 +255,8 @@ class Dropout : public Module {
 // The window of a pooling module: kernel, stride (the kernel's by default) and padding.
 class Pool2d : public Module {
  protected:
-  Pool2d(Size2 kernel, std::optional<Size2> stride, Size2 padding)
-      : kernel_(kernel), stride_(stride), padding_(padding) {}
+  // Checks the options; `name` names the module in the Error.
+  Pool2d(const char* name, Size2 kernel, std::optional<Size2> stride, Size2 padding);
   // "<name>(kernel 2x2, stride 2x2, padding 0x0)"
   std::string describe_as(const char* name) const;
 
@@ -268,7 +268,7 @@ class Pool2d : public Module {
 class MaxPool2d : public Pool2d {
  public:
   explicit MaxPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
-      : Pool2d(kernel, stride, padding) {}
+      : Pool2d("MaxPool2d", kernel, stride, padding) {}
   Tensor forward(const Tensor& x) override { return F::max_pool2d(x, kernel_, stride_, padding_); }
   std::string describe() const override { return describe_as("MaxPool2d"); }
 };
@@ -276,7 +276,7 @@ class MaxPool2d : public Pool2d {
 class AvgPool2d : public Pool2d {
  public:
   explicit AvgPool2d(Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
-      : Pool2d(kernel, stride, padding) {}
+      : Pool2d("AvgPool2d", kernel, stride, padding) {}
   Tensor forward(const Tensor& x) override { return F::avg_pool2d(x, kernel_, stride_, padding_); }
   std::string describe() const override { return describe_as("AvgPool2d"); }
 };

@@ -97,6 +97,14 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Conv2dOp
   ENCORE_CHECK(in_channels > 0 && out_channels > 0, "Conv2d: channels must be positive, got ",
                in_channels, " -> ", out_channels);
   ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, "Conv2d: kernel must be positive, got ", kernel.str());
+  ENCORE_CHECK(options.stride.h > 0 && options.stride.w > 0,
+               "Conv2d: stride must be positive, got ", options.stride.str());
+  ENCORE_CHECK(options.dilation.h > 0 && options.dilation.w > 0,
+               "Conv2d: dilation must be positive, got ", options.dilation.str());
+  ENCORE_CHECK(options.padding.h >= 0 && options.padding.w >= 0,
+               "Conv2d: padding must be non-negative, got ", options.padding.str());
+  ENCORE_CHECK(is_floating(options.dtype), "Conv2d: dtype must be float32 or float64, it is ",
+               options.dtype);
   ENCORE_CHECK(
       options.groups > 0 && in_channels % options.groups == 0 && out_channels % options.groups == 0,
       "Conv2d: groups ", options.groups, " must be positive and divide both ", in_channels,

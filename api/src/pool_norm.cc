@@ -231,6 +231,12 @@ namespace nn {
 
 BatchNorm2d::BatchNorm2d(int64_t channels, BatchNormOptions options) : options_(options) {
   ENCORE_CHECK(channels > 0, "BatchNorm2d: channels must be positive, it is ", channels);
+  ENCORE_CHECK(options.eps >= 0 && std::isfinite(options.eps),
+               "BatchNorm2d: eps must be finite and non-negative, it is ", options.eps);
+  ENCORE_CHECK(options.momentum >= 0 && options.momentum <= 1,
+               "BatchNorm2d: momentum must be in [0, 1], it is ", options.momentum);
+  ENCORE_CHECK(is_floating(options.dtype), "BatchNorm2d: dtype must be float32 or float64, it is ",
+               options.dtype);
   running_mean = zeros({channels}, options.dtype, options.device);
   running_var = ones({channels}, options.dtype, options.device);
   register_buffer("running_mean", &running_mean);
@@ -260,6 +266,17 @@ Dropout::Dropout(double ratio) : ratio_(ratio) {
 
 std::string Dropout::describe() const {
   return cat("Dropout(", ratio_, ")");
+}
+
+Pool2d::Pool2d(const char* name, Size2 kernel, std::optional<Size2> stride, Size2 padding)
+    : kernel_(kernel), stride_(stride), padding_(padding) {
+  ENCORE_CHECK(kernel.h > 0 && kernel.w > 0, name, ": kernel must be positive, it is ",
+               kernel.str());
+  ENCORE_CHECK(!stride || (stride->h > 0 && stride->w > 0), name,
+               ": stride must be positive, it is ", stride.value_or(kernel).str());
+  ENCORE_CHECK(
+      padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel.h && 2 * padding.w <= kernel.w,
+      name, ": padding ", padding.str(), " must be between 0 and half the kernel ", kernel.str());
 }
 
 std::string Pool2d::describe_as(const char* name) const {
