@@ -313,33 +313,39 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
   // The history keeps the first trace and the latest ones, so a storm cannot grow it forever.
   keep_bounded(stats.traces_history, std::move(ev), kHistory);
   for (const Change& c : ch) {
-    if (c.value < 0) continue;
     auto it = changes.find(c.subject);
     if (it == changes.end()) {
       if (changes.size() >= kSubjects) continue;
-      it = changes.emplace(c.subject, std::vector<int64_t>()).first;
+      it = changes.emplace(c.subject, std::vector<Seen>()).first;
     }
-    std::vector<int64_t>& values = it->second;
-    if (values.size() >= 16) values.erase(values.begin());
-    values.push_back(c.value);
+    std::vector<Seen>& seen = it->second;
+    if (seen.size() >= 16) seen.erase(seen.begin());
+    seen.push_back({e.traced_call, c.value, c.text});
   }
 
-  // A storm: half of the recent calls traced.
+  // A storm: half of the recent calls traced. It names the subject that changed most often
+  // within those calls (one that changed before may have become dynamic since), else the
+  // latest reason.
   const int window = static_cast<int>(recent.size());
   int traced = 0;
   for (char r : recent) traced += r;
   if (stats.calls >= window && traced * 2 >= window && stats.calls - last_storm_warning >= window) {
     last_storm_warning = stats.calls;
-    std::string what = "its signature keeps changing";
+    std::string what = cat("its signature keeps changing (latest: ", reason, ")");
     size_t best = 0;
-    for (const auto& [subject, values] : changes)
-      if (values.size() > best) {
-        best = values.size();
-        std::string seen;
-        for (size_t i = values.size() > 8 ? values.size() - 8 : 0; i < values.size(); ++i)
-          seen += cat(seen.empty() ? "" : ", ", values[i]);
-        what = cat(subject, " keeps changing (recent values ", seen, ")");
-      }
+    for (const auto& [subject, seen] : changes) {
+      const auto first = std::find_if(seen.begin(), seen.end(),
+                                      [&](const Seen& s) { return s.call > stats.calls - window; });
+      const size_t n = static_cast<size_t>(seen.end() - first);
+      if (n <= best) continue;
+      best = n;
+      std::string values;
+      for (auto at = n > 8 ? seen.end() - 8 : first; at != seen.end(); ++at)
+        values += cat(values.empty() ? "" : ", ", at->value);
+      what = seen.back().value >= 0
+                 ? cat(subject, " keeps changing (recent values ", values, ")")
+                 : cat(subject, " keeps changing (latest: ", seen.back().text, ")");
+    }
     warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
              ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
              "raise cache_limit (now ",

@@ -48,7 +48,12 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   std::vector<char> recent;  // whether each of the last calls traced (ring of 10)
   size_t recent_pos = 0;
   int64_t last_storm_warning = -100;
-  std::map<std::string, std::vector<int64_t>> changes;  // subject -> new values, in order
+  struct Seen {
+    int64_t call;
+    int64_t value;     // the new size of a dimension, else -1
+    std::string text;  // "argument 0 'x' dtype changed float32 -> float64"
+  };
+  std::map<std::string, std::vector<Seen>> changes;  // subject -> its latest changes, in order
 
   // Dynamic shapes (dynamic.cc): families, most recently used first, each with its planned
   // sizes (entries, most recently used first); the dimensions that stay static, and why.

@@ -266,6 +266,50 @@ struct TwoOverloads {
   Tensor operator()(const Tensor& x, const Tensor& y) const { return x * y; }
 };
 
+TEST_CASE("a retrace storm names what changed within it", "[static]") {
+  StaticEnabled on;
+  std::vector<std::string> lines;
+  struct Sink {
+    LogSink previous;
+    ~Sink() { schedule::set_log_sink(previous); }
+  } sink{schedule::set_log_sink([&lines](const std::string& line) { lines.push_back(line); })};
+  auto two = [](const Tensor& x, const Tensor& y) {
+    return F::add(F::sum(pointwise(x)), F::sum(pointwise(y)));
+  };
+  auto f = static_graph(
+      two,
+      {.name = "stormy", .cache_limit = 1, .arg_names = {"x", "y"}, .dynamic = DynamicShapes::Off});
+  // The last storm warning of a phase (one every 10 calls while half of them trace).
+  auto last_storm = [&lines] {
+    std::string last;
+    for (const std::string& l : lines)
+      if (l.find("calls retraced") != std::string::npos) last = l;
+    lines.clear();
+    return last;
+  };
+  // x's batch changes at every call: x's values fill the history.
+  for (int64_t n = 1; n <= 16; ++n) f(rand({n, 4}), rand({1, 4}));
+  CHECK_THAT(last_storm(), Contains("argument 0 'x' dim 0 keeps changing (recent values 3, 4, 5"));
+  // Then y's width (calls 17 to 36; the last warning, at call 30, sees calls 21 to 30).
+  for (int64_t n = 1; n <= 20; ++n) f(rand({16, 4}), rand({1, 4 + n}));
+  CHECK_THAT(last_storm(), Contains("stormy: 10 of the last 10 calls retraced; argument 1 'y' dim "
+                                    "1 keeps changing (recent values 11, 12, 13, 14, 15, 16, 17, "
+                                    "18)"));
+  // Then x's dtype, which has no value to list, and a key, which changes but once.
+  for (int i = 0; i < 20; ++i) {
+    const DType t = i % 2 ? DType::Float32 : DType::Float64;
+    f(rand({16, 4}, t), rand({1, 4}, t));
+  }
+  CHECK_THAT(last_storm(), Contains("stormy: 10 of the last 10 calls retraced; argument 0 'x' "
+                                    "dtype keeps changing (latest: argument 0 'x' dtype changed "
+                                    "float"));
+  // A key changing at every call after one size change.
+  f(StaticKey{"k"}, rand({2, 4}), rand({1, 4}));
+  for (int i = 0; i < 20; ++i) f(StaticKey{cat("k", i)}, rand({2, 4}), rand({1, 4}));
+  CHECK_THAT(last_storm(), Contains("stormy: 10 of the last 10 calls retraced; key keeps changing "
+                                    "(latest: key changed 'k"));
+}
+
 TEST_CASE("a functor with several call operators is called with the arguments given", "[static]") {
   StaticEnabled on;
   auto f = static_graph(TwoOverloads{}, {.name = "two_overloads"});
@@ -398,9 +442,8 @@ TEST_CASE("a StaticKey joins the signature", "[static]") {
 
 TEST_CASE("a function that keeps retracing is warned about", "[static]") {
   StaticEnabled on;
-  auto f = static_graph(pointwise, {.name = "stormy_fn",
-                                    .arg_names = {"x"},
-                                    .dynamic = DynamicShapes::Off});
+  auto f = static_graph(pointwise,
+                        {.name = "stormy_fn", .arg_names = {"x"}, .dynamic = DynamicShapes::Off});
   for (int64_t n = 1; n <= 10; ++n) f(rand({n, 4}));
   const StaticStats s = f.stats();
   CHECK(s.traces == 10);
