@@ -108,9 +108,14 @@ void Plan::build_steps() {
     external_.push_back(static_cast<int>(b));
     if (bufs[b].mutated && bufs[b].kind != BufKind::Temp)
       mutated_external_.push_back(static_cast<int>(b));
-    const bool per_call = bufs[b].kind == BufKind::Arg || bufs[b].kind == BufKind::Param ||
-                          bufs[b].kind == BufKind::GradSlot;
-    if (bwd_read[b] && per_call) backward_reads_.push_back(static_cast<int>(b));
+    if (!bwd_read[b]) continue;
+    const BufKind kind = bufs[b].kind;
+    if (kind == BufKind::Arg || kind == BufKind::Param || kind == BufKind::GradSlot ||
+        kind == BufKind::External)
+      backward_reads_.push_back(static_cast<int>(b));
+    else if (kind == BufKind::Temp && std::find(fwd_escapes_.begin(), fwd_escapes_.end(),
+                                                static_cast<int>(b)) != fwd_escapes_.end())
+      backward_escape_reads_.push_back(static_cast<int>(b));
   }
   kernel_state_ = std::make_unique<std::atomic<void*>[]>(steps_.size());
 }
@@ -147,6 +152,7 @@ CallState* Plan::acquire() {
   b->own.resize(escapes_);
   b->held.reserve(backward_reads_.size());
   b->versions.reserve(backward_reads_.size());
+  b->escape_versions.reserve(backward_escape_reads_.size());
   if (device_.type == DeviceType::CUDA) {
     b->escape_pool.resize(escapes_);
     b->escape_fixed.resize(escapes_);
@@ -161,6 +167,7 @@ CallState* Plan::acquire() {
 void Plan::release(CallState* b) {
   b->held.clear();
   b->versions.clear();
+  b->escape_versions.clear();
   b->copy_out.clear();  // a run that threw before finish_copy_out leaves its copies pending
   for (auto& s : b->own) s.reset();
   b->backward_done = false;

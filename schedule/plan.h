@@ -123,8 +123,9 @@ struct CallState {
   std::vector<BufferView> views;
   std::vector<void*> ptrs;                 // per buffer, this call's address
   std::vector<IntrusivePtr<Storage>> own;  // per escaping buffer (by escape slot)
-  std::vector<Tensor> held;                // tensors a backward reads (arguments, parameters)
+  std::vector<Tensor> held;                // bound tensors a backward reads
   std::vector<uint32_t> versions;          // of `held`, at forward time
+  std::vector<uint32_t> escape_versions;   // of the escaping storages a backward reads
   bool backward_done = false;
   // Two-lane replay: per step, the number of the last run that finished it.
   std::unique_ptr<std::atomic<uint32_t>[]> done;
@@ -190,8 +191,12 @@ class Plan {
   const std::vector<int>& external_buffers() const { return external_; }
   // Buffers written in place that live outside the call (version counters bumped per call).
   const std::vector<int>& mutated_external() const { return mutated_external_; }
-  // Non-arena buffers the backward reads (held by a call until its backward).
+  // Bound buffers the backward reads (held by a call until its backward, and checked then
+  // not to have been written in place since the forward, as eager checks what it saved).
   const std::vector<int>& backward_reads() const { return backward_reads_; }
+  // Forward results the backward reads: their storages escape to the caller, who must not
+  // write them in place before the backward either.
+  const std::vector<int>& backward_escape_reads() const { return backward_escape_reads_; }
   // Escaping buffers first written by the forward steps, and by the backward steps.
   const std::vector<int>& forward_escapes() const { return fwd_escapes_; }
   const std::vector<int>& backward_escapes() const { return bwd_escapes_; }
@@ -315,7 +320,8 @@ class Plan {
   std::vector<int> escape_;
   std::vector<int> root_;  // in-place: the buffer whose arena block a buffer shares
   std::vector<int64_t> offset_;
-  std::vector<int> external_, mutated_external_, backward_reads_, fwd_escapes_, bwd_escapes_;
+  std::vector<int> external_, mutated_external_, backward_reads_, backward_escape_reads_,
+      fwd_escapes_, bwd_escapes_;
   std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer, in step order
   size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;

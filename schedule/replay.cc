@@ -34,6 +34,14 @@ Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const T
   return t != nullptr ? *t : Tensor();
 }
 
+[[noreturn]] void fail_modified_result(const Plan& p, int buf, uint32_t then, uint32_t now) {
+  Shape shape;
+  for (const Operand& r : p.results())
+    if (r.buf == buf) shape = r.shape;
+  fail("backward of a static call: its result ", shape,
+       ", which the backward reads, was modified in place (version ", then, " -> ", now, ")");
+}
+
 void replay_backward(BackwardContext& ctx) {
   Frame& f = static_cast<Frame&>(*ctx.payload());
   profiler::ScopedSpan span({}, profiler::SpanKind::BackwardReplay);
@@ -57,6 +65,11 @@ void replay_backward(BackwardContext& ctx) {
     ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
                  b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
                  " -> ", b.held[i].version(), ")");
+  const std::vector<int>& escaped = p.backward_escape_reads();
+  for (size_t i = 0; i < escaped.size(); ++i) {
+    const uint32_t now = b.own[p.escape_slot(escaped[i])]->version();
+    if (now != b.escape_versions[i]) fail_modified_result(p, escaped[i], b.escape_versions[i], now);
+  }
   p.allocate_escapes(b, Phase::Backward);
   p.bind(b, Phase::Backward);
   std::vector<StepSnapshot> snaps;
@@ -122,6 +135,8 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     b->held.push_back(*t);
     b->versions.push_back(t->version());
   }
+  for (int buf : p.backward_escape_reads())
+    b->escape_versions.push_back(b->own[p.escape_slot(buf)]->version());
   for (const Leaf& l : rec.leaves) {
     if (l.final_grad == Leaf::kUntouched) continue;
     const Tensor& leaf = leaf_now(*e, l);
