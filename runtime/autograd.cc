@@ -315,7 +315,8 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
     // Checked again: a hook or a nested pass may have changed the node since check_graph.
     check_runnable(*node);
     for (size_t i = 0; i < grad_outputs.size(); ++i)
-      if (!grad_outputs[i].defined() && !mask_bit(node->no_grad_outputs, i))
+      if (!grad_outputs[i].defined() && node->materialize_grads &&
+          !mask_bit(node->no_grad_outputs, i))
         grad_outputs[i] = filled(node->outputs[i], 0.0);
 
     grad_inputs.assign(node->inputs.size(), Tensor());

@@ -73,7 +73,10 @@ class Node final : public RefCounted {
   uint8_t save_inputs = 0;
   uint8_t save_outputs = 0;
   uint8_t no_grad_outputs = 0;  // BackwardDef::no_grad_outputs: no gradient, not even zeros
-  bool released = false;        // saved tensors freed after a backward without retain_graph
+  // Outputs nothing flowed into get zeros; without, they stay undefined (a static call's node
+  // back-propagates only what reached it, as eager would).
+  bool materialize_grads = true;
+  bool released = false;  // saved tensors freed after a backward without retain_graph
   // State of a backward that is not one op's (a static subgraph's frame): dropped with the
   // saved tensors. `label` then names the node in messages instead of the op; it must outlive
   // the node (static_graph interns its names).
@@ -102,10 +105,11 @@ class BackwardContext {
   // Output i as saved at forward time (requires bit i of save_outputs).
   const Tensor& output(int i = 0) const;
   // Gradient of output i (zeros when nothing flowed into it; undefined for an output the op's
-  // BackwardDef declares not differentiable).
+  // BackwardDef declares not differentiable, or when the node does not materialize_grads).
   const Tensor& grad_output(int i = 0) const { return grad_outputs_[i]; }
   bool needs_input_grad(int i) const { return node_.next[i].active(); }
   const TensorMeta& input_meta(int i) const { return node_.inputs[i]; }
+  const TensorMeta& output_meta(int i) const { return node_.outputs[i]; }
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
   int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
   RefCounted* payload() const { return node_.payload.get(); }

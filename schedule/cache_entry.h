@@ -70,6 +70,12 @@ struct Entry {
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
+  // By differentiable result: whether the first backward got its gradient (one that got none is
+  // not back-propagated, as eagerly, and its branch is not in the backward schedule).
+  std::vector<char> grad_given;
+  // Set by a replayed backward that got a gradient the first backward did not: the schedule
+  // cannot give it, so the signature traces again. Shared by the sizes a dynamic family plans.
+  std::shared_ptr<std::atomic<bool>> stale = std::make_shared<std::atomic<bool>>(false);
   // Param buffers, and External ones sorted by storage (checked by a binary search: an optimizer's
   // state is most of them).
   std::vector<AliasGuard> alias_params, alias_externals;
@@ -103,6 +109,11 @@ struct Entry {
   EntryState load_state() const { return state.load(std::memory_order_acquire); }
   void publish(EntryState s) { state.store(s, std::memory_order_release); }
 };
+
+// Why a call traces again after Entry::stale was set.
+inline constexpr const char* kStaleReason =
+    "a backward of the previous trace's replays got a gradient for a result its first backward "
+    "got none for";
 
 // The name of a span of entry `e` (made while profiling only: interned names are never freed).
 std::string_view span_name(Entry& e, profiler::SpanKind kind);

@@ -81,6 +81,8 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->params = p.params;
   e->grads = p.grads;
   e->grad_in = p.grad_in;
+  e->grad_given = p.grad_given;
+  e->stale = p.stale;
   e->early_clear = p.early_clear;
   e->rec = rec;
   try {
@@ -106,6 +108,11 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
   for (auto it = families.begin(); it != families.end(); ++it) {
     if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
+    if ((*it)->proto->stale->load(std::memory_order_acquire)) {
+      if (reason.empty()) reason = kStaleReason;
+      it = std::prev(families.erase(it));
+      continue;
+    }
     std::string failed = guard_failure(*(*it)->proto);
     if (failed.empty()) failed = alias_failure(*(*it)->proto, args);
     if (!failed.empty()) {

@@ -45,7 +45,12 @@ void Recorder::add_watched(const std::vector<ParamSlot>& slots) {
   }
 }
 
-void Recorder::add_grad_in(int index, const Tensor& g) {
+void Recorder::add_grad_in(int index, Tensor& g) {
+  if (buf_of_.contains(key_of(g))) {
+    Tensor copy = Tensor::empty(g.shape(), g.dtype(), g.device());
+    dispatch(Op::Copy, {g}, {copy});
+    g = std::move(copy);
+  }
   new_buffer(g, BufKind::GradIn, index);
 }
 

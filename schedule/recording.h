@@ -137,7 +137,10 @@ class Recorder final : public Tracer {
 
   void add_arg(int index, const Tensor& alias);
   void add_watched(const std::vector<ParamSlot>& slots);
-  void add_grad_in(int index, const Tensor& g);
+  // The gradient of differentiable result `index`, in a buffer of its own: a tensor already
+  // recorded (one gradient given to two results) is first replaced by a copy, so that a replay
+  // given two tensors reads each where it belongs.
+  void add_grad_in(int index, Tensor& g);
   void set_phase(Phase p) { phase_ = p; }
   // The operand a tensor is (registering an External for a tensor never seen).
   Operand operand_of(const Tensor& t);

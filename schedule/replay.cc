@@ -42,6 +42,24 @@ Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const T
        ", which the backward reads, was modified in place (version ", then, " -> ", now, ")");
 }
 
+// A gradient for differentiable result k, which the first backward did not get: the backward
+// schedule has no steps for it. The signature traces again at its next call.
+[[noreturn]] void fail_new_gradient(const Entry& e, int k, const TensorMeta& m) {
+  e.stale->store(true, std::memory_order_release);
+  fail("backward of a static call: its result ", e.plan->recording().differentiable[k], " ",
+       m.shape,
+       " got a gradient, but the first backward of its trace got none for it, so the replayed "
+       "backward cannot compute its part; the next call traces again (or back-propagate through "
+       "the same results at every call)");
+}
+
+// Zeros for a result's gradient that the first backward got and this one did not.
+Tensor zeros_for(const TensorMeta& m) {
+  Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
+  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{0.0}));
+  return t;
+}
+
 void replay_backward(BackwardContext& ctx) {
   Frame& f = static_cast<Frame&>(*ctx.payload());
   profiler::ScopedSpan span({}, profiler::SpanKind::BackwardReplay);
@@ -53,14 +71,31 @@ void replay_backward(BackwardContext& ctx) {
   CallState& b = *f.state;
   ENCORE_CHECK(!b.backward_done, "backward: a replayed static call was back-propagated twice ",
                "(retain_graph); its arena is reused by the backward, so run the function again");
-  std::vector<Tensor> grads_out;
+  const Entry& e = *f.entry;
+  // The gradients as the first backward got them: one it did not get has no steps in the
+  // schedule; one it got and this call did not is zeros.
+  std::vector<Tensor> zeros;
+  for (int k = 0; k < ctx.num_outputs(); ++k) {
+    const Tensor& g = ctx.grad_output(k);
+    if (g.defined() && !e.grad_given[k]) fail_new_gradient(e, k, ctx.output_meta(k));
+    const int buf = static_cast<size_t>(k) < e.grad_in.size() ? e.grad_in[k] : -1;
+    if (buf < 0) continue;
+    if (g.defined()) {
+      b.ptrs[buf] = g.raw_data();
+    } else {
+      zeros.push_back(zeros_for(ctx.output_meta(k)));
+      b.ptrs[buf] = zeros.back().raw_data();
+    }
+  }
   if (f.verify) {
     VerifyState& v = *f.verify;
-    for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
-    verify_backward(*v.recorder, v.inner, grads_out, v.aliases, v.leaves);
+    std::vector<Tensor> grads;
+    for (int k = 0; k < ctx.num_outputs(); ++k)
+      if (e.grad_given[k])
+        grads.push_back(ctx.grad_output(k).defined() ? ctx.grad_output(k)
+                                                     : zeros_for(ctx.output_meta(k)));
+    verify_backward(*v.recorder, v.inner, e.grad_given, std::move(grads), v.aliases, v.leaves);
   }
-  for (size_t i = 0; i < f.entry->grad_in.size(); ++i)
-    if (f.entry->grad_in[i] >= 0) b.ptrs[f.entry->grad_in[i]] = ctx.grad_output(i).raw_data();
   for (size_t i = 0; i < b.held.size(); ++i)
     ENCORE_CHECK(b.held[i].version() == b.versions[i], "backward of a static call: a tensor ",
                  b.held[i].shape(), " it saved was modified in place (version ", b.versions[i],
@@ -170,6 +205,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   }
   IntrusivePtr<Node> n =
       labelled_node(label, &replay_backward, rec.contributions.size(), rec.differentiable.size());
+  n->materialize_grads = false;
   for (const Recording::Contribution& c : rec.contributions)
     add_input(*n, c.arg ? args[c.index] : leaf_now(*e, rec.leaves[c.index]));
   for (int k : rec.differentiable) add_output(n, *results[k].impl());

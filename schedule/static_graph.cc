@@ -184,6 +184,11 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     Entry& e = **it;
     if (!matches(e.sig, args, key, grad, m)) continue;
     const EntryState state = e.load_state();
+    if (e.stale->load(std::memory_order_acquire)) {
+      if (guard_reason.empty()) guard_reason = kStaleReason;
+      entries.erase(it);
+      continue;
+    }
     if (state == EntryState::Retrace) {
       // Never replayed; an older entry of the signature may serve this call.
       if (guard_reason.empty()) guard_reason = cat("the previous trace ", e.rec->retrace);

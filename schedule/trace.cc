@@ -38,17 +38,33 @@ void complete_entry(Entry& e) {
   e.plan = std::make_shared<Plan>(e.rec, e.plan_options);
 }
 
+// The results that got a gradient, and their gradients: what is back-propagated. A result that
+// got none is left out, as eager leaves out what no gradient reached.
+struct Given {
+  std::vector<Tensor> roots, grads;
+  std::vector<char> mask;  // per differentiable result
+  Given(const TraceFrame& f, const BackwardContext& ctx) : mask(ctx.num_outputs(), 0) {
+    for (int k = 0; k < ctx.num_outputs(); ++k)
+      if (const Tensor& g = ctx.grad_output(k); g.defined()) {
+        roots.push_back(f.inner[k]);
+        grads.push_back(g);
+        mask[k] = 1;
+      }
+  }
+};
+
 // Records the first backward of a traced call and plans its entry; a failure makes the entry
 // Failed (the next call with its signature traces again) and reaches the caller.
-void record_backward(TraceFrame& f, std::span<const Tensor> grads_out) {
+void record_backward(TraceFrame& f, Given& given) {
   Entry& e = *f.entry;
   try {
     f.recorder->set_phase(Phase::Backward);
-    for (size_t k = 0; k < grads_out.size(); ++k)
-      f.recorder->add_grad_in(static_cast<int>(k), grads_out[k]);
+    for (size_t k = 0, j = 0; k < given.mask.size(); ++k)
+      if (given.mask[k]) f.recorder->add_grad_in(static_cast<int>(k), given.grads[j++]);
+    e.grad_given = given.mask;
     {
       TracerScope scope(f.recorder.get());
-      autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+      autograd::backward(given.roots, given.grads, /*retain_graph=*/true);
     }
     if (e.eager_only) return;
     const Recording& rec = *f.rec;
@@ -84,8 +100,7 @@ void trace_backward(BackwardContext& ctx) {
   if (span.recording()) span.set_name(span_name(*f.entry, profiler::SpanKind::TraceBackward));
   const bool record = !f.recorded;
   f.recorded = true;
-  std::vector<Tensor> grads_out;
-  for (int k = 0; k < ctx.num_outputs(); ++k) grads_out.push_back(ctx.grad_output(k));
+  Given given(f, ctx);
   // Exactly eager's accumulation: parameters take their gradients into .grad directly; an
   // argument that is a leaf shares its .grad with the alias standing for it; one with a
   // producer gets the alias's gradient through this node. The recorder notes each delivery.
@@ -93,9 +108,9 @@ void trace_backward(BackwardContext& ctx) {
     if (f.aliases[i].requires_grad())
       f.aliases[i].impl()->grad = f.args[i].is_leaf() ? f.args[i].impl()->grad : nullptr;
   if (record)
-    record_backward(f, grads_out);
+    record_backward(f, given);
   else
-    autograd::backward(f.inner, grads_out, /*retain_graph=*/true);
+    autograd::backward(given.roots, given.grads, /*retain_graph=*/true);
   for (size_t i = 0; i < f.aliases.size(); ++i)
     if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
       f.args[i].impl()->grad = f.aliases[i].impl()->grad;
@@ -199,6 +214,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
 
   IntrusivePtr<Node> n =
       labelled_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
+  n->materialize_grads = false;
   for (int a : frame->node_args) add_input(*n, args[a]);
   for (size_t k = 0; k < inner.size(); ++k) {
     Tensor out = inner[k].detach();

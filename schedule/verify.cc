@@ -90,8 +90,8 @@ bool same_values(const Step& s, const StepSnapshot& mine, const std::vector<unsi
 }  // namespace
 
 void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
-                     std::span<const Tensor> grads, const std::vector<Tensor>& aliases,
-                     const std::vector<Tensor>& leaves) {
+                     const std::vector<char>& given, std::vector<Tensor> grads,
+                     const std::vector<Tensor>& aliases, const std::vector<Tensor>& leaves) {
   std::vector<IntrusivePtr<TensorImpl>> stash;
   for (const Tensor& l : leaves) stash.push_back(std::move(l.impl()->grad));
   for (const Tensor& a : aliases) a.impl()->grad.reset();
@@ -102,9 +102,14 @@ void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
       for (size_t i = 0; i < leaves.size(); ++i) leaves[i].impl()->grad = std::move(stash[i]);
     }
   } restore{leaves, stash};
-  for (size_t k = 0; k < grads.size(); ++k) recorder.add_grad_in(static_cast<int>(k), grads[k]);
+  std::vector<Tensor> roots;
+  for (size_t k = 0; k < given.size(); ++k)
+    if (given[k]) {
+      recorder.add_grad_in(static_cast<int>(k), grads[roots.size()]);
+      roots.push_back(inner[k]);
+    }
   TracerScope scope(&recorder);
-  autograd::backward(inner, grads, /*retain_graph=*/true);
+  autograd::backward(roots, grads, /*retain_graph=*/true);
 }
 
 void compare_runs(std::string_view name, const Plan& p, const Recording& eager,

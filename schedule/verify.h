@@ -19,11 +19,12 @@ struct VerifyState {
   std::vector<Tensor> aliases, inner, leaves;
 };
 
-// Verify: runs `inner`'s graph eagerly under `recorder` with the leaves' .grad set aside and
-// put back after, so the check leaves no gradient behind.
+// Verify: runs the graph of `inner`'s results that `given` marks (as the first backward got
+// them), from `grads` (one per marked result), eagerly under `recorder` with the leaves' .grad
+// set aside and put back after, so the check leaves no gradient behind.
 void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
-                     std::span<const Tensor> grads, const std::vector<Tensor>& aliases,
-                     const std::vector<Tensor>& leaves);
+                     const std::vector<char>& given, std::vector<Tensor> grads,
+                     const std::vector<Tensor>& aliases, const std::vector<Tensor>& leaves);
 
 // Compares a fresh eager recording with the plan's, step by step (structure, then values).
 void compare_runs(std::string_view name, const Plan& p, const Recording& eager,

@@ -77,3 +77,98 @@ TEST_CASE("a captured tensor written in place before the backward is an Error at
   CHECK(f.stats().traces == 1);
   CHECK(f.stats().hits == 2);
 }
+
+TEST_CASE("a result that gets no gradient is not back-propagated, as eagerly", "[static]") {
+  StaticEnabled on;
+  // exp(100) is inf: a zero gradient sent back through it would give 0 * inf = NaN; and a
+  // gradient of -0 would come back +0 after adding a zero from the other result.
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, F::exp(x)); };
+  auto f = static_graph(body, {.name = "partial"});
+  for (double scale : {1.0, -0.0}) {
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(scale, call);
+      Tensor xs = leaf({1.0, 100.0}), xe = leaf({1.0, 100.0});
+      auto [a, b] = f(xs);
+      auto [ea, eb] = body(xe);
+      F::sum(a * scale).backward();
+      F::sum(ea * scale).backward();
+      CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+    }
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 5);
+}
+
+TEST_CASE("a replayed backward takes zeros for a result the first backward got a gradient for",
+          "[static]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = "both_then_one"});
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
+    auto [a, b] = f(xs);
+    auto [ea, eb] = body(xe);
+    if (call == 0) {  // the first backward gets both
+      F::sum(a + b).backward();
+      F::sum(ea + eb).backward();
+    } else {
+      F::sum(b).backward();
+      F::sum(eb).backward();
+    }
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  }
+  CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("results whose first backward got one gradient tensor take two at later calls",
+          "[static]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = "one_gradient_tensor"});
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
+    auto [a, b] = f(xs);
+    auto [ea, eb] = body(xe);
+    // First add's backward hands its one gradient to both results; then a gets 3 times b's.
+    if (call == 0) {
+      F::sum(a + b).backward();
+      F::sum(ea + eb).backward();
+    } else {
+      F::sum(a * 3.0 + b).backward();
+      F::sum(ea * 3.0 + eb).backward();
+    }
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  }
+  CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("a replayed backward that gets a gradient the first did not is an Error, then traces",
+          "[static]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = "one_then_both"});
+  {
+    Tensor x = leaf({1.0, 3.0});
+    auto [a, b] = f(x);
+    F::sum(a).backward();  // the first backward gets a's gradient only
+  }
+  Tensor x = leaf({1.0, 3.0});
+  auto [a, b] = f(x);
+  CHECK(f.stats().hits == 1);
+  CHECK_THROWS_WITH(F::sum(a + b).backward(),
+                    Contains("backward of a static call: its result 1 [2] got a gradient, but the "
+                             "first backward of its trace got none for it"));
+  // The signature traces again, and its new first backward gets both.
+  Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
+  auto [s1, s2] = f(xs);
+  auto [e1, e2] = body(xe);
+  F::sum(s1 + s2).backward();
+  F::sum(e1 + e2).backward();
+  CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  CHECK(f.stats().traces == 2);
+  REQUIRE(f.stats().traces_history.size() == 2);
+  CHECK_THAT(f.stats().traces_history[1].reason,
+             Contains("a backward of the previous trace's replays got a gradient for a result"));
+}
