@@ -97,7 +97,8 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, AttentionOptions options = {});
   // Self-attention (causal when options.causal).
   Tensor forward(const Tensor& x) override;
-  // query [B,T,embed], key and value [B,S,embed]; attn_mask as scaled_dot_product_attention's.
+  // query [B,T,embed], key and value [B,S,embed], the same B (no broadcast) and S; attn_mask as
+  // scaled_dot_product_attention's.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& attn_mask = Tensor(), bool causal = false);
   std::string describe() const override;
