@@ -233,4 +233,22 @@ TEST_CASE("Exporting needs an eval entry or example arguments", "[onnx]") {
       Catch::Contains("missing/dir/p.onnx"));
 }
 
+TEST_CASE("More input or output names than the function has is an Error", "[onnx]") {
+  Scratch s;
+  auto mlp = nn::mlp(6, 8, 3);
+  mlp->eval();
+  const Tensor x = randn({4, 6});
+  REQUIRE_THROWS_WITH(
+      export_onnx(*mlp, s.path("in.onnx"), {.example_args = {x}, .input_names = {"a", "b"}}),
+      Catch::Contains("OnnxOptions::input_names names 2 inputs; the function takes 1"));
+  CHECK_FALSE(fs::exists(s.path("in.onnx")));
+  REQUIRE_THROWS_WITH(
+      export_onnx(*mlp, s.path("out.onnx"), {.example_args = {x}, .output_names = {"a", "b"}}),
+      Catch::Contains("OnnxOptions::output_names names 2 outputs; the function returns 1"));
+  CHECK_FALSE(fs::exists(s.path("out.onnx")));
+  const onnx::ModelProto m =
+      exported(*mlp, s, "named.onnx", {.example_args = {x}, .input_names = {"features"}});
+  CHECK(m.graph().input(0).name() == "features");
+}
+
 }  // namespace encore
