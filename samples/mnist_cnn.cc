@@ -13,10 +13,13 @@
 //   build/samples/mnist_cnn --static --limit 3200 --profile cnn.json --schedule cnn.txt
 //
 // --profile writes a Chrome trace (ui.perfetto.dev) and prints the per-op table of the run;
-// --schedule writes the static forward's schedules as text and as Graphviz DOT (PATH.dot).
+// --schedule writes the static forward's schedules as text and as Graphviz DOT (PATH.dot), with
+// --static or --compare (the static model's).
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -52,6 +55,24 @@ void export_model(nn::Module& model, Device device, const std::string& path) {
                .output_names = {"logits"}});
   std::printf("ONNX model (opset %d) written to %s: images [batch, 784] -> logits [batch, 10]\n",
               kOnnxOpset, path.c_str());
+}
+
+// Writes `text` to `path`, or throws Error naming the flag, the path and why.
+void write_text(const char* flag, const std::string& path, const std::string& text) {
+  errno = 0;
+  std::ofstream out(path, std::ios::binary);
+  if (out) out << text;
+  if (out) out.close();
+  if (!out)
+    throw Error(cat(flag, ": cannot write ", path, ": ",
+                    errno != 0 ? std::strerror(errno) : "the stream failed"));
+}
+
+// The static forward's schedules, as text at PATH and as Graphviz DOT at PATH.dot.
+void write_schedules(const std::string& path, const nn::Module& model) {
+  write_text("--schedule", path, static_schedule_text(model));
+  write_text("--schedule", path + ".dot", static_schedule_dot(model));
+  std::printf("schedules written to %s and %s.dot\n", path.c_str(), path.c_str());
 }
 
 struct RunResult {
@@ -175,11 +196,7 @@ RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool
   if (verbose)
     std::printf("training step: allocator peak %s above the bytes in use before it\n",
                 samples::kib(r.step_peak).c_str());
-  if (tr.static_forward && !f.schedule.empty()) {
-    std::ofstream(f.schedule) << static_schedule_text(*tr.model);
-    std::ofstream(f.schedule + ".dot") << static_schedule_dot(*tr.model);
-    std::printf("schedules written to %s and %s.dot\n", f.schedule.c_str(), f.schedule.c_str());
-  }
+  if (tr.static_forward && !f.schedule.empty()) write_schedules(f.schedule, *tr.model);
   return r;
 }
 
@@ -268,6 +285,7 @@ void compare(const Flags& f, const data::Dataset& train_set, const data::Dataset
   Trainer eager(one, false, train_set), static_forward(one, true, train_set);
   const std::array<RunResult, 2> runs = train_side_by_side({&eager, &static_forward}, test_set);
   print_summary(runs[0], runs[1]);
+  if (!f.schedule.empty()) write_schedules(f.schedule, *static_forward.model);
   if (!profile) return;
   const profiler::Profile eager_profile = profile_steps(eager, f.profile_steps);
   const profiler::Profile static_profile = profile_steps(static_forward, f.profile_steps);
@@ -300,7 +318,8 @@ int main(int argc, char** argv) {
   cli.integer("profile-steps", &f.profile_steps, 0,
               "with --compare: steps profiled each way after the timed epochs (0: none)");
   cli.text("profile", &f.profile, "profile the run: Chrome trace to this file, op table printed");
-  cli.text("schedule", &f.schedule, "with --static: write the schedules here (text) and .dot");
+  cli.text("schedule", &f.schedule,
+           "with --static or --compare: write the static forward's schedules here (text) and .dot");
   cli.text("device", &f.device, "cpu, or cuda / cuda:N to train on a GPU");
   cli.text("export", &f.export_path,
            "after training, write the model's eval forward here as ONNX (not with --compare)");
@@ -309,6 +328,9 @@ int main(int argc, char** argv) {
   try {
     if (f.compare && !f.export_path.empty())
       throw Error("--export writes one model; --compare trains two");
+    if (!f.schedule.empty() && !f.static_forward && !f.compare)
+      throw Error(
+          "--schedule writes the schedules of a static forward: give --static or --compare");
     if (!f.profile.empty() && profiler::enabled())
       throw Error("--profile: the profiler already records (ENCORE_PROFILE is set)");
     const auto [train_set, test_set] = samples::load_or_exit("mnist_cnn", f.data, f.limit);

@@ -68,6 +68,27 @@ TEST_CASE("masked_fill and attention refuse bad arguments, naming the shapes",
                              "[2,3,5,6]"));
 }
 
+TEST_CASE("MultiheadAttention refuses key and value batches or lengths that differ from query's",
+          "[errors][attention]") {
+  manual_seed(1);
+  nn::MultiheadAttention mha(6, 2);
+  const Tensor q2 = randn({2, 3, 6}), k2 = randn({2, 4, 6}), v2 = randn({2, 4, 6});
+  const Tensor q1 = randn({1, 3, 6}), k1 = randn({1, 4, 6}), v1 = randn({1, 4, 6});
+  CHECK(mha.forward(q2, k2, v2).shape() == Shape{2, 3, 6});
+  CHECK_THROWS_WITH(mha.forward(q2, k1, v1),
+                    Contains("MultiheadAttention: key [1,4,6] and value [1,4,6] must be [2,S,6] "
+                             "for query [2,3,6]"));
+  CHECK_THROWS_WITH(mha.forward(q2, k2, v1),
+                    Contains("MultiheadAttention: key [2,4,6] and value [1,4,6] must be [2,S,6]"));
+  CHECK_THROWS_WITH(mha.forward(q2, k1, v2),
+                    Contains("MultiheadAttention: key [1,4,6] and value [2,4,6] must be [2,S,6]"));
+  CHECK_THROWS_WITH(mha.forward(q1, k2, v2),
+                    Contains("MultiheadAttention: key [2,4,6] and value [2,4,6] must be [1,S,6] "
+                             "for query [1,3,6]"));
+  CHECK_THROWS_WITH(mha.forward(q2, k2, randn({2, 5, 6})),
+                    Contains("MultiheadAttention: key [2,4,6] and value [2,5,6] must be [2,S,6]"));
+}
+
 TEST_CASE("causal attention: a query sees only itself and earlier keys", "[ops][attention]") {
   manual_seed(6);
   const Tensor q = randn({2, 5, 4}, DType::Float64), k = randn({2, 5, 4}, DType::Float64);

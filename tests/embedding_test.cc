@@ -142,9 +142,10 @@ TEST_CASE("nn::Embedding starts N(0, 1) with a zero padding row", "[nn][embeddin
   CHECK(std::abs(sq / n - mean * mean - 1) < 0.05);
   for (int d = 0; d < 16; ++d) CHECK(w[3 * 16 + d] == 0.0f);
   CHECK(emb.describe() == "Embedding(1000, 16, padding_idx 3)");
+  CHECK(emb.padding_idx() == 3);
   const Tensor y = emb(random_ids({2, 7}, 1000));
   CHECK(y.shape() == Shape{2, 7, 16});
   CHECK_THROWS_WITH(nn::Embedding(4, 2, 4), Contains("Embedding: padding_idx 4"));
   CHECK_THROWS_WITH(nn::Embedding(0, 2), Contains("Embedding: num and dim must be positive"));
-  CHECK(nn::Embedding(4, 2, -3).padding_idx == -1);
+  CHECK(nn::Embedding(4, 2, -3).padding_idx() == -1);
 }

@@ -121,6 +121,8 @@ TEST_CASE("nn::LayerNorm has weight (ones) and bias (zeros) of normalized_shape"
   CHECK(ln.weight.to_vector<float>() == std::vector<float>(6, 1.0f));
   CHECK(ln.bias.to_vector<float>() == std::vector<float>(6, 0.0f));
   CHECK(ln.describe() == "LayerNorm([2,3], eps 1e-05)");
+  CHECK(ln.normalized_shape() == std::vector<int64_t>{2, 3});
+  CHECK(ln.eps() == 1e-5);
   const Tensor x = randn({4, 2, 3});
   CHECK(bit_diff(ln(x), F::layer_norm(x, {2, 3}, ln.weight, ln.bias)) == "");
   nn::LayerNorm plain({3}, 1e-6, false);

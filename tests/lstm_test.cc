@@ -169,6 +169,35 @@ TEST_CASE("LSTM and LSTMCell name the argument and the shapes of bad input", "[l
   CHECK_THAT(error_of([] { nn::LSTM(0, 4); }), Contains("LSTM: input_size and hidden_size"));
 }
 
+TEST_CASE("LSTM and LSTMCell refuse inputs and states of another dtype than their weights",
+          "[lstm][errors]") {
+  nn::LSTM lstm(3, 4, {.num_layers = 2});
+  const Tensor x = randn({5, 2, 3});
+  const Tensor s32 = zeros({2, 2, 4}), s64 = zeros({2, 2, 4}, DType::Float64);
+  CHECK_THAT(error_of([&] { lstm(x, s64, s64); }),
+             Contains("LSTM: h0 must be float32 as the weights, it is float64 [2,2,4]"));
+  CHECK_THAT(error_of([&] { lstm(x, s32, s64); }),
+             Contains("LSTM: c0 must be float32 as the weights, it is float64 [2,2,4]"));
+  CHECK_THAT(error_of([&] {
+               lstm(randn({5, 2, 3}, DType::Float64));
+             }),
+             Contains("LSTM: x must be float32 as the weights, it is float64 [5,2,3]"));
+  nn::LSTMCell cell(3, 4);
+  const Tensor xc = randn({2, 3}), h32 = zeros({2, 4}), h64 = zeros({2, 4}, DType::Float64);
+  CHECK_THAT(error_of([&] { cell(xc, h64, h32); }),
+             Contains("LSTMCell: h must be float32 as the weights, it is float64 [2,4]"));
+  CHECK_THAT(error_of([&] { cell(xc, h32, h64); }),
+             Contains("LSTMCell: c must be float32 as the weights, it is float64 [2,4]"));
+  CHECK_THAT(error_of([&] {
+               cell(xc, zeros({2, 4}, DType::Int64), h32);
+             }),
+             Contains("LSTMCell: h must be float32 as the weights, it is int64 [2,4]"));
+  nn::LSTMCell cell64(3, 4, {.dtype = DType::Float64});
+  CHECK_THAT(error_of([&] { cell64(xc, h64, h64); }),
+             Contains("LSTMCell: x must be float64 as the weights, it is float32 [2,3]"));
+  CHECK_NOTHROW(cell64(randn({2, 3}, DType::Float64), h64, h64));
+}
+
 TEST_CASE("a module whose forward takes three tensors and returns two is static with one line",
           "[lstm][static]") {
   StaticEnabled on;

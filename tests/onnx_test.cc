@@ -209,6 +209,46 @@ TEST_CASE("What would bake the traced batch size in is an Error", "[onnx]") {
                       Catch::Contains("batch size 1"));
 }
 
+TEST_CASE("A broadcast to the batch of a tensor without one takes its shape from the input",
+          "[onnx]") {
+  // A [1, 3] tensor broadcast to {x.size(0), 3}, and a mean over the batch broadcast back: the
+  // Expand's shape must hold the batch the file runs at, not the traced one (onnx_runtime_check
+  // runs them at another batch size).
+  Scratch s;
+  const Tensor cls = randn({1, 3});
+  auto fn = static_graph(
+      [&](const Tensor& x) {
+        const Tensor centred = F::sub(x, F::broadcast_to(F::mean(x, {0}, true), x.shape()));
+        return F::concat({F::broadcast_to(cls, {x.size(0), 3}), centred}, 1);
+      },
+      {.name = "tokens"});
+  export_onnx(fn, s.path("b.onnx"), {.example_args = {randn({4, 5})}});
+  onnx::checker::check_model(s.path("b.onnx"));
+  const onnx::ModelProto m = read_model(s.path("b.onnx"));
+  const std::set<std::string> constants = initializer_names(m);
+  int expands = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() != "Expand") continue;
+    ++expands;
+    INFO("Expand " << n.name());
+    CHECK_FALSE(constants.contains(n.input(1)));  // a shape made at run time
+  }
+  CHECK(expands == 2);
+  CHECK(dims_of(m.graph().output(0)) == "batch,8");
+
+  // Two new dimensions of the batch size: which one is the batch is unknown.
+  auto square = static_graph(
+      [&](const Tensor& x) {
+        return F::add(F::broadcast_to(cls, {x.size(0), x.size(0), 3}), x);
+      },
+      {.name = "square"});
+  REQUIRE_THROWS_WITH(export_onnx(square, s.path("sq.onnx"), {.example_args = {randn({4, 3})}}),
+                      Catch::Contains("'square'") && Catch::Contains("broadcast_to") &&
+                          Catch::Contains("broadcasts a tensor [1,3] to [4,4,3] with two new "
+                                          "dimensions of the traced batch size 4"));
+  CHECK_FALSE(fs::exists(s.path("sq.onnx")));
+}
+
 TEST_CASE("Exporting needs an eval entry or example arguments", "[onnx]") {
   Scratch s;
   manual_seed(6);
@@ -231,6 +271,24 @@ TEST_CASE("Exporting needs an eval entry or example arguments", "[onnx]") {
   REQUIRE_THROWS_WITH(
       export_onnx(plain, s.path("missing/dir/p.onnx"), {.example_args = {randn({2, 3})}}),
       Catch::Contains("missing/dir/p.onnx"));
+}
+
+TEST_CASE("More input or output names than the function has is an Error", "[onnx]") {
+  Scratch s;
+  auto mlp = nn::mlp(6, 8, 3);
+  mlp->eval();
+  const Tensor x = randn({4, 6});
+  REQUIRE_THROWS_WITH(
+      export_onnx(*mlp, s.path("in.onnx"), {.example_args = {x}, .input_names = {"a", "b"}}),
+      Catch::Contains("OnnxOptions::input_names names 2 inputs; the function takes 1"));
+  CHECK_FALSE(fs::exists(s.path("in.onnx")));
+  REQUIRE_THROWS_WITH(
+      export_onnx(*mlp, s.path("out.onnx"), {.example_args = {x}, .output_names = {"a", "b"}}),
+      Catch::Contains("OnnxOptions::output_names names 2 outputs; the function returns 1"));
+  CHECK_FALSE(fs::exists(s.path("out.onnx")));
+  const onnx::ModelProto m =
+      exported(*mlp, s, "named.onnx", {.example_args = {x}, .input_names = {"features"}});
+  CHECK(m.graph().input(0).name() == "features");
 }
 
 }  // namespace encore

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "encore/functions.h"
 #include "encore/nn.h"
@@ -410,6 +411,23 @@ TEST_CASE("pooling, batch_norm and dropout reject bad arguments naming op, argum
   CHECK_THROWS_WITH(F::dropout(x4, -0.1), Contains("dropout") && Contains("ratio"));
   CHECK_THROWS_WITH(F::dropout(x4, std::nan(""), false), Contains("dropout") && Contains("ratio"));
   CHECK_THROWS_WITH(nn::Dropout(1.5), Contains("Dropout") && Contains("ratio"));
+}
+
+TEST_CASE("pooling refuses a padding whose double does not fit an int", "[pool_norm]") {
+  // Twice the padding was computed in int and wrapped (INT_MAX: -2), passing the check.
+  const Tensor x = randn({1, 1, 8, 8});
+  constexpr int kMax = std::numeric_limits<int>::max();
+  for (const Size2 padding : {Size2(kMax), Size2(0, kMax), Size2(kMax / 2 + 1, 0)}) {
+    INFO("padding " << padding.str());
+    const std::string expected =
+        "padding " + padding.str() + " must be between 0 and half the kernel 2x2";
+    CHECK_THROWS_WITH(F::max_pool2d(x, 2, std::nullopt, padding),
+                      Contains("max_pool2d: " + expected + " (x is [1,1,8,8])"));
+    CHECK_THROWS_WITH(F::avg_pool2d(x, 2, std::nullopt, padding),
+                      Contains("avg_pool2d: " + expected + " (x is [1,1,8,8])"));
+    CHECK_THROWS_WITH(nn::MaxPool2d(2, std::nullopt, padding), Contains("MaxPool2d: " + expected));
+    CHECK_THROWS_WITH(nn::AvgPool2d(2, std::nullopt, padding), Contains("AvgPool2d: " + expected));
+  }
 }
 
 TEST_CASE("pooling modules describe themselves", "[pool_norm]") {

@@ -322,6 +322,36 @@ TEST_CASE("a buffer replaced by another tensor is the one the replays update", "
   CHECK(bit_diff(fresh, tensor({0.2, 0.35}, {2})) == "");
 }
 
+// A module option that forward() passes to an op as an attribute is part of a static function's
+// trace: were it assignable, a change between calls would be ignored by every replay. Such options
+// are fixed at construction (read through accessors, or const).
+template <typename M>
+concept AssignablePaddingIdx = requires(M& m) {
+  m.padding_idx = 1;
+};
+template <typename M>
+concept AssignableEps = requires(M& m) {
+  m.eps = 10.0;
+};
+template <typename M>
+concept AssignableNormalizedShape = requires(M& m) {
+  m.normalized_shape = std::vector<int64_t>{4};
+};
+template <typename M>
+concept AssignableOptions = requires(M& m) {
+  m.options = m.options;
+};
+
+TEST_CASE("module options a trace holds as op attributes cannot be changed after construction",
+          "[static][nn]") {
+  CHECK_FALSE(AssignablePaddingIdx<nn::Embedding>);
+  CHECK_FALSE(AssignableEps<nn::LayerNorm>);
+  CHECK_FALSE(AssignableNormalizedShape<nn::LayerNorm>);
+  CHECK_FALSE(AssignableOptions<nn::LSTM>);
+  CHECK_FALSE(AssignableOptions<nn::MultiheadAttention>);
+  CHECK_FALSE(AssignableOptions<nn::TransformerBlock>);
+}
+
 TEST_CASE("an optimizer copied, then destroyed, is not read by the guards of its steps",
           "[static]") {
   // The copy has its own identity: the step traced with the original traces again with the copy

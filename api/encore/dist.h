@@ -81,7 +81,7 @@ struct DataParallelOptions {
 
 // Averages the gradients of a module's parameters across the processes during backward, as
 // PyTorch's DistributedDataParallel. On construction it checks that every rank has the same
-// parameters (count, names, shapes, dtypes; an Error names the first that differs) and copies
+// parameters and buffers (count, names, shapes, dtypes; an Error names one that differs) and copies
 // rank 0's parameters and buffers to the others. Parameters are put into buckets in reverse
 // order (backward produces the last layer's gradients first); when a backward has accumulated
 // the gradient of every parameter of a bucket, the bucket (their concatenation) starts its

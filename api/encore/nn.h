@@ -128,34 +128,44 @@ class ReLU : public Module {
 
 // Looks up rows of `weight` [num, dim] (F::embedding): ids [...] -> [..., dim]. weight starts
 // N(0, 1) as PyTorch's, its padding row (padding_idx >= 0) zero; that row gets no gradient.
+// padding_idx is fixed at construction: a static function's trace holds it, so it is read-only.
 class Embedding : public Module {
  public:
   Embedding(int64_t num, int64_t dim, int64_t padding_idx = -1, DType dtype = DType::Float32,
             Device device = Device::cpu());
-  Tensor forward(const Tensor& ids) override { return F::embedding(ids, weight, padding_idx); }
+  Tensor forward(const Tensor& ids) override { return F::embedding(ids, weight, padding_idx_); }
   std::string describe() const override;
+  int64_t padding_idx() const { return padding_idx_; }  // -1: none
 
   Tensor weight;
-  int64_t padding_idx;  // -1: none
+
+ private:
+  int64_t padding_idx_;
 };
 
 // Layer normalisation over the trailing dimensions `normalized_shape` (F::layer_norm), with
 // parameters "weight" (ones) and "bias" (zeros) of that shape when elementwise_affine.
 //   nn::LayerNorm ln({d_model});  // x [B, T, d_model] -> the same shape
+// normalized_shape and eps are fixed at construction: a static function's trace holds them, so
+// they are read-only.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
                      bool elementwise_affine = true, DType dtype = DType::Float32,
                      Device device = Device::cpu());
   Tensor forward(const Tensor& x) override {
-    return F::layer_norm(x, normalized_shape, weight, bias, eps);
+    return F::layer_norm(x, normalized_shape_, weight, bias, eps_);
   }
   std::string describe() const override;
+  const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
+  double eps() const { return eps_; }
 
   Tensor weight;  // undefined without elementwise_affine
   Tensor bias;
-  std::vector<int64_t> normalized_shape;
-  double eps;
+
+ private:
+  std::vector<int64_t> normalized_shape_;
+  double eps_;
 };
 
 class LeakyReLU : public Module {

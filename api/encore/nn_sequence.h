@@ -28,9 +28,9 @@ struct RecurrentOptions {
 
 // One LSTM step as torch.nn.LSTMCell: gates = x W_ih^T + b_ih + h W_hh^T + b_hh split into
 // input, forget, cell and output gates (that order); c' = sigmoid(f) c + sigmoid(i) tanh(g),
-// h' = sigmoid(o) tanh(c'). x [B, input], h and c [B, hidden]. Parameters as PyTorch's,
-// U(-1/sqrt(hidden), 1/sqrt(hidden)): weight_ih [4 hidden, input], weight_hh [4 hidden, hidden],
-// bias_ih and bias_hh [4 hidden].
+// h' = sigmoid(o) tanh(c'). x [B, input], h and c [B, hidden], all of the weights' dtype.
+// Parameters as PyTorch's, U(-1/sqrt(hidden), 1/sqrt(hidden)): weight_ih [4 hidden, input],
+// weight_hh [4 hidden, hidden], bias_ih and bias_hh [4 hidden].
 class LSTMCell : public Module {
  public:
   LSTMCell(int64_t input_size, int64_t hidden_size, RecurrentOptions options = {});
@@ -65,7 +65,8 @@ struct LSTMOptions {
 class LSTM : public Module {
  public:
   LSTM(int64_t input_size, int64_t hidden_size, LSTMOptions options = {});
-  // (y, h_n, c_n). Initial states h0, c0 [layers, B, hidden]; undefined: zeros.
+  // (y, h_n, c_n). Initial states h0, c0 [layers, B, hidden]; undefined: zeros. x, h0 and c0
+  // have the weights' dtype.
   std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const Tensor& h0 = Tensor(),
                                              const Tensor& c0 = Tensor());
   std::tuple<Tensor, Tensor, Tensor> operator()(const Tensor& x, const Tensor& h0 = Tensor(),
@@ -97,7 +98,8 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, AttentionOptions options = {});
   // Self-attention (causal when options.causal).
   Tensor forward(const Tensor& x) override;
-  // query [B,T,embed], key and value [B,S,embed]; attn_mask as scaled_dot_product_attention's.
+  // query [B,T,embed], key and value [B,S,embed], the same B (no broadcast) and S; attn_mask as
+  // scaled_dot_product_attention's.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& attn_mask = Tensor(), bool causal = false);
   std::string describe() const override;

@@ -52,7 +52,8 @@ struct OnnxOptions {
   // exports every size as traced.
   std::vector<int> batch_dims = {};
   std::string batch_name = "batch";
-  // Names of the graph's inputs and outputs, by position (missing ones: the defaults above).
+  // Names of the graph's inputs and outputs, by position (missing ones: the defaults above);
+  // more names than the function has arguments or results is an Error.
   std::vector<std::string> input_names = {};
   std::vector<std::string> output_names = {};
   std::string producer = "encore";

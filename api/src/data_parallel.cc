@@ -21,8 +21,9 @@
 namespace encore::dist {
 namespace {
 
-// Per parameter: a name hash, requires-grad, dtype, rank and up to 8 dimensions.
-constexpr int kDescribed = 12;
+// Per parameter or buffer: a name hash, requires-grad, dtype, element count, rank and up to 8
+// dimensions.
+constexpr int kDescribed = 13;
 
 int64_t name_hash(std::string_view name) {  // FNV-1a, the same in every process
   uint64_t h = 1469598103934665603ull;
@@ -70,7 +71,10 @@ struct DataParallel::State {
   uint64_t pass = 0;          // the backward pass the fields below belong to
   std::vector<int> launched;  // buckets in the order their all-reduces started
 
-  void check_agreement(const std::vector<std::pair<std::string, Tensor>>& named) const;
+  // Checks that every rank has the same tensors as `named` (count, names, requires-grad, dtypes,
+  // shapes); `what` is "parameter" or "buffer".
+  void check_agreement(const std::vector<std::pair<std::string, Tensor>>& named,
+                       const char* what) const;
   // Buckets of the parameters in use (all of them before the first backward).
   void make_buckets();
   void on_gradient(int p);
@@ -84,12 +88,12 @@ struct DataParallel::State {
   [[noreturn]] void abandon(const std::string& message);
 };
 
-void DataParallel::State::check_agreement(
-    const std::vector<std::pair<std::string, Tensor>>& named) const {
+void DataParallel::State::check_agreement(const std::vector<std::pair<std::string, Tensor>>& named,
+                                          const char* what) const {
   const int64_t count = static_cast<int64_t>(named.size());
   const std::vector<int64_t> counts = max_and_negated_min({count});
   if (counts[0] != -counts[1])
-    fail("DataParallel: the ranks' modules have different numbers of parameters (", -counts[1],
+    fail("DataParallel: the ranks' modules have different numbers of ", what, "s (", -counts[1],
          " to ", counts[0], "); ", rank_name(), " has ", count,
          count > 0 ? cat(", the last '", named.back().first, "' ", named.back().second.str()) : "");
   std::vector<int64_t> described(static_cast<size_t>(count * kDescribed), -1);
@@ -99,15 +103,16 @@ void DataParallel::State::check_agreement(
     d[0] = name_hash(named[static_cast<size_t>(i)].first);
     d[1] = t.requires_grad();
     d[2] = static_cast<int64_t>(t.dtype());
-    d[3] = t.rank();
-    for (int a = 0; a < t.rank() && a < kDescribed - 4; ++a) d[4 + a] = t.shape()[a];
+    d[3] = t.numel();
+    d[4] = t.rank();
+    for (int a = 0; a < t.rank() && a < kDescribed - 5; ++a) d[5 + a] = t.shape()[a];
   }
   const std::vector<int64_t> seen = max_and_negated_min(described);
   const size_t n = described.size();
   for (size_t k = 0; k < n; ++k)
     if (seen[k] != -seen[n + k]) {
       const auto& [name, t] = named[k / kDescribed];
-      fail("DataParallel: parameter '", name, "' differs across ranks (in its ",
+      fail("DataParallel: ", what, " '", name, "' differs across ranks (in its ",
            k % kDescribed == 0   ? "name"
            : k % kDescribed == 1 ? "requires_grad"
                                  : "shape or dtype",
@@ -267,11 +272,15 @@ DataParallel::DataParallel(nn::Module& module, DataParallelOptions options)
   state_->module = &module;
   const std::vector<std::pair<std::string, Tensor>> named = module.named_parameters();
   if (world_size() == 1) return;  // nothing to average
-  state_->check_agreement(named);
+  state_->check_agreement(named, "parameter");
+  // Buffers are copied byte for byte as parameters are: checked alike, before anything is copied.
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  for (auto& [name, slot] : module.named_buffer_slots()) buffers.emplace_back(name, *slot);
+  state_->check_agreement(buffers, "buffer");
   {
     NoGradGuard no_grad;
     for (auto [name, t] : named) broadcast(t, 0);
-    for (auto& [name, slot] : module.named_buffer_slots()) broadcast(*slot, 0);
+    for (auto [name, t] : buffers) broadcast(t, 0);
   }
   for (auto it = named.rbegin(); it != named.rend(); ++it)
     if (it->second.requires_grad()) state_->params.push_back({it->first, it->second});

@@ -121,7 +121,7 @@ std::string Linear::describe() const {
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype, Device device)
-    : padding_idx(padding_idx < 0 ? -1 : padding_idx) {
+    : padding_idx_(padding_idx < 0 ? -1 : padding_idx) {
   ENCORE_CHECK(num > 0 && dim > 0, "Embedding: num and dim must be positive, got ", num, " x ",
                dim);
   ENCORE_CHECK(padding_idx < num, "Embedding: padding_idx ", padding_idx, " is outside [0, ", num,
@@ -129,8 +129,8 @@ Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype,
   ENCORE_CHECK(is_floating(dtype), "Embedding: dtype must be float32 or float64, it is ", dtype);
   // Drawn on the cpu, where the padding row can be zeroed in place, then moved.
   Tensor w = randn({num, dim}, dtype);
-  if (this->padding_idx >= 0) {
-    const int64_t row = this->padding_idx * dim;
+  if (padding_idx_ >= 0) {
+    const int64_t row = padding_idx_ * dim;
     if (dtype == DType::Float32)
       std::fill_n(w.data<float>() + row, dim, 0.0f);
     else
@@ -142,20 +142,20 @@ Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype,
 
 std::string Embedding::describe() const {
   return cat("Embedding(", weight.size(0), ", ", weight.size(1),
-             padding_idx >= 0 ? cat(", padding_idx ", padding_idx) : std::string(), ")");
+             padding_idx_ >= 0 ? cat(", padding_idx ", padding_idx_) : std::string(), ")");
 }
 
 LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps, bool elementwise_affine, DType dtype,
                      Device device)
-    : normalized_shape(std::move(shape)), eps(eps) {
-  ENCORE_CHECK(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
-  for (int64_t d : normalized_shape)
-    ENCORE_CHECK(d > 0, "LayerNorm: normalized_shape ", Shape(normalized_shape),
+    : normalized_shape_(std::move(shape)), eps_(eps) {
+  ENCORE_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must not be empty");
+  for (int64_t d : normalized_shape_)
+    ENCORE_CHECK(d > 0, "LayerNorm: normalized_shape ", Shape(normalized_shape_),
                  " must have positive dimensions");
   ENCORE_CHECK(eps >= 0, "LayerNorm: eps must be non-negative, it is ", eps);
   ENCORE_CHECK(is_floating(dtype), "LayerNorm: dtype must be float32 or float64, it is ", dtype);
   if (!elementwise_affine) return;
-  const Shape s(normalized_shape);
+  const Shape s(normalized_shape_);
   weight = ones(s, dtype, device);
   bias = zeros(s, dtype, device);
   register_parameter("weight", &weight);
@@ -163,7 +163,7 @@ LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps, bool elementwise_af
 }
 
 std::string LayerNorm::describe() const {
-  return cat("LayerNorm(", Shape(normalized_shape), ", eps ", eps,
+  return cat("LayerNorm(", Shape(normalized_shape_), ", eps ", eps_,
              weight.defined() ? "" : ", no affine", ")");
 }
 

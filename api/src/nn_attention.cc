@@ -65,6 +65,10 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     ENCORE_CHECK(args[i]->rank() == 3 && args[i]->size(2) == e, "MultiheadAttention: ", names[i],
                  " must be [B,T,", e, "], it is ", args[i]->shape());
   }
+  ENCORE_CHECK(key.size(0) == query.size(0) && value.size(0) == query.size(0) &&
+                   key.size(1) == value.size(1),
+               "MultiheadAttention: key ", key.shape(), " and value ", value.shape(), " must be [",
+               query.size(0), ",S,", e, "] for query ", query.shape());
   auto project = [&](const Tensor& t, int64_t part) {
     const Tensor w = F::slice(in_proj_weight, 0, part * e, (part + 1) * e);
     return F::linear(t, w,

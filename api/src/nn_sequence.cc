@@ -21,12 +21,19 @@ void check_sizes(const char* module, int64_t input_size, int64_t hidden_size, DT
   ENCORE_CHECK(is_floating(dtype), module, ": dtype must be float32 or float64, it is ", dtype);
 }
 
+// Checks that an input or state argument has the weights' dtype.
+void check_dtype(const char* module, const char* what, const Tensor& t, DType weights) {
+  ENCORE_CHECK(t.dtype() == weights, module, ": ", what, " must be ", weights,
+               " as the weights, it is ", t.dtype(), " ", t.shape());
+}
+
 // Checks a state argument [B, hidden] of a cell.
-void check_state(const char* what, const Tensor& s, int64_t batch, int64_t hidden,
-                 const Tensor& x) {
+void check_state(const char* what, const Tensor& s, int64_t batch, int64_t hidden, const Tensor& x,
+                 DType weights) {
   ENCORE_CHECK(s.defined(), "LSTMCell: ", what, " is undefined");
   ENCORE_CHECK(s.rank() == 2 && s.size(0) == batch && s.size(1) == hidden, "LSTMCell: ", what,
                " must be [", batch, ",", hidden, "] for x ", x.shape(), ", it is ", s.shape());
+  check_dtype("LSTMCell", what, s, weights);
 }
 
 }  // namespace
@@ -68,8 +75,9 @@ std::pair<Tensor, Tensor> LSTMCell::forward(const Tensor& x, const Tensor& h, co
   detail::check_floating("LSTMCell", "x", x);
   ENCORE_CHECK(x.rank() == 2 && x.size(1) == weight_ih.size(1), "LSTMCell: x must be [B,",
                weight_ih.size(1), "], it is ", x.shape());
-  check_state("h", h, x.size(0), hidden_size(), x);
-  check_state("c", c, x.size(0), hidden_size(), x);
+  check_dtype("LSTMCell", "x", x, weight_ih.dtype());
+  check_state("h", h, x.size(0), hidden_size(), x, weight_ih.dtype());
+  check_state("c", c, x.size(0), hidden_size(), x, weight_ih.dtype());
   const Tensor gates = F::add(F::linear(x, weight_ih, bias_ih), F::linear(h, weight_hh, bias_hh));
   return lstm_state(gates, c);
 }
@@ -111,6 +119,7 @@ std::tuple<Tensor, Tensor, Tensor> LSTM::forward(const Tensor& x, const Tensor& 
   detail::check_floating("LSTM", "x", x);
   ENCORE_CHECK(x.rank() == 3 && x.size(2) == input_size_, "LSTM: x must be [",
                options.batch_first ? "B,T," : "T,B,", input_size_, "], it is ", x.shape());
+  check_dtype("LSTM", "x", x, weight_ih[0].dtype());
   const int time_axis = options.batch_first ? 1 : 0;
   const int64_t steps = x.size(time_axis), batch = x.size(1 - time_axis);
   ENCORE_CHECK(steps > 0, "LSTM: x ", x.shape(), " has no time steps");
@@ -121,6 +130,8 @@ std::tuple<Tensor, Tensor, Tensor> LSTM::forward(const Tensor& x, const Tensor& 
                  h0.shape());
     ENCORE_CHECK(c0.shape() == state_shape, "LSTM: c0 must be ", state_shape, ", it is ",
                  c0.shape());
+    check_dtype("LSTM", "h0", h0, weight_ih[0].dtype());
+    check_dtype("LSTM", "c0", c0, weight_ih[0].dtype());
   }
   // A step's [B, n] as one slice of the sequence: [1, B, n] or [B, 1, n].
   auto as_step = [&](const Tensor& t) {

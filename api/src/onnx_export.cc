@@ -107,6 +107,9 @@ void export_onnx(StaticCore& core, const std::string& path, const OnnxOptions& o
   ENCORE_CHECK(options.output_names.size() <= trace->results.size(), "export_onnx: '", trace->name,
                "': OnnxOptions::output_names names ", options.output_names.size(),
                " outputs; the function returns ", trace->results.size());
+  ENCORE_CHECK(options.input_names.size() <= trace->arg_shapes.size(), "export_onnx: '",
+               trace->name, "': OnnxOptions::input_names names ", options.input_names.size(),
+               " inputs; the function takes ", trace->arg_shapes.size());
   onnx::ModelProto model;
   model.set_ir_version(8);  // what opset 17 shipped with (ONNX 1.12)
   model.set_producer_name(options.producer);

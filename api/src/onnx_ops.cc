@@ -168,11 +168,27 @@ void permute(GraphBuilder& g, const Step& s) {
   g.define(s.out[0], y, batch);
 }
 
+// Expand to the output's shape. When x has no batch (a [1, n] parameter broadcast to
+// {x.size(0), n}, a sum over the batch broadcast back), a dimension that the broadcast makes
+// equal to the traced batch size is the batch, as fill() takes it, so the file runs at any
+// batch size; two such dimensions are an Error.
 void broadcast_to(GraphBuilder& g, const Step& s) {
   const Value x = g.read(s.in[0]);
-  const int batch = aligned_batch(x, s.out[0].shape.rank());
-  g.define(s.out[0],
-           g.node1("Expand", {x.name, g.shape_tensor(s.out[0].shape, batch)}, "broadcast_to"),
+  const Shape& out = s.out[0].shape;
+  int batch = aligned_batch(x, out.rank());
+  if (batch < 0 && g.batch_size() > 0) {
+    const int lead = out.rank() - x.shape.rank();  // dimensions x lacks, before its own
+    for (int d = 0; d < out.rank(); ++d) {
+      const bool expanded = d < lead || x.shape[d - lead] != out[d];
+      if (!expanded || out[d] != g.batch_size()) continue;
+      if (batch >= 0)
+        g.fail(cat("broadcasts a tensor ", x.shape, " to ", out,
+                   " with two new dimensions of the traced batch size ", g.batch_size(),
+                   ": which one is the batch is unknown"));
+      batch = d;
+    }
+  }
+  g.define(s.out[0], g.node1("Expand", {x.name, g.shape_tensor(out, batch)}, "broadcast_to"),
            batch);
 }
 

@@ -25,6 +25,12 @@ void avg_pool2d_backward(BackwardContext& c) {
                             AttrBlob::of(c.attrs<Pool2dAttrs>())));
 }
 
+// Whether padding is between 0 and half the kernel, in int64_t (twice an int may overflow).
+bool padding_within_half_kernel(Size2 padding, Size2 kernel) {
+  return padding.h >= 0 && padding.w >= 0 && 2 * int64_t{padding.h} <= kernel.h &&
+         2 * int64_t{padding.w} <= kernel.w;
+}
+
 // Checks a pooling call and gives its attributes and output shape [N, C, Ho, Wo].
 Pool2dAttrs pool_attrs(const char* op, const Tensor& x, Size2 kernel, std::optional<Size2> stride,
                        Size2 padding, bool count_include_pad, Shape& out) {
@@ -35,17 +41,17 @@ Pool2dAttrs pool_attrs(const char* op, const Tensor& x, Size2 kernel, std::optio
                " (x is ", x.shape(), ")");
   ENCORE_CHECK(st.h > 0 && st.w > 0, op, ": stride must be positive, it is ", st.str(), " (x is ",
                x.shape(), ")");
-  ENCORE_CHECK(
-      padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel.h && 2 * padding.w <= kernel.w,
-      op, ": padding ", padding.str(), " must be between 0 and half the kernel ", kernel.str(),
-      " (x is ", x.shape(), ")");
-  const int64_t h = x.size(2), w = x.size(3);
-  ENCORE_CHECK(h > 0 && w > 0, op, ": x ", x.shape(), " has no elements in height or width");
-  ENCORE_CHECK(h + 2 * padding.h >= kernel.h && w + 2 * padding.w >= kernel.w, op, ": kernel ",
-               kernel.str(), " is larger than the padded input: x is ", x.shape(), ", padding ",
-               padding.str());
-  out = Shape{x.size(0), x.size(1), (h + 2 * padding.h - kernel.h) / st.h + 1,
-              (w + 2 * padding.w - kernel.w) / st.w + 1};
+  ENCORE_CHECK(padding_within_half_kernel(padding, kernel), op, ": padding ", padding.str(),
+               " must be between 0 and half the kernel ", kernel.str(), " (x is ", x.shape(), ")");
+  // The padded sizes in int64_t: x's sizes plus twice an int.
+  const int64_t padded_h = x.size(2) + 2 * int64_t{padding.h};
+  const int64_t padded_w = x.size(3) + 2 * int64_t{padding.w};
+  ENCORE_CHECK(x.size(2) > 0 && x.size(3) > 0, op, ": x ", x.shape(),
+               " has no elements in height or width");
+  ENCORE_CHECK(padded_h >= kernel.h && padded_w >= kernel.w, op, ": kernel ", kernel.str(),
+               " is larger than the padded input: x is ", x.shape(), ", padding ", padding.str());
+  out = Shape{x.size(0), x.size(1), (padded_h - kernel.h) / st.h + 1,
+              (padded_w - kernel.w) / st.w + 1};
   Pool2dAttrs a;
   detail::set_pair(a.kernel, kernel);
   detail::set_pair(a.stride, st);
@@ -274,9 +280,8 @@ Pool2d::Pool2d(const char* name, Size2 kernel, std::optional<Size2> stride, Size
                kernel.str());
   ENCORE_CHECK(!stride || (stride->h > 0 && stride->w > 0), name,
                ": stride must be positive, it is ", stride.value_or(kernel).str());
-  ENCORE_CHECK(
-      padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel.h && 2 * padding.w <= kernel.w,
-      name, ": padding ", padding.str(), " must be between 0 and half the kernel ", kernel.str());
+  ENCORE_CHECK(padding_within_half_kernel(padding, kernel), name, ": padding ", padding.str(),
+               " must be between 0 and half the kernel ", kernel.str());
 }
 
 std::string Pool2d::describe_as(const char* name) const {

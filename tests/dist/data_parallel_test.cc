@@ -2,8 +2,8 @@
 // both ranks hold the same parameters bit for bit, and the parameters of one process that sums
 // the two half-batch gradients (then halves them) in the same order; the static whole step gives
 // eager's bits with the all-reduce steps in its schedule; tied and unused parameters are learned
-// from the first backward; ranks that build different modules, or use a parameter differently,
-// get an Error naming the parameter.
+// from the first backward; ranks that build different modules (parameters or buffers), or use a
+// parameter differently, get an Error naming the parameter or buffer.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -203,6 +203,56 @@ TEST_CASE("ranks with different parameters get an Error naming the parameter", "
   std::shared_ptr<nn::Module> fewer = nn::mlp(20, 8, 10);
   if (dist::rank() == 1) fewer = std::make_shared<nn::Linear>(20, 10);
   CHECK_THROWS_WITH(dist::DataParallel(*fewer), Contains("numbers of parameters"));
+}
+
+TEST_CASE("ranks with different buffers get an Error naming the buffer, and nothing is copied",
+          "[dist]") {
+  // The same parameters on both ranks; batch norms without affine parameters hold buffers only.
+  const int r = dist::rank();
+  auto build = [&](int64_t channels, DType dtype, bool norm) {
+    manual_seed(1);
+    auto m = std::make_shared<nn::Sequential>();
+    m->add(std::make_shared<nn::Linear>(4, 4));
+    if (norm)
+      m->add(std::make_shared<nn::BatchNorm2d>(
+          channels, nn::BatchNormOptions{.affine = false, .dtype = dtype}));
+    for (auto& [name, slot] : m->named_buffer_slots()) {
+      NoGradGuard no_grad;
+      fill_(*slot, r + 2.0);  // each rank's own statistics
+    }
+    return m;
+  };
+  // Each rank's buffers keep their values after the Error: it comes before any copy.
+  auto unchanged = [&](const nn::Module& m) {
+    for (auto& [name, slot] : m.named_buffer_slots()) {
+      INFO(name);
+      CHECK(slot->to_vector<double>() == std::vector<double>(slot->numel(), r + 2.0));
+    }
+  };
+  auto wider = build(r == 1 ? 8 : 4, DType::Float32, true);
+  const std::string mine = r == 1 ? "Tensor[8]" : "Tensor[4]";
+  CHECK_THROWS_WITH(dist::DataParallel(*wider),
+                    Contains("DataParallel: buffer '1.running_mean' differs across ranks (in its "
+                             "shape or dtype): on rank " +
+                             std::to_string(r) + " of 2 it is " + mine + " float32 cpu"));
+  unchanged(*wider);
+  auto wider_dtype = build(4, r == 1 ? DType::Float64 : DType::Float32, true);
+  CHECK_THROWS_WITH(
+      dist::DataParallel(*wider_dtype),
+      Contains("buffer '1.running_mean' differs across ranks (in its shape or dtype)"));
+  unchanged(*wider_dtype);
+  auto more = build(4, DType::Float32, r == 1);
+  CHECK_THROWS_WITH(dist::DataParallel(*more),
+                    Contains("DataParallel: the ranks' modules have different numbers of buffers "
+                             "(0 to 2)"));
+  unchanged(*more);
+  // Buffers that agree are copied from rank 0.
+  auto same = build(4, DType::Float32, true);
+  dist::DataParallel ddp(*same);
+  for (auto& [name, slot] : same->named_buffer_slots()) {
+    INFO(name);
+    CHECK(slot->to_vector<double>() == std::vector<double>(slot->numel(), 2.0));
+  }
 }
 
 namespace {

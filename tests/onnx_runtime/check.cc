@@ -1,7 +1,8 @@
 // onnxruntime runs the models encore exports and gets encore's eval results: SeedCnn, VggSmall,
 // the MLP, CharLstm's one-step cell (tokens, h, c -> logits, h', c') and TinyGpt, each traced at
-// batch 4 and run at batch 4 and 7 (the batch is symbolic in the files); and a function adding a
-// constant it makes in the batch's shape, which the file must make at the batch it runs at. encore
+// batch 4 and run at batch 4 and 7 (the batch is symbolic in the files); a function adding a
+// constant it makes in the batch's shape, which the file must make at the batch it runs at; and
+// one broadcasting tensors without a batch to it. encore
 // writes each model, its inputs and its outputs; compare.py runs them and checks every element to a
 // relative error of 1e-5, with an absolute floor of 1e-6 of the output's largest magnitude for
 // elements near zero (see compare.py). Exits with 77 (skipped) when python3 cannot import
@@ -150,6 +151,26 @@ int main() {
                            with.example_args = {randn({4, 3})};
                            export_onnx(shifted, path, with);
                          }});
+    // A [1, 3] tensor broadcast to the batch and a mean over the batch broadcast back: neither
+    // has the batch before its broadcast, so the file must take it from the input.
+    const Tensor cls = randn({1, 3});
+    auto with_cls = [cls](const Tensor& x) {
+      const Tensor centred = F::sub(x, F::broadcast_to(F::mean(x, {0}, true), x.shape()));
+      return F::concat({F::broadcast_to(cls, {x.size(0), 3}), centred}, 1);
+    };
+    auto broadcast = static_graph(with_cls, {.name = "broadcast"});
+    cases.push_back(
+        Case{"batch_broadcast",
+             {"input"},
+             [](int64_t b) {
+               return std::vector<Tensor>{randn({b, 5})};
+             },
+             [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{with_cls(in[0])}; },
+             [&](const std::string& path, const OnnxOptions& o) {
+               OnnxOptions with = o;
+               with.example_args = {randn({4, 5})};
+               export_onnx(broadcast, path, with);
+             }});
     std::ofstream manifest(dir / "manifest.txt");
     for (const Case& c : cases) {
       const std::string model = (dir / (c.name + ".onnx")).string();
