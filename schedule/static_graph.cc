@@ -283,8 +283,18 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     unsafe = trace(e, args, results);
   } catch (...) {
+    // The trace counts, and its history and log say how it ended.
+    std::string what = "the function threw";
+    try {
+      throw;
+    } catch (const std::exception& ex) {
+      what = cat("the function threw: ", ex.what());
+    } catch (...) {
+    }
     lock.lock();
     entries.remove(e);
+    after_trace(*e, cat(reason, "; ", what), ch, ms_since(t0));
+    unlock_and_log(lock);
     throw;
   }
   lock.lock();

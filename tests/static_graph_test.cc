@@ -266,6 +266,31 @@ struct TwoOverloads {
   Tensor operator()(const Tensor& x, const Tensor& y) const { return x * y; }
 };
 
+TEST_CASE("a trace whose function throws is in the history with what it threw", "[static]") {
+  StaticEnabled on;
+  bool fail = true;
+  auto body = [&fail](const Tensor& x) {
+    if (fail) throw Error("boom");
+    return pointwise(x);
+  };
+  auto f = static_graph(body, {.name = "throwing_fn", .arg_names = {"x"}});
+  const Tensor x = rand({4, 3});
+  CHECK_THROWS_WITH(f(x), "boom");
+  fail = false;
+  CHECK(bit_diff(f(x), pointwise(x)) == "");
+  CHECK(bit_diff(f(x), pointwise(x)) == "");
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 1);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK(s.traces_history[0].trace == 1);
+  CHECK(s.traces_history[0].reason == "first call; the function threw: boom");
+  CHECK_THAT(s.traces_history[0].message, Contains("throwing_fn: trace (cost "));
+  CHECK(s.traces_history[1].trace == 2);
+  CHECK(s.traces_history[1].reason == "first call");
+  CHECK_THAT(s.traces_history[1].message, Contains("throwing_fn: retrace #1 (cost "));
+}
+
 TEST_CASE("a retrace storm names what changed within it", "[static]") {
   StaticEnabled on;
   std::vector<std::string> lines;
