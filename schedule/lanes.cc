@@ -22,7 +22,9 @@
 // bits it computes eagerly at two threads. No lock, lookup or allocation; a kernel that throws
 // stops both lanes and the error reaches the caller.
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <limits>
 #include <vector>
 
 #include "runtime/comm_progress.h"
@@ -216,23 +218,33 @@ void Plan::run_lanes(CallState& b, Phase phase) {
   lane_replays_.fetch_add(1, std::memory_order_relaxed);
   LanePair pair;
   std::exception_ptr error[2];
+  int at[2] = {-1, -1};
+  std::atomic<int> first_failure{std::numeric_limits<int>::max()};
   pair.run([&](int lane) {
     try {
-      run_lane(b, phase, lane, run, pair);
+      run_lane(b, phase, lane, run, pair, at[lane], first_failure);
     } catch (...) {
       error[lane] = std::current_exception();
+      int seen = first_failure.load(std::memory_order_relaxed);
+      while (at[lane] < seen && !first_failure.compare_exchange_weak(seen, at[lane])) {
+      }
       pair.fail();
     }
   });
-  for (const std::exception_ptr& e : error)
-    if (e) std::rethrow_exception(e);
+  // The error of the step recorded first: the one eager would have raised.
+  const int lane = error[0] && error[1] ? (at[1] < at[0] ? 1 : 0) : (error[0] ? 0 : 1);
+  if (error[lane]) std::rethrow_exception(error[lane]);
 }
 
-void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair) const {
+void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair, int& at,
+                    const std::atomic<int>& first_failure) const {
   auto finished = [&](int step) { return b.done[step].load(std::memory_order_acquire) == run; };
   size_t next_random = 0;  // (cpu steps reserve their numbers as they run)
   for (const LaneEntry& e : lanes_[phase][lane]) {
-    if (pair.failed()) return;  // the other lane's step threw: stop at the next step
+    // The other lane's step threw: this one runs on through the steps recorded before it (eager
+    // ran them before it failed there, and one may fail first), alone, while what they wait for
+    // is done.
+    if (pair.failed() && (e.wide || e.step > first_failure.load(std::memory_order_relaxed))) return;
     for (uint32_t w = e.waits_begin; w < e.waits_end; ++w) {
       SpinWait wait;
       while (!finished(lane_waits_[w])) {
@@ -245,6 +257,7 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
       continue;
     }
     if (e.wide) pair.begin_wide();
+    at = e.step;
     run_step(b, e.step, false, next_random);
     if (lane == 0) comm_progress::poll();  // the thread that started the communication
     if (e.wide) pair.end_wide();

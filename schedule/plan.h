@@ -261,7 +261,10 @@ class Plan {
   void plan_lanes();
   bool use_lanes(Phase phase) const;
   void run_lanes(CallState& b, Phase phase);
-  void run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair) const;
+  // `at`: the step the lane ran last (the one that threw, when it throws). `first_failure`: the
+  // lowest step that threw on either lane.
+  void run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair, int& at,
+                const std::atomic<int>& first_failure) const;
   void plan_graphs();
   void finish_copy_out(CallState& b);
   // Red zones: fills the guards of the blocks step `i` writes, and after it throws when one
