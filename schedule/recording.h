@@ -92,6 +92,10 @@ struct Recording {
   std::vector<Leaf> leaves;
   std::vector<Operand> results;     // what the function returned
   std::vector<int> differentiable;  // indices of results that carry the subgraph node
+  // Per result, what it is as a tensor (-1: neither), so that a call returns what eager returns:
+  // the same tensor as an earlier result (`result_twin`), or argument `result_arg` itself.
+  // Neither carries the node: their gradients accumulate where eager accumulates them.
+  std::vector<int> result_twin, result_arg;
   // Backward: every gradient the recorded backward delivered to an argument or a leaf, in the
   // order the engine delivered them. A replay's node has one input per contribution, so they
   // accumulate into .grad (or an argument's producer) one by one, in eager's order.

@@ -181,7 +181,16 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   }
   results.clear();
   results.reserve(p.results().size());
-  for (const Operand& r : p.results()) {
+  for (size_t k = 0; k < p.results().size(); ++k) {
+    const Operand& r = p.results()[k];
+    if (rec.result_twin[k] >= 0) {  // what eager returns: the same tensor
+      results.push_back(results[rec.result_twin[k]]);
+      continue;
+    }
+    if (rec.result_arg[k] >= 0) {
+      results.push_back(args[rec.result_arg[k]]);
+      continue;
+    }
     if (p.escape_slot(r.buf) < 0) {  // a view of a tensor bound to this call
       const Tensor* t = bound_tensor(*e, rec.buffers[r.buf], args, scratch);
       results.push_back(Tensor(

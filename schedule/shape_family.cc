@@ -116,7 +116,8 @@ std::string structure_diff(const Recording& a, const Recording& b) {
         x.final_grad != y.final_grad || !x.tensor.is_same(y.tensor))
       return cat("leaf ", i, " is used differently in the traces");
   }
-  if (a.results.size() != b.results.size() || a.differentiable != b.differentiable)
+  if (a.results.size() != b.results.size() || a.differentiable != b.differentiable ||
+      a.result_twin != b.result_twin || a.result_arg != b.result_arg)
     return "the traces returned different results";
   for (size_t i = 0; i < a.results.size(); ++i)
     if (!same_operand(a.results[i], b.results[i]))

@@ -156,15 +156,24 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
       std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
   std::vector<Tensor> aliases;
   const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
-  for (const Tensor& r : inner) {
+  for (size_t k = 0; k < inner.size(); ++k) {
+    const Tensor& r = inner[k];
     ENCORE_CHECK(r.defined(), config.name, ": the function returned an undefined tensor");
     rec->results.push_back(recorder->operand_of(r));
+    auto same = [&r](const Tensor& t) { return t.impl() == r.impl(); };
+    const auto twin = std::find_if(inner.begin(), inner.begin() + k, same);
+    const auto arg = std::find_if(aliases.begin(), aliases.end(), same);
+    rec->result_twin.push_back(twin != inner.begin() + k ? static_cast<int>(twin - inner.begin())
+                                                         : -1);
+    rec->result_arg.push_back(arg != aliases.end() ? static_cast<int>(arg - aliases.begin()) : -1);
   }
   e.eager_only = !rec->unsafe.empty();
 
-  const bool node =
-      GradMode::enabled() && !rec->saw_backward &&
-      std::any_of(inner.begin(), inner.end(), [](const Tensor& t) { return t.requires_grad(); });
+  // Results that are an earlier result or an argument carry no node (they are that tensor).
+  bool carried = false;
+  for (size_t k = 0; k < inner.size(); ++k)
+    carried |= inner[k].requires_grad() && rec->result_twin[k] < 0 && rec->result_arg[k] < 0;
+  const bool node = GradMode::enabled() && !rec->saw_backward && carried;
   e.node = node;
   // Guards: watched parameters' shapes; the state of .grad the trace depended on.
   for (const Buffer& buf : rec->buffers)
@@ -195,9 +204,21 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
       rec->retrace = cat("changed what a replay bakes in (", why, ")");
 
   results.clear();
+  results.reserve(inner.size());  // (as_eager points into it)
+  // A result that is an earlier one, or an argument, is returned as that tensor.
+  auto as_eager = [&](size_t k) -> const Tensor* {
+    if (rec->result_twin[k] >= 0) return &results[rec->result_twin[k]];
+    if (rec->result_arg[k] >= 0) return &args[rec->result_arg[k]];
+    return nullptr;
+  };
   if (!node) {
     // Results leave the trace cut from its graph (a whole step already ran its backward).
-    for (const Tensor& r : inner) results.push_back(r.requires_grad() ? r.detach() : r);
+    for (size_t k = 0; k < inner.size(); ++k) {
+      const Tensor* same = as_eager(k);
+      results.push_back(same != nullptr            ? *same
+                        : inner[k].requires_grad() ? inner[k].detach()
+                                                   : inner[k]);
+    }
     if (!e.eager_only && rec->retrace.empty()) complete_entry(e);
     return rec->unsafe;
   }
@@ -210,13 +231,18 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     if (args[i].requires_grad() && !args[i].is_leaf() && e.sig.args[i].same_as < 0)
       frame->node_args.push_back(static_cast<int>(i));
   for (size_t k = 0; k < inner.size(); ++k)
-    if (inner[k].requires_grad()) rec->differentiable.push_back(static_cast<int>(k));
+    if (inner[k].requires_grad() && rec->result_twin[k] < 0 && rec->result_arg[k] < 0)
+      rec->differentiable.push_back(static_cast<int>(k));
 
   IntrusivePtr<Node> n =
       labelled_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());
   n->materialize_grads = false;
   for (int a : frame->node_args) add_input(*n, args[a]);
   for (size_t k = 0; k < inner.size(); ++k) {
+    if (const Tensor* same = as_eager(k)) {
+      results.push_back(*same);
+      continue;
+    }
     Tensor out = inner[k].detach();
     if (inner[k].requires_grad()) {
       add_output(n, *out.impl());
