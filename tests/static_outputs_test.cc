@@ -23,6 +23,44 @@ Tensor leaf(std::initializer_list<double> values) {
   return t;
 }
 
+// Twice: calls `f` on a leaf of `values`, writes in place what `write` picks (given the
+// result), and checks that the backward raises `message` and delivers no gradient.
+template <typename Fn>
+void written_before_backward(Fn& f, std::initializer_list<double> values,
+                             const std::function<void(const Tensor&)>& write,
+                             const std::string& message) {
+  for (int call = 0; call < 2; ++call) {
+    CAPTURE(call);
+    Tensor x = leaf(values);
+    Tensor y = f(x);
+    {
+      NoGradGuard no_grad;
+      write(y);
+    }
+    CHECK_THROWS_WITH(F::sum(y).backward(), Contains(message));
+    CHECK_FALSE(x.grad().defined());
+  }
+}
+
+// Calls a static function of two results beside its eager twin three times, back-propagates
+// loss(call, a, b) through each, and checks the gradients agree bit for bit; returns its stats.
+StaticStats two_results_twin(const char* name,
+                             const std::function<Tensor(int, const Tensor&, const Tensor&)>& loss) {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = name});
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
+    auto [a, b] = f(xs);
+    auto [ea, eb] = body(xe);
+    loss(call, a, b).backward();
+    loss(call, ea, eb).backward();
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  }
+  return f.stats();
+}
+
 }  // namespace
 
 TEST_CASE("a result written in place before the backward is an Error at every call", "[static]") {
@@ -35,19 +73,10 @@ TEST_CASE("a result written in place before the backward is an Error at every ca
     CHECK(bit_diff(x.grad(), F::exp(tensor({0.0, 1.0}, {2}))) == "");
   };
   clean_call();  // traces, and records the backward
-  for (int call = 1; call < 3; ++call) {
-    CAPTURE(call);
-    Tensor x = leaf({0.0, 1.0});
-    Tensor y = f(x);
-    {
-      NoGradGuard no_grad;
-      add_(y, ones({2}));
-    }
-    CHECK_THROWS_WITH(F::sum(y).backward(),
-                      Contains("backward of a static call: its result [2], which the backward "
-                               "reads, was modified in place (version 0 -> 1)"));
-    CHECK_FALSE(x.grad().defined());
-  }
+  written_before_backward(
+      f, {0.0, 1.0}, [](const Tensor& y) { add_(y, ones({2})); },
+      "backward of a static call: its result [2], which the backward reads, "
+      "was modified in place (version 0 -> 1)");
   clean_call();
   CHECK(f.stats().traces == 1);
   CHECK(f.stats().hits == 3);
@@ -61,19 +90,9 @@ TEST_CASE("a captured tensor written in place before the backward is an Error at
   auto f = static_graph(body, {.name = "saved_captured"});
   Tensor x0 = leaf({1.0, 1.0});
   F::sum(f(x0)).backward();  // traces, and records the backward
-  for (int call = 1; call < 3; ++call) {
-    CAPTURE(call);
-    Tensor x = leaf({1.0, 1.0});
-    Tensor y = f(x);
-    {
-      NoGradGuard no_grad;
-      add_(w, ones({2}));
-    }
-    CHECK_THROWS_WITH(F::sum(y).backward(),
-                      Contains("backward of a static call: a tensor [2] it saved was modified in "
-                               "place"));
-    CHECK_FALSE(x.grad().defined());
-  }
+  written_before_backward(
+      f, {1.0, 1.0}, [&w](const Tensor&) { add_(w, ones({2})); },
+      "backward of a static call: a tensor [2] it saved was modified in place");
   CHECK(f.stats().traces == 1);
   CHECK(f.stats().hits == 2);
 }
@@ -101,47 +120,22 @@ TEST_CASE("a result that gets no gradient is not back-propagated, as eagerly", "
 
 TEST_CASE("a replayed backward takes zeros for a result the first backward got a gradient for",
           "[static]") {
-  StaticEnabled on;
-  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
-  auto f = static_graph(body, {.name = "both_then_one"});
-  for (int call = 0; call < 3; ++call) {
-    CAPTURE(call);
-    Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
-    auto [a, b] = f(xs);
-    auto [ea, eb] = body(xe);
-    if (call == 0) {  // the first backward gets both
-      F::sum(a + b).backward();
-      F::sum(ea + eb).backward();
-    } else {
-      F::sum(b).backward();
-      F::sum(eb).backward();
-    }
-    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
-  }
-  CHECK(f.stats().traces == 1);
+  // The first backward gets both results' gradients, later ones b's alone.
+  const StaticStats s =
+      two_results_twin("both_then_one", [](int call, const Tensor& a, const Tensor& b) {
+        return call == 0 ? F::sum(a + b) : F::sum(b);
+      });
+  CHECK(s.traces == 1);
 }
 
 TEST_CASE("results whose first backward got one gradient tensor take two at later calls",
           "[static]") {
-  StaticEnabled on;
-  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
-  auto f = static_graph(body, {.name = "one_gradient_tensor"});
-  for (int call = 0; call < 3; ++call) {
-    CAPTURE(call);
-    Tensor xs = leaf({1.0, 3.0}), xe = leaf({1.0, 3.0});
-    auto [a, b] = f(xs);
-    auto [ea, eb] = body(xe);
-    // First add's backward hands its one gradient to both results; then a gets 3 times b's.
-    if (call == 0) {
-      F::sum(a + b).backward();
-      F::sum(ea + eb).backward();
-    } else {
-      F::sum(a * 3.0 + b).backward();
-      F::sum(ea * 3.0 + eb).backward();
-    }
-    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
-  }
-  CHECK(f.stats().traces == 1);
+  // First add's backward hands its one gradient to both results; then a gets 3 times b's.
+  const StaticStats s =
+      two_results_twin("one_gradient_tensor", [](int call, const Tensor& a, const Tensor& b) {
+        return call == 0 ? F::sum(a + b) : F::sum(a * 3.0 + b);
+      });
+  CHECK(s.traces == 1);
 }
 
 TEST_CASE("a replayed backward that gets a gradient the first did not is an Error, then traces",
