@@ -106,11 +106,12 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())
     return nullptr;
   std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
-  for (auto it = families.begin(); it != families.end(); ++it) {
+  for (auto next = families.begin(); next != families.end();) {
+    const auto it = next++;
     if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
     if ((*it)->proto->stale->load(std::memory_order_acquire)) {
       if (reason.empty()) reason = kStaleReason;
-      it = std::prev(families.erase(it));
+      families.erase(it);
       continue;
     }
     std::string failed = guard_failure(*(*it)->proto);
@@ -125,20 +126,24 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
       if (!matches((*s)->sig, args, key, grad, mode)) continue;
       f->sizes.splice(f->sizes.begin(), f->sizes, s);
       std::shared_ptr<Entry> hit = f->sizes.front();
-      hits = ++hit->hits;
-      ++f->hits;
+      ++hit->hits;
+      hits = ++f->hits;  // verify mode's cadence: the family's replays, whatever their sizes
       ++stats.hits;
       note_call(false);
       lock.unlock();
       return hit;
     }
-    // A size not planned yet: planned from the family's recording, outside the lock.
+    // A size not planned yet: planned from the family's recording, outside the lock. The call
+    // counts as a hit meanwhile, so that stats() read then adds up (calls = traces + hits +
+    // eager calls).
     const std::vector<int64_t> at = sizes;
+    ++stats.hits;
     lock.unlock();
     std::string why;
     std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, at, why);
     lock.lock();
     if (!e) {
+      --stats.hits;  // it traces instead
       reason = cat(why, " (planned from dynamic family ", f->id, ")");
       return nullptr;
     }
@@ -156,8 +161,8 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
         ++f->evictions;
       }
     }
-    hits = ++e->hits;
-    ++stats.hits;
+    ++e->hits;
+    hits = ++f->hits;
     note_call(false);
     lock.unlock();
     return e;

@@ -182,7 +182,11 @@ std::string check_step(const Step& s) {
       if (in[in.rank() - d] != out[out.rank() - d] && in[in.rank() - d] != 1) return false;
     return true;
   };
-  if (op_elementwise(s.op) && !s.out.empty()) {
+  // Ops whose inputs broadcast to their output (its shape was fitted to the traces' sizes: a
+  // size where another input is the larger one must not be planned).
+  const bool broadcasting =
+      op_elementwise(s.op) || s.op == Op::Equal || s.op == Op::Greater || s.op == Op::Where;
+  if (broadcasting && !s.out.empty()) {
     for (const Operand& in : s.in)
       if (numel(in) != numel(s.out[0]) && !broadcasts(in.shape, s.out[0].shape))
         return cat(op_name(s.op), " reads ", in.shape, " for ", s.out[0].shape);
@@ -196,6 +200,15 @@ std::string check_step(const Step& s) {
     const int64_t ka = m.trans_a ? a[a.rank() - 2] : a[a.rank() - 1];
     const int64_t kb = m.trans_b ? b[b.rank() - 1] : b[b.rank() - 2];
     if (ka != kb) return cat("matmul of ", a, " and ", b);
+    // The batch dimensions broadcast to the output's.
+    const Shape& y = s.out[0].shape;
+    auto batch = [](const Shape& t) {
+      Shape out;
+      for (int d = 0; d + 2 < t.rank(); ++d) out.push_back(t[d]);
+      return out;
+    };
+    if (!broadcasts(batch(a), batch(y)) || !broadcasts(batch(b), batch(y)))
+      return cat("matmul of ", a, " and ", b, " into ", y);
   }
   if (s.op == Op::Linear && s.in[0].shape.rank() >= 1 && s.in[1].shape.rank() == 2 &&
       s.in[0].shape[s.in[0].shape.rank() - 1] != s.in[1].shape[1])

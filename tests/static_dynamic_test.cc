@@ -403,6 +403,50 @@ TEST_CASE("dynamic: verify mode checks replays at planned sizes against eager",
   CHECK(st.verifications == 3);
 }
 
+TEST_CASE("dynamic: verify mode's cadence counts the family's replays, whatever their sizes",
+          "[static][dynamic]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return F::tanh(x) * 2.0; };
+  auto f = static_graph(body, {.name = "cadence", .verify_every = 2});
+  // Two traces, then eight sizes each seen once: every second replay is verified.
+  for (int64_t n : {2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
+    const Tensor x = rand({n, 3});
+    CHECK(bit_diff(f(x), body(x)) == "");
+  }
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 8);
+  CHECK(s.verifications == 4);
+}
+
+TEST_CASE("dynamic: an op whose inputs broadcast is not planned where another input is larger",
+          "[static][dynamic]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  // At every trace x's rows are at least y's, so the results' rows were x's; then y's are more.
+  const std::vector<std::pair<int64_t, int64_t>> rows = {{3, 3}, {5, 5}, {1, 1}, {6, 1}, {1, 6}};
+  auto check = [&rows](const char* name, auto body, int64_t inner_x, int64_t inner_y) {
+    INFO(name);
+    auto f = static_graph(body, {.name = name});
+    for (auto [a, b] : rows) {
+      CAPTURE(a, b);
+      const Tensor x = rand({a, 2, inner_x}), y = rand({b, inner_y, 2});
+      CHECK(bit_diff(f(x, y), body(x, y)) == "");
+    }
+    CHECK(f.stats().traces == 5);
+  };
+  check(
+      "greater", [](const Tensor& x, const Tensor& y) { return F::greater(x, y); }, 2, 2);
+  check(
+      "equal", [](const Tensor& x, const Tensor& y) { return F::equal(x, y * 0.0); }, 2, 2);
+  check(
+      "where",
+      [](const Tensor& x, const Tensor& y) { return F::where(F::greater(y, y * 0.5), x, y); }, 2,
+      2);
+  check(
+      "batched matmul", [](const Tensor& x, const Tensor& y) { return F::matmul(x, y); }, 3, 3);
+}
+
 TEST_CASE("dynamic: a static forward (module form) with its backward outside",
           "[static][dynamic]") {
   StaticEnabled on;

@@ -196,6 +196,30 @@ TEST_CASE("threads calling a dynamic function at new sizes at once get eager's b
   CHECK(s.dynamic[0].sizes.size() <= 12);
 }
 
+TEST_CASE("stats read while another thread plans a size add up", "[static][threads][dynamic]") {
+  auto body = [](const Tensor& x) { return F::tanh(x * 3.0) + x; };
+  auto fn = static_graph(body, {.name = "planning_stats"});
+  NoGradGuard no_grad;
+  fn(rand({2, 64}));
+  fn(rand({3, 64}));  // the batch is dynamic from here: every new size is planned
+  std::atomic<bool> done{false};
+  std::thread caller([&] {
+    for (int64_t n = 4; n < 200; ++n) fn(rand({n, 64}));
+    done.store(true);
+  });
+  int64_t snapshots = 0, broken = 0;
+  while (!done.load()) {
+    const StaticStats s = fn.stats();
+    ++snapshots;
+    broken += s.calls != s.traces + s.hits + s.eager_calls;
+  }
+  caller.join();
+  INFO(broken << " of " << snapshots << " snapshots");
+  CHECK(broken == 0);
+  check_stats_add_up(fn.stats());
+  CHECK(fn.stats().sizes_planned > 100);
+}
+
 TEST_CASE("threads calling one new signature at once trace it once", "[static][threads]") {
   manual_seed(14);
   auto model = std::make_shared<MlpNet>(16, 32, 4);
