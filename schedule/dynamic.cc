@@ -96,6 +96,17 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   return e;
 }
 
+// Whether the dimensions had equal sizes at every traced point (a sequence length in the inputs
+// and in the targets): a failure is then theirs together; else traces that differ in fewer of
+// them can tell which one it is.
+bool one_group(const std::vector<FamilyPoint>& points, const std::vector<DynDim>& dims) {
+  for (const FamilyPoint& p : points)
+    for (const DynDim& d : dims)
+      if (p.sig.args[d.arg].shape[d.dim] != p.sig.args[dims[0].arg].shape[dims[0].dim])
+        return false;
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> args,
@@ -182,34 +193,50 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   std::vector<DynDim> changed, dims;
   std::vector<FamilyPoint> evidence;
   std::vector<int64_t> ids;
+  // The dimensions a family with this evidence would make dynamic; false for a set that
+  // already failed together.
+  auto with = [&](std::vector<DynDim> more) {
+    dims = changed;
+    dims.insert(dims.end(), more.begin(), more.end());
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    return !failed_dim_sets.contains(dims);
+  };
   // The most recently used family, else entry, whose signature differs from this call's in
   // eligible sizes only.
   for (const auto& f : families) {
     if (!only_sizes_differ(f->shapes->sig, e.sig, changed) ||
-        !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*f->proto).empty())
+        !std::all_of(changed.begin(), changed.end(), eligible) ||
+        !guard_failure(*f->proto).empty() || f->proto->stale->load() || !with(f->shapes->dims))
       continue;
-    dims = changed;
-    dims.insert(dims.end(), f->shapes->dims.begin(), f->shapes->dims.end());
     evidence = f->shapes->points;
     ids = f->traces;
     break;
   }
   if (evidence.empty()) {
+    // Else the entry that differs in the fewest sizes (the most recently used of those): a
+    // dimension that cannot be dynamic must not keep one that changed beside it from being so.
+    const Entry* best = nullptr;
+    std::vector<DynDim> best_dims;
     for (const auto& b : entries) {
       if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
-          !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
-          !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty())
+          b->stale->load() || !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
+          !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty() ||
+          !with(b->pending_points.empty() ? std::vector<DynDim>() : b->dynamic_dims))
         continue;
-      dims = changed;
-      if (!b->pending_points.empty()) {
-        dims.insert(dims.end(), b->dynamic_dims.begin(), b->dynamic_dims.end());
-        evidence = b->pending_points;
-        ids = b->pending_ids;
+      if (best != nullptr && dims.size() >= best_dims.size()) continue;
+      best = b.get();
+      best_dims = dims;
+    }
+    if (best != nullptr) {
+      dims = best_dims;
+      if (!best->pending_points.empty()) {
+        evidence = best->pending_points;
+        ids = best->pending_ids;
       } else {
-        evidence = {FamilyPoint{b->pristine, b->sig}};
-        ids = {b->id};
+        evidence = {FamilyPoint{best->pristine, best->sig}};
+        ids = {best->id};
       }
-      break;
     }
   }
   if (evidence.empty()) return;
@@ -217,8 +244,6 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     evidence.erase(evidence.begin());
     ids.erase(ids.begin());
   }
-  std::sort(dims.begin(), dims.end());
-  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
   e.dynamic_dims = std::move(dims);
   e.evidence = std::move(evidence);
   e.evidence_ids = std::move(ids);
@@ -229,6 +254,18 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
   points.push_back({e->pristine, e->sig});
   std::vector<int64_t> ids = e->evidence_ids;
   ids.push_back(e->id);
+  // Traces whose first backwards got gradients for different results have other backwards,
+  // whatever the sizes: no family, and no dimension is to blame.
+  for (size_t k = 0; k + 1 < points.size(); ++k)
+    if (points[k].rec->grad_given != e->pristine->grad_given) {
+      std::unique_lock<std::mutex> lock(mu);
+      e->evidence.clear();
+      log_retrace(cat(config.name, ": ", dims_text(config, e->dynamic_dims),
+                      " not made dynamic: the first backwards of traces ", ids[k], " and ", e->id,
+                      " got gradients for different results"));
+      unlock_and_log(lock);
+      return;
+    }
   FamilyBuild b;
   try {
     b = build_family(points, e->dynamic_dims);
@@ -276,12 +313,17 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     }
     log_retrace(cat(config.name, ": ", what, " may be dynamic, but the traces at size 1 differ (",
                     b.why, "); the next size is checked against trace ", ids_text(e->pending_ids)));
-  } else {
+  } else if (one_group(points, e->dynamic_dims)) {
     const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
                                  " static: ", b.why, " (traces ", ids_text(ids), ")");
     for (const DynDim& d : e->dynamic_dims)
       if (static_dims.size() < kSubjects) static_dims.try_emplace(d, line);
     warn(cat(config.name, ": ", line));
+  } else if (failed_dim_sets.size() < kSubjects && failed_dim_sets.insert(e->dynamic_dims).second) {
+    // Which of them the failure is due to, traces that differ in fewer of them tell: until
+    // then each may still become dynamic.
+    warn(cat(config.name, ": ", what, " cannot all be dynamic: ", b.why, " (traces ", ids_text(ids),
+             "); each may still become dynamic where two traces differ in fewer"));
   }
   unlock_and_log(lock);
 }

@@ -252,15 +252,17 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
         wait();
       }
     }
+    at = e.step;
     if (e.wide && lane == 1) {
       pair.serve([&] { return finished(e.step); });
       continue;
     }
     if (e.wide) pair.begin_wide();
-    at = e.step;
     run_step(b, e.step, false, next_random);
     if (lane == 0) comm_progress::poll();  // the thread that started the communication
     if (e.wide) pair.end_wide();
+    // A wide step cut short by the other lane's failure lacks that lane's part: not done.
+    if (e.wide && pair.failed()) return;
     b.done[e.step].store(run, std::memory_order_release);
   }
 }

@@ -96,6 +96,8 @@ struct Recording {
   // the same tensor as an earlier result (`result_twin`), or argument `result_arg` itself.
   // Neither carries the node: their gradients accumulate where eager accumulates them.
   std::vector<int> result_twin, result_arg;
+  // Per differentiable result: whether the recorded backward got its gradient (Entry::grad_given).
+  std::vector<char> grad_given;
   // Backward: every gradient the recorded backward delivered to an argument or a leaf, in the
   // order the engine delivered them. A replay's node has one input per contribution, so they
   // accumulate into .grad (or an argument's producer) one by one, in eager's order.

@@ -117,7 +117,8 @@ std::string structure_diff(const Recording& a, const Recording& b) {
       return cat("leaf ", i, " is used differently in the traces");
   }
   if (a.results.size() != b.results.size() || a.differentiable != b.differentiable ||
-      a.result_twin != b.result_twin || a.result_arg != b.result_arg)
+      a.result_twin != b.result_twin || a.result_arg != b.result_arg ||
+      a.grad_given != b.grad_given)
     return "the traces returned different results";
   for (size_t i = 0; i < a.results.size(); ++i)
     if (!same_operand(a.results[i], b.results[i]))

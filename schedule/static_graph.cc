@@ -185,7 +185,12 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     if (!matches(e.sig, args, key, grad, m)) continue;
     const EntryState state = e.load_state();
     if (e.stale->load(std::memory_order_acquire)) {
+      // Its families go too: they replay its backward.
       if (guard_reason.empty()) guard_reason = kStaleReason;
+      const int64_t id = e.id;
+      families.remove_if([id](const std::shared_ptr<Family>& f) {
+        return std::find(f->traces.begin(), f->traces.end(), id) != f->traces.end();
+      });
       entries.erase(it);
       continue;
     }
@@ -408,6 +413,7 @@ void StaticGraph::clear() {
   impl_->entries.clear();
   impl_->families.clear();
   impl_->static_dims.clear();
+  impl_->failed_dim_sets.clear();
 }
 
 std::vector<StaticStats> report_all() {

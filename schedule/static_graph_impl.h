@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,6 +69,8 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   };
   std::list<std::shared_ptr<Family>> families;
   std::map<detail::DynDim, std::string> static_dims;
+  // Sets of dimensions whose family failed together (each warned about once).
+  std::set<std::vector<detail::DynDim>> failed_dim_sets;
   std::vector<int64_t> family_sizes_scratch;  // a call's symbol values (dynamic_entry)
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
 

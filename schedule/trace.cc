@@ -62,6 +62,7 @@ void record_backward(TraceFrame& f, Given& given) {
     for (size_t k = 0, j = 0; k < given.mask.size(); ++k)
       if (given.mask[k]) f.recorder->add_grad_in(static_cast<int>(k), given.grads[j++]);
     e.grad_given = given.mask;
+    f.rec->grad_given = given.mask;
     {
       TracerScope scope(f.recorder.get());
       autograd::backward(given.roots, given.grads, /*retain_graph=*/true);

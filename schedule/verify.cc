@@ -203,7 +203,11 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
     cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
   for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
   gen.set_state(gen_state);
-  std::erase_if(vs->inner, [](const Tensor& t) { return !t.requires_grad(); });
+  // The results that carry the node, by differentiable index, as the trace's.
+  std::vector<Tensor> inner;
+  for (int k : rec.differentiable)
+    if (static_cast<size_t>(k) < vs->inner.size()) inner.push_back(vs->inner[k]);
+  vs->inner = std::move(inner);
   return vs;
 }
 

@@ -17,12 +17,6 @@
 namespace encore::testing {
 namespace {
 
-std::string joined_lines(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += x + "\n";
-  return s;
-}
-
 // A random program over h [B, kFeatures] (or an image program over [B, 2, H, W], then pooled
 // to [B, 2]), its parameters made from a seed; two programs of one seed are equal.
 constexpr int64_t kFeatures = 6;
@@ -192,7 +186,7 @@ void check_dynamic_program(uint64_t seed, bool image) {
     CHECK(bit_diff(pe.rv, ps.rv) == "");
   }
   const StaticStats st = fn.stats();
-  INFO("program " << seed << (image ? " (image)" : "") << "\n" << joined_lines(st.warnings));
+  INFO("program " << seed << (image ? " (image)" : "") << "\n" << joined(st.warnings));
   CHECK(st.static_dims.empty());
   CHECK(st.dynamic_events >= 1);
   // Two traces, and one more wherever the traces so far did not tell two sizes apart (pooled

@@ -244,6 +244,36 @@ TEST_CASE("dynamic: a size the trace can follow is dynamic (1 / n, reshape(x, {n
   CHECK(st.static_dims.empty());
 }
 
+TEST_CASE("dynamic: a dimension that cannot be dynamic does not keep one beside it static",
+          "[static][dynamic]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  // The position term is a constant made from the length: the length cannot be dynamic, the
+  // batch can. The first two traces differ in both.
+  auto body = [](const Tensor& x) {
+    const int64_t t = x.size(1);
+    return x + F::reshape(arange(t), {1, t});
+  };
+  std::vector<std::string> lines;
+  const LogSink old = set_log_sink([&lines](const std::string& l) { lines.push_back(l); });
+  auto f = static_graph(body, {.name = "positions"});
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{
+           {2, 5}, {3, 7}, {4, 5}, {6, 5}, {8, 5}, {9, 5}, {5, 7}, {7, 7}}) {
+    CAPTURE(b, t);
+    const Tensor x = rand({b, t});
+    CHECK(bit_diff(f(x), body(x)) == "");
+  }
+  set_log_sink(old);
+  const StaticStats s = f.stats();
+  INFO(joined(lines));
+  // [2,5], [3,7], then [4,5] against [2,5] (the batch alone), and [5,7] against [3,7].
+  CHECK(s.traces == 4);
+  CHECK(s.sizes_planned == 4);
+  CHECK(s.dynamic_events == 2);
+  CHECK(s.static_dims.empty());
+  CHECK(any_contains(lines, "argument 0 dims 0 and 1 cannot all be dynamic"));
+}
+
 TEST_CASE("dynamic: a size two traces cannot tell apart is guarded, not guessed",
           "[static][dynamic]") {
   // [2, 2, h, h] pooled to h / 2 plus a literal [1, 1, 4, 4]: valid at h = 8 and 9 only. Both

@@ -39,12 +39,6 @@ void spoil(const Call& c) {
   fill_(c.w, 2.0);
 }
 
-bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
-  for (const std::string& l : lines)
-    if (l.find(part) != std::string::npos) return true;
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("a failed recorded backward lets the next call trace again and says so",

@@ -25,21 +25,6 @@ using Catch::Matchers::StartsWith;
 
 namespace {
 
-bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
-  std::string low_part = part;
-  std::transform(low_part.begin(), low_part.end(), low_part.begin(), ::tolower);
-  return std::any_of(lines.begin(), lines.end(), [&](std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-    return s.find(low_part) != std::string::npos;
-  });
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const auto& l : lines) s += l + "\n";
-  return s;
-}
-
 // The MLP of StaticMlp (static_models.h), replays checked against eager on every call.
 struct VerifiedMlp : MlpNet {
   using MlpNet::MlpNet;

@@ -224,3 +224,75 @@ TEST_CASE("a function that returns its argument alone replays it", "[static]") {
   CHECK(f.stats().traces == 1);
   CHECK(f.stats().hits == 2);
 }
+
+TEST_CASE("verify mode checks functions that return an argument or one tensor twice", "[static]") {
+  StaticEnabled on;
+  auto arg = [](const Tensor& x) { return std::make_tuple(x, x * 1.7); };
+  auto twice = [](const Tensor& x) {
+    Tensor y = x * 1.7;
+    return std::make_tuple(y, y, F::exp(x));
+  };
+  auto f = static_graph(arg, {.name = "verified_argument", .verify_every = 1});
+  auto g = static_graph(twice, {.name = "verified_twice", .verify_every = 1});
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    Tensor xs = leaf({1.0, 2.0}), xe = leaf({1.0, 2.0});
+    F::sum(std::get<1>(f(xs))).backward();
+    F::sum(std::get<1>(arg(xe))).backward();
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+    Tensor ys = leaf({1.0, 2.0}), ye = leaf({1.0, 2.0});
+    auto [a, b, c] = g(ys);
+    auto [ea, eb, ec] = twice(ye);
+    F::sum(a * 0.5 + b + c).backward();
+    F::sum(ea * 0.5 + eb + ec).backward();
+    CHECK(bit_diff(ys.grad(), ye.grad()) == "");
+  }
+  CHECK(f.stats().verifications == 2);
+  CHECK(g.stats().verifications == 2);
+}
+
+TEST_CASE("traces whose first backwards got gradients for different results form no family",
+          "[static][dynamic]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = "masks"});
+  // Size 4's first backward gets both results' gradients, size 5's a's alone: no family, and
+  // the batch does not stay static for it; sizes 6 and 7, like 5, make one.
+  for (int64_t n : {4, 5, 6, 7, 8}) {
+    CAPTURE(n);
+    Tensor xs = rand({n}), xe = clone(xs);
+    xs.set_requires_grad(true);
+    xe.set_requires_grad(true);
+    auto [a, b] = f(xs);
+    auto [ea, eb] = body(xe);
+    (n == 4 ? F::sum(a + b) : F::sum(a)).backward();
+    (n == 4 ? F::sum(ea + eb) : F::sum(ea)).backward();
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  }
+  const StaticStats s = f.stats();
+  CHECK(s.static_dims.empty());
+  CHECK(s.dynamic_events == 1);
+  CHECK(s.traces == 3);
+}
+
+TEST_CASE("a stale trace takes the families made from it along", "[static][dynamic]") {
+  StaticEnabled on;
+  auto body = [](const Tensor& x) { return std::make_tuple(x * 2.0, x * x); };
+  auto f = static_graph(body, {.name = "stale_family"});
+  auto call = [&](int64_t n, bool both) {
+    Tensor x = rand({n});
+    x.set_requires_grad(true);
+    auto [a, b] = f(x);
+    (both ? F::sum(a + b) : F::sum(a)).backward();
+  };
+  call(4, false);
+  call(5, false);  // the batch is dynamic from here
+  call(4, false);
+  CHECK_THROWS_WITH(call(4, true), Contains("got a gradient, but the first backward"));
+  // Traced again: no second Error, and the batch becomes dynamic again with the new backward.
+  CHECK_NOTHROW(call(4, true));
+  for (int64_t n : {6, 7, 8}) CHECK_NOTHROW(call(n, true));
+  const StaticStats s = f.stats();
+  CHECK(s.static_dims.empty());
+  CHECK(s.traces == 4);
+}

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "encore/encore.h"
 #include "runtime/cuda.h"
@@ -127,5 +128,19 @@ using StaticFusion = SwitchScope<set_static_fusion_enabled>;
 // Sets whether static functions traced in the scope fold activations into their producers and
 // run max pooling before a ReLU (ENCORE_STATIC_FOLD=0 in the environment would turn it off).
 using StaticFoldActivations = SwitchScope<set_static_fold_activations_enabled>;
+
+// Whether one of `lines` contains `part`.
+inline bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const std::string& l : lines)
+    if (l.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// The lines, each ended by a newline (for INFO).
+inline std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const std::string& l : lines) s += l + "\n";
+  return s;
+}
 
 }  // namespace encore::testing
