@@ -42,6 +42,9 @@ std::string guard_failure(const Entry& e) {
     if (p.requires_grad() != g.requires_grad)
       return cat("parameter '", name, "' requires_grad changed ",
                  g.requires_grad ? "true -> false" : "false -> true");
+    if (g.written != nullptr && p.impl() != g.written)
+      return cat("parameter '", name,
+                 "' was replaced by another tensor; the trace updated the one it had in place");
   }
   for (const auto& g : e.rec->host_guards)
     if (std::string why = g->changed(); !why.empty()) return why;

@@ -27,6 +27,10 @@ struct ParamGuard {
   DType dtype;
   Device device;
   bool requires_grad;
+  // For a parameter the trace wrote in place (an optimizer's update), the tensor it wrote: the
+  // code that wrote it may hold that tensor (an optimizer does), so a slot now holding another
+  // one traces again. Null for one it only read, which a replay rebinds.
+  const TensorImpl* written = nullptr;
 };
 
 struct GradGuard {

@@ -410,3 +410,50 @@ TEST_CASE("a step with an optimizer defined outside encore replays", "[static]")
   CHECK(step.stats().traces == 1);
   CHECK(step.stats().hits == 3);
 }
+
+TEST_CASE("a parameter replaced while the optimizer keeps the old one traces again", "[static]") {
+  StaticEnabled on;
+  // Eagerly, the optimizer goes on updating (and zeroing) the tensor it holds, no longer the
+  // model's; the model's new weight only collects gradients.
+  struct Twin {
+    std::shared_ptr<nn::Linear> lin;
+    std::unique_ptr<optim::SGD> opt;
+    std::vector<Tensor> old;
+    Twin() {
+      manual_seed(7);
+      lin = std::make_shared<nn::Linear>(4, 2);
+      opt = std::make_unique<optim::SGD>(lin->parameters(), optim::SGDOptions{.lr = 0.1});
+      old = lin->parameters();
+    }
+    Tensor step(const Tensor& x) {
+      Tensor loss = F::sum((*lin)(x) * (*lin)(x));
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      return loss;
+    }
+  } eager, traced;
+  auto step = static_graph([&traced](const Tensor& x) { return traced.step(x); },
+                           {.name = "kept_optimizer", .modules = {traced.lin}});
+  manual_seed(3);
+  const Tensor x = randn({3, 4});
+  for (int call = 0; call < 5; ++call) {
+    CAPTURE(call);
+    if (call == 2)
+      for (Twin* t : {&eager, &traced}) {
+        t->lin->weight = full({2, 4}, 0.5);
+        t->lin->weight.set_requires_grad(true);
+      }
+    CHECK(bit_diff(step(x), eager.step(x)) == "");
+    CHECK(bit_diff(traced.lin->weight, eager.lin->weight) == "");
+    CHECK(bit_diff(traced.lin->weight.grad(), eager.lin->weight.grad()) == "");
+    CHECK(bit_diff(traced.old[0], eager.old[0]) == "");
+  }
+  // Replaced, then the new weight's first .grad (made by the first call after).
+  const StaticStats s = step.stats();
+  CHECK(s.traces == 3);
+  REQUIRE(s.traces_history.size() == 3);
+  CHECK_THAT(s.traces_history[1].reason,
+             Contains("parameter 'weight' was replaced by another tensor; the trace updated the "
+                      "one it had in place"));
+}
