@@ -2,6 +2,7 @@
 #include "runtime/env.h"
 
 #include <strings.h>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -34,8 +35,10 @@ int64_t integer(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   errno = 0;
+  // Digits, with a minus sign at most (strtoll would skip spaces and take a plus).
+  const bool digits = std::isdigit(static_cast<unsigned char>(v[v[0] == '-' ? 1 : 0])) != 0;
   const long long n = std::strtoll(v, &end, 10);
-  if (end != v && *end == '\0' && errno == 0 && n >= lo && n <= hi) return n;
+  if (digits && *end == '\0' && errno == 0 && n >= lo && n <= hi) return n;
   char expected[96];
   char used[32];
   std::snprintf(expected, sizeof expected, "a whole number from %lld to %lld",

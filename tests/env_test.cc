@@ -77,7 +77,8 @@ TEST_CASE("an integer reads whole numbers in its range and refuses others aloud"
   CHECK(with_value("64", threads, err) == 64);
   CHECK(with_value(nullptr, threads, err) == 2);
   CHECK(err.empty());
-  for (const char* bad : {"0", "65", "-3", "4x", "abc", " ", "99999999999999999999999"}) {
+  for (const char* bad :
+       {"0", "65", "-3", "4x", "abc", " ", " 4", "+4", "-", "99999999999999999999999"}) {
     CAPTURE(bad);
     CHECK(with_value(bad, threads, err) == 2);
     CHECK(err == std::string("encore: ") + kName + "='" + bad +
