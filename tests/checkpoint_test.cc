@@ -193,7 +193,7 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
   h = p.header;
   h["__metadata__"]["optimizer.beta2"] = "1.5";
   CHECK_THAT(f.fails(h, p.data),
-             Catch::Contains("hyper-parameters: Adam: betas must be in [0, 1)"));
+             Catch::Contains("hyper-parameters: Adam: beta2 must be in [0, 1), got 1.5"));
   h = p.header;
   h["__metadata__"].erase("generator.offset");
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("generator.offset"));

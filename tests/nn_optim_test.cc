@@ -219,7 +219,8 @@ TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[
   adam.step();
   CHECK(p.to_vector<double>()[0] == 1.0);
   CHECK_THROWS_WITH(optim::SGD({Tensor()}), Contains("undefined"));
-  CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}), Contains("betas"));
+  CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}),
+                    Contains("Adam: beta1 must be in [0, 1), got 1.5"));
 }
 
 TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[optim]") {
@@ -236,28 +237,60 @@ TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[op
   for (const double lr : {nan, -0.1}) {
     CAPTURE(lr);
     CHECK_THAT(testing::error_of([&] { optim::SGD({p}, {.lr = lr}); }),
-               Contains("SGD: lr must be non-negative"));
+               Contains("SGD: lr must be non-negative, got"));
     CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.lr = lr}); }),
-               Contains("MomentumSGD: lr and momentum must be non-negative"));
+               Contains("MomentumSGD: lr must be non-negative, got"));
   }
   CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = -0.5}); }),
-             Contains("momentum -0.5"));
+             Contains("MomentumSGD: momentum must be non-negative, got -0.5"));
   CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = nan}); }),
-             Contains("momentum nan"));
+             Contains("MomentumSGD: momentum must be non-negative, got nan"));
   CHECK_NOTHROW(optim::MomentumSGD({p}, {.lr = 0, .momentum = 0}));
   // set_hyper_parameters checks the same, and a refused call changes nothing.
   optim::MomentumSGD m({p}, {.lr = 0.1, .momentum = 0.9});
   CHECK_THAT(testing::error_of([&] {
                m.set_hyper_parameters({{"lr", 0.2}, {"momentum", -1}});
              }),
-             Contains("MomentumSGD: lr and momentum must be non-negative"));
+             Contains("MomentumSGD: momentum must be non-negative, got -1"));
   CHECK((m.options.lr == 0.1 && m.options.momentum == 0.9));
   optim::SGD s({p}, {.lr = 0.1});
   CHECK_THAT(testing::error_of([&] {
                s.set_hyper_parameters({{"lr", nan}});
              }),
-             Contains("SGD: lr must be non-negative"));
+             Contains("SGD: lr must be non-negative, got nan"));
   CHECK(s.options.lr == 0.1);
+}
+
+TEST_CASE("an optimizer's option errors name its kind, the option and its value", "[optim]") {
+  Tensor p = param({1.0});
+  using testing::error_of;
+  const double nan = std::nan("");
+  // AdamW's were Adam's, and "lr and eps must be non-negative" named neither value.
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.lr = -1}); }),
+             Contains("AdamW: lr must be non-negative, got -1"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.eps = -0.5}); }),
+             Contains("AdamW: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.beta1 = 1}); }),
+             Contains("AdamW: beta1 must be in [0, 1), got 1"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.beta2 = nan}); }),
+             Contains("AdamW: beta2 must be in [0, 1), got nan"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.lr = nan}); }),
+             Contains("Adam: lr must be non-negative, got nan"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.eps = -0.5}); }),
+             Contains("Adam: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.beta2 = -0.5}); }),
+             Contains("Adam: beta2 must be in [0, 1), got -0.5"));
+  CHECK_THAT(error_of([&] { optim::MomentumSGD({p}, {.lr = -1}); }),
+             Contains("MomentumSGD: lr must be non-negative, got -1"));
+  optim::AdamW adamw({p});
+  CHECK_THAT(error_of([&] {
+               adamw.set_hyper_parameters({{"eps", -0.5}});
+             }),
+             Contains("AdamW: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] {
+               adamw.set_hyper_parameters({{"beta1", 2}});
+             }),
+             Contains("AdamW: beta1 must be in [0, 1), got 2"));
 }
 
 // A replay runs no user code, so no step() call: the step count is a host counter that the

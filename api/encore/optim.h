@@ -165,6 +165,8 @@ class Adam : public Optimizer {
   AdamOptions options;
 
  protected:
+  // As the public constructor, with `kind` naming the optimizer in its errors.
+  Adam(std::vector<Tensor> params, AdamOptions options, const char* kind);
   AttrBlob update_attrs() const override;
 
  private:
@@ -184,7 +186,8 @@ struct AdamWOptions {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {})
-      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach}) {}
+      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach},
+             "AdamW") {}
   std::string kind() const override { return "AdamW"; }
 };
 

@@ -122,10 +122,17 @@ void set_named(const char* kind, const std::vector<std::pair<std::string, double
       if (m.first == name) *m.second = value;
 }
 
-void check_adam_options(const AdamOptions& o) {
-  ENCORE_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
-               "Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
-  ENCORE_CHECK(o.eps >= 0 && o.lr >= 0, "Adam: lr and eps must be non-negative");
+// Each option is checked on its own, and its Error names the optimizer, the option and its value
+// (a NaN fails every comparison, so it is refused too).
+void check_non_negative(const char* kind, const char* name, double value) {
+  ENCORE_CHECK(value >= 0, kind, ": ", name, " must be non-negative, got ", value);
+}
+
+void check_adam_options(const char* kind, const AdamOptions& o) {
+  check_non_negative(kind, "lr", o.lr);
+  for (const auto& [name, beta] : {std::pair{"beta1", o.beta1}, std::pair{"beta2", o.beta2}})
+    ENCORE_CHECK(beta >= 0 && beta < 1, kind, ": ", name, " must be in [0, 1), got ", beta);
+  check_non_negative(kind, "eps", o.eps);
 }
 
 void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
@@ -138,13 +145,12 @@ void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tenso
 }
 
 void check_sgd_options(const SGDOptions& o) {
-  ENCORE_CHECK(o.lr >= 0, "SGD: lr must be non-negative, got ", o.lr);
+  check_non_negative("SGD", "lr", o.lr);
 }
 
 void check_momentum_options(const MomentumSGDOptions& o) {
-  ENCORE_CHECK(o.lr >= 0 && o.momentum >= 0,
-               "MomentumSGD: lr and momentum must be non-negative, got lr ", o.lr, ", momentum ",
-               o.momentum);
+  check_non_negative("MomentumSGD", "lr", o.lr);
+  check_non_negative("MomentumSGD", "momentum", o.momentum);
 }
 
 }  // namespace
@@ -217,11 +223,14 @@ void MomentumSGD::step() {
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+    : Adam(std::move(params), options, "Adam") {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options, const char* kind)
     : Optimizer(std::move(params)),
       options(options),
       m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
-  check_adam_options(options);
+  check_adam_options(kind, options);
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
 }
 
@@ -249,7 +258,7 @@ void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>
   ENCORE_CHECK(decoupled == 0 || decoupled == 1, kind(), ": decoupled must be 0 or 1, got ",
                decoupled);
   o.decoupled = decoupled != 0;
-  check_adam_options(o);
+  check_adam_options(kind().c_str(), o);
   options = o;
 }
 
