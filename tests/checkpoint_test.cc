@@ -195,6 +195,10 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
   CHECK_THAT(f.fails(h, p.data),
              Catch::Contains("hyper-parameters: Adam: beta2 must be in [0, 1), got 1.5"));
   h = p.header;
+  h["__metadata__"]["optimizer.weight_decay"] = "-1";
+  CHECK_THAT(f.fails(h, p.data),
+             Catch::Contains("hyper-parameters: Adam: weight_decay must be non-negative, got -1"));
+  h = p.header;
   h["__metadata__"].erase("generator.offset");
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("generator.offset"));
 

@@ -261,6 +261,48 @@ TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[op
   CHECK(s.options.lr == 0.1);
 }
 
+TEST_CASE("optimizers refuse a negative or NaN weight_decay, at construction and when set",
+          "[optim]") {
+  Tensor p = param({1.0, 2.0});
+  using testing::error_of;
+  for (const double wd : {-1.0, std::nan("")}) {
+    CAPTURE(wd);
+    const std::string got = wd < 0 ? "got -1" : "got nan";
+    CHECK_THAT(error_of([&] { optim::SGD({p}, {.weight_decay = wd}); }),
+               Contains("SGD: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::MomentumSGD({p}, {.weight_decay = wd}); }),
+               Contains("MomentumSGD: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::Adam({p}, {.weight_decay = wd}); }),
+               Contains("Adam: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::AdamW({p}, {.weight_decay = wd}); }),
+               Contains("AdamW: weight_decay must be non-negative, " + got));
+  }
+  CHECK_NOTHROW(optim::SGD({p}, {.weight_decay = 0}));
+
+  // set_hyper_parameters (and so a checkpoint load) checks the same and changes nothing.
+  optim::SGD sgd({p}, {.lr = 0.1});
+  optim::MomentumSGD momentum({p}, {.lr = 0.1});
+  optim::Adam adam({p}, {.lr = 0.1});
+  optim::AdamW adamw({p}, {.lr = 0.1});
+  const std::vector<std::pair<std::string, double>> bad = {{"lr", 0.5}, {"weight_decay", -5}};
+  CHECK_THAT(error_of([&] { sgd.set_hyper_parameters(bad); }),
+             Contains("SGD: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { momentum.set_hyper_parameters(bad); }),
+             Contains("MomentumSGD: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { adam.set_hyper_parameters(bad); }),
+             Contains("Adam: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { adamw.set_hyper_parameters(bad); }),
+             Contains("AdamW: weight_decay must be non-negative, got -5"));
+  CHECK((sgd.options.lr == 0.1 && sgd.options.weight_decay == 0));
+  CHECK((momentum.options.lr == 0.1 && momentum.options.weight_decay == 0));
+  CHECK((adam.options.lr == 0.1 && adam.options.weight_decay == 0));
+  CHECK((adamw.options.lr == 0.1 && adamw.options.weight_decay == 0.01));
+  // With a zero gradient the parameter stays where it is (a decay of -5 would grow it).
+  set_grad(p, {0.0, 0.0});
+  sgd.step();
+  CHECK(p.to_vector<double>() == std::vector<double>{1.0, 2.0});
+}
+
 TEST_CASE("an optimizer's option errors name its kind, the option and its value", "[optim]") {
   Tensor p = param({1.0});
   using testing::error_of;

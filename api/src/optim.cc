@@ -133,6 +133,7 @@ void check_adam_options(const char* kind, const AdamOptions& o) {
   for (const auto& [name, beta] : {std::pair{"beta1", o.beta1}, std::pair{"beta2", o.beta2}})
     ENCORE_CHECK(beta >= 0 && beta < 1, kind, ": ", name, " must be in [0, 1), got ", beta);
   check_non_negative(kind, "eps", o.eps);
+  check_non_negative(kind, "weight_decay", o.weight_decay);
 }
 
 void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
@@ -146,11 +147,13 @@ void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tenso
 
 void check_sgd_options(const SGDOptions& o) {
   check_non_negative("SGD", "lr", o.lr);
+  check_non_negative("SGD", "weight_decay", o.weight_decay);
 }
 
 void check_momentum_options(const MomentumSGDOptions& o) {
   check_non_negative("MomentumSGD", "lr", o.lr);
   check_non_negative("MomentumSGD", "momentum", o.momentum);
+  check_non_negative("MomentumSGD", "weight_decay", o.weight_decay);
 }
 
 }  // namespace
