@@ -335,6 +335,36 @@ TEST_CASE("an optimizer's option errors name its kind, the option and its value"
              Contains("AdamW: beta1 must be in [0, 1), got 2"));
 }
 
+TEST_CASE("AdamW refuses a decoupled other than its own, so stays AdamW", "[optim]") {
+  Tensor p = param({1.0, 2.0});
+  using testing::error_of;
+  optim::AdamW adamw({p}, {.lr = 0.1, .weight_decay = 0.5});
+  // decoupled 0 made it Adam with L2 decay while its kind() stayed "AdamW".
+  for (const double decoupled : {0.0, 2.0, std::nan("")}) {
+    CAPTURE(decoupled);
+    CHECK_THAT(error_of([&] {
+                 adamw.set_hyper_parameters({{"lr", 0.2}, {"decoupled", decoupled}});
+               }),
+               Contains("AdamW: decoupled must be 1"));
+    CHECK((adamw.options.decoupled && adamw.options.lr == 0.1));
+  }
+  CHECK_NOTHROW(adamw.set_hyper_parameters({{"decoupled", 1}, {"lr", 0.1}}));
+  CHECK(adamw.hyper_parameters().back().first == "decoupled");
+  CHECK(adamw.hyper_parameters().back().second == 1);
+  // With a zero gradient AdamW only decays: p *= 1 - lr * wd (coupled, p would be 0.9, 1.9).
+  set_grad(p, {0.0, 0.0});
+  adamw.step();
+  const auto v = p.to_vector<double>();
+  CHECK(v[0] == Approx(0.95));
+  CHECK(v[1] == Approx(1.9));
+  // Adam's decay may still be set either way.
+  optim::Adam adam({p});
+  adam.set_hyper_parameters({{"decoupled", 1}});
+  CHECK(adam.options.decoupled);
+  adam.set_hyper_parameters({{"decoupled", 0}});
+  CHECK_FALSE(adam.options.decoupled);
+}
+
 // A replay runs no user code, so no step() call: the step count is a host counter that the
 // schedule advances on every replay, as many times per call as the traced code stepped.
 TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static]") {

@@ -189,6 +189,9 @@ class AdamW : public Adam {
       : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach},
              "AdamW") {}
   std::string kind() const override { return "AdamW"; }
+  // As Adam's, but decoupled is AdamW's own: a value other than 1 is an Error (Adam's L2 decay
+  // is optim::Adam's).
+  void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
 };
 
 }  // namespace encore::optim

@@ -265,6 +265,14 @@ void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>
   options = o;
 }
 
+// Checked before Adam's, which changes nothing when it refuses.
+void AdamW::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  for (const auto& [name, value] : values)
+    ENCORE_CHECK(name != "decoupled" || value == 1, kind(), ": decoupled must be 1, got ", value,
+                 " (AdamW's weight decay is decoupled; optim::Adam has the coupled L2 decay)");
+  Adam::set_hyper_parameters(values);
+}
+
 std::vector<StateSlot> Adam::state_slots() {
   std::vector<StateSlot> out;
   add_slots(out, "m", m_, params_);
