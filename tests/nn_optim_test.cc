@@ -226,10 +226,13 @@ TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[
 TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[optim]") {
   Tensor p = param({1.0, 2.0});
   Tensor q = param({3.0});
-  const std::string twice = "optimizer: parameter 2 [2] is parameter 0 listed again";
-  CHECK_THAT(testing::error_of([&] { optim::Adam({p, q, p}); }), Contains(twice));
-  CHECK_THAT(testing::error_of([&] { optim::SGD({p, q, p}); }), Contains(twice));
-  CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p, q, p}); }), Contains(twice));
+  const std::string twice = ": parameter 2 [2] is parameter 0 listed again";
+  CHECK_THAT(testing::error_of([&] { optim::Adam({p, q, p}); }), Contains("Adam" + twice));
+  CHECK_THAT(testing::error_of([&] { optim::SGD({p, q, p}); }), Contains("SGD" + twice));
+  CHECK_THAT(testing::error_of([&] {
+               optim::MomentumSGD({p, q, p});
+             }),
+             Contains("MomentumSGD" + twice));
   // Views of one storage are distinct parameters, as before.
   CHECK_NOTHROW(optim::SGD({p, p.detach()}));
 
@@ -363,6 +366,16 @@ TEST_CASE("AdamW refuses a decoupled other than its own, so stays AdamW", "[opti
   CHECK(adam.options.decoupled);
   adam.set_hyper_parameters({{"decoupled", 0}});
   CHECK_FALSE(adam.options.decoupled);
+}
+
+TEST_CASE("optimizers refuse an empty parameter list", "[optim]") {
+  using testing::error_of;
+  // As PyTorch's "optimizer got an empty parameter list": a filter left nothing to train.
+  const std::string empty = ": the parameter list is empty";
+  CHECK_THAT(error_of([] { optim::SGD({}); }), Contains("SGD" + empty));
+  CHECK_THAT(error_of([] { optim::MomentumSGD({}); }), Contains("MomentumSGD" + empty));
+  CHECK_THAT(error_of([] { optim::Adam({}); }), Contains("Adam" + empty));
+  CHECK_THAT(error_of([] { optim::AdamW(std::vector<Tensor>{}); }), Contains("AdamW" + empty));
 }
 
 // A replay runs no user code, so no step() call: the step count is a host counter that the

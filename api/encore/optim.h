@@ -37,6 +37,7 @@ struct StateSlot {
 
 class Optimizer {
  public:
+  // The parameters: at least one, each defined, floating and listed once; else an Error.
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
@@ -60,6 +61,8 @@ class Optimizer {
   void set_steps(int64_t steps) { steps_->store(steps, std::memory_order_relaxed); }
 
  protected:
+  // As the public constructor, with `kind` naming the optimizer in its errors.
+  Optimizer(std::vector<Tensor> params, const char* kind);
   // Counts one step; inside a static function its replays count too.
   void count_step();
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training

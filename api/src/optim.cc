@@ -42,15 +42,19 @@ class HyperGuard final : public HostGuard {
   std::string kind_ = opt_->kind().empty() ? std::string("the") : opt_->kind();
 };
 
-Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<Tensor> params) : Optimizer(std::move(params), "optimizer") {}
+
+Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std::move(params)) {
+  // As PyTorch's "optimizer got an empty parameter list": a filter that left nothing to train.
+  ENCORE_CHECK(!params_.empty(), kind, ": the parameter list is empty; give it at least one");
   // Sorted by storage, then tensor, then position: a tensor listed twice, and two tensors over one
   // storage, are neighbours.
   std::vector<std::tuple<const Storage*, const TensorImpl*, size_t>> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
-    ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
-                 p.dtype(), "; parameters must be floating");
+    ENCORE_CHECK(p.defined(), kind, ": parameter ", i, " is undefined");
+    ENCORE_CHECK(is_floating(p.dtype()), kind, ": parameter ", i, " ", p.shape(), " is ", p.dtype(),
+                 "; parameters must be floating");
     seen.emplace_back(p.impl()->storage.get(), p.impl(), i);
   }
   std::sort(seen.begin(), seen.end());
@@ -58,7 +62,7 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
     const auto& [storage, impl, i] = seen[k];
     const auto& [prev_storage, prev_impl, prev_i] = seen[k - 1];
     // A parameter listed twice would be stepped twice per step (PyTorch warns; we refuse).
-    ENCORE_CHECK(impl != prev_impl, "optimizer: parameter ", i, " ", params_[i].shape(),
+    ENCORE_CHECK(impl != prev_impl, kind, ": parameter ", i, " ", params_[i].shape(),
                  " is parameter ", prev_i, " listed again; list each parameter once");
     shared_storage_ = shared_storage_ || storage == prev_storage;
   }
@@ -159,7 +163,7 @@ void check_momentum_options(const MomentumSGDOptions& o) {
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
-    : Optimizer(std::move(params)), options(options) {
+    : Optimizer(std::move(params), "SGD"), options(options) {
   check_sgd_options(options);
 }
 
@@ -189,7 +193,7 @@ void SGD::step() {
 }
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
-    : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {
+    : Optimizer(std::move(params), "MomentumSGD"), options(options), velocity_(zeros_for(params_)) {
   check_momentum_options(options);
 }
 
@@ -229,7 +233,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::move(params), options, "Adam") {}
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options, const char* kind)
-    : Optimizer(std::move(params)),
+    : Optimizer(std::move(params), kind),
       options(options),
       m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
