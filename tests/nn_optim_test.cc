@@ -378,6 +378,25 @@ TEST_CASE("optimizers refuse an empty parameter list", "[optim]") {
   CHECK_THAT(error_of([] { optim::AdamW(std::vector<Tensor>{}); }), Contains("AdamW" + empty));
 }
 
+TEST_CASE("optimizers refuse a parameter that is not a leaf", "[optim]") {
+  using testing::error_of;
+  Tensor w = param({1.0, 2.0});
+  Tensor q = param({3.0});
+  const Tensor scaled = w * 2.0;  // computed: it never gets a .grad, so it was never updated
+  REQUIRE_FALSE(scaled.is_leaf());
+  const std::string not_leaf = ": parameter 1 [2] is not a leaf";
+  CHECK_THAT(error_of([&] { optim::SGD({q, scaled}); }), Contains("SGD" + not_leaf));
+  CHECK_THAT(error_of([&] {
+               optim::MomentumSGD({q, scaled});
+             }),
+             Contains("MomentumSGD" + not_leaf));
+  CHECK_THAT(error_of([&] { optim::Adam({q, scaled}); }), Contains("Adam" + not_leaf));
+  CHECK_THAT(error_of([&] { optim::AdamW({q, scaled}); }), Contains("AdamW" + not_leaf));
+  // Its detached copy, and a leaf that needs no gradient, are leaves.
+  CHECK_NOTHROW(optim::SGD({q, scaled.detach()}));
+  CHECK_NOTHROW(optim::SGD({tensor({1.0}, {1})}));
+}
+
 // A replay runs no user code, so no step() call: the step count is a host counter that the
 // schedule advances on every replay, as many times per call as the traced code stepped.
 TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static]") {

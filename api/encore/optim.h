@@ -37,7 +37,8 @@ struct StateSlot {
 
 class Optimizer {
  public:
-  // The parameters: at least one, each defined, floating and listed once; else an Error.
+  // The parameters: at least one, each defined, floating, a leaf (a tensor computed from others
+  // gets no .grad, and a step would never update it) and listed once; else an Error.
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
   virtual void step() = 0;

@@ -55,6 +55,11 @@ Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std
     ENCORE_CHECK(p.defined(), kind, ": parameter ", i, " is undefined");
     ENCORE_CHECK(is_floating(p.dtype()), kind, ": parameter ", i, " ", p.shape(), " is ", p.dtype(),
                  "; parameters must be floating");
+    // A tensor computed from others gets no .grad, so a step would never update it (PyTorch:
+    // "can't optimize a non-leaf Tensor").
+    ENCORE_CHECK(p.is_leaf(), kind, ": parameter ", i, " ", p.shape(),
+                 " is not a leaf (it was computed from other tensors, and gets no .grad); "
+                 "give the tensors it was computed from, or a detach()ed copy");
     seen.emplace_back(p.impl()->storage.get(), p.impl(), i);
   }
   std::sort(seen.begin(), seen.end());
