@@ -397,6 +397,64 @@ TEST_CASE("optimizers refuse a parameter that is not a leaf", "[optim]") {
   CHECK_NOTHROW(optim::SGD({tensor({1.0}, {1})}));
 }
 
+TEST_CASE("a copied optimizer has its own step count and state", "[optim]") {
+  Tensor w = param({1.0, 2.0, 3.0});
+  optim::Adam a({w}, {.lr = 0.1});
+  set_grad(w, {1.0, 1.0, 1.0});
+  a.step();
+  auto values = [](optim::Optimizer& o) {
+    std::vector<std::vector<double>> out;
+    for (const optim::StateSlot& s : o.state_slots())
+      out.push_back(s.tensor->dtype() == DType::Int64
+                        ? std::vector<double>{static_cast<double>(s.tensor->item<int64_t>())}
+                        : s.tensor->to_vector<double>());
+    return out;
+  };
+  const auto a_state = values(a);
+  optim::Adam b = a;
+  CHECK(b.steps() == 1);
+  CHECK(values(b) == a_state);
+  for (size_t i = 0; i < a.state_slots().size(); ++i)
+    CHECK_FALSE(a.state_slots()[i].tensor->shares_storage(*b.state_slots()[i].tensor));
+  b.step();
+  b.step();
+  // Stepping the copy moved the original's counters and moments (they were shared).
+  CHECK(a.steps() == 1);
+  CHECK(b.steps() == 3);
+  CHECK(values(a) == a_state);
+  CHECK(b.state_slots()[2].tensor->item<int64_t>() == 3);
+  b.set_steps(7);
+  CHECK(a.steps() == 1);
+
+  // An assignment copies the same way, and a copied AdamW stays AdamW.
+  Tensor u = param({4.0});
+  optim::AdamW c({u});
+  optim::AdamW d = c;
+  set_grad(u, {1.0});
+  c.step();
+  d = c;
+  CHECK(d.kind() == "AdamW");
+  CHECK(d.steps() == 1);
+  CHECK(values(d) == values(c));
+  d.step();
+  CHECK(c.steps() == 1);
+  CHECK(c.state_slots()[2].tensor->item<int64_t>() == 1);
+
+  // MomentumSGD's velocity, and plain SGD's count.
+  Tensor q = param({1.0});
+  optim::MomentumSGD m({q}, {.lr = 0.1, .momentum = 0.9});
+  set_grad(q, {1.0});
+  m.step();  // v = -0.1
+  optim::MomentumSGD n = m;
+  n.step();  // n's v = -0.19
+  CHECK(m.state_slots()[0].tensor->to_vector<double>()[0] == Approx(-0.1));
+  CHECK(n.state_slots()[0].tensor->to_vector<double>()[0] == Approx(-0.19));
+  optim::SGD s({w});
+  optim::SGD s2 = s;
+  s.set_steps(5);
+  CHECK(s2.steps() == 0);
+}
+
 // A replay runs no user code, so no step() call: the step count is a host counter that the
 // schedule advances on every replay, as many times per call as the traced code stepped.
 TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static]") {

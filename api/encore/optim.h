@@ -40,6 +40,11 @@ class Optimizer {
   // The parameters: at least one, each defined, floating, a leaf (a tensor computed from others
   // gets no .grad, and a step would never update it) and listed once; else an Error.
   explicit Optimizer(std::vector<Tensor> params);
+  // A copy is another optimizer over the same parameters, with its own step count and state
+  // tensors (equal to the original's at the copy, independent after). An assignment makes this
+  // object such a copy of `other`.
+  Optimizer(const Optimizer& other);
+  Optimizer& operator=(const Optimizer& other);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
@@ -82,7 +87,8 @@ class Optimizer {
   std::vector<Tensor> params_;
   bool shared_storage_ =
       false;  // two parameters over one storage (one kernel must not update both)
-  // Shared with the static schedules that recorded a step, which advance it on every replay.
+  // Shared with the static schedules that recorded a step, which advance it on every replay (a
+  // copy has its own).
   std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 
  private:
@@ -139,6 +145,8 @@ class MomentumSGD : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   MomentumSGDOptions options;
+  MomentumSGD(const MomentumSGD& other);  // its own velocities, equal to other's
+  MomentumSGD& operator=(const MomentumSGD& other);
 
  protected:
   AttrBlob update_attrs() const override;
@@ -167,6 +175,8 @@ class Adam : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   AdamOptions options;
+  Adam(const Adam& other);  // its own moments and step counters, equal to other's
+  Adam& operator=(const Adam& other);
 
  protected:
   // As the public constructor, with `kind` naming the optimizer in its errors.

@@ -73,6 +73,21 @@ Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std
   }
 }
 
+// The token is the copy's own (Token's copy), and so is the step counter.
+Optimizer::Optimizer(const Optimizer& other)
+    : params_(other.params_),
+      shared_storage_(other.shared_storage_),
+      steps_(std::make_shared<std::atomic<int64_t>>(other.steps())) {}
+
+Optimizer& Optimizer::operator=(const Optimizer& other) {
+  params_ = other.params_;
+  shared_storage_ = other.shared_storage_;
+  // A new counter: the static steps that recorded this object's see another optimizer (token_).
+  steps_ = std::make_shared<std::atomic<int64_t>>(other.steps());
+  token_ = other.token_;
+  return *this;
+}
+
 void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
   ENCORE_CHECK(values.empty(), "Optimizer::set_hyper_parameters: this optimizer has none, but '",
                values.front().first, "' was given");
@@ -115,6 +130,15 @@ std::vector<Tensor> zeros_for(const std::vector<Tensor>& params) {
   std::vector<Tensor> out;
   out.reserve(params.size());
   for (const Tensor& p : params) out.push_back(zeros(p.shape(), p.dtype(), p.device()));
+  return out;
+}
+
+// A copy's state: the same values in tensors of its own (undefined ones stay undefined).
+std::vector<Tensor> clone_state(const std::vector<Tensor>& state) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> out;
+  out.reserve(state.size());
+  for (const Tensor& t : state) out.push_back(t.defined() ? clone(t) : Tensor());
   return out;
 }
 
@@ -202,6 +226,17 @@ MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
   check_momentum_options(options);
 }
 
+MomentumSGD::MomentumSGD(const MomentumSGD& other)
+    : Optimizer(other), options(other.options), velocity_(clone_state(other.velocity_)) {}
+
+MomentumSGD& MomentumSGD::operator=(const MomentumSGD& other) {
+  std::vector<Tensor> velocity = clone_state(other.velocity_);
+  Optimizer::operator=(other);
+  options = other.options;
+  velocity_ = std::move(velocity);
+  return *this;
+}
+
 std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
   return {
       {"lr", options.lr}, {"momentum", options.momentum}, {"weight_decay", options.weight_decay}};
@@ -244,6 +279,24 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options, const char* kind)
       v_(zeros_for(params_)) {
   check_adam_options(kind, options);
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
+}
+
+Adam::Adam(const Adam& other)
+    : Optimizer(other),
+      options(other.options),
+      m_(clone_state(other.m_)),
+      v_(clone_state(other.v_)),
+      t_(clone_state(other.t_)) {}
+
+Adam& Adam::operator=(const Adam& other) {
+  std::vector<Tensor> m = clone_state(other.m_), v = clone_state(other.v_),
+                      t = clone_state(other.t_);
+  Optimizer::operator=(other);
+  options = other.options;
+  m_ = std::move(m);
+  v_ = std::move(v);
+  t_ = std::move(t);
+  return *this;
 }
 
 std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
