@@ -131,6 +131,26 @@ TEST_CASE("checkpoint: batch-norm running statistics are saved as buffers", "[ch
   CHECK(Snapshot(*fresh, nullptr, nullptr).diff(before) != "");
 }
 
+TEST_CASE("checkpoint: an AdamW checkpoint made coupled does not load", "[checkpoint]") {
+  TempPath dir{"adamw"};
+  manual_seed(3);
+  auto model = nn::mlp(4, 6, 3);
+  optim::AdamW opt(model->parameters(), {.weight_decay = 0.5});
+  const std::string path = dir.file("adamw.safetensors");
+  save(path, *model, &opt);
+  Parts p = split(read_bytes(path));
+  REQUIRE(p.header["__metadata__"]["optimizer.decoupled"] == "1");
+  p.header["__metadata__"]["optimizer.decoupled"] = "0";
+  write_bytes(path, join(p.header.dump(), p.data));
+  // It loaded, and the AdamW (kind() "AdamW") went on with Adam's coupled L2 decay.
+  const Snapshot before(*model, &opt, nullptr);
+  CHECK_THAT(error_of([&] { load(path, *model, &opt); }),
+             Catch::Contains(path) &&
+                 Catch::Contains("hyper-parameters: AdamW: decoupled must be 1, got 0"));
+  CHECK(Snapshot(*model, &opt, nullptr).diff(before) == "");
+  CHECK(opt.options.decoupled);
+}
+
 TEST_CASE("checkpoint: saving replaces the file whole", "[checkpoint]") {
   Fixture f;
   save(f.good, *f.model);  // over the old checkpoint; the optimizer entries are gone
@@ -193,7 +213,11 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
   h = p.header;
   h["__metadata__"]["optimizer.beta2"] = "1.5";
   CHECK_THAT(f.fails(h, p.data),
-             Catch::Contains("hyper-parameters: Adam: betas must be in [0, 1)"));
+             Catch::Contains("hyper-parameters: Adam: beta2 must be in [0, 1), got 1.5"));
+  h = p.header;
+  h["__metadata__"]["optimizer.weight_decay"] = "-1";
+  CHECK_THAT(f.fails(h, p.data),
+             Catch::Contains("hyper-parameters: Adam: weight_decay must be non-negative, got -1"));
   h = p.header;
   h["__metadata__"].erase("generator.offset");
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("generator.offset"));

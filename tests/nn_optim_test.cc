@@ -219,16 +219,20 @@ TEST_CASE("optimizers skip parameters without gradients and reject bad ones", "[
   adam.step();
   CHECK(p.to_vector<double>()[0] == 1.0);
   CHECK_THROWS_WITH(optim::SGD({Tensor()}), Contains("undefined"));
-  CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}), Contains("betas"));
+  CHECK_THROWS_WITH(optim::Adam({p}, {.beta1 = 1.5}),
+                    Contains("Adam: beta1 must be in [0, 1), got 1.5"));
 }
 
 TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[optim]") {
   Tensor p = param({1.0, 2.0});
   Tensor q = param({3.0});
-  const std::string twice = "optimizer: parameter 2 [2] is parameter 0 listed again";
-  CHECK_THAT(testing::error_of([&] { optim::Adam({p, q, p}); }), Contains(twice));
-  CHECK_THAT(testing::error_of([&] { optim::SGD({p, q, p}); }), Contains(twice));
-  CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p, q, p}); }), Contains(twice));
+  const std::string twice = ": parameter 2 [2] is parameter 0 listed again";
+  CHECK_THAT(testing::error_of([&] { optim::Adam({p, q, p}); }), Contains("Adam" + twice));
+  CHECK_THAT(testing::error_of([&] { optim::SGD({p, q, p}); }), Contains("SGD" + twice));
+  CHECK_THAT(testing::error_of([&] {
+               optim::MomentumSGD({p, q, p});
+             }),
+             Contains("MomentumSGD" + twice));
   // Views of one storage are distinct parameters, as before.
   CHECK_NOTHROW(optim::SGD({p, p.detach()}));
 
@@ -236,28 +240,219 @@ TEST_CASE("optimizers refuse a parameter listed twice and bad SGD options", "[op
   for (const double lr : {nan, -0.1}) {
     CAPTURE(lr);
     CHECK_THAT(testing::error_of([&] { optim::SGD({p}, {.lr = lr}); }),
-               Contains("SGD: lr must be non-negative"));
+               Contains("SGD: lr must be non-negative, got"));
     CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.lr = lr}); }),
-               Contains("MomentumSGD: lr and momentum must be non-negative"));
+               Contains("MomentumSGD: lr must be non-negative, got"));
   }
   CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = -0.5}); }),
-             Contains("momentum -0.5"));
+             Contains("MomentumSGD: momentum must be non-negative, got -0.5"));
   CHECK_THAT(testing::error_of([&] { optim::MomentumSGD({p}, {.momentum = nan}); }),
-             Contains("momentum nan"));
+             Contains("MomentumSGD: momentum must be non-negative, got nan"));
   CHECK_NOTHROW(optim::MomentumSGD({p}, {.lr = 0, .momentum = 0}));
   // set_hyper_parameters checks the same, and a refused call changes nothing.
   optim::MomentumSGD m({p}, {.lr = 0.1, .momentum = 0.9});
   CHECK_THAT(testing::error_of([&] {
                m.set_hyper_parameters({{"lr", 0.2}, {"momentum", -1}});
              }),
-             Contains("MomentumSGD: lr and momentum must be non-negative"));
+             Contains("MomentumSGD: momentum must be non-negative, got -1"));
   CHECK((m.options.lr == 0.1 && m.options.momentum == 0.9));
   optim::SGD s({p}, {.lr = 0.1});
   CHECK_THAT(testing::error_of([&] {
                s.set_hyper_parameters({{"lr", nan}});
              }),
-             Contains("SGD: lr must be non-negative"));
+             Contains("SGD: lr must be non-negative, got nan"));
   CHECK(s.options.lr == 0.1);
+}
+
+TEST_CASE("optimizers refuse a negative or NaN weight_decay, at construction and when set",
+          "[optim]") {
+  Tensor p = param({1.0, 2.0});
+  using testing::error_of;
+  for (const double wd : {-1.0, std::nan("")}) {
+    CAPTURE(wd);
+    const std::string got = wd < 0 ? "got -1" : "got nan";
+    CHECK_THAT(error_of([&] { optim::SGD({p}, {.weight_decay = wd}); }),
+               Contains("SGD: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::MomentumSGD({p}, {.weight_decay = wd}); }),
+               Contains("MomentumSGD: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::Adam({p}, {.weight_decay = wd}); }),
+               Contains("Adam: weight_decay must be non-negative, " + got));
+    CHECK_THAT(error_of([&] { optim::AdamW({p}, {.weight_decay = wd}); }),
+               Contains("AdamW: weight_decay must be non-negative, " + got));
+  }
+  CHECK_NOTHROW(optim::SGD({p}, {.weight_decay = 0}));
+
+  // set_hyper_parameters (and so a checkpoint load) checks the same and changes nothing.
+  optim::SGD sgd({p}, {.lr = 0.1});
+  optim::MomentumSGD momentum({p}, {.lr = 0.1});
+  optim::Adam adam({p}, {.lr = 0.1});
+  optim::AdamW adamw({p}, {.lr = 0.1});
+  const std::vector<std::pair<std::string, double>> bad = {{"lr", 0.5}, {"weight_decay", -5}};
+  CHECK_THAT(error_of([&] { sgd.set_hyper_parameters(bad); }),
+             Contains("SGD: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { momentum.set_hyper_parameters(bad); }),
+             Contains("MomentumSGD: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { adam.set_hyper_parameters(bad); }),
+             Contains("Adam: weight_decay must be non-negative, got -5"));
+  CHECK_THAT(error_of([&] { adamw.set_hyper_parameters(bad); }),
+             Contains("AdamW: weight_decay must be non-negative, got -5"));
+  CHECK((sgd.options.lr == 0.1 && sgd.options.weight_decay == 0));
+  CHECK((momentum.options.lr == 0.1 && momentum.options.weight_decay == 0));
+  CHECK((adam.options.lr == 0.1 && adam.options.weight_decay == 0));
+  CHECK((adamw.options.lr == 0.1 && adamw.options.weight_decay == 0.01));
+  // With a zero gradient the parameter stays where it is (a decay of -5 would grow it).
+  set_grad(p, {0.0, 0.0});
+  sgd.step();
+  CHECK(p.to_vector<double>() == std::vector<double>{1.0, 2.0});
+}
+
+TEST_CASE("an optimizer's option errors name its kind, the option and its value", "[optim]") {
+  Tensor p = param({1.0});
+  using testing::error_of;
+  const double nan = std::nan("");
+  // AdamW's were Adam's, and "lr and eps must be non-negative" named neither value.
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.lr = -1}); }),
+             Contains("AdamW: lr must be non-negative, got -1"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.eps = -0.5}); }),
+             Contains("AdamW: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.beta1 = 1}); }),
+             Contains("AdamW: beta1 must be in [0, 1), got 1"));
+  CHECK_THAT(error_of([&] { optim::AdamW({p}, {.beta2 = nan}); }),
+             Contains("AdamW: beta2 must be in [0, 1), got nan"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.lr = nan}); }),
+             Contains("Adam: lr must be non-negative, got nan"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.eps = -0.5}); }),
+             Contains("Adam: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] { optim::Adam({p}, {.beta2 = -0.5}); }),
+             Contains("Adam: beta2 must be in [0, 1), got -0.5"));
+  CHECK_THAT(error_of([&] { optim::MomentumSGD({p}, {.lr = -1}); }),
+             Contains("MomentumSGD: lr must be non-negative, got -1"));
+  optim::AdamW adamw({p});
+  CHECK_THAT(error_of([&] {
+               adamw.set_hyper_parameters({{"eps", -0.5}});
+             }),
+             Contains("AdamW: eps must be non-negative, got -0.5"));
+  CHECK_THAT(error_of([&] {
+               adamw.set_hyper_parameters({{"beta1", 2}});
+             }),
+             Contains("AdamW: beta1 must be in [0, 1), got 2"));
+}
+
+TEST_CASE("AdamW refuses a decoupled other than its own, so stays AdamW", "[optim]") {
+  Tensor p = param({1.0, 2.0});
+  using testing::error_of;
+  optim::AdamW adamw({p}, {.lr = 0.1, .weight_decay = 0.5});
+  // decoupled 0 made it Adam with L2 decay while its kind() stayed "AdamW".
+  for (const double decoupled : {0.0, 2.0, std::nan("")}) {
+    CAPTURE(decoupled);
+    CHECK_THAT(error_of([&] {
+                 adamw.set_hyper_parameters({{"lr", 0.2}, {"decoupled", decoupled}});
+               }),
+               Contains("AdamW: decoupled must be 1"));
+    CHECK((adamw.options.decoupled && adamw.options.lr == 0.1));
+  }
+  CHECK_NOTHROW(adamw.set_hyper_parameters({{"decoupled", 1}, {"lr", 0.1}}));
+  CHECK(adamw.hyper_parameters().back().first == "decoupled");
+  CHECK(adamw.hyper_parameters().back().second == 1);
+  // With a zero gradient AdamW only decays: p *= 1 - lr * wd (coupled, p would be 0.9, 1.9).
+  set_grad(p, {0.0, 0.0});
+  adamw.step();
+  const auto v = p.to_vector<double>();
+  CHECK(v[0] == Approx(0.95));
+  CHECK(v[1] == Approx(1.9));
+  // Adam's decay may still be set either way.
+  optim::Adam adam({p});
+  adam.set_hyper_parameters({{"decoupled", 1}});
+  CHECK(adam.options.decoupled);
+  adam.set_hyper_parameters({{"decoupled", 0}});
+  CHECK_FALSE(adam.options.decoupled);
+}
+
+TEST_CASE("optimizers refuse an empty parameter list", "[optim]") {
+  using testing::error_of;
+  // As PyTorch's "optimizer got an empty parameter list": a filter left nothing to train.
+  const std::string empty = ": the parameter list is empty";
+  CHECK_THAT(error_of([] { optim::SGD({}); }), Contains("SGD" + empty));
+  CHECK_THAT(error_of([] { optim::MomentumSGD({}); }), Contains("MomentumSGD" + empty));
+  CHECK_THAT(error_of([] { optim::Adam({}); }), Contains("Adam" + empty));
+  CHECK_THAT(error_of([] { optim::AdamW(std::vector<Tensor>{}); }), Contains("AdamW" + empty));
+}
+
+TEST_CASE("optimizers refuse a parameter that is not a leaf", "[optim]") {
+  using testing::error_of;
+  Tensor w = param({1.0, 2.0});
+  Tensor q = param({3.0});
+  const Tensor scaled = w * 2.0;  // computed: it never gets a .grad, so it was never updated
+  REQUIRE_FALSE(scaled.is_leaf());
+  const std::string not_leaf = ": parameter 1 [2] is not a leaf";
+  CHECK_THAT(error_of([&] { optim::SGD({q, scaled}); }), Contains("SGD" + not_leaf));
+  CHECK_THAT(error_of([&] {
+               optim::MomentumSGD({q, scaled});
+             }),
+             Contains("MomentumSGD" + not_leaf));
+  CHECK_THAT(error_of([&] { optim::Adam({q, scaled}); }), Contains("Adam" + not_leaf));
+  CHECK_THAT(error_of([&] { optim::AdamW({q, scaled}); }), Contains("AdamW" + not_leaf));
+  // Its detached copy, and a leaf that needs no gradient, are leaves.
+  CHECK_NOTHROW(optim::SGD({q, scaled.detach()}));
+  CHECK_NOTHROW(optim::SGD({tensor({1.0}, {1})}));
+}
+
+TEST_CASE("a copied optimizer has its own step count and state", "[optim]") {
+  Tensor w = param({1.0, 2.0, 3.0});
+  optim::Adam a({w}, {.lr = 0.1});
+  set_grad(w, {1.0, 1.0, 1.0});
+  a.step();
+  auto values = [](optim::Optimizer& o) {
+    std::vector<std::vector<double>> out;
+    for (const optim::StateSlot& s : o.state_slots())
+      out.push_back(s.tensor->dtype() == DType::Int64
+                        ? std::vector<double>{static_cast<double>(s.tensor->item<int64_t>())}
+                        : s.tensor->to_vector<double>());
+    return out;
+  };
+  const auto a_state = values(a);
+  optim::Adam b = a;
+  CHECK(b.steps() == 1);
+  CHECK(values(b) == a_state);
+  for (size_t i = 0; i < a.state_slots().size(); ++i)
+    CHECK_FALSE(a.state_slots()[i].tensor->shares_storage(*b.state_slots()[i].tensor));
+  b.step();
+  b.step();
+  // Stepping the copy moved the original's counters and moments (they were shared).
+  CHECK(a.steps() == 1);
+  CHECK(b.steps() == 3);
+  CHECK(values(a) == a_state);
+  CHECK(b.state_slots()[2].tensor->item<int64_t>() == 3);
+  b.set_steps(7);
+  CHECK(a.steps() == 1);
+
+  // An assignment copies the same way, and a copied AdamW stays AdamW.
+  Tensor u = param({4.0});
+  optim::AdamW c({u});
+  optim::AdamW d = c;
+  set_grad(u, {1.0});
+  c.step();
+  d = c;
+  CHECK(d.kind() == "AdamW");
+  CHECK(d.steps() == 1);
+  CHECK(values(d) == values(c));
+  d.step();
+  CHECK(c.steps() == 1);
+  CHECK(c.state_slots()[2].tensor->item<int64_t>() == 1);
+
+  // MomentumSGD's velocity, and plain SGD's count.
+  Tensor q = param({1.0});
+  optim::MomentumSGD m({q}, {.lr = 0.1, .momentum = 0.9});
+  set_grad(q, {1.0});
+  m.step();  // v = -0.1
+  optim::MomentumSGD n = m;
+  n.step();  // n's v = -0.19
+  CHECK(m.state_slots()[0].tensor->to_vector<double>()[0] == Approx(-0.1));
+  CHECK(n.state_slots()[0].tensor->to_vector<double>()[0] == Approx(-0.19));
+  optim::SGD s({w});
+  optim::SGD s2 = s;
+  s.set_steps(5);
+  CHECK(s2.steps() == 0);
 }
 
 // A replay runs no user code, so no step() call: the step count is a host counter that the

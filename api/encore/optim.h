@@ -37,7 +37,14 @@ struct StateSlot {
 
 class Optimizer {
  public:
+  // The parameters: at least one, each defined, floating, a leaf (a tensor computed from others
+  // gets no .grad, and a step would never update it) and listed once; else an Error.
   explicit Optimizer(std::vector<Tensor> params);
+  // A copy is another optimizer over the same parameters, with its own step count and state
+  // tensors (equal to the original's at the copy, independent after). An assignment makes this
+  // object such a copy of `other`.
+  Optimizer(const Optimizer& other);
+  Optimizer& operator=(const Optimizer& other);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
@@ -60,6 +67,8 @@ class Optimizer {
   void set_steps(int64_t steps) { steps_->store(steps, std::memory_order_relaxed); }
 
  protected:
+  // As the public constructor, with `kind` naming the optimizer in its errors.
+  Optimizer(std::vector<Tensor> params, const char* kind);
   // Counts one step; inside a static function its replays count too.
   void count_step();
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training
@@ -78,7 +87,8 @@ class Optimizer {
   std::vector<Tensor> params_;
   bool shared_storage_ =
       false;  // two parameters over one storage (one kernel must not update both)
-  // Shared with the static schedules that recorded a step, which advance it on every replay.
+  // Shared with the static schedules that recorded a step, which advance it on every replay (a
+  // copy has its own).
   std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 
  private:
@@ -135,6 +145,8 @@ class MomentumSGD : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   MomentumSGDOptions options;
+  MomentumSGD(const MomentumSGD& other);  // its own velocities, equal to other's
+  MomentumSGD& operator=(const MomentumSGD& other);
 
  protected:
   AttrBlob update_attrs() const override;
@@ -163,8 +175,12 @@ class Adam : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   AdamOptions options;
+  Adam(const Adam& other);  // its own moments and step counters, equal to other's
+  Adam& operator=(const Adam& other);
 
  protected:
+  // As the public constructor, with `kind` naming the optimizer in its errors.
+  Adam(std::vector<Tensor> params, AdamOptions options, const char* kind);
   AttrBlob update_attrs() const override;
 
  private:
@@ -184,8 +200,12 @@ struct AdamWOptions {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {})
-      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach}) {}
+      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, true, o.foreach},
+             "AdamW") {}
   std::string kind() const override { return "AdamW"; }
+  // As Adam's, but decoupled is AdamW's own: a value other than 1 is an Error (Adam's L2 decay
+  // is optim::Adam's).
+  void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
 };
 
 }  // namespace encore::optim

@@ -42,15 +42,24 @@ class HyperGuard final : public HostGuard {
   std::string kind_ = opt_->kind().empty() ? std::string("the") : opt_->kind();
 };
 
-Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<Tensor> params) : Optimizer(std::move(params), "optimizer") {}
+
+Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std::move(params)) {
+  // As PyTorch's "optimizer got an empty parameter list": a filter that left nothing to train.
+  ENCORE_CHECK(!params_.empty(), kind, ": the parameter list is empty; give it at least one");
   // Sorted by storage, then tensor, then position: a tensor listed twice, and two tensors over one
   // storage, are neighbours.
   std::vector<std::tuple<const Storage*, const TensorImpl*, size_t>> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    ENCORE_CHECK(p.defined(), "optimizer: parameter ", i, " is undefined");
-    ENCORE_CHECK(is_floating(p.dtype()), "optimizer: parameter ", i, " ", p.shape(), " is ",
-                 p.dtype(), "; parameters must be floating");
+    ENCORE_CHECK(p.defined(), kind, ": parameter ", i, " is undefined");
+    ENCORE_CHECK(is_floating(p.dtype()), kind, ": parameter ", i, " ", p.shape(), " is ", p.dtype(),
+                 "; parameters must be floating");
+    // A tensor computed from others gets no .grad, so a step would never update it (PyTorch:
+    // "can't optimize a non-leaf Tensor").
+    ENCORE_CHECK(p.is_leaf(), kind, ": parameter ", i, " ", p.shape(),
+                 " is not a leaf (it was computed from other tensors, and gets no .grad); "
+                 "give the tensors it was computed from, or a detach()ed copy");
     seen.emplace_back(p.impl()->storage.get(), p.impl(), i);
   }
   std::sort(seen.begin(), seen.end());
@@ -58,10 +67,25 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
     const auto& [storage, impl, i] = seen[k];
     const auto& [prev_storage, prev_impl, prev_i] = seen[k - 1];
     // A parameter listed twice would be stepped twice per step (PyTorch warns; we refuse).
-    ENCORE_CHECK(impl != prev_impl, "optimizer: parameter ", i, " ", params_[i].shape(),
+    ENCORE_CHECK(impl != prev_impl, kind, ": parameter ", i, " ", params_[i].shape(),
                  " is parameter ", prev_i, " listed again; list each parameter once");
     shared_storage_ = shared_storage_ || storage == prev_storage;
   }
+}
+
+// The token is the copy's own (Token's copy), and so is the step counter.
+Optimizer::Optimizer(const Optimizer& other)
+    : params_(other.params_),
+      shared_storage_(other.shared_storage_),
+      steps_(std::make_shared<std::atomic<int64_t>>(other.steps())) {}
+
+Optimizer& Optimizer::operator=(const Optimizer& other) {
+  params_ = other.params_;
+  shared_storage_ = other.shared_storage_;
+  // A new counter: the static steps that recorded this object's see another optimizer (token_).
+  steps_ = std::make_shared<std::atomic<int64_t>>(other.steps());
+  token_ = other.token_;
+  return *this;
 }
 
 void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
@@ -109,6 +133,15 @@ std::vector<Tensor> zeros_for(const std::vector<Tensor>& params) {
   return out;
 }
 
+// A copy's state: the same values in tensors of its own (undefined ones stay undefined).
+std::vector<Tensor> clone_state(const std::vector<Tensor>& state) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> out;
+  out.reserve(state.size());
+  for (const Tensor& t : state) out.push_back(t.defined() ? clone(t) : Tensor());
+  return out;
+}
+
 // Writes `values` into the members named in `members`; all names are checked first.
 void set_named(const char* kind, const std::vector<std::pair<std::string, double*>>& members,
                const std::vector<std::pair<std::string, double>>& values) {
@@ -122,10 +155,18 @@ void set_named(const char* kind, const std::vector<std::pair<std::string, double
       if (m.first == name) *m.second = value;
 }
 
-void check_adam_options(const AdamOptions& o) {
-  ENCORE_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
-               "Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
-  ENCORE_CHECK(o.eps >= 0 && o.lr >= 0, "Adam: lr and eps must be non-negative");
+// Each option is checked on its own, and its Error names the optimizer, the option and its value
+// (a NaN fails every comparison, so it is refused too).
+void check_non_negative(const char* kind, const char* name, double value) {
+  ENCORE_CHECK(value >= 0, kind, ": ", name, " must be non-negative, got ", value);
+}
+
+void check_adam_options(const char* kind, const AdamOptions& o) {
+  check_non_negative(kind, "lr", o.lr);
+  for (const auto& [name, beta] : {std::pair{"beta1", o.beta1}, std::pair{"beta2", o.beta2}})
+    ENCORE_CHECK(beta >= 0 && beta < 1, kind, ": ", name, " must be in [0, 1), got ", beta);
+  check_non_negative(kind, "eps", o.eps);
+  check_non_negative(kind, "weight_decay", o.weight_decay);
 }
 
 void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tensor>& tensors,
@@ -138,19 +179,20 @@ void add_slots(std::vector<StateSlot>& out, const char* state, std::vector<Tenso
 }
 
 void check_sgd_options(const SGDOptions& o) {
-  ENCORE_CHECK(o.lr >= 0, "SGD: lr must be non-negative, got ", o.lr);
+  check_non_negative("SGD", "lr", o.lr);
+  check_non_negative("SGD", "weight_decay", o.weight_decay);
 }
 
 void check_momentum_options(const MomentumSGDOptions& o) {
-  ENCORE_CHECK(o.lr >= 0 && o.momentum >= 0,
-               "MomentumSGD: lr and momentum must be non-negative, got lr ", o.lr, ", momentum ",
-               o.momentum);
+  check_non_negative("MomentumSGD", "lr", o.lr);
+  check_non_negative("MomentumSGD", "momentum", o.momentum);
+  check_non_negative("MomentumSGD", "weight_decay", o.weight_decay);
 }
 
 }  // namespace
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
-    : Optimizer(std::move(params)), options(options) {
+    : Optimizer(std::move(params), "SGD"), options(options) {
   check_sgd_options(options);
 }
 
@@ -180,8 +222,19 @@ void SGD::step() {
 }
 
 MomentumSGD::MomentumSGD(std::vector<Tensor> params, MomentumSGDOptions options)
-    : Optimizer(std::move(params)), options(options), velocity_(zeros_for(params_)) {
+    : Optimizer(std::move(params), "MomentumSGD"), options(options), velocity_(zeros_for(params_)) {
   check_momentum_options(options);
+}
+
+MomentumSGD::MomentumSGD(const MomentumSGD& other)
+    : Optimizer(other), options(other.options), velocity_(clone_state(other.velocity_)) {}
+
+MomentumSGD& MomentumSGD::operator=(const MomentumSGD& other) {
+  std::vector<Tensor> velocity = clone_state(other.velocity_);
+  Optimizer::operator=(other);
+  options = other.options;
+  velocity_ = std::move(velocity);
+  return *this;
 }
 
 std::vector<std::pair<std::string, double>> MomentumSGD::hyper_parameters() const {
@@ -217,12 +270,33 @@ void MomentumSGD::step() {
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : Optimizer(std::move(params)),
+    : Adam(std::move(params), options, "Adam") {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options, const char* kind)
+    : Optimizer(std::move(params), kind),
       options(options),
       m_(zeros_for(params_)),
       v_(zeros_for(params_)) {
-  check_adam_options(options);
+  check_adam_options(kind, options);
   for (const Tensor& p : params_) t_.push_back(zeros({}, DType::Int64, p.device()));
+}
+
+Adam::Adam(const Adam& other)
+    : Optimizer(other),
+      options(other.options),
+      m_(clone_state(other.m_)),
+      v_(clone_state(other.v_)),
+      t_(clone_state(other.t_)) {}
+
+Adam& Adam::operator=(const Adam& other) {
+  std::vector<Tensor> m = clone_state(other.m_), v = clone_state(other.v_),
+                      t = clone_state(other.t_);
+  Optimizer::operator=(other);
+  options = other.options;
+  m_ = std::move(m);
+  v_ = std::move(v);
+  t_ = std::move(t);
+  return *this;
 }
 
 std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
@@ -249,8 +323,16 @@ void Adam::set_hyper_parameters(const std::vector<std::pair<std::string, double>
   ENCORE_CHECK(decoupled == 0 || decoupled == 1, kind(), ": decoupled must be 0 or 1, got ",
                decoupled);
   o.decoupled = decoupled != 0;
-  check_adam_options(o);
+  check_adam_options(kind().c_str(), o);
   options = o;
+}
+
+// Checked before Adam's, which changes nothing when it refuses.
+void AdamW::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
+  for (const auto& [name, value] : values)
+    ENCORE_CHECK(name != "decoupled" || value == 1, kind(), ": decoupled must be 1, got ", value,
+                 " (AdamW's weight decay is decoupled; optim::Adam has the coupled L2 decay)");
+  Adam::set_hyper_parameters(values);
 }
 
 std::vector<StateSlot> Adam::state_slots() {
