@@ -62,12 +62,46 @@ std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
   return keep;
 }
 
+// Why the views of `rec` (a family's recording at a call's sizes) do not fit, or empty. An
+// operand that covered its whole buffer at the trace (`base`) covers it here too, and one of an
+// argument covers the argument: a view's sizes may have come from another operand's, which only
+// agreed with them at the traces (logits reshaped from x, rows counted like the labels).
+std::string views_fit(const Recording& base, const Recording& rec, std::span<const Tensor> args) {
+  std::vector<char> whole;
+  for_each_operand(
+      base, [&](const Operand& o) { whole.push_back(o.nbytes() == base.buffers[o.buf].nbytes); });
+  std::vector<size_t> have(rec.buffers.size(), 0);
+  for (size_t b = 0; b < rec.buffers.size(); ++b) {
+    const Buffer& buf = rec.buffers[b];
+    if (buf.kind != BufKind::Arg) continue;
+    const TensorImpl& a = *args[static_cast<size_t>(buf.index)].impl();
+    have[b] = a.storage->nbytes() - static_cast<size_t>(a.offset) * itemsize(a.dtype);
+  }
+  std::string bad;
+  size_t k = 0;
+  for_each_operand(rec, [&](const Operand& o) {
+    if (!bad.empty() || !whole[k++]) return;
+    const Buffer& buf = rec.buffers[o.buf];
+    if (buf.kind == BufKind::Arg ? o.nbytes() != have[o.buf] : o.nbytes() != buf.nbytes)
+      bad = cat(buf.kind == BufKind::Arg ? cat("argument ", buf.index) : cat("buffer ", o.buf),
+                " would be viewed as ", o.shape, ", which does not cover it as at the traces");
+  });
+  for (size_t b = 0; b < rec.buffers.size() && bad.empty(); ++b)
+    if (rec.buffers[b].kind == BufKind::Arg && rec.buffers[b].nbytes > have[b])
+      bad = cat("argument ", rec.buffers[b].index, " would be read past its end");
+  return bad;
+}
+
 // An entry for the family's recording at `sizes`, planned; null (and why) when it has none.
 std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<const Tensor> args,
                                  const std::string* key, int64_t mode,
                                  std::span<const int64_t> sizes, std::string& why) {
   std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why);
   if (!rec) return nullptr;
+  if (std::string bad = views_fit(*f.shapes->base, *rec, args); !bad.empty()) {
+    why = cat("no schedule at ", sizes_text(sizes), ": ", bad);
+    return nullptr;
+  }
   const Entry& p = *f.proto;
   auto e = std::make_shared<Entry>();
   e->name = p.name;
@@ -313,13 +347,13 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     }
     log_retrace(cat(config.name, ": ", what, " may be dynamic, but the traces at size 1 differ (",
                     b.why, "); the next size is checked against trace ", ids_text(e->pending_ids)));
-  } else if (one_group(points, e->dynamic_dims)) {
+  } else if (one_group(points, e->dynamic_dims) || failed_dim_sets.size() >= kSubjects) {
     const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
                                  " static: ", b.why, " (traces ", ids_text(ids), ")");
     for (const DynDim& d : e->dynamic_dims)
       if (static_dims.size() < kSubjects) static_dims.try_emplace(d, line);
     warn(cat(config.name, ": ", line));
-  } else if (failed_dim_sets.size() < kSubjects && failed_dim_sets.insert(e->dynamic_dims).second) {
+  } else if (failed_dim_sets.insert(e->dynamic_dims).second) {
     // Which of them the failure is due to, traces that differ in fewer of them tell: until
     // then each may still become dynamic.
     warn(cat(config.name, ": ", what, " cannot all be dynamic: ", b.why, " (traces ", ids_text(ids),

@@ -104,6 +104,8 @@ class SizeBuilder {
     }
     return e;
   }
+  // `a` and `b` are sizes a step takes to be equal: a variable is settled by the other; two
+  // expressions that only happened to agree at the traces are guarded to agree.
   void unify(ExprId a, ExprId b) {
     a = find(a);
     b = find(b);
@@ -112,6 +114,8 @@ class SizeBuilder {
       parent_[a] = b;
     else if (x_.is_var(b))
       parent_[b] = a;
+    else
+      guard(a, b, "a size a step takes from two operands");
   }
   // The operands of an elementwise step of the same shape as its output: their sizes are equal.
   void unify_elementwise(const Step& s, std::span<const Dims> ins, const Dims& out);

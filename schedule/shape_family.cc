@@ -214,6 +214,47 @@ std::string check_step(const Step& s) {
   if (s.op == Op::Linear && s.in[0].shape.rank() >= 1 && s.in[1].shape.rank() == 2 &&
       s.in[0].shape[s.in[0].shape.rank() - 1] != s.in[1].shape[1])
     return cat("linear of ", s.in[0].shape, " and ", s.in[1].shape);
+  // Operands whose sizes the kernel takes to agree, as the routine checked them eagerly: each
+  // came from its own producer, so sizes equal at the traces may differ here.
+  switch (s.op) {
+    case Op::SoftmaxCrossEntropy:
+    case Op::SoftmaxCrossEntropyGrad:
+    case Op::Accuracy:
+      if (s.in[0].shape.rank() == 2 && numel(s.in[1]) != s.in[0].shape[0])
+        return cat(op_name(s.op), " of logits ", s.in[0].shape, " and labels ", s.in[1].shape);
+      break;
+    case Op::MeanSquaredError:
+      if (numel(s.in[0]) != numel(s.in[1]))
+        return cat(op_name(s.op), " of ", s.in[0].shape, " and ", s.in[1].shape);
+      break;
+    case Op::SoftmaxGrad:
+    case Op::LogSoftmaxGrad:
+      if (!(s.in[0].shape == s.in[1].shape))
+        return cat(op_name(s.op), " of ", s.in[0].shape, " and ", s.in[1].shape);
+      break;
+    case Op::Concat:
+    case Op::Split: {
+      // The pieces agree with the whole but along the axis, and add up to it there.
+      const Operand& whole = s.op == Op::Concat ? s.out[0] : s.in[0];
+      const auto pieces =
+          s.op == Op::Concat ? std::span<const Operand>(s.in) : std::span<const Operand>(s.out);
+      const int axis = s.attrs.as<AxisAttrs>().axis;
+      int64_t along = 0;
+      for (const Operand& p : pieces) {
+        if (p.shape.rank() != whole.shape.rank() || axis < 0 || axis >= p.shape.rank())
+          return cat(op_name(s.op), " of ", p.shape, " and ", whole.shape);
+        for (int d = 0; d < p.shape.rank(); ++d)
+          if (d != axis && p.shape[d] != whole.shape[d])
+            return cat(op_name(s.op), " of ", p.shape, " and ", whole.shape, " along axis ", axis);
+        along += p.shape[axis];
+      }
+      if (along != whole.shape[axis])
+        return cat(op_name(s.op), " of pieces adding up to ", along, " for ", whole.shape);
+      break;
+    }
+    default:
+      break;
+  }
   return {};
 }
 

@@ -180,7 +180,8 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   for (const Buffer& buf : rec->buffers)
     if (buf.kind == BufKind::Param)
       e.params.push_back({buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
-                          buf.bound.requires_grad(), buf.mutated ? buf.bound.impl() : nullptr});
+                          buf.bound.requires_grad(),
+                          buf.mutated ? e.slots[buf.index].slot->impl() : nullptr});
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
     const bool entry_read =

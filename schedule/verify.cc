@@ -204,9 +204,16 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
   for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
   gen.set_state(gen_state);
   // The results that carry the node, by differentiable index, as the trace's.
+  ENCORE_CHECK(vs->inner.size() == rec.results.size(), "verify: ", config.name,
+               ": the eager run returned ", vs->inner.size(), " results; the schedule has ",
+               rec.results.size(), ": the function is not static");
   std::vector<Tensor> inner;
-  for (int k : rec.differentiable)
-    if (static_cast<size_t>(k) < vs->inner.size()) inner.push_back(vs->inner[k]);
+  for (int k : rec.differentiable) {
+    ENCORE_CHECK(vs->inner[k].requires_grad(), "verify: ", config.name, ": result ", k,
+                 " of the eager run does not require grad; the schedule's does: the function is "
+                 "not static");
+    inner.push_back(vs->inner[k]);
+  }
   vs->inner = std::move(inner);
   return vs;
 }

@@ -477,6 +477,49 @@ TEST_CASE("dynamic: an op whose inputs broadcast is not planned where another in
       "batched matmul", [](const Tensor& x, const Tensor& y) { return F::matmul(x, y); }, 3, 3);
 }
 
+TEST_CASE("dynamic: operands whose sizes agreed only at the traces are not planned apart",
+          "[static][dynamic]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  const LogSink old = set_log_sink([](const std::string&) {});
+  // Logits of 2 B rows against N labels: N = 2 B at both traces, yet two symbols.
+  auto loss = [](const Tensor& z, const Tensor& y) {
+    return F::softmax_cross_entropy(F::reshape(z, {-1, 3}), y);
+  };
+  auto f = static_graph(loss, {.name = "flattened_labels"});
+  auto labels = [](int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>(i % 3);
+    return tensor(v, {n}, DType::Int32);
+  };
+  for (int64_t b : {4, 8}) {
+    const Tensor z = rand({b, 6}), y = labels(2 * b);
+    CHECK(bit_diff(f(z, y), loss(z, y)) == "");
+  }
+  for (int64_t n : {12, 8}) {
+    CAPTURE(n);  // 10 rows: eager refuses both
+    const Tensor z = rand({5, 6}), y = labels(n);
+    const std::string eager = error_of([&] { loss(z, y); });
+    REQUIRE_FALSE(eager.empty());
+    CHECK(error_of([&] { f(z, y); }) == eager);
+  }
+  // Two branches of one image, pooled and convolved, agree in size at even sizes only.
+  const Tensor w = full({1, 1, 3, 3}, 0.1);
+  auto branches = [&w](const Tensor& x) {
+    return F::concat({F::max_pool2d(x, 2), F::conv2d(x, w, Tensor(), 2, 1)}, 1);
+  };
+  auto g = static_graph(branches, {.name = "two_branches"});
+  for (int64_t h : {32, 64}) {
+    const Tensor x = rand({1, 1, h, h});
+    CHECK(bit_diff(g(x), branches(x)) == "");
+  }
+  const Tensor odd = rand({1, 1, 33, 33});
+  const std::string eager = error_of([&] { branches(odd); });
+  REQUIRE_FALSE(eager.empty());
+  CHECK(error_of([&] { g(odd); }) == eager);
+  set_log_sink(old);
+}
+
 TEST_CASE("dynamic: a static forward (module form) with its backward outside",
           "[static][dynamic]") {
   StaticEnabled on;

@@ -87,7 +87,8 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
   c.arg_names = std::move(options.arg_names);
   if (!modules_.empty()) {
     c.mode = [this] { return tree_mode(); };
-    // Buffers too: one replaced by another tensor (running statistics reset) is rebound.
+    // Buffers too: one replaced by another tensor (running statistics reset) is rebound, or
+    // traced again when the trace wrote it in place.
     c.params = [this] {
       std::vector<schedule::ParamSlot> slots;
       for (size_t i = 0; i < modules_.size(); ++i)
