@@ -127,7 +127,7 @@ class Tensor {
   // Version counter of the storage (bumped by in-place ops).
   uint32_t version() const { return checked().storage->version(); }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
-  bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  bool shares_storage(const Tensor& o) const { return checked().storage == o.checked().storage; }
 
   TensorImpl* impl() const { return impl_.get(); }
   const IntrusivePtr<TensorImpl>& impl_ptr() const { return impl_; }

@@ -61,6 +61,15 @@ TEST_CASE("tensors share storage on copy and views", "[runtime]") {
   CHECK(to_string(F::reshape(arange(3), {3})).find("{0, 1, 2}") != std::string::npos);
 }
 
+TEST_CASE("shares_storage throws Error on an undefined tensor, as every accessor", "[runtime]") {
+  const Tensor x = ones({2}).set_requires_grad();
+  CHECK_FALSE(x.grad().defined());
+  CHECK_THROWS_AS(x.shares_storage(x.grad()), Error);  // it dereferenced null
+  CHECK_THROWS_WITH(x.grad().shares_storage(x), Contains("use of an undefined tensor"));
+  CHECK_THROWS_AS(Tensor().shares_storage(Tensor()), Error);
+  CHECK(x.shares_storage(x));
+}
+
 TEST_CASE("the caching allocator reuses blocks and keeps statistics", "[runtime][memory]") {
   Allocator& alloc = allocator_for(Device::cpu());
   const AllocatorStats s0 = alloc.stats();
