@@ -23,9 +23,17 @@ thread_local std::vector<std::function<void()>> t_callbacks;
 void run_grad_hooks(TensorImpl* leaf) {
   if (!leaf->grad_hooks) return;
   const Tensor t{IntrusivePtr<TensorImpl>(leaf)};
-  // By index: a hook may add or remove hooks.
-  for (size_t i = 0; i < leaf->grad_hooks->hooks.size(); ++i) {
-    const autograd::GradHook hook = leaf->grad_hooks->hooks[i].second;
+  // A hook may add or remove hooks (itself included), so each step looks up the next one by id:
+  // ids grow with every hook added, and the list keeps the order they were added in. A hook
+  // removed before its turn does not run; one added meanwhile runs in this pass.
+  const auto& hooks = leaf->grad_hooks->hooks;
+  uint64_t last = 0;
+  while (true) {
+    const auto next = std::upper_bound(hooks.begin(), hooks.end(), last,
+                                       [](uint64_t id, const auto& h) { return id < h.first; });
+    if (next == hooks.end()) break;
+    last = next->first;
+    const autograd::GradHook hook = next->second;  // a copy: the hook may remove itself
     hook(t);
   }
 }

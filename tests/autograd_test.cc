@@ -1,6 +1,10 @@
 // Autograd engine: accumulation, explicit gradients, no-grad, retain_graph, version counter.
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "encore/encore.h"
 #include "tests/test_util.h"
 
@@ -258,4 +262,33 @@ TEST_CASE("matmul and linear handle zero-sized dimensions", "[autograd]") {
   CHECK(out.shape() == Shape{2, 3, 0});
   out.backward(zeros({2, 3, 0}, DType::Float64));
   CHECK(values(F::sum(x.grad())) == std::vector<double>{0});
+}
+
+TEST_CASE("a post-accumulate hook that removes itself does not skip the next hook", "[autograd]") {
+  // Removing a hook shifted the list under the loop's index: the hook after it was skipped.
+  Tensor w = leaf({1, 2}, {2});
+  std::vector<std::string> calls;
+  uint64_t id_a = 0;
+  id_a = autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("a");
+    autograd::remove_post_accumulate_grad_hook(l, id_a);  // one-shot
+  });
+  uint64_t id_c = 0;
+  autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("b");
+    autograd::remove_post_accumulate_grad_hook(l, id_c);  // removed before its turn: not run
+  });
+  id_c = autograd::add_post_accumulate_grad_hook(w, [&](const Tensor&) { calls.push_back("c"); });
+  bool added = false;
+  autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("d");
+    if (!std::exchange(added, true))  // added during the pass: runs in it
+      autograd::add_post_accumulate_grad_hook(l, [&](const Tensor&) { calls.push_back("e"); });
+  });
+  F::sum(w * 2.0).backward();
+  CHECK(calls == std::vector<std::string>{"a", "b", "d", "e"});
+  calls.clear();
+  F::sum(w * 2.0).backward();
+  CHECK(calls == std::vector<std::string>{"b", "d", "e"});
+  CHECK(values(w.grad()) == std::vector<double>{4, 4});
 }
