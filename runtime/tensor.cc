@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "runtime/autograd.h"
+#include "runtime/convert.h"
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/labelled_node.h"
@@ -83,12 +84,13 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
 }
 
 namespace {
-// Converts the first n elements of t to T.
+// Converts the first n elements of t to T, as copy_ does (convert_value: NaN is 0 and values out
+// of an integer T's range saturate).
 template <typename T>
 void read_as(const Tensor& t, T* dst, int64_t n) {
   const void* src = t.raw_data();
   auto convert = [&](const auto* from) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(from[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert_value<T>(from[i]);
   };
   switch (t.dtype()) {
     case DType::Float32:

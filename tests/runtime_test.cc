@@ -2,7 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <vector>
 
 #include "encore/encore.h"
 
@@ -68,6 +70,33 @@ TEST_CASE("shares_storage throws Error on an undefined tensor, as every accessor
   CHECK_THROWS_WITH(x.grad().shares_storage(x), Contains("use of an undefined tensor"));
   CHECK_THROWS_AS(Tensor().shares_storage(Tensor()), Error);
   CHECK(x.shares_storage(x));
+}
+
+TEST_CASE("item and to_vector convert floating values to integers as copy_ does", "[runtime]") {
+  // A bare static_cast before: undefined behaviour (3e9 and NaN gave INT_MIN on x86).
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> values = {3e9, nan,  -3e9,         1e20,          -1e20,  inf,    -inf,
+                                      2.5, -2.5, 2147483647.9, -2147483648.9, 0x1p63, -0x1p63};
+  const Shape shape{static_cast<int64_t>(values.size())};
+  for (const DType from : {DType::Float32, DType::Float64}) {
+    CAPTURE(name(from));
+    const Tensor f = tensor(values, shape, from);
+    Tensor i32 = empty(shape, DType::Int32), i64 = empty(shape, DType::Int64);
+    copy_(i32, f);
+    copy_(i64, f);
+    const std::vector<int32_t> want32 = i32.to_vector<int32_t>();
+    const std::vector<int64_t> want64 = i64.to_vector<int64_t>();
+    CHECK(want32[0] == std::numeric_limits<int32_t>::max());
+    CHECK(want32[1] == 0);
+    CHECK(f.to_vector<int32_t>() == want32);
+    CHECK(f.to_vector<int64_t>() == want64);
+    for (int64_t k = 0; k < shape.numel(); ++k) {
+      CAPTURE(k);
+      const Tensor one = F::slice(f, 0, k, k + 1);
+      CHECK(one.item<int32_t>() == want32[k]);
+      CHECK(one.item<int64_t>() == want64[k]);
+    }
+  }
 }
 
 TEST_CASE("the caching allocator reuses blocks and keeps statistics", "[runtime][memory]") {

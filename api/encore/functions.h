@@ -53,7 +53,9 @@ Tensor clone(const Tensor& x);
 
 void fill_(const Tensor& t, double value);
 void add_(const Tensor& t, const Tensor& other);   // t += other (other broadcast to t)
-void copy_(const Tensor& dst, const Tensor& src);  // same shape; converts dtype
+// Same shape; converts dtype as static_cast, made total: from floating to integer a NaN is 0 and
+// values out of range saturate (as item() and to_vector() do).
+void copy_(const Tensor& dst, const Tensor& src);
 void uniform_(const Tensor& t, double low, double high);
 void normal_(const Tensor& t, double mean, double std);
 
