@@ -146,7 +146,10 @@ class Tensor {
   IntrusivePtr<TensorImpl> impl_;
 };
 
-// Human-readable values for small tensors (debugging).
+// Human-readable values for small tensors (debugging): "Tensor[3] int64 cpu {1, 2, 3}", the first
+// max_elements values in row-major order and ", ..." when there are more. Integers print exactly,
+// bools as true and false, floating values in the fewest digits that read back as the same value
+// of their dtype (0.1 in a float32 tensor prints 0.1). A negative max_elements is an Error.
 std::string to_string(const Tensor& t, int max_elements = 64);
 
 }  // namespace encore
