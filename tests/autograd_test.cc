@@ -1,6 +1,7 @@
 // Autograd engine: accumulation, explicit gradients, no-grad, retain_graph, version counter.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -291,4 +292,41 @@ TEST_CASE("a post-accumulate hook that removes itself does not skip the next hoo
   F::sum(w * 2.0).backward();
   CHECK(calls == std::vector<std::string>{"b", "d", "e"});
   CHECK(values(w.grad()) == std::vector<double>{4, 4});
+}
+
+TEST_CASE("identity permute, transpose, broadcast_to and sum_to return a new tensor",
+          "[autograd]") {
+  // They returned x itself: a leaf, whose fill_ or set_requires_grad changed x.
+  const Tensor x = tensor({1, 2, 3, 4}, {2, 2}, DType::Float64);
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"transpose(x, 1, 1)", [](const Tensor& t) { return F::transpose(t, 1, 1); }},
+      {"transpose(x, -1, 1)", [](const Tensor& t) { return F::transpose(t, -1, 1); }},
+      {"permute(x, {0, 1})",
+       [](const Tensor& t) {
+         return F::permute(t, {0, 1});
+       }},
+      {"broadcast_to(x, x.shape())", [](const Tensor& t) { return F::broadcast_to(t, t.shape()); }},
+      {"sum_to(x, x.shape())", [](const Tensor& t) { return F::sum_to(t, t.shape()); }},
+  };
+  for (const auto& [what, op] : ops) {
+    CAPTURE(what);
+    Tensor y = op(x);
+    CHECK_FALSE(y.is_same(x));
+    CHECK_FALSE(y.shares_storage(x));  // a copy, as every op but reshape and flatten gives
+    CHECK(y.shape() == x.shape());
+    CHECK(values(y) == std::vector<double>{1, 2, 3, 4});
+    fill_(y, 0);
+    CHECK(values(x) == std::vector<double>{1, 2, 3, 4});
+    y.set_requires_grad();
+    CHECK_FALSE(x.requires_grad());
+
+    // From a leaf that requires grad: a non-leaf whose gradient reaches the leaf.
+    Tensor w = leaf({1, 2, 3, 4}, {2, 2});
+    Tensor v = op(w);
+    CHECK_FALSE(v.is_leaf());
+    CHECK(v.requires_grad());
+    CHECK_THROWS_WITH(v.set_requires_grad(false), Contains("only a leaf tensor can be marked"));
+    F::sum(v * tensor({1, 2, 3, 4}, {2, 2}, DType::Float64)).backward();
+    CHECK(values(w.grad()) == std::vector<double>{1, 2, 3, 4});
+  }
 }

@@ -125,7 +125,7 @@ Tensor mean(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 // Maximum, NaN over a slice that holds one; the gradient is shared equally among tied maxima
 // (as torch.amax: NaN over a slice whose maximum is NaN).
 Tensor max(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
-// Sums `x` down to `shape` (the reverse of broadcast_to).
+// Sums `x` down to `shape` (the reverse of broadcast_to); a copy when x already has `shape`.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- Layout -----------------------------------------------------------------------------
@@ -135,6 +135,8 @@ Tensor reshape(const Tensor& x, std::span<const int64_t> shape);
 Tensor reshape(const Tensor& x, std::initializer_list<int64_t> shape);
 // Flattens dimensions start_dim..end_dim into one (a view).
 Tensor flatten(const Tensor& x, int start_dim = 0, int end_dim = -1);
+// permute, transpose and broadcast_to copy (see runtime/tensor.h), also when the result has x's
+// shape and layout (an identity permutation, transpose(x, 1, 1)): never x itself.
 Tensor permute(const Tensor& x, std::span<const int> perm);
 Tensor permute(const Tensor& x, std::initializer_list<int> perm);
 Tensor transpose(const Tensor& x, int dim0 = -2, int dim1 = -1);

@@ -139,7 +139,7 @@ Tensor reduce_masked(Op op, const Tensor& x, uint8_t mask, bool keepdims) {
 // gy broadcast back over the reduced axes of the input.
 Tensor expand_reduced(const Tensor& gy, const TensorMeta& in, uint8_t mask) {
   const Tensor kept = F::reshape(gy, detail::reduced_shape(in.shape, mask, true).dims());
-  return F::broadcast_to(kept, in.shape);
+  return kept.shape() == in.shape ? kept : F::broadcast_to(kept, in.shape);
 }
 
 void sum_backward(BackwardContext& c) {
@@ -225,6 +225,13 @@ Tensor max(const Tensor& x, std::vector<int> axes, bool keepdims) {
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   check_floating("sum_to", "x", x);
+  if (x.shape() == shape) return clone(x);  // a new tensor, as any sum gives
+  return detail::sum_to_or_self(x, shape);
+}
+
+}  // namespace functions
+
+Tensor detail::sum_to_or_self(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   const int lead = x.rank() - shape.rank();
   ENCORE_CHECK(lead >= 0, "sum_to: cannot sum ", x.shape(), " to the larger rank of ", shape);
@@ -239,8 +246,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
                  shape);
     if (want == 1 && x.shape()[i] != 1) mask |= static_cast<uint8_t>(1u << i);
   }
-  return reshape(reduce_masked(Op::Sum, x, mask, true), shape.dims());
+  return F::reshape(reduce_masked(Op::Sum, x, mask, true), shape.dims());
 }
 
-}  // namespace functions
 }  // namespace encore
