@@ -119,11 +119,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 
 // ---- Reductions -------------------------------------------------------------------------
 
-// Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1.
+// Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1. A 0-d tensor has
+// one axis to name, 0 or -1, as in PyTorch (the result is 0-d).
 Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 Tensor mean(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 // Maximum, NaN over a slice that holds one; the gradient is shared equally among tied maxima
-// (as torch.amax: NaN over a slice whose maximum is NaN).
+// (as torch.amax: NaN over a slice whose maximum is NaN). Reducing over an axis of length 0 is
+// an Error (no value to take); other axes may be empty: max of [0, 3] over axis 1 is [0].
 Tensor max(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 // Sums `x` down to `shape` (the reverse of broadcast_to); a copy when x already has `shape`.
 Tensor sum_to(const Tensor& x, const Shape& shape);
@@ -156,6 +158,7 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t ste
 
 // ---- Softmax and losses -----------------------------------------------------------------
 
+// Along `axis`; a 0-d tensor is one value along axis 0 or -1, as in PyTorch (softmax 1, log 0).
 Tensor softmax(const Tensor& x, int axis = -1);
 Tensor log_softmax(const Tensor& x, int axis = -1);
 // Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.

@@ -10,6 +10,14 @@ namespace detail {
 
 uint8_t axes_mask(const char* op, std::span<const int> axes, int rank) {
   if (axes.empty()) return rank == 0 ? 0 : static_cast<uint8_t>((1u << rank) - 1);
+  if (rank == 0) {  // as PyTorch: axis 0 (or -1) names a 0-d tensor's one value, once
+    for (size_t i = 0; i < axes.size(); ++i) {
+      ENCORE_CHECK(axes[i] == 0 || axes[i] == -1, op, ": axis ", axes[i],
+                   " is out of range for a 0-d tensor (0 and -1 are its only axes)");
+      ENCORE_CHECK(i == 0, op, ": axis ", axes[i], " is given twice (x is 0-d)");
+    }
+    return 0;
+  }
   uint8_t mask = 0;
   for (int a : axes) {
     const int ax = normalize_axis(a, rank, op);
@@ -180,7 +188,11 @@ const bool kRegistered = [] {
 Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axes, bool keepdims) {
   check_floating(name, "x", x);
   const uint8_t mask = detail::axes_mask(name, axes, x.rank());
-  if (op == Op::Max) ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
+  if (op == Op::Max) {  // an empty slice has no maximum; an empty result is fine
+    for (int i = 0; i < x.rank(); ++i)
+      ENCORE_CHECK(!(mask >> i & 1) || x.shape()[i] > 0, "max: cannot reduce x ", x.shape(),
+                   " over axis ", i, ", which is empty (a maximum needs one value)");
+  }
   return reduce_masked(op, x, mask, keepdims);
 }
 
