@@ -250,6 +250,13 @@ TEST_CASE("softmax, concat, slice, permute, flatten and transpose reject bad axe
   CHECK_THROWS_WITH(F::split(x, {1, 3}, 1),
                     Contains("split: sizes add up to 4 but x [2,3] has 3 along axis 1"));
   CHECK_THROWS_WITH(F::split(x, {4, -1}, 1), Contains("split: sizes must be >= 0, got -1"));
+  // Sizes whose sum overflows int64 (it wrapped, to the extent itself here) are refused.
+  const int64_t q = int64_t{1} << 62;
+  CHECK_THROWS_WITH(F::split(t32({0, 0}), {q, q, q, q}, 1),
+                    Contains("split: sizes add up to more than 9223372036854775807 (x [0,0] has 0 "
+                             "along axis 1)"));
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_WITH(F::split(x, {big, big, 5}, 1), Contains("split: sizes add up to more than"));
   CHECK_THROWS_WITH(F::chunk(x, 2, 1),
                     Contains("chunk: x [2,3] has 3 along axis 1, not a positive multiple of 2"));
   CHECK_THROWS_WITH(F::slice(t32({}), 0, 0, 1), Contains("slice: cannot slice a 0-d tensor"));

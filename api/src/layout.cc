@@ -1,5 +1,6 @@
 // Layout routines: reshape/flatten (views), permute, broadcast_to, concat, slice.
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -238,7 +239,8 @@ std::vector<Tensor> split(const Tensor& x, std::span<const int64_t> sizes, int a
   int64_t total = 0;
   for (int64_t s : sizes) {
     ENCORE_CHECK(s >= 0, "split: sizes must be >= 0, got ", s, " for x ", x.shape());
-    total += s;
+    ENCORE_CHECK(!__builtin_add_overflow(total, s, &total), "split: sizes add up to more than ",
+                 INT64_MAX, " (x ", x.shape(), " has ", x.shape()[ax], " along axis ", ax, ")");
   }
   ENCORE_CHECK(total == x.shape()[ax], "split: sizes add up to ", total, " but x ", x.shape(),
                " has ", x.shape()[ax], " along axis ", ax);
