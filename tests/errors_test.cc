@@ -494,6 +494,36 @@ TEST_CASE("factories and initialisers check their arguments", "[errors]") {
                                                Contains("a NaN or infinity cannot be an integer"));
   }
   CHECK(full({2}, -2147483648.0, DType::Int32).to_vector<double>()[0] == -2147483648.0);
+  // A value an integer dtype cannot hold is refused by full, tensor and fill_ (as PyTorch; it was
+  // saturated); the fraction of one it can hold is dropped.
+  CHECK_THROWS_WITH(full({1}, 3e10, DType::Int32),
+                    Contains("full: value 3e+10 cannot fill a int32 tensor: it is out of the "
+                             "range [-2147483648, 2147483647]"));
+  CHECK_THROWS_WITH(full({1}, 2147483648.0, DType::Int32),
+                    Contains("full: value 2147483648 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(full({1}, -2147483649.0, DType::Int32),
+                    Contains("full: value -2147483649 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(full({1}, -1e30, DType::Int64),
+                    Contains("full: value -1e+30 cannot fill a int64 tensor: it is out of the "
+                             "range [-9223372036854775808, 9223372036854775807]"));
+  CHECK_THROWS_WITH(full({1}, 0x1p63, DType::Int64),
+                    Contains("full: value 9223372036854775808 cannot fill a int64 tensor"));
+  CHECK(full({1}, 2147483647.9, DType::Int32).item<int64_t>() == 2147483647);
+  CHECK(full({1}, -2147483648.9, DType::Int32).item<int64_t>() == -2147483648);
+  CHECK(full({1}, -0x1p63, DType::Int64).item<int64_t>() == std::numeric_limits<int64_t>::min());
+  CHECK(full({1}, -3.7, DType::Int32).item<int64_t>() == -3);
+  CHECK(full({1}, 1e30, DType::Float32).item<double>() == static_cast<double>(1e30f));
+  CHECK(full({1}, 1e30, DType::Bool).item<int32_t>() == 1);
+  CHECK_THROWS_WITH(tensor({1, 4e9}, {2}, DType::Int32),
+                    Contains("tensor: value 4e+09 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(tensor({std::nan("")}, {1}, DType::Int64),
+                    Contains("tensor: value nan cannot fill a int64 tensor"));
+  CHECK(tensor({4e9}, {1}, DType::Int64).item<int64_t>() == 4000000000);
+  Tensor i = i32({2});
+  CHECK_THROWS_WITH(fill_(i, 1e20), Contains("fill_: value 1e+20 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(fill_(i, std::nan("")),
+                    Contains("fill_: value nan cannot fill a int32 tensor: a NaN or infinity"));
+  CHECK(i.to_vector<int32_t>() == std::vector<int32_t>{0, 0});  // left unchanged
   CHECK(std::isnan(full({2}, std::nan(""), DType::Float32).to_vector<double>()[0]));
   CHECK_NOTHROW(full({2}, std::nan(""), DType::Bool));
   CHECK_THROWS_WITH(rand({3}, DType::Float32, Device::cpu(), 2, 1),
