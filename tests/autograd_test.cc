@@ -330,3 +330,131 @@ TEST_CASE("identity permute, transpose, broadcast_to and sum_to return a new ten
     CHECK(values(w.grad()) == std::vector<double>{1, 2, 3, 4});
   }
 }
+
+namespace {
+// The bytes of t's elements (bit-for-bit comparisons).
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.raw_data());
+  return {p, p + t.nbytes()};
+}
+}  // namespace
+
+TEST_CASE("mul, linear and matmul keep an operand only for the other operand's gradient",
+          "[autograd]") {
+  // Both operands were kept: writing the one whose gradient no one needs (a parameter updated
+  // before the backward of a loss that reads it as data) was a version-counter Error, as PyTorch
+  // does not raise, and it was held in memory for nothing.
+  SECTION("mul") {
+    Tensor w = leaf({1, 2}, {2});
+    const Tensor x = tensor({3, 4}, {2}, DType::Float64);
+    const Tensor loss = F::sum(F::mul(x, w));
+    {
+      NoGradGuard no_grad;
+      add_(w, ones({2}, DType::Float64));  // w is not kept: x's gradient is not needed
+    }
+    loss.backward();
+    CHECK(values(w.grad()) == std::vector<double>{3, 4});
+    // x is kept for w's gradient: writing it is still caught.
+    Tensor x2 = tensor({3, 4}, {2}, DType::Float64);
+    const Tensor loss2 = F::sum(F::mul(w, x2));
+    {
+      NoGradGuard no_grad;
+      add_(x2, ones({2}, DType::Float64));
+    }
+    CHECK_THROWS_WITH(loss2.backward(), Contains("modified in place"));
+  }
+  SECTION("linear") {
+    Tensor x = leaf({1, 2, 3, 4, 5, 6}, {3, 2});
+    Tensor w = tensor({1, 0, 0, 1}, {2, 2}, DType::Float64);
+    const Tensor loss = F::sum(F::linear(x, w));
+    {
+      NoGradGuard no_grad;
+      add_(x, ones({3, 2}, DType::Float64));  // x is not kept: w needs no gradient
+    }
+    loss.backward();
+    CHECK(values(x.grad()) == std::vector<double>{1, 1, 1, 1, 1, 1});
+    Tensor b = leaf({0, 0}, {2});
+    const Tensor data = tensor({1, 2, 3, 4, 5, 6}, {3, 2}, DType::Float64);
+    const Tensor only_bias = F::sum(F::linear(data, w, b));
+    {
+      NoGradGuard no_grad;
+      add_(w, ones({2, 2}, DType::Float64));  // neither is kept for the bias's gradient
+    }
+    only_bias.backward();
+    CHECK(values(b.grad()) == std::vector<double>{3, 3});
+  }
+  SECTION("matmul") {
+    Tensor a = tensor({1, 2, 3, 4}, {2, 2}, DType::Float64);
+    Tensor b = leaf({1, 0, 0, 1}, {2, 2});
+    const Tensor loss = F::sum(F::matmul(a, b));
+    {
+      NoGradGuard no_grad;
+      add_(b, ones({2, 2}, DType::Float64));  // b is not kept: a needs no gradient
+    }
+    loss.backward();
+    CHECK(values(b.grad()) == std::vector<double>{4, 4, 6, 6});
+    const Tensor loss2 = F::sum(F::matmul(a, b));
+    {
+      NoGradGuard no_grad;
+      add_(a, ones({2, 2}, DType::Float64));  // a is kept for b's gradient
+    }
+    CHECK_THROWS_WITH(loss2.backward(), Contains("modified in place"));
+  }
+}
+
+TEST_CASE("the gradients of mul, linear and matmul do not depend on which operands need one",
+          "[autograd]") {
+  // Each input's gradient, bit for bit, whichever other inputs require grad.
+  struct Case {
+    const char* name;
+    std::vector<Shape> shapes;
+    std::function<Tensor(const std::vector<Tensor>&)> fn;
+  };
+  const std::vector<Case> cases = {
+      {"mul", {{3, 4}, {3, 4}}, [](const auto& in) { return F::mul(in[0], in[1]); }},
+      {"mul broadcast", {{3, 1}, {2, 1, 4}}, [](const auto& in) { return F::mul(in[0], in[1]); }},
+      {"linear", {{5, 3}, {4, 3}}, [](const auto& in) { return F::linear(in[0], in[1]); }},
+      {"linear 3-D with bias",
+       {{2, 5, 3}, {4, 3}, {4}},
+       [](const auto& in) { return F::linear(in[0], in[1], in[2]); }},
+      {"matmul", {{5, 3}, {3, 4}}, [](const auto& in) { return F::matmul(in[0], in[1]); }},
+      {"matmul batched",
+       {{2, 1, 5, 3}, {3, 3, 4}},
+       [](const auto& in) { return F::matmul(in[0], in[1]); }},
+      {"matmul shared b",
+       {{2, 5, 3}, {3, 4}},
+       [](const auto& in) { return F::matmul(in[0], in[1]); }},
+  };
+  for (const DType dt : {DType::Float32, DType::Float64}) {
+    for (const Case& k : cases) {
+      CAPTURE(name(dt), k.name);
+      const int n = static_cast<int>(k.shapes.size());
+      std::vector<Tensor> values_in;
+      for (const Shape& s : k.shapes) values_in.push_back(randn(s, dt));
+      const Tensor gy = randn(k.fn(values_in).shape(), dt);
+      // The gradients with every input requiring grad, then with each other subset.
+      auto grads = [&](unsigned subset) {
+        std::vector<Tensor> in;
+        for (int i = 0; i < n; ++i) {
+          in.push_back(clone(values_in[i]));
+          if (subset >> i & 1) in.back().set_requires_grad();
+        }
+        k.fn(in).backward(gy);
+        std::vector<Tensor> g;
+        for (const Tensor& t : in) g.push_back(t.grad());
+        return g;
+      };
+      const unsigned all = (1u << n) - 1;
+      const std::vector<Tensor> want = grads(all);
+      for (unsigned subset = 1; subset < all; ++subset) {
+        CAPTURE(subset);
+        const std::vector<Tensor> got = grads(subset);
+        for (int i = 0; i < n; ++i) {
+          CAPTURE(i);
+          CHECK(got[i].defined() == bool(subset >> i & 1));
+          if (got[i].defined()) CHECK(bytes_of(got[i]) == bytes_of(want[i]));
+        }
+      }
+    }
+  }
+}

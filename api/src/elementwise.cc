@@ -141,7 +141,7 @@ void where_backward(BackwardContext& c) {
 const bool kRegistered = [] {
   register_backward(Op::Add, {add_backward});
   register_backward(Op::Sub, {sub_backward});
-  register_backward(Op::Mul, {mul_backward, 0b11});
+  register_backward(Op::Mul, {.fn = mul_backward, .save_inputs = 0b11, .save_for_other = 0b11});
   register_backward(Op::Div, {div_backward, 0b10, 0b1});
   register_backward(Op::AddScalar, {identity_backward});
   register_backward(Op::MulScalar, {mul_scalar_backward});

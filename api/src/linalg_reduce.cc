@@ -109,32 +109,38 @@ Tensor batched_matmul(const char* name, const Tensor& a, const Tensor& b, bool t
 
 namespace {
 
+// Each operand's gradient reads only the other operand (save_for_other: the one kept).
 void matmul_backward(BackwardContext& c) {
   const auto& at = c.attrs<MatmulAttrs>();
-  const Tensor& a = c.input(0);
-  const Tensor& b = c.input(1);
   const Tensor& gy = c.grad_output();
   // C = op(A) op(B): dA = dC op(B)^T (transposed back when A was), dB likewise.
-  if (c.needs_input_grad(0))
+  if (c.needs_input_grad(0)) {
+    const Tensor& b = c.input(1);
     c.set_input_grad(0, at.trans_a ? detail::matmul_t(b, gy, at.trans_b, true)
                                    : detail::matmul_t(gy, b, false, !at.trans_b));
-  if (c.needs_input_grad(1))
+  }
+  if (c.needs_input_grad(1)) {
+    const Tensor& a = c.input(0);
     c.set_input_grad(1, at.trans_b ? detail::matmul_t(gy, a, true, at.trans_a)
                                    : detail::matmul_t(a, gy, !at.trans_a, false));
+  }
 }
 
+// x's gradient reads only w, w's only x, the bias's neither (save_for_other: what is kept).
 void linear_backward(BackwardContext& c) {
-  const Tensor& x = c.input(0);
-  const Tensor& w = c.input(1);
+  const Shape& x_shape = c.input_meta(0).shape;
+  const Shape& w_shape = c.input_meta(1).shape;
   const Tensor& gy = c.grad_output();
-  const int64_t out_features = w.size(0), in_features = w.size(1);
+  const int64_t out_features = w_shape[0], in_features = w_shape[1];
   int64_t rows = 1;  // x viewed as [rows, in]
-  for (int i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
+  for (int i = 0; i + 1 < x_shape.rank(); ++i) rows *= x_shape[i];
   const Tensor gy2 = F::reshape(gy, {rows, out_features});  // views; no-ops for 2-D x
   if (c.needs_input_grad(0))
-    c.set_input_grad(0, F::reshape(detail::matmul_t(gy2, w, false, false), x.shape().dims()));
+    c.set_input_grad(0,
+                     F::reshape(detail::matmul_t(gy2, c.input(1), false, false), x_shape.dims()));
   if (c.needs_input_grad(1))
-    c.set_input_grad(1, detail::matmul_t(gy2, F::reshape(x, {rows, in_features}), true, false));
+    c.set_input_grad(
+        1, detail::matmul_t(gy2, F::reshape(c.input(0), {rows, in_features}), true, false));
   if (c.num_inputs() == 3 && c.needs_input_grad(2)) c.set_input_grad(2, F::sum(gy2, {0}));
 }
 
@@ -177,8 +183,10 @@ void max_backward(BackwardContext& c) {
 }
 
 const bool kRegistered = [] {
-  register_backward(Op::Matmul, {matmul_backward, 0b11});
-  register_backward(Op::Linear, {linear_backward, 0b11});
+  register_backward(Op::Matmul,
+                    {.fn = matmul_backward, .save_inputs = 0b11, .save_for_other = 0b11});
+  register_backward(Op::Linear,
+                    {.fn = linear_backward, .save_inputs = 0b11, .save_for_other = 0b11});
   register_backward(Op::Sum, {sum_backward});
   register_backward(Op::Mean, {mean_backward});
   register_backward(Op::Max, {max_backward, 0b1, 0b1});
