@@ -23,9 +23,17 @@ thread_local std::vector<std::function<void()>> t_callbacks;
 void run_grad_hooks(TensorImpl* leaf) {
   if (!leaf->grad_hooks) return;
   const Tensor t{IntrusivePtr<TensorImpl>(leaf)};
-  // By index: a hook may add or remove hooks.
-  for (size_t i = 0; i < leaf->grad_hooks->hooks.size(); ++i) {
-    const autograd::GradHook hook = leaf->grad_hooks->hooks[i].second;
+  // A hook may add or remove hooks (itself included), so each step looks up the next one by id:
+  // ids grow with every hook added, and the list keeps the order they were added in. A hook
+  // removed before its turn does not run; one added meanwhile runs in this pass.
+  const auto& hooks = leaf->grad_hooks->hooks;
+  uint64_t last = 0;
+  while (true) {
+    const auto next = std::upper_bound(hooks.begin(), hooks.end(), last,
+                                       [](uint64_t id, const auto& h) { return id < h.first; });
+    if (next == hooks.end()) break;
+    last = next->first;
+    const autograd::GradHook hook = next->second;  // a copy: the hook may remove itself
     hook(t);
   }
 }
@@ -194,9 +202,14 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   node->sequence_nr = g_sequence.fetch_add(1, std::memory_order_relaxed);
   node->backward = def.fn;
   // Bits of optional inputs the call left out are dropped: saved tensors are found by rank.
-  node->save_inputs = inputs.size() >= 8
-                          ? def.save_inputs
-                          : static_cast<uint8_t>(def.save_inputs & ((1u << inputs.size()) - 1));
+  uint8_t save = inputs.size() >= 8
+                     ? def.save_inputs
+                     : static_cast<uint8_t>(def.save_inputs & ((1u << inputs.size()) - 1));
+  // An operand kept for the other operand's gradient only is dropped when that is not needed.
+  for (size_t i = 0; i < 2 && i < inputs.size(); ++i)
+    if (mask_bit(def.save_for_other, i) && !(inputs.size() > 1 && inputs[1 - i].requires_grad()))
+      save = static_cast<uint8_t>(save & ~(1u << i));
+  node->save_inputs = save;
   node->save_outputs = def.save_outputs;
   node->no_grad_outputs = def.no_grad_outputs;
   node->next.resize(inputs.size());
@@ -204,7 +217,7 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     node->inputs.push_back(TensorMeta::of(t));
-    if (mask_bit(def.save_inputs, i)) {
+    if (mask_bit(node->save_inputs, i)) {
       node->saved.push_back(t);
       node->saved_versions.push_back(t.version());
     }

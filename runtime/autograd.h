@@ -100,7 +100,8 @@ class BackwardContext {
   const T& attrs() const {
     return node_.attrs.as<T>();
   }
-  // Input i as saved at forward time (requires bit i of save_inputs).
+  // Input i as saved at forward time (requires bit i of save_inputs; for an input of
+  // BackwardDef::save_for_other, that the other input needs a gradient).
   const Tensor& input(int i) const;
   // Output i as saved at forward time (requires bit i of save_outputs).
   const Tensor& output(int i = 0) const;

@@ -35,6 +35,9 @@ struct BackwardDef {
   // bit i: output i is not differentiable (e.g. batch statistics, a dropout mask): it gets no
   // gradient edge, and its grad_output() in the backward is undefined.
   uint8_t no_grad_outputs = 0;
+  // bit i (0 or 1) of save_inputs, further: input i is kept only when input 1 - i needs a
+  // gradient (an operand of a product, read by the other operand's gradient only).
+  uint8_t save_for_other = 0;
 };
 
 // Registers how `op` differentiates (routines do this next to their forward definition).

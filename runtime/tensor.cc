@@ -1,8 +1,11 @@
 #include "runtime/tensor.h"
 
+#include <charconv>
 #include <cstring>
+#include <type_traits>
 
 #include "runtime/autograd.h"
+#include "runtime/convert.h"
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/labelled_node.h"
@@ -83,12 +86,13 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
 }
 
 namespace {
-// Converts the first n elements of t to T.
+// Converts the first n elements of t to T, as copy_ does (convert_value: NaN is 0 and values out
+// of an integer T's range saturate).
 template <typename T>
 void read_as(const Tensor& t, T* dst, int64_t n) {
   const void* src = t.raw_data();
   auto convert = [&](const auto* from) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(from[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert_value<T>(from[i]);
   };
   switch (t.dtype()) {
     case DType::Float32:
@@ -205,14 +209,51 @@ std::string Tensor::str() const {
   return cat("Tensor", shape(), " ", dtype(), " ", device());
 }
 
+namespace {
+// v exactly (an integer), as true or false, or in the fewest digits that read back as v.
+template <typename T>
+void append_value(std::string& out, T v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    out += v ? "true" : "false";
+  } else {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    out.append(buf, r.ptr);
+  }
+}
+}  // namespace
+
 std::string to_string(const Tensor& t, int max_elements) {
+  ENCORE_CHECK(max_elements >= 0, "to_string: max_elements must be >= 0, it is ", max_elements);
   if (!t.defined()) return t.str();
   std::string out = t.str() + " {";
   const int64_t n = std::min<int64_t>(t.numel(), max_elements);
-  std::vector<double> v(n);
-  read_as<double>(host_values(t, "to_string"), v.data(), n);
-  for (int64_t i = 0; i < n; ++i) out += cat(i ? ", " : "", v[i]);
-  if (n < t.numel()) out += ", ...";
+  const Tensor h = host_values(t, "to_string");
+  auto print = [&](const auto* v) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i) out += ", ";
+      append_value(out, v[i]);
+    }
+  };
+  const void* data = h.raw_data();
+  switch (h.dtype()) {
+    case DType::Float32:
+      print(static_cast<const float*>(data));
+      break;
+    case DType::Float64:
+      print(static_cast<const double*>(data));
+      break;
+    case DType::Int32:
+      print(static_cast<const int32_t*>(data));
+      break;
+    case DType::Int64:
+      print(static_cast<const int64_t*>(data));
+      break;
+    case DType::Bool:
+      print(static_cast<const bool*>(data));
+      break;
+  }
+  if (n < t.numel()) out += n ? ", ..." : "...";
   return out + "}";
 }
 

@@ -127,7 +127,7 @@ class Tensor {
   // Version counter of the storage (bumped by in-place ops).
   uint32_t version() const { return checked().storage->version(); }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
-  bool shares_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  bool shares_storage(const Tensor& o) const { return checked().storage == o.checked().storage; }
 
   TensorImpl* impl() const { return impl_.get(); }
   const IntrusivePtr<TensorImpl>& impl_ptr() const { return impl_; }
@@ -146,7 +146,10 @@ class Tensor {
   IntrusivePtr<TensorImpl> impl_;
 };
 
-// Human-readable values for small tensors (debugging).
+// Human-readable values for small tensors (debugging): "Tensor[3] int64 cpu {1, 2, 3}", the first
+// max_elements values in row-major order and ", ..." when there are more. Integers print exactly,
+// bools as true and false, floating values in the fewest digits that read back as the same value
+// of their dtype (0.1 in a float32 tensor prints 0.1). A negative max_elements is an Error.
 std::string to_string(const Tensor& t, int max_elements = 64);
 
 }  // namespace encore

@@ -1,6 +1,11 @@
 // Autograd engine: accumulation, explicit gradients, no-grad, retain_graph, version counter.
 #include <catch2/catch.hpp>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "encore/encore.h"
 #include "tests/test_util.h"
 
@@ -258,4 +263,198 @@ TEST_CASE("matmul and linear handle zero-sized dimensions", "[autograd]") {
   CHECK(out.shape() == Shape{2, 3, 0});
   out.backward(zeros({2, 3, 0}, DType::Float64));
   CHECK(values(F::sum(x.grad())) == std::vector<double>{0});
+}
+
+TEST_CASE("a post-accumulate hook that removes itself does not skip the next hook", "[autograd]") {
+  // Removing a hook shifted the list under the loop's index: the hook after it was skipped.
+  Tensor w = leaf({1, 2}, {2});
+  std::vector<std::string> calls;
+  uint64_t id_a = 0;
+  id_a = autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("a");
+    autograd::remove_post_accumulate_grad_hook(l, id_a);  // one-shot
+  });
+  uint64_t id_c = 0;
+  autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("b");
+    autograd::remove_post_accumulate_grad_hook(l, id_c);  // removed before its turn: not run
+  });
+  id_c = autograd::add_post_accumulate_grad_hook(w, [&](const Tensor&) { calls.push_back("c"); });
+  bool added = false;
+  autograd::add_post_accumulate_grad_hook(w, [&](const Tensor& l) {
+    calls.push_back("d");
+    if (!std::exchange(added, true))  // added during the pass: runs in it
+      autograd::add_post_accumulate_grad_hook(l, [&](const Tensor&) { calls.push_back("e"); });
+  });
+  F::sum(w * 2.0).backward();
+  CHECK(calls == std::vector<std::string>{"a", "b", "d", "e"});
+  calls.clear();
+  F::sum(w * 2.0).backward();
+  CHECK(calls == std::vector<std::string>{"b", "d", "e"});
+  CHECK(values(w.grad()) == std::vector<double>{4, 4});
+}
+
+TEST_CASE("identity permute, transpose, broadcast_to and sum_to return a new tensor",
+          "[autograd]") {
+  // They returned x itself: a leaf, whose fill_ or set_requires_grad changed x.
+  const Tensor x = tensor({1, 2, 3, 4}, {2, 2}, DType::Float64);
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"transpose(x, 1, 1)", [](const Tensor& t) { return F::transpose(t, 1, 1); }},
+      {"transpose(x, -1, 1)", [](const Tensor& t) { return F::transpose(t, -1, 1); }},
+      {"permute(x, {0, 1})",
+       [](const Tensor& t) {
+         return F::permute(t, {0, 1});
+       }},
+      {"broadcast_to(x, x.shape())", [](const Tensor& t) { return F::broadcast_to(t, t.shape()); }},
+      {"sum_to(x, x.shape())", [](const Tensor& t) { return F::sum_to(t, t.shape()); }},
+  };
+  for (const auto& [what, op] : ops) {
+    CAPTURE(what);
+    Tensor y = op(x);
+    CHECK_FALSE(y.is_same(x));
+    CHECK_FALSE(y.shares_storage(x));  // a copy, as every op but reshape and flatten gives
+    CHECK(y.shape() == x.shape());
+    CHECK(values(y) == std::vector<double>{1, 2, 3, 4});
+    fill_(y, 0);
+    CHECK(values(x) == std::vector<double>{1, 2, 3, 4});
+    y.set_requires_grad();
+    CHECK_FALSE(x.requires_grad());
+
+    // From a leaf that requires grad: a non-leaf whose gradient reaches the leaf.
+    Tensor w = leaf({1, 2, 3, 4}, {2, 2});
+    Tensor v = op(w);
+    CHECK_FALSE(v.is_leaf());
+    CHECK(v.requires_grad());
+    CHECK_THROWS_WITH(v.set_requires_grad(false), Contains("only a leaf tensor can be marked"));
+    F::sum(v * tensor({1, 2, 3, 4}, {2, 2}, DType::Float64)).backward();
+    CHECK(values(w.grad()) == std::vector<double>{1, 2, 3, 4});
+  }
+}
+
+namespace {
+// The bytes of t's elements (bit-for-bit comparisons).
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.raw_data());
+  return {p, p + t.nbytes()};
+}
+}  // namespace
+
+TEST_CASE("mul, linear and matmul keep an operand only for the other operand's gradient",
+          "[autograd]") {
+  // Both operands were kept: writing the one whose gradient no one needs (a parameter updated
+  // before the backward of a loss that reads it as data) was a version-counter Error, as PyTorch
+  // does not raise, and it was held in memory for nothing.
+  SECTION("mul") {
+    Tensor w = leaf({1, 2}, {2});
+    const Tensor x = tensor({3, 4}, {2}, DType::Float64);
+    const Tensor loss = F::sum(F::mul(x, w));
+    {
+      NoGradGuard no_grad;
+      add_(w, ones({2}, DType::Float64));  // w is not kept: x's gradient is not needed
+    }
+    loss.backward();
+    CHECK(values(w.grad()) == std::vector<double>{3, 4});
+    // x is kept for w's gradient: writing it is still caught.
+    Tensor x2 = tensor({3, 4}, {2}, DType::Float64);
+    const Tensor loss2 = F::sum(F::mul(w, x2));
+    {
+      NoGradGuard no_grad;
+      add_(x2, ones({2}, DType::Float64));
+    }
+    CHECK_THROWS_WITH(loss2.backward(), Contains("modified in place"));
+  }
+  SECTION("linear") {
+    Tensor x = leaf({1, 2, 3, 4, 5, 6}, {3, 2});
+    Tensor w = tensor({1, 0, 0, 1}, {2, 2}, DType::Float64);
+    const Tensor loss = F::sum(F::linear(x, w));
+    {
+      NoGradGuard no_grad;
+      add_(x, ones({3, 2}, DType::Float64));  // x is not kept: w needs no gradient
+    }
+    loss.backward();
+    CHECK(values(x.grad()) == std::vector<double>{1, 1, 1, 1, 1, 1});
+    Tensor b = leaf({0, 0}, {2});
+    const Tensor data = tensor({1, 2, 3, 4, 5, 6}, {3, 2}, DType::Float64);
+    const Tensor only_bias = F::sum(F::linear(data, w, b));
+    {
+      NoGradGuard no_grad;
+      add_(w, ones({2, 2}, DType::Float64));  // neither is kept for the bias's gradient
+    }
+    only_bias.backward();
+    CHECK(values(b.grad()) == std::vector<double>{3, 3});
+  }
+  SECTION("matmul") {
+    Tensor a = tensor({1, 2, 3, 4}, {2, 2}, DType::Float64);
+    Tensor b = leaf({1, 0, 0, 1}, {2, 2});
+    const Tensor loss = F::sum(F::matmul(a, b));
+    {
+      NoGradGuard no_grad;
+      add_(b, ones({2, 2}, DType::Float64));  // b is not kept: a needs no gradient
+    }
+    loss.backward();
+    CHECK(values(b.grad()) == std::vector<double>{4, 4, 6, 6});
+    const Tensor loss2 = F::sum(F::matmul(a, b));
+    {
+      NoGradGuard no_grad;
+      add_(a, ones({2, 2}, DType::Float64));  // a is kept for b's gradient
+    }
+    CHECK_THROWS_WITH(loss2.backward(), Contains("modified in place"));
+  }
+}
+
+TEST_CASE("the gradients of mul, linear and matmul do not depend on which operands need one",
+          "[autograd]") {
+  // Each input's gradient, bit for bit, whichever other inputs require grad.
+  struct Case {
+    const char* name;
+    std::vector<Shape> shapes;
+    std::function<Tensor(const std::vector<Tensor>&)> fn;
+  };
+  const std::vector<Case> cases = {
+      {"mul", {{3, 4}, {3, 4}}, [](const auto& in) { return F::mul(in[0], in[1]); }},
+      {"mul broadcast", {{3, 1}, {2, 1, 4}}, [](const auto& in) { return F::mul(in[0], in[1]); }},
+      {"linear", {{5, 3}, {4, 3}}, [](const auto& in) { return F::linear(in[0], in[1]); }},
+      {"linear 3-D with bias",
+       {{2, 5, 3}, {4, 3}, {4}},
+       [](const auto& in) { return F::linear(in[0], in[1], in[2]); }},
+      {"matmul", {{5, 3}, {3, 4}}, [](const auto& in) { return F::matmul(in[0], in[1]); }},
+      {"matmul batched",
+       {{2, 1, 5, 3}, {3, 3, 4}},
+       [](const auto& in) { return F::matmul(in[0], in[1]); }},
+      {"matmul shared b",
+       {{2, 5, 3}, {3, 4}},
+       [](const auto& in) { return F::matmul(in[0], in[1]); }},
+  };
+  for (const DType dt : {DType::Float32, DType::Float64}) {
+    for (const Case& k : cases) {
+      CAPTURE(name(dt), k.name);
+      const int n = static_cast<int>(k.shapes.size());
+      std::vector<Tensor> values_in;
+      for (const Shape& s : k.shapes) values_in.push_back(randn(s, dt));
+      const Tensor gy = randn(k.fn(values_in).shape(), dt);
+      // The gradients with every input requiring grad, then with each other subset.
+      auto grads = [&](unsigned subset) {
+        std::vector<Tensor> in;
+        for (int i = 0; i < n; ++i) {
+          in.push_back(clone(values_in[i]));
+          if (subset >> i & 1) in.back().set_requires_grad();
+        }
+        k.fn(in).backward(gy);
+        std::vector<Tensor> g;
+        for (const Tensor& t : in) g.push_back(t.grad());
+        return g;
+      };
+      const unsigned all = (1u << n) - 1;
+      const std::vector<Tensor> want = grads(all);
+      for (unsigned subset = 1; subset < all; ++subset) {
+        CAPTURE(subset);
+        const std::vector<Tensor> got = grads(subset);
+        for (int i = 0; i < n; ++i) {
+          CAPTURE(i);
+          CHECK(got[i].defined() == bool(subset >> i & 1));
+          if (got[i].defined()) CHECK(bytes_of(got[i]) == bytes_of(want[i]));
+        }
+      }
+    }
+  }
 }

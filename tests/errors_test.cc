@@ -205,10 +205,19 @@ TEST_CASE("reductions reject out-of-range and repeated axes", "[errors]") {
     CHECK_THROWS_WITH(fn(x, {-3}, true), Contains(op + ": axis -3 is out of range for rank 2"));
     CHECK_THROWS_WITH(fn(x, {0, 0}, false), Contains(op + ": axis 0 is given twice"));
     CHECK_THROWS_WITH(fn(x, {1, -1}, false), Contains(op + ": axis -1 is given twice"));
-    CHECK_THROWS_WITH(fn(t32({}), {0}, false),
-                      Contains(op + ": axis 0 is out of range for rank 0"));
+    // A 0-d tensor's one axis is 0 or -1, as in PyTorch.
+    CHECK_THROWS_WITH(fn(t32({}), {1}, false),
+                      Contains(op + ": axis 1 is out of range for a 0-d tensor"));
+    CHECK_THROWS_WITH(fn(t32({}), {-2}, false),
+                      Contains(op + ": axis -2 is out of range for a 0-d tensor"));
+    CHECK_THROWS_WITH(fn(t32({}), {0, -1}, false),
+                      Contains(op + ": axis -1 is given twice (x is 0-d)"));
   }
-  CHECK_THROWS_WITH(F::max(t32({0, 3})), Contains("max: cannot reduce an empty tensor [0,3]"));
+  // max refuses only a reduction over an empty axis, naming it.
+  CHECK_THROWS_WITH(F::max(t32({0, 3})),
+                    Contains("max: cannot reduce x [0,3] over axis 0, which is empty"));
+  CHECK_THROWS_WITH(F::max(t32({3, 0}), {-1}),
+                    Contains("max: cannot reduce x [3,0] over axis 1, which is empty"));
 }
 
 TEST_CASE("softmax, concat, slice, permute, flatten and transpose reject bad axes", "[errors]") {
@@ -216,7 +225,10 @@ TEST_CASE("softmax, concat, slice, permute, flatten and transpose reject bad axe
   CHECK_THROWS_WITH(F::softmax(x, 2), Contains("softmax: axis 2 is out of range for rank 2"));
   CHECK_THROWS_WITH(F::log_softmax(x, -3),
                     Contains("log_softmax: axis -3 is out of range for rank 2"));
-  CHECK_THROWS_WITH(F::softmax(t32({})), Contains("softmax: x must have at least one dimension"));
+  CHECK_THROWS_WITH(F::softmax(t32({}), 1),
+                    Contains("softmax: axis 1 is out of range for a 0-d tensor"));
+  CHECK_THROWS_WITH(F::log_softmax(t32({}), -2),
+                    Contains("log_softmax: axis -2 is out of range for a 0-d tensor"));
 
   CHECK_THROWS_WITH(F::concat({x, x}, 2), Contains("concat: axis 2 is out of range for rank 2"));
   CHECK_THROWS_WITH(F::concat({x, x}, -3), Contains("concat: axis -3 is out of range for rank 2"));
@@ -238,6 +250,13 @@ TEST_CASE("softmax, concat, slice, permute, flatten and transpose reject bad axe
   CHECK_THROWS_WITH(F::split(x, {1, 3}, 1),
                     Contains("split: sizes add up to 4 but x [2,3] has 3 along axis 1"));
   CHECK_THROWS_WITH(F::split(x, {4, -1}, 1), Contains("split: sizes must be >= 0, got -1"));
+  // Sizes whose sum overflows int64 (it wrapped, to the extent itself here) are refused.
+  const int64_t q = int64_t{1} << 62;
+  CHECK_THROWS_WITH(F::split(t32({0, 0}), {q, q, q, q}, 1),
+                    Contains("split: sizes add up to more than 9223372036854775807 (x [0,0] has 0 "
+                             "along axis 1)"));
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_WITH(F::split(x, {big, big, 5}, 1), Contains("split: sizes add up to more than"));
   CHECK_THROWS_WITH(F::chunk(x, 2, 1),
                     Contains("chunk: x [2,3] has 3 along axis 1, not a positive multiple of 2"));
   CHECK_THROWS_WITH(F::slice(t32({}), 0, 0, 1), Contains("slice: cannot slice a 0-d tensor"));
@@ -475,6 +494,36 @@ TEST_CASE("factories and initialisers check their arguments", "[errors]") {
                                                Contains("a NaN or infinity cannot be an integer"));
   }
   CHECK(full({2}, -2147483648.0, DType::Int32).to_vector<double>()[0] == -2147483648.0);
+  // A value an integer dtype cannot hold is refused by full, tensor and fill_ (as PyTorch; it was
+  // saturated); the fraction of one it can hold is dropped.
+  CHECK_THROWS_WITH(full({1}, 3e10, DType::Int32),
+                    Contains("full: value 3e+10 cannot fill a int32 tensor: it is out of the "
+                             "range [-2147483648, 2147483647]"));
+  CHECK_THROWS_WITH(full({1}, 2147483648.0, DType::Int32),
+                    Contains("full: value 2147483648 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(full({1}, -2147483649.0, DType::Int32),
+                    Contains("full: value -2147483649 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(full({1}, -1e30, DType::Int64),
+                    Contains("full: value -1e+30 cannot fill a int64 tensor: it is out of the "
+                             "range [-9223372036854775808, 9223372036854775807]"));
+  CHECK_THROWS_WITH(full({1}, 0x1p63, DType::Int64),
+                    Contains("full: value 9223372036854775808 cannot fill a int64 tensor"));
+  CHECK(full({1}, 2147483647.9, DType::Int32).item<int64_t>() == 2147483647);
+  CHECK(full({1}, -2147483648.9, DType::Int32).item<int64_t>() == -2147483648);
+  CHECK(full({1}, -0x1p63, DType::Int64).item<int64_t>() == std::numeric_limits<int64_t>::min());
+  CHECK(full({1}, -3.7, DType::Int32).item<int64_t>() == -3);
+  CHECK(full({1}, 1e30, DType::Float32).item<double>() == static_cast<double>(1e30f));
+  CHECK(full({1}, 1e30, DType::Bool).item<int32_t>() == 1);
+  CHECK_THROWS_WITH(tensor({1, 4e9}, {2}, DType::Int32),
+                    Contains("tensor: value 4e+09 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(tensor({std::nan("")}, {1}, DType::Int64),
+                    Contains("tensor: value nan cannot fill a int64 tensor"));
+  CHECK(tensor({4e9}, {1}, DType::Int64).item<int64_t>() == 4000000000);
+  Tensor i = i32({2});
+  CHECK_THROWS_WITH(fill_(i, 1e20), Contains("fill_: value 1e+20 cannot fill a int32 tensor"));
+  CHECK_THROWS_WITH(fill_(i, std::nan("")),
+                    Contains("fill_: value nan cannot fill a int32 tensor: a NaN or infinity"));
+  CHECK(i.to_vector<int32_t>() == std::vector<int32_t>{0, 0});  // left unchanged
   CHECK(std::isnan(full({2}, std::nan(""), DType::Float32).to_vector<double>()[0]));
   CHECK_NOTHROW(full({2}, std::nan(""), DType::Bool));
   CHECK_THROWS_WITH(rand({3}, DType::Float32, Device::cpu(), 2, 1),

@@ -243,19 +243,65 @@ TEST_CASE("float to integer conversion is NaN-safe and saturates", "[ops]") {
                                                             -2147483647 - 1, -2147483647 - 1,
                                                             -2147483647 - 1});
 
-  SECTION("fill_") {
+  SECTION("the fill kernel") {  // fill_ refuses such values (errors_test); the kernel converts
+    auto fill = [](const Tensor& t, double v) {
+      dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{v}));
+    };
     Tensor t = zeros({5}, DType::Int32);
-    fill_(t, 1e20);
+    fill(t, 1e20);
     CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, std::numeric_limits<int32_t>::max()));
-    fill_(t, -inf);
+    fill(t, -inf);
     CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, std::numeric_limits<int32_t>::min()));
-    fill_(t, nan);
+    fill(t, nan);
     CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, 0));
-    fill_(t, -3.7);
+    fill(t, -3.7);
     CHECK(t.to_vector<int32_t>() == std::vector<int32_t>(5, -3));
     Tensor u = zeros({3}, DType::Int64);
-    fill_(u, 1e20);
+    fill(u, 1e20);
     CHECK(u.to_vector<int64_t>() == std::vector<int64_t>(3, std::numeric_limits<int64_t>::max()));
+  }
+}
+
+TEST_CASE("max over non-empty axes of a tensor with an empty one gives an empty result", "[ops]") {
+  // It refused any tensor with a zero-size dimension (torch.amax gives the empty result).
+  for (const DType dt : {DType::Float32, DType::Float64}) {
+    CAPTURE(name(dt));
+    Tensor x = zeros({0, 3}, dt).set_requires_grad();
+    const Tensor y = F::max(x, {1});
+    CHECK(y.shape() == Shape{0});
+    CHECK(F::max(x, {-1}, true).shape() == Shape{0, 1});
+    CHECK(F::max(zeros({2, 0, 3}, dt), {0, 2}).shape() == Shape{0});
+    F::sum(y).backward();
+    CHECK(x.grad().shape() == Shape{0, 3});
+  }
+}
+
+TEST_CASE("reductions and softmax take axis 0 or -1 of a 0-d tensor, as PyTorch", "[ops]") {
+  using ReduceFn = Tensor (*)(const Tensor&, std::vector<int>, bool);
+  for (const ReduceFn fn : {ReduceFn(&F::sum), ReduceFn(&F::mean), ReduceFn(&F::max)}) {
+    for (const int axis : {0, -1}) {
+      for (const bool keepdims : {false, true}) {
+        CAPTURE(axis, keepdims);
+        Tensor x = full({}, 2.5, DType::Float64).set_requires_grad();
+        const Tensor y = fn(x, {axis}, keepdims);
+        CHECK(y.shape() == Shape{});
+        CHECK(y.item<double>() == 2.5);
+        y.backward();
+        CHECK(x.grad().item<double>() == 1.0);
+      }
+    }
+  }
+  for (const int axis : {0, -1}) {
+    CAPTURE(axis);
+    Tensor x = full({}, 2.5, DType::Float64).set_requires_grad();
+    const Tensor s = F::softmax(x, axis);
+    CHECK(s.shape() == Shape{});
+    CHECK(s.item<double>() == 1.0);
+    const Tensor l = F::log_softmax(x, axis);
+    CHECK(l.shape() == Shape{});
+    CHECK(l.item<double>() == 0.0);
+    (s + l).backward();
+    CHECK(x.grad().item<double>() == 0.0);
   }
 }
 

@@ -2,7 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <vector>
 
 #include "encore/encore.h"
 
@@ -59,6 +61,71 @@ TEST_CASE("tensors share storage on copy and views", "[runtime]") {
   CHECK_THROWS_WITH(a.data<double>(), Contains("float32"));
   CHECK(F::sum(a).item<double>() == Approx(0 + 1 + 2 + 3 + 42 + 5));
   CHECK(to_string(F::reshape(arange(3), {3})).find("{0, 1, 2}") != std::string::npos);
+}
+
+TEST_CASE("shares_storage throws Error on an undefined tensor, as every accessor", "[runtime]") {
+  const Tensor x = ones({2}).set_requires_grad();
+  CHECK_FALSE(x.grad().defined());
+  CHECK_THROWS_AS(x.shares_storage(x.grad()), Error);  // it dereferenced null
+  CHECK_THROWS_WITH(x.grad().shares_storage(x), Contains("use of an undefined tensor"));
+  CHECK_THROWS_AS(Tensor().shares_storage(Tensor()), Error);
+  CHECK(x.shares_storage(x));
+}
+
+TEST_CASE("to_string prints integers exactly, bools as such, floats to the last digit",
+          "[runtime]") {
+  // Integers went through double and 6 significant digits: 123456789 printed as 1.23457e+08.
+  CHECK(to_string(tensor({123456789, 16777217, -7}, {3}, DType::Int64)) ==
+        "Tensor[3] int64 cpu {123456789, 16777217, -7}");
+  Tensor big = empty({2}, DType::Int64);
+  big.data<int64_t>()[0] = std::numeric_limits<int64_t>::max();
+  big.data<int64_t>()[1] = std::numeric_limits<int64_t>::min();
+  CHECK(to_string(big) == "Tensor[2] int64 cpu {9223372036854775807, -9223372036854775808}");
+  CHECK(to_string(tensor({1000001, 1000002}, {2}, DType::Int32)) ==
+        "Tensor[2] int32 cpu {1000001, 1000002}");
+  CHECK(to_string(tensor({1, 0, 1}, {3}, DType::Bool)) == "Tensor[3] bool cpu {true, false, true}");
+  // The fewest digits that read back as the value of the tensor's dtype.
+  CHECK(to_string(tensor({0.1, 1.0000001, 16777216, -2.5}, {4}, DType::Float32)) ==
+        "Tensor[4] float32 cpu {0.1, 1.0000001, 16777216, -2.5}");
+  CHECK(to_string(tensor({0.1, 1.0000000000000002, 1e300}, {3}, DType::Float64)) ==
+        "Tensor[3] float64 cpu {0.1, 1.0000000000000002, 1e+300}");
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(to_string(tensor({std::nan(""), -inf}, {2})) == "Tensor[2] float32 cpu {nan, -inf}");
+  // max_elements: the first values, then ", ..."; a negative count is an Error (it threw
+  // std::length_error).
+  CHECK(to_string(arange(5, DType::Int32), 2) == "Tensor[5] int32 cpu {0, 1, ...}");
+  CHECK(to_string(arange(5, DType::Int32), 0) == "Tensor[5] int32 cpu {...}");
+  CHECK(to_string(arange(0, DType::Int32), 0) == "Tensor[0] int32 cpu {}");
+  CHECK_THROWS_WITH(to_string(ones({2}), -1),
+                    Contains("to_string: max_elements must be >= 0, it is -1"));
+  CHECK(to_string(Tensor()) == "Tensor(undefined)");
+}
+
+TEST_CASE("item and to_vector convert floating values to integers as copy_ does", "[runtime]") {
+  // A bare static_cast before: undefined behaviour (3e9 and NaN gave INT_MIN on x86).
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> values = {3e9, nan,  -3e9,         1e20,          -1e20,  inf,    -inf,
+                                      2.5, -2.5, 2147483647.9, -2147483648.9, 0x1p63, -0x1p63};
+  const Shape shape{static_cast<int64_t>(values.size())};
+  for (const DType from : {DType::Float32, DType::Float64}) {
+    CAPTURE(name(from));
+    const Tensor f = tensor(values, shape, from);
+    Tensor i32 = empty(shape, DType::Int32), i64 = empty(shape, DType::Int64);
+    copy_(i32, f);
+    copy_(i64, f);
+    const std::vector<int32_t> want32 = i32.to_vector<int32_t>();
+    const std::vector<int64_t> want64 = i64.to_vector<int64_t>();
+    CHECK(want32[0] == std::numeric_limits<int32_t>::max());
+    CHECK(want32[1] == 0);
+    CHECK(f.to_vector<int32_t>() == want32);
+    CHECK(f.to_vector<int64_t>() == want64);
+    for (int64_t k = 0; k < shape.numel(); ++k) {
+      CAPTURE(k);
+      const Tensor one = F::slice(f, 0, k, k + 1);
+      CHECK(one.item<int32_t>() == want32[k]);
+      CHECK(one.item<int64_t>() == want64[k]);
+    }
+  }
 }
 
 TEST_CASE("the caching allocator reuses blocks and keeps statistics", "[runtime][memory]") {

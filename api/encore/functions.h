@@ -25,6 +25,9 @@
 namespace encore {
 
 // ---- Factories --------------------------------------------------------------------------
+// A value for an integer dtype (full, tensor, fill_) must fit it, as in PyTorch: a NaN, an
+// infinity or a value out of the dtype's range is an Error (a fraction is dropped, as copy_
+// does). To bool, nonzero is true.
 
 Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::Float32,
@@ -53,7 +56,9 @@ Tensor clone(const Tensor& x);
 
 void fill_(const Tensor& t, double value);
 void add_(const Tensor& t, const Tensor& other);   // t += other (other broadcast to t)
-void copy_(const Tensor& dst, const Tensor& src);  // same shape; converts dtype
+// Same shape; converts dtype as static_cast, made total: from floating to integer a NaN is 0 and
+// values out of range saturate (as item() and to_vector() do).
+void copy_(const Tensor& dst, const Tensor& src);
 void uniform_(const Tensor& t, double low, double high);
 void normal_(const Tensor& t, double mean, double std);
 
@@ -117,13 +122,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 
 // ---- Reductions -------------------------------------------------------------------------
 
-// Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1.
+// Over `axes` (all axes when empty); keepdims keeps reduced axes with size 1. A 0-d tensor has
+// one axis to name, 0 or -1, as in PyTorch (the result is 0-d).
 Tensor sum(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 Tensor mean(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
 // Maximum, NaN over a slice that holds one; the gradient is shared equally among tied maxima
-// (as torch.amax: NaN over a slice whose maximum is NaN).
+// (as torch.amax: NaN over a slice whose maximum is NaN). Reducing over an axis of length 0 is
+// an Error (no value to take); other axes may be empty: max of [0, 3] over axis 1 is [0].
 Tensor max(const Tensor& x, std::vector<int> axes = {}, bool keepdims = false);
-// Sums `x` down to `shape` (the reverse of broadcast_to).
+// Sums `x` down to `shape` (the reverse of broadcast_to); a copy when x already has `shape`.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- Layout -----------------------------------------------------------------------------
@@ -133,6 +140,8 @@ Tensor reshape(const Tensor& x, std::span<const int64_t> shape);
 Tensor reshape(const Tensor& x, std::initializer_list<int64_t> shape);
 // Flattens dimensions start_dim..end_dim into one (a view).
 Tensor flatten(const Tensor& x, int start_dim = 0, int end_dim = -1);
+// permute, transpose and broadcast_to copy (see runtime/tensor.h), also when the result has x's
+// shape and layout (an identity permutation, transpose(x, 1, 1)): never x itself.
 Tensor permute(const Tensor& x, std::span<const int> perm);
 Tensor permute(const Tensor& x, std::initializer_list<int> perm);
 Tensor transpose(const Tensor& x, int dim0 = -2, int dim1 = -1);
@@ -152,6 +161,7 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t ste
 
 // ---- Softmax and losses -----------------------------------------------------------------
 
+// Along `axis`; a 0-d tensor is one value along axis 0 or -1, as in PyTorch (softmax 1, log 0).
 Tensor softmax(const Tensor& x, int axis = -1);
 Tensor log_softmax(const Tensor& x, int axis = -1);
 // Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.

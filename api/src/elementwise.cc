@@ -38,29 +38,31 @@ Tensor scalar_like(const Tensor& t, double v) {
 
 void add_backward(BackwardContext& c) {
   const Tensor& gy = c.grad_output();
-  if (c.needs_input_grad(0)) c.set_input_grad(0, F::sum_to(gy, c.input_meta(0).shape));
-  if (c.needs_input_grad(1)) c.set_input_grad(1, F::sum_to(gy, c.input_meta(1).shape));
+  if (c.needs_input_grad(0)) c.set_input_grad(0, detail::sum_to_or_self(gy, c.input_meta(0).shape));
+  if (c.needs_input_grad(1)) c.set_input_grad(1, detail::sum_to_or_self(gy, c.input_meta(1).shape));
 }
 
 void sub_backward(BackwardContext& c) {
   const Tensor& gy = c.grad_output();
-  if (c.needs_input_grad(0)) c.set_input_grad(0, F::sum_to(gy, c.input_meta(0).shape));
-  if (c.needs_input_grad(1)) c.set_input_grad(1, F::sum_to(F::neg(gy), c.input_meta(1).shape));
+  if (c.needs_input_grad(0)) c.set_input_grad(0, detail::sum_to_or_self(gy, c.input_meta(0).shape));
+  if (c.needs_input_grad(1))
+    c.set_input_grad(1, detail::sum_to_or_self(F::neg(gy), c.input_meta(1).shape));
 }
 
 void mul_backward(BackwardContext& c) {
   const Tensor& gy = c.grad_output();
   if (c.needs_input_grad(0))
-    c.set_input_grad(0, F::sum_to(F::mul(gy, c.input(1)), c.input_meta(0).shape));
+    c.set_input_grad(0, detail::sum_to_or_self(F::mul(gy, c.input(1)), c.input_meta(0).shape));
   if (c.needs_input_grad(1))
-    c.set_input_grad(1, F::sum_to(F::mul(gy, c.input(0)), c.input_meta(1).shape));
+    c.set_input_grad(1, detail::sum_to_or_self(F::mul(gy, c.input(0)), c.input_meta(1).shape));
 }
 
 void div_backward(BackwardContext& c) {  // saves b and y = a / b
   const Tensor ga = F::div(c.grad_output(), c.input(1));
-  if (c.needs_input_grad(0)) c.set_input_grad(0, F::sum_to(ga, c.input_meta(0).shape));
+  if (c.needs_input_grad(0)) c.set_input_grad(0, detail::sum_to_or_self(ga, c.input_meta(0).shape));
   if (c.needs_input_grad(1))
-    c.set_input_grad(1, F::sum_to(F::neg(F::mul(ga, c.output())), c.input_meta(1).shape));
+    c.set_input_grad(1,
+                     detail::sum_to_or_self(F::neg(F::mul(ga, c.output())), c.input_meta(1).shape));
 }
 
 void identity_backward(BackwardContext& c) {
@@ -131,15 +133,15 @@ void where_backward(BackwardContext& c) {
   const Tensor& gy = c.grad_output();
   const Tensor zero = scalar_like(gy, 0.0);
   if (c.needs_input_grad(1))
-    c.set_input_grad(1, F::sum_to(F::where(cond, gy, zero), c.input_meta(1).shape));
+    c.set_input_grad(1, detail::sum_to_or_self(F::where(cond, gy, zero), c.input_meta(1).shape));
   if (c.needs_input_grad(2))
-    c.set_input_grad(2, F::sum_to(F::where(cond, zero, gy), c.input_meta(2).shape));
+    c.set_input_grad(2, detail::sum_to_or_self(F::where(cond, zero, gy), c.input_meta(2).shape));
 }
 
 const bool kRegistered = [] {
   register_backward(Op::Add, {add_backward});
   register_backward(Op::Sub, {sub_backward});
-  register_backward(Op::Mul, {mul_backward, 0b11});
+  register_backward(Op::Mul, {.fn = mul_backward, .save_inputs = 0b11, .save_for_other = 0b11});
   register_backward(Op::Div, {div_backward, 0b10, 0b1});
   register_backward(Op::AddScalar, {identity_backward});
   register_backward(Op::MulScalar, {mul_scalar_backward});

@@ -1,5 +1,8 @@
 // Tensor factories and in-place routines.
+#include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <string_view>
 
 #include "api/src/routine.h"
 
@@ -12,11 +15,28 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor::empty(shape, dtype, device);
 }
 
+namespace {
+// Refuses a value an integer dtype cannot hold (as PyTorch does): a NaN, an infinity, or one
+// whose integer part is out of the dtype's range (copy_ would saturate it, silently). The
+// fractional part of a value in range is dropped, as in a conversion.
+void check_representable(const char* op, double value, DType dtype) {
+  if (!is_integral(dtype)) return;
+  ENCORE_CHECK(std::isfinite(value), op, ": value ", value, " cannot fill a ", dtype,
+               " tensor: a NaN or infinity cannot be an integer");
+  const double past_max = dtype == DType::Int32 ? 0x1p31 : 0x1p63;  // exact
+  const double t = std::trunc(value);
+  if (t >= -past_max && t < past_max) return;
+  char digits[32];  // the shortest form that reads back as value (StrCat's rounds to 6 digits)
+  const auto end = std::to_chars(digits, digits + sizeof(digits), value).ptr;
+  const bool i32 = dtype == DType::Int32;
+  fail(op, ": value ", std::string_view(digits, end - digits), " cannot fill a ", dtype,
+       " tensor: it is out of the range [", i32 ? INT32_MIN : INT64_MIN, ", ",
+       i32 ? INT32_MAX : INT64_MAX, "]");
+}
+}  // namespace
+
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  // fill_ saturates and maps NaN to 0 (as a conversion does); a factory asked for a NaN or an
-  // infinity of an integer dtype is more likely a bug.
-  ENCORE_CHECK(!is_integral(dtype) || std::isfinite(value), "full: value ", value,
-               " cannot fill a ", dtype, " tensor: a NaN or infinity cannot be an integer");
+  check_representable("full", value, dtype);
   Tensor t = Tensor::empty(shape, dtype, device);
   fill_(t, value);
   return t;
@@ -42,6 +62,7 @@ Tensor full_like(const Tensor& t, double value) {
 Tensor tensor(std::span<const double> values, const Shape& shape, DType dtype, Device device) {
   ENCORE_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "tensor: ", values.size(),
                " values do not fill shape ", shape, " (", shape.numel(), " elements)");
+  for (const double v : values) check_representable("tensor", v, dtype);
   // Copied to the device as float64, then converted there: inside a static function traced on
   // a device the conversion is an op on that device, not a cpu op its schedule cannot run.
   Tensor host = Tensor::empty(shape, DType::Float64);
@@ -94,6 +115,7 @@ void detail::zero_grads(std::span<const Tensor> params, bool set_to_none) {
 
 void fill_(const Tensor& t, double value) {
   check_defined("fill_", "t", t);
+  check_representable("fill_", value, t.dtype());
   dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
 }
 

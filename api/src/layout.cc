@@ -1,5 +1,6 @@
 // Layout routines: reshape/flatten (views), permute, broadcast_to, concat, slice.
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
@@ -31,7 +32,7 @@ void permute_backward(BackwardContext& c) {
 }
 
 void broadcast_to_backward(BackwardContext& c) {
-  c.set_input_grad(0, F::sum_to(c.grad_output(), c.input_meta(0).shape));
+  c.set_input_grad(0, detail::sum_to_or_self(c.grad_output(), c.input_meta(0).shape));
 }
 
 void concat_backward(BackwardContext& c) {
@@ -141,7 +142,7 @@ Tensor permute(const Tensor& x, std::span<const int> perm) {
     identity &= p == i;
     s.push_back(x.shape()[p]);
   }
-  if (identity) return x;
+  if (identity) return clone(x);  // a new tensor, as any permutation gives
   return call1(Op::Permute, {x}, s, x.dtype(), AttrBlob::of(at));
 }
 
@@ -163,7 +164,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   check_defined("broadcast_to", "x", x);
   ENCORE_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape,
                "broadcast_to: cannot broadcast ", x.shape(), " to ", shape);
-  if (x.shape() == shape) return x;
+  if (x.shape() == shape) return clone(x);  // a new tensor, as any broadcast gives
   return call1(Op::BroadcastTo, {x}, shape, x.dtype());
 }
 
@@ -238,7 +239,8 @@ std::vector<Tensor> split(const Tensor& x, std::span<const int64_t> sizes, int a
   int64_t total = 0;
   for (int64_t s : sizes) {
     ENCORE_CHECK(s >= 0, "split: sizes must be >= 0, got ", s, " for x ", x.shape());
-    total += s;
+    ENCORE_CHECK(!__builtin_add_overflow(total, s, &total), "split: sizes add up to more than ",
+                 INT64_MAX, " (x ", x.shape(), " has ", x.shape()[ax], " along axis ", ax, ")");
   }
   ENCORE_CHECK(total == x.shape()[ax], "split: sizes add up to ", total, " but x ", x.shape(),
                " has ", x.shape()[ax], " along axis ", ax);

@@ -10,6 +10,14 @@ namespace detail {
 
 uint8_t axes_mask(const char* op, std::span<const int> axes, int rank) {
   if (axes.empty()) return rank == 0 ? 0 : static_cast<uint8_t>((1u << rank) - 1);
+  if (rank == 0) {  // as PyTorch: axis 0 (or -1) names a 0-d tensor's one value, once
+    for (size_t i = 0; i < axes.size(); ++i) {
+      ENCORE_CHECK(axes[i] == 0 || axes[i] == -1, op, ": axis ", axes[i],
+                   " is out of range for a 0-d tensor (0 and -1 are its only axes)");
+      ENCORE_CHECK(i == 0, op, ": axis ", axes[i], " is given twice (x is 0-d)");
+    }
+    return 0;
+  }
   uint8_t mask = 0;
   for (int a : axes) {
     const int ax = normalize_axis(a, rank, op);
@@ -101,32 +109,38 @@ Tensor batched_matmul(const char* name, const Tensor& a, const Tensor& b, bool t
 
 namespace {
 
+// Each operand's gradient reads only the other operand (save_for_other: the one kept).
 void matmul_backward(BackwardContext& c) {
   const auto& at = c.attrs<MatmulAttrs>();
-  const Tensor& a = c.input(0);
-  const Tensor& b = c.input(1);
   const Tensor& gy = c.grad_output();
   // C = op(A) op(B): dA = dC op(B)^T (transposed back when A was), dB likewise.
-  if (c.needs_input_grad(0))
+  if (c.needs_input_grad(0)) {
+    const Tensor& b = c.input(1);
     c.set_input_grad(0, at.trans_a ? detail::matmul_t(b, gy, at.trans_b, true)
                                    : detail::matmul_t(gy, b, false, !at.trans_b));
-  if (c.needs_input_grad(1))
+  }
+  if (c.needs_input_grad(1)) {
+    const Tensor& a = c.input(0);
     c.set_input_grad(1, at.trans_b ? detail::matmul_t(gy, a, true, at.trans_a)
                                    : detail::matmul_t(a, gy, !at.trans_a, false));
+  }
 }
 
+// x's gradient reads only w, w's only x, the bias's neither (save_for_other: what is kept).
 void linear_backward(BackwardContext& c) {
-  const Tensor& x = c.input(0);
-  const Tensor& w = c.input(1);
+  const Shape& x_shape = c.input_meta(0).shape;
+  const Shape& w_shape = c.input_meta(1).shape;
   const Tensor& gy = c.grad_output();
-  const int64_t out_features = w.size(0), in_features = w.size(1);
+  const int64_t out_features = w_shape[0], in_features = w_shape[1];
   int64_t rows = 1;  // x viewed as [rows, in]
-  for (int i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
+  for (int i = 0; i + 1 < x_shape.rank(); ++i) rows *= x_shape[i];
   const Tensor gy2 = F::reshape(gy, {rows, out_features});  // views; no-ops for 2-D x
   if (c.needs_input_grad(0))
-    c.set_input_grad(0, F::reshape(detail::matmul_t(gy2, w, false, false), x.shape().dims()));
+    c.set_input_grad(0,
+                     F::reshape(detail::matmul_t(gy2, c.input(1), false, false), x_shape.dims()));
   if (c.needs_input_grad(1))
-    c.set_input_grad(1, detail::matmul_t(gy2, F::reshape(x, {rows, in_features}), true, false));
+    c.set_input_grad(
+        1, detail::matmul_t(gy2, F::reshape(c.input(0), {rows, in_features}), true, false));
   if (c.num_inputs() == 3 && c.needs_input_grad(2)) c.set_input_grad(2, F::sum(gy2, {0}));
 }
 
@@ -139,7 +153,7 @@ Tensor reduce_masked(Op op, const Tensor& x, uint8_t mask, bool keepdims) {
 // gy broadcast back over the reduced axes of the input.
 Tensor expand_reduced(const Tensor& gy, const TensorMeta& in, uint8_t mask) {
   const Tensor kept = F::reshape(gy, detail::reduced_shape(in.shape, mask, true).dims());
-  return F::broadcast_to(kept, in.shape);
+  return kept.shape() == in.shape ? kept : F::broadcast_to(kept, in.shape);
 }
 
 void sum_backward(BackwardContext& c) {
@@ -169,8 +183,10 @@ void max_backward(BackwardContext& c) {
 }
 
 const bool kRegistered = [] {
-  register_backward(Op::Matmul, {matmul_backward, 0b11});
-  register_backward(Op::Linear, {linear_backward, 0b11});
+  register_backward(Op::Matmul,
+                    {.fn = matmul_backward, .save_inputs = 0b11, .save_for_other = 0b11});
+  register_backward(Op::Linear,
+                    {.fn = linear_backward, .save_inputs = 0b11, .save_for_other = 0b11});
   register_backward(Op::Sum, {sum_backward});
   register_backward(Op::Mean, {mean_backward});
   register_backward(Op::Max, {max_backward, 0b1, 0b1});
@@ -180,7 +196,11 @@ const bool kRegistered = [] {
 Tensor reduce(Op op, const char* name, const Tensor& x, std::span<const int> axes, bool keepdims) {
   check_floating(name, "x", x);
   const uint8_t mask = detail::axes_mask(name, axes, x.rank());
-  if (op == Op::Max) ENCORE_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor ", x.shape());
+  if (op == Op::Max) {  // an empty slice has no maximum; an empty result is fine
+    for (int i = 0; i < x.rank(); ++i)
+      ENCORE_CHECK(!(mask >> i & 1) || x.shape()[i] > 0, "max: cannot reduce x ", x.shape(),
+                   " over axis ", i, ", which is empty (a maximum needs one value)");
+  }
   return reduce_masked(op, x, mask, keepdims);
 }
 
@@ -225,6 +245,13 @@ Tensor max(const Tensor& x, std::vector<int> axes, bool keepdims) {
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   check_floating("sum_to", "x", x);
+  if (x.shape() == shape) return clone(x);  // a new tensor, as any sum gives
+  return detail::sum_to_or_self(x, shape);
+}
+
+}  // namespace functions
+
+Tensor detail::sum_to_or_self(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   const int lead = x.rank() - shape.rank();
   ENCORE_CHECK(lead >= 0, "sum_to: cannot sum ", x.shape(), " to the larger rank of ", shape);
@@ -239,8 +266,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
                  shape);
     if (want == 1 && x.shape()[i] != 1) mask |= static_cast<uint8_t>(1u << i);
   }
-  return reshape(reduce_masked(Op::Sum, x, mask, true), shape.dims());
+  return F::reshape(reduce_masked(Op::Sum, x, mask, true), shape.dims());
 }
 
-}  // namespace functions
 }  // namespace encore

@@ -45,6 +45,10 @@ uint8_t axes_mask(const char* op, std::span<const int> axes, int rank);
 // `shape` with the axes in `mask` removed (or set to 1 with keepdims).
 Shape reduced_shape(const Shape& shape, uint8_t mask, bool keepdims);
 
+// F::sum_to for backward formulas: x itself when it already has `shape` (F::sum_to returns a new
+// tensor then, as every op does; a gradient needs no copy).
+Tensor sum_to_or_self(const Tensor& x, const Shape& shape);
+
 // Backward-only routines (not differentiable themselves).
 Tensor matmul_t(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 

@@ -51,7 +51,11 @@ const bool kRegistered = [] {
 
 Tensor softmax_like(Op op, const char* name, const Tensor& x, int axis) {
   check_floating(name, "x", x);
-  ENCORE_CHECK(x.rank() > 0, name, ": x must have at least one dimension");
+  if (x.rank() == 0) {  // as PyTorch: axis 0 (or -1) of a 0-d tensor is its one value
+    ENCORE_CHECK(axis == 0 || axis == -1, name, ": axis ", axis,
+                 " is out of range for a 0-d tensor (0 and -1 are its only axes)");
+    return F::reshape(softmax_like(op, name, F::reshape(x, {1}), 0), {});
+  }
   const int ax = normalize_axis(axis, x.rank(), name);
   return call1(op, {x}, x.shape(), x.dtype(), AttrBlob::of(AxisAttrs{ax}));
 }

@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/strided_loop.h"
+#include "runtime/convert.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -353,30 +354,7 @@ void activation_grad_kernel(const KernelArgs& args) {
   });
 }
 
-// ---- Conversion and fills: copy, copy_, fill_ ----------------------------------------------
-
-// static_cast<D>(v), made total as on the CPU: to bool, nonzero is true; from floating to
-// integer, NaN is 0 and values beyond D's range saturate to its min or max.
-template <typename D, typename S>
-__host__ __device__ D convert_value(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
-    return v != S(0);
-  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
-    constexpr S kPastMax = static_cast<S>(uint64_t{1} << (sizeof(D) * 8 - 1));  // exact
-    constexpr S kLow = -kPastMax;                                               // D's min
-    // The largest S below kPastMax: half an epsilon of S below it.
-    constexpr S kHalfEps = std::is_same_v<S, float> ? S(0x1p-24) : S(0x1p-53);
-    constexpr S kHigh = kPastMax - kPastMax * kHalfEps;
-    constexpr D kMax = static_cast<D>((uint64_t{1} << (sizeof(D) * 8 - 1)) - 1);
-    S x = v != v ? S(0) : v;
-    x = x < kLow ? kLow : x;
-    x = x > kHigh ? kHigh : x;
-    const D r = static_cast<D>(x);  // x is now in range
-    return v >= kPastMax ? kMax : r;
-  } else {
-    return static_cast<D>(v);
-  }
-}
+// ---- Conversion and fills: copy, copy_, fill_ (convert_value: runtime/convert.h) ----------
 
 template <typename D, typename S>
 struct ConvertF {
