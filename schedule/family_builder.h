@@ -95,6 +95,8 @@ class SizeBuilder {
   bool operand(const Ops& ops, const Dims* src, const Dims* rule, std::span<const Dims> locals,
                Dims& out, const std::string& what, std::string& why);
   bool run_steps(int begin, int end, std::string& why);
+  // Guards every two sizes of step i's operands whose values agreed at every trace.
+  void guard_coincidences(int i, std::span<const Dims> ins, const std::string& label);
   // The variable `e` is settled as (itself when not a variable, or not settled).
   ExprId find(ExprId e) {
     while (x_.is_var(e)) {

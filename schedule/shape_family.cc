@@ -217,6 +217,17 @@ std::string check_step(const Step& s) {
   // Operands whose sizes the kernel takes to agree, as the routine checked them eagerly: each
   // came from its own producer, so sizes equal at the traces may differ here.
   switch (s.op) {
+    case Op::Conv2d:
+    case Op::Conv2dAct:
+    case Op::MaxPool2d:
+    case Op::AvgPool2d: {
+      // A kernel larger than the padded input gives no output (at stride 1 the size rule's
+      // floor division cannot tell).
+      const Shape& y = s.out[0].shape;
+      if (y.rank() == 4 && (y[2] < 1 || y[3] < 1))
+        return cat(op_name(s.op), " of ", s.in[0].shape, " would give ", y);
+      break;
+    }
     case Op::SoftmaxCrossEntropy:
     case Op::SoftmaxCrossEntropyGrad:
     case Op::Accuracy:
@@ -224,7 +235,7 @@ std::string check_step(const Step& s) {
         return cat(op_name(s.op), " of logits ", s.in[0].shape, " and labels ", s.in[1].shape);
       break;
     case Op::MeanSquaredError:
-      if (numel(s.in[0]) != numel(s.in[1]))
+      if (!(s.in[0].shape == s.in[1].shape))
         return cat(op_name(s.op), " of ", s.in[0].shape, " and ", s.in[1].shape);
       break;
     case Op::SoftmaxGrad:

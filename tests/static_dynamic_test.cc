@@ -520,6 +520,74 @@ TEST_CASE("dynamic: operands whose sizes agreed only at the traces are not plann
   set_log_sink(old);
 }
 
+// Traces `fn` at each of `traced` (replays equal eager), then checks that at `bad` the static
+// call raises eager's Error: sizes that only agreed at the traces are not planned apart.
+template <size_t N, typename Fn>
+void refused_as_eagerly(const char* name, Fn fn, const std::vector<std::array<Tensor, N>>& traced,
+                        const std::array<Tensor, N>& bad) {
+  INFO(name);
+  auto f = static_graph(fn, {.name = name});
+  for (const auto& a : traced) CHECK(bit_diff(std::apply(f, a), std::apply(fn, a)) == "");
+  const std::string eager = error_of([&] { std::apply(fn, bad); });
+  REQUIRE_FALSE(eager.empty());
+  CHECK(error_of([&] { std::apply(f, bad); }) == eager);
+}
+
+TEST_CASE("dynamic: sizes an op needs equal are not planned apart", "[static][dynamic]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  const LogSink old = set_log_sink([](const std::string&) {});
+  auto r = [](Shape s) { return randn(s, DType::Float64); };
+  using T3 = std::array<Tensor, 3>;
+  using T4 = std::array<Tensor, 4>;
+  refused_as_eagerly<3>(
+      "conv_channels",
+      [](const Tensor& a, const Tensor& b, const Tensor& w) {
+        return F::conv2d(F::concat({a, b}, 1), w);
+      },
+      {T3{r({1, 2, 5, 5}), r({1, 2, 5, 5}), r({3, 4, 3, 3})},
+       T3{r({1, 3, 5, 5}), r({1, 2, 5, 5}), r({3, 5, 3, 3})}},
+      T3{r({1, 4, 5, 5}), r({1, 2, 5, 5}), r({3, 7, 3, 3})});
+  refused_as_eagerly<3>(
+      "linear_bias",
+      [](const Tensor& x, const Tensor& w, const Tensor& b) {
+        return F::linear(x, w, F::concat({b, b}, 0));
+      },
+      {T3{r({2, 3}), r({4, 3}), r({2})}, T3{r({2, 3}), r({6, 3}), r({3})}},
+      T3{r({2, 3}), r({9, 3}), r({4})});
+  refused_as_eagerly<1>(
+      "kernel_larger", [](const Tensor& x) { return F::max_pool2d(x, 3, Size2(1)); },
+      {std::array<Tensor, 1>{r({1, 1, 5, 5})}, std::array<Tensor, 1>{r({1, 1, 6, 6})}},
+      std::array<Tensor, 1>{r({1, 1, 2, 2})});
+  refused_as_eagerly<2>(
+      "batch_norm_gamma",
+      [](const Tensor& x, const Tensor& g) {
+        const Tensor gg = F::concat({g, g}, 0);
+        return F::batch_norm(x, Tensor(), Tensor(), gg, gg, true, 0.1, 1e-5);
+      },
+      {std::array<Tensor, 2>{r({3, 4, 2, 2}), r({2})},
+       std::array<Tensor, 2>{r({3, 6, 2, 2}), r({3})}},
+      std::array<Tensor, 2>{r({3, 8, 2, 2}), r({5})});
+  refused_as_eagerly<4>(
+      "mse_shapes",
+      [](const Tensor& x1, const Tensor& x2, const Tensor& u, const Tensor& v) {
+        return F::mean_squared_error(F::concat({x1, x2}, 1), F::concat({u, v}, 0));
+      },
+      {T4{r({5, 4}), r({5, 5}), r({2, 9}), r({3, 9})},
+       T4{r({7, 5}), r({7, 6}), r({3, 11}), r({4, 11})}},
+      T4{r({4, 2}), r({4, 4}), r({2, 4}), r({4, 4})});
+  refused_as_eagerly<4>(
+      "layer_norm_gamma",
+      [](const Tensor& x1, const Tensor& x2, const Tensor& u, const Tensor& v) {
+        const Tensor x = F::concat({x1, x2}, 2), g = F::concat({u, v}, 0);
+        return F::layer_norm(x, {x.size(1), x.size(2)}, g, g);
+      },
+      {T4{r({2, 5, 4}), r({2, 5, 5}), r({2, 9}), r({3, 9})},
+       T4{r({2, 7, 5}), r({2, 7, 6}), r({3, 11}), r({4, 11})}},
+      T4{r({2, 4, 2}), r({2, 4, 4}), r({2, 4}), r({4, 4})});
+  set_log_sink(old);
+}
+
 TEST_CASE("dynamic: a static forward (module form) with its backward outside",
           "[static][dynamic]") {
   StaticEnabled on;
