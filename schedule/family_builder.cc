@@ -260,29 +260,25 @@ void SizeBuilder::guard_coincidences(int i, std::span<const Dims> ins, const std
   // places, each made from the dynamic sizes, may be equal because the op needs them to be (a
   // convolution's channels, a bias's length, targets against logits) or by chance: either way a
   // size where they differ is traced, not planned. (A size equal to a constant, a pooled height
-  // to a channel count, is taken for chance.)
+  // to a channel count, is taken for chance; so are two sizes of one operand, and the outputs'
+  // sizes, which the op's rule gives.)
   auto symbolic = [this](ExprId e) {
     const ExprPool::Kind k = x_.node(e).kind;
     return k != ExprPool::Kind::Const && k != ExprPool::Kind::Var;
   };
   struct Seen {
     ExprId e;
-    int k, d;  // operand (inputs first, then outputs) and dimension
+    int k, d;  // input and dimension
   };
   std::vector<Seen> seen;
-  const Step& s0 = step(0, i);
-  const int n_in = static_cast<int>(s0.in.size());
-  auto value = [&](size_t p, int k, int d) {
-    const Step& s = step(p, i);
-    return k < n_in ? s.in[k].shape[d] : s.out[k - n_in].shape[d];
-  };
+  auto value = [&](size_t p, int k, int d) { return step(p, i).in[k].shape[d]; };
   auto visit = [&](const Dims& dims, int k) {
     for (int d = 0; d < dims.rank; ++d) {
       if (dims.d[d] < 0) continue;
       const ExprId e = find(dims.d[d]);
       if (!symbolic(e)) continue;
       for (const Seen& o : seen) {
-        if (find(o.e) == e) continue;
+        if (o.k == k || find(o.e) == e) continue;
         bool equal = true;
         for (size_t p = 0; p < P_ && equal; ++p) equal = value(p, k, d) == value(p, o.k, o.d);
         if (equal) guard(e, find(o.e), cat(label, "'s operand sizes, equal at every trace"));
@@ -290,9 +286,7 @@ void SizeBuilder::guard_coincidences(int i, std::span<const Dims> ins, const std
       seen.push_back({e, k, d});
     }
   };
-  for (int k = 0; k < n_in; ++k) visit(ins[k], k);
-  for (size_t k = 0; k < s0.out.size(); ++k)
-    visit(buf_dims_[s0.out[k].buf], n_in + static_cast<int>(k));
+  for (size_t k = 0; k < ins.size(); ++k) visit(ins[k], static_cast<int>(k));
 }
 
 bool SizeBuilder::run(std::string& why) {

@@ -218,16 +218,33 @@ std::string check_step(const Step& s) {
   // came from its own producer, so sizes equal at the traces may differ here.
   switch (s.op) {
     case Op::Conv2d:
-    case Op::Conv2dAct:
     case Op::MaxPool2d:
     case Op::AvgPool2d: {
       // A kernel larger than the padded input gives no output (at stride 1 the size rule's
-      // floor division cannot tell).
-      const Shape& y = s.out[0].shape;
-      if (y.rank() == 4 && (y[2] < 1 || y[3] < 1))
-        return cat(op_name(s.op), " of ", s.in[0].shape, " would give ", y);
+      // floor division cannot tell), and an empty image none either.
+      const Shape &x = s.in[0].shape, &y = s.out[0].shape;
+      if (y.rank() == 4 && (y[2] < 1 || y[3] < 1 || x[2] < 1 || x[3] < 1))
+        return cat(op_name(s.op), " of ", x, " would give ", y);
+      if (s.op != Op::Conv2d) break;
+      // The input's channels are the weight's times the groups; the bias has one per output.
+      const Shape& w = s.in[1].shape;
+      if (x.rank() == 4 && w.rank() == 4 && x[1] != w[1] * s.attrs.as<Conv2dAttrs>().groups)
+        return cat(op_name(s.op), " of ", x, " and weight ", w);
+      if (s.in.size() > 2 && w.rank() == 4 && numel(s.in[2]) != w[0])
+        return cat(op_name(s.op), " of weight ", w, " and bias ", s.in[2].shape);
       break;
     }
+    case Op::Linear:
+      if (s.in.size() > 2 && s.in[1].shape.rank() == 2 && numel(s.in[2]) != s.in[1].shape[0])
+        return cat(op_name(s.op), " of weight ", s.in[1].shape, " and bias ", s.in[2].shape);
+      break;
+    case Op::BatchNorm:
+    case Op::BatchNormInference:
+      // Every per-channel vector has one value per channel of x.
+      for (size_t k = 1; k < s.in.size(); ++k)
+        if (s.in[0].shape.rank() >= 2 && numel(s.in[k]) != s.in[0].shape[1])
+          return cat(op_name(s.op), " of ", s.in[0].shape, " and ", s.in[k].shape);
+      break;
     case Op::SoftmaxCrossEntropy:
     case Op::SoftmaxCrossEntropyGrad:
     case Op::Accuracy:

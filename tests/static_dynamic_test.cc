@@ -549,6 +549,19 @@ TEST_CASE("dynamic: sizes an op needs equal are not planned apart", "[static][dy
        T3{r({1, 3, 5, 5}), r({1, 2, 5, 5}), r({3, 5, 3, 3})}},
       T3{r({1, 4, 5, 5}), r({1, 2, 5, 5}), r({3, 7, 3, 3})});
   refused_as_eagerly<3>(
+      "grouped_conv_channels",
+      [](const Tensor& a, const Tensor& b, const Tensor& w) {
+        return F::conv2d(F::concat({a, b}, 1), w, Tensor(), 1, 0, 1, 2);
+      },
+      {T3{r({1, 2, 5, 5}), r({1, 2, 5, 5}), r({2, 2, 3, 3})},
+       T3{r({1, 4, 5, 5}), r({1, 2, 5, 5}), r({2, 3, 3, 3})}},
+      T3{r({1, 2, 5, 5}), r({1, 2, 5, 5}), r({2, 5, 3, 3})});
+  refused_as_eagerly<1>(
+      "empty_pool_input",
+      [](const Tensor& x) { return F::max_pool2d(F::slice(x, 2, 8, x.size(2)), 2, 2, 1); },
+      {std::array<Tensor, 1>{r({1, 1, 12, 12})}, std::array<Tensor, 1>{r({1, 1, 14, 12})}},
+      std::array<Tensor, 1>{r({1, 1, 8, 12})});
+  refused_as_eagerly<3>(
       "linear_bias",
       [](const Tensor& x, const Tensor& w, const Tensor& b) {
         return F::linear(x, w, F::concat({b, b}, 0));
