@@ -487,3 +487,25 @@ TEST_CASE("Optimizer::steps counts the steps of static replays", "[optim][static
   CHECK(verified.stats().verifications == 2);
   CHECK(adam.steps() == 3);
 }
+
+TEST_CASE("options set out of range through the public field are refused at the next step",
+          "[optim]") {
+  Tensor w = ones({2});
+  w.set_requires_grad(true);
+  w.set_grad(ones({2}));
+  optim::SGD sgd({w}, {.lr = 0.1});
+  sgd.options.weight_decay = -5;
+  CHECK_THROWS_WITH(sgd.step(),
+                    Catch::Matchers::Contains("SGD: weight_decay must be non-negative"));
+  CHECK(testing::bit_diff(w, ones({2})) == "");
+  optim::AdamW adamw({w}, {});
+  adamw.options.decoupled = false;
+  CHECK_THROWS_WITH(adamw.step(),
+                    Catch::Matchers::Contains("AdamW: options.decoupled must be true"));
+  CHECK(testing::bit_diff(w, ones({2})) == "");
+  // Assigned a plain Adam, an AdamW would stay AdamW in name only.
+  optim::Adam adam({w}, {});
+  optim::Adam& as_adam = adamw;
+  CHECK_THROWS_WITH(as_adam = adam,
+                    Catch::Matchers::Contains("AdamW: cannot be assigned a copy of Adam"));
+}

@@ -28,7 +28,10 @@
 // bake the traced batch size in (a slice or split across the batch), is an Error naming the op;
 // so is a trace at batch size 0 or 1 (it cannot tell which dimension is the batch). What the
 // trace cannot see stays as traced: a value the function computed on the host from the batch
-// size is a constant of the export. api/README.md lists the ops that map.
+// size is a constant of the export. A constant filled, or a batch-less tensor broadcast, to a
+// shape with one dimension equal to the batch size takes that dimension for the batch (two such
+// dimensions are an Error): trace at a batch size no other dimension of the model has.
+// api/README.md lists the ops that map.
 #pragma once
 
 #include <string>

@@ -40,11 +40,6 @@ class Optimizer {
   // The parameters: at least one, each defined, floating, a leaf (a tensor computed from others
   // gets no .grad, and a step would never update it) and listed once; else an Error.
   explicit Optimizer(std::vector<Tensor> params);
-  // A copy is another optimizer over the same parameters, with its own step count and state
-  // tensors (equal to the original's at the copy, independent after). An assignment makes this
-  // object such a copy of `other`.
-  Optimizer(const Optimizer& other);
-  Optimizer& operator=(const Optimizer& other);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
@@ -69,6 +64,12 @@ class Optimizer {
  protected:
   // As the public constructor, with `kind` naming the optimizer in its errors.
   Optimizer(std::vector<Tensor> params, const char* kind);
+  // A copy is another optimizer over the same parameters, with its own step count and state
+  // tensors (equal to the original's at the copy, independent after); an assignment makes this
+  // object such a copy of `other`. Protected, so that only a whole optimizer is copied: one
+  // defined outside encore clones its own state tensors in its copy constructor and assignment.
+  Optimizer(const Optimizer& other);
+  Optimizer& operator=(const Optimizer& other);
   // Counts one step; inside a static function its replays count too.
   void count_step();
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training
@@ -175,8 +176,8 @@ class Adam : public Optimizer {
   void set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) override;
   std::vector<StateSlot> state_slots() override;
   AdamOptions options;
-  Adam(const Adam& other);  // its own moments and step counters, equal to other's
-  Adam& operator=(const Adam& other);
+  Adam(const Adam& other);             // its own moments and step counters, equal to other's
+  Adam& operator=(const Adam& other);  // of the same kind (Adam, AdamW), else an Error
 
  protected:
   // As the public constructor, with `kind` naming the optimizer in its errors.

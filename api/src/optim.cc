@@ -213,6 +213,7 @@ AttrBlob SGD::update_attrs() const {
 }
 
 void SGD::step() {
+  check_sgd_options(options);  // `options` is public: set since, it is checked here
   NoGradGuard no_grad;
   dispatch_updates(Op::SgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
@@ -261,6 +262,7 @@ AttrBlob MomentumSGD::update_attrs() const {
 }
 
 void MomentumSGD::step() {
+  check_momentum_options(options);
   NoGradGuard no_grad;
   dispatch_updates(Op::MomentumSgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
@@ -289,6 +291,8 @@ Adam::Adam(const Adam& other)
       t_(clone_state(other.t_)) {}
 
 Adam& Adam::operator=(const Adam& other) {
+  ENCORE_CHECK(kind() == other.kind(), kind(), ": cannot be assigned a copy of ", other.kind(),
+               " (its kind would not change)");
   std::vector<Tensor> m = clone_state(other.m_), v = clone_state(other.v_),
                       t = clone_state(other.t_);
   Optimizer::operator=(other);
@@ -349,6 +353,11 @@ AttrBlob Adam::update_attrs() const {
 }
 
 void Adam::step() {
+  const std::string k = kind();
+  check_adam_options(k.c_str(), options);
+  ENCORE_CHECK(options.decoupled || k != "AdamW", k,
+               ": options.decoupled must be true (AdamW's weight decay is decoupled; optim::Adam "
+               "has the coupled L2 decay)");
   NoGradGuard no_grad;
   dispatch_updates(Op::AdamUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
