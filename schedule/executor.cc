@@ -247,7 +247,12 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
       b.stream = s;
       b.stream_serial = cuda::stream_serial(s);
     }
-    if (begin < end && snapshots == nullptr && !profiler::active() && !options_.redzones &&
+    if (begin == end) {  // nothing to launch: neither a graph nor a stream replay
+      if (!backward) b.forward_staged = false;
+      finish_copy_out(b);
+      return;
+    }
+    if (snapshots == nullptr && !profiler::active() && !options_.redzones &&
         !graphs_off_.load(std::memory_order_acquire) && cuda::graphs_enabled()) {
       run_graph(b, phase, begin, end);
       finish_copy_out(b);

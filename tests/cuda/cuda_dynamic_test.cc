@@ -72,7 +72,8 @@ TEST_CASE("MLP training on cuda with a dynamic batch equals eager bit for bit",
     REQUIRE(st.dynamic.size() == 1);
     const DynamicReport& family = st.dynamic[0];
     INFO("family " << family.signature);
-    CHECK(family.signature.find("x: float32[s0,784], t: int32[s0]") != std::string::npos);
+    CHECK(family.signature.find("x: float32[s0,784] cuda:0, t: int32[s0] cuda:0") !=
+          std::string::npos);
     CHECK(family.sizes_planned == 3);
 
     // The planned sizes 5, 64 and 100, each with a plan (and graphs) of its own: every call of
