@@ -1,7 +1,7 @@
 // MlpSmall/eager, MlpLarge/eager: one eager Adam training step of the 784-h-h-10 perceptron
 // per iteration (forward, softmax cross entropy, zero_grad, backward, update) on inputs fixed
 // before the loop. MlpSmall/static, MlpLarge/static: the same step as one static function,
-// replayed. Compare with GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm
+// replayed; MlpSmall/static_lr_schedule with a new learning rate at every step. Compare with GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm
 // calls alone.
 //
 // With a GPU (registered at run time, see bench_util.h): the same cases on Device::cuda() with
@@ -60,6 +60,23 @@ void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device
   measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false);
 }
 
+// MlpSmall/static_lr_schedule: MlpSmall/static with a new learning rate before every step, as a
+// decay schedule sets it. The replays read it at each call (no step traces again): the cost of a
+// schedule against MlpSmall/static.
+void BM_MlpStaticSchedule(benchmark::State& state, int64_t hidden, int64_t batch) {
+  MlpStep step(hidden, batch);
+  auto static_step = step.make_static();
+  int64_t calls = 0;
+  measure_steps(state, Device::cpu(), kWarmupSteps, /*kernel_sum=*/false, [&] {
+    step.optimizer().options.lr = 1e-3 / (1.0 + 1e-4 * static_cast<double>(calls++));
+    static_step(step.x(), step.labels());
+  });
+  const StaticStats stats = static_step.stats();
+  label_warnings(state, Device::cpu(), stats);
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  report_arena(state, stats);
+}
+
 // The *_t2 cases: the same steps at two threads whatever ENCORE_NUM_THREADS says (a static
 // replay then runs on two lanes, schedule/lanes.cc; eager splits each large step).
 void BM_MlpEagerT2(benchmark::State& state, int64_t hidden, int64_t batch) {
@@ -86,6 +103,10 @@ BENCHMARK_CAPTURE(BM_MlpStaticT2, small, kMlpSmallHidden, kMlpSmallBatch)
 BENCHMARK_CAPTURE(BM_MlpStatic, small, kMlpSmallHidden, kMlpSmallBatch, Device::cpu(),
                   Replay::Graphs)
     ->Name("MlpSmall/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpStaticSchedule, small, kMlpSmallHidden, kMlpSmallBatch)
+    ->Name("MlpSmall/static_lr_schedule")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpEager, large, kMlpLargeHidden, kMlpLargeBatch, Device::cpu())

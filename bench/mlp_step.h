@@ -40,6 +40,7 @@ class MlpStep {
         [this](const Tensor& x, const Tensor& labels) { return (*this)(x, labels); },
         {.name = "mlp_step", .arg_names = {"x", "labels"}, .modules = {model_}});
   }
+  optim::Adam& optimizer() { return step_.opt; }
   const Tensor& x() const { return x_; }
   const Tensor& labels() const { return labels_; }
 

@@ -38,13 +38,6 @@ void run_grad_hooks(TensorImpl* leaf) {
   }
 }
 
-// A tensor described by `m`, filled with `value` (implicit and missing gradients).
-Tensor filled(const TensorMeta& m, double value) {
-  Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
-  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
-  return t;
-}
-
 // a + b into a fresh tensor (gradients from two consumers meeting at one value).
 Tensor add_fresh(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
@@ -123,6 +116,12 @@ struct SequenceLess {
 };
 
 }  // namespace
+
+Tensor filled(const TensorMeta& m, double value) {
+  Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
+  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
+  return t;
+}
 
 Node::~Node() {
   // Saved tensors may hold the producers of this node's inputs (through their grad_fn); drop

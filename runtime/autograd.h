@@ -45,6 +45,9 @@ struct TensorMeta {
   static TensorMeta of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 };
 
+// A tensor described by `m`, filled with `value` (implicit and missing gradients).
+Tensor filled(const TensorMeta& m, double value);
+
 // Where the gradient of one input goes: the node that produced it, or the leaf it accumulates
 // into, or nowhere (the input needs no gradient).
 struct Edge {

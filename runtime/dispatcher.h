@@ -46,14 +46,24 @@ const BackwardDef& backward_def(Op op);
 
 // ---- Tracer -----------------------------------------------------------------------------
 
-// Host state the traced code read and a replay bakes in (an optimizer's learning rate, which
-// becomes an attribute of its update steps): a call finding it changed traces again.
+// Host state the traced code read and a replay bakes in: a call finding it changed traces again.
+// A guard may instead hand its state to the replays live (an optimizer's hyper-parameters, the
+// attributes of its update steps): the update steps dispatched right after the guard with
+// traced() as their attributes run with current() at every replay, and only what
+// unreplayable() names makes a call trace again.
 class HostGuard {
  public:
   virtual ~HostGuard() = default;
   // What changed since the guard was made ("Adam lr 0.001 -> 0.05"); empty: nothing. Called at
   // every call of a static function: it must not allocate unless something changed.
   virtual std::string changed() const = 0;
+  // Live attributes (none by default).
+  virtual bool live() const { return false; }
+  virtual AttrBlob traced() const { return {}; }
+  virtual AttrBlob current() const { return {}; }
+  // What keeps a replay from running with current() (a replaced optimizer, values its step()
+  // refuses); empty: nothing. As changed(), it must not allocate unless it reports something.
+  virtual std::string unreplayable() const { return changed(); }
 };
 
 // Notified of every op the dispatcher executes while it is active (static_graph records with it).

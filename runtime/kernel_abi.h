@@ -72,7 +72,8 @@ struct KernelArgs {
   std::span<const BufferView> in;
   std::span<const BufferView> out;
   const AttrBlob& attrs;
-  // A slot of the call site (a static plan's step: the same shapes and attributes on every call)
+  // A slot of the call site (a static plan's step: the same shapes and attributes on every call,
+  // an optimizer update's hyper-parameters aside, which a replay reads at each call)
   // in which a kernel keeps what it resolved on the first call (the cuDNN plan of a
   // convolution), so a replay looks nothing up; null for an eager call. What a kernel stores
   // there must live as long as the process.

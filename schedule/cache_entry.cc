@@ -46,8 +46,12 @@ std::string guard_failure(const Entry& e) {
       return cat("parameter '", name,
                  "' was replaced by another tensor; the trace updated the one it had in place");
   }
-  for (const auto& g : e.rec->host_guards)
-    if (std::string why = g->changed(); !why.empty()) return why;
+  // A live guard's changes reach the replays (the steps read its current attributes).
+  for (size_t k = 0; k < e.rec->host_guards.size(); ++k) {
+    const HostGuard& g = *e.rec->host_guards[k];
+    if (std::string why = e.rec->guard_live[k] ? g.unreplayable() : g.changed(); !why.empty())
+      return why;
+  }
   for (const GradGuard& g : e.grads) {
     const Leaf& l = e.rec->leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);

@@ -2,6 +2,7 @@
 // captured graphs keyed by the addresses of bound buffers, capture and its fallback to stream
 // replay, and the counters of how replays ran.
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/allocator.h"
 #include "runtime/rng.h"
@@ -152,11 +153,26 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // The graph for these addresses, or a new capture.
   const auto [p0, p1] = patch_range(phase);
   std::vector<CapturedGraph>& graphs = b.graphs[phase];
+  // Live attributes are kernel arguments the graph captured: other values need another graph.
+  const bool live = live_phase_[phase];
+  const auto same_live = [&](const std::vector<AttrBlob>& v) {
+    if (!live) return true;
+    for (size_t k = 0; k < v.size(); ++k)
+      if (std::memcmp(v[k].bytes, b.live_attrs[k].bytes, AttrBlob::kCapacity) != 0) return false;
+    return true;
+  };
+  // Values this arena's last run of the phase had too (always, on its first run): new values
+  // that do not repeat (a rate decayed at every call) would cost a capture per call.
+  bool repeated = true;
+  if (live) {
+    repeated = same_live(b.last_live[phase]);
+    b.last_live[phase] = b.live_attrs;  // (the same size from the second run on: no allocation)
+  }
   for (CapturedGraph& g : graphs) {
     bool same = true;
     for (size_t k = p0; k < p1 && same; ++k)
       same = g.key[k - p0] == b.views[patches_[k].first].data;
-    if (!same) continue;
+    if (!same || !same_live(g.live)) continue;
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     g.graph.launch(stream);
     count_launch();
@@ -166,12 +182,13 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // launched on the current stream; not again for addresses whose capture failed on this arena.
   CapturedGraph fresh;
   for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
+  if (live) fresh.live = b.live_attrs;
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
   const auto on_stream = [&] {
     count_stream_replay();
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
-  if (std::find(failed.begin(), failed.end(), fresh.key) != failed.end()) {
+  if (!repeated || std::find(failed.begin(), failed.end(), fresh.key) != failed.end()) {
     on_stream();
     return;
   }

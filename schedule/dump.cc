@@ -162,6 +162,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       for (size_t k = 0; k < s.out.size(); ++k)
         if (in_place_input(s, static_cast<int>(k)) >= 0) mark("in place");
       if (op_mutated_inputs(s.op) != 0) mark("updates its input in place");
+      if (s.live >= 0 && rec_->guard_live[s.live]) mark("hyper-parameters read at each call");
       const FusedProgram* fused =
           s.op == Op::FusedElementwise ? s.attrs.as<FusedAttrs>().program : nullptr;
       if (fused != nullptr && fused->device_kernel != nullptr)

@@ -60,6 +60,11 @@ void Plan::build_steps() {
     e.trace_index = s.index;
     e.fn = lookup_kernel(s.op, device_.type);
     e.attrs = s.attrs;
+    if (s.live >= 0 && rec_->guard_live[s.live]) {
+      e.live = s.live;
+      live_ = true;
+      live_phase_[t < n_forward_ ? Phase::Forward : Phase::Backward] = true;
+    }
     e.view = static_cast<uint32_t>(view_template_.size());
     e.n_in = static_cast<uint32_t>(s.in.size());
     e.n_out = static_cast<uint32_t>(s.out.size());
@@ -236,6 +241,14 @@ void Plan::bind(CallState& b, Phase phase) const {
   for (size_t k = p0; k < p1; ++k) b.views[patches_[k].first].data = b.ptrs[patches_[k].second];
 }
 
+void Plan::take_live_attrs(CallState& b) const {
+  if (!live_) return;
+  const Recording& rec = *rec_;
+  b.live_attrs.resize(rec.host_guards.size());  // (allocates on a call state's first call only)
+  for (size_t k = 0; k < rec.host_guards.size(); ++k)
+    if (rec.guard_live[k]) b.live_attrs[k] = rec.host_guards[k]->current();
+}
+
 void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) {
   const bool backward = phase == Phase::Backward;
   const auto [begin, end] = step_range(phase);
@@ -392,7 +405,7 @@ void Plan::run_step(CallState& b, int i, bool device_random, size_t& next_random
     }
     s.fn(KernelArgs{in, out, AttrBlob::of(a), &kernel_state_[i]});
   } else {
-    s.fn(KernelArgs{in, out, s.attrs, &kernel_state_[i]});
+    s.fn(KernelArgs{in, out, s.live < 0 ? s.attrs : b.live_attrs[s.live], &kernel_state_[i]});
   }
 }
 

@@ -43,6 +43,7 @@ struct ExecStep {
   bool random = false;  // draws fresh numbers on every run
   uint64_t random_count = 0;
   int trace_index = 0;  // its position in the recording's forward then backward lists
+  int live = -1;        // reads CallState::live_attrs[live], not `attrs` (Step::live)
 };
 
 // How a recording is planned.
@@ -110,7 +111,8 @@ struct StepSnapshot {
 
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.
 struct CapturedGraph {
-  std::vector<void*> key;  // the addresses of the phase's non-arena views at capture
+  std::vector<void*> key;      // the addresses of the phase's non-arena views at capture
+  std::vector<AttrBlob> live;  // the live attributes it captured (CallState::live_attrs)
   cuda::Graph graph;
   uint64_t last_use = 0;
 };
@@ -126,6 +128,8 @@ struct CallState {
   std::vector<Tensor> held;                // bound tensors a backward reads
   std::vector<uint32_t> versions;          // of `held`, at forward time
   std::vector<uint32_t> escape_versions;   // of the escaping storages a backward reads
+  // Per host guard of the recording, its attributes for this call where it is live (else unset).
+  std::vector<AttrBlob> live_attrs;
   bool backward_done = false;
   // Two-lane replay: per step, the number of the last run that finished it.
   std::unique_ptr<std::atomic<uint32_t>[]> done;
@@ -150,6 +154,9 @@ struct CallState {
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   PerPhase<std::vector<CapturedGraph>> graphs;
+  // Per phase with live attributes, those of this arena's last run of it: values that differ
+  // from them (a rate that changes at every call) replay on the stream, not captured.
+  PerPhase<std::vector<AttrBlob>> last_live;
   // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
   PerPhase<std::vector<std::vector<void*>>> failed_keys;
   cuda::EventTimeline timeline;  // profiled CUDA runs
@@ -218,6 +225,9 @@ class Plan {
   // Patches this call's addresses of the non-arena buffers the forward (or backward) steps read
   // or write into the state's views.
   void bind(CallState& b, Phase phase) const;
+  // Reads the live host guards' attributes for this call (HostGuard::current), which the
+  // optimizer updates that take them live run with. Before the forward.
+  void take_live_attrs(CallState& b) const;
   // Runs the forward (or backward) schedule. With `snapshots`, appends what each step wrote. While
   // the profiler records, each step is timed (the choice is made once per run, not per step; on
   // CUDA with device events). On CUDA a whole phase without snapshots or profiling is one graph
@@ -328,6 +338,8 @@ class Plan {
   std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer, in step order
   size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;
+  bool live_ = false;          // a step takes live attributes (ExecStep::live)
+  PerPhase<bool> live_phase_;  // ... a step of that phase
   // Per step: what its kernel resolved on its first run (KernelArgs::state).
   std::unique_ptr<std::atomic<void*>[]> kernel_state_;
   std::vector<BufferView> view_template_;

@@ -1,3 +1,5 @@
+#include <cstring>
+
 #include "runtime/cuda.h"
 #include "runtime/error.h"
 #include "schedule/recording.h"
@@ -119,6 +121,8 @@ Operand Recorder::operand_of(const Tensor& t) {
 
 void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) {
+  // A live guard's window: the updates its optimizer dispatches right after it.
+  if (live_guard_ >= 0 && !op_optimizer_update(op)) live_guard_ = -1;
   const OpKind kind = op_kind(op);
   if (kind == OpKind::View) {  // no step: an operand is a buffer read with its own shape
     resolve_input(inputs[0], false);
@@ -150,6 +154,15 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       b = new_buffer(t, BufKind::Temp, -1);
     }
     s.out.push_back(Operand{b, t.shape(), t.dtype()});
+  }
+  if (live_guard_ >= 0 && op_optimizer_update(op)) {
+    // An update with other attributes than the guard's (an optimizer that passes its own to
+    // dispatch_updates) keeps them baked in: the guard then retraces on any change.
+    if (attrs.type == live_attrs_.type &&
+        std::memcmp(attrs.bytes, live_attrs_.bytes, AttrBlob::kCapacity) == 0)
+      s.live = live_guard_;
+    else
+      rec_.guard_live[live_guard_] = 0;
   }
   if (snapshot_) {
     // One snapshot per step: the bytes of everything it wrote, in operand order.
@@ -231,7 +244,14 @@ void Recorder::on_backward() {
 }
 
 void Recorder::on_host_guard(std::shared_ptr<const HostGuard> guard) {
-  if (phase_ == Phase::Forward) rec_.host_guards.push_back(std::move(guard));
+  live_guard_ = -1;
+  if (phase_ != Phase::Forward) return;
+  if (guard->live()) {
+    live_guard_ = static_cast<int>(rec_.host_guards.size());
+    live_attrs_ = guard->traced();
+  }
+  rec_.guard_live.push_back(guard->live() ? 1 : 0);
+  rec_.host_guards.push_back(std::move(guard));
 }
 
 void Recorder::on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) {

@@ -69,6 +69,9 @@ struct Step {
   int index = -1;  // position in the recording (forward, then backward); -1: added by a pass
   absl::InlinedVector<Operand, 3> in;
   absl::InlinedVector<Operand, 1> out;
+  // An optimizer update whose attributes a replay reads from host guard `live` (its current())
+  // when Recording::guard_live says the guard is live; -1: `attrs` as recorded.
+  int live = -1;
 };
 
 // A leaf that requires grad and that the trace used or whose .grad it touched.
@@ -110,8 +113,10 @@ struct Recording {
   bool saw_backward = false;  // a backward ran inside the function (a whole training step)
   // Host counters the traced code advanced, once per advance: every replay adds one to each.
   std::vector<std::shared_ptr<std::atomic<int64_t>>> counters;
-  // Host state the trace baked in, checked at every call (HostGuard).
+  // Host state the trace baked in, checked at every call (HostGuard), and per guard whether
+  // its steps take its attributes live (every update step after it had its traced() ones).
   std::vector<std::shared_ptr<const HostGuard>> host_guards;
+  std::vector<char> guard_live;
   std::string unsafe;  // why the trace cannot be replayed (empty: it can)
   // Why the trace must not be replayed, and the next call traces again, as a phrase after "the
   // trace": "ran a one-time set-up (...)", "cannot be replayed: its argument 0 ... shares
@@ -191,6 +196,10 @@ class Recorder final : public Tracer {
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
   absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
   std::vector<const TensorImpl*> args_;       // the aliases standing for the arguments
+  // The live host guard just recorded (its index, -1: none) and its traced() attributes: the
+  // optimizer updates dispatched right after it, up to the next other op, take them live.
+  int live_guard_ = -1;
+  AttrBlob live_attrs_;
 };
 
 }  // namespace encore::schedule

@@ -53,13 +53,6 @@ Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const T
        "the same results at every call)");
 }
 
-// Zeros for a result's gradient that the first backward got and this one did not.
-Tensor zeros_for(const TensorMeta& m) {
-  Tensor t = Tensor::empty(m.shape, m.dtype, m.device);
-  dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{0.0}));
-  return t;
-}
-
 void replay_backward(BackwardContext& ctx) {
   Frame& f = static_cast<Frame&>(*ctx.payload());
   profiler::ScopedSpan span({}, profiler::SpanKind::BackwardReplay);
@@ -83,7 +76,7 @@ void replay_backward(BackwardContext& ctx) {
     if (g.defined()) {
       b.ptrs[buf] = g.raw_data();
     } else {
-      zeros.push_back(zeros_for(ctx.output_meta(k)));
+      zeros.push_back(filled(ctx.output_meta(k), 0.0));
       b.ptrs[buf] = zeros.back().raw_data();
     }
   }
@@ -93,7 +86,7 @@ void replay_backward(BackwardContext& ctx) {
     for (int k = 0; k < ctx.num_outputs(); ++k)
       if (e.grad_given[k])
         grads.push_back(ctx.grad_output(k).defined() ? ctx.grad_output(k)
-                                                     : zeros_for(ctx.output_meta(k)));
+                                                     : filled(ctx.output_meta(k), 0.0));
     verify_backward(*v.recorder, v.inner, e.grad_given, std::move(grads), v.aliases, v.leaves);
   }
   for (size_t i = 0; i < b.held.size(); ++i)
@@ -153,6 +146,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   }
   p.allocate_escapes(*b, Phase::Forward);
   p.bind(*b, Phase::Forward);
+  p.take_live_attrs(*b);
   p.run(*b, Phase::Forward, verify ? &snaps : nullptr);
   // In-place writes to bound tensors count as eager's do, and host counters advance as the traced
   // code advanced them. A verified call's eager run already bumped their versions and counters (its

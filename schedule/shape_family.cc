@@ -92,8 +92,14 @@ std::string structure_diff(const Recording& a, const Recording& b) {
       if (!same)
         return cat("step ", i, " (", what, ") ", op_name(s.op),
                    " reads or writes other tensors at one traced size than at another");
+      // Live attributes (a learning rate) are read at every call, whatever each trace saw.
+      const bool live_s = s.live >= 0 && a.guard_live[s.live],
+                 live_t = t.live >= 0 && b.guard_live[t.live];
+      if (live_s != live_t)
+        return cat("step ", i, " (", what, ") ", op_name(s.op),
+                   " takes its attributes live at one traced size and not at another");
       const AttrBlob p = without_sizes(s.op, s.attrs), q = without_sizes(t.op, t.attrs);
-      if (std::memcmp(p.bytes, q.bytes, AttrBlob::kCapacity) != 0)
+      if (!live_s && std::memcmp(p.bytes, q.bytes, AttrBlob::kCapacity) != 0)
         return cat("step ", i, " (", what, ") ", op_name(s.op),
                    " has other attributes at one traced size than at another");
     }

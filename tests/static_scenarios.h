@@ -145,6 +145,39 @@ inline StaticRun check_mlp_function_form(Device d) {
   return {s, step.schedule_text()};
 }
 
+// MLP training with Adam, the whole step static, on 12 batches, every option of Adam's update set
+// before each call: three sets of values in turn, each for two calls, twice round. One trace,
+// and every step equals eager's with the same values.
+inline StaticRun check_scheduled_hyper_parameters(Device d) {
+  StaticEnabled on;
+  const auto mlps = twin_mlps<MlpNet>(d, /*seed=*/4, 20, 16, 12, 8, /*data_seed=*/14);
+  AdamStep eager_step(mlps.eager), model_step(mlps.model);
+  auto step = model_step.make_static({.name = "scheduled_step", .arg_names = {"x", "t"}});
+  const auto schedule = [](optim::Adam& o, size_t call) {
+    const size_t set = call / 2 % 3;
+    const double k = static_cast<double>(set);
+    o.options.lr = 1e-3 * (1 + k);
+    o.options.beta1 = 0.9 - 0.05 * k;
+    o.options.beta2 = 0.999 - 0.01 * k;
+    o.options.eps = 1e-8 * (1 + k);
+    o.options.weight_decay = 0.01 * k;
+    o.options.decoupled = set == 1;
+  };
+  for (size_t i = 0; i < mlps.batches.size(); ++i) {
+    const Batch& b = mlps.batches[i];
+    schedule(eager_step.optimizer(), i);
+    schedule(model_step.optimizer(), i);
+    Tensor eager_loss = eager_step(b);
+    Tensor static_loss = step(b.x, b.t);
+    INFO("step " << i);
+    CHECK(bit_diff(eager_loss, static_loss) == "");
+    check_same_parameters(*mlps.eager, *mlps.model, cat("step ", i));
+  }
+  const StaticStats s = step.stats();
+  check_one_trace_then_replays(s, static_cast<int64_t>(mlps.batches.size()));
+  return {s, step.schedule_text()};
+}
+
 // Two replayed forwards of a static MLP before one backward through both, then a third whose
 // backward accumulates into the existing gradients: all as eager.
 inline void check_two_forwards_one_backward(Device d) {

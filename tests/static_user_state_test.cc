@@ -14,6 +14,7 @@
 #include "encore/checkpoint.h"
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "tests/static_scenarios.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -47,16 +48,20 @@ struct Run {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<Opt> opt;
   std::function<Tensor(const Tensor&, const Tensor&)> step;
+  std::function<StaticStats()> stats;  // the static step's
 
   Run(bool is_static, Options options) {
     manual_seed(11);
     model = nn::mlp(5, 6, 3);
     opt = std::make_unique<Opt>(model->parameters(), options);
     auto body = [this](const Tensor& x, const Tensor& t) { return train_step(*model, *opt, x, t); };
-    if (is_static)
-      step = static_graph(body, {.name = "step", .modules = {model}});
-    else
+    if (is_static) {
+      auto f = static_graph(body, {.name = "step", .modules = {model}});
+      step = f;
+      stats = [f] { return f.stats(); };
+    } else {
       step = body;
+    }
   }
 };
 
@@ -170,26 +175,56 @@ TEST_CASE("an argument sharing storage with a tensor the step updates is never r
   CHECK(said);
 }
 
-TEST_CASE("a learning rate changed between calls reaches the replays", "[static]") {
-  Run<optim::SGD, optim::SGDOptions> eager(false, {.lr = 0.1}), stat(true, {.lr = 0.1});
+TEST_CASE("hyper-parameters changed at every call are read by the replays, with no new trace",
+          "[static]") {
+  // A schedule between calls (warm-up, decay, a one-cycle momentum): each optimizer's update
+  // steps take its hyper-parameters as they are at the call.
   manual_seed(3);
   const Tensor x = randn({4, 5});
   const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
-  for (int i = 0; i < 6; ++i) {
-    if (i == 3) {
-      eager.opt->options.lr = 0.05;
-      stat.opt->options.lr = 0.05;
+  auto run = [&](auto& eager, auto& stat, auto schedule) {
+    for (int i = 0; i < 6; ++i) {
+      schedule(*eager.opt, i);
+      schedule(*stat.opt, i);
+      INFO("call " << i + 1);
+      CHECK(bit_diff(stat.step(x, t), eager.step(x, t)) == "");
+      check_same_parameters(*stat.model, *eager.model, "after the call");
     }
-    INFO("call " << i + 1);
-    CHECK(bit_diff(stat.step(x, t), eager.step(x, t)) == "");
-    check_same_parameters(*stat.model, *eager.model, "after the call");
+    const StaticStats st = stat.stats();
+    CHECK(st.traces == 1);
+    CHECK(st.hits == 5);
+    CHECK(stat.opt->steps() == 6);
+  };
+  SECTION("SGD, its learning rate and weight decay") {
+    Run<optim::SGD, optim::SGDOptions> eager(false, {.lr = 0.1}), stat(true, {.lr = 0.1});
+    run(eager, stat, [](optim::SGD& o, int i) {
+      o.options.lr = 0.1 * (i + 1) / 6;
+      o.options.weight_decay = 0.01 * i;
+    });
+  }
+  SECTION("MomentumSGD, its learning rate and momentum") {
+    Run<optim::MomentumSGD, optim::MomentumSGDOptions> eager(false, {.lr = 0.1}),
+        stat(true, {.lr = 0.1});
+    run(eager, stat, [](optim::MomentumSGD& o, int i) {
+      o.options.lr = 0.2 / (i + 1);
+      o.options.momentum = 0.95 - 0.05 * i;
+    });
   }
 }
 
-TEST_CASE("a learning-rate change shows in the retrace reason, and each rate replays", "[static]") {
+TEST_CASE("Adam's hyper-parameters on a schedule replay eager's steps with one trace", "[static]") {
+  const StaticRun run = check_scheduled_hyper_parameters(Device::cpu());
+  CHECK_THAT(run.schedule,
+             Contains("adam_update") && Contains("hyper-parameters read at each call"));
+}
+
+TEST_CASE("a hyper-parameter step() refuses, set between calls, raises step()'s Error",
+          "[static]") {
+  // The replay does not run step(), which checks its options: the call traces again, and the
+  // traced step() raises. A valid value after it replays the first trace again.
   manual_seed(11);
   auto model = nn::mlp(5, 6, 3);
-  optim::MomentumSGD opt(model->parameters(), {.lr = 0.1});
+  optim::Adam opt(model->parameters(), {.lr = 0.01});
   auto step =
       static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, opt, x, t); },
                    {.name = "step", .modules = {model}});
@@ -197,13 +232,35 @@ TEST_CASE("a learning-rate change shows in the retrace reason, and each rate rep
   const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
   step(x, t);
   step(x, t);
-  opt.options.lr = 0.05;
+  opt.options.beta1 = 1.5;
+  CHECK_THAT(error_of([&] { step(x, t); }), Contains("beta1"));
+  CHECK_THAT(last_reason(step.stats()), Contains("beta1"));
+  opt.options.beta1 = 0.8;
+  const int64_t traces = step.stats().traces;
   step(x, t);
-  CHECK(step.stats().traces == 2);
-  CHECK_THAT(last_reason(step.stats()), Contains("MomentumSGD lr 0.1 -> 0.05"));
-  step(x, t);
-  CHECK(step.stats().traces == 2);
+  CHECK(step.stats().traces == traces);
   CHECK(step.stats().hits == 2);
+}
+
+TEST_CASE("a dynamic batch and a scheduled learning rate replay together as eager runs them",
+          "[static][dynamic]") {
+  Run<optim::Adam, optim::AdamOptions> eager(false, {.lr = 0.01}), stat(true, {.lr = 0.01});
+  manual_seed(5);
+  const int64_t batches[] = {4, 6, 5, 7, 4, 6};
+  int i = 0;
+  for (int64_t n : batches) {
+    const Tensor x = randn({n, 5});
+    std::vector<double> labels;
+    for (int64_t k = 0; k < n; ++k) labels.push_back(static_cast<double>(k % 3));
+    const Tensor t = tensor(labels, {n}, DType::Int32);
+    eager.opt->options.lr = stat.opt->options.lr = 0.01 * (++i);
+    INFO("call " << i << ", batch " << n);
+    CHECK(bit_diff(stat.step(x, t), eager.step(x, t)) == "");
+    check_same_parameters(*stat.model, *eager.model, "after the call");
+  }
+  const StaticStats st = stat.stats();
+  CHECK(st.traces == 2);
+  CHECK(st.dynamic_events == 1);
 }
 
 TEST_CASE("a checkpoint loaded into a traced step's optimizer resumes bit for bit", "[static]") {
@@ -396,6 +453,76 @@ class OwnSgd : public optim::Optimizer {
   double lr_;
 };
 }  // namespace
+
+// An optimizer defined outside encore that says its attributes (update_attrs): watched (a new
+// rate traces again) unless it lets the replays read them; one that dispatches other attributes
+// than it says is watched even then.
+class WatchedSgd : public optim::Optimizer {
+ public:
+  enum class Mode { Watched, ReplaysRead, ReplaysReadOtherAttrs };
+  WatchedSgd(std::vector<Tensor> params, Mode mode) : Optimizer(std::move(params)), mode_(mode) {}
+  double lr = 0.1;
+  void step() override {
+    NoGradGuard no_grad;
+    const double scale = mode_ == Mode::ReplaysReadOtherAttrs ? 0.5 : 1.0;
+    dispatch_updates(Op::SgdUpdate, AttrBlob::of(SgdAttrs{lr * scale, 0.0, 0.0}), false,
+                     [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
+                       in.insert(in.end(), {params_[i], g});
+                     });
+    count_step();
+  }
+
+ protected:
+  AttrBlob update_attrs() const override { return AttrBlob::of(SgdAttrs{lr, 0.0, 0.0}); }
+  bool replays_read_hyper_parameters() const override { return mode_ != Mode::Watched; }
+
+ private:
+  Mode mode_;
+};
+
+TEST_CASE("an optimizer defined outside encore has its rate read by replays only if it says so",
+          "[static]") {
+  using Mode = WatchedSgd::Mode;
+  const auto [mode, traces] = GENERATE(table<Mode, int64_t>(
+      {{Mode::Watched, 4}, {Mode::ReplaysRead, 1}, {Mode::ReplaysReadOtherAttrs, 4}}));
+  INFO("mode " << static_cast<int>(mode));
+  manual_seed(11);
+  auto model = nn::mlp(5, 6, 3);
+  manual_seed(11);
+  auto twin = nn::mlp(5, 6, 3);
+  WatchedSgd opt(model->parameters(), mode), twin_opt(twin->parameters(), mode);
+  auto step =
+      static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, opt, x, t); },
+                   {.name = "step", .modules = {model}});
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int i = 0; i < 4; ++i) {
+    opt.lr = twin_opt.lr = 0.1 / (i + 1);
+    INFO("call " << i + 1);
+    CHECK(bit_diff(step(x, t), train_step(*twin, twin_opt, x, t)) == "");
+    check_same_parameters(*model, *twin, "after the call");
+  }
+  CHECK(step.stats().traces == traces);
+}
+
+TEST_CASE("verify mode checks replays whose hyper-parameters changed since the trace", "[static]") {
+  manual_seed(11);
+  auto model = nn::mlp(5, 6, 3);
+  optim::MomentumSGD opt(model->parameters(), {.lr = 0.1});
+  auto step =
+      static_graph([&](const Tensor& x, const Tensor& t) { return train_step(*model, opt, x, t); },
+                   {.name = "step", .verify_every = 1, .modules = {model}});
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int i = 0; i < 4; ++i) {
+    opt.options.lr = 0.1 / (i + 1);
+    opt.options.momentum = 0.9 - 0.1 * i;
+    INFO("call " << i + 1);
+    CHECK(error_of([&] { step(x, t); }) == "");
+  }
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().hits == 3);
+}
 
 TEST_CASE("a step with an optimizer defined outside encore replays", "[static]") {
   manual_seed(11);

@@ -73,10 +73,20 @@ class Optimizer {
   // Counts one step; inside a static function its replays count too.
   void count_step();
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training
-  // step compares their bytes with those it recorded at every call: a changed learning rate
-  // traces again. An optimizer defined outside encore overrides it to have its hyper-parameters
-  // watched so (the default, none, watches only that it is the same optimizer).
+  // step watches them: a change between calls traces again, unless the replays may read them
+  // at each call (replays_read_hyper_parameters). An optimizer defined outside encore overrides
+  // it, and passes it to dispatch_updates, to have its hyper-parameters watched so (the
+  // default, none, watches only that it is the same optimizer).
   virtual AttrBlob update_attrs() const { return {}; }
+  // Whether a static step's replays may run its updates with update_attrs() as they are at each
+  // call, so that a schedule between calls needs no new trace: step() dispatches nothing else
+  // that depends on the hyper-parameters, and check_options() checks them as step() does. True
+  // for encore's optimizers; one defined outside encore says so by overriding it.
+  virtual bool replays_read_hyper_parameters() const { return false; }
+  // Checks the hyper-parameters as step() does: an Error for a value out of range. Before a
+  // replay runs with changed ones, a static step calls it, and traces again (the traced step()
+  // raising its Error) when it refuses them.
+  virtual void check_options() const {}
   // Dispatches `op` (an optimizer update, op_traits.h) for every parameter with a gradient;
   // inputs(i, grad, out) appends parameter i's group of inputs to `out`. With foreach (unset:
   // when the parameters are on CUDA) one call per device and dtype, else one per parameter.
@@ -127,6 +137,8 @@ class SGD : public Optimizer {
 
  protected:
   AttrBlob update_attrs() const override;
+  bool replays_read_hyper_parameters() const override { return true; }
+  void check_options() const override;
 };
 
 struct MomentumSGDOptions {
@@ -151,6 +163,8 @@ class MomentumSGD : public Optimizer {
 
  protected:
   AttrBlob update_attrs() const override;
+  bool replays_read_hyper_parameters() const override { return true; }
+  void check_options() const override;
 
  private:
   std::vector<Tensor> velocity_;
@@ -183,6 +197,8 @@ class Adam : public Optimizer {
   // As the public constructor, with `kind` naming the optimizer in its errors.
   Adam(std::vector<Tensor> params, AdamOptions options, const char* kind);
   AttrBlob update_attrs() const override;
+  bool replays_read_hyper_parameters() const override { return true; }
+  void check_options() const override;
 
  private:
   std::vector<Tensor> m_, v_, t_;  // t_: per-parameter step counters (int64 scalars)

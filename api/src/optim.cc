@@ -10,7 +10,9 @@
 namespace encore::optim {
 
 // A static training step's guard on the optimizer it recorded: the same object (not replaced by
-// an assignment) with the same update attributes.
+// an assignment) and its update attributes (the hyper-parameters). The replays read those at
+// each call where the optimizer allows it (checked as step() checks them); an optimizer that
+// does not say its attributes is watched for its identity only.
 class HyperGuard final : public HostGuard {
  public:
   explicit HyperGuard(const Optimizer& opt)
@@ -34,12 +36,32 @@ class HyperGuard final : public HostGuard {
     return cat(kind_, " ", what.empty() ? "hyper-parameters changed" : what);
   }
 
+  bool live() const override { return live_; }
+  AttrBlob traced() const override { return attrs_; }
+  // (The call checked unreplayable() first; an optimizer gone since gives the traced values.)
+  AttrBlob current() const override { return token_.expired() ? attrs_ : opt_->update_attrs(); }
+
+  std::string unreplayable() const override {
+    if (!live_) return changed();
+    if (token_.expired()) return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    const AttrBlob now = opt_->update_attrs();
+    if (std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) return {};
+    // Values step() refuses: the call traces again, and the function's step() raises its Error.
+    try {
+      opt_->check_options();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return {};
+  }
+
  private:
   const Optimizer* opt_;
   std::weak_ptr<const char> token_;
   AttrBlob attrs_;
   std::vector<std::pair<std::string, double>> values_;
   std::string kind_ = opt_->kind().empty() ? std::string("the") : opt_->kind();
+  bool live_ = attrs_.type != AttrType::None && opt_->replays_read_hyper_parameters();
 };
 
 Optimizer::Optimizer(std::vector<Tensor> params) : Optimizer(std::move(params), "optimizer") {}
@@ -212,8 +234,12 @@ AttrBlob SGD::update_attrs() const {
   return AttrBlob::of(SgdAttrs{options.lr, 0.0, options.weight_decay});
 }
 
+void SGD::check_options() const {
+  check_sgd_options(options);
+}
+
 void SGD::step() {
-  check_sgd_options(options);  // `options` is public: set since, it is checked here
+  check_options();  // `options` is public: set since, it is checked here
   NoGradGuard no_grad;
   dispatch_updates(Op::SgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
@@ -261,8 +287,12 @@ AttrBlob MomentumSGD::update_attrs() const {
   return AttrBlob::of(SgdAttrs{options.lr, options.momentum, options.weight_decay});
 }
 
-void MomentumSGD::step() {
+void MomentumSGD::check_options() const {
   check_momentum_options(options);
+}
+
+void MomentumSGD::step() {
+  check_options();
   NoGradGuard no_grad;
   dispatch_updates(Op::MomentumSgdUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {
@@ -352,12 +382,16 @@ AttrBlob Adam::update_attrs() const {
                                 options.weight_decay, options.decoupled});
 }
 
-void Adam::step() {
+void Adam::check_options() const {
   const std::string k = kind();
   check_adam_options(k.c_str(), options);
   ENCORE_CHECK(options.decoupled || k != "AdamW", k,
                ": options.decoupled must be true (AdamW's weight decay is decoupled; optim::Adam "
                "has the coupled L2 decay)");
+}
+
+void Adam::step() {
+  check_options();
   NoGradGuard no_grad;
   dispatch_updates(Op::AdamUpdate, update_attrs(), options.foreach,
                    [&](size_t i, const Tensor& g, std::vector<Tensor>& in) {

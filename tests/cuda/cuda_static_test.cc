@@ -52,6 +52,29 @@ TEST_CASE("MLP training with the whole step static (function form) on cuda equal
   });
 }
 
+TEST_CASE("Adam's hyper-parameters on a schedule on cuda replay eager's steps with one trace",
+          "[cuda][static]") {
+  // Three sets of values, each for two calls, twice round (the first call traces). With graphs:
+  // a set seen on the arena's last call too is captured (calls 2, 4 and 6), one new since then
+  // replays on the stream (calls 3 and 5), and a set captured before is launched again.
+  const bool graphs = GENERATE(true, false);
+  INFO("CUDA graphs " << (graphs ? "on" : "off"));
+  GraphsEnabled use_graphs(graphs);
+  const StaticRun run = check_scheduled_hyper_parameters(kCuda);
+  REQUIRE(run.stats.cache.size() == 1);
+  const EntryReport& e = run.stats.cache[0];
+  INFO("entry " << e.signature << ": " << e.graph_text());
+  CHECK(e.graph_capture_failures == 0);
+  if (graphs) {
+    CHECK(e.graph_captures == 3);
+    CHECK(e.graph_launches == 9);
+    CHECK(e.stream_replays == 2);
+  } else {
+    CHECK(e.graph_launches == 0);
+    CHECK(e.stream_replays == 11);
+  }
+}
+
 TEST_CASE("two forwards before one backward on cuda give eager's gradients", "[cuda][static]") {
   with_graphs_on_and_off([](bool) { check_two_forwards_one_backward(kCuda); });
 }
