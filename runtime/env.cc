@@ -48,4 +48,36 @@ int64_t integer(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
   return fallback;
 }
 
+bool listed(const char* name, const char* item, std::initializer_list<const char*> known) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return false;
+  bool found = false, unknown = false;
+  for (const char* p = v; *p != '\0';) {
+    const char* end = std::strchr(p, ',');
+    if (end == nullptr) end = p + std::strlen(p);
+    const char* b = p;
+    const char* e = end;
+    while (b < e && std::isspace(static_cast<unsigned char>(*b))) ++b;
+    while (e > b && std::isspace(static_cast<unsigned char>(e[-1]))) --e;
+    const size_t n = static_cast<size_t>(e - b);
+    bool is_known = n == 0;  // (an empty word, as in "a,,b", is skipped)
+    for (const char* k : known)
+      if (std::strlen(k) == n && strncasecmp(b, k, n) == 0) {
+        is_known = true;
+        found = found || strcasecmp(k, item) == 0;
+      }
+    unknown = unknown || !is_known;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (unknown) {
+    char expected[160] = "a comma-separated list of";
+    for (const char* k : known) {
+      std::strncat(expected, " ", sizeof expected - std::strlen(expected) - 1);
+      std::strncat(expected, k, sizeof expected - std::strlen(expected) - 1);
+    }
+    ignored(name, v, expected, "the words it knows");
+  }
+  return found;
+}
+
 }  // namespace encore::env

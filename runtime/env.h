@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace encore::env {
 
@@ -13,5 +14,9 @@ bool flag(const char* name, bool fallback);
 
 // A whole number from lo to hi, written in decimal.
 int64_t integer(const char* name, int64_t lo, int64_t hi, int64_t fallback);
+
+// Whether `item` is in the comma-separated list of words the variable holds (any case; spaces
+// around a word are ignored). A word that is not one of `known` is reported.
+bool listed(const char* name, const char* item, std::initializer_list<const char*> known);
 
 }  // namespace encore::env

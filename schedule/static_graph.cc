@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <limits>
 #include <mutex>
@@ -30,10 +28,7 @@ std::atomic<bool> g_padded_layouts{env::flag("ENCORE_STATIC_PADDED", true)};
 std::atomic<bool> g_fold_activations{env::flag("ENCORE_STATIC_FOLD", true)};
 std::atomic<bool> g_dynamic{env::flag("ENCORE_STATIC_DYNAMIC", true)};
 std::atomic<bool> g_redzones{env::flag("ENCORE_STATIC_REDZONE", false)};
-std::atomic<bool> g_log_retraces{[] {
-  const char* v = std::getenv("ENCORE_LOG");
-  return v != nullptr && std::strstr(v, "retrace") != nullptr;
-}()};
+std::atomic<bool> g_log_retraces{env::listed("ENCORE_LOG", "retrace", {"retrace"})};
 
 // Read once, so that a value not understood is reported once.
 int env_verify_every() {

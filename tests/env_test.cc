@@ -85,3 +85,26 @@ TEST_CASE("an integer reads whole numbers in its range and refuses others aloud"
                      "' is not a whole number from 1 to 64; using 2\n");
   }
 }
+
+TEST_CASE("a list reads its words in any case and reports the ones it does not know", "[env]") {
+  using encore::env::listed;
+  std::string err;
+  const auto retrace = [] { return listed(kName, "retrace", {"retrace", "plan"}); };
+  for (const char* on : {"retrace", "RETRACE", " plan , retrace ", "retrace,", "plan,,retrace"}) {
+    INFO(on);
+    CHECK(with_value(on, retrace, err));
+    CHECK(err.empty());
+  }
+  CHECK_FALSE(with_value("plan", retrace, err));
+  CHECK(err.empty());
+  CHECK_FALSE(with_value(nullptr, retrace, err));
+  CHECK_FALSE(with_value("", retrace, err));
+  CHECK(err.empty());
+  // A word it does not know, even one that holds a known word, is reported, and the known ones
+  // still count.
+  CHECK_FALSE(with_value("retraces", retrace, err));
+  CHECK(err.find("ENCORE_ENV_TEST_VARIABLE='retraces' is not a comma-separated list of retrace "
+                 "plan") != std::string::npos);
+  CHECK(with_value("noretrace,retrace", retrace, err));
+  CHECK(err.find("'noretrace,retrace'") != std::string::npos);
+}

@@ -513,6 +513,24 @@ TEST_CASE("factories and initialisers check their arguments", "[errors]") {
   CHECK(full({1}, -0x1p63, DType::Int64).item<int64_t>() == std::numeric_limits<int64_t>::min());
   CHECK(full({1}, -3.7, DType::Int32).item<int64_t>() == -3);
   CHECK(full({1}, 1e30, DType::Float32).item<double>() == static_cast<double>(1e30f));
+  // A finite value beyond float32's range: full and fill_ refuse it (as PyTorch's, which says it
+  // "cannot be converted to type float without overflow"; it became an infinity), tensor() makes
+  // it an infinity as PyTorch's does, and an infinity asked for is one.
+  CHECK_THROWS_WITH(full({1}, 1e300, DType::Float32),
+                    Contains("full: value 1e+300 cannot fill a float32 tensor: it is beyond "
+                             "float32's largest value"));
+  Tensor f = full({2}, 1.5, DType::Float32);
+  CHECK_THROWS_WITH(fill_(f, -1e39), Contains("fill_: value -1e+39 cannot fill a float32 tensor"));
+  CHECK(f.to_vector<float>() == std::vector<float>{1.5f, 1.5f});  // left unchanged
+  CHECK_THROWS_WITH(F::masked_fill(f, full({2}, 1.0, DType::Bool), -1e300),
+                    Contains("masked_fill: value -1e+300 cannot fill a float32 tensor"));
+  CHECK(F::masked_fill(f, full({2}, 1.0, DType::Bool), -1e30).to_vector<float>()[0] == -1e30f);
+  CHECK(std::isinf(tensor({1e300}, {1}, DType::Float32).item<double>()));
+  CHECK(std::isinf(
+      full({1}, -std::numeric_limits<double>::infinity(), DType::Float32).item<double>()));
+  CHECK(full({1}, 1e300, DType::Float64).item<double>() == 1e300);
+  CHECK(full({1}, std::numeric_limits<float>::max(), DType::Float32).item<double>() ==
+        static_cast<double>(std::numeric_limits<float>::max()));
   CHECK(full({1}, 1e30, DType::Bool).item<int32_t>() == 1);
   CHECK_THROWS_WITH(tensor({1, 4e9}, {2}, DType::Int32),
                     Contains("tensor: value 4e+09 cannot fill a int32 tensor"));

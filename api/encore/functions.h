@@ -27,7 +27,8 @@ namespace encore {
 // ---- Factories --------------------------------------------------------------------------
 // A value for an integer dtype (full, tensor, fill_) must fit it, as in PyTorch: a NaN, an
 // infinity or a value out of the dtype's range is an Error (a fraction is dropped, as copy_
-// does). To bool, nonzero is true.
+// does). To bool, nonzero is true. A float32 fill (full, fill_, masked_fill) refuses a finite
+// value beyond float32's range, as PyTorch's; tensor() makes it an infinity, as PyTorch's does.
 
 Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::Float32,

@@ -50,6 +50,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
                mask.dtype(), " ", mask.shape());
   ENCORE_CHECK(broadcasts_to(mask.shape(), x.shape()), "masked_fill: argument 'mask' ",
                mask.shape(), " does not broadcast to x ", x.shape());
+  detail::check_fill_value("masked_fill", value, x.dtype());
   return where(mask, full({}, value, x.dtype(), x.device()), x);
 }
 

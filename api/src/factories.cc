@@ -2,6 +2,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "api/src/routine.h"
@@ -35,8 +36,22 @@ void check_representable(const char* op, double value, DType dtype) {
 }
 }  // namespace
 
+// A finite value a float32 fill would make infinite is refused too (as PyTorch's fill, full and
+// masked_fill do; tensor() converts it to an infinity, as PyTorch's does).
+void detail::check_fill_value(const char* op, double value, DType dtype) {
+  check_representable(op, value, dtype);
+  if (dtype != DType::Float32 || !std::isfinite(value) ||
+      std::abs(value) <= std::numeric_limits<float>::max())
+    return;
+  char digits[32];
+  const auto end = std::to_chars(digits, digits + sizeof(digits), value).ptr;
+  fail(op, ": value ", std::string_view(digits, end - digits),
+       " cannot fill a float32 tensor: it is beyond float32's largest value ",
+       std::numeric_limits<float>::max(), " (pass a float64 tensor, or an infinity)");
+}
+
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  check_representable("full", value, dtype);
+  detail::check_fill_value("full", value, dtype);
   Tensor t = Tensor::empty(shape, dtype, device);
   fill_(t, value);
   return t;
@@ -115,7 +130,7 @@ void detail::zero_grads(std::span<const Tensor> params, bool set_to_none) {
 
 void fill_(const Tensor& t, double value) {
   check_defined("fill_", "t", t);
-  check_representable("fill_", value, t.dtype());
+  detail::check_fill_value("fill_", value, t.dtype());
   dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
 }
 

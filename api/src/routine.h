@@ -17,6 +17,11 @@ inline void check_floating(const char* op, const char* arg, const Tensor& t) {
                "' must be float32 or float64, it is ", t.dtype(), " ", t.shape());
 }
 
+// A value a tensor of `dtype` can be filled with (full, fill_, masked_fill): an integer dtype
+// takes a finite value in its range, float32 a finite value within its range or an infinity
+// (factories.cc).
+void check_fill_value(const char* op, double value, DType dtype);
+
 inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   ENCORE_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ: a is ", a.dtype(), " ", a.shape(),
                ", b is ", b.dtype(), " ", b.shape());
