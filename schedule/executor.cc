@@ -62,7 +62,6 @@ void Plan::build_steps() {
     e.attrs = s.attrs;
     if (s.live >= 0 && rec_->guard_live[s.live]) {
       e.live = s.live;
-      live_ = true;
       live_phase_[t < n_forward_ ? Phase::Forward : Phase::Backward] = true;
     }
     e.view = static_cast<uint32_t>(view_template_.size());
@@ -242,7 +241,7 @@ void Plan::bind(CallState& b, Phase phase) const {
 }
 
 void Plan::take_live_attrs(CallState& b) const {
-  if (!live_) return;
+  if (!live_phase_.forward && !live_phase_.backward) return;
   const Recording& rec = *rec_;
   b.live_attrs.resize(rec.host_guards.size());  // (allocates on a call state's first call only)
   for (size_t k = 0; k < rec.host_guards.size(); ++k)

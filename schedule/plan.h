@@ -338,8 +338,7 @@ class Plan {
   std::vector<std::pair<uint32_t, int>> patches_;  // view -> non-arena buffer, in step order
   size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;
-  bool live_ = false;          // a step takes live attributes (ExecStep::live)
-  PerPhase<bool> live_phase_;  // ... a step of that phase
+  PerPhase<bool> live_phase_;  // a step of the phase takes live attributes (ExecStep::live)
   // Per step: what its kernel resolved on its first run (KernelArgs::state).
   std::unique_ptr<std::atomic<void*>[]> kernel_state_;
   std::vector<BufferView> view_template_;

@@ -22,7 +22,7 @@ class HyperGuard final : public HostGuard {
         values_(opt.hyper_parameters()) {}
 
   std::string changed() const override {
-    if (token_.expired()) return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    if (token_.expired()) return replaced();
     // An optimizer defined outside encore that does not say its attributes: identity only.
     if (attrs_.type == AttrType::None) return {};
     const AttrBlob now = opt_->update_attrs();
@@ -43,7 +43,7 @@ class HyperGuard final : public HostGuard {
 
   std::string unreplayable() const override {
     if (!live_) return changed();
-    if (token_.expired()) return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    if (token_.expired()) return replaced();
     const AttrBlob now = opt_->update_attrs();
     if (std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) return {};
     // Values step() refuses: the call traces again, and the function's step() raises its Error.
@@ -56,6 +56,10 @@ class HyperGuard final : public HostGuard {
   }
 
  private:
+  std::string replaced() const {
+    return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+  }
+
   const Optimizer* opt_;
   std::weak_ptr<const char> token_;
   AttrBlob attrs_;
