@@ -229,6 +229,7 @@ void record(Op op, const AttrBlob& attrs, const BackwardDef& def, std::span<cons
       // A detached alias: saving the output itself would make the node own itself.
       node->saved.push_back(Tensor::view_of(outputs[i], outputs[i].shape()));
       node->saved_versions.push_back(outputs[i].version());
+      if (Tracer* tracer = current_tracer()) tracer->on_saved_alias(outputs[i], node->saved.back());
     }
   }
   for (size_t i = 0; i < outputs.size(); ++i)

@@ -95,6 +95,12 @@ class Tracer {
   virtual void on_grad_read(const Tensor& leaf) { (void)leaf; }
   // The traced code read host state that a replay bakes in (see HostGuard).
   virtual void on_host_guard(std::shared_ptr<const HostGuard> guard) { (void)guard; }
+  // The autograd engine saved `alias`, a detached alias of the op output `base`, for a backward
+  // formula (one not made through the dispatcher, unlike detach()).
+  virtual void on_saved_alias(const Tensor& base, const Tensor& alias) {
+    (void)base;
+    (void)alias;
+  }
   // A backward pass starts on this thread (autograd::backward).
   virtual void on_backward() {}
   // The traced code added one to a host counter (an optimizer's step count): a replay of the

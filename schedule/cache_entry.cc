@@ -102,6 +102,8 @@ std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool tra
     const Storage* s = args[i].impl()->storage.get();
     auto shares = [s](const Tensor& t) { return t.defined() && t.impl()->storage.get() == s; };
     if (traced) {  // every bound tensor, and every watched one (Param buffers among them)
+      if (rec.captured_arg == static_cast<int>(i))
+        return why(i, cat("a tensor ", rec.captured_shape, " the function uses"));
       for (const Buffer& b : rec.buffers)
         if (b.kind == BufKind::External && shares(b.bound))
           return why(i, cat("a tensor ", b.bound.shape(), " the function uses"));

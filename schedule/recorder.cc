@@ -35,7 +35,25 @@ int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
 void Recorder::add_arg(int index, const Tensor& alias) {
   if (args_.size() <= static_cast<size_t>(index)) args_.resize(index + 1, nullptr);
   args_[index] = alias.impl();
+  if (arg_views_.insert(alias.impl()).second) arg_view_keep_.push_back(alias);
   if (!buf_of_.contains(key_of(alias))) new_buffer(alias, BufKind::Arg, index);
+}
+
+void Recorder::add_arg_view(const Tensor& base, const Tensor& view) {
+  if (arg_views_.contains(base.impl()) && arg_views_.insert(view.impl()).second)
+    arg_view_keep_.push_back(view);
+}
+
+void Recorder::check_arg_view(int b, const Tensor& t) {
+  if (rec_.buffers[b].kind != BufKind::Arg || arg_views_.contains(t.impl()) ||
+      rec_.captured_arg >= 0)
+    return;
+  rec_.captured_arg = rec_.buffers[b].index;
+  rec_.captured_shape = t.shape();
+}
+
+void Recorder::on_saved_alias(const Tensor& base, const Tensor& alias) {
+  add_arg_view(base, alias);
 }
 
 void Recorder::add_watched(const std::vector<ParamSlot>& slots) {
@@ -84,7 +102,10 @@ void Recorder::unsafe(std::string why) {
 
 int Recorder::resolve_input(const Tensor& t, bool written) {
   const Key k = key_of(t);
-  if (auto it = buf_of_.find(k); it != buf_of_.end()) return it->second;
+  if (auto it = buf_of_.find(k); it != buf_of_.end()) {
+    check_arg_view(it->second, t);
+    return it->second;
+  }
   if (auto it = watched_.find(k); it != watched_.end()) {
     const int b = new_buffer(t, BufKind::Param, it->second);
     if (t.requires_grad() && t.is_leaf()) rec_.leaves[leaf_for(t)].buf = b;
@@ -126,6 +147,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   const OpKind kind = op_kind(op);
   if (kind == OpKind::View) {  // no step: an operand is a buffer read with its own shape
     resolve_input(inputs[0], false);
+    add_arg_view(inputs[0], outputs[0]);
     return;
   }
   const Device device = (inputs.empty() ? outputs : inputs)[0].device();
@@ -149,6 +171,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     int b;
     if (auto it = buf_of_.find(k); it != buf_of_.end()) {
       b = it->second;
+      check_arg_view(b, t);
       if (rec_.buffers[b].kind != BufKind::Temp) rec_.buffers[b].mutated = true;
     } else {
       b = new_buffer(t, BufKind::Temp, -1);

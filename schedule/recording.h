@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "runtime/dispatcher.h"
 #include "runtime/tensor.h"
@@ -117,6 +118,11 @@ struct Recording {
   // its steps take its attributes live (every update step after it had its traced() ones).
   std::vector<std::shared_ptr<const HostGuard>> host_guards;
   std::vector<char> guard_live;
+  // An argument's storage the function also reached through a tensor that is not the argument
+  // (a tensor it captured, or a view of one, at the argument's place): the trace cannot tell
+  // the two apart, so it is never replayed. -1: none.
+  int captured_arg = -1;
+  Shape captured_shape;  // the captured tensor's
   std::string unsafe;  // why the trace cannot be replayed (empty: it can)
   // Why the trace must not be replayed, and the next call traces again, as a phrase after "the
   // trace": "ran a one-time set-up (...)", "cannot be replayed: its argument 0 ... shares
@@ -167,6 +173,7 @@ class Recorder final : public Tracer {
   void on_count(const std::shared_ptr<std::atomic<int64_t>>& counter) override;
   void on_unrepeatable(std::string_view why) override;
   bool on_leaf_grad(const Tensor& leaf, const Tensor& grad) override;
+  void on_saved_alias(const Tensor& base, const Tensor& alias) override;
 
  private:
   struct Key {
@@ -184,6 +191,10 @@ class Recorder final : public Tracer {
   int leaf_for(const Tensor& leaf);  // its leaf record, made on first sight
   void unsafe(std::string why);
   std::string lazy_parameter(const Tensor& t) const;
+  // Notes `t` as captured when buffer `b` is an argument's and `t` is not the argument or a
+  // view made of it during the call.
+  void check_arg_view(int b, const Tensor& t);
+  void add_arg_view(const Tensor& base, const Tensor& view);
 
   Recording& rec_;
   std::string name_;
@@ -196,6 +207,9 @@ class Recorder final : public Tracer {
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
   absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
   std::vector<const TensorImpl*> args_;       // the aliases standing for the arguments
+  // The aliases and every view made of them during the call (held: no address is reused).
+  absl::flat_hash_set<const TensorImpl*> arg_views_;
+  std::vector<Tensor> arg_view_keep_;
   // The live host guard just recorded (its index, -1: none) and its traced() attributes: the
   // optimizer updates dispatched right after it, up to the next other op, take them live.
   int live_guard_ = -1;

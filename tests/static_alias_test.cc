@@ -145,3 +145,47 @@ TEST_CASE("a replay never binds one argument's buffer for another of a different
   }
   CHECK(fn.stats().traces == 2);
 }
+
+TEST_CASE("a tensor the function captures and is also given as an argument is never taken for it",
+          "[static][alias]") {
+  // The trace sees one storage through two tensors: the argument, and the captured tensor (here
+  // the same tensor, and a view of it made before the call). A replay would read the next call's
+  // argument where the function reads the captured tensor.
+  manual_seed(26);
+  const Tensor c = randn({2, 3});
+  const Tensor c_view = Tensor::view_of(c, Shape{3, 2});
+  auto body = [&](const Tensor& x) { return F::tanh(x) * c + F::sum(c_view); };
+  SECTION("the captured tensor itself") {
+    auto fn = static_graph([&](const Tensor& x) { return F::tanh(x) * c; }, {.name = "captured"});
+    NoGradGuard no_grad;
+    for (int call = 0; call < 4; ++call) {
+      INFO("call " << call);
+      const Tensor x = call == 0 ? c : randn({2, 3});
+      CHECK(bit_diff(fn(x), F::tanh(x) * c) == "");
+    }
+    const StaticStats s = fn.stats();
+    CHECK(s.traces == 2);
+    CHECK(s.hits == 2);
+    REQUIRE(!s.traces_history.empty());
+    CHECK_THAT(s.traces_history.back().reason,
+               Catch::Matchers::Contains("argument 0 [2,3] shares storage with a tensor [2,3] "
+                                         "the function uses, which the trace cannot tell from it"));
+  }
+  SECTION("a view of it made before the call, with gradients") {
+    auto fn = static_graph(body, {.name = "captured_view"});
+    for (int call = 0; call < 4; ++call) {
+      INFO("call " << call);
+      Tensor x = (call == 0 ? c : randn({2, 3})).detach();
+      x.set_requires_grad(true);
+      Tensor xe = x.detach();
+      xe.set_requires_grad(true);
+      const Tensor y = fn(x), ye = body(xe);
+      CHECK(bit_diff(y, ye) == "");
+      F::sum(y).backward();
+      F::sum(ye).backward();
+      CHECK(bit_diff(x.grad(), xe.grad()) == "");
+    }
+    CHECK(fn.stats().traces == 2);
+    CHECK(fn.stats().hits == 2);
+  }
+}
