@@ -1,5 +1,6 @@
 // Row-major GEMM on cuBLAS (blas.h), and Matmul and Linear on them (as
-// kernels/cpu/matmul.cc).
+// kernels/cpu/matmul.cc). A linear with a bias is one cuBLASLt call where cuBLASLt has an
+// algorithm for it (blas_lt.cc); else y is filled with the bias and a GEMM adds to it.
 //
 // cuBLAS is column-major. A row-major [r, c] matrix with row length ld is, read column-major, its
 // transpose [c, r] with leading dimension ld, so row-major C = op(A) op(B) is column-major
@@ -102,6 +103,11 @@ void linear_kernel(const KernelArgs& args) {
     T* py = y.as<T>();
     const int64_t total = y.numel();
     if (total == 0) return;
+    if (bias != nullptr && g.k > 0) {
+      check_gemm_sizes(Op::Linear, g);
+      if (linear_bias_lt(Op::Linear, g, y.dtype, x.data, w.data, bias->data, py, args.state))
+        return;
+    }
     if (bias != nullptr) {
       fill_rows_kernel<T>
           <<<blocks_for(total), kThreads, 0, stream()>>>(bias->as<T>(), py, g.n, total);

@@ -6,11 +6,13 @@
 
 #include <cublas_v2.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/stream_libraries.h"
 #include "kernels/gemm_shape.h"
+#include "runtime/dtype.h"
 #include "runtime/op_traits.h"
 
 namespace encore::kernels::cuda {
@@ -25,6 +27,13 @@ void gemm(Op op, cublasHandle_t h, const GemmShape& g, const float* a, const flo
           float* c);
 void gemm(Op op, cublasHandle_t h, const GemmShape& g, const double* a, const double* b,
           double beta, double* c);
+
+// Linear's y [m, n] = x [m, k] w^T + bias as one cuBLASLt call, the bias added by the GEMM's
+// epilogue (blas_lt.cc); `slot` is the step's KernelArgs::state (null when eager). False, with
+// nothing done, where cuBLASLt has no algorithm for it (or ENCORE_CUDA_LT=0): the caller fills y
+// with the bias and adds a GEMM. `g` is linear_shape's, with k > 0 and sizes checked.
+bool linear_bias_lt(Op op, const GemmShape& g, DType dtype, const void* x, const void* w,
+                    const void* bias, void* y, std::atomic<void*>* slot);
 
 }  // namespace encore::kernels::cuda
 

@@ -69,6 +69,7 @@ void free_libraries(StreamLibraries* l) {
   {
     const encore::cuda::DeviceGuard on(l->device);
     if (l->blas != nullptr) (void)cublasDestroy(l->blas);
+    if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
     if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
     for (void* p : l->retired) (void)cudaFree(p);
     if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
@@ -153,8 +154,15 @@ void make_blas(StreamLibraries& l, Op op) {
     (void)cudaFree(workspace);
     fail_cublas(op, call, st);
   }
+  cublasLtHandle_t lt = nullptr;
+  if (const cublasStatus_t st = cublasLtCreate(&lt); st != CUBLAS_STATUS_SUCCESS) {
+    (void)cublasDestroy(h);
+    (void)cudaFree(workspace);
+    fail_cublas(op, "cublasLtCreate(&lt)", st);
+  }
   l.blas_workspace = workspace;
   l.blas = h;
+  l.lt = lt;
   g_blas_used.store(true, std::memory_order_relaxed);
 }
 
@@ -199,11 +207,15 @@ StreamLibraries& stream_libraries(Op op) {
   return libraries_for(op, encore::cuda::current_device(), stream());
 }
 
-cublasHandle_t cublas_handle(Op op) {
+StreamLibraries& cublas_libraries(Op op) {
   StreamLibraries& l = stream_libraries(op);
   if (l.blas == nullptr) [[unlikely]]
     make_blas(l, op);
-  return l.blas;
+  return l;
+}
+
+cublasHandle_t cublas_handle(Op op) {
+  return cublas_libraries(op).blas;
 }
 
 bool reserve_cudnn_workspace(StreamLibraries& l, size_t bytes) {

@@ -15,9 +15,12 @@
 //   a workspace): a thread that finds a stream it cached destroyed (runtime/cuda.h:
 //   stream_serial) frees that stream's handles and workspaces.
 // - cuBLAS: pointer mode host, default math (no TF32), the fixed workspace kWorkspaceBytes, so
-//   eager calls and graph replays pick the same algorithms and give the same bits.
+//   eager calls and graph replays pick the same algorithms and give the same bits. cuBLASLt
+//   (blas_lt.cc) has a handle of its own beside it and uses the same workspace (its calls are
+//   queued on the same stream).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -39,6 +42,7 @@ struct StreamLibraries {
   uint64_t serial = 0;  // the stream's (runtime/cuda.h), 0 for one the runtime did not make
   cublasHandle_t blas = nullptr;  // bound to `stream` and `blas_workspace`
   void* blas_workspace = nullptr;
+  cublasLtHandle_t lt = nullptr;  // made with `blas`; its calls name the stream and workspace
   cudnnHandle_t dnn = nullptr;  // bound to `stream`
   void* dnn_workspace = nullptr;
   size_t dnn_workspace_bytes = 0;
@@ -50,6 +54,9 @@ StreamLibraries& stream_libraries(Op op);
 
 // The cuBLAS handle of the current stream, made on first use.
 cublasHandle_t cublas_handle(Op op);
+
+// The current stream's libraries with their cuBLAS and cuBLASLt handles made.
+StreamLibraries& cublas_libraries(Op op);
 
 // The cuDNN handle of the current stream, made on first use, with a workspace of at least
 // `bytes`; a workspace it outgrows is kept, not freed. Error naming `op` when it cannot be had.

@@ -1,0 +1,184 @@
+// Linear with a bias on cuBLASLt (blas.h: linear_bias_lt): y = x w^T + bias as one
+// cublasLtMatmul whose epilogue adds the bias. blas.cu's general path fills y with the bias and
+// then runs a GEMM that adds to it: one kernel and one pass over y more.
+//
+// - A plan per (device, dtype, m, n, k, alignment) holds the matrix layouts and the algorithm:
+//   the first cuBLASLt's heuristic proposes within the stream's workspace (kWorkspaceBytes), with
+//   CUBLAS_COMPUTE_32F for float32 (no TF32, as cuBLAS's default math) and CUBLAS_COMPUTE_64F for
+//   float64. Each of cuBLASLt's split-K reductions is deterministic (the in-place one orders the
+//   parts with counters), and eager calls and replays share plans, so a replay gives its eager
+//   run's bits.
+// - The alignment is the largest power of two, up to 256 bytes, that divides the address of every
+//   operand; the heuristic is told it (the MIN_ALIGNMENT preferences, and a bias address of that
+//   alignment), so the algorithm runs at it. A static step keeps its plan in KernelArgs::state and
+//   uses it while its operands are at least as aligned: one test, no lookup.
+// - Plans live as long as the process and are made eagerly, under a lock, never during graph
+//   capture (Error: the capture fails and the phase replays on the stream, as for a convolution).
+//   Where cuBLASLt proposes no algorithm, the plan says so and the caller takes the general path.
+// - ENCORE_CUDA_LT=0 sends every linear down the general path (to compare the two).
+#include <cublasLt.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "kernels/cuda/blas.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/stream_libraries.h"
+#include "runtime/env.h"
+
+namespace encore::kernels::cuda {
+namespace {
+
+constexpr uintptr_t kMaxAlign = 256;
+
+struct LtPlan {
+  bool usable = false;  // cuBLASLt proposed an algorithm
+  uint32_t align = 0;   // the alignment it was chosen for
+  cublasLtMatrixLayoutOpaque_t w{}, x{}, y{};
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// device, dtype, m, n, k, alignment.
+using LtKey = std::array<int64_t, 6>;
+
+struct LtState {
+  std::mutex mu;
+  absl::flat_hash_map<LtKey, std::unique_ptr<LtPlan>> plans;
+};
+
+// Never destroyed: static plans' steps point at plans until the process ends.
+LtState& lt_state() {
+  static LtState* s = new LtState;
+  return *s;
+}
+
+// The largest power of two up to kMaxAlign dividing every address.
+uint32_t alignment_of(const void* x, const void* w, const void* bias, const void* y) {
+  const uintptr_t bits = kMaxAlign | reinterpret_cast<uintptr_t>(x) |
+                         reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(bias) |
+                         reinterpret_cast<uintptr_t>(y);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+cudaDataType_t data_type(DType dt) {
+  return dt == DType::Float64 ? CUDA_R_64F : CUDA_R_32F;
+}
+
+// The matmul description: y^T = op(w^T) x^T + bias in cuBLAS's column-major terms (blas.cu), the
+// bias (a vector over y^T's rows, the out features) added by the epilogue.
+cublasStatus_t describe(cublasLtMatmulDescOpaque_t& storage, DType dt, const void* bias) {
+  const cublasLtMatmulDesc_t desc = &storage;
+  const bool f64 = dt == DType::Float64;
+  if (auto st = cublasLtMatmulDescInit(desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                       data_type(dt));
+      st != CUBLAS_STATUS_SUCCESS)
+    return st;
+  const int32_t trans_w = CUBLAS_OP_T, trans_x = CUBLAS_OP_N;
+  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (auto st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w,
+                                               sizeof(trans_w));
+      st != CUBLAS_STATUS_SUCCESS)
+    return st;
+  if (auto st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_x,
+                                               sizeof(trans_x));
+      st != CUBLAS_STATUS_SUCCESS)
+    return st;
+  if (auto st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                               sizeof(epilogue));
+      st != CUBLAS_STATUS_SUCCESS)
+    return st;
+  return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                        sizeof(bias));
+}
+
+// Chooses the algorithm of a plan (eagerly): false when cuBLASLt proposes none.
+bool choose(cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias, LtPlan& p) {
+  const cudaDataType_t type = data_type(dt);
+  // Column-major: w^T [k, n] (transposed by the op), x^T [k, m], y^T [n, m].
+  if (cublasLtMatrixLayoutInit(&p.w, type, g.k, g.n, g.ldb) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutInit(&p.x, type, g.k, g.m, g.lda) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutInit(&p.y, type, g.n, g.m, g.ldc) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  // The heuristic reads the bias address for its alignment only: one of exactly p.align.
+  const uintptr_t at = reinterpret_cast<uintptr_t>(bias);
+  const void* aligned_bias = reinterpret_cast<const void*>(
+      alignment_of(bias, bias, bias, bias) > p.align ? at + p.align : at);
+  cublasLtMatmulDescOpaque_t desc{};
+  if (describe(desc, dt, aligned_bias) != CUBLAS_STATUS_SUCCESS) return false;
+  cublasLtMatmulPreferenceOpaque_t pref{};
+  if (cublasLtMatmulPreferenceInit(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+  const uint64_t workspace = kWorkspaceBytes;
+  if (cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace, sizeof(workspace)) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  for (const cublasLtMatmulPreferenceAttributes_t a :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (cublasLtMatmulPreferenceSetAttribute(&pref, a, &p.align, sizeof(p.align)) !=
+        CUBLAS_STATUS_SUCCESS)
+      return false;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(lt, &desc, &p.w, &p.x, &p.y, &p.y, &pref, 1, &result,
+                                     &found) != CUBLAS_STATUS_SUCCESS ||
+      found < 1 || result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes)
+    return false;
+  p.algo = result.algo;
+  return true;
+}
+
+// The plan of this linear, made on its first call; a static step keeps it in `slot`. (Not
+// const: cuBLASLt takes its layouts by non-const pointer; nothing changes a plan once made.)
+LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
+                       const void* bias, std::atomic<void*>* slot) {
+  if (slot != nullptr)
+    if (void* s = slot->load(std::memory_order_acquire); s != nullptr) [[likely]] {
+      LtPlan& p = *static_cast<LtPlan*>(s);
+      if (align >= p.align) return p;
+    }
+  const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k, align};
+  LtState& st = lt_state();
+  const std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) {
+    if (encore::cuda::capturing())
+      fail(op_name(op), ": no cuBLASLt algorithm has been chosen for x [", g.m, ",", g.k,
+           "], weight [", g.n, ",", g.k, "] yet; it is chosen eagerly, never while a CUDA graph "
+           "is captured");
+    auto p = std::make_unique<LtPlan>();
+    p->align = align;
+    p->usable = choose(lt, g, dt, bias, *p);
+    it = st.plans.emplace(key, std::move(p)).first;
+  }
+  LtPlan& p = *it->second;
+  if (slot != nullptr) slot->store(&p, std::memory_order_release);
+  return p;
+}
+
+}  // namespace
+
+bool linear_bias_lt(Op op, const GemmShape& g, DType dt, const void* x, const void* w,
+                    const void* bias, void* y, std::atomic<void*>* slot) {
+  static const bool enabled = env::flag("ENCORE_CUDA_LT", true);
+  if (!enabled) return false;
+  StreamLibraries& libs = cublas_libraries(op);
+  LtPlan& p = plan_for(op, libs.lt, g, dt, alignment_of(x, w, bias, y), bias, slot);
+  if (!p.usable) return false;
+  cublasLtMatmulDescOpaque_t desc{};
+  ENCORE_CUBLAS_OK(op, describe(desc, dt, bias));
+  const double one64 = 1, zero64 = 0;
+  const float one32 = 1, zero32 = 0;
+  const bool f64 = dt == DType::Float64;
+  const void* one = f64 ? static_cast<const void*>(&one64) : &one32;
+  const void* zero = f64 ? static_cast<const void*>(&zero64) : &zero32;
+  ENCORE_CUBLAS_OK(op, cublasLtMatmul(libs.lt, &desc, one, w, &p.w, x, &p.x, zero, y, &p.y, y,
+                                      &p.y, &p.algo, libs.blas_workspace, kWorkspaceBytes,
+                                      stream()));
+  return true;
+}
+
+}  // namespace encore::kernels::cuda
