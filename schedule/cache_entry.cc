@@ -45,6 +45,10 @@ std::string guard_failure(const Entry& e) {
     if (g.written != nullptr && p.impl() != g.written)
       return cat("parameter '", name,
                  "' was replaced by another tensor; the trace updated the one it had in place");
+    for (const int k : g.tied)
+      if (!same_place(*e.slots[k].slot, p))
+        return cat("parameters '", e.slots[k].name, "' and '", name,
+                   "' were one tensor when traced (tied) and are not now");
   }
   // A live guard's changes reach the replays (the steps read its current attributes).
   for (size_t k = 0; k < e.rec->host_guards.size(); ++k) {

@@ -31,6 +31,9 @@ struct ParamGuard {
   // code that wrote it may hold that tensor (an optimizer does), so a slot now holding another
   // one traces again. Null for one it only read, which a replay rebinds.
   const TensorImpl* written = nullptr;
+  // Other slots that held the same tensor when traced (tied weights): the trace read them all
+  // through this slot's buffer, so each must still hold that slot's tensor (storage and offset).
+  std::vector<int> tied;
 };
 
 struct GradGuard {
@@ -128,6 +131,12 @@ inline const Tensor& leaf_now(const Entry& e, const Leaf& l) {
 
 // Why the entry's guards fail for this call (empty: they hold).
 std::string guard_failure(const Entry& e);
+
+// Whether a and b are defined and start at the same place of one storage.
+inline bool same_place(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.impl()->storage.get() == b.impl()->storage.get() &&
+         a.impl()->offset * itemsize(a.dtype()) == b.impl()->offset * itemsize(b.dtype());
+}
 
 // Fills e.alias_params, e.alias_externals and e.arg_written from its recording.
 void set_alias_guards(Entry& e);

@@ -57,6 +57,7 @@ void Recorder::on_saved_alias(const Tensor& base, const Tensor& alias) {
 }
 
 void Recorder::add_watched(const std::vector<ParamSlot>& slots) {
+  slots_ = &slots;
   for (size_t i = 0; i < slots.size(); ++i) {
     const Tensor& p = *slots[i].slot;
     if (!p.defined()) continue;
@@ -107,6 +108,11 @@ int Recorder::resolve_input(const Tensor& t, bool written) {
     return it->second;
   }
   if (auto it = watched_.find(k); it != watched_.end()) {
+    if (t.requires_grad() && !t.is_leaf() && phase_ == Phase::Forward)
+      unsafe(cat(name_, ": the traced function uses parameter '", (*slots_)[it->second].name,
+                 "' ", t.shape(), ", which requires grad and was computed outside it (it is not ",
+                 "a leaf); a replay would send its gradient through the graph of the traced call. "
+                 "Pass it as an argument, or make the parameter a leaf"));
     const int b = new_buffer(t, BufKind::Param, it->second);
     if (t.requires_grad() && t.is_leaf()) rec_.leaves[leaf_for(t)].buf = b;
     return b;

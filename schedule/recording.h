@@ -96,10 +96,11 @@ struct Recording {
   std::vector<Leaf> leaves;
   std::vector<Operand> results;     // what the function returned
   std::vector<int> differentiable;  // indices of results that carry the subgraph node
-  // Per result, what it is as a tensor (-1: neither), so that a call returns what eager returns:
-  // the same tensor as an earlier result (`result_twin`), or argument `result_arg` itself.
-  // Neither carries the node: their gradients accumulate where eager accumulates them.
-  std::vector<int> result_twin, result_arg;
+  // Per result, what it is as a tensor (-1: none), so that a call returns what eager returns:
+  // the same tensor as an earlier result (`result_twin`), argument `result_arg` itself, or the
+  // tensor of leaf `result_leaf` (a parameter, or a captured leaf, returned as it is). None
+  // carries the node: their gradients accumulate where eager accumulates them.
+  std::vector<int> result_twin, result_arg, result_leaf;
   // Per differentiable result: whether the recorded backward got its gradient (Entry::grad_given).
   std::vector<char> grad_given;
   // Backward: every gradient the recorded backward delivered to an argument or a leaf, in the
@@ -205,6 +206,7 @@ class Recorder final : public Tracer {
   uint64_t start_serial_;
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
+  const std::vector<ParamSlot>* slots_ = nullptr;  // add_watched's (they outlive the recorder)
   absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
   std::vector<const TensorImpl*> args_;       // the aliases standing for the arguments
   // The aliases and every view made of them during the call (held: no address is reused).

@@ -185,6 +185,10 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
       results.push_back(args[rec.result_arg[k]]);
       continue;
     }
+    if (rec.result_leaf[k] >= 0) {
+      results.push_back(leaf_now(*e, rec.leaves[rec.result_leaf[k]]));
+      continue;
+    }
     if (p.escape_slot(r.buf) < 0) {  // a view of a tensor bound to this call
       const Tensor* t = bound_tensor(*e, rec.buffers[r.buf], args, scratch);
       results.push_back(Tensor(

@@ -167,21 +167,35 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     rec->result_twin.push_back(twin != inner.begin() + k ? static_cast<int>(twin - inner.begin())
                                                          : -1);
     rec->result_arg.push_back(arg != aliases.end() ? static_cast<int>(arg - aliases.begin()) : -1);
+    const auto leaf = std::find_if(rec->leaves.begin(), rec->leaves.end(),
+                                   [&same](const Leaf& l) { return same(l.tensor); });
+    rec->result_leaf.push_back(
+        rec->result_twin[k] < 0 && rec->result_arg[k] < 0 && leaf != rec->leaves.end()
+            ? static_cast<int>(leaf - rec->leaves.begin())
+            : -1);
   }
   e.eager_only = !rec->unsafe.empty();
 
-  // Results that are an earlier result or an argument carry no node (they are that tensor).
+  // Results that are an earlier result, an argument or a leaf carry no node (they are that
+  // tensor).
+  auto as_is = [&rec](size_t k) {
+    return rec->result_twin[k] >= 0 || rec->result_arg[k] >= 0 || rec->result_leaf[k] >= 0;
+  };
   bool carried = false;
-  for (size_t k = 0; k < inner.size(); ++k)
-    carried |= inner[k].requires_grad() && rec->result_twin[k] < 0 && rec->result_arg[k] < 0;
+  for (size_t k = 0; k < inner.size(); ++k) carried |= inner[k].requires_grad() && !as_is(k);
   const bool node = GradMode::enabled() && !rec->saw_backward && carried;
   e.node = node;
   // Guards: watched parameters' shapes; the state of .grad the trace depended on.
   for (const Buffer& buf : rec->buffers)
-    if (buf.kind == BufKind::Param)
-      e.params.push_back({buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
-                          buf.bound.requires_grad(),
-                          buf.mutated ? e.slots[buf.index].slot->impl() : nullptr});
+    if (buf.kind == BufKind::Param) {
+      ParamGuard& g = e.params.emplace_back(
+          ParamGuard{buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
+                     buf.bound.requires_grad(),
+                     buf.mutated ? e.slots[buf.index].slot->impl() : nullptr, {}});
+      for (size_t k = 0; k < e.slots.size(); ++k)
+        if (static_cast<int>(k) != buf.index && same_place(*e.slots[k].slot, buf.bound))
+          g.tied.push_back(static_cast<int>(k));
+    }
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
     const bool entry_read =
@@ -207,10 +221,11 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
 
   results.clear();
   results.reserve(inner.size());  // (as_eager points into it)
-  // A result that is an earlier one, or an argument, is returned as that tensor.
+  // A result that is an earlier one, an argument or a leaf is returned as that tensor.
   auto as_eager = [&](size_t k) -> const Tensor* {
     if (rec->result_twin[k] >= 0) return &results[rec->result_twin[k]];
     if (rec->result_arg[k] >= 0) return &args[rec->result_arg[k]];
+    if (rec->result_leaf[k] >= 0) return &rec->leaves[rec->result_leaf[k]].tensor;
     return nullptr;
   };
   if (!node) {
@@ -233,8 +248,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     if (args[i].requires_grad() && !args[i].is_leaf() && e.sig.args[i].same_as < 0)
       frame->node_args.push_back(static_cast<int>(i));
   for (size_t k = 0; k < inner.size(); ++k)
-    if (inner[k].requires_grad() && rec->result_twin[k] < 0 && rec->result_arg[k] < 0)
-      rec->differentiable.push_back(static_cast<int>(k));
+    if (inner[k].requires_grad() && !as_is(k)) rec->differentiable.push_back(static_cast<int>(k));
 
   IntrusivePtr<Node> n =
       labelled_node(label, &trace_backward, frame->node_args.size(), rec->differentiable.size());

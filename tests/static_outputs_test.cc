@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "encore/encore.h"
@@ -208,6 +210,32 @@ TEST_CASE("one tensor returned twice, or an argument returned, is that tensor, a
   CHECK(g.stats().traces == 1);
   CHECK(f.stats().hits == 7);
   CHECK(g.stats().hits == 7);
+}
+
+TEST_CASE("a parameter or a captured leaf the function returns comes back as that tensor",
+          "[static]") {
+  // As eagerly: the result is the leaf itself, so its .grad is the leaf's (an argument returned
+  // comes back as the argument the same way).
+  StaticEnabled on;
+  manual_seed(43);
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  Tensor c = randn({2}).set_requires_grad();
+  auto f = static_graph(
+      [&](const Tensor& x) { return std::make_tuple(F::sum((*lin)(x) * c), lin->weight, c); },
+      {.name = "returns_leaves", .modules = {lin}});
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    lin->zero_grad(true);
+    c.set_grad(Tensor());
+    auto [loss, w, leaf] = f(randn({4, 3}));
+    CHECK(w.is_same(lin->weight));
+    CHECK(leaf.is_same(c));
+    loss.backward();
+    REQUIRE(lin->weight.grad().defined());
+    CHECK(w.grad().is_same(lin->weight.grad()));
+    CHECK(leaf.grad().is_same(c.grad()));
+  }
+  CHECK(f.stats().hits == 2);
 }
 
 TEST_CASE("a function that returns its argument alone replays it", "[static]") {

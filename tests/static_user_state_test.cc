@@ -379,6 +379,79 @@ TEST_CASE("a buffer replaced by another tensor is the one the replays update", "
   CHECK(bit_diff(fresh, tensor({0.2, 0.35}, {2})) == "");
 }
 
+TEST_CASE("weights tied when traced and untied later trace again; tied later they replay",
+          "[static]") {
+  // Tied weights are one tensor in two slots: the trace reads both layers' weight through one
+  // buffer, so untying them must not replay (layer a would read layer b's new weight).
+  manual_seed(41);
+  auto a = std::make_shared<nn::Linear>(4, 4), b = std::make_shared<nn::Linear>(4, 4);
+  b->weight = a->weight;
+  auto seq = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{a, b});
+  auto body = [&](const Tensor& x) { return F::sum(F::tanh((*seq)(x))); };
+  auto f = static_graph(body, {.name = "tied", .modules = {seq}});
+  const Tensor x = randn({3, 4});
+  auto check_call = [&](const char* what) {
+    INFO(what);
+    seq->zero_grad(true);
+    const Tensor ls = f(x);
+    ls.backward();
+    const Tensor ga = a->weight.grad(), gb = b->weight.grad();
+    seq->zero_grad(true);
+    const Tensor le = body(x);
+    le.backward();
+    CHECK(bit_diff(ls, le) == "");
+    CHECK(bit_diff(ga, a->weight.grad()) == "");
+    CHECK(bit_diff(gb, b->weight.grad()) == "");
+  };
+  check_call("traced tied");
+  check_call("replayed tied");
+  CHECK(f.stats().hits == 1);
+  b->weight = randn({4, 4}).set_requires_grad();
+  check_call("untied");
+  CHECK(f.stats().traces == 2);
+  CHECK_THAT(last_reason(f.stats()),
+             Contains("parameters '0.weight' and '1.weight' were one tensor when traced (tied)"));
+  check_call("untied, replayed");
+  b->weight = a->weight;  // tied again: two slots reading one tensor replay as traced untied
+  check_call("tied again");
+  check_call("tied again, replayed");
+}
+
+TEST_CASE("a parameter computed outside the function (not a leaf) is never replayed", "[static]") {
+  // A reparametrised weight (weight = v * s, recomputed before each call): a replay would send
+  // the gradient through the traced call's v * s. As a captured non-leaf, it is unsafe.
+  manual_seed(42);
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  Tensor v = randn({2, 3}).set_requires_grad();
+  const Tensor x = randn({4, 3});
+  auto body = [&](const Tensor& in) { return F::sum(F::tanh((*lin)(in))); };
+  SECTION("an Error by default") {
+    auto f = static_graph(body, {.name = "reparam", .modules = {lin}});
+    lin->weight = v * 2.0;
+    CHECK_THROWS_WITH(f(x), Contains("uses parameter 'weight' [2,3], which requires grad and was "
+                                     "computed outside it (it is not a leaf)"));
+  }
+  SECTION("eager calls with OnUnsafe::Eager") {
+    auto f = static_graph(body, {.name = "reparam", .on_unsafe = OnUnsafe::Eager,
+                                 .modules = {lin}});
+    for (int c = 0; c < 3; ++c) {
+      INFO("call " << c);
+      v.set_grad(Tensor());
+      lin->weight = v * (2.0 + c);
+      const Tensor ls = f(x);
+      ls.backward();
+      const Tensor gv = v.grad();
+      v.set_grad(Tensor());
+      lin->weight = v * (2.0 + c);
+      const Tensor le = body(x);
+      le.backward();
+      CHECK(bit_diff(ls, le) == "");
+      CHECK(bit_diff(gv, v.grad()) == "");
+    }
+    CHECK(f.stats().hits == 0);
+  }
+}
+
 // A module option that forward() passes to an op as an attribute is part of a static function's
 // trace: were it assignable, a change between calls would be ignored by every replay. Such options
 // are fixed at construction (read through accessors, or const).

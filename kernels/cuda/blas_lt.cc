@@ -11,7 +11,8 @@
 // - The alignment is the largest power of two, up to 256 bytes, that divides the address of every
 //   operand; the heuristic is told it (the MIN_ALIGNMENT preferences, and a bias address of that
 //   alignment), so the algorithm runs at it. A static step keeps its plan in KernelArgs::state and
-//   uses it while its operands are at least as aligned: one test, no lookup.
+//   uses it while its operands have that alignment (one test, no lookup); eager calls look theirs
+//   up, so both run the same algorithm at every alignment.
 // - Plans live as long as the process and are made eagerly, under a lock, never during graph
 //   capture (Error: the capture fails and the phase replays on the stream, as for a convolution).
 //   Where cuBLASLt proposes no algorithm, the plan says so and the caller takes the general path.
@@ -131,14 +132,15 @@ bool choose(cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias,
   return true;
 }
 
-// The plan of this linear, made on its first call; a static step keeps it in `slot`. (Not
-// const: cuBLASLt takes its layouts by non-const pointer; nothing changes a plan once made.)
-LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
-                       const void* bias, std::atomic<void*>* slot) {
+// The plan of this linear at this alignment, made on its first call; a static step keeps its
+// last one in `slot` (exactly its alignment: a plan chosen for less alignment could run another
+// algorithm than eager's, with other bits).
+const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
+                 const void* bias, std::atomic<void*>* slot) {
   if (slot != nullptr)
-    if (void* s = slot->load(std::memory_order_acquire); s != nullptr) [[likely]] {
-      LtPlan& p = *static_cast<LtPlan*>(s);
-      if (align >= p.align) return p;
+    if (const void* s = slot->load(std::memory_order_acquire); s != nullptr) [[likely]] {
+      const LtPlan& p = *static_cast<const LtPlan*>(s);
+      if (align == p.align) return p;
     }
   const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k, align};
   LtState& st = lt_state();
@@ -147,8 +149,8 @@ LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint3
   if (it == st.plans.end()) {
     if (encore::cuda::capturing())
       fail(op_name(op), ": no cuBLASLt algorithm has been chosen for x [", g.m, ",", g.k,
-           "], weight [", g.n, ",", g.k, "] yet; it is chosen eagerly, never while a CUDA graph "
-           "is captured");
+           "], weight [", g.n, ",", g.k,
+           "] yet; it is chosen eagerly, never while a CUDA graph is captured");
     auto p = std::make_unique<LtPlan>();
     p->align = align;
     p->usable = choose(lt, g, dt, bias, *p);
@@ -166,8 +168,9 @@ bool linear_bias_lt(Op op, const GemmShape& g, DType dt, const void* x, const vo
   static const bool enabled = env::flag("ENCORE_CUDA_LT", true);
   if (!enabled) return false;
   StreamLibraries& libs = cublas_libraries(op);
-  LtPlan& p = plan_for(op, libs.lt, g, dt, alignment_of(x, w, bias, y), bias, slot);
-  if (!p.usable) return false;
+  const LtPlan& plan = plan_for(op, libs.lt, g, dt, alignment_of(x, w, bias, y), bias, slot);
+  if (!plan.usable) return false;
+  LtPlan p = plan;  // on the stack: cuBLASLt takes the layouts by non-const pointer
   cublasLtMatmulDescOpaque_t desc{};
   ENCORE_CUBLAS_OK(op, describe(desc, dt, bias));
   const double one64 = 1, zero64 = 0;
@@ -175,9 +178,8 @@ bool linear_bias_lt(Op op, const GemmShape& g, DType dt, const void* x, const vo
   const bool f64 = dt == DType::Float64;
   const void* one = f64 ? static_cast<const void*>(&one64) : &one32;
   const void* zero = f64 ? static_cast<const void*>(&zero64) : &zero32;
-  ENCORE_CUBLAS_OK(op, cublasLtMatmul(libs.lt, &desc, one, w, &p.w, x, &p.x, zero, y, &p.y, y,
-                                      &p.y, &p.algo, libs.blas_workspace, kWorkspaceBytes,
-                                      stream()));
+  ENCORE_CUBLAS_OK(op, cublasLtMatmul(libs.lt, &desc, one, w, &p.w, x, &p.x, zero, y, &p.y, y, &p.y,
+                                      &p.algo, libs.blas_workspace, kWorkspaceBytes, stream()));
   return true;
 }
 

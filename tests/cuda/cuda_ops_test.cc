@@ -445,9 +445,10 @@ TEST_CASE("rand and randn on cuda give the cpu's numbers from the same seed", "[
     }
 }
 
-TEST_CASE("linear with a bias on cuda gives the cpu's values at every operand alignment, and a "
-          "replay its eager run's bits",
-          "[cuda][ops][linear]") {
+TEST_CASE(
+    "linear with a bias on cuda gives the cpu's values at every operand alignment, and a "
+    "replay its eager run's bits",
+    "[cuda][ops][linear]") {
   // One cuBLASLt call whose epilogue adds the bias, its algorithm chosen per alignment: operands
   // at the allocator's 256 bytes and at 1, 2 and 4 elements (4, 8, 16 bytes) into their storages,
   // in float32 and float64.
@@ -463,9 +464,9 @@ TEST_CASE("linear with a bias on cuda gives the cpu's values at every operand al
                                              std::move(shape), base.dtype()));
   };
   const double tol = dtype == DType::Float32 ? 1e-4 : 1e-12;
-  auto fn = static_graph([](const Tensor& x, const Tensor& w,
-                            const Tensor& b) { return F::linear(x, w, b); },
-                         {.name = "linear"});
+  auto fn = static_graph(
+      [](const Tensor& x, const Tensor& w, const Tensor& b) { return F::linear(x, w, b); },
+      {.name = "linear"});
   NoGradGuard no_grad;
   for (const int64_t offset : {0, 1, 2, 4, 0, 1}) {
     INFO("offset " << offset);
@@ -477,7 +478,8 @@ TEST_CASE("linear with a bias on cuda gives the cpu's values at every operand al
                                                view(bs, offset, {n}))
                                          .to_vector<double>();
     REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(tol).margin(tol));
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK(got[i] == Approx(want[i]).epsilon(tol).margin(tol));
     CHECK(encore::testing::bit_diff(fn(x, w, b), eager) == "");
   }
   CHECK(fn.stats().hits >= 1);
