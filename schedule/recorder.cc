@@ -109,8 +109,8 @@ int Recorder::resolve_input(const Tensor& t, bool written) {
   }
   if (auto it = watched_.find(k); it != watched_.end()) {
     if (t.requires_grad() && !t.is_leaf() && phase_ == Phase::Forward)
-      unsafe(cat(name_, ": the traced function uses parameter '", (*slots_)[it->second].name,
-                 "' ", t.shape(), ", which requires grad and was computed outside it (it is not ",
+      unsafe(cat(name_, ": the traced function uses parameter '", (*slots_)[it->second].name, "' ",
+                 t.shape(), ", which requires grad and was computed outside it (it is not ",
                  "a leaf); a replay would send its gradient through the graph of the traced call. "
                  "Pass it as an argument, or make the parameter a leaf"));
     const int b = new_buffer(t, BufKind::Param, it->second);

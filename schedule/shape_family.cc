@@ -124,8 +124,7 @@ std::string structure_diff(const Recording& a, const Recording& b) {
   }
   if (a.results.size() != b.results.size() || a.differentiable != b.differentiable ||
       a.result_twin != b.result_twin || a.result_arg != b.result_arg ||
-      a.result_leaf != b.result_leaf ||
-      a.grad_given != b.grad_given)
+      a.result_leaf != b.result_leaf || a.grad_given != b.grad_given)
     return "the traces returned different results";
   for (size_t i = 0; i < a.results.size(); ++i)
     if (!same_operand(a.results[i], b.results[i]))

@@ -169,10 +169,9 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
     rec->result_arg.push_back(arg != aliases.end() ? static_cast<int>(arg - aliases.begin()) : -1);
     const auto leaf = std::find_if(rec->leaves.begin(), rec->leaves.end(),
                                    [&same](const Leaf& l) { return same(l.tensor); });
-    rec->result_leaf.push_back(
-        rec->result_twin[k] < 0 && rec->result_arg[k] < 0 && leaf != rec->leaves.end()
-            ? static_cast<int>(leaf - rec->leaves.begin())
-            : -1);
+    const bool is_leaf =
+        rec->result_twin[k] < 0 && rec->result_arg[k] < 0 && leaf != rec->leaves.end();
+    rec->result_leaf.push_back(is_leaf ? static_cast<int>(leaf - rec->leaves.begin()) : -1);
   }
   e.eager_only = !rec->unsafe.empty();
 
@@ -188,10 +187,13 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   // Guards: watched parameters' shapes; the state of .grad the trace depended on.
   for (const Buffer& buf : rec->buffers)
     if (buf.kind == BufKind::Param) {
-      ParamGuard& g = e.params.emplace_back(
-          ParamGuard{buf.index, buf.bound.shape(), buf.bound.dtype(), buf.bound.device(),
-                     buf.bound.requires_grad(),
-                     buf.mutated ? e.slots[buf.index].slot->impl() : nullptr, {}});
+      ParamGuard& g = e.params.emplace_back();
+      g.slot = buf.index;
+      g.shape = buf.bound.shape();
+      g.dtype = buf.bound.dtype();
+      g.device = buf.bound.device();
+      g.requires_grad = buf.bound.requires_grad();
+      g.written = buf.mutated ? e.slots[buf.index].slot->impl() : nullptr;
       for (size_t k = 0; k < e.slots.size(); ++k)
         if (static_cast<int>(k) != buf.index && same_place(*e.slots[k].slot, buf.bound))
           g.tied.push_back(static_cast<int>(k));

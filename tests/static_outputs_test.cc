@@ -221,7 +221,7 @@ TEST_CASE("a parameter or a captured leaf the function returns comes back as tha
   auto lin = std::make_shared<nn::Linear>(3, 2);
   Tensor c = randn({2}).set_requires_grad();
   auto f = static_graph(
-      [&](const Tensor& x) { return std::make_tuple(F::sum((*lin)(x) * c), lin->weight, c); },
+      [&](const Tensor& x) { return std::make_tuple(F::sum((*lin)(x)*c), lin->weight, c); },
       {.name = "returns_leaves", .modules = {lin}});
   for (int call = 0; call < 3; ++call) {
     INFO("call " << call);

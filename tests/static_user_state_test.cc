@@ -432,8 +432,8 @@ TEST_CASE("a parameter computed outside the function (not a leaf) is never repla
                                      "computed outside it (it is not a leaf)"));
   }
   SECTION("eager calls with OnUnsafe::Eager") {
-    auto f = static_graph(body, {.name = "reparam", .on_unsafe = OnUnsafe::Eager,
-                                 .modules = {lin}});
+    auto f =
+        static_graph(body, {.name = "reparam", .on_unsafe = OnUnsafe::Eager, .modules = {lin}});
     for (int c = 0; c < 3; ++c) {
       INFO("call " << c);
       v.set_grad(Tensor());

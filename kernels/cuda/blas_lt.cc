@@ -136,7 +136,7 @@ bool choose(cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias,
 // last one in `slot` (exactly its alignment: a plan chosen for less alignment could run another
 // algorithm than eager's, with other bits).
 const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
-                 const void* bias, std::atomic<void*>* slot) {
+                       const void* bias, std::atomic<void*>* slot) {
   if (slot != nullptr)
     if (const void* s = slot->load(std::memory_order_acquire); s != nullptr) [[likely]] {
       const LtPlan& p = *static_cast<const LtPlan*>(s);
