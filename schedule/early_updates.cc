@@ -12,7 +12,9 @@ namespace encore::schedule {
 
 // Per phase, each update goes right after the last earlier step that writes a buffer it reads or
 // writes (read and write after write) or reads a buffer it writes (write after read: the
-// backward's matmul still reading the old weight); buffers over one storage count as one. Behind
+// backward's matmul still reading the old weight), or may throw midway (a label check of a
+// computed label: the update must not have run when it fails); buffers over one storage count as
+// one. Behind
 // that step it also passes updates already moved there (they keep their recorded order) and, when
 // the plan fuses, the rest of a run of fusable steps (elementwise or row ops) it would split.
 // Nothing but an update moves, so random steps keep their order.
@@ -28,6 +30,7 @@ void Plan::move_updates_early() {
     // memory its last reader and last writer so far (in the new order).
     std::vector<int> order, place(all_.size(), -1);
     std::vector<int> last_read(nb, -1), last_write(nb, -1);
+    int last_throw = -1;  // the last step so far that may throw midway (value_checks.cc)
     auto later = [&](int a, int b) { return (b < 0 || (a >= 0 && place[a] > place[b])) ? a : b; };
     for (int t = begin; t < end; ++t) {
       const Step& s = all_[t];
@@ -38,7 +41,7 @@ void Plan::move_updates_early() {
       };
       int at = static_cast<int>(order.size());
       if (op_optimizer_update(s.op)) {
-        int after = -1;  // the last step it must follow
+        int after = last_throw;  // the last step it must follow
         for (const Operand& i : s.in) after = later(after, last_write[memory[i.buf]]);
         writes([&](int m) { after = later(later(after, last_write[m]), last_read[m]); });
         int to = after < 0 ? 0 : place[after] + 1;
@@ -58,6 +61,7 @@ void Plan::move_updates_early() {
       // readers, so the last reader is whichever comes later.
       for (const Operand& i : s.in) last_read[memory[i.buf]] = later(t, last_read[memory[i.buf]]);
       writes([&](int m) { last_write[m] = later(t, last_write[m]); });
+      if (throws_midway(s)) last_throw = later(t, last_throw);
     }
     return order;
   });

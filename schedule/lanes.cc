@@ -128,9 +128,18 @@ void Plan::plan_lanes() {
         deps[j].push_back(last);
       last = j;
     };
+    // A write outside the arena (a parameter, optimizer state, a gradient handed out) waits
+    // for every step recorded before it that may throw midway (value_checks.cc): a call that
+    // fails there has written no more than eager had.
+    std::vector<char> throws(count), writes_out(count);
+    for (int j = 0; j < count; ++j) {
+      throws[j] = throws_midway(all_[begin + j]);
+      for (const Region& r : touches[begin + j]) writes_out[j] |= r.write && r.storage >= 0;
+    }
     for (int j = 0; j < count; ++j) {
       for (int i = 0; i < j; ++i)
-        if (conflict(touches[begin + i], touches[begin + j])) deps[j].push_back(i);
+        if (conflict(touches[begin + i], touches[begin + j]) || (throws[i] && writes_out[j]))
+          deps[j].push_back(i);
       if (steps_[begin + j].random) follow(j, last_random);
       if (op_collective(all_[begin + j].op)) follow(j, last_collective);
       for (int i : deps[j]) users[i].push_back(j);

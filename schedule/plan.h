@@ -201,6 +201,22 @@ class Plan {
   // Bound buffers the backward reads (held by a call until its backward, and checked then
   // not to have been written in place since the forward, as eager checks what it saved).
   const std::vector<int>& backward_reads() const { return backward_reads_; }
+  // A cpu plan's checks of input values (labels, ids: runtime/value_checks.h) that its forward
+  // steps make on bound buffers (arguments, parameters, externals the forward does not write),
+  // in step order: a replay makes them before it changes any state, so a bad label fails the
+  // call as eagerly and leaves everything as it was (the steps would fail midway, after updates
+  // the lanes or early updates ran ahead of them, and after dropping the .grad it replaces).
+  struct ValueCheck {
+    Op op;
+    AttrBlob attrs;
+    int buf;
+    DType dtype;
+    int64_t n, bound;  // values, and the classes or rows they must be below
+  };
+  const std::vector<ValueCheck>& value_checks() const { return value_checks_; }
+  // Whether a forward step checks values the call computes or writes (no check ahead: it may
+  // fail midway), so the replay keeps the .grad its step replaces until the forward ends.
+  bool checks_midway() const { return checks_midway_; }
   // Forward results the backward reads: their storages escape to the caller, who must not
   // write them in place before the backward either.
   const std::vector<int>& backward_escape_reads() const { return backward_escape_reads_; }
@@ -305,6 +321,10 @@ class Plan {
   // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
   const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
+  // Whether step `s` (a cpu plan's) checks values no check ahead covers: it may throw midway, so
+  // no write outside the arena recorded after it may run before it (value_checks.cc).
+  bool throws_midway(const Step& s) const;
+  void plan_value_checks();
   // Puts each phase's steps in a new order: order(begin, end) returns the indices of all_ in
   // [begin, end), each once (passes.cc).
   void reorder_phases(absl::FunctionRef<std::vector<int>(int begin, int end)> order);
@@ -339,6 +359,8 @@ class Plan {
   size_t forward_patches_ = 0;                     // how many belong to forward steps
   std::vector<ExecStep> steps_;
   PerPhase<bool> live_phase_;  // a step of the phase takes live attributes (ExecStep::live)
+  std::vector<ValueCheck> value_checks_;
+  bool checks_midway_ = false;
   // Per step: what its kernel resolved on its first run (KernelArgs::state).
   std::unique_ptr<std::atomic<void*>[]> kernel_state_;
   std::vector<BufferView> view_template_;

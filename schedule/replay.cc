@@ -3,6 +3,7 @@
 #include "runtime/autograd.h"
 #include "runtime/labelled_node.h"
 #include "runtime/profiler.h"
+#include "runtime/value_checks.h"
 #include "schedule/static_graph_impl.h"
 #include "schedule/verify.h"
 
@@ -126,11 +127,19 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
   }
   Plan& p = *e->plan;
   const Recording& rec = p.recording();
+  Tensor scratch;
+  // Labels and ids the call is handed are checked before anything changes (plan.h).
+  for (const Plan::ValueCheck& c : p.value_checks())
+    if (const Tensor* t = bound_tensor(*e, rec.buffers[c.buf], args, scratch); t != nullptr)
+      check_values(c.op, c.attrs, t->raw_data(), c.dtype, c.n, c.bound);
   std::unique_ptr<VerifyState> vs;
   std::vector<StepSnapshot> snaps;
   if (verify) vs = run_for_verify(*e, args);
 
-  for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
+  // The .grad the step replaces goes before the new ones are allocated, unless a step may still
+  // fail midway (the call must then leave it as it was; the end of the call replaces it).
+  if (!p.checks_midway())
+    for (int li : e->early_clear) leaf_now(*e, rec.leaves[li]).impl()->grad.reset();
   CallState* b = p.acquire();
   struct ReleaseOnError {
     Plan& p;
@@ -139,7 +148,6 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
       if (b != nullptr) p.release(b);
     }
   } guard{p, b};
-  Tensor scratch;
   for (int buf : p.external_buffers()) {
     const Tensor* t = bound_tensor(*e, rec.buffers[buf], args, scratch);
     if (t != nullptr) b->ptrs[buf] = t->raw_data();

@@ -8,19 +8,10 @@
 
 #include "kernels/cpu/kernel.h"
 #include "runtime/parallel.h"
+#include "runtime/value_checks.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-// Throws unless every id is in [0, rows): the routine cannot read ids (a trace would bake them
-// in), so the kernel checks them, before it writes anything.
-template <typename I>
-void check_ids(const I* ids, int64_t n, int64_t rows, Op op) {
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || static_cast<int64_t>(ids[i]) >= rows)
-      fail(op_name(op), ": argument 'ids' holds ", static_cast<int64_t>(ids[i]), " at flat index ",
-           i, ", outside [0, ", rows, ") (weight has ", rows, " rows)");
-}
 
 // Rows of y copied per chunk of a parallel loop (enough bytes to pay for waking a thread).
 int64_t grain_rows(int64_t row_bytes) {
@@ -32,7 +23,7 @@ void embedding_kernel(const KernelArgs& args) {
   const int64_t rows = weight.shape[0], dim = weight.shape[1], n = ids.numel();
   switch_integral(ids.dtype, Op::Embedding, [&]<typename I>(Type<I>) {
     const I* pi = ids.as<I>();
-    check_ids(pi, n, rows, Op::Embedding);
+    check_ids(pi, n, rows, Op::Embedding);  // before anything is written
     switch_floating(weight.dtype, Op::Embedding, [&]<typename T>(Type<T>) {
       const T* w = weight.as<T>();
       T* py = y.as<T>();

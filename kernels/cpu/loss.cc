@@ -4,22 +4,10 @@
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/softmax_util.h"
+#include "runtime/value_checks.h"
 
 namespace encore::kernels::cpu {
 namespace {
-
-// Checks that label `l` of sample `i` is the ignore label or a class index.
-template <typename L>
-bool counted(L l, int64_t i, int64_t classes, const CrossEntropyAttrs& attrs, Op op) {
-  if (static_cast<int64_t>(l) == attrs.ignore_label) return false;
-  if (l < 0 || static_cast<int64_t>(l) >= classes) {
-    if (attrs.from_cross_entropy != 0)
-      fail("cross_entropy: argument 'targets': label ", l, " at flat index ", i,
-           " is out of range [0, ", classes, ")");
-    fail(op_name(op), ": label ", l, " of sample ", i, " is out of range [0, ", classes, ")");
-  }
-  return true;
-}
 
 // Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored.
 void cross_entropy_kernel(const KernelArgs& args) {
@@ -33,7 +21,7 @@ void cross_entropy_kernel(const KernelArgs& args) {
       double total = 0;
       int64_t count = 0;
       for (int64_t i = 0; i < rows; ++i) {
-        if (!counted(y[i], i, classes, attrs, Op::SoftmaxCrossEntropy)) continue;
+        if (!label_counted(y[i], i, classes, attrs, Op::SoftmaxCrossEntropy)) continue;
         const T* row = x + i * classes;
         total += static_cast<double>(log_sum_exp(row, classes, kUnitStride) - row[y[i]]);
         ++count;
@@ -57,7 +45,7 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
       const L* y = labels.as<L>();
       T* g = gx.as<T>();
       int64_t count = 0;
-      for (int64_t i = 0; i < rows; ++i) count += counted(y[i], i, classes, attrs, kOp);
+      for (int64_t i = 0; i < rows; ++i) count += label_counted(y[i], i, classes, attrs, kOp);
       const T scale = count == 0 ? T(0) : *gy.as<T>() / static_cast<T>(count);
       for (int64_t i = 0; i < rows; ++i) {
         const T* row = x + i * classes;
@@ -115,7 +103,7 @@ void accuracy_kernel(const KernelArgs& args) {
       const L* y = labels.as<L>();
       int64_t count = 0, correct = 0;
       for (int64_t i = 0; i < rows; ++i) {
-        if (!counted(y[i], i, classes, attrs, Op::Accuracy)) continue;
+        if (!label_counted(y[i], i, classes, attrs, Op::Accuracy)) continue;
         ++count;
         const T* row = x + i * classes;
         int64_t arg = 0;

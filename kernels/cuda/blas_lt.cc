@@ -23,11 +23,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
-#include "absl/container/flat_hash_map.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/plan_cache.h"
 #include "kernels/cuda/stream_libraries.h"
 #include "runtime/env.h"
 
@@ -46,15 +45,9 @@ struct LtPlan {
 // device, dtype, m, n, k, alignment.
 using LtKey = std::array<int64_t, 6>;
 
-struct LtState {
-  std::mutex mu;
-  absl::flat_hash_map<LtKey, std::unique_ptr<LtPlan>> plans;
-};
-
-// Never destroyed: static plans' steps point at plans until the process ends.
-LtState& lt_state() {
-  static LtState* s = new LtState;
-  return *s;
+PlanCache<LtKey, LtPlan>& plans() {
+  static auto* cache = new PlanCache<LtKey, LtPlan>;  // never destroyed (plan_cache.h)
+  return *cache;
 }
 
 // The largest power of two up to kMaxAlign dividing every address.
@@ -143,20 +136,16 @@ const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt,
       if (align == p.align) return p;
     }
   const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k, align};
-  LtState& st = lt_state();
-  const std::lock_guard<std::mutex> lock(st.mu);
-  auto it = st.plans.find(key);
-  if (it == st.plans.end()) {
+  LtPlan& p = plans().find_or_make(key, [&] {
     if (encore::cuda::capturing())
       fail(op_name(op), ": no cuBLASLt algorithm has been chosen for x [", g.m, ",", g.k,
            "], weight [", g.n, ",", g.k,
            "] yet; it is chosen eagerly, never while a CUDA graph is captured");
-    auto p = std::make_unique<LtPlan>();
-    p->align = align;
-    p->usable = choose(lt, g, dt, bias, *p);
-    it = st.plans.emplace(key, std::move(p)).first;
-  }
-  LtPlan& p = *it->second;
+    auto made = std::make_unique<LtPlan>();
+    made->align = align;
+    made->usable = choose(lt, g, dt, bias, *made);
+    return made;
+  });
   if (slot != nullptr) slot->store(&p, std::memory_order_release);
   return p;
 }

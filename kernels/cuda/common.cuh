@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>  // the math functions element_ops.cuh calls (it includes nothing: NVRTC reads it)
 #include <cstdint>
 
 #include "kernels/cuda/element_ops.cuh"

@@ -27,11 +27,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/plan_cache.h"
 #include "kernels/cuda/stream_libraries.h"
 
 namespace encore::kernels::cuda {
@@ -75,16 +74,9 @@ struct Plan {
 // device, kind, dtype, x[4], w[4], y[4], stride[2], padding[2], dilation[2], groups.
 using Key = std::array<int32_t, 22>;
 
-struct State {
-  std::mutex mu;
-  absl::flat_hash_map<Key, std::unique_ptr<Plan>> plans;
-};
-
-// Never destroyed: plans must outlive every static destructor that could still launch work (and
-// every static plan's step that points at one).
-State& state() {
-  static State* s = new State;
-  return *s;
+PlanCache<Key, Plan>& plans() {
+  static auto* cache = new PlanCache<Key, Plan>;  // never destroyed (plan_cache.h)
+  return *cache;
 }
 
 cudnnDataType_t data_type(DType dt) {
@@ -236,18 +228,13 @@ const Plan& plan_for(Op op, Kind kind, DType dtype, const Shape& xs, const Shape
                 a.dilation[0],
                 a.dilation[1],
                 a.groups};
-  State& st = state();
-  const std::lock_guard<std::mutex> lock(st.mu);
-  auto it = st.plans.find(key);
-  if (it == st.plans.end()) {
+  Plan& p = plans().find_or_make(key, [&] {
     if (encore::cuda::capturing())
       fail(op_name(op), ": no cuDNN algorithm has been chosen for x ", xs, ", weight ", ws, ", y ",
            ys, " yet; it is chosen eagerly, never while a CUDA graph is captured");
-    StreamLibraries& libs = cudnn_libraries(op, 0);
-    it = st.plans.emplace(key, make_plan(op, kind, dtype, xs, ws, ys, a, libs)).first;
-  }
-  const Plan& p = *it->second;
-  if (state_slot != nullptr) state_slot->store(const_cast<Plan*>(&p), std::memory_order_release);
+    return make_plan(op, kind, dtype, xs, ws, ys, a, cudnn_libraries(op, 0));
+  });
+  if (state_slot != nullptr) state_slot->store(&p, std::memory_order_release);
   return p;
 }
 
