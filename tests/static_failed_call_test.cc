@@ -79,11 +79,9 @@ TEST_CASE("a replayed step that fails on a bad label leaves parameters, state an
   bad_loss.data<int32_t>()[7] = 3;
 
   Step eager(copied), traced(copied);
-  auto step = static_graph(
-      [&](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
-        return traced(a, b, c, d);
-      },
-      {.name = "step", .modules = {traced.model}});
+  auto step = static_graph([&](const Tensor& a, const Tensor& b, const Tensor& c,
+                               const Tensor& d) { return traced(a, b, c, d); },
+                           {.name = "step", .modules = {traced.model}});
   auto both = [&](const Tensor& tt, const Tensor& labels) {
     std::string eager_error, static_error;
     const std::vector<Tensor> before = snapshot(*traced.model, traced.opt);
