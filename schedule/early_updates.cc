@@ -12,12 +12,11 @@ namespace encore::schedule {
 
 // Per phase, each update goes right after the last earlier step that writes a buffer it reads or
 // writes (read and write after write) or reads a buffer it writes (write after read: the
-// backward's matmul still reading the old weight), or may throw midway (a label check of a
-// computed label: the update must not have run when it fails); buffers over one storage count as
-// one. Behind
-// that step it also passes updates already moved there (they keep their recorded order) and, when
-// the plan fuses, the rest of a run of fusable steps (elementwise or row ops) it would split.
-// Nothing but an update moves, so random steps keep their order.
+// backward's matmul still reading the old weight), or may throw midway (a check of a computed
+// label: the update must not have run when it fails); buffers over one storage count as one.
+// Behind that step it also passes updates already moved there (they keep their recorded order)
+// and, when the plan fuses, the rest of a run of fusable steps (elementwise or row ops) it would
+// split. Nothing but an update moves, so random steps keep their order.
 void Plan::move_updates_early() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int nb = static_cast<int>(bufs.size());
