@@ -649,5 +649,26 @@ TEST_CASE("dynamic: the report, the table and the schedule dump show the family"
              Catch::Contains("dynamic 2: x: float32[s0,5]; grad off; 2 sizes planned"));
 }
 
+TEST_CASE("a size where a batch norm inside sees one value per channel traces, with eager's Error",
+          "[static][dynamic]") {
+  // Pooling halves H and W: at 2x2 images batch norm gets one value per channel, which the
+  // routine refuses; a planned size would have normalised it to zeros and moved the statistics.
+  StaticEnabled on;
+  Tensor rm = zeros({2}), rv = ones({2});
+  auto body = [&](const Tensor& x) {
+    return F::batch_norm(F::max_pool2d(x, {2, 2}), rm, rv, Tensor(), Tensor(), /*training=*/true);
+  };
+  auto f = static_graph(body, {.name = "bn_after_pool"});
+  NoGradGuard no_grad;
+  manual_seed(61);
+  for (const int hw : {4, 6, 8}) f(randn({1, 2, hw, hw}));
+  CHECK(f.stats().sizes_planned >= 1);
+  const Tensor mean = clone(rm), var = clone(rv);
+  CHECK_THROWS_WITH(f(randn({1, 2, 2, 2})),
+                    Catch::Contains("batch_norm: training needs more than one value per channel"));
+  CHECK(bit_diff(rm, mean) == "");
+  CHECK(bit_diff(rv, var) == "");
+}
+
 }  // namespace
 }  // namespace encore::testing
