@@ -247,8 +247,7 @@ std::string check_step(const Step& s) {
     case Op::BatchNorm:
     case Op::BatchNormInference:
       // Training statistics need two values per channel (the routine refuses one).
-      if (s.op == Op::BatchNorm && s.in[0].shape.rank() >= 2 &&
-          numel(s.in[0]) <= s.in[0].shape[1])
+      if (s.op == Op::BatchNorm && s.in[0].shape.rank() >= 2 && numel(s.in[0]) <= s.in[0].shape[1])
         return cat(op_name(s.op), " of ", s.in[0].shape, " has one value per channel");
       // Every per-channel vector has one value per channel of x.
       for (size_t k = 1; k < s.in.size(); ++k)
