@@ -45,7 +45,7 @@ void Plan::plan_value_checks() {
   for (int t = 0; t < n_forward_; ++t) {
     const Step& s = all_[t];
     if (checked_input(s.op) < 0) continue;
-    if (!checked_ahead(s, rec_->buffers)) {
+    if (throws_midway(s)) {
       checks_midway_ = true;
       continue;
     }

@@ -103,9 +103,10 @@ void linear_kernel(const KernelArgs& args) {
     T* py = y.as<T>();
     const int64_t total = y.numel();
     if (total == 0) return;
-    if (bias != nullptr && g.k > 0) {
+    if (g.k > 0) {
       check_gemm_sizes(Op::Linear, g);
-      if (linear_bias_lt(Op::Linear, g, y.dtype, x.data, w.data, bias->data, py, args.state))
+      if (bias != nullptr &&
+          linear_bias_lt(Op::Linear, g, y.dtype, x.data, w.data, bias->data, py, args.state))
         return;
     }
     if (bias != nullptr) {
@@ -117,7 +118,6 @@ void linear_kernel(const KernelArgs& args) {
                      cudaMemsetAsync(py, 0, static_cast<size_t>(total) * sizeof(T), stream()));
     }
     if (g.k == 0) return;
-    check_gemm_sizes(Op::Linear, g);
     gemm(Op::Linear, cublas_handle(Op::Linear), g, x.as<T>(), w.as<T>(),
          bias != nullptr ? T(1) : T(0), py);
   });
