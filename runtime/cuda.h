@@ -20,6 +20,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/error.h"
 
 namespace encore::cuda {
 
@@ -218,5 +219,14 @@ class EventTimeline {
 // Whether the calling thread is capturing a stream into a graph (kernels that would allocate
 // or synchronise check this and throw instead).
 bool capturing();
+
+// What a kernel throws when a capture asks it for something it makes only outside one (a cuDNN
+// or cuBLASLt plan for shapes or an operand alignment it has not run at yet): the capture is
+// dropped without counting as failed, the phase runs on the stream, which makes what was
+// missing, and the next call with those addresses captures.
+class NotReadyForCapture : public Error {
+ public:
+  using Error::Error;
+};
 
 }  // namespace encore::cuda

@@ -2,6 +2,7 @@
 // captured graphs keyed by the addresses of bound buffers, capture and its fallback to stream
 // replay, and the counters of how replays ran.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "runtime/allocator.h"
@@ -101,9 +102,11 @@ GraphStats Plan::graph_stats() const {
   s.captures = graph_captures_.load(std::memory_order_relaxed);
   s.stream_replays = stream_replays_.load(std::memory_order_relaxed);
   s.capture_failures = capture_failures_.load(std::memory_order_acquire);
-  if (s.capture_failures > 0) {
+  s.deferred_captures = deferred_captures_.load(std::memory_order_acquire);
+  if (s.capture_failures > 0 || s.deferred_captures > 0) {
     std::lock_guard<std::mutex> l(fallback_mu_);
     s.last_failure = last_failure_;
+    s.last_deferral = last_deferral_;
     if (graphs_off_.load(std::memory_order_acquire)) s.fallback = fallback_;
   }
   return s;
@@ -115,18 +118,24 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const std::vector<Buffer>& bufs = rec_->buffers;
 
   // Arguments and incoming gradients: copied into the call state's staging buffers, which the
-  // graph reads (an address of the caller's changes every call).
+  // graph reads (an address of the caller's changes every call). A copy sits at the caller's
+  // address modulo kCudaArenaAlign: cuBLAS and cuDNN choose their kernels by the operands'
+  // alignment, so a replay of an argument at an odd offset runs what eager ran on it (and the
+  // graph of that alignment: the staged address is part of its key).
   auto stage = [&](const std::vector<int>& list) {
     for (int buf : list) {
-      IntrusivePtr<Storage>& st = b.staging[stage_slot_[buf]];
-      if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes, device_);
-      cuda::copy_bytes(st->data(), device_, b.ptrs[buf], device_, bufs[buf].nbytes);
+      const int slot = stage_slot_[buf];
+      IntrusivePtr<Storage>& st = b.staging[slot];
+      if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes + kCudaArenaAlign, device_);
+      b.staged[slot] = static_cast<char*>(st->data()) +
+                       reinterpret_cast<uintptr_t>(b.ptrs[buf]) % kCudaArenaAlign;
+      cuda::copy_bytes(b.staged[slot], device_, b.ptrs[buf], device_, bufs[buf].nbytes);
     }
   };
   stage(staged_[phase]);
   if (backward && !b.forward_staged) stage(staged_both_);
   if (!backward) b.forward_staged = true;
-  for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staging[slot]->data();
+  for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staged[slot];
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
@@ -192,7 +201,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     on_stream();
     return;
   }
-  std::string failure;
+  std::string failure, deferral;
   try {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
     const cuda::StreamGuard on_side(device_.index, side);
@@ -210,9 +219,22 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     else if (g_failing_captures.load(std::memory_order_relaxed) > 0 &&
              g_failing_captures.fetch_sub(1, std::memory_order_relaxed) > 0)
       failure = "failed on purpose (fail_next_graph_captures)";
+  } catch (const cuda::NotReadyForCapture& e) {
+    fresh.graph.abort_capture();
+    deferral = e.what();
   } catch (const std::exception& e) {
     fresh.graph.abort_capture();
     failure = e.what();
+  }
+  if (!deferral.empty()) {
+    // A kernel makes a plan on the stream replay; these addresses capture on the next call.
+    {
+      std::lock_guard<std::mutex> l(fallback_mu_);
+      last_deferral_ = cat(phase_name(phase), " capture deferred: ", deferral);
+    }
+    deferred_captures_.fetch_add(1, std::memory_order_acq_rel);
+    on_stream();
+    return;
   }
   if (!failure.empty()) {
     // These addresses replay on the stream on this arena; others, or another arena, capture

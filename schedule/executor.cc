@@ -161,6 +161,7 @@ CallState* Plan::acquire() {
     b->escape_pool.resize(escapes_);
     b->escape_fixed.resize(escapes_);
     b->staging.resize(stage_slots_);
+    b->staged.resize(stage_slots_, nullptr);
   }
   CallState* out = b.get();
   std::lock_guard<std::mutex> l(pool_mu_);

@@ -150,6 +150,7 @@ struct CallState {
   // callers' addresses change every call), and random steps their {seed, offset} from
   // random_state, written before each launch.
   std::vector<IntrusivePtr<Storage>> staging;  // per staged buffer (by stage slot)
+  std::vector<void*> staged;  // per stage slot, where in its staging buffer this call's copy is
   IntrusivePtr<Storage> random_state;
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
@@ -169,7 +170,11 @@ struct GraphStats {
   int64_t stream_replays = 0;    // phases replayed kernel by kernel on the stream
   int64_t capture_failures = 0;  // captures that failed (each retried on a new arena or addresses)
   std::string last_failure;      // why the last one failed
-  std::string fallback;          // why this plan stopped capturing for good (empty: it did not)
+  // Captures dropped because a kernel had yet to make a plan (cuda::NotReadyForCapture): the
+  // phase ran on the stream instead, and the next call captured. Not failures.
+  int64_t deferred_captures = 0;
+  std::string last_deferral;  // why the last one was
+  std::string fallback;       // why this plan stopped capturing for good (empty: it did not)
 };
 
 class Plan {
@@ -408,17 +413,17 @@ class Plan {
   std::vector<int> random_steps_;         // in step order: step r uses {seed, offset} pair r
   size_t random_forward_ = 0;             // random steps of the forward (they come first)
   std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
-  // GraphStats, counted by concurrent calls; the failure and fallback reasons are written under
-  // their mutex, the fallback before `graphs_off_` is set.
+  // GraphStats, counted by concurrent calls; the failure, deferral and fallback reasons are
+  // written under their mutex, the fallback before `graphs_off_` is set.
   // Each adds one to the plan's count and to the process's (graph_use_counts()).
   void count_launch();
   void count_capture();
   void count_stream_replay();
   std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0},
-      capture_failures_{0};
+      capture_failures_{0}, deferred_captures_{0};
   std::atomic<bool> graphs_off_{false};
   mutable std::mutex fallback_mu_;
-  std::string fallback_, last_failure_;
+  std::string fallback_, last_failure_, last_deferral_;
 };
 
 // A new temporary buffer (not escaping) for a value shaped like `like`, added by a pass: its

@@ -35,6 +35,8 @@ EntryReport entry_report(const Entry& e, std::string signature) {
     r.graph_capture_failures = gs.capture_failures;
     r.graph_last_failure = gs.last_failure;
     r.graph_fallback = gs.fallback;
+    r.graph_deferred_captures = gs.deferred_captures;
+    r.graph_last_deferral = gs.last_deferral;
   }
   return r;
 }
@@ -136,27 +138,38 @@ std::string memory_text(const Plan& p) {
              p.arenas() == 1 ? " arena" : " arenas", " allocated");
 }
 
-// "40 graph launches, 2 captures, 0 stream replays[; graphs off: why]".
-std::string graph_counts(int64_t launches, int64_t captures, int64_t replays, int64_t failures,
-                         const std::string& last_failure, const std::string& fallback) {
-  std::string failed;
-  if (!fallback.empty())
-    failed = cat("; graphs off: ", fallback);
-  else if (failures > 0)
-    failed = cat("; ", failures, failures == 1 ? " failed capture (" : " failed captures (",
-                 last_failure, "), retried on new addresses or arenas");
-  return cat(launches, launches == 1 ? " graph launch, " : " graph launches, ", captures,
-             captures == 1 ? " capture, " : " captures, ", replays,
-             replays == 1 ? " stream replay" : " stream replays", failed);
+// "40 graph launches, 2 captures, 0 stream replays[; 1 capture deferred (why), ...][; graphs
+// off: why]".
+std::string graph_counts(const GraphStats& s) {
+  std::string deferred, failed;
+  if (s.deferred_captures > 0)
+    deferred = cat("; ", s.deferred_captures,
+                   s.deferred_captures == 1 ? " capture deferred (" : " captures deferred (",
+                   s.last_deferral, "), replayed on the stream and captured at the next call");
+  if (!s.fallback.empty())
+    failed = cat("; graphs off: ", s.fallback);
+  else if (s.capture_failures > 0)
+    failed = cat("; ", s.capture_failures,
+                 s.capture_failures == 1 ? " failed capture (" : " failed captures (",
+                 s.last_failure, "), retried on new addresses or arenas");
+  return cat(s.launches, s.launches == 1 ? " graph launch, " : " graph launches, ", s.captures,
+             s.captures == 1 ? " capture, " : " captures, ", s.stream_replays,
+             s.stream_replays == 1 ? " stream replay" : " stream replays", deferred, failed);
 }
 }  // namespace
 
 std::string EntryReport::graph_text() const {
   if (graph_launches == 0 && graph_captures == 0 && stream_replays == 0 &&
-      graph_capture_failures == 0)
+      graph_capture_failures == 0 && graph_deferred_captures == 0)
     return {};
-  return graph_counts(graph_launches, graph_captures, stream_replays, graph_capture_failures,
-                      graph_last_failure, graph_fallback);
+  return graph_counts({.launches = graph_launches,
+                       .captures = graph_captures,
+                       .stream_replays = stream_replays,
+                       .capture_failures = graph_capture_failures,
+                       .last_failure = graph_last_failure,
+                       .deferred_captures = graph_deferred_captures,
+                       .last_deferral = graph_last_deferral,
+                       .fallback = graph_fallback});
 }
 
 std::string StaticGraph::schedule_text() const {
@@ -174,10 +187,7 @@ std::string StaticGraph::schedule_text() const {
     out += cat("  ", memory_text(*e->plan), "\n");
     if (e->plan->device().type == DeviceType::CUDA) {
       const GraphStats gs = e->plan->graph_stats();
-      out += cat("  on ", e->plan->device(), ": ",
-                 graph_counts(gs.launches, gs.captures, gs.stream_replays, gs.capture_failures,
-                              gs.last_failure, gs.fallback),
-                 "\n");
+      out += cat("  on ", e->plan->device(), ": ", graph_counts(gs), "\n");
     }
     out += e->plan->steps_text(names_of(*e, config), "  ");
   }

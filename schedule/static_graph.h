@@ -94,6 +94,11 @@ struct EntryReport {
   int64_t graph_capture_failures = 0;
   std::string graph_last_failure;
   std::string graph_fallback;
+  // Captures put off to the next call because a kernel had yet to make a plan (a cuDNN or
+  // cuBLASLt algorithm for a new size or alignment; that phase replayed on the stream and made
+  // it), and why the last one was.
+  int64_t graph_deferred_captures = 0;
+  std::string graph_last_deferral;
   // A line for reports, as schedule_text() shows it: "40 graph launches, 2 captures, 0 stream
   // replays", with "; graphs off: <why>" after a failed capture ("" on the cpu).
   std::string graph_text() const;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/stream_libraries.h"
 #include "kernels/gemm_shape.h"
@@ -34,6 +35,15 @@ void gemm(Op op, cublasHandle_t h, const GemmShape& g, const double* a, const do
 // with the bias and adds a GEMM. `g` is linear_shape's, with k > 0 and sizes checked.
 bool linear_bias_lt(Op op, const GemmShape& g, DType dtype, const void* x, const void* w,
                     const void* bias, void* y, std::atomic<void*>* slot);
+
+// The cuBLASLt plans linear_bias_lt made in this process (one per device, dtype, shape and
+// alignment): those with an algorithm, and those cuBLASLt had none for (their linears take the
+// general path), with the last one's shape.
+struct LtPlanCounts {
+  int64_t usable = 0, unsupported = 0;
+  std::string last_unsupported;
+};
+LtPlanCounts lt_plan_counts();
 
 }  // namespace encore::kernels::cuda
 

@@ -14,8 +14,9 @@
 //   uses it while its operands have that alignment (one test, no lookup); eager calls look theirs
 //   up, so both run the same algorithm at every alignment.
 // - Plans live as long as the process and are made eagerly, under a lock, never during graph
-//   capture (Error: the capture fails and the phase replays on the stream, as for a convolution).
-//   Where cuBLASLt proposes no algorithm, the plan says so and the caller takes the general path.
+//   capture: a capture that needs a plan not made yet is deferred (cuda::NotReadyForCapture) and
+//   its stream replay makes it. Where cuBLASLt has no algorithm, the plan says so and the caller
+//   takes the general path (lt_plan_counts() counts such plans).
 // - ENCORE_CUDA_LT=0 sends every linear down the general path (to compare the two).
 #include <cublasLt.h>
 
@@ -23,6 +24,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
@@ -89,37 +92,57 @@ cublasStatus_t describe(cublasLtMatmulDescOpaque_t& storage, DType dt, const voi
                                         sizeof(bias));
 }
 
-// Chooses the algorithm of a plan (eagerly): false when cuBLASLt proposes none.
-bool choose(cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias, LtPlan& p) {
+// "x [33,70], weight [29,70], bias [29], float32, operands aligned to 4 bytes".
+std::string operands(const GemmShape& g, DType dt, uint32_t align) {
+  return cat("x [", g.m, ",", g.k, "], weight [", g.n, ",", g.k, "], bias [", g.n, "], ", name(dt),
+             ", operands aligned to ", align, " bytes");
+}
+
+[[noreturn]] void fail_lt(Op op, const char* call, cublasStatus_t st, const GemmShape& g, DType dt,
+                          uint32_t align) {
+  fail(op_name(op), ": cuBLASLt error in ", call, " for ", operands(g, dt, align), ": ",
+       cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+}
+
+std::mutex g_counts_mu;
+LtPlanCounts g_counts;  // under g_counts_mu
+
+// Chooses the algorithm of a plan (eagerly). False where cuBLASLt has none for it (the heuristic
+// says NOT_SUPPORTED, or INVALID_VALUE, as it does for some degenerate shapes, or proposes
+// nothing); any other failure is a bug of ours or the library's, and raises.
+bool choose(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias, LtPlan& p) {
   const cudaDataType_t type = data_type(dt);
+  auto ok = [&](cublasStatus_t st, const char* call) {
+    if (st != CUBLAS_STATUS_SUCCESS) fail_lt(op, call, st, g, dt, p.align);
+  };
   // Column-major: w^T [k, n] (transposed by the op), x^T [k, m], y^T [n, m].
-  if (cublasLtMatrixLayoutInit(&p.w, type, g.k, g.n, g.ldb) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatrixLayoutInit(&p.x, type, g.k, g.m, g.lda) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatrixLayoutInit(&p.y, type, g.n, g.m, g.ldc) != CUBLAS_STATUS_SUCCESS)
-    return false;
+  ok(cublasLtMatrixLayoutInit(&p.w, type, g.k, g.n, g.ldb), "cublasLtMatrixLayoutInit (weight)");
+  ok(cublasLtMatrixLayoutInit(&p.x, type, g.k, g.m, g.lda), "cublasLtMatrixLayoutInit (x)");
+  ok(cublasLtMatrixLayoutInit(&p.y, type, g.n, g.m, g.ldc), "cublasLtMatrixLayoutInit (y)");
   // The heuristic reads the bias address for its alignment only: one of exactly p.align.
   const uintptr_t at = reinterpret_cast<uintptr_t>(bias);
   const void* aligned_bias = reinterpret_cast<const void*>(
       alignment_of(bias, bias, bias, bias) > p.align ? at + p.align : at);
   cublasLtMatmulDescOpaque_t desc{};
-  if (describe(desc, dt, aligned_bias) != CUBLAS_STATUS_SUCCESS) return false;
+  ok(describe(desc, dt, aligned_bias), "the matmul description");
   cublasLtMatmulPreferenceOpaque_t pref{};
-  if (cublasLtMatmulPreferenceInit(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+  ok(cublasLtMatmulPreferenceInit(&pref), "cublasLtMatmulPreferenceInit");
   const uint64_t workspace = kWorkspaceBytes;
-  if (cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace, sizeof(workspace)) != CUBLAS_STATUS_SUCCESS)
-    return false;
+  ok(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                          &workspace, sizeof(workspace)),
+     "cublasLtMatmulPreferenceSetAttribute (workspace)");
   for (const cublasLtMatmulPreferenceAttributes_t a :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    if (cublasLtMatmulPreferenceSetAttribute(&pref, a, &p.align, sizeof(p.align)) !=
-        CUBLAS_STATUS_SUCCESS)
-      return false;
+    ok(cublasLtMatmulPreferenceSetAttribute(&pref, a, &p.align, sizeof(p.align)),
+       "cublasLtMatmulPreferenceSetAttribute (alignment)");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(lt, &desc, &p.w, &p.x, &p.y, &p.y, &pref, 1, &result,
-                                     &found) != CUBLAS_STATUS_SUCCESS ||
-      found < 1 || result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes)
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt, &desc, &p.w, &p.x, &p.y, &p.y, &pref, 1, &result, &found);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
+  ok(st, "cublasLtMatmulAlgoGetHeuristic");
+  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes)
     return false;
   p.algo = result.algo;
   return true;
@@ -127,7 +150,8 @@ bool choose(cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias,
 
 // The plan of this linear at this alignment, made on its first call; a static step keeps its
 // last one in `slot` (exactly its alignment: a plan chosen for less alignment could run another
-// algorithm than eager's, with other bits).
+// algorithm than eager's, with other bits). During a capture a missing plan defers the capture
+// (cuda::NotReadyForCapture): the phase's stream replay makes it.
 const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
                        const void* bias, std::atomic<void*>* slot) {
   if (slot != nullptr)
@@ -138,12 +162,19 @@ const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt,
   const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k, align};
   LtPlan& p = plans().find_or_make(key, [&] {
     if (encore::cuda::capturing())
-      fail(op_name(op), ": no cuBLASLt algorithm has been chosen for x [", g.m, ",", g.k,
-           "], weight [", g.n, ",", g.k,
-           "] yet; it is chosen eagerly, never while a CUDA graph is captured");
+      throw encore::cuda::NotReadyForCapture(
+          cat(op_name(op), ": no cuBLASLt algorithm chosen yet for ", operands(g, dt, align),
+              " (chosen outside a capture)"));
     auto made = std::make_unique<LtPlan>();
     made->align = align;
-    made->usable = choose(lt, g, dt, bias, *made);
+    made->usable = choose(op, lt, g, dt, bias, *made);
+    const std::lock_guard<std::mutex> lock(g_counts_mu);
+    if (made->usable) {
+      ++g_counts.usable;
+    } else {
+      ++g_counts.unsupported;
+      g_counts.last_unsupported = operands(g, dt, align);
+    }
     return made;
   });
   if (slot != nullptr) slot->store(&p, std::memory_order_release);
@@ -152,23 +183,33 @@ const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt,
 
 }  // namespace
 
+LtPlanCounts lt_plan_counts() {
+  const std::lock_guard<std::mutex> lock(g_counts_mu);
+  return g_counts;
+}
+
 bool linear_bias_lt(Op op, const GemmShape& g, DType dt, const void* x, const void* w,
                     const void* bias, void* y, std::atomic<void*>* slot) {
   static const bool enabled = env::flag("ENCORE_CUDA_LT", true);
   if (!enabled) return false;
   StreamLibraries& libs = cublas_libraries(op);
-  const LtPlan& plan = plan_for(op, libs.lt, g, dt, alignment_of(x, w, bias, y), bias, slot);
+  const uint32_t align = alignment_of(x, w, bias, y);
+  const LtPlan& plan = plan_for(op, libs.lt, g, dt, align, bias, slot);
   if (!plan.usable) return false;
   LtPlan p = plan;  // on the stack: cuBLASLt takes the layouts by non-const pointer
   cublasLtMatmulDescOpaque_t desc{};
-  ENCORE_CUBLAS_OK(op, describe(desc, dt, bias));
+  if (const cublasStatus_t st = describe(desc, dt, bias); st != CUBLAS_STATUS_SUCCESS)
+    fail_lt(op, "the matmul description", st, g, dt, align);
   const double one64 = 1, zero64 = 0;
   const float one32 = 1, zero32 = 0;
   const bool f64 = dt == DType::Float64;
   const void* one = f64 ? static_cast<const void*>(&one64) : &one32;
   const void* zero = f64 ? static_cast<const void*>(&zero64) : &zero32;
-  ENCORE_CUBLAS_OK(op, cublasLtMatmul(libs.lt, &desc, one, w, &p.w, x, &p.x, zero, y, &p.y, y, &p.y,
-                                      &p.algo, libs.blas_workspace, kWorkspaceBytes, stream()));
+  if (const cublasStatus_t st =
+          cublasLtMatmul(libs.lt, &desc, one, w, &p.w, x, &p.x, zero, y, &p.y, y, &p.y, &p.algo,
+                         libs.blas_workspace, kWorkspaceBytes, stream());
+      st != CUBLAS_STATUS_SUCCESS)
+    fail_lt(op, "cublasLtMatmul", st, g, dt, align);
   return true;
 }
 

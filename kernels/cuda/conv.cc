@@ -17,7 +17,9 @@
 //   is out of memory) when a plan needs more. A buffer it outgrows is kept, never freed: a
 //   captured CUDA graph may still point at it.
 // - While the thread captures a CUDA graph, no plan is made and nothing allocated: a missing plan
-//   or a handle not yet created throws Error and the caller runs the work eagerly instead.
+//   defers the capture (cuda::NotReadyForCapture; the phase replays on the stream, which makes
+//   it, and the next call captures), and a handle not yet created throws Error (a failed
+//   capture).
 #include <cudnn.h>
 
 #include <algorithm>
@@ -230,8 +232,9 @@ const Plan& plan_for(Op op, Kind kind, DType dtype, const Shape& xs, const Shape
                 a.groups};
   Plan& p = plans().find_or_make(key, [&] {
     if (encore::cuda::capturing())
-      fail(op_name(op), ": no cuDNN algorithm has been chosen for x ", xs, ", weight ", ws, ", y ",
-           ys, " yet; it is chosen eagerly, never while a CUDA graph is captured");
+      throw encore::cuda::NotReadyForCapture(
+          cat(op_name(op), ": no cuDNN algorithm chosen yet for x ", xs, ", weight ", ws, ", y ",
+              ys, " (chosen outside a capture)"));
     return make_plan(op, kind, dtype, xs, ws, ys, a, cudnn_libraries(op, 0));
   });
   if (state_slot != nullptr) state_slot->store(&p, std::memory_order_release);

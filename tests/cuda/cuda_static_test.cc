@@ -8,8 +8,10 @@
 // graphs. Then the randomized differential test (random_program_check.h).
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <memory>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
@@ -156,6 +158,84 @@ TEST_CASE("a failed CUDA-graph capture replays on the stream, and is tried again
   CHECK(e.graph_fallback.empty());
   CHECK(e.graph_launches >= 2);
   CHECK(e.stream_replays == stream_replays);
+}
+
+TEST_CASE("a capture that needs a cuBLASLt plan no eager call made is deferred to the next call",
+          "[cuda][static]") {
+  // The trace runs the linear with its operands at 256 bytes; the replays read x at 4 bytes past
+  // that (a view one element into its storage), which no eager call has run: the first such
+  // replay's capture is put off, its stream replay makes the plan, and the next call captures.
+  // Sizes of this test's own, so no other case has made their plans.
+  GraphsEnabled use_graphs(true);
+  StaticEnabled on;
+  manual_seed(5);
+  const int64_t m = 19, k = 45, n = 23;
+  auto lin = std::make_shared<nn::Linear>(k, n, nn::LinearOptions{.device = kCuda});
+  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
+                        {.name = "deferred_capture", .modules = {lin}});
+  NoGradGuard no_grad;
+  const Tensor storage = rand({m * k + 1}, DType::Float32, kCuda, -1, 1);
+  auto view = [&](int64_t offset) {
+    return Tensor(make_intrusive<TensorImpl>(
+        storage.impl()->storage, storage.impl()->offset + offset, Shape{m, k}, DType::Float32));
+  };
+  const Tensor aligned = view(0), odd = view(1);
+  (void)f(aligned);  // trace
+  // Host copies: each output is dropped at once, so the next call reuses its storage (the same
+  // addresses, the same graph).
+  std::vector<Tensor> replayed;
+  for (int call = 0; call < 3; ++call) replayed.push_back(f(odd).to(Device::cpu()));
+  EntryReport e = f.stats().cache[0];
+  INFO(e.graph_text());
+  CHECK(e.graph_deferred_captures == 1);
+  CHECK_THAT(e.graph_last_deferral, Catch::Matchers::Contains("no cuBLASLt algorithm chosen yet"));
+  CHECK_THAT(e.graph_text(), Catch::Matchers::Contains("1 capture deferred"));
+  CHECK(e.graph_capture_failures == 0);
+  CHECK(e.graph_fallback.empty());
+  CHECK(e.stream_replays == 1);
+  CHECK(e.graph_captures == 1);
+  CHECK(e.graph_launches == 2);
+  // Eager's bits, eager running after the replays (its plan is the one they made).
+  const Tensor want = (*lin)(odd).to(Device::cpu());
+  for (const Tensor& y : replayed) CHECK(bit_diff(y, want) == "");
+}
+
+TEST_CASE("three failed CUDA-graph captures turn graphs off for the plan, which says why",
+          "[cuda][static]") {
+  GraphsEnabled use_graphs(true);
+  StaticEnabled on;
+  manual_seed(4);
+  auto lin = std::make_shared<nn::Linear>(4, 3, nn::LinearOptions{.bias = false, .device = kCuda});
+  auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
+                        {.name = "graphs_off", .modules = {lin}});
+  const Tensor x = rand({2, 4}, DType::Float32, kCuda, -1, 1);
+  F::sum(f(x)).backward();  // trace
+  // Each call binds a new weight (new addresses: a capture is tried) and its capture fails.
+  auto call_with_new_weight = [&] {
+    Tensor w = rand({3, 4}, DType::Float32, kCuda, -1, 1);
+    w.set_requires_grad();
+    lin->weight = w;
+    Tensor y = f(x);
+    CHECK(bit_diff(y, (*lin)(x)) == "");
+    F::sum(y).backward();
+  };
+  schedule::fail_next_graph_captures(3);
+  for (int call = 0; call < 3; ++call) call_with_new_weight();
+  EntryReport e = f.stats().cache[0];
+  INFO(e.graph_text());
+  CHECK(e.graph_capture_failures == 3);
+  CHECK_THAT(e.graph_fallback, Catch::Matchers::Contains("3 captures failed") &&
+                                   Catch::Matchers::Contains("on purpose"));
+  CHECK_THAT(e.graph_text(), Catch::Matchers::Contains("graphs off"));
+  CHECK_THAT(f.schedule_text(), Catch::Matchers::Contains("graphs off"));
+  // From then on the plan replays on the stream, new addresses or not, and tries no capture.
+  const int64_t captures = e.graph_captures, launches = e.graph_launches;
+  for (int call = 0; call < 2; ++call) call_with_new_weight();
+  e = f.stats().cache[0];
+  CHECK(e.graph_capture_failures == 3);
+  CHECK(e.graph_captures == captures);
+  CHECK(e.graph_launches == launches);
+  CHECK(e.stream_replays >= 2 * 5);  // forward and backward of every replayed call
 }
 
 // ---- The randomized differential test ------------------------------------------------------
