@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -243,6 +245,30 @@ inline void label_warnings(benchmark::State& state, Device device, const StaticS
   if (on_cuda(device) && !stats.warnings.empty()) state.SetLabel(stats.warnings.back());
 }
 
+// The name of the /cuda case that is running (set by register_cuda_cases()'s wrapper).
+inline std::string& running_cuda_case() {
+  static std::string name;
+  return name;
+}
+
+// ENCORE_BENCH_BREAKDOWN=DIR: each KernelSum case writes where its device time goes to
+// DIR/<case, '/' as '_'>.txt: the profiler's table of the replayed steps (each op's device time,
+// over all `iterations`) and, with CUPTI, the kernels by name per step. On a GPU machine this is
+// what ncu would be run for, in the benchmark run itself.
+inline void write_breakdown(const profiler::Profile& profile, const DeviceActivity& activity,
+                            int64_t iterations) {
+  const char* dir = std::getenv("ENCORE_BENCH_BREAKDOWN");
+  if (dir == nullptr || *dir == '\0' || iterations <= 0) return;
+  std::string file = running_cuda_case();
+  std::replace(file.begin(), file.end(), '/', '_');
+  std::ofstream out(std::string(dir) + "/" + (file.empty() ? "case" : file) + ".txt");
+  out << running_cuda_case() << ", " << iterations << " steps\n\nReplayed ops (device time):\n"
+      << profile.table(30);
+  const std::string kernels = kernel_table(activity, iterations);
+  out << "\nKernels per step (CUPTI, unprofiled replay):\n"
+      << (kernels.empty() ? "none recorded (no CUPTI in this build, or no kernel ran)\n" : kernels);
+}
+
 // KernelSum/<case>/cuda: the summed device time of the kernels of one replayed step, the bound
 // a graph replay can approach. `replay()` runs one static step (without synchronizing). The
 // measured loop replays under the profiler, whose rows in mode Replay carry each replayed
@@ -304,9 +330,10 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
   state.counters["replay_us"] = replay_ns * 1e-3;
   state.counters["replay_over_kernel"] = kernel_ns > 0 ? replay_ns / kernel_ns : 0;
   // Its device time from CUPTI's records, over a loop of its own (recording costs host time).
+  DeviceActivity a;
   if (const std::string why = start_device_activity(); why.empty()) {
     replay_steps();
-    const DeviceActivity a = stop_device_activity();
+    a = stop_device_activity();
     const double device_ns = static_cast<double>(a.kernel_ns + a.copy_ns) / iters;
     state.counters["device_us"] = device_ns * 1e-3;
     state.counters["device_kernels"] = static_cast<double>(a.kernels) / iters;
@@ -316,6 +343,7 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
   } else {
     state.SetLabel("no device_us: " + why);
   }
+  write_breakdown(profile, a, iterations);
 }
 
 // A training step's measurement: `warmup` untimed calls of run(), then run() per iteration
@@ -372,7 +400,8 @@ inline std::string register_cuda_cases() {
   // An Error (a case that cannot run on this device) ends its case, not the whole run.
   for (CudaCase& c : cases)
     benchmark::RegisterBenchmark(c.name.c_str(),
-                                 [run = c.run](benchmark::State& state) {
+                                 [run = c.run, name = c.name](benchmark::State& state) {
+                                   running_cuda_case() = name;
                                    try {
                                      run(state);
                                    } catch (const Error& e) {

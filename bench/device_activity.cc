@@ -1,16 +1,42 @@
 // CUPTI's activity API (device_activity.h): buffers handed to CUPTI on request, their kernel,
-// memcpy and memset records summed as CUPTI completes them.
+// memcpy and memset records summed as CUPTI completes them, the kernels also by name.
 #include "bench/device_activity.h"
+
+#include <cstdio>
 
 #if defined(ENCORE_HAS_CUDA) && defined(ENCORE_BENCH_CUPTI)
 #include <cuda_runtime_api.h>
 #include <cupti.h>
+#include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #endif
 
 namespace encore::bench {
+
+std::string kernel_table(const DeviceActivity& activity, int64_t iterations, int max_rows) {
+  if (iterations <= 0 || activity.by_kernel.empty()) return "";
+  const auto iters = static_cast<double>(iterations);
+  std::string out = " calls/step    us/step  share  kernel\n";
+  char line[96];
+  int rows = 0;
+  for (const KernelTotal& k : activity.by_kernel) {
+    if (max_rows > 0 && rows++ == max_rows) break;
+    const double share = activity.kernel_ns > 0
+                             ? static_cast<double>(k.ns) / static_cast<double>(activity.kernel_ns)
+                             : 0;
+    std::snprintf(line, sizeof line, "%11.2f %10.2f %5.1f%%  ",
+                  static_cast<double>(k.calls) / iters, static_cast<double>(k.ns) * 1e-3 / iters,
+                  100 * share);
+    out += line;
+    out += k.name;
+    out += '\n';
+  }
+  return out;
+}
 
 #if defined(ENCORE_HAS_CUDA) && defined(ENCORE_BENCH_CUPTI)
 namespace {
@@ -20,6 +46,30 @@ constexpr size_t kAlign = 8;  // CUPTI's activity buffers must be 8-byte aligned
 
 std::mutex g_mu;  // CUPTI completes buffers on its own thread
 DeviceActivity g_sum;
+std::map<std::string, KernelTotal> g_by_name;  // under g_mu
+
+// A kernel's name as a reader wants it: demangled, without "void " and its parameter list.
+std::string kernel_name(const char* mangled) {
+  if (mangled == nullptr) return "?";
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(demangled);
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);
+  if (!name.empty() && name.back() == ')') {  // cut the parameter list, at its opening bracket
+    int depth = 0;
+    for (size_t i = name.size(); i-- > 0;) {
+      if (name[i] == ')') ++depth;
+      if (name[i] == '(' && --depth == 0) {
+        name.resize(i);
+        break;
+      }
+    }
+  }
+  constexpr size_t kMaxName = 140;
+  if (name.size() > kMaxName) name = name.substr(0, kMaxName - 3) + "...";
+  return name;
+}
 
 const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
@@ -33,6 +83,7 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t,
                                size_t valid) {
   DeviceActivity part;
+  std::map<std::string, KernelTotal> by_name;
   // A record without both timestamps (one a forced flush cut short) is counted as dropped.
   auto add = [&part](uint64_t start, uint64_t end, int64_t& ns, int64_t& count) {
     if (start == 0 || end < start) {
@@ -50,6 +101,11 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
         add(k->start, k->end, part.kernel_ns, part.kernels);
+        if (k->start != 0 && k->end >= k->start) {
+          KernelTotal& total = by_name[k->name != nullptr ? k->name : "?"];
+          ++total.calls;
+          total.ns += static_cast<int64_t>(k->end - k->start);
+        }
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -78,6 +134,11 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   g_sum.copy_ns += part.copy_ns;
   g_sum.copies += part.copies;
   g_sum.dropped += part.dropped;
+  for (auto& [name, total] : by_name) {
+    KernelTotal& into = g_by_name[name];
+    into.calls += total.calls;
+    into.ns += total.ns;
+  }
 }
 
 std::string failed(const char* call, CUptiResult r) {
@@ -97,6 +158,7 @@ std::string start_device_activity() {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_sum = {};
+    g_by_name.clear();
   }
   for (const CUpti_ActivityKind kind : kKinds) {
     if (const CUptiResult r = cuptiActivityEnable(kind); r != CUPTI_SUCCESS) {
@@ -116,7 +178,22 @@ DeviceActivity stop_device_activity() {
   cuptiActivityFlushAll(0);  // the completed records, then any left
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_sum;
+  DeviceActivity result = g_sum;
+  // Kernels whose demangled names agree (instances differing only in their parameter lists) are
+  // one row.
+  std::map<std::string, KernelTotal> by_short_name;
+  for (const auto& [mangled, total] : g_by_name) {
+    KernelTotal& row = by_short_name[kernel_name(mangled.c_str())];
+    row.calls += total.calls;
+    row.ns += total.ns;
+  }
+  for (auto& [name, total] : by_short_name) {
+    total.name = name;
+    result.by_kernel.push_back(std::move(total));
+  }
+  std::sort(result.by_kernel.begin(), result.by_kernel.end(),
+            [](const KernelTotal& a, const KernelTotal& b) { return a.ns > b.ns; });
+  return result;
 }
 
 #else

@@ -6,14 +6,26 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace encore::bench {
+
+// One kernel's runs: its demangled name, how many times it ran and their summed duration.
+struct KernelTotal {
+  std::string name;
+  int64_t calls = 0, ns = 0;
+};
 
 struct DeviceActivity {
   int64_t kernel_ns = 0, kernels = 0;  // summed durations, and how many
   int64_t copy_ns = 0, copies = 0;     // memcpy and memset
   int64_t dropped = 0;  // records CUPTI could not keep or complete (the sums miss them)
+  std::vector<KernelTotal> by_kernel;  // the kernels by name, largest total first
 };
+
+// The kernels of `activity` as a table, `iterations` steps' worth: per step calls and
+// microseconds, share of the kernel time, name (at most `max_rows` rows; 0: all).
+std::string kernel_table(const DeviceActivity& activity, int64_t iterations, int max_rows = 0);
 
 // Records device activity from start_device_activity() to stop_device_activity() (one stretch at
 // a time, on the calling thread's process). start returns "" or why it cannot record (no CUPTI
