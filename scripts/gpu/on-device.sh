@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
+#   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
+#   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
+#                                  # per KernelSum case), PyTorch side by side, the GPU demo
+#   bash .gpu/on-device.sh all     # both, about twice as long
+# "tests" and "bench" each finish within 9 minutes: every part has a time cap, the most wanted
+# parts first, so that a call cut short still brings back what ran. Each part's output is
+# printed and kept in $GPU_OUT (default /tmp/gpu-out).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+what=${1:-all}
+# The binaries and libraries, unpacked once per machine.
+run=/tmp/encore-gpu
+[ -x "$run/bin/encore_cuda_tests" ] || { mkdir -p "$run" && tar -xJf "$here/payload.tar.xz" -C "$run"; } || exit 1
+out=${GPU_OUT:-/tmp/gpu-out}; mkdir -p "$out"
+# The CUDA libraries wherever this machine has them (the CUDA toolkit, or PyTorch's nvidia-*
+# wheels): cuBLAS, cuDNN, NCCL, NVRTC (loaded with dlopen when a fused kernel is compiled).
+libdirs=$(find /usr/local /opt /usr/lib /root -maxdepth 10 \( -name 'libcublasLt.so.13*' -o -name 'libcublas.so.13*' \
+  -o -name 'libcudnn.so.9*' -o -name 'libcudnn_*.so.9*' -o -name 'libnccl.so.2*' -o -name 'libnvrtc.so.13*' \) \
+  2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="$run/lib:${libdirs}${LD_LIBRARY_PATH:-}"
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$run/bin/encore_cuda_tests" | grep -E 'not found|libcu|libnccl'
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.backends.cudnn.version())' 2>&1
+  command -v compute-sanitizer || echo "no compute-sanitizer"
+} 2>&1 | tee "$out/env.txt"
+
+# part NAME SECONDS CMD...: runs CMD under a time cap, its output kept in $out/NAME.txt; prints
+# the last lines, and the time it took or that it was cut.
+part() {
+  local name=$1 cap=$2; shift 2
+  local start=$SECONDS
+  echo "==> $name (cap ${cap} s): $*"
+  timeout --kill-after=5 "$cap" "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-25}" "$out/$name.txt"
+  if ((rc == 124 || rc == 137)); then echo "<== $name: cut at ${cap} s"; else
+    echo "<== $name: exit $rc in $((SECONDS - start)) s"; fi
+}
+
+run_tests() {
+  TAIL=40 part cuda_tests 300 "$run/bin/encore_cuda_tests" --durations yes
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$sanitizer" ] || return 0
+  # The random programs run 60 rather than 400 under the sanitizer (ENCORE_RANDOM_PROGRAMS).
+  ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$sanitizer" --tool memcheck --print-limit 20 \
+    "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
+  part racecheck 60 "$sanitizer" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
+    "a failed CUDA-graph capture*" "Adam's hyper-parameters on a schedule on cuda*"
+}
+run_bench() {
+  mkdir -p "$out/breakdown"
+  TAIL=80 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 230 "$run/bin/encore_bench" \
+    --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.2 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json
+  for f in "$out"/breakdown/KernelSum_MlpSmall_cuda.txt "$out"/breakdown/KernelSum_TinyGpt_cuda.txt; do
+    [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
+  done
+  if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
+    TAIL=30 part peers 230 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
+      --repetitions 3 --min-time 0.2 --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
+  fi
+  if [ -d "$here/data" ]; then
+    TAIL=15 part demo 80 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
+  fi
+}
+case "$what" in
+  tests) run_tests ;;
+  bench) run_bench ;;
+  all) run_tests; run_bench ;;
+  *) echo "usage: on-device.sh tests|bench|all"; exit 2 ;;
+esac
