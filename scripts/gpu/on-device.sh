@@ -54,19 +54,28 @@ run_tests() {
 }
 run_bench() {
   mkdir -p "$out/breakdown"
-  TAIL=80 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 230 "$run/bin/encore_bench" \
+  TAIL=80 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 200 "$run/bin/encore_bench" \
     --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.2 \
     --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
     --benchmark_out_format=json
   for f in "$out"/breakdown/KernelSum_MlpSmall_cuda.txt "$out"/breakdown/KernelSum_TinyGpt_cuda.txt; do
     [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
   done
+  # Where eager steps and stream replays spend their time, op by op (the profiler's table: an
+  # eager op's dispatch on the host, a replayed step's device time).
+  mkdir -p /tmp/encore-profiles
+  for c in SeedCnn/eager/cuda SeedCnn/static_nograph/cuda TinyGpt/eager/cuda; do
+    local f=${c//\//_}
+    TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
+      --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
+    cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -20 "$out/profile_$f.txt"
+  done
   if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
-    TAIL=30 part peers 230 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
+    TAIL=30 part peers 220 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
       --repetitions 3 --min-time 0.2 --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
   fi
   if [ -d "$here/data" ]; then
-    TAIL=15 part demo 80 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
+    TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
 }
 case "$what" in
