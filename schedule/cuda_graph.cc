@@ -70,7 +70,8 @@ void Plan::plan_graphs() {
 namespace {
 std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
 // The plans' counts summed over the process, and the failed captures.
-std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0};
+std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0},
+    g_deferred_captures{0};
 }  // namespace
 
 void fail_next_graph_captures(int n) {
@@ -80,7 +81,8 @@ void fail_next_graph_captures(int n) {
 GraphUseCounts graph_use_counts() {
   return {g_launches.load(std::memory_order_relaxed), g_captures.load(std::memory_order_relaxed),
           g_stream_replays.load(std::memory_order_relaxed),
-          g_failed_captures.load(std::memory_order_relaxed)};
+          g_failed_captures.load(std::memory_order_relaxed),
+          g_deferred_captures.load(std::memory_order_relaxed)};
 }
 
 void Plan::count_launch() {
@@ -177,11 +179,14 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     repeated = same_live(b.last_live[phase]);
     b.last_live[phase] = b.live_attrs;  // (the same size from the second run on: no allocation)
   }
+  // Whether `key` holds this call's addresses of the phase's non-arena views.
+  const auto this_call = [&](const std::vector<void*>& key) {
+    for (size_t k = p0; k < p1; ++k)
+      if (key[k - p0] != b.views[patches_[k].first].data) return false;
+    return true;
+  };
   for (CapturedGraph& g : graphs) {
-    bool same = true;
-    for (size_t k = p0; k < p1 && same; ++k)
-      same = g.key[k - p0] == b.views[patches_[k].first].data;
-    if (!same || !same_live(g.live)) continue;
+    if (!this_call(g.key) || !same_live(g.live)) continue;
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     g.graph.launch(stream);
     count_launch();
@@ -189,18 +194,20 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   }
   // Captured on this thread's own capture stream (no other thread puts work there), then
   // launched on the current stream; not again for addresses whose capture failed on this arena.
-  CapturedGraph fresh;
-  for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
-  if (live) fresh.live = b.live_attrs;
+  // (Nothing is allocated before a capture is tried: values that change at every call and
+  // addresses that failed replay on the stream at no cost.)
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
   const auto on_stream = [&] {
     count_stream_replay();
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
-  if (!repeated || std::find(failed.begin(), failed.end(), fresh.key) != failed.end()) {
+  if (!repeated || std::any_of(failed.begin(), failed.end(), this_call)) {
     on_stream();
     return;
   }
+  CapturedGraph fresh;
+  for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
+  if (live) fresh.live = b.live_attrs;
   std::string failure, deferral;
   try {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
@@ -233,6 +240,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
       last_deferral_ = cat(phase_name(phase), " capture deferred: ", deferral);
     }
     deferred_captures_.fetch_add(1, std::memory_order_acq_rel);
+    g_deferred_captures.fetch_add(1, std::memory_order_relaxed);
     on_stream();
     return;
   }

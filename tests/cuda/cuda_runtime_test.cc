@@ -357,8 +357,8 @@ TEST_CASE("a verified replay on cuda that fails in the middle leaves the next ca
   const Tensor good = tensor({0, 1, 2, 0, 1, 2}, {6}, DType::Int64, kCuda);
   const float want = body(logits, good).item<float>();
   // Every loss is kept: past the arena's pool of output storages (4) a replay writes a fixed
-  // buffer and copies it into the output's own storage after its last step, so the failing call
-  // below leaves such a copy pending, which its release must drop.
+  // buffer and copies it into the output's own storage after its last step. The failing call
+  // (its eager check raises) leaves the kept losses and the next calls' right.
   std::vector<Tensor> kept;
   for (int call = 0; call < 6; ++call) {
     kept.push_back(loss_of(logits, good));

@@ -32,9 +32,11 @@ class CheckGraphUse {
     const int64_t launches = now.launches - before_.launches,
                   captures = now.captures - before_.captures,
                   stream = now.stream_replays - before_.stream_replays,
-                  fallbacks = now.fallbacks - before_.fallbacks;
+                  fallbacks = now.fallbacks - before_.fallbacks,
+                  deferred = now.deferred - before_.deferred;
     INFO("graph launches " << launches << ", captures " << captures << ", stream replays " << stream
-                           << ", failed captures " << fallbacks);
+                           << " (of them deferred captures " << deferred << "), failed captures "
+                           << fallbacks);
     CHECK(fallbacks == 0);
     if (!replays_) {
       CHECK(launches + stream == 0);
