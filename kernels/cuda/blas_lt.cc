@@ -2,7 +2,7 @@
 // cublasLtMatmul whose epilogue adds the bias. blas.cu's general path fills y with the bias and
 // then runs a GEMM that adds to it: one kernel and one pass over y more.
 //
-// - A plan per (device, dtype, m, n, k, alignment) holds the matrix layouts and the algorithm:
+// - A plan per (device, dtype, m, n, k) and alignment holds the matrix layouts and the algorithm:
 //   the first cuBLASLt's heuristic proposes within the stream's workspace (kWorkspaceBytes), with
 //   CUBLAS_COMPUTE_32F for float32 (no TF32, as cuBLAS's default math) and CUBLAS_COMPUTE_64F for
 //   float64. Each of cuBLASLt's split-K reductions is deterministic (the in-place one orders the
@@ -10,9 +10,10 @@
 //   run's bits.
 // - The alignment is the largest power of two, up to 256 bytes, that divides the address of every
 //   operand; the heuristic is told it (the MIN_ALIGNMENT preferences, and a bias address of that
-//   alignment), so the algorithm runs at it. A static step keeps its plan in KernelArgs::state and
-//   uses it while its operands have that alignment (one test, no lookup); eager calls look theirs
-//   up, so both run the same algorithm at every alignment.
+//   alignment), so the algorithm runs at it. A static step keeps its shape's plans (one per
+//   alignment) in KernelArgs::state and finds the one of its operands' alignment there (one load,
+//   no lock, no lookup); eager calls look theirs up, so both run the same algorithm at every
+//   alignment.
 // - Plans live as long as the process and are made eagerly, under a lock, never during graph
 //   capture: a capture that needs a plan not made yet is deferred (cuda::NotReadyForCapture) and
 //   its stream replay makes it. Where cuBLASLt has no algorithm, the plan says so and the caller
@@ -22,6 +23,7 @@
 
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -45,11 +47,21 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// device, dtype, m, n, k, alignment.
-using LtKey = std::array<int64_t, 6>;
+// The plans of one linear shape, one per operand alignment (1, 2, 4, ... 256 bytes), each
+// published once made. A static step keeps its shape's in its KernelArgs::state and finds the
+// plan of any alignment there with one load: no lock, no lookup.
+struct LtShape {
+  static constexpr int kAlignments = 9;                    // log2(kMaxAlign) + 1
+  std::mutex mu;                                           // making a plan
+  std::array<std::unique_ptr<LtPlan>, kAlignments> owned;  // under mu
+  std::array<std::atomic<const LtPlan*>, kAlignments> ready{};
+};
 
-PlanCache<LtKey, LtPlan>& plans() {
-  static auto* cache = new PlanCache<LtKey, LtPlan>;  // never destroyed (plan_cache.h)
+// device, dtype, m, n, k.
+using LtKey = std::array<int64_t, 5>;
+
+PlanCache<LtKey, LtShape>& shapes() {
+  static auto* cache = new PlanCache<LtKey, LtShape>;  // never destroyed (plan_cache.h)
   return *cache;
 }
 
@@ -148,37 +160,44 @@ bool choose(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, const void
   return true;
 }
 
-// The plan of this linear at this alignment, made on its first call; a static step keeps its
-// last one in `slot` (exactly its alignment: a plan chosen for less alignment could run another
-// algorithm than eager's, with other bits). During a capture a missing plan defers the capture
+// The plan of this linear at this alignment (exactly: a plan chosen for less alignment could run
+// another algorithm than eager's, with other bits), made on its first call. A static step keeps
+// its shape's plans in `slot`. During a capture a missing plan defers the capture
 // (cuda::NotReadyForCapture): the phase's stream replay makes it.
 const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, uint32_t align,
                        const void* bias, std::atomic<void*>* slot) {
-  if (slot != nullptr)
-    if (const void* s = slot->load(std::memory_order_acquire); s != nullptr) [[likely]] {
-      const LtPlan& p = *static_cast<const LtPlan*>(s);
-      if (align == p.align) return p;
-    }
-  const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k, align};
-  LtPlan& p = plans().find_or_make(key, [&] {
-    if (encore::cuda::capturing())
-      throw encore::cuda::NotReadyForCapture(
-          cat(op_name(op), ": no cuBLASLt algorithm chosen yet for ", operands(g, dt, align),
-              " (chosen outside a capture)"));
-    auto made = std::make_unique<LtPlan>();
-    made->align = align;
-    made->usable = choose(op, lt, g, dt, bias, *made);
-    const std::lock_guard<std::mutex> lock(g_counts_mu);
+  const int i = std::countr_zero(align);
+  LtShape* shape =
+      slot != nullptr ? static_cast<LtShape*>(slot->load(std::memory_order_acquire)) : nullptr;
+  if (shape == nullptr) {  // an eager call, or a step's first
+    const LtKey key{encore::cuda::current_device(), static_cast<int64_t>(dt), g.m, g.n, g.k};
+    shape = &shapes().find_or_make(key, [] { return std::make_unique<LtShape>(); });
+    if (slot != nullptr) slot->store(shape, std::memory_order_release);
+  }
+  if (const LtPlan* p = shape->ready[i].load(std::memory_order_acquire); p != nullptr) [[likely]]
+    return *p;
+  const std::lock_guard<std::mutex> lock(shape->mu);
+  if (const LtPlan* p = shape->ready[i].load(std::memory_order_relaxed); p != nullptr) return *p;
+  if (encore::cuda::capturing())
+    throw encore::cuda::NotReadyForCapture(
+        cat(op_name(op), ": no cuBLASLt algorithm chosen yet for ", operands(g, dt, align),
+            " (chosen outside a capture)"));
+  auto made = std::make_unique<LtPlan>();
+  made->align = align;
+  made->usable = choose(op, lt, g, dt, bias, *made);
+  {
+    const std::lock_guard<std::mutex> counts(g_counts_mu);
     if (made->usable) {
       ++g_counts.usable;
     } else {
       ++g_counts.unsupported;
       g_counts.last_unsupported = operands(g, dt, align);
     }
-    return made;
-  });
-  if (slot != nullptr) slot->store(&p, std::memory_order_release);
-  return p;
+  }
+  const LtPlan* p = made.get();
+  shape->owned[i] = std::move(made);
+  shape->ready[i].store(p, std::memory_order_release);
+  return *p;
 }
 
 }  // namespace
