@@ -97,6 +97,23 @@ __device__ __forceinline__ T finish(T v, int64_t count) {
   }
 }
 
+// acc folded with px[offset_of(s, r)] for r = first, first + step, ... below n, in that order. A
+// one-group space (the common case: a bias gradient's rows, a row's contiguous elements) takes
+// an unrolled loop with no index division, so that several loads are in flight before their
+// combines; the combines keep their order, so the bits are those of the plain loop.
+template <typename R, typename T>
+__device__ __forceinline__ T fold(T acc, const T* __restrict__ px, const Space& s, int64_t first,
+                                  int64_t n, int64_t step) {
+  if (s.rank == 1) {
+    const int64_t stride = s.stride[0];
+#pragma unroll 8
+    for (int64_t r = first; r < n; r += step) acc = R::combine(acc, px[r * stride]);
+    return acc;
+  }
+  for (int64_t r = first; r < n; r += step) acc = R::combine(acc, px[offset_of(s, r)]);
+  return acc;
+}
+
 // Output `row` folds the n elements of the reduced space (innermost stride 1) at its offset.
 template <typename R, bool kMean, int kGroup, typename T>
 __global__ void __launch_bounds__(kBlockThreads<kGroup>)
@@ -105,8 +122,7 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
   __shared__ T sh[32];
   for_each_group_item<kGroup>(rows, [&](int64_t row, int g) {
     const T* px = x + offset_of(kept, row);
-    T acc = R::template identity<T>();
-    for (int64_t r = g; r < n; r += kGroup) acc = R::combine(acc, px[offset_of(reduced, r)]);
+    T acc = fold<R>(R::template identity<T>(), px, reduced, g, n, kGroup);
     acc = group_reduce<R, kGroup>(acc, sh);
     if (g == 0) y[row] = finish<kMean>(acc, n);
   });
@@ -127,8 +143,7 @@ __global__ void __launch_bounds__(32 * kMaxSplit)
     const int64_t o = tile * 32 + tx;
     T acc = R::template identity<T>();
     if (o < outputs) {
-      const T* px = x + offset_of(kept, o);
-      for (int64_t r = ty; r < n; r += split) acc = R::combine(acc, px[offset_of(reduced, r)]);
+      acc = fold<R>(acc, x + offset_of(kept, o), reduced, ty, n, split);
     }
     sh[ty][tx] = acc;
     __syncthreads();
