@@ -1,5 +1,5 @@
 // Optimizer updates on cuda:0 (tests/optim_foreach.h): foreach, on by default here, runs a call's
-// parameters in one or two launches per 24 and gives the bits of one call per parameter; a static
+// parameters in one or two launches per 48 and gives the bits of one call per parameter; a static
 // whole step holds one update step and replays eager's bits, as CUDA graphs and on the stream.
 #include <catch2/catch.hpp>
 
