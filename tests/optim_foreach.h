@@ -35,14 +35,14 @@ class UpdateCounter : public Tracer {
   TracerScope scope_;
 };
 
-// 60 parameters on `d`, float64 (every third) and float32 (40: two CUDA launches of up to 24), of
-// sizes from 1 to 70,000 elements (several blocks each), three with none: the first float32
-// one, a float64 one, and the last.
+// 150 parameters on `d`, float64 (every third: 50) and float32 (100), so that each dtype's call
+// takes two CUDA launches of up to 48; of sizes from 1 to 70,000 elements (several blocks each),
+// three with none: the first float32 one, a float64 one, and the last.
 inline std::vector<Tensor> foreach_parameters(Device d) {
   manual_seed(5);
   std::vector<Tensor> ps;
-  for (int i = 0; i < 60; ++i) {
-    const int64_t n = i == 1 || i == 3 || i == 59 ? 0 : i == 7 ? 70000 : 1 + 13 * i;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t n = i == 1 || i == 3 || i == 149 ? 0 : i == 7 ? 70000 : 1 + 13 * i;
     Tensor p = randn({n}, i % 3 == 0 ? DType::Float64 : DType::Float32).to(d);
     p.set_requires_grad();
     ps.push_back(p);
@@ -107,7 +107,7 @@ inline std::vector<std::pair<std::string, MakeOptimizer>> foreach_optimizers() {
 
 // Every optimizer, foreach against one call per parameter: three steps give the same bits in
 // every parameter and state tensor. With foreach the optimizer dispatches one call per dtype for
-// the 59 parameters with a gradient (float64 first: parameter 0 is float64), else 59 calls.
+// the 149 parameters with a gradient (float64 first: parameter 0 is float64), else 149 calls.
 inline void check_foreach_equals_loop(Device d) {
   const std::vector<Tensor> start = foreach_parameters(d);
   for (const auto& [name, make] : foreach_optimizers()) {
@@ -120,12 +120,12 @@ inline void check_foreach_equals_loop(Device d) {
       {
         UpdateCounter counter;
         grouped->step();
-        CHECK(counter.parameters_per_call == std::vector<int>{20, 39});
+        CHECK(counter.parameters_per_call == std::vector<int>{50, 99});
       }
       {
         UpdateCounter counter;
         looped->step();
-        CHECK(counter.parameters_per_call == std::vector<int>(59, 1));
+        CHECK(counter.parameters_per_call == std::vector<int>(149, 1));
       }
       for (size_t i = 0; i < a.size(); ++i) {
         INFO("step " << step << ", parameter " << i);

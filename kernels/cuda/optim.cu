@@ -33,10 +33,6 @@ struct Counters {
   int count;
 };
 
-// The largest launch's arguments (Adam's table, counters and scalars) within the 4 KB every
-// CUDA version takes.
-static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + 64 <= 4096);
-
 // The parameter this block updates, and the block's place among that parameter's blocks.
 struct BlockRange {
   int k;
@@ -93,6 +89,12 @@ __global__ void increment_kernel(Counters c) {
 struct AdamScalars {
   double lr, beta1, beta2;
 };
+
+// The largest launch's arguments (adam_kernel's: the table, the counters, these and seven T)
+// within the 4 KB every CUDA version takes.
+static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamScalars) +
+                  7 * sizeof(double) <=
+              4096);
 
 // Adam / AdamW with the CPU's formula; the counters were incremented by increment_kernel before
 // this launch. The bias corrections depend on t only: one thread per block computes its
