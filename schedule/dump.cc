@@ -139,6 +139,9 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
   std::string out;
   if (!unfused_reason_.empty())
     out += cat(indent, "elementwise runs left unfused: ", unfused_reason_, "\n");
+  if (folded_constants_ > 0)
+    out += cat(indent, folded_constants_, folded_constants_ == 1 ? " step" : " steps",
+               " computing constants folded (their values bound from the trace)\n");
   if (memory_.redzone_bytes > 0)
     out += cat(indent, "red zones: ", memory_.redzone_bytes,
                " guard bytes after each arena block, checked after every step\n");

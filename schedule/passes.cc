@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "runtime/fused.h"
 #include "schedule/memory_plan.h"
 #include "schedule/plan.h"
@@ -36,6 +37,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   results_ = rec_->results;
   for (const Recording::Contribution& c : rec_->contributions) grads_.push_back(c.grad);
   add_copies();
+  if (options_.fold_constants) fold_constants();
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
   align_ = device_.type == DeviceType::CUDA ? kCudaArenaAlign : kArenaAlign;
@@ -108,6 +110,46 @@ void Plan::add_copies() {
     if (!own) copy_into_new(g, static_cast<int>(all_.size()));
     escape_[g.buf] = escapes_++;
   }
+}
+
+// A step whose every output is a constant (Buffer::constant: computed at the trace from values
+// the function made itself, by a deterministic op) is not replayed: its outputs are bound by
+// reference to their values at the trace, as a tensor() the function makes is (a buffer the step
+// fills, as copy_ fills an empty(), is one of its outputs here). An output that leaves the call
+// or that a step writes afterwards keeps its step (a size planned from a dynamic family folds
+// nothing: instantiate() clears its constants). A replay reads what eager recomputes, so the
+// bits are eager's.
+void Plan::fold_constants() {
+  std::vector<Buffer>& bufs = rec_->buffers;
+  auto foldable = [&](const Operand& o) {
+    const Buffer& b = bufs[o.buf];
+    return b.kind == BufKind::Temp && b.constant && escape_[o.buf] < 0 && b.trace_value.defined() &&
+           b.trace_value.shape() == o.shape && b.trace_value.dtype() == o.dtype;
+  };
+  std::vector<Step> kept;
+  int n_forward = 0;
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    Step& s = all_[t];
+    // What the step writes: its outputs, and the inputs it fills (an empty() it copies into).
+    absl::InlinedVector<const Operand*, 2> written;
+    for (const Operand& o : s.out) written.push_back(&o);
+    for (size_t i = 0; i < s.in.size(); ++i)
+      if (op_writes_input(s.op, i)) written.push_back(&s.in[i]);
+    if (!written.empty() && std::all_of(written.begin(), written.end(),
+                                        [&](const Operand* o) { return foldable(*o); })) {
+      for (const Operand* o : written) {
+        Buffer& b = bufs[o->buf];
+        b.kind = BufKind::External;
+        b.bound = b.trace_value;
+      }
+      ++folded_constants_;
+      continue;
+    }
+    if (t < n_forward_) ++n_forward;
+    kept.push_back(std::move(s));
+  }
+  all_ = std::move(kept);
+  n_forward_ = n_forward;
 }
 
 // Drops compute steps whose outputs nothing reads. Random steps stay: skipping one would

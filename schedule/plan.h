@@ -62,6 +62,9 @@ struct PlanOptions {
   // gradients into the products that feed those, and runs max pooling before a ReLU
   // (rewrites.cc).
   bool fold_activations = true;
+  // Steps that compute constants from values the function makes itself (a causal mask from
+  // arange) are not replayed: their outputs are bound to their values at the trace.
+  bool fold_constants = true;
 };
 
 // A buffer a plan laid out padded (padded_layouts.cc): [N, C, H, W] as planes of hp x wp with the
@@ -319,6 +322,7 @@ class Plan {
   // Which input a step's output overwrites in place (its index), or -1.
   int in_place_input(const Step& s, int out) const;
   void add_copies();
+  void fold_constants();
   void eliminate_dead_steps();
   // Fewer passes over activations (rewrites.cc): max pooling before a ReLU, activations folded
   // into their producers, activation gradients into the products feeding them.
@@ -350,6 +354,7 @@ class Plan {
   std::vector<Step> trace_steps_;
   int recorded_forward_ = 0;
   int n_forward_ = 0;
+  int folded_constants_ = 0;       // recorded steps whose outputs became bound constants
   std::vector<char> moved_early_;  // per recorded step: an update moved before other steps
   std::vector<int> folded_fill_;   // per recorded add_: the recorded zero fill_ folded into it
   // Per buffer: what rewrite_activations did to the step writing it (dump.cc).

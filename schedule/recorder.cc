@@ -1,5 +1,7 @@
 #include <cstring>
+#include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "runtime/cuda.h"
 #include "runtime/error.h"
 #include "schedule/recording.h"
@@ -126,7 +128,10 @@ int Recorder::resolve_input(const Tensor& t, bool written) {
     if (t.requires_grad() && t.is_leaf()) unsafe(lazy_parameter(t));
     // Made inside the call: a temporary born at this in-place write (zeros(), ones()), or a
     // constant filled from host values (tensor()), bound by reference.
-    return written ? new_buffer(t, BufKind::Temp, -1) : new_buffer(t, BufKind::External, -1);
+    if (written) return new_buffer(t, BufKind::Temp, -1);
+    const int b = new_buffer(t, BufKind::External, -1);
+    rec_.buffers[b].constant = true;
+    return b;
   }
   if (t.requires_grad()) {
     if (t.is_leaf()) {
@@ -164,14 +169,33 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
                "; a static function's schedule runs on one device. Move its tensors to one "
                "device, or pass on_unsafe = OnUnsafe::Eager"));
   Step s{op, attrs, -1, {}, {}};
+  // A deterministic step that reads constants alone computes constants: its outputs, and a
+  // tensor made inside the call that it writes first (an empty() that copy_ or fill_ fills).
+  bool from_constants = !op_draws_random(op) && !op_optimizer_update(op) && !op_collective(op);
+  absl::InlinedVector<std::pair<int, size_t>, 1> born;  // (buffer, input) first written here
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool written = op_writes_input(op, i);
+    const size_t buffers_before = rec_.buffers.size();
     const int b = resolve_input(inputs[i], written);
     if (rec_.buffers[b].kind == BufKind::Temp && inputs[i].requires_grad() && inputs[i].is_leaf())
       unsafe(lazy_parameter(inputs[i]));
-    if (written) rec_.buffers[b].mutated = true;
+    if (written) {
+      rec_.buffers[b].mutated = true;
+      rec_.buffers[b].constant = false;
+      if (rec_.buffers.size() > buffers_before && rec_.buffers[b].kind == BufKind::Temp)
+        born.emplace_back(b, i);
+      else
+        from_constants = false;
+    } else {
+      from_constants &= rec_.buffers[b].constant;
+    }
     s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
   }
+  if (from_constants)
+    for (const auto& [b, i] : born) {
+      rec_.buffers[b].constant = true;
+      rec_.buffers[b].trace_value = inputs[i];
+    }
   for (const Tensor& t : outputs) {
     const Key k = key_of(t);
     int b;
@@ -179,8 +203,13 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       b = it->second;
       check_arg_view(b, t);
       if (rec_.buffers[b].kind != BufKind::Temp) rec_.buffers[b].mutated = true;
+      rec_.buffers[b].constant = false;  // written again: its value is no longer the trace's
     } else {
       b = new_buffer(t, BufKind::Temp, -1);
+      if (from_constants && !t.requires_grad()) {
+        rec_.buffers[b].constant = true;
+        rec_.buffers[b].trace_value = t;
+      }
     }
     s.out.push_back(Operand{b, t.shape(), t.dtype()});
   }

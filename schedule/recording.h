@@ -55,6 +55,12 @@ struct Buffer {
   Device device;
   Tensor bound;          // External: the tensor read by reference; Arg/Param: trace-time tensor
   bool mutated = false;  // written by an in-place step
+  // A constant: a tensor made inside the call from host values (External), or a Temp that a
+  // deterministic step computed from constants alone (its value at the trace in `trace_value`),
+  // unwritten since. A plan binds such a Temp by reference instead of running its step
+  // (Plan::fold_constants).
+  bool constant = false;
+  Tensor trace_value;
 };
 
 struct Operand {
@@ -124,7 +130,7 @@ struct Recording {
   // the two apart, so it is never replayed. -1: none.
   int captured_arg = -1;
   Shape captured_shape;  // the captured tensor's
-  std::string unsafe;  // why the trace cannot be replayed (empty: it can)
+  std::string unsafe;    // why the trace cannot be replayed (empty: it can)
   // Why the trace must not be replayed, and the next call traces again, as a phrase after "the
   // trace": "ran a one-time set-up (...)", "cannot be replayed: its argument 0 ... shares
   // storage with ...", "changed what a replay bakes in (SGD lr 0.1 -> 0.05)".
@@ -205,10 +211,10 @@ class Recorder final : public Tracer {
   std::optional<Device> device_;  // of the first op: a schedule runs on one device
   uint64_t start_serial_;
   absl::flat_hash_map<Key, int> buf_of_;
-  absl::flat_hash_map<Key, int> watched_;     // storage of a watched parameter -> slot
+  absl::flat_hash_map<Key, int> watched_;          // storage of a watched parameter -> slot
   const std::vector<ParamSlot>* slots_ = nullptr;  // add_watched's (they outlive the recorder)
-  absl::flat_hash_map<Key, int> entry_grad_;  // storage of a leaf's entry .grad -> leaf
-  std::vector<const TensorImpl*> args_;       // the aliases standing for the arguments
+  absl::flat_hash_map<Key, int> entry_grad_;       // storage of a leaf's entry .grad -> leaf
+  std::vector<const TensorImpl*> args_;            // the aliases standing for the arguments
   // The aliases and every view made of them during the call (held: no address is reused).
   absl::flat_hash_set<const TensorImpl*> arg_views_;
   std::vector<Tensor> arg_view_keep_;

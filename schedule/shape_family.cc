@@ -439,6 +439,10 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
       *rec, [&](const Operand& o) { largest[o.buf] = std::max(largest[o.buf], o.nbytes()); });
   for (size_t b = 0; b < rec->buffers.size(); ++b) {
     Buffer& buf = rec->buffers[b];
+    // A constant's value is the traced size's (an attribute from a size, such as a slice's
+    // start, may change it where its shape stays): a planned size runs the steps computing it.
+    buf.constant = false;
+    buf.trace_value = Tensor();
     if (buf.kind == BufKind::Temp || buf.kind == BufKind::Arg || buf.kind == BufKind::GradIn)
       buf.nbytes = largest[b];
     else if (largest[b] > buf.nbytes) {

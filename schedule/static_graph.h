@@ -192,6 +192,12 @@ bool padded_layouts_enabled();
 // (ENCORE_STATIC_FOLD=0 starts it off). Returns the previous setting.
 bool set_fold_activations_enabled(bool on);
 bool fold_activations_enabled();
+// Whether signatures traced from now on bind the results of steps that compute constants from
+// values the function makes itself (a causal mask from arange) to their values at the trace
+// instead of replaying those steps (ENCORE_STATIC_FOLD_CONSTANTS=0 starts it off). Returns the
+// previous setting.
+bool set_fold_constants_enabled(bool on);
+bool fold_constants_enabled();
 // Whether calls from now on may make argument dimensions dynamic and be served by dynamic
 // families (Config::dynamic; ENCORE_STATIC_DYNAMIC=0 starts it off). Off, every size is a
 // signature of its own, as with DynamicShapes::Off. Returns the previous setting.

@@ -238,9 +238,10 @@ TEST_CASE("verify mode checks a whole step whose updates were moved", "[early_up
     CHECK_THAT(text, Contains("moved early: recorded as step"));
   }
   // The verifications ran (every replay): check_whole_steps compared the bits; count them here.
-  // Activations stay unfolded, so the plan has the recorded number of steps.
+  // Activations and constants stay unfolded, so the plan has the recorded number of steps.
   StaticEnabled on;
   const StaticFoldActivations unfolded(false);
+  const StaticFoldConstants constants(false);
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), 7, 24, 16, 3, 8, 3);
   TrainStep model(mlps.model, momentum);
   auto step = model.make_static({.name = "verified_count", .verify_every = 1});

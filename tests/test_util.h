@@ -128,6 +128,9 @@ using StaticFusion = SwitchScope<set_static_fusion_enabled>;
 // Sets whether static functions traced in the scope fold activations into their producers and
 // run max pooling before a ReLU (ENCORE_STATIC_FOLD=0 in the environment would turn it off).
 using StaticFoldActivations = SwitchScope<set_static_fold_activations_enabled>;
+// Sets whether static functions traced in the scope fold the steps computing constants
+// (ENCORE_STATIC_FOLD_CONSTANTS=0 in the environment would turn it off).
+using StaticFoldConstants = SwitchScope<set_static_fold_constants_enabled>;
 
 // Whether one of `lines` contains `part`.
 inline bool any_contains(const std::vector<std::string>& lines, const std::string& part) {

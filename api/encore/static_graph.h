@@ -146,6 +146,14 @@ bool static_padded_layouts_enabled();
 // Returns the previous setting.
 bool set_static_fold_activations_enabled(bool on);
 bool static_fold_activations_enabled();
+// Whether signatures traced from now on fold the steps that compute constants from values the
+// function makes itself (a causal mask made from arange, positions from a range): such a step's
+// results are bound to their values at the trace and the step is not replayed. On by default
+// (ENCORE_STATIC_FOLD_CONSTANTS=0 starts it off); a replay reads the values eager recomputes, so
+// the results are the same bit for bit. The schedule dump counts the folded steps. Returns the
+// previous setting.
+bool set_static_fold_constants_enabled(bool on);
+bool static_fold_constants_enabled();
 // Whether calls from now on may make argument dimensions dynamic (StaticOptions::dynamic) and be
 // served by the dynamic families made so far; off (ENCORE_STATIC_DYNAMIC=0 starts it off), every
 // size traces once, as with DynamicShapes::Off. Returns the previous setting.

@@ -35,6 +35,12 @@ bool static_padded_layouts_enabled() {
 bool set_static_fold_activations_enabled(bool on) {
   return schedule::set_fold_activations_enabled(on);
 }
+bool set_static_fold_constants_enabled(bool on) {
+  return schedule::set_fold_constants_enabled(on);
+}
+bool static_fold_constants_enabled() {
+  return schedule::fold_constants_enabled();
+}
 bool set_static_dynamic_enabled(bool on) {
   return schedule::set_dynamic_enabled(on);
 }
