@@ -140,7 +140,8 @@ void Plan::fold_constants() {
       for (const Operand* o : written) {
         Buffer& b = bufs[o->buf];
         b.kind = BufKind::External;
-        b.bound = b.trace_value;
+        b.bound = b.trace_value;  // the recorder's own copy: no caller can write it
+        b.mutated = false;        // (its filling step is gone: nothing writes it now)
       }
       ++folded_constants_;
       continue;

@@ -5,6 +5,7 @@
 #include "runtime/cuda.h"
 #include "runtime/error.h"
 #include "schedule/recording.h"
+#include "schedule/static_graph.h"
 
 namespace encore::schedule {
 
@@ -13,6 +14,7 @@ Recorder::Recorder(Recording& rec, const std::string& name, bool throw_unsafe, b
       name_(name),
       throw_unsafe_(throw_unsafe),
       snapshot_(snapshot),
+      fold_constants_(!snapshot && fold_constants_enabled()),
       start_serial_(Storage::next_serial()) {}
 
 Recorder::Key Recorder::key_of(const Tensor& t) {
@@ -151,6 +153,40 @@ Operand Recorder::operand_of(const Tensor& t) {
   return Operand{resolve_input(t, false), t.shape(), t.dtype()};
 }
 
+namespace {
+
+// Ops whose results are functions of their inputs and attributes alone, the same at any thread
+// count: elementwise arithmetic, comparisons and selection, layout, copies and fills.
+bool folds_to_constant(Op op) {
+  if (op_elementwise(op)) return true;
+  switch (op) {
+    case Op::Equal:
+    case Op::Greater:
+    case Op::Where:
+    case Op::Permute:
+    case Op::BroadcastTo:
+    case Op::Concat:
+    case Op::Slice:
+    case Op::Copy:
+    case Op::Fill:
+    case Op::CopyInplace:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+// A private copy of a constant's value now (`nbytes` from its data): later writes to `t` (by the
+// caller it is returned to, or through a view) do not reach it.
+Tensor Recorder::constant_value(const Tensor& t, size_t nbytes) {
+  auto storage = make_intrusive<Storage>(nbytes, t.device());
+  Tensor copy(make_intrusive<TensorImpl>(std::move(storage), 0, t.shape(), t.dtype()));
+  cuda::copy_bytes(copy.raw_data(), t.device(), t.raw_data(), t.device(), nbytes);
+  return copy;
+}
+
 void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) {
   // A live guard's window: the updates its optimizer dispatches right after it.
@@ -169,9 +205,11 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
                "; a static function's schedule runs on one device. Move its tensors to one "
                "device, or pass on_unsafe = OnUnsafe::Eager"));
   Step s{op, attrs, -1, {}, {}};
-  // A deterministic step that reads constants alone computes constants: its outputs, and a
-  // tensor made inside the call that it writes first (an empty() that copy_ or fill_ fills).
-  bool from_constants = !op_draws_random(op) && !op_optimizer_update(op) && !op_collective(op);
+  // A step of an op whose element values depend on its inputs and attributes alone (not on the
+  // thread count, as a parallel GEMM's do) that reads constants alone computes constants: its
+  // outputs, and a tensor made inside the call that it writes first (an empty() that copy_ or
+  // fill_ fills).
+  bool from_constants = folds_to_constant(op);
   absl::InlinedVector<std::pair<int, size_t>, 1> born;  // (buffer, input) first written here
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool written = op_writes_input(op, i);
@@ -182,6 +220,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     if (written) {
       rec_.buffers[b].mutated = true;
       rec_.buffers[b].constant = false;
+      rec_.buffers[b].trace_value = Tensor();
       if (rec_.buffers.size() > buffers_before && rec_.buffers[b].kind == BufKind::Temp)
         born.emplace_back(b, i);
       else
@@ -191,10 +230,11 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
     }
     s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
   }
+  from_constants &= fold_constants_;
   if (from_constants)
     for (const auto& [b, i] : born) {
       rec_.buffers[b].constant = true;
-      rec_.buffers[b].trace_value = inputs[i];
+      rec_.buffers[b].trace_value = constant_value(inputs[i], rec_.buffers[b].nbytes);
     }
   for (const Tensor& t : outputs) {
     const Key k = key_of(t);
@@ -204,11 +244,12 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       check_arg_view(b, t);
       if (rec_.buffers[b].kind != BufKind::Temp) rec_.buffers[b].mutated = true;
       rec_.buffers[b].constant = false;  // written again: its value is no longer the trace's
+      rec_.buffers[b].trace_value = Tensor();
     } else {
       b = new_buffer(t, BufKind::Temp, -1);
       if (from_constants && !t.requires_grad()) {
         rec_.buffers[b].constant = true;
-        rec_.buffers[b].trace_value = t;
+        rec_.buffers[b].trace_value = constant_value(t, rec_.buffers[b].nbytes);
       }
     }
     s.out.push_back(Operand{b, t.shape(), t.dtype()});

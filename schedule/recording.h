@@ -56,9 +56,9 @@ struct Buffer {
   Tensor bound;          // External: the tensor read by reference; Arg/Param: trace-time tensor
   bool mutated = false;  // written by an in-place step
   // A constant: a tensor made inside the call from host values (External), or a Temp that a
-  // deterministic step computed from constants alone (its value at the trace in `trace_value`),
-  // unwritten since. A plan binds such a Temp by reference instead of running its step
-  // (Plan::fold_constants).
+  // deterministic step computed from constants alone (a private copy of its value at the trace
+  // in `trace_value`), unwritten since. A plan binds such a Temp by reference to that copy
+  // instead of running its step (Plan::fold_constants).
   bool constant = false;
   Tensor trace_value;
 };
@@ -194,6 +194,7 @@ class Recorder final : public Tracer {
   };
   static Key key_of(const Tensor& t);
   int new_buffer(const Tensor& t, BufKind kind, int index);
+  static Tensor constant_value(const Tensor& t, size_t nbytes);
   int resolve_input(const Tensor& t, bool written);
   int leaf_for(const Tensor& leaf);  // its leaf record, made on first sight
   void unsafe(std::string why);
@@ -207,6 +208,7 @@ class Recorder final : public Tracer {
   std::string name_;
   bool throw_unsafe_;
   bool snapshot_;
+  bool fold_constants_;  // mark constants, with a copy of their values (Plan::fold_constants)
   Phase phase_ = Phase::Forward;
   std::optional<Device> device_;  // of the first op: a schedule runs on one device
   uint64_t start_serial_;
