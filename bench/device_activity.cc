@@ -17,14 +17,12 @@
 
 namespace encore::bench {
 
-std::string kernel_table(const DeviceActivity& activity, int64_t iterations, int max_rows) {
+std::string kernel_table(const DeviceActivity& activity, int64_t iterations) {
   if (iterations <= 0 || activity.by_kernel.empty()) return "";
   const auto iters = static_cast<double>(iterations);
   std::string out = " calls/step    us/step  share  kernel\n";
   char line[96];
-  int rows = 0;
   for (const KernelTotal& k : activity.by_kernel) {
-    if (max_rows > 0 && rows++ == max_rows) break;
     const double share = activity.kernel_ns > 0
                              ? static_cast<double>(k.ns) / static_cast<double>(activity.kernel_ns)
                              : 0;
@@ -84,14 +82,16 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
                                size_t valid) {
   DeviceActivity part;
   std::map<std::string, KernelTotal> by_name;
-  // A record without both timestamps (one a forced flush cut short) is counted as dropped.
+  // A record without both timestamps (one a forced flush cut short) is counted as dropped;
+  // returns whether it was added.
   auto add = [&part](uint64_t start, uint64_t end, int64_t& ns, int64_t& count) {
     if (start == 0 || end < start) {
       ++part.dropped;
-      return;
+      return false;
     }
     ns += static_cast<int64_t>(end - start);
     ++count;
+    return true;
   };
   CUpti_Activity* record = nullptr;
   CUptiResult next = CUPTI_SUCCESS;
@@ -100,8 +100,7 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        add(k->start, k->end, part.kernel_ns, part.kernels);
-        if (k->start != 0 && k->end >= k->start) {
+        if (add(k->start, k->end, part.kernel_ns, part.kernels)) {
           KernelTotal& total = by_name[k->name != nullptr ? k->name : "?"];
           ++total.calls;
           total.ns += static_cast<int64_t>(k->end - k->start);

@@ -24,8 +24,8 @@ struct DeviceActivity {
 };
 
 // The kernels of `activity` as a table, `iterations` steps' worth: per step calls and
-// microseconds, share of the kernel time, name (at most `max_rows` rows; 0: all).
-std::string kernel_table(const DeviceActivity& activity, int64_t iterations, int max_rows = 0);
+// microseconds, share of the kernel time, name.
+std::string kernel_table(const DeviceActivity& activity, int64_t iterations);
 
 // Records device activity from start_device_activity() to stop_device_activity() (one stretch at
 // a time, on the calling thread's process). start returns "" or why it cannot record (no CUPTI
