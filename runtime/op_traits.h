@@ -180,6 +180,7 @@ inline constexpr OpTraits kOpTraits[] = {
      kSplits},
     {Op::MatmulAccumulate, "matmul_accumulate", OpKind::Inplace, 3, 3, -1, AttrType::Matmul, 0b100,
      0},
+    {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, 1, AttrType::StridedCopy, 0, 0},
     {Op::AllReduceStart, "all_reduce_start", OpKind::Compute, 1, 1, 1, AttrType::Collective, 0,
      kCollective},
     // Writes the buffer (inputs: buffer, handle).
@@ -278,8 +279,8 @@ constexpr std::string_view attr_type_name(AttrType t) {
       "AxisAttrs",      "SliceAttrs",     "CrossEntropyAttrs", "Conv2dAttrs",    "Pool2dAttrs",
       "BatchNormAttrs", "RandomAttrs",    "FusedAttrs",        "SgdAttrs",       "AdamAttrs",
       "ActAttrs",       "Conv2dActAttrs", "MatmulActAttrs",    "EmbeddingAttrs", "LayerNormAttrs",
-      "CollectiveAttrs"};
-  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::Collective) + 1);
+      "CollectiveAttrs", "StridedCopyAttrs"};
+  static_assert(std::size(kNames) == static_cast<size_t>(AttrType::StridedCopy) + 1);
   return kNames[static_cast<int>(t)];
 }
 

@@ -111,6 +111,10 @@ enum class Op : uint16_t {
   // a, b, c (updated) -> c + matmul(a, b) for an outer product (k = 1; MatmulAttrs): each
   // product rounded, then added, as a Matmul and an add_ give.
   MatmulAccumulate,
+  // Made by the planner for every device (schedule/layout_folds.cc), never dispatched: a chain
+  // of layout steps (permute, slice, split, concat, copy) as one copy of its inputs' elements
+  // into its output (StridedCopyAttrs; runtime/strided_copy.h).
+  StridedCopy,
   // Collectives over the processes of a data-parallel job (dist/): every rank makes the same
   // calls in the same order (CollectiveAttrs).
   // buffer -> handle (int64 [1]): starts an in-place all-reduce of the buffer across ranks and
@@ -158,6 +162,7 @@ enum class AttrType : uint8_t {
   Embedding,
   LayerNorm,
   Collective,
+  StridedCopy,
 };
 // AttrTypeOf<T>::value: the tag of attribute struct T (a struct without one does not compile).
 template <typename T>
@@ -260,6 +265,12 @@ struct FusedAttrs {
   const FusedProgram* program = nullptr;
 };
 
+// StridedCopy: the program of the step, owned by its plan.
+struct StridedCopyProgram;
+struct StridedCopyAttrs {
+  const StridedCopyProgram* program = nullptr;
+};
+
 struct SgdAttrs {  // SgdUpdate, MomentumSgdUpdate
   double lr = 0.01;
   double momentum = 0;
@@ -353,6 +364,8 @@ template <>
 struct AttrTypeOf<RandomAttrs> : AttrTag<AttrType::Random> {};
 template <>
 struct AttrTypeOf<FusedAttrs> : AttrTag<AttrType::Fused> {};
+template <>
+struct AttrTypeOf<StridedCopyAttrs> : AttrTag<AttrType::StridedCopy> {};
 template <>
 struct AttrTypeOf<SgdAttrs> : AttrTag<AttrType::Sgd> {};
 template <>

@@ -361,6 +361,10 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[of.instr], {}, of.output}),
                out[k]);
         }
+      } else if (s.op == Op::StridedCopy) {  // one output of its recorded step (a split's part)
+        keep(snapshots->emplace_back(StepSnapshot{
+                 s.trace_index, {}, s.attrs.as<StridedCopyAttrs>().program->output}),
+             out[0]);
       } else if (const Conv2dAttrs* conv = conv_attrs(s.attrs);
                  conv != nullptr && (conv->layout & kConvPaddedOutput) != 0) {
         // A padded output: its values, as eager's dense buffer holds them.

@@ -26,6 +26,7 @@
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
+#include "runtime/strided_copy.h"
 #include "runtime/parallel.h"
 #include "schedule/arena_pool.h"
 #include "schedule/memory_plan.h"
@@ -48,7 +49,8 @@ struct ExecStep {
 
 // How a recording is planned.
 struct PlanOptions {
-  bool fuse = true;       // fuse runs of elementwise steps
+  // Fuse runs of elementwise steps, and chains of layout steps into strided copies.
+  bool fuse = true;
   bool redzones = false;  // guard bytes after every arena block, checked after every step
   // Optimizer updates move to right after the steps they depend on; a zero fill_ and the add_
   // into it become one step.
@@ -327,6 +329,9 @@ class Plan {
   // Fewer passes over activations (rewrites.cc): max pooling before a ReLU, activations folded
   // into their producers, activation gradients into the products feeding them.
   void rewrite_activations();
+  // Chains of layout steps whose intermediate values only the chain reads become StridedCopy
+  // steps (layout_folds.cc).
+  void fold_layouts();
   // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
   const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
@@ -378,6 +383,7 @@ class Plan {
   MemoryPlan memory_;
   int escapes_ = 0;
   std::vector<std::unique_ptr<FusedProgram>> programs_;  // of the FusedElementwise steps
+  std::vector<std::unique_ptr<StridedCopyProgram>> layout_programs_;  // of the StridedCopy steps
   std::string unfused_reason_;        // why the device could not run a fused program, or ""
   std::vector<PaddedBuffer> padded_;  // per buffer (padded_layouts.cc)
 

@@ -32,7 +32,7 @@
 #include <cstring>
 #include <vector>
 
-#include "schedule/plan.h"
+#include "schedule/rewriter.h"
 
 namespace encore::schedule {
 namespace {
@@ -49,82 +49,7 @@ double scalar_of(const Step& s) {
   return op_has_scalar_attrs(s.op) ? s.attrs.as<ScalarAttrs>().value : 0.0;
 }
 
-// One rewrite over the plan's steps: who reads and writes each storage, and the edits.
-class Rewriter {
- public:
-  Rewriter(std::vector<Step>& steps, int& n_forward, std::vector<Buffer>& bufs,
-           std::vector<int>& escape, const std::vector<int>& memory, int recorded_forward,
-           absl::flat_hash_map<int, std::string>& notes)
-      : steps_(steps),
-        n_forward_(n_forward),
-        bufs_(bufs),
-        escape_(escape),
-        memory_(memory),
-        recorded_forward_(recorded_forward),
-        notes_(notes) {
-    readers_.resize(bufs.size());
-    writers_.resize(bufs.size());
-    for (int t = 0; t < static_cast<int>(steps.size()); ++t) {
-      const Step& s = steps[t];
-      for (const Operand& o : s.in) readers_[memory_[o.buf]].push_back(t);
-      for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
-                       [&](const Operand& o) { writers_[memory_[o.buf]].push_back(t); });
-    }
-    drop_.assign(steps.size(), 0);
-    after_.resize(steps.size());
-  }
-
-  void swap_pool_relu();
-  void fold_producers();
-  void fold_gradients();
-  void fold_accumulations();
-  // Applies the edits: dropped steps go, inserted ones follow their step.
-  void finish();
-
- private:
-  // A temporary of the call that nothing outside it sees, written by step t alone.
-  // (A buffer this pass made is none: its readers and writers are not listed.)
-  bool private_value(const Operand& o, int t) const {
-    if (o.buf >= static_cast<int>(memory_.size())) return false;
-    const int m = memory_[o.buf];
-    return bufs_[o.buf].kind == BufKind::Temp && escape_[o.buf] < 0 && o.nbytes() == nbytes(o) &&
-           writers_[m].size() == 1 && writers_[m][0] == t;
-  }
-  size_t nbytes(const Operand& o) const { return bufs_[o.buf].nbytes; }
-  const std::vector<int>& readers(const Operand& o) const { return readers_[memory_[o.buf]]; }
-  const std::vector<int>& writers(const Operand& o) const { return writers_[memory_[o.buf]]; }
-  bool floating(const Operand& o) const {
-    return o.dtype == DType::Float32 || o.dtype == DType::Float64;
-  }
-  bool same_phase(int a, int b) const { return (a < n_forward_) == (b < n_forward_); }
-  // A recorded step's number within its phase, as the dump shows it.
-  int recorded(int index) const {
-    return index < recorded_forward_ ? index : index - recorded_forward_;
-  }
-  // "recorded as steps 3 and 4" (or "recorded as step 3" when b is a step added by the plan).
-  std::string recorded_as(int a, int b) const {
-    if (b < 0) return cat("recorded as step ", recorded(a));
-    return cat("recorded as steps ", recorded(a), " and ", recorded(b));
-  }
-  void note(int buf, const std::string& text) {
-    std::string& n = notes_[buf];
-    n += cat(n.empty() ? "" : "; ", text);
-  }
-  Operand new_temp(const Operand& like) {
-    return Operand{add_temp_buffer(bufs_, escape_, like), like.shape, like.dtype};
-  }
-
-  std::vector<Step>& steps_;
-  int& n_forward_;
-  std::vector<Buffer>& bufs_;
-  std::vector<int>& escape_;
-  const std::vector<int>& memory_;
-  const int recorded_forward_;
-  absl::flat_hash_map<int, std::string>& notes_;
-  std::vector<std::vector<int>> readers_, writers_;  // per storage, in step order
-  std::vector<char> drop_;
-  std::vector<std::vector<Step>> after_;  // per step: steps inserted right after it
-};
+}  // namespace
 
 // relu (step a: x -> r), max_pool2d (step m: r -> p) and, when the backward is recorded,
 // max_pool2d_grad (g1: r, gp -> gr) and relu_grad (g2: r, gr -> gx) become max_pool2d (x -> p'),
@@ -331,8 +256,6 @@ void Rewriter::finish() {
   steps_ = std::move(kept);
   n_forward_ = n_forward;
 }
-
-}  // namespace
 
 // Each rewrite is its own pass over fresh reader and writer lists, in this order: the swap puts
 // the ReLU after the pooling and its gradient before the pooling's, where the folds may take them.

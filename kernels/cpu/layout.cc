@@ -1,11 +1,13 @@
-// Layout kernels: permute, broadcast_to, concat, slice, slice_grad. They move elements without
-// looking at them, so they run on unsigned integers of the dtype's size.
+// Layout kernels: permute, broadcast_to, concat, slice, slice_grad, and the planner's
+// strided_copy. They move elements without looking at them, so they run on unsigned integers of
+// the dtype's size.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/strided_loop.h"
+#include "runtime/strided_copy.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -164,7 +166,39 @@ void slice_grad_kernel(const KernelArgs& args) {
   });
 }
 
+// Each piece of the program (runtime/strided_copy.h): a gather where it writes its part of the
+// output contiguously (a transpose tiled as permute's), else row by row.
+void strided_copy_kernel(const KernelArgs& args) {
+  const BufferView& out = args.out[0];
+  switch_itemsize(out.dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
+    for (const StridedPiece& p : args.attr<StridedCopyAttrs>().program->pieces) {
+      int64_t strides[2][kMaxRank] = {};
+      for (int d = 0; d < p.rank; ++d) {
+        strides[0][d] = p.out_strides[d];
+        strides[1][d] = p.in_strides[d];
+      }
+      const StridedLoop<2> loop = make_strided_loop<2>(p.rank, p.dims, strides);
+      U* to = out.as<U>() + p.out_offset;
+      const U* from = args.in[p.input].as<U>() + p.in_offset;
+      if (p.contiguous_output()) {
+        gather(to, from, loop);
+        continue;
+      }
+      for_each_row(loop, [&](const int64_t* off, int64_t n, const int64_t* s) {
+        U* o = to + off[0];
+        const U* x = from + off[1];
+        if (s[0] == 1 && s[1] == 1) {
+          std::memcpy(o, x, n * sizeof(U));
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = x[i * s[1]];
+        }
+      });
+    }
+  });
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
+  register_kernel(Op::StridedCopy, DeviceType::CPU, &strided_copy_kernel);
   register_kernel(Op::Permute, DeviceType::CPU, &permute_kernel);
   register_kernel(Op::BroadcastTo, DeviceType::CPU, &broadcast_to_kernel);
   register_kernel(Op::Concat, DeviceType::CPU, &concat_kernel);

@@ -1,5 +1,5 @@
 // Layout CUDA kernels, the same semantics as kernels/cpu/layout.cc: permute, broadcast_to,
-// concat, split, slice, slice_grad. Except slice_grad they move elements without looking at
+// concat, split, slice, slice_grad, and the planner's strided_copy. Except slice_grad they move elements without looking at
 // them, so they run on unsigned integers of the dtype's size (concat and split on the widest unit
 // their rows allow, one launch for up to 8 parts).
 //
@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/strided_loop.h"
+#include "runtime/strided_copy.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -310,8 +311,102 @@ void split_kernel(const KernelArgs& args) {
   concat_or_split<false>(Op::Split, args.in[0], args.out, args.attr<AxisAttrs>().axis);
 }
 
+// ---- strided_copy (runtime/strided_copy.h) --------------------------------------------------
+
+// Pieces of a strided copy that write their part of the output at strides (a concat's parts),
+// up to kPiecesPerLaunch in one launch: element i belongs to the first piece whose running
+// element count `end` exceeds it.
+constexpr int kPiecesPerLaunch = 8;
+struct CopyPiece {
+  const void* in = nullptr;
+  int rank = 1;
+  int64_t in_offset = 0, out_offset = 0;
+  int64_t dims[kMaxRank] = {1};
+  int64_t in_strides[kMaxRank] = {}, out_strides[kMaxRank] = {};
+};
+struct CopyPieces {
+  int count = 0;
+  int64_t end[kPiecesPerLaunch] = {};
+  CopyPiece piece[kPiecesPerLaunch];
+};
+
+template <typename I, typename U>
+__global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces pieces, U* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    int k = 0;
+    while (i >= pieces.end[k]) ++k;
+    const CopyPiece& p = pieces.piece[k];
+    I j = static_cast<I>(i - (k > 0 ? pieces.end[k - 1] : 0));
+    I in = 0, to = 0;
+    for (int d = p.rank - 1; d > 0; --d) {
+      const I dim = static_cast<I>(p.dims[d]);
+      const I q = j / dim, r = j - q * dim;
+      in += r * static_cast<I>(p.in_strides[d]);
+      to += r * static_cast<I>(p.out_strides[d]);
+      j = q;
+    }
+    in += j * static_cast<I>(p.in_strides[0]);
+    to += j * static_cast<I>(p.out_strides[0]);
+    out[p.out_offset + to] = static_cast<const U*>(p.in)[p.in_offset + in];
+  }
+}
+
+// A piece writing its part of the output contiguously is a gather (a plain copy, or a tiled
+// transpose); the others go in launches of up to kPiecesPerLaunch.
+void strided_copy_kernel(const KernelArgs& args) {
+  const BufferView& out = args.out[0];
+  switch_itemsize(out.dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
+    CopyPieces batch;
+    int64_t n = 0, largest = out.numel();
+    auto flush = [&] {
+      if (n > 0)
+        with_index_type(largest, [&]<typename I>(Type<I>) {
+          pieces_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(n, batch, out.as<U>());
+          ENCORE_CUDA_LAUNCHED(Op::StridedCopy);
+        });
+      batch = CopyPieces{};
+      n = 0;
+      largest = out.numel();
+    };
+    for (const StridedPiece& p : args.attr<StridedCopyAttrs>().program->pieces) {
+      const BufferView& in = args.in[p.input];
+      int64_t strides[2][kMaxRank] = {};
+      for (int d = 0; d < p.rank; ++d) {
+        strides[0][d] = p.out_strides[d];
+        strides[1][d] = p.in_strides[d];
+      }
+      const StridedLoop<2> loop = make_strided_loop<2>(p.rank, p.dims, strides);
+      const int64_t count = loop.numel();
+      if (count == 0) continue;
+      if (p.contiguous_output()) {
+        gather(Op::StridedCopy, out.as<U>() + p.out_offset, in.as<U>() + p.in_offset, loop, count,
+               in.numel());
+        continue;
+      }
+      CopyPiece& c = batch.piece[batch.count];
+      c.in = in.as<U>();
+      c.rank = loop.rank;
+      c.in_offset = p.in_offset;
+      c.out_offset = p.out_offset;
+      for (int d = 0; d < loop.rank; ++d) {
+        c.dims[d] = loop.dims[d];
+        c.out_strides[d] = loop.strides[0][d];
+        c.in_strides[d] = loop.strides[1][d];
+      }
+      n += count;
+      batch.end[batch.count++] = n;
+      largest = std::max(largest, in.numel());
+      if (batch.count == kPiecesPerLaunch) flush();
+    }
+    flush();
+  });
+}
+
 }  // namespace
 
+ENCORE_REGISTER_CUDA(Op::StridedCopy, &strided_copy_kernel);
 ENCORE_REGISTER_CUDA(Op::Permute, &permute_kernel);
 ENCORE_REGISTER_CUDA(Op::BroadcastTo, &broadcast_to_kernel);
 ENCORE_REGISTER_CUDA(Op::Concat, &concat_kernel);

@@ -1,0 +1,233 @@
+// Layout folds (schedule/layout_folds.cc): a value a layout step writes and only layout steps
+// read is not written; its readers read its elements where it read them, as one strided_copy.
+// Attention's head split and the concat of its gradients fold (the dump names the steps each copy
+// stands for) and train bit for bit as eager; random chains of permute, reshape, slice, split and
+// concat over float, double and int64 values give eager's values and gradients, in verify mode
+// too; a chain whose first buffer is written in between, or whose view a reader cannot take,
+// keeps its steps.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/nn_sequence.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+int count_of(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
+
+int steps_of(const std::string& text) {
+  return count_of(text, R"(\n +[0-9]+  [a-z_]+)");
+}
+
+// A random chain of layout ops over x, the same ops at every call of one seed: permutes,
+// reshapes (dimensions merged or split), slices (with steps), splits whose parts are taken
+// apart or concatenated back in another order, and concats of a value with a slice of itself.
+Tensor layout_chain(const Tensor& x, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint32_t>(n)); };
+  Tensor y = x;
+  for (int op = 0; op < 5; ++op) {
+    const int rank = y.rank();
+    const int axis = static_cast<int>(pick(rank));
+    const int64_t size = y.size(axis);
+    switch (pick(5)) {
+      case 0: {
+        std::vector<int> perm(rank);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        y = F::permute(y, perm);
+        break;
+      }
+      case 1: {
+        std::vector<int64_t> shape(y.shape().begin(), y.shape().end());
+        if (axis + 1 < rank && rank > 2) {  // merge two dimensions
+          shape[axis] *= shape[axis + 1];
+          shape.erase(shape.begin() + axis + 1);
+        } else {  // split one by its smallest factor
+          int64_t f = 2;
+          while (f < size && size % f != 0) ++f;
+          if (f >= size) break;
+          shape[axis] = size / f;
+          shape.insert(shape.begin() + axis + 1, f);
+        }
+        y = F::reshape(y, std::span<const int64_t>(shape));
+        break;
+      }
+      case 2: {
+        if (size < 2) break;
+        const int64_t start = pick(size - 1);
+        const int64_t stop = start + 1 + pick(size - start);
+        y = F::slice(y, axis, start, stop, 1 + pick(3));
+        break;
+      }
+      case 3: {
+        if (size < 2) break;
+        const int64_t first = 1 + pick(size - 1);
+        std::vector<Tensor> parts = F::split(y, {first, size - first}, axis);
+        y = pick(3) == 0 ? parts[pick(2)] : F::concat({parts[1], parts[0]}, axis);
+        break;
+      }
+      default:
+        y = F::concat({y, F::slice(y, axis, 0, 1)}, axis);
+        break;
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("attention's head split and gradient concat fold into strided copies",
+          "[static][fusion][layout]") {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  auto make = [] {
+    manual_seed(3);
+    return std::make_shared<nn::MultiheadAttention>(16, 2, nn::AttentionOptions{.causal = true});
+  };
+  auto eager_model = make(), static_model = make();
+  auto step_of = [](std::shared_ptr<nn::MultiheadAttention> m) {
+    return [m](const Tensor& x) {
+      m->zero_grad();
+      Tensor y = (*m)(x);
+      Tensor loss = F::mean(F::mul(y, y));
+      loss.backward();
+      return loss;
+    };
+  };
+  auto eager = step_of(eager_model);
+  auto step = static_graph(step_of(static_model), {.name = "attention_step",
+                                                   .modules = {static_model}});
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = rand({2, 5, 16}, DType::Float32, Device::cpu(), -1, 1);
+    CHECK(bit_diff(step(x), eager(x)) == "");
+    check_same_parameters(*static_model, *eager_model, cat("call ", call));
+  }
+  const std::string text = step.schedule_text();
+  INFO(text);
+  // q, k and v: the split and each head permute in one; their gradients' permutes and the
+  // concat in one.
+  CHECK(count_of(text, "strided_copy +\\[split and permute in one: recorded as steps") == 3);
+  CHECK(count_of(text, "strided_copy +\\[permute, permute, permute and concat in one") == 1);
+  CHECK(count_of(text, "\\n +[0-9]+  split ") == 0);
+  CHECK(count_of(text, "\\n +[0-9]+  concat ") == 0);
+
+  auto unfolded = static_graph(step_of(static_model), {.name = "attention_step_unfused",
+                                                        .modules = {static_model}});
+  const StaticFusion off(false);
+  (void)unfolded(rand({2, 5, 16}));
+  const std::string plain = unfolded.schedule_text();
+  CHECK(count_of(plain, "strided_copy") == 0);
+  CHECK(steps_of(text) < steps_of(plain));
+}
+
+TEST_CASE("random layout chains replay eager's values and gradients", "[static][fusion][layout]") {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  int copies = 0, folded_steps = 0;
+  for (uint32_t seed = 0; seed < 60; ++seed) {
+    for (DType dtype : {DType::Float32, DType::Float64, DType::Int64}) {
+      INFO("seed " << seed << ", " << name(dtype));
+      const bool grad = dtype != DType::Int64;
+      auto body = [seed](const Tensor& x) { return layout_chain(x, seed); };
+      auto f = static_graph(body, {.name = "chain"});
+      auto v = static_graph(body, {.name = "chain_verified", .verify_every = 1});
+      for (int call = 0; call < 2; ++call) {
+        Tensor x = grad ? rand({4, 6, 10}, dtype, Device::cpu(), -1, 1)
+                        : F::reshape(arange(240, dtype), {4, 6, 10});
+        if (!grad) {
+          CHECK(bit_diff(f(x), body(x)) == "");
+          CHECK(bit_diff(v(x), body(x)) == "");
+          continue;
+        }
+        Tensor xe = x.detach(), xs = x.detach();
+        xe.set_requires_grad();
+        xs.set_requires_grad();
+        const Tensor ye = body(xe), ys = f(xs);
+        REQUIRE(bit_diff(ys, ye) == "");
+        F::sum(F::mul(ye, ye)).backward();
+        F::sum(F::mul(ys, ys)).backward();
+        CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+        Tensor xv = x.detach();
+        xv.set_requires_grad();
+        const Tensor yv = v(xv);
+        CHECK(bit_diff(yv, ye) == "");
+        F::sum(F::mul(yv, yv)).backward();
+        CHECK(bit_diff(xv.grad(), xe.grad()) == "");
+      }
+      const std::string text = f.schedule_text();
+      copies += count_of(text, "strided_copy");
+      folded_steps += count_of(text, " in one: recorded as steps");
+    }
+  }
+  // Chains of two or more layout steps are common among 180 random programs.
+  CHECK(copies > 50);
+  CHECK(folded_steps > 50);
+}
+
+TEST_CASE("a chain whose first buffer is written in between keeps its steps",
+          "[static][fusion][layout]") {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  NoGradGuard no_grad;
+  // b = a^T is read by the second permute after add_ has changed a: read from a, it would see
+  // the new values.
+  auto body = [](const Tensor& x) {
+    const Tensor a = F::mul(x, 2.0);
+    const Tensor b = F::permute(a, {1, 0});
+    add_(a, ones({1}));
+    return F::add(F::permute(b, {1, 0}), a);
+  };
+  auto f = static_graph(body, {.name = "written_between"});
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = rand({3, 5});
+    CHECK(bit_diff(f(x), body(x)) == "");
+  }
+  const std::string text = f.schedule_text();
+  INFO(text);
+  CHECK(count_of(text, "strided_copy") == 0);
+  CHECK(count_of(text, "\\n +[0-9]+  permute ") == 2);
+}
+
+TEST_CASE("a view a reader cannot take keeps its step", "[static][fusion][layout]") {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  NoGradGuard no_grad;
+  // [4,6]^T read as 24 values: a slice with step 5 crosses its two dimensions, one of 8 from 8
+  // does not.
+  auto strided = [](const Tensor& x) {
+    return F::slice(F::reshape(F::permute(x, {1, 0}), {24}), 0, 0, 24, 5);
+  };
+  auto rows = [](const Tensor& x) {
+    return F::slice(F::reshape(F::permute(x, {1, 0}), {24}), 0, 8, 16);
+  };
+  auto f = static_graph(strided, {.name = "strided"});
+  auto g = static_graph(rows, {.name = "rows"});
+  for (int call = 0; call < 2; ++call) {
+    const Tensor x = rand({4, 6});
+    CHECK(bit_diff(f(x), strided(x)) == "");
+    CHECK(bit_diff(g(x), rows(x)) == "");
+  }
+  CHECK(count_of(f.schedule_text(), "strided_copy") == 0);
+  const std::string text = g.schedule_text();
+  INFO(text);
+  CHECK_THAT(text, Contains("permute and slice in one"));
+  CHECK(steps_of(text) == 1);
+}
