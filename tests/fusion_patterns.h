@@ -99,10 +99,4 @@ Outcome check_pattern(const std::string& name, Fn body, const std::array<Shape, 
   return out;
 }
 
-inline int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
 }  // namespace encore::testing

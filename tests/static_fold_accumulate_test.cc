@@ -19,12 +19,6 @@ using namespace encore::testing;
 
 namespace {
 
-int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
 constexpr int64_t kSteps = 3;
 
 // w [6,5] applied to kSteps rows of xs one at a time (its gradient: outer products with a

@@ -26,12 +26,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
 // Whether the dump shows any step of the rewrites ("fill_ and add_ in one" is the early-updates
 // pass's).
 bool shows_rewrites(const std::string& text) {

@@ -7,10 +7,7 @@
 // keeps its steps.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -18,6 +15,7 @@
 #include "encore/encore.h"
 #include "encore/nn_sequence.h"
 #include "encore/static_graph.h"
+#include "tests/layout_chain.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -26,70 +24,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-int count_of(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-
 int steps_of(const std::string& text) {
   return count_of(text, R"(\n +[0-9]+  [a-z_]+)");
-}
-
-// A random chain of layout ops over x, the same ops at every call of one seed: permutes,
-// reshapes (dimensions merged or split), slices (with steps), splits whose parts are taken
-// apart or concatenated back in another order, and concats of a value with a slice of itself.
-Tensor layout_chain(const Tensor& x, uint32_t seed) {
-  std::mt19937 rng(seed);
-  auto pick = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint32_t>(n)); };
-  Tensor y = x;
-  for (int op = 0; op < 5; ++op) {
-    const int rank = y.rank();
-    const int axis = static_cast<int>(pick(rank));
-    const int64_t size = y.size(axis);
-    switch (pick(5)) {
-      case 0: {
-        std::vector<int> perm(rank);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        y = F::permute(y, perm);
-        break;
-      }
-      case 1: {
-        std::vector<int64_t> shape(y.shape().begin(), y.shape().end());
-        if (axis + 1 < rank && rank > 2) {  // merge two dimensions
-          shape[axis] *= shape[axis + 1];
-          shape.erase(shape.begin() + axis + 1);
-        } else {  // split one by its smallest factor
-          int64_t f = 2;
-          while (f < size && size % f != 0) ++f;
-          if (f >= size) break;
-          shape[axis] = size / f;
-          shape.insert(shape.begin() + axis + 1, f);
-        }
-        y = F::reshape(y, std::span<const int64_t>(shape));
-        break;
-      }
-      case 2: {
-        if (size < 2) break;
-        const int64_t start = pick(size - 1);
-        const int64_t stop = start + 1 + pick(size - start);
-        y = F::slice(y, axis, start, stop, 1 + pick(3));
-        break;
-      }
-      case 3: {
-        if (size < 2) break;
-        const int64_t first = 1 + pick(size - 1);
-        std::vector<Tensor> parts = F::split(y, {first, size - first}, axis);
-        y = pick(3) == 0 ? parts[pick(2)] : F::concat({parts[1], parts[0]}, axis);
-        break;
-      }
-      default:
-        y = F::concat({y, F::slice(y, axis, 0, 1)}, axis);
-        break;
-    }
-  }
-  return y;
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ std::string check_chain(int64_t channels, const Shape& image, const std::vector<
   return check_whole_steps(eager, model, batches_of(4, image, dtype, 9), verify_every);
 }
 
-int count_of(const std::string& text, const std::string& what) {
+int occurrences(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
@@ -186,7 +186,7 @@ TEST_CASE("padded layouts: seed-CNN-shaped chains in float64 and float32 give ea
         const std::string text = check_chain(1, {8, 1, 12, 12}, specs, dtype);
         INFO(text);
         CHECK(padded_buffers(text) == (padded ? 2 : 0));
-        CHECK((count_of(text, "padded 1,1 (14x14 planes)") > 0) == padded);
+        CHECK((occurrences(text, "padded 1,1 (14x14 planes)") > 0) == padded);
       }
 }
 
@@ -316,8 +316,8 @@ TEST_CASE("padded layouts: an eval forward folds each relu into its convolution 
       CHECK(f.stats().verifications > 0);
       // The first convolution of each block and its relu are one step whose output feeds the
       // second (whose relu runs after the block's max pooling instead).
-      CHECK(count_of(text, "conv2d and relu in one") == 2);
-      CHECK(count_of(text, "max_pool2d before relu") == 2);
+      CHECK(occurrences(text, "conv2d and relu in one") == 2);
+      CHECK(occurrences(text, "max_pool2d before relu") == 2);
       CHECK(padded_buffers(text) == (padded ? 2 : 0));
     }
 }

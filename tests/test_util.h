@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -131,6 +133,13 @@ using StaticFoldActivations = SwitchScope<set_static_fold_activations_enabled>;
 // Sets whether static functions traced in the scope fold the steps computing constants
 // (ENCORE_STATIC_FOLD_CONSTANTS=0 in the environment would turn it off).
 using StaticFoldConstants = SwitchScope<set_static_fold_constants_enabled>;
+
+// How many matches of the regular expression `pattern` `text` holds (a schedule dump's steps).
+inline int count_of(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
 
 // Whether one of `lines` contains `part`.
 inline bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
