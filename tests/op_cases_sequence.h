@@ -107,6 +107,7 @@ inline std::vector<OpCase> layer_norm_cases() {
       {{5}, {5}, true, true, 0.1},
       {{0, 4}, {4}, true, true, 1e-5},
       {{3, 130}, {130}, true, true, 1e-5},
+      {{2, 1100}, {1100}, true, false, 1e-5},  // past 1024: a block per row on CUDA
       {{70, 9}, {9}, true, true, 1e-3},
       {{2, 2, 3}, {2, 2, 3}, true, true, 1e-5},
   };

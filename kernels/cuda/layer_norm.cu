@@ -1,12 +1,13 @@
 // Layer normalisation on CUDA (the semantics of kernels/cpu/layer_norm.cc): x seen as [R, C].
 //
-// One block per row (a grid-stride loop over rows): each thread adds a fixed strided subset of
-// the row in double, a fixed shuffle/shared-memory tree joins the threads (no atomics, the same
-// bits on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
+// A warp per row for rows of up to 1024 elements (eight rows per block, shuffles only), else a
+// block per row (a grid-stride loop over rows): each thread adds a fixed strided subset of the row
+// in double, a fixed shuffle (and shared-memory) tree joins the threads (no atomics, the same bits
+// on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
 // over rows: a warp of columns per block, 32 threads per column over interleaved rows, joined by a
 // fixed tree (the same bits on every run).
-#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
@@ -14,45 +15,52 @@
 namespace encore::kernels::cuda {
 namespace {
 
-constexpr int kBlock = 256;     // threads of a per-row block (a multiple of 32)
-constexpr int kMaxRows = 4096;  // blocks of the per-row kernels (the loop covers the rest)
-
-__device__ __forceinline__ double block_sum(double v, double* sh) {
-  return group_reduce<SumOp, kBlock>(v, sh);
+// Calls launch(std::integral_constant<int, kGroup>{}) with the threads per row: a warp for rows
+// of up to 1024 elements, else a whole block.
+template <typename Launch>
+void with_row_group(int64_t cols, Launch&& launch) {
+  if (cols <= 1024) {
+    launch(std::integral_constant<int, 32>{});
+  } else {
+    launch(std::integral_constant<int, kThreads>{});
+  }
 }
 
+// Blocks for `rows` rows of kGroup threads each.
+template <int kGroup>
 unsigned row_blocks(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRows));
+  return blocks_for(rows, kBlockThreads<kGroup> / kGroup);
 }
 
-template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* gamma, const T* beta, T* y, T* mean_out,
-                                  T* rstd_out, int64_t rows, int64_t cols, double eps) {
+template <int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    layer_norm_kernel(const T* x, const T* gamma, const T* beta, T* y, T* mean_out, T* rstd_out,
+                      int64_t rows, int64_t cols, double eps) {
   __shared__ double sh[32];
   const double count = static_cast<double>(cols > 0 ? cols : 1);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_each_group_item<kGroup>(rows, [&](int64_t r, int g) {
     const T* xr = x + r * cols;
     double s = 0;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) s += static_cast<double>(xr[i]);
-    const double mean = block_sum(s, sh) / count;
+    for (int64_t i = g; i < cols; i += kGroup) s += static_cast<double>(xr[i]);
+    const double mean = group_reduce<SumOp, kGroup>(s, sh) / count;
     double q = 0;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+    for (int64_t i = g; i < cols; i += kGroup) {
       const double d = static_cast<double>(xr[i]) - mean;
       q += d * d;
     }
-    const double var = block_sum(q, sh) / count;
+    const double var = group_reduce<SumOp, kGroup>(q, sh) / count;
     const T m = static_cast<T>(mean);
     const T rs = static_cast<T>(1.0 / sqrt(var + eps));
-    if (threadIdx.x == 0) {
+    if (g == 0) {
       mean_out[r] = m;
       rstd_out[r] = rs;
     }
     T* yr = y + r * cols;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+    for (int64_t i = g; i < cols; i += kGroup) {
       const T h = (xr[i] - m) * rs;
       yr[i] = (gamma != nullptr ? h * gamma[i] : h) + (beta != nullptr ? beta[i] : T(0));
     }
-  }
+  });
 }
 
 void layer_norm(const KernelArgs& args) {
@@ -65,37 +73,41 @@ void layer_norm(const KernelArgs& args) {
     size_t next = 1;
     if (a.affine & kLayerNormGamma) gamma = args.in[next++].as<T>();
     if (a.affine & kLayerNormBeta) beta = args.in[next].as<T>();
-    layer_norm_kernel<T><<<row_blocks(rows), kBlock, 0, stream()>>>(
-        args.in[0].as<T>(), gamma, beta, args.out[0].as<T>(), args.out[1].as<T>(),
-        args.out[2].as<T>(), rows, a.cols, a.eps);
-    ENCORE_CUDA_LAUNCHED(Op::LayerNorm);
+    with_row_group(a.cols, [&](auto group) {
+      constexpr int kGroup = decltype(group)::value;
+      layer_norm_kernel<kGroup, T><<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
+          args.in[0].as<T>(), gamma, beta, args.out[0].as<T>(), args.out[1].as<T>(),
+          args.out[2].as<T>(), rows, a.cols, a.eps);
+      ENCORE_CUDA_LAUNCHED(Op::LayerNorm);
+    });
   });
 }
 
 // gx = rstd (g - mean(g) - xhat mean(g xhat)), g = gy gamma, xhat = (x - mean) rstd.
-template <typename T>
-__global__ void layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
-                                         const T* gamma, T* gx, int64_t rows, int64_t cols) {
+template <int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
+                             const T* gamma, T* gx, int64_t rows, int64_t cols) {
   __shared__ double sh[32];
   const double count = static_cast<double>(cols > 0 ? cols : 1);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_each_group_item<kGroup>(rows, [&](int64_t r, int lane) {
     const T* xr = x + r * cols;
     const T* gr = gy + r * cols;
     const T m = mean[r], rs = rstd[r];
     double sg = 0, sgh = 0;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+    for (int64_t i = lane; i < cols; i += kGroup) {
       const double g = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
       sg += g;
       sgh += g * static_cast<double>((xr[i] - m) * rs);
     }
-    const T a = static_cast<T>(block_sum(sg, sh) / count);
-    const T c = static_cast<T>(block_sum(sgh, sh) / count);
+    const T a = static_cast<T>(group_reduce<SumOp, kGroup>(sg, sh) / count);
+    const T c = static_cast<T>(group_reduce<SumOp, kGroup>(sgh, sh) / count);
     T* out = gx + r * cols;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) {
+    for (int64_t i = lane; i < cols; i += kGroup) {
       const T g = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
       out[i] = rs * (g - a - (xr[i] - m) * rs * c);
     }
-  }
+  });
 }
 
 constexpr int kParamCols = 32;   // columns of a block of the gamma/beta gradient (one warp)
@@ -114,6 +126,7 @@ __global__ void __launch_bounds__(kParamCols* kParamLanes)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kParamCols + tx;
   double sgh = 0, sg = 0;
   if (c < cols) {
+#pragma unroll 4  // loads of four rows in flight; each sum still adds its rows in order
     for (int64_t r = ty; r < rows; r += kParamLanes) {
       const double g = static_cast<double>(gy[r * cols + c]);
       sgh += g * static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]);
@@ -141,10 +154,14 @@ void layer_norm_grad(const KernelArgs& args) {
   switch_floating(args.in[0].dtype, Op::LayerNormGrad, [&]<typename T>(Type<T>) {
     const T* gamma = args.in.size() > 4 ? args.in[4].as<T>() : nullptr;
     if (rows > 0 && cols > 0) {
-      layer_norm_grad_x_kernel<T><<<row_blocks(rows), kBlock, 0, stream()>>>(
-          args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(), gamma,
-          args.out[0].as<T>(), rows, cols);
-      ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+      with_row_group(cols, [&](auto group) {
+        constexpr int kGroup = decltype(group)::value;
+        layer_norm_grad_x_kernel<kGroup, T>
+            <<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
+                args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(),
+                gamma, args.out[0].as<T>(), rows, cols);
+        ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+      });
     }
     if (cols > 0) {
       const auto blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
