@@ -214,7 +214,13 @@ __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, in
   return __shfl_sync(kFullMask, arg, 0);
 }
 
-// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored.
+constexpr int kRowsPerPass = 4;
+
+// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. A warp
+// takes rows warp, warp + kLossWarps, ... and works on kRowsPerPass of them at once, so that their
+// loads are in flight together (one block runs this: a row at a time left the block waiting on
+// memory for every row); each row's value is what a warp computing it alone gets, and the sum
+// adds them in the same row order.
 template <typename T, typename L>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
@@ -226,20 +232,50 @@ __global__ void __launch_bounds__(kLossThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   double total = 0;
   int64_t count = 0, bad = 0;
-  for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
-    const int64_t label = static_cast<int64_t>(labels[i]);
-    if (label == ignore) continue;
-    ++count;
-    if (label < 0 || label >= classes) {
-      ++bad;
-      if (lane == 0)
-        report_device_error(errors, kind, Op::SoftmaxCrossEntropy, label, i, classes);
-      continue;
+  for (int64_t first = warp; first < rows; first += kLossWarps * kRowsPerPass) {
+    const T* row[kRowsPerPass];
+    int64_t label[kRowsPerPass];
+    bool live[kRowsPerPass];  // uniform over the warp
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) {
+      const int64_t i = first + k * kLossWarps;
+      row[k] = x + i * classes;
+      label[k] = i < rows ? static_cast<int64_t>(labels[i]) : ignore;
+      live[k] = i < rows && label[k] != ignore;
+      if (!live[k]) continue;
+      ++count;
+      if (label[k] < 0 || label[k] >= classes) {
+        ++bad;
+        live[k] = false;
+        if (lane == 0)
+          report_device_error(errors, kind, Op::SoftmaxCrossEntropy, label[k], i, classes);
+      }
     }
-    const T* row = x + i * classes;
-    const T m = warp_row_max(row, classes, lane);
-    const T log_sum_exp = m + dev_log(warp_row_sum_exp(row, classes, lane, m));
-    total += static_cast<double>(log_sum_exp - row[label]);
+    T m[kRowsPerPass], sum[kRowsPerPass];
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) m[k] = LaneMaxOp::identity<T>();
+    for (int64_t j = lane; j < classes; j += 32) {
+#pragma unroll
+      for (int k = 0; k < kRowsPerPass; ++k)
+        if (live[k]) m[k] = LaneMaxOp::combine(m[k], row[k][j]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) {
+      m[k] = warp_reduce<LaneMaxOp>(m[k]);
+      sum[k] = 0;
+    }
+    for (int64_t j = lane; j < classes; j += 32) {
+#pragma unroll
+      for (int k = 0; k < kRowsPerPass; ++k)
+        if (live[k]) sum[k] += dev_exp(row[k][j] - m[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) {
+      sum[k] = warp_reduce<SumOp>(sum[k]);
+      if (!live[k]) continue;
+      const T log_sum_exp = m[k] + dev_log(sum[k]);
+      total += static_cast<double>(log_sum_exp - row[k][label[k]]);
+    }
   }
   if (lane == 0) {
     sh_total[warp] = total;
