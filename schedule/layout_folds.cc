@@ -64,7 +64,7 @@ std::optional<Refined> refine(const View& v, const Shape& shape) {
       r.axis.push_back(j);
     }
     while (need > 1) {
-      if (i < 0) return std::nullopt;
+      if (i < 0 || a.size == 0) return std::nullopt;
       if (a.size > need) {  // the inner part of a
         if (a.size % need != 0) return std::nullopt;
         r.dims.push_back({need, a.stride});
@@ -235,12 +235,19 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
   const int n = static_cast<int>(steps_.size());
   std::vector<Op> recorded_op(n);  // the steps' ops before any is replaced (for the notes)
   for (int t = 0; t < n; ++t) recorded_op[t] = steps_[t].op;
+  // A layout step of non-empty values, whose outputs have its input's dtype.
   auto layout_step = [&](int t) {
     const Step& s = steps_[t];
     if (!is_layout(s.op) || drop_[t] || !after_[t].empty()) return false;
+    for (const Operand& i : s.in)
+      if (i.shape.numel() == 0) return false;
     for (const Operand& o : s.out)
-      if (o.dtype != s.in[0].dtype) return false;
+      if (o.dtype != s.in[0].dtype || o.shape.numel() == 0) return false;
     return true;
+  };
+  // Whether the call needs output o written: something reads it, or it leaves the call.
+  auto needed = [&](const Operand& o) {
+    return !readers(o).empty() || escape_[o.buf] >= 0 || bufs_[o.buf].kind != BufKind::Temp;
   };
   // Values that may be folded: written by a layout step other than a concat, read whole and only
   // by later layout steps of the phase.
@@ -290,7 +297,9 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
         strides.push_back(d.stride);
       }
       int input = 0;
-      while (input < static_cast<int>(copy.in.size()) && copy.in[input].buf != in[i].root.buf)
+      while (input < static_cast<int>(copy.in.size()) &&
+             (copy.in[input].buf != in[i].root.buf ||
+              copy.in[input].nbytes() != in[i].root.nbytes()))
         ++input;
       if (input == static_cast<int>(copy.in.size())) copy.in.push_back(in[i].root);
       if (!make_piece(input, in[i].offset, m.out_offset[i], sizes, strides, m.out_strides[i],
@@ -316,6 +325,21 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
         }
       }
       if (again) break;
+      // A split that folds anything writes each part it must as a copy of its own: past one
+      // copy, it stays a split (one launch) with its input and outputs written.
+      if (s.op == Op::Split) {
+        int copies = 0;
+        for (const Operand& o : s.out) copies += !folded[o.buf] && needed(o);
+        if (copies > 1) {
+          again = unfold_inputs(t);
+          for (const Operand& o : s.out)
+            if (folded[o.buf]) {
+              folded[o.buf] = 0;
+              again = true;
+            }
+          if (again) break;
+        }
+      }
       moved[t] = move_through(s, in);
       bool fits = moved[t].has_value();
       if (fits && s.op == Op::Concat) {
@@ -348,19 +372,22 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
     const Step& s = steps_[t];
     bool reads_folded = false;
     for (const Operand& i : s.in) reads_folded = reads_folded || folded[i.buf];
-    size_t outputs_folded = 0;
-    for (const Operand& o : s.out) outputs_folded += folded[o.buf];
-    if (outputs_folded == s.out.size()) {
+    size_t outputs_folded = 0, unwritten = 0;  // unwritten: folded, or not needed
+    for (const Operand& o : s.out) {
+      outputs_folded += folded[o.buf];
+      unwritten += folded[o.buf] || !needed(o);
+    }
+    if (!reads_folded && outputs_folded == 0) continue;
+    if (unwritten == s.out.size()) {
       drop_[t] = 1;
       continue;
     }
-    if (!reads_folded && outputs_folded == 0) continue;
     std::vector<View> in;
     for (size_t k = 0; k < s.in.size(); ++k) in.push_back(base(t, k));
     std::vector<Step> made;
     for (size_t k = 0; k < s.out.size(); ++k) {
       const Operand& o = s.out[k];
-      if (folded[o.buf]) continue;
+      if (folded[o.buf] || !needed(o)) continue;
       auto program = std::make_unique<StridedCopyProgram>();
       program->output = s.out.size() > 1 ? static_cast<int>(k) : -1;
       Step copy{Op::StridedCopy, AttrBlob::of(StridedCopyAttrs{program.get()}), s.index, {}, {o}};

@@ -167,3 +167,58 @@ TEST_CASE("a view a reader cannot take keeps its step", "[static][fusion][layout
   CHECK_THAT(text, Contains("permute and slice in one"));
   CHECK(steps_of(text) == 1);
 }
+
+TEST_CASE("layout folds leave empty values alone and never add launches",
+          "[static][fusion][layout]") {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  NoGradGuard no_grad;
+  SECTION("empty values") {
+    auto empty_permute = [](const Tensor& x) { return F::permute(x, {1, 0}); };
+    auto empty_slice = [](const Tensor& x) { return F::permute(F::slice(x, 0, 2, 2), {1, 0}); };
+    auto empty_part = [](const Tensor& x) {
+      const std::vector<Tensor> parts = F::split(x, {0, 4}, 0);
+      return F::concat({F::permute(parts[0], {1, 0}), F::permute(parts[1], {1, 0})}, 1);
+    };
+    auto f = static_graph(empty_permute, {.name = "empty_permute"});
+    auto g = static_graph(empty_slice, {.name = "empty_slice"});
+    auto h = static_graph(empty_part, {.name = "empty_part"});
+    for (int call = 0; call < 2; ++call) {
+      const Tensor x = rand({4, 3});
+      CHECK(bit_diff(f(rand({0, 3})), empty_permute(rand({0, 3}))) == "");
+      CHECK(bit_diff(g(x), empty_slice(x)) == "");
+      CHECK(bit_diff(h(x), empty_part(x)) == "");
+    }
+  }
+  SECTION("a split whose parts other ops read stays one split") {
+    // Folding the permute into the split would make three copies of one split's work.
+    auto body = [](const Tensor& x) {
+      const std::vector<Tensor> parts = F::split(F::permute(x, {1, 0}), {2, 3, 1}, 1);
+      return F::add(F::add(F::sum(parts[0]), F::sum(parts[1])), F::sum(parts[2]));
+    };
+    auto f = static_graph(body, {.name = "split_read_elsewhere"});
+    for (int call = 0; call < 2; ++call) {
+      const Tensor x = rand({6, 5});
+      CHECK(bit_diff(f(x), body(x)) == "");
+    }
+    const std::string text = f.schedule_text();
+    INFO(text);
+    CHECK(count_of(text, "strided_copy") == 0);
+    CHECK(count_of(text, "\\n +[0-9]+  split ") == 1);
+  }
+  SECTION("a part nothing reads is not copied") {
+    auto body = [](const Tensor& x) {
+      const std::vector<Tensor> parts = F::split(F::permute(x, {1, 0}), {2, 4}, 1);
+      return F::permute(parts[0], {1, 0});
+    };
+    auto f = static_graph(body, {.name = "unread_part"});
+    for (int call = 0; call < 2; ++call) {
+      const Tensor x = rand({6, 5});
+      CHECK(bit_diff(f(x), body(x)) == "");
+    }
+    const std::string text = f.schedule_text();
+    INFO(text);
+    CHECK_THAT(text, Contains("permute, split and permute in one"));
+    CHECK(steps_of(text) == 1);
+  }
+}
