@@ -109,7 +109,7 @@ bool narrow(Refined& r, int64_t& offset, int axis, int64_t start, int64_t count,
 // inputs are the views `in` (Permute, Slice, Split, Copy); or, for a Concat, per input the
 // output strides of its refined dimensions and its offset in the output.
 struct Moved {
-  std::vector<std::optional<View>> out;  // per output; empty for a Concat
+  std::vector<std::optional<View>> out;           // per output; empty for a Concat
   std::vector<std::vector<int64_t>> out_strides;  // per input of a Concat
   std::vector<int64_t> out_offset;                // per input of a Concat
   std::vector<Refined> in;                        // per input, refined to its shape
@@ -171,8 +171,8 @@ std::optional<Moved> move_through(const Step& s, const std::vector<View>& in) {
         const Refined& rk = m.in[k];
         std::vector<int64_t> strides(rk.dims.size());
         for (int64_t d = static_cast<int64_t>(rk.dims.size()) - 1, inner = 1; d >= 0; --d) {
-          const bool same = d + 1 < static_cast<int64_t>(rk.dims.size()) &&
-                            rk.axis[d + 1] == rk.axis[d];
+          const bool same =
+              d + 1 < static_cast<int64_t>(rk.dims.size()) && rk.axis[d + 1] == rk.axis[d];
           inner = same ? inner * rk.dims[d + 1].size : 1;
           strides[d] = contiguous[rk.axis[d]] * inner;
         }
@@ -297,9 +297,9 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
         strides.push_back(d.stride);
       }
       int input = 0;
-      while (input < static_cast<int>(copy.in.size()) &&
-             (copy.in[input].buf != in[i].root.buf ||
-              copy.in[input].nbytes() != in[i].root.nbytes()))
+      while (
+          input < static_cast<int>(copy.in.size()) &&
+          (copy.in[input].buf != in[i].root.buf || copy.in[input].nbytes() != in[i].root.nbytes()))
         ++input;
       if (input == static_cast<int>(copy.in.size())) copy.in.push_back(in[i].root);
       if (!make_piece(input, in[i].offset, m.out_offset[i], sizes, strides, m.out_strides[i],

@@ -49,8 +49,8 @@ TEST_CASE("attention's head split and gradient concat fold into strided copies",
     };
   };
   auto eager = step_of(eager_model);
-  auto step = static_graph(step_of(static_model), {.name = "attention_step",
-                                                   .modules = {static_model}});
+  auto step =
+      static_graph(step_of(static_model), {.name = "attention_step", .modules = {static_model}});
   for (int call = 0; call < 3; ++call) {
     const Tensor x = rand({2, 5, 16}, DType::Float32, Device::cpu(), -1, 1);
     CHECK(bit_diff(step(x), eager(x)) == "");
@@ -65,8 +65,8 @@ TEST_CASE("attention's head split and gradient concat fold into strided copies",
   CHECK(count_of(text, "\\n +[0-9]+  split ") == 0);
   CHECK(count_of(text, "\\n +[0-9]+  concat ") == 0);
 
-  auto unfolded = static_graph(step_of(static_model), {.name = "attention_step_unfused",
-                                                        .modules = {static_model}});
+  auto unfolded = static_graph(step_of(static_model),
+                               {.name = "attention_step_unfused", .modules = {static_model}});
   const StaticFusion off(false);
   (void)unfolded(rand({2, 5, 16}));
   const std::string plain = unfolded.schedule_text();

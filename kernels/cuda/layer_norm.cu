@@ -75,9 +75,10 @@ void layer_norm(const KernelArgs& args) {
     if (a.affine & kLayerNormBeta) beta = args.in[next].as<T>();
     with_row_group(a.cols, [&](auto group) {
       constexpr int kGroup = decltype(group)::value;
-      layer_norm_kernel<kGroup, T><<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
-          args.in[0].as<T>(), gamma, beta, args.out[0].as<T>(), args.out[1].as<T>(),
-          args.out[2].as<T>(), rows, a.cols, a.eps);
+      layer_norm_kernel<kGroup, T>
+          <<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
+              args.in[0].as<T>(), gamma, beta, args.out[0].as<T>(), args.out[1].as<T>(),
+              args.out[2].as<T>(), rows, a.cols, a.eps);
       ENCORE_CUDA_LAUNCHED(Op::LayerNorm);
     });
   });
@@ -86,26 +87,26 @@ void layer_norm(const KernelArgs& args) {
 // gx = rstd (g - mean(g) - xhat mean(g xhat)), g = gy gamma, xhat = (x - mean) rstd.
 template <int kGroup, typename T>
 __global__ void __launch_bounds__(kBlockThreads<kGroup>)
-    layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy,
-                             const T* gamma, T* gx, int64_t rows, int64_t cols) {
+    layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
+                             T* gx, int64_t rows, int64_t cols) {
   __shared__ double sh[32];
   const double count = static_cast<double>(cols > 0 ? cols : 1);
-  for_each_group_item<kGroup>(rows, [&](int64_t r, int lane) {
+  for_each_group_item<kGroup>(rows, [&](int64_t r, int g) {
     const T* xr = x + r * cols;
     const T* gr = gy + r * cols;
     const T m = mean[r], rs = rstd[r];
     double sg = 0, sgh = 0;
-    for (int64_t i = lane; i < cols; i += kGroup) {
-      const double g = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
-      sg += g;
-      sgh += g * static_cast<double>((xr[i] - m) * rs);
+    for (int64_t i = g; i < cols; i += kGroup) {
+      const double v = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
+      sg += v;
+      sgh += v * static_cast<double>((xr[i] - m) * rs);
     }
     const T a = static_cast<T>(group_reduce<SumOp, kGroup>(sg, sh) / count);
     const T c = static_cast<T>(group_reduce<SumOp, kGroup>(sgh, sh) / count);
     T* out = gx + r * cols;
-    for (int64_t i = lane; i < cols; i += kGroup) {
-      const T g = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
-      out[i] = rs * (g - a - (xr[i] - m) * rs * c);
+    for (int64_t i = g; i < cols; i += kGroup) {
+      const T v = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
+      out[i] = rs * (v - a - (xr[i] - m) * rs * c);
     }
   });
 }

@@ -1,7 +1,7 @@
 // Layout CUDA kernels, the same semantics as kernels/cpu/layout.cc: permute, broadcast_to,
-// concat, split, slice, slice_grad, and the planner's strided_copy. Except slice_grad they move elements without looking at
-// them, so they run on unsigned integers of the dtype's size (concat and split on the widest unit
-// their rows allow, one launch for up to 8 parts).
+// concat, split, slice, slice_grad, and the planner's strided_copy. Except slice_grad they move
+// elements without looking at them, so they run on unsigned integers of the dtype's size (concat
+// and split on the widest unit their rows allow, one launch for up to 8 parts).
 //
 // Permute, broadcast_to and slice are one gather: out[i] = in[offset(i)] over the dimensions
 // left after make_strided_loop has dropped size-1 dimensions and merged contiguous ones; a

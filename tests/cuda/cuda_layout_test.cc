@@ -72,8 +72,8 @@ TEST_CASE("attention's step on cuda folds its head split and gradient concat, bi
       };
     };
     auto eager = step_of(eager_model);
-    auto step = static_graph(step_of(static_model),
-                             {.name = "attention_step", .modules = {static_model}});
+    auto step =
+        static_graph(step_of(static_model), {.name = "attention_step", .modules = {static_model}});
     for (int call = 0; call < 4; ++call) {
       const Tensor x = rand({3, 7, 32}, DType::Float32, kCuda, -1, 1);
       CHECK(bit_diff(step(x), eager(x)) == "");
