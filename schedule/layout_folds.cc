@@ -41,19 +41,28 @@ struct View {
   std::vector<int> through;  // the steps whose values it stands for, in order
 };
 
-// `v`'s dimensions split so that each axis of `shape` is a run of them (its axis in `axis`), or
-// nothing where the two have no common refinement (a [4, 6] view read as [6, 4]).
+// `v`'s dimensions, those walked contiguously merged, split so that each axis of `shape` is a
+// run of them (its axis in `axis`), or nothing where the two have no common refinement (the
+// transpose of a [4, 6] value read as [6, 4]).
 struct Refined {
   std::vector<Dim> dims;
   std::vector<int> axis;
 };
 std::optional<Refined> refine(const View& v, const Shape& shape) {
+  std::vector<Dim> merged;
+  for (const Dim& d : v.dims) {
+    if (d.size == 1) continue;
+    if (!merged.empty() && merged.back().stride == d.stride * d.size) {
+      merged.back() = {merged.back().size * d.size, d.stride};
+    } else {
+      merged.push_back(d);
+    }
+  }
   Refined r;
-  int i = static_cast<int>(v.dims.size()) - 1;
-  Dim a;  // what is left of v.dims[i]
+  int i = static_cast<int>(merged.size()) - 1;
+  Dim a;  // what is left of merged[i]
   auto next = [&] {
-    while (i >= 0 && v.dims[i].size == 1) --i;
-    if (i >= 0) a = v.dims[i];
+    if (i >= 0) a = merged[i];
   };
   next();
   for (int j = shape.rank() - 1; j >= 0; --j) {

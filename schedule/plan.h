@@ -1,17 +1,18 @@
 // A Plan: a Recording made executable. Passes: outputs that leave the call get their own
 // storage (a Copy where they alias something else), dead steps are dropped, activations fold into
-// the steps producing their inputs (cpu plans), all-reduce starts move as early as their
-// gradients allow, optimizer updates move to right after the last step they depend on,
-// elementwise steps write over an input that dies there, and every other temporary gets an offset
-// in one arena (liveness over forward and backward together, placed largest first into the
-// best-fitting gap). run() replays a phase's steps over a call's arena with no lookups or
-// allocation.
+// the steps producing their inputs (cpu plans), chains of layout steps become strided copies,
+// all-reduce starts move as early as their gradients allow, optimizer updates move to right after
+// the last step they depend on, elementwise steps write over an input that dies there, and every
+// other temporary gets an offset in one arena (liveness over forward and backward together,
+// placed largest first into the best-fitting gap). run() replays a phase's steps over a call's
+// arena with no lookups or allocation.
 //
-// Where each part lives: the passes in passes.cc, activation rewrites in rewrites.cc, early
-// all-reduce starts in early_collectives.cc, early updates in early_updates.cc, elementwise
-// fusion in fusion.cc, padded layouts in padded_layouts.cc, placement in memory_plan.cc, the
-// executor (compiled steps, call states, the replay loop) in executor.cc, the two-lane schedule
-// and replay in lanes.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
+// Where each part lives: the passes in passes.cc, activation rewrites in rewrites.cc, layout
+// folds in layout_folds.cc (both through rewriter.h), early all-reduce starts in
+// early_collectives.cc, early updates in early_updates.cc, elementwise fusion in fusion.cc, padded
+// layouts in padded_layouts.cc, placement in memory_plan.cc, the executor (compiled steps, call
+// states, the replay loop) in executor.cc, the two-lane schedule and replay in lanes.cc,
+// CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
 
 #include <array>
@@ -26,8 +27,8 @@
 #include "runtime/cuda.h"
 #include "runtime/dispatcher.h"
 #include "runtime/fused.h"
-#include "runtime/strided_copy.h"
 #include "runtime/parallel.h"
+#include "runtime/strided_copy.h"
 #include "schedule/arena_pool.h"
 #include "schedule/memory_plan.h"
 #include "schedule/recording.h"
