@@ -68,6 +68,9 @@ struct PlanOptions {
   // Steps that compute constants from values the function makes itself (a causal mask from
   // arange) are not replayed: their outputs are bound to their values at the trace.
   bool fold_constants = true;
+  // Chains of layout steps whose intermediate values only the chain reads become strided copies
+  // (layout_folds.cc), where `fuse` is on too.
+  bool fold_layouts = true;
 };
 
 // A buffer a plan laid out padded (padded_layouts.cc): [N, C, H, W] as planes of hp x wp with the

@@ -198,6 +198,10 @@ bool fold_activations_enabled();
 // previous setting.
 bool set_fold_constants_enabled(bool on);
 bool fold_constants_enabled();
+// Whether signatures traced from now on fold chains of layout steps into strided copies, where
+// fusion is on too (ENCORE_STATIC_FOLD_LAYOUTS=0 starts it off). Returns the previous setting.
+bool set_fold_layouts_enabled(bool on);
+bool fold_layouts_enabled();
 // Whether calls from now on may make argument dimensions dynamic and be served by dynamic
 // families (Config::dynamic; ENCORE_STATIC_DYNAMIC=0 starts it off). Off, every size is a
 // signature of its own, as with DynamicShapes::Off. Returns the previous setting.

@@ -133,6 +133,9 @@ using StaticFoldActivations = SwitchScope<set_static_fold_activations_enabled>;
 // Sets whether static functions traced in the scope fold the steps computing constants
 // (ENCORE_STATIC_FOLD_CONSTANTS=0 in the environment would turn it off).
 using StaticFoldConstants = SwitchScope<set_static_fold_constants_enabled>;
+// Sets whether static functions traced in the scope fold chains of layout steps into strided
+// copies (ENCORE_STATIC_FOLD_LAYOUTS=0 in the environment would turn it off).
+using StaticFoldLayouts = SwitchScope<set_static_fold_layouts_enabled>;
 
 // How many matches of the regular expression `pattern` `text` holds (a schedule dump's steps).
 inline int count_of(const std::string& text, const std::string& pattern) {

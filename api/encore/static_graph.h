@@ -154,6 +154,14 @@ bool static_fold_activations_enabled();
 // previous setting.
 bool set_static_fold_constants_enabled(bool on);
 bool static_fold_constants_enabled();
+// Whether signatures traced from now on fold chains of layout steps (permute, slice, split,
+// concat, reshapes) whose intermediate values only the chain reads into one strided copy, moving
+// each element once from where the chain's first step read it. On by default where fusion is on
+// (ENCORE_STATIC_FOLD_LAYOUTS=0, or ENCORE_STATIC_FUSE=0, starts it off); elements are moved, not
+// computed, so the results are the same bit for bit. The schedule dump names the steps each copy
+// stands for. Returns the previous setting.
+bool set_static_fold_layouts_enabled(bool on);
+bool static_fold_layouts_enabled();
 // Whether calls from now on may make argument dimensions dynamic (StaticOptions::dynamic) and be
 // served by the dynamic families made so far; off (ENCORE_STATIC_DYNAMIC=0 starts it off), every
 // size traces once, as with DynamicShapes::Off. Returns the previous setting.

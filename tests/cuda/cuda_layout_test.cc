@@ -22,6 +22,7 @@ TEST_CASE("layout chains on cuda are strided copies that replay eager's bits",
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
     const StaticFusion fuse(true);
+    const StaticFoldLayouts folds(true);
     int copies = 0;
     for (uint32_t seed = 0; seed < 30; ++seed) {
       for (DType dtype : {DType::Float32, DType::Float64, DType::Int64}) {
@@ -56,6 +57,7 @@ TEST_CASE("attention's step on cuda folds its head split and gradient concat, bi
   with_graphs_on_and_off([](bool graphs) {
     StaticEnabled on;
     const StaticFusion fuse(true);
+    const StaticFoldLayouts folds(true);
     auto make = [] {
       manual_seed(3);
       return std::make_shared<nn::MultiheadAttention>(
