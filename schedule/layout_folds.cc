@@ -268,8 +268,9 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
       bool ok = true;
       for (int r : readers(o)) {
         ok = ok && r > t && layout_step(r) && same_phase(r, t);
-        for (const Operand& i : steps_[r].in)
-          ok = ok && (i.buf != o.buf || i.nbytes() == o.nbytes());
+        for (const Operand& i : steps_[r].in)  // o itself, whole (no alias of its storage)
+          ok = ok &&
+               (memory_[i.buf] != memory_[o.buf] || (i.buf == o.buf && i.nbytes() == o.nbytes()));
       }
       folded[o.buf] = ok;
     }
