@@ -19,6 +19,7 @@
 #include <initializer_list>
 
 #include "runtime/shape.h"
+#include "runtime/strided_copy.h"
 
 namespace encore::kernels {
 
@@ -99,6 +100,19 @@ StridedLoop<N> make_strided_loop(int rank, const int64_t* dims,
     r = 1;
   }
   loop.rank = r;
+  return loop;
+}
+
+// A strided-copy piece (runtime/strided_copy.h, its dimensions merged when planned) as a loop:
+// operand 0 its output, operand 1 its input.
+inline StridedLoop<2> piece_loop(const StridedPiece& p) {
+  StridedLoop<2> loop;
+  loop.rank = p.rank;
+  for (int d = 0; d < p.rank; ++d) {
+    loop.dims[d] = p.dims[d];
+    loop.strides[0][d] = p.out_strides[d];
+    loop.strides[1][d] = p.in_strides[d];
+  }
   return loop;
 }
 

@@ -9,7 +9,8 @@
 // input `input`, element (i_0, ...) read at in_offset + sum(i_d * in_strides[d]) and written at
 // out_offset + sum(i_d * out_strides[d]) of the output (offsets and strides in elements). The
 // pieces cover the output, each element once. Size-1 dimensions are dropped and dimensions walked
-// contiguously in both buffers merged, so a piece has as few dimensions as it can.
+// contiguously in both buffers merged when the plan makes the piece, so a piece has as few
+// dimensions as it can and a kernel walks them as they are.
 #pragma once
 
 #include <cstdint>

@@ -196,28 +196,29 @@ std::optional<Moved> move_through(const Step& s, const std::vector<View>& in) {
   }
 }
 
-// A piece of `sizes` elements read at in_strides and written at out_strides, with size-1
-// dimensions dropped and contiguous ones merged; false past StridedPiece::kMaxRank.
-bool make_piece(int input, int64_t in_offset, int64_t out_offset, const std::vector<int64_t>& sizes,
-                const std::vector<int64_t>& in_strides, const std::vector<int64_t>& out_strides,
-                StridedPiece& p) {
+// A piece of dims.size elements read at dims.stride and written at out_strides, with size-1
+// dimensions dropped and those walked contiguously in both buffers merged (as make_strided_loop
+// does: the kernels take the piece's dimensions as they are); false past StridedPiece::kMaxRank.
+bool make_piece(int input, int64_t in_offset, int64_t out_offset, const std::vector<Dim>& dims,
+                const std::vector<int64_t>& out_strides, StridedPiece& p) {
   p = StridedPiece{};
   p.input = input;
   p.in_offset = in_offset;
   p.out_offset = out_offset;
   int r = 0;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 1) continue;
-    if (r > 0 && p.in_strides[r - 1] == in_strides[d] * sizes[d] &&
-        p.out_strides[r - 1] == out_strides[d] * sizes[d]) {
-      p.dims[r - 1] *= sizes[d];
-      p.in_strides[r - 1] = in_strides[d];
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const auto [size, stride] = dims[d];
+    if (size == 1) continue;
+    if (r > 0 && p.in_strides[r - 1] == stride * size &&
+        p.out_strides[r - 1] == out_strides[d] * size) {
+      p.dims[r - 1] *= size;
+      p.in_strides[r - 1] = stride;
       p.out_strides[r - 1] = out_strides[d];
       continue;
     }
     if (r == StridedPiece::kMaxRank) return false;
-    p.dims[r] = sizes[d];
-    p.in_strides[r] = in_strides[d];
+    p.dims[r] = size;
+    p.in_strides[r] = stride;
     p.out_strides[r] = out_strides[d];
     ++r;
   }
@@ -227,15 +228,11 @@ bool make_piece(int input, int64_t in_offset, int64_t out_offset, const std::vec
 
 // The piece writing a whole output, contiguously, from view v.
 bool piece_of(const View& v, int input, StridedPiece& p) {
-  std::vector<int64_t> sizes, in, out(v.dims.size());
-  for (const Dim& d : v.dims) {
-    sizes.push_back(d.size);
-    in.push_back(d.stride);
-  }
+  std::vector<int64_t> out(v.dims.size());
   for (int64_t d = static_cast<int64_t>(v.dims.size()) - 1, st = 1; d >= 0;
        st *= v.dims[d].size, --d)
     out[d] = st;
-  return make_piece(input, v.offset, 0, sizes, in, out, p);
+  return make_piece(input, v.offset, 0, v.dims, out, p);
 }
 
 }  // namespace
@@ -301,18 +298,13 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
                            Step& copy) {
     const Moved& m = *moved[t];
     for (size_t i = 0; i < in.size(); ++i) {
-      std::vector<int64_t> sizes, strides;
-      for (const Dim& d : m.in[i].dims) {
-        sizes.push_back(d.size);
-        strides.push_back(d.stride);
-      }
       int input = 0;
       while (
           input < static_cast<int>(copy.in.size()) &&
           (copy.in[input].buf != in[i].root.buf || copy.in[input].nbytes() != in[i].root.nbytes()))
         ++input;
       if (input == static_cast<int>(copy.in.size())) copy.in.push_back(in[i].root);
-      if (!make_piece(input, in[i].offset, m.out_offset[i], sizes, strides, m.out_strides[i],
+      if (!make_piece(input, in[i].offset, m.out_offset[i], m.in[i].dims, m.out_strides[i],
                       program.pieces.emplace_back()))
         return false;
     }

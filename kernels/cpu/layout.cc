@@ -7,7 +7,6 @@
 
 #include "kernels/cpu/kernel.h"
 #include "kernels/strided_loop.h"
-#include "runtime/strided_copy.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -172,12 +171,7 @@ void strided_copy_kernel(const KernelArgs& args) {
   const BufferView& out = args.out[0];
   switch_itemsize(out.dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
     for (const StridedPiece& p : args.attr<StridedCopyAttrs>().program->pieces) {
-      int64_t strides[2][kMaxRank] = {};
-      for (int d = 0; d < p.rank; ++d) {
-        strides[0][d] = p.out_strides[d];
-        strides[1][d] = p.in_strides[d];
-      }
-      const StridedLoop<2> loop = make_strided_loop<2>(p.rank, p.dims, strides);
+      const StridedLoop<2> loop = piece_loop(p);
       U* to = out.as<U>() + p.out_offset;
       const U* from = args.in[p.input].as<U>() + p.in_offset;
       if (p.contiguous_output()) {

@@ -13,7 +13,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/strided_loop.h"
-#include "runtime/strided_copy.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -317,17 +316,11 @@ void split_kernel(const KernelArgs& args) {
 // up to kPiecesPerLaunch in one launch: element i belongs to the first piece whose running
 // element count `end` exceeds it.
 constexpr int kPiecesPerLaunch = 8;
-struct CopyPiece {
-  const void* in = nullptr;
-  int rank = 1;
-  int64_t in_offset = 0, out_offset = 0;
-  int64_t dims[kMaxRank] = {1};
-  int64_t in_strides[kMaxRank] = {}, out_strides[kMaxRank] = {};
-};
 struct CopyPieces {
   int count = 0;
   int64_t end[kPiecesPerLaunch] = {};
-  CopyPiece piece[kPiecesPerLaunch];
+  const void* in[kPiecesPerLaunch] = {};  // each piece's input
+  StridedPiece piece[kPiecesPerLaunch];
 };
 
 template <typename I, typename U>
@@ -337,7 +330,7 @@ __global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces piec
        i += stride) {
     int k = 0;
     while (i >= pieces.end[k]) ++k;
-    const CopyPiece& p = pieces.piece[k];
+    const StridedPiece& p = pieces.piece[k];
     I j = static_cast<I>(i - (k > 0 ? pieces.end[k - 1] : 0));
     I in = 0, to = 0;
     for (int d = p.rank - 1; d > 0; --d) {
@@ -349,7 +342,7 @@ __global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces piec
     }
     in += j * static_cast<I>(p.in_strides[0]);
     to += j * static_cast<I>(p.out_strides[0]);
-    out[p.out_offset + to] = static_cast<const U*>(p.in)[p.in_offset + in];
+    out[p.out_offset + to] = static_cast<const U*>(pieces.in[k])[p.in_offset + in];
   }
 }
 
@@ -372,29 +365,15 @@ void strided_copy_kernel(const KernelArgs& args) {
     };
     for (const StridedPiece& p : args.attr<StridedCopyAttrs>().program->pieces) {
       const BufferView& in = args.in[p.input];
-      int64_t strides[2][kMaxRank] = {};
-      for (int d = 0; d < p.rank; ++d) {
-        strides[0][d] = p.out_strides[d];
-        strides[1][d] = p.in_strides[d];
-      }
-      const StridedLoop<2> loop = make_strided_loop<2>(p.rank, p.dims, strides);
-      const int64_t count = loop.numel();
+      const int64_t count = p.numel();
       if (count == 0) continue;
       if (p.contiguous_output()) {
-        gather(Op::StridedCopy, out.as<U>() + p.out_offset, in.as<U>() + p.in_offset, loop, count,
-               in.numel());
+        gather(Op::StridedCopy, out.as<U>() + p.out_offset, in.as<U>() + p.in_offset, piece_loop(p),
+               count, in.numel());
         continue;
       }
-      CopyPiece& c = batch.piece[batch.count];
-      c.in = in.as<U>();
-      c.rank = loop.rank;
-      c.in_offset = p.in_offset;
-      c.out_offset = p.out_offset;
-      for (int d = 0; d < loop.rank; ++d) {
-        c.dims[d] = loop.dims[d];
-        c.out_strides[d] = loop.strides[0][d];
-        c.in_strides[d] = loop.strides[1][d];
-      }
+      batch.in[batch.count] = in.as<U>();
+      batch.piece[batch.count] = p;
       n += count;
       batch.end[batch.count++] = n;
       largest = std::max(largest, in.numel());

@@ -161,20 +161,31 @@ void softmax_grad(const KernelArgs& args) {
 constexpr int kLossThreads = 1024;
 constexpr int kLossWarps = kLossThreads / 32;
 
-// The largest element of a contiguous row of n >= 1 elements, to every lane of the warp.
-template <typename T>
-__device__ __forceinline__ T warp_row_max(const T* row, int64_t n, int lane) {
-  T m = LaneMaxOp::identity<T>();
-  for (int64_t j = lane; j < n; j += 32) m = LaneMaxOp::combine(m, row[j]);
-  return warp_reduce<LaneMaxOp>(m);
-}
-
-// sum(exp(row - m)) over a contiguous row, to every lane of the warp.
-template <typename T>
-__device__ __forceinline__ T warp_row_sum_exp(const T* row, int64_t n, int lane, T m) {
-  T s = 0;
-  for (int64_t j = lane; j < n; j += 32) s += dev_exp(row[j] - m);
-  return warp_reduce<SumOp>(s);
+// For K contiguous rows of n >= 1 elements at once, their loads in flight together: of each live
+// row, the largest element m[k] and sum(exp(row - m[k])) sum[k], to every lane of the warp. `live`
+// is the same in every lane, and every lane reaches the shuffles, live or not.
+template <int K, typename T>
+__device__ __forceinline__ void warp_rows_exp_sums(const T* const (&row)[K], const bool (&live)[K],
+                                                   int64_t n, int lane, T (&m)[K], T (&sum)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) m[k] = LaneMaxOp::identity<T>();
+  for (int64_t j = lane; j < n; j += 32) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (live[k]) m[k] = LaneMaxOp::combine(m[k], row[k][j]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    m[k] = warp_reduce<LaneMaxOp>(m[k]);
+    sum[k] = 0;
+  }
+  for (int64_t j = lane; j < n; j += 32) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (live[k]) sum[k] += dev_exp(row[k][j] - m[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) sum[k] = warp_reduce<SumOp>(sum[k]);
 }
 
 constexpr int64_t kNoIndex = ::cuda::std::numeric_limits<int64_t>::max();
@@ -219,8 +230,8 @@ constexpr int kRowsPerPass = 4;
 // Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. A warp
 // takes rows warp, warp + kLossWarps, ... and works on kRowsPerPass of them at once, so that their
 // loads are in flight together (one block runs this: a row at a time left the block waiting on
-// memory for every row); each row's value is what a warp computing it alone gets, and the sum
-// adds them in the same row order.
+// memory for every row); each row's terms are those the gradient kernel computes for it alone
+// (warp_rows_exp_sums), and the sum adds the rows in the same order.
 template <typename T, typename L>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
@@ -252,26 +263,9 @@ __global__ void __launch_bounds__(kLossThreads)
       }
     }
     T m[kRowsPerPass], sum[kRowsPerPass];
-#pragma unroll
-    for (int k = 0; k < kRowsPerPass; ++k) m[k] = LaneMaxOp::identity<T>();
-    for (int64_t j = lane; j < classes; j += 32) {
-#pragma unroll
-      for (int k = 0; k < kRowsPerPass; ++k)
-        if (live[k]) m[k] = LaneMaxOp::combine(m[k], row[k][j]);
-    }
+    warp_rows_exp_sums(row, live, classes, lane, m, sum);
 #pragma unroll
     for (int k = 0; k < kRowsPerPass; ++k) {
-      m[k] = warp_reduce<LaneMaxOp>(m[k]);
-      sum[k] = 0;
-    }
-    for (int64_t j = lane; j < classes; j += 32) {
-#pragma unroll
-      for (int k = 0; k < kRowsPerPass; ++k)
-        if (live[k]) sum[k] += dev_exp(row[k][j] - m[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < kRowsPerPass; ++k) {
-      sum[k] = warp_reduce<SumOp>(sum[k]);
       if (!live[k]) continue;
       const T log_sum_exp = m[k] + dev_log(sum[k]);
       total += static_cast<double>(log_sum_exp - row[k][label[k]]);
@@ -329,11 +323,13 @@ __global__ void __launch_bounds__(kThreads)
         report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
       continue;
     }
-    const T m = warp_row_max(row, classes, lane);
-    const T sum = warp_row_sum_exp(row, classes, lane, m);
-    const T f = scale / sum;
+    const T* one_row[1] = {row};
+    const bool live[1] = {true};
+    T m[1], sum[1];
+    warp_rows_exp_sums(one_row, live, classes, lane, m, sum);
+    const T f = scale / sum[0];
     for (int64_t j = lane; j < classes; j += 32) {
-      T v = dev_exp(row[j] - m) * f;
+      T v = dev_exp(row[j] - m[0]) * f;
       if (j == label) v -= scale;
       grow[j] = v;
     }
