@@ -1,14 +1,21 @@
-// A random chain of layout ops (permute, reshape, slice, split, concat), the same at every call
-// of one seed: the layout folds' tests (static_layout_folds_test.cc, cuda/cuda_layout_test.cc).
+// The cases of the layout folds' tests (static_layout_folds_test.cc, cuda/cuda_layout_test.cc): a
+// random chain of layout ops (permute, reshape, slice, split, concat), the same at every call of
+// one seed, and attention's training step, eager against static.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "encore/encore.h"
+#include "encore/nn_sequence.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
 
 namespace encore::testing {
 
@@ -66,6 +73,39 @@ inline Tensor layout_chain(const Tensor& x, uint32_t seed) {
     }
   }
   return y;
+}
+
+// Trains two causal MultiheadAttention(width, heads) made from one seed on `device`, one eagerly
+// and one as a static step (zero_grad, the mean of its squared output, backward), `calls` times
+// on the same random inputs of `shape`, checking that losses, parameters and gradients agree bit
+// for bit. Returns the static step's schedule dump and its cache entry's report.
+inline std::pair<std::string, EntryReport> check_attention_steps(int64_t width, int64_t heads,
+                                                                 const Shape& shape, Device device,
+                                                                 int calls) {
+  auto make = [&] {
+    manual_seed(3);
+    return std::make_shared<nn::MultiheadAttention>(
+        width, heads, nn::AttentionOptions{.causal = true, .device = device});
+  };
+  auto eager_model = make(), static_model = make();
+  auto step_of = [](std::shared_ptr<nn::MultiheadAttention> m) {
+    return [m](const Tensor& x) {
+      m->zero_grad();
+      Tensor y = (*m)(x);
+      Tensor loss = F::mean(F::mul(y, y));
+      loss.backward();
+      return loss;
+    };
+  };
+  auto eager = step_of(eager_model);
+  auto step =
+      static_graph(step_of(static_model), {.name = "attention_step", .modules = {static_model}});
+  for (int call = 0; call < calls; ++call) {
+    const Tensor x = rand(shape, DType::Float32, device, -1, 1);
+    CHECK(bit_diff(step(x), eager(x)) == "");
+    check_same_parameters(*static_model, *eager_model, cat("call ", call));
+  }
+  return {step.schedule_text(), step.stats().cache[0]};
 }
 
 }  // namespace encore::testing

@@ -8,15 +8,12 @@
 // keeps its steps.
 #include <catch2/catch.hpp>
 
-#include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "encore/encore.h"
-#include "encore/nn_sequence.h"
 #include "encore/static_graph.h"
-#include "tests/layout_chain.h"
+#include "tests/layout_cases.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -36,29 +33,7 @@ TEST_CASE("attention's head split and gradient concat fold into strided copies",
   StaticEnabled on;
   const StaticFusion fuse(true);
   const StaticFoldLayouts folds(true);
-  auto make = [] {
-    manual_seed(3);
-    return std::make_shared<nn::MultiheadAttention>(16, 2, nn::AttentionOptions{.causal = true});
-  };
-  auto eager_model = make(), static_model = make();
-  auto step_of = [](std::shared_ptr<nn::MultiheadAttention> m) {
-    return [m](const Tensor& x) {
-      m->zero_grad();
-      Tensor y = (*m)(x);
-      Tensor loss = F::mean(F::mul(y, y));
-      loss.backward();
-      return loss;
-    };
-  };
-  auto eager = step_of(eager_model);
-  auto step =
-      static_graph(step_of(static_model), {.name = "attention_step", .modules = {static_model}});
-  for (int call = 0; call < 3; ++call) {
-    const Tensor x = rand({2, 5, 16}, DType::Float32, Device::cpu(), -1, 1);
-    CHECK(bit_diff(step(x), eager(x)) == "");
-    check_same_parameters(*static_model, *eager_model, cat("call ", call));
-  }
-  const std::string text = step.schedule_text();
+  const std::string text = check_attention_steps(16, 2, {2, 5, 16}, Device::cpu(), 3).first;
   INFO(text);
   // q, k and v: the split and each head permute in one; their gradients' permutes and the
   // concat in one.
@@ -69,11 +44,8 @@ TEST_CASE("attention's head split and gradient concat fold into strided copies",
 
   // The switch off: the split, the six permutes and the concat are steps of their own, four
   // more (one forward, three backward).
-  auto unfolded = static_graph(step_of(static_model),
-                               {.name = "attention_step_unfolded", .modules = {static_model}});
   const StaticFoldLayouts off(false);
-  (void)unfolded(rand({2, 5, 16}));
-  const std::string plain = unfolded.schedule_text();
+  const std::string plain = check_attention_steps(16, 2, {2, 5, 16}, Device::cpu(), 1).first;
   CHECK(count_of(plain, "strided_copy") == 0);
   CHECK(steps_of(plain) == steps_of(text) + 4);
 }

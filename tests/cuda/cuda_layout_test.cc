@@ -4,14 +4,12 @@
 // gradients), and attention's step, whose gradient concat is a copy of three parts.
 #include <catch2/catch.hpp>
 
-#include <memory>
 #include <string>
 
 #include "encore/encore.h"
-#include "encore/nn_sequence.h"
 #include "encore/static_graph.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "tests/layout_chain.h"
+#include "tests/layout_cases.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -58,33 +56,10 @@ TEST_CASE("attention's step on cuda folds its head split and gradient concat, bi
     StaticEnabled on;
     const StaticFusion fuse(true);
     const StaticFoldLayouts folds(true);
-    auto make = [] {
-      manual_seed(3);
-      return std::make_shared<nn::MultiheadAttention>(
-          32, 4, nn::AttentionOptions{.causal = true, .device = kCuda});
-    };
-    auto eager_model = make(), static_model = make();
-    auto step_of = [](std::shared_ptr<nn::MultiheadAttention> m) {
-      return [m](const Tensor& x) {
-        m->zero_grad();
-        Tensor y = (*m)(x);
-        Tensor loss = F::mean(F::mul(y, y));
-        loss.backward();
-        return loss;
-      };
-    };
-    auto eager = step_of(eager_model);
-    auto step =
-        static_graph(step_of(static_model), {.name = "attention_step", .modules = {static_model}});
-    for (int call = 0; call < 4; ++call) {
-      const Tensor x = rand({3, 7, 32}, DType::Float32, kCuda, -1, 1);
-      CHECK(bit_diff(step(x), eager(x)) == "");
-      check_same_parameters(*static_model, *eager_model, cat("call ", call));
-    }
-    const std::string text = step.schedule_text();
+    const auto [text, entry] = check_attention_steps(32, 4, {3, 7, 32}, kCuda, 4);
     INFO(text);
     CHECK(count_of(text, "split and permute in one") == 3);
     CHECK(count_of(text, "permute, permute, permute and concat in one") == 1);
-    check_graph_use(step.stats().cache[0], graphs, 3);
+    check_graph_use(entry, graphs, 3);
   });
 }
