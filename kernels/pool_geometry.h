@@ -1,6 +1,6 @@
-// The geometry of 2-D pooling over NCHW tensors, one definition for cpu/pool.cc and cuda/pool.cu
-// (host and device): sizes, strides and padding of one call, the input rows and columns each
-// window covers (clipped to the input), and the windows each input element falls in.
+// The geometry of 2-D pooling over NCHW tensors, one definition for cpu/pool_passes.h and
+// cuda/pool.cu (host and device): sizes, strides and padding of one call, the input rows and
+// columns each window covers (clipped to the input), and the windows each input element falls in.
 #pragma once
 
 #include <algorithm>

@@ -72,7 +72,7 @@ double scalar_of(const Step& s) {
 // is the first maximum of the same windows of x and of r, and one <= 0 only of windows whose
 // share is +0 rewritten and whose sum relu_grad replaces by +0 eagerly. So every element of the
 // input gradient is the same sum in the same order. Padding does not matter: windows are clipped
-// to the input (kernels/cpu/pool.cc), never padded with values.
+// to the input (kernels/cpu/pool_passes.h), never padded with values.
 void Rewriter::swap_pool_relu() {
   for (int a = 0; a < static_cast<int>(steps_.size()); ++a) {
     const Step& relu = steps_[a];
