@@ -1,0 +1,88 @@
+// The CUDA runtime's entry points in a build without the backend (built without nvcc, or with
+// ENCORE_CUDA=OFF): the queries say there is no device, copies between cpu buffers still run,
+// waits and frees do nothing, and whatever needs a device raises an Error saying why
+// (detail::not_built). The backend itself is cuda.cc.
+#ifndef ENCORE_HAS_CUDA
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "runtime/cuda.h"
+#include "runtime/cuda_check.h"
+#include "runtime/error.h"
+
+namespace encore::cuda {
+
+using detail::not_built;
+
+bool is_built() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string unavailable_reason() {
+  return "this build has no CUDA backend (built without nvcc, or with ENCORE_CUDA=OFF)";
+}
+void require_device(int index, const char* what) {
+  fail(what, ": cuda:", index, " is not available: ", unavailable_reason());
+}
+int current_device() {
+  return 0;
+}
+void set_device(int) {
+  not_built("set_device");
+}
+DeviceGuard::DeviceGuard(int) : previous_(0) {
+  not_built("DeviceGuard");
+}
+DeviceGuard::~DeviceGuard() = default;
+StreamHandle current_stream(int) {
+  not_built("current_stream");
+}
+StreamGuard::StreamGuard(int device, StreamHandle) : device_(device), previous_(nullptr) {
+  not_built("StreamGuard");
+}
+StreamGuard::~StreamGuard() = default;
+StreamHandle create_stream(int) {
+  not_built("create_stream");
+}
+StreamHandle capture_stream(int) {
+  not_built("capture_stream");
+}
+void hold_capture_streams() {}
+void destroy_stream(StreamHandle) {}
+uint64_t stream_generation() {
+  return 0;
+}
+uint64_t stream_serial(StreamHandle) {
+  return 0;
+}
+void order_after(int, StreamHandle, StreamHandle, uint64_t) {}
+void synchronize(int) {}
+DeviceErrorSlot device_error_slot(int) {
+  not_built("device_error_slot");
+}
+void check_device_errors(int) {}
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                bool) {
+  if (dst_device.type != DeviceType::CPU || src_device.type != DeviceType::CPU) not_built("copy");
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+void* malloc_workspace(size_t) {
+  not_built("malloc_workspace");
+}
+bool stream_finished(int) {
+  not_built("stream_finished");
+}
+void call_after_stream(int, void (*)(void*), void*) {
+  not_built("call_after_stream");
+}
+Allocator& pinned_allocator() {
+  not_built("pin_memory");
+}
+
+}  // namespace encore::cuda
+
+#endif  // ENCORE_HAS_CUDA
