@@ -256,14 +256,15 @@ std::mutex g_capture_mu;
 std::vector<StreamHandle>* g_free_capture = new std::vector<StreamHandle>[kMaxDevices];
 
 struct CaptureStreams {
-  StreamHandle s[kMaxDevices] = {};
+  StreamHandle s[kMaxDevices][kCaptureStreams] = {};
   CaptureStreams() = default;
   CaptureStreams(const CaptureStreams&) = delete;
   CaptureStreams& operator=(const CaptureStreams&) = delete;
   ~CaptureStreams() {
     const std::lock_guard<std::mutex> lock(g_capture_mu);
     for (int d = 0; d < kMaxDevices; ++d)
-      if (s[d] != nullptr) g_free_capture[d].push_back(s[d]);
+      for (StreamHandle h : s[d])
+        if (h != nullptr) g_free_capture[d].push_back(h);
   }
 };
 CaptureStreams& thread_capture_streams() {
@@ -276,10 +277,12 @@ void hold_capture_streams() {
   thread_capture_streams();
 }
 
-StreamHandle capture_stream(int device) {
+StreamHandle capture_stream(int device, int k) {
   // Per thread and device while the thread lives (a graph's nodes do not refer to it), then
   // another thread's.
-  StreamHandle& s = thread_capture_streams().s[device];
+  ENCORE_CHECK(k >= 0 && k < kCaptureStreams, "capture_stream: no capture stream ", k,
+               " (a thread has ", kCaptureStreams, " per device)");
+  StreamHandle& s = thread_capture_streams().s[device][k];
   if (s != nullptr) [[likely]]
     return s;
   {

@@ -83,9 +83,11 @@ uint64_t stream_serial(StreamHandle s);
 // used: a stream destroyed since, or one create_stream did not make, is waited for by waiting for
 // the whole device.
 void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial);
-// This thread's stream for capturing graphs on `device` (created on first use): work other
-// threads queue on the shared default stream never lands in a capture.
-StreamHandle capture_stream(int device);
+// This thread's streams for capturing graphs on `device` (created on first use): work other
+// threads queue on the shared default stream never lands in a capture. Stream 0 is the one a
+// capture begins on; stream 1 its branch (Graph::begin_capture), for work the graph runs beside.
+constexpr int kCaptureStreams = 2;
+StreamHandle capture_stream(int device, int k = 0);
 // Makes this thread's record of its capture streams now. Thread-local state ends in the reverse
 // order of its making, so state made after this call (the stream libraries) is left for other
 // threads before the thread's capture streams go back to the pool.
@@ -117,7 +119,8 @@ void* malloc_workspace(size_t bytes);
 // out-of-range label or id): a claim word in device memory and a record in mapped host memory,
 // made with the device's default stream and kept for the process's life. The first report on a
 // device wins (kernels/cuda/common.cuh: report_device_error; with several bad inputs, the one a
-// thread reached first, not always the lowest index); the host reads the record whenever
+// thread reached first, not always the lowest index, and in a CUDA graph on two streams maybe
+// another step's than the one eager reports); the host reads the record whenever
 // it waits for a stream of the device (synchronize, a blocking copy, item()) and throws the
 // Error the cpu kernel throws.
 struct DeviceErrorSlot {
@@ -154,13 +157,24 @@ bool set_graphs_enabled(bool on);
 // and cuDNN handles and workspaces). Registered at static-initialisation time.
 void register_capture_preparer(void (*prepare)(StreamHandle stream));
 
-// A captured sequence of work on one stream, replayed with one launch.
+// A captured sequence of work on one stream, or on two side by side, replayed with one launch.
 //
 //   cuda::Graph g;
 //   g.begin_capture(stream);
 //   ... enqueue kernels on `stream` ...
 //   if (!g.end_capture()) use g.failure();   // capture was invalidated: run the work eagerly
 //   g.launch(stream);
+//
+// With a branch, the graph's nodes form two chains that the device runs at once, ordered where
+// marks say (a mark is the work queued on one stream so far):
+//
+//   g.begin_capture(stream, branch, /*marks=*/1);
+//   a();                      // on `stream`
+//   g.mark(0, stream);
+//   { StreamGuard on(device, branch); b(); }   // b beside a
+//   g.after(branch, 0);
+//   { StreamGuard on(device, branch); c(); }   // c after a and b
+//   g.end_capture();          // the launch ends once both chains have
 class Graph {
  public:
   Graph() = default;
@@ -172,11 +186,19 @@ class Graph {
 
   // Starts capturing `stream` in thread-local mode (this thread may not call unsafe APIs such as
   // cudaMalloc meanwhile). Work any thread queues on `stream` lands in the graph, so capture on
-  // a stream no other thread uses (capture_stream()).
-  void begin_capture(StreamHandle stream);
+  // a stream no other thread uses (capture_stream()). With `branch` (another such stream of the
+  // device: capture_stream(device, 1)), work queued on it lands in the graph too, after what
+  // `stream` held when the capture began; `marks` is how many marks the capture may set.
+  void begin_capture(StreamHandle stream, StreamHandle branch = nullptr, int marks = 0);
+  // During a capture with a branch: mark(k, s) sets mark k (< marks) to the work queued so far on
+  // s (the capture's stream or its branch), and after(s, k) orders the work queued on s from now
+  // on after mark k. A mark is set before it is waited for; setting it again moves it.
+  void mark(int k, StreamHandle s);
+  void after(StreamHandle s, int k);
   // Ends the capture and instantiates the graph, or updates the executable one in place when
-  // the topology is unchanged. False when the capture failed (the reason is failure()); the
-  // stream is usable again either way.
+  // the topology is unchanged: a graph with a branch ends once the work of both streams has.
+  // False when the capture failed (the reason is failure()); the streams are usable again either
+  // way.
   bool end_capture();
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
@@ -186,7 +208,12 @@ class Graph {
 
  private:
   void reset() noexcept;
+  // Orders `stream_` after the work queued on `branch_` (before the capture ends).
+  bool join() noexcept;
   StreamHandle stream_ = nullptr;
+  StreamHandle branch_ = nullptr;
+  int marks_ = 0;
+  int device_ = 0;        // of the capture's events
   void* exec_ = nullptr;  // cudaGraphExec_t
   bool capturing_ = false;
   std::string failure_;

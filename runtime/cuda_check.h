@@ -1,6 +1,6 @@
-// What the runtime's CUDA files (cuda.cc, cuda_graph.cc) share: the Error of a build without the
-// backend, and CHECK_CUDA, which turns a failed CUDA call into an Error naming what was being done
-// and the call. Internal to the runtime.
+// What the runtime's CUDA files (cuda.cc, cuda_graph.cc, cuda_stubs.cc) share: the Error of a
+// build without the backend, and CHECK_CUDA, which turns a failed CUDA call into an Error naming
+// what was being done and the call. Internal to the runtime.
 #pragma once
 
 #include <string_view>

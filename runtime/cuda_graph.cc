@@ -1,60 +1,21 @@
 // CUDA graphs (runtime/cuda.h): whether static replay captures them, the capture state of each
 // thread, Graph (capture, instantiate or update, launch) and EventTimeline (how the profiler times
-// a replayed schedule on the device).
-#include "runtime/cuda.h"
+// a replayed schedule on the device). A build without the backend compiles cuda_stubs.cc instead.
+#ifdef ENCORE_HAS_CUDA
+
+#include <cuda_runtime.h>
 
 #include <atomic>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/cuda.h"
 #include "runtime/cuda_check.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 
-#ifdef ENCORE_HAS_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace encore::cuda {
-
-#ifndef ENCORE_HAS_CUDA
-
-using detail::not_built;
-
-bool graphs_enabled() {
-  return false;
-}
-bool set_graphs_enabled(bool) {
-  return false;
-}
-Graph::~Graph() = default;
-Graph::Graph(Graph&& o) noexcept = default;
-Graph& Graph::operator=(Graph&& o) noexcept = default;
-void register_capture_preparer(void (*)(StreamHandle)) {}
-void Graph::begin_capture(StreamHandle) {
-  not_built("graph capture");
-}
-bool Graph::end_capture() {
-  return false;
-}
-void Graph::abort_capture() noexcept {}
-void Graph::launch(StreamHandle) const {
-  not_built("graph launch");
-}
-void Graph::reset() noexcept {}
-bool capturing() {
-  return false;
-}
-EventTimeline::~EventTimeline() = default;
-void EventTimeline::mark(StreamHandle) {
-  not_built("EventTimeline");
-}
-std::vector<int64_t> EventTimeline::take_intervals_ns() {
-  return {};
-}
-
-#else  // ENCORE_HAS_CUDA
 
 namespace {
 std::atomic<int> g_graphs{-1};  // -1: not read from the environment yet
@@ -90,6 +51,9 @@ Graph::~Graph() {
 
 Graph::Graph(Graph&& o) noexcept
     : stream_(o.stream_),
+      branch_(o.branch_),
+      marks_(o.marks_),
+      device_(o.device_),
       exec_(o.exec_),
       capturing_(o.capturing_),
       failure_(std::move(o.failure_)) {
@@ -101,6 +65,9 @@ Graph& Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
     reset();
     stream_ = o.stream_;
+    branch_ = o.branch_;
+    marks_ = o.marks_;
+    device_ = o.device_;
     exec_ = o.exec_;
     capturing_ = o.capturing_;
     failure_ = std::move(o.failure_);
@@ -124,19 +91,95 @@ void register_capture_preparer(void (*prepare)(StreamHandle stream)) {
   g_capture_preparer = prepare;
 }
 
-void Graph::begin_capture(StreamHandle stream) {
+namespace {
+
+// This thread's events for captures with a branch, per device: the fork, the join, then one per
+// mark. Made before a capture begins (never during one) and kept for the thread's life.
+constexpr int kMaxDevices = 64;
+constexpr int kFork = 0, kJoin = 1, kFirstMark = 2;
+struct CaptureEvents {
+  std::vector<cudaEvent_t> of[kMaxDevices];
+  CaptureEvents() = default;
+  CaptureEvents(const CaptureEvents&) = delete;
+  CaptureEvents& operator=(const CaptureEvents&) = delete;
+  ~CaptureEvents() {
+    for (const std::vector<cudaEvent_t>& events : of)
+      for (cudaEvent_t e : events) (void)cudaEventDestroy(e);
+  }
+};
+std::vector<cudaEvent_t>& capture_events(int device) {
+  thread_local CaptureEvents events;
+  ENCORE_CHECK(device >= 0 && device < kMaxDevices, "graph capture: CUDA device ", device,
+               " is out of the range capture events are kept for (0 to ", kMaxDevices - 1, ")");
+  return events.of[device];
+}
+
+}  // namespace
+
+void Graph::begin_capture(StreamHandle stream, StreamHandle branch, int marks) {
   ENCORE_CHECK(!capturing_ && !tl_capturing, "graph capture: this thread is already capturing");
-  if (g_capture_preparer != nullptr) g_capture_preparer(stream);
+  ENCORE_CHECK(marks >= 0 && (marks == 0 || branch != nullptr),
+               "graph capture: marks order a capture's stream and its branch (", marks,
+               " marks asked for without a branch)");
+  if (g_capture_preparer != nullptr) {
+    g_capture_preparer(stream);
+    if (branch != nullptr) g_capture_preparer(branch);
+  }
+  const int device = current_device();
+  std::vector<cudaEvent_t>& events = capture_events(device);
+  const size_t needed = branch == nullptr ? 0 : static_cast<size_t>(kFirstMark + marks);
+  while (events.size() < needed) {
+    cudaEvent_t e = nullptr;
+    CHECK_CUDA("graph capture", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events.push_back(e);
+  }
   CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
                                                      cudaStreamCaptureModeThreadLocal));
   stream_ = stream;
+  branch_ = branch;
+  marks_ = marks;
+  device_ = device;
   capturing_ = true;
   tl_capturing = true;
   failure_.clear();
+  if (branch == nullptr) return;
+  // The fork: the branch joins the capture after what `stream` holds now.
+  const char* call = "cudaEventRecord (the fork)";
+  cudaError_t e = cudaEventRecord(events[kFork], static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) {
+    call = "cudaStreamWaitEvent (the branch)";
+    e = cudaStreamWaitEvent(static_cast<cudaStream_t>(branch), events[kFork], 0);
+  }
+  if (e != cudaSuccess) {
+    abort_capture();
+    detail::fail_call("graph capture", call, e);
+  }
+}
+
+void Graph::mark(int k, StreamHandle s) {
+  ENCORE_CHECK(capturing_ && k >= 0 && k < marks_, "graph capture: mark ", k,
+               " is not one of this capture's ", marks_);
+  CHECK_CUDA("graph capture", cudaEventRecord(capture_events(device_)[kFirstMark + k],
+                                              static_cast<cudaStream_t>(s)));
+}
+
+void Graph::after(StreamHandle s, int k) {
+  ENCORE_CHECK(capturing_ && k >= 0 && k < marks_, "graph capture: mark ", k,
+               " is not one of this capture's ", marks_);
+  CHECK_CUDA("graph capture", cudaStreamWaitEvent(static_cast<cudaStream_t>(s),
+                                                  capture_events(device_)[kFirstMark + k], 0));
+}
+
+bool Graph::join() noexcept {
+  if (branch_ == nullptr) return true;
+  const cudaEvent_t e = capture_events(device_)[kJoin];
+  return cudaEventRecord(e, static_cast<cudaStream_t>(branch_)) == cudaSuccess &&
+         cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), e, 0) == cudaSuccess;
 }
 
 void Graph::abort_capture() noexcept {
   if (!capturing_) return;
+  (void)join();  // an unjoined branch would stay in the capture
   cudaGraph_t g = nullptr;
   (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   if (g != nullptr) (void)cudaGraphDestroy(g);
@@ -147,6 +190,7 @@ void Graph::abort_capture() noexcept {
 
 bool Graph::end_capture() {
   ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
+  (void)join();  // (a failed join fails the capture: its branch is not joined)
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   capturing_ = false;
@@ -219,6 +263,6 @@ std::vector<int64_t> EventTimeline::take_intervals_ns() {
   return out;
 }
 
-#endif  // ENCORE_HAS_CUDA
-
 }  // namespace encore::cuda
+
+#endif  // ENCORE_HAS_CUDA

@@ -1,12 +1,13 @@
 // The CUDA runtime's entry points in a build without the backend (built without nvcc, or with
 // ENCORE_CUDA=OFF): the queries say there is no device, copies between cpu buffers still run,
 // waits and frees do nothing, and whatever needs a device raises an Error saying why
-// (detail::not_built). The backend itself is cuda.cc.
+// (detail::not_built). The backend itself is cuda.cc and cuda_graph.cc.
 #ifndef ENCORE_HAS_CUDA
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda.h"
 #include "runtime/cuda_check.h"
@@ -48,7 +49,7 @@ StreamGuard::~StreamGuard() = default;
 StreamHandle create_stream(int) {
   not_built("create_stream");
 }
-StreamHandle capture_stream(int) {
+StreamHandle capture_stream(int, int) {
   not_built("capture_stream");
 }
 void hold_capture_streams() {}
@@ -81,6 +82,49 @@ void call_after_stream(int, void (*)(void*), void*) {
 }
 Allocator& pinned_allocator() {
   not_built("pin_memory");
+}
+
+// ---- Graphs (cuda_graph.cc) ----
+
+bool graphs_enabled() {
+  return false;
+}
+bool set_graphs_enabled(bool) {
+  return false;
+}
+Graph::~Graph() = default;
+Graph::Graph(Graph&& o) noexcept = default;
+Graph& Graph::operator=(Graph&& o) noexcept = default;
+void register_capture_preparer(void (*)(StreamHandle)) {}
+void Graph::begin_capture(StreamHandle, StreamHandle, int) {
+  not_built("graph capture");
+}
+void Graph::mark(int, StreamHandle) {
+  not_built("graph capture");
+}
+void Graph::after(StreamHandle, int) {
+  not_built("graph capture");
+}
+bool Graph::join() noexcept {
+  return false;
+}
+bool Graph::end_capture() {
+  return false;
+}
+void Graph::abort_capture() noexcept {}
+void Graph::launch(StreamHandle) const {
+  not_built("graph launch");
+}
+void Graph::reset() noexcept {}
+bool capturing() {
+  return false;
+}
+EventTimeline::~EventTimeline() = default;
+void EventTimeline::mark(StreamHandle) {
+  not_built("EventTimeline");
+}
+std::vector<int64_t> EventTimeline::take_intervals_ns() {
+  return {};
 }
 
 }  // namespace encore::cuda

@@ -192,8 +192,9 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     count_launch();
     return;
   }
-  // Captured on this thread's own capture stream (no other thread puts work there), then
-  // launched on the current stream; not again for addresses whose capture failed on this arena.
+  // Captured on this thread's own capture stream (no other thread puts work there), and its
+  // branch where the phase has two lanes, then launched on the current stream; not again for
+  // addresses whose capture failed on this arena.
   // (Nothing is allocated before a capture is tried: values that change at every call and
   // addresses that failed replay on the stream at no cost.)
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
@@ -213,8 +214,14 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
     const cuda::StreamGuard on_side(device_.index, side);
     const int64_t allocations = thread_allocation_count();
-    fresh.graph.begin_capture(side);
-    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+    if (graph_order_[phase].empty()) {
+      fresh.graph.begin_capture(side);
+      run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+    } else {  // the lanes on two streams (lanes.cc)
+      const cuda::StreamHandle branch = cuda::capture_stream(device_.index, 1);
+      fresh.graph.begin_capture(side, branch, graph_marks_[phase]);
+      queue_lanes(b, phase, fresh.graph, side, branch);
+    }
     const bool captured = fresh.graph.end_capture();
     // A block handed out during the capture, even a cached one, is baked into the graph: the
     // next launch would write memory that has since been freed or handed to someone else.

@@ -152,7 +152,9 @@ CallState* Plan::acquire() {
       b->views[vi].data = static_cast<char*>(b->arena) + off;
   }
   b->ptrs.assign(rec_->buffers.size(), nullptr);
-  if (!step_lane_.empty()) b->done = std::make_unique<std::atomic<uint32_t>[]>(steps_.size());
+  // (A cpu plan's lanes, whatever the thread count: a state outlives a set_num_threads call.)
+  if (!lanes_.forward[1].empty() || !lanes_.backward[1].empty())
+    b->done = std::make_unique<std::atomic<uint32_t>[]>(steps_.size());
   b->own.resize(escapes_);
   b->held.reserve(backward_reads_.size());
   b->versions.reserve(backward_reads_.size());

@@ -21,6 +21,16 @@
 // pool's chunks itself, or, in a wide step, shares them with lane 1, so every kernel computes the
 // bits it computes eagerly at two threads. No lock, lookup or allocation; a kernel that throws
 // stops both lanes and the error reaches the caller.
+//
+// CUDA: a phase's graph is captured on two streams, a lane each (cuda::Graph's branch), so the
+// device runs the lanes' kernels side by side: the small kernels of a training step (a layer's
+// weight, bias and input gradients) each fill a fraction of the device, and a graph on one stream
+// runs them one after the other. Every step costs one launch plus its work (no step goes on both
+// lanes), and the steps are queued in the order the scheduler placed them, so each lane's stream
+// runs its steps in that order: a step waits (a mark of the other stream) only for the latest
+// step of the other lane it depends on, and only when its stream does not follow that step
+// already. Each kernel runs with its own stream's cuBLAS and cuDNN handles and workspaces, and
+// computes what it computes on one stream, so the bits are eager's.
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -38,10 +48,11 @@ constexpr double kWideCost = 1e6;
 // The cost of an element a step that is not a product reads or writes, in multiply-adds (an
 // elementwise pass or an optimizer update streams its operands at about this rate).
 constexpr double kElementCost = 4;
-// The share of a lane a wide step's second thread is worth, for the scheduler's clock.
-constexpr double kWideSpeedup = 1.8;
 // Phases longer than this replay in order (the graph is built pairwise, in quadratic time).
 constexpr int kMaxSteps = 4096;
+// On CUDA, a step's cost is a launch plus its work, in units of about one small kernel's time;
+// the work is step_cost() over the work about one such time covers.
+constexpr double kDeviceWorkPerLaunch = 1e7;
 
 // A buffer's memory as a step touches it: bytes [lo, hi) of the arena (storage -1) or all of a
 // storage outside it.
@@ -95,6 +106,7 @@ double step_cost(const Step& s) {
 }  // namespace
 
 void Plan::plan_lanes() {
+  const bool cuda = device_.type == DeviceType::CUDA;
   const std::vector<Buffer>& bufs = rec_->buffers;
   const std::vector<int> memory = storage_ids();
   const int n = static_cast<int>(all_.size());
@@ -121,7 +133,7 @@ void Plan::plan_lanes() {
     const int count = end - begin;
     if (count == 0 || count > kMaxSteps) continue;
     // The graph (indices within the phase): deps[j] are the earlier steps j must follow.
-    std::vector<std::vector<int>> deps(count), users(count);
+    std::vector<std::vector<int>> deps(count);
     int last_random = -1, last_collective = -1;
     auto follow = [&](int j, int& last) {
       if (last >= 0 && std::find(deps[j].begin(), deps[j].end(), last) == deps[j].end())
@@ -142,65 +154,36 @@ void Plan::plan_lanes() {
           deps[j].push_back(i);
       if (steps_[begin + j].random) follow(j, last_random);
       if (op_collective(all_[begin + j].op)) follow(j, last_collective);
-      for (int i : deps[j]) users[i].push_back(j);
     }
     // Per step its cost on one lane, whether its kernel splits (it may go on both lanes), and
-    // the longest path from it to the end of the phase (itself included, at its cost split).
-    std::vector<double> cost(count), rank(count, 0);
-    std::vector<char> splits(count);
-    auto split_cost = [&](int j) { return splits[j] ? cost[j] / kWideSpeedup : cost[j]; };
+    // whether it must run on lane 0 (a collective calls MPI, which this process joined for one
+    // thread at a time).
+    std::vector<double> cost(count);
+    std::vector<char> splits(count), lane0_only(count);
     for (int j = 0; j < count; ++j) {
       cost[j] = step_cost(all_[begin + j]);
-      splits[j] = op_splits(all_[begin + j].op) && cost[j] >= kWideCost;
+      splits[j] = !cuda && op_splits(all_[begin + j].op) && cost[j] >= kWideCost;
+      if (cuda) cost[j] = 1 + cost[j] / kDeviceWorkPerLaunch;
+      lane0_only[j] = op_collective(all_[begin + j].op);
     }
-    for (int j = count - 1; j >= 0; --j) {
-      double tail = 0;
-      for (int u : users[j]) tail = std::max(tail, rank[u]);
-      rank[j] = split_cost(j) + tail;
+    const LanePlacement placement = place_on_lanes(deps, cost, splits, lane0_only);
+    std::copy(placement.lane.begin(), placement.lane.end(), step_lane_.begin() + begin);
+    if (cuda) {
+      graph_order_[phase].clear();
+      if (std::find(placement.lane.begin(), placement.lane.end(), 1) == placement.lane.end())
+        continue;  // the plain capture
+      graph_order_[phase] =
+          queue_on_streams(deps, placement.lane, placement.placed, graph_marks_[phase]);
+      for (GraphEntry& e : graph_order_[phase]) e.step += begin;
+      continue;
     }
-
-    // List scheduling: per lane the time it is free, per step when it ends (its lane goes into
-    // step_lane_).
-    double free_at[2] = {0, 0};
-    std::vector<double> ends(count, 0);
-    std::vector<int> waiting(count);
-    std::vector<char> beside(count, 0);  // placed on one lane, beside a large step
-    std::vector<int> ready;
-    for (int j = 0; j < count; ++j)
-      if ((waiting[j] = static_cast<int>(deps[j].size())) == 0) ready.push_back(j);
+    // Each lane's program: its steps in placement order, with the other lane's steps each waits
+    // for; a wide step is in both.
     std::array<std::vector<LaneEntry>, 2>& programs = lanes_[phase];
-    while (!ready.empty()) {
-      auto first = std::min_element(ready.begin(), ready.end(), [&](int a, int b) {
-        return rank[a] != rank[b] ? rank[a] > rank[b] : a < b;
-      });
-      const int j = *first;
-      ready.erase(first);
-      double inputs = 0;
-      for (int i : deps[j]) inputs = std::max(inputs, ends[i]);
-      // A large step goes on both lanes, unless another ready step of at least half its cost
-      // can run beside it (two steps side by side keep both threads busier than one split): then
-      // both go on one lane each.
-      bool wide = splits[j] && !beside[j];
-      if (wide)
-        for (int k : ready)
-          if (2 * cost[k] >= cost[j]) {
-            wide = false;
-            beside[k] = 1;
-            break;
-          }
-      int lane = 2;
-      double start = std::max({inputs, free_at[0], free_at[1]});
-      if (!wide) {
-        const double at0 = std::max(inputs, free_at[0]), at1 = std::max(inputs, free_at[1]);
-        // A collective calls MPI, which this process joined for one thread at a time.
-        lane = at1 < at0 && !op_collective(all_[begin + j].op) ? 1 : 0;
-        start = lane == 1 ? at1 : at0;
-      }
-      ends[j] = start + (wide ? split_cost(j) : cost[j]);
-      step_lane_[begin + j] = static_cast<int8_t>(lane);
+    for (const int j : placement.placed) {
+      const int lane = placement.lane[j];
       for (int l = 0; l < 2; ++l) {
         if (lane != 2 && lane != l) continue;
-        free_at[l] = ends[j];
         LaneEntry e;
         e.step = begin + j;
         e.wide = lane == 2;
@@ -208,18 +191,31 @@ void Plan::plan_lanes() {
         // Lane 1 serves a wide step's chunks: it waits for nothing but the step's end.
         if (!(e.wide && l == 1))
           for (int i : deps[j])
-            if (step_lane_[begin + i] == 1 - l) lane_waits_.push_back(begin + i);
+            if (placement.lane[i] == 1 - l) lane_waits_.push_back(begin + i);
         e.waits_end = static_cast<uint32_t>(lane_waits_.size());
         programs[l].push_back(e);
       }
-      for (int u : users[j])
-        if (--waiting[u] == 0) ready.push_back(u);
     }
   }
 }
 
+void Plan::queue_lanes(CallState& b, Phase phase, cuda::Graph& graph, cuda::StreamHandle side,
+                       cuda::StreamHandle branch) {
+  size_t next_random = phase == Phase::Backward ? random_forward_ : 0;
+  for (const GraphEntry& e : graph_order_[phase]) {
+    const cuda::StreamHandle s = e.stream == 1 ? branch : side;
+    if (e.after >= 0) graph.after(s, e.after);
+    {
+      const cuda::StreamGuard on(device_.index, s);
+      run_step(b, e.step, /*device_random=*/true, next_random);
+    }
+    comm_progress::poll();
+    if (e.mark >= 0) graph.mark(e.mark, s);
+  }
+}
+
 bool Plan::use_lanes(Phase phase) const {
-  return !lanes_[phase][1].empty() && num_threads() == 2;
+  return device_.type == DeviceType::CPU && !lanes_[phase][1].empty() && num_threads() == 2;
 }
 
 void Plan::run_lanes(CallState& b, Phase phase) {

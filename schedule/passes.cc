@@ -53,7 +53,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   plan_memory();
   build_steps();
   plan_value_checks();
-  if (device_.type == DeviceType::CPU && options_.lanes && !options_.redzones) plan_lanes();
+  if (options_.lanes && !options_.redzones) plan_lanes();
   if (device_.type == DeviceType::CUDA) plan_graphs();
 }
 

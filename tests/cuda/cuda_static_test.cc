@@ -54,6 +54,32 @@ TEST_CASE("MLP training with the whole step static (function form) on cuda equal
   });
 }
 
+TEST_CASE("a training step's CUDA graph runs its two lanes on two streams with eager's bits",
+          "[cuda][static]") {
+  // The layers' weight, bias and input gradients are independent: with lanes on, the graph holds
+  // them on two streams (the schedule says which), and the replays still equal eager bit for bit
+  // (check_mlp_function_form), as the one-stream graphs with lanes off do.
+  GraphsEnabled use_graphs(true);
+  for (const bool lanes : {true, false}) {
+    const SwitchScope<set_static_lanes_enabled> scope(lanes);
+    const StaticRun run = check_mlp_function_form(kCuda);
+    check_graph_use(run.stats.cache[0], /*graphs=*/true, 19);
+    INFO("lanes " << lanes << "\n" << run.schedule);
+    // Per phase on two streams: its steps on each and the marks between them.
+    const std::regex streams(R"(two streams \(captured so in its CUDA graphs\): ([0-9]+) on )"
+                             R"(stream 0, ([0-9]+) on stream 1, ordered by ([0-9]+) marks?)");
+    int phases = 0, on_branch = 0;
+    for (auto it = std::sregex_iterator(run.schedule.begin(), run.schedule.end(), streams);
+         it != std::sregex_iterator(); ++it, ++phases) {
+      CHECK(std::stoi((*it)[2].str()) > 0);
+      CHECK(std::stoi((*it)[3].str()) > 0);
+      on_branch += std::stoi((*it)[2].str());
+    }
+    REQUIRE((phases > 0) == lanes);
+    CHECK(count_of(run.schedule, R"([\[ ]stream 1\])") == on_branch);
+  }
+}
+
 TEST_CASE("Adam's hyper-parameters on a schedule on cuda replay eager's steps with one trace",
           "[cuda][static]") {
   // Three sets of values, each for two calls, twice round (the first call traces). With graphs:
