@@ -1,6 +1,7 @@
 // The cases of the layout folds' tests (static_layout_folds_test.cc, cuda/cuda_layout_test.cc): a
 // random chain of layout ops (permute, reshape, slice, split, concat), the same at every call of
-// one seed, and attention's training step, eager against static.
+// one seed; a concat of eleven transposed parts and a large transpose, one strided copy each; and
+// attention's training step, eager against static.
 #pragma once
 
 #include <algorithm>
@@ -106,6 +107,54 @@ inline std::pair<std::string, EntryReport> check_attention_steps(int64_t width, 
     check_same_parameters(*static_model, *eager_model, cat("call ", call));
   }
   return {step.schedule_text(), step.stats().cache[0]};
+}
+
+// x [a, b, 11 * k] cut into 11 parts along its last axis, each transposed to [k, a, b], and the
+// parts concatenated back along the first: one strided copy of eleven pieces (on CUDA two launches,
+// of up to 8 pieces each).
+inline Tensor eleven_parts(const Tensor& x) {
+  std::vector<Tensor> parts = F::chunk(x, 11, 2);
+  for (Tensor& p : parts) p = F::permute(p, {2, 0, 1});
+  return F::concat(std::span<const Tensor>(parts), 0);
+}
+
+// A slice of a large x [n, m, 3] transposed: one strided copy through the tiled transpose.
+inline Tensor large_transpose(const Tensor& x) {
+  return F::permute(F::slice(x, 1, 1, x.shape()[1] - 2), {2, 1, 0});
+}
+
+// Both on `device` as static functions, against eager over three calls (values and gradients):
+// each is one strided copy, and no concat, permute or slice is left.
+inline void check_wide_layouts(Device device) {
+  StaticEnabled on;
+  const StaticFusion fuse(true);
+  const StaticFoldLayouts folds(true);
+  struct Case {
+    const char* name;
+    Tensor (*body)(const Tensor&);
+    Shape shape;
+  };
+  for (const Case& c : {Case{"eleven_parts", &eleven_parts, Shape{3, 5, 44}},
+                        Case{"large_transpose", &large_transpose, Shape{67, 130, 3}}}) {
+    INFO(c.name);
+    auto f = static_graph(c.body, {.name = c.name});
+    for (int call = 0; call < 3; ++call) {
+      const Tensor x = rand(c.shape, DType::Float32, device, -1, 1);
+      Tensor xe = x.detach(), xs = x.detach();
+      xe.set_requires_grad();
+      xs.set_requires_grad();
+      const Tensor ye = c.body(xe), ys = f(xs);
+      REQUIRE(bit_diff(ys, ye) == "");
+      F::sum(F::mul(ye, ye)).backward();
+      F::sum(F::mul(ys, ys)).backward();
+      CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+    }
+    const std::string text = f.schedule_text();
+    INFO(text);
+    const std::string forward = text.substr(0, text.find("backward:"));
+    CHECK(count_of(forward, "\\n +[0-9]+  strided_copy") == 1);
+    CHECK(count_of(forward, "\\n +[0-9]+  (concat|permute|slice|split)\\b") == 0);
+  }
 }
 
 }  // namespace encore::testing

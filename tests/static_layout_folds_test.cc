@@ -213,3 +213,8 @@ TEST_CASE("layout folds leave empty values alone and never add launches",
     CHECK(steps_of(text) == 1);
   }
 }
+
+TEST_CASE("a concat of eleven parts and a large transpose are one strided copy each",
+          "[static][fusion][layout]") {
+  check_wide_layouts(Device::cpu());
+}

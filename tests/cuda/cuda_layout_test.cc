@@ -1,7 +1,8 @@
 // Layout folds on CUDA (schedule/layout_folds.cc): chains of layout steps are strided_copy
 // steps, gathers or one launch for a concat's parts written at strides, that replay eager's bits
 // with CUDA graphs on and off: random chains over float, double and int64 values (values and
-// gradients), and attention's step, whose gradient concat is a copy of three parts.
+// gradients), a concat of eleven parts (two launches) and a large transpose (the tiled gather),
+// and attention's step, whose gradient concat is a copy of three parts.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -62,4 +63,9 @@ TEST_CASE("attention's step on cuda folds its head split and gradient concat, bi
     CHECK(count_of(text, "permute, permute, permute and concat in one") == 1);
     check_graph_use(entry, graphs, 3);
   });
+}
+
+TEST_CASE("a concat of eleven parts on cuda (two launches) and a large transpose, bit for bit",
+          "[cuda][static][layout]") {
+  with_graphs_on_and_off([](bool) { check_wide_layouts(kCuda); });
 }
