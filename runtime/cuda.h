@@ -13,8 +13,10 @@
 // static replay can capture it into a CUDA graph.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,8 +87,9 @@ uint64_t stream_serial(StreamHandle s);
 void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial);
 // This thread's streams for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture. Stream 0 is the one a
-// capture begins on; stream 1 its branch (Graph::begin_capture), for work the graph runs beside.
-constexpr int kCaptureStreams = 2;
+// capture begins on; the others its branches (Graph::begin_capture), for work the graph runs
+// beside.
+constexpr int kCaptureStreams = 4;
 StreamHandle capture_stream(int device, int k = 0);
 // Makes this thread's record of its capture streams now. Thread-local state ends in the reverse
 // order of its making, so state made after this call (the stream libraries) is left for other
@@ -119,7 +122,7 @@ void* malloc_workspace(size_t bytes);
 // out-of-range label or id): a claim word in device memory and a record in mapped host memory,
 // made with the device's default stream and kept for the process's life. The first report on a
 // device wins (kernels/cuda/common.cuh: report_device_error; with several bad inputs, the one a
-// thread reached first, not always the lowest index, and in a CUDA graph on two streams maybe
+// thread reached first, not always the lowest index, and in a CUDA graph on several streams maybe
 // another step's than the one eager reports); the host reads the record whenever
 // it waits for a stream of the device (synchronize, a blocking copy, item()) and throws the
 // Error the cpu kernel throws.
@@ -150,6 +153,11 @@ Allocator& pinned_allocator();
 bool graphs_enabled();
 // Returns the previous setting.
 bool set_graphs_enabled(bool on);
+// On how many streams a static schedule's CUDA graphs run its independent steps side by side, for
+// signatures traced from now on: 2 by default, ENCORE_CUDA_GRAPH_STREAMS=N (1 to
+// kCaptureStreams, read once) or set_graph_streams(n). Returns the previous setting.
+int graph_streams();
+int set_graph_streams(int n);
 
 // Called on the capturing thread with the stream just before a capture begins on it (the stream's
 // device current): a backend makes there what the captured work would otherwise make during the
@@ -165,16 +173,17 @@ void register_capture_preparer(void (*prepare)(StreamHandle stream));
 //   if (!g.end_capture()) use g.failure();   // capture was invalidated: run the work eagerly
 //   g.launch(stream);
 //
-// With a branch, the graph's nodes form two chains that the device runs at once, ordered where
+// With branches, the graph's nodes form chains that the device runs at once, ordered where
 // marks say (a mark is the work queued on one stream so far):
 //
-//   g.begin_capture(stream, branch, /*marks=*/1);
+//   const cuda::StreamHandle branches[] = {branch};
+//   g.begin_capture(stream, branches, /*marks=*/1);
 //   a();                      // on `stream`
 //   g.mark(0, stream);
 //   { StreamGuard on(device, branch); b(); }   // b beside a
 //   g.after(branch, 0);
 //   { StreamGuard on(device, branch); c(); }   // c after a and b
-//   g.end_capture();          // the launch ends once both chains have
+//   g.end_capture();          // the launch ends once all its chains have
 class Graph {
  public:
   Graph() = default;
@@ -186,17 +195,19 @@ class Graph {
 
   // Starts capturing `stream` in thread-local mode (this thread may not call unsafe APIs such as
   // cudaMalloc meanwhile). Work any thread queues on `stream` lands in the graph, so capture on
-  // a stream no other thread uses (capture_stream()). With `branch` (another such stream of the
-  // device: capture_stream(device, 1)), work queued on it lands in the graph too, after what
-  // `stream` held when the capture began; `marks` is how many marks the capture may set.
-  void begin_capture(StreamHandle stream, StreamHandle branch = nullptr, int marks = 0);
-  // During a capture with a branch: mark(k, s) sets mark k (< marks) to the work queued so far on
-  // s (the capture's stream or its branch), and after(s, k) orders the work queued on s from now
-  // on after mark k. A mark is set before it is waited for; setting it again moves it.
+  // a stream no other thread uses (capture_stream()). With `branches` (up to kCaptureStreams - 1
+  // other such streams of the device: capture_stream(device, 1), ...), work queued on them lands
+  // in the graph too, after what `stream` held when the capture began; `marks` is how many marks
+  // the capture may set.
+  void begin_capture(StreamHandle stream, std::span<const StreamHandle> branches = {},
+                     int marks = 0);
+  // During a capture with branches: mark(k, s) sets mark k (< marks) to the work queued so far on
+  // s (the capture's stream or a branch), and after(s, k) orders the work queued on s from now on
+  // after mark k. A mark is set before it is waited for; setting it again moves it.
   void mark(int k, StreamHandle s);
   void after(StreamHandle s, int k);
   // Ends the capture and instantiates the graph, or updates the executable one in place when
-  // the topology is unchanged: a graph with a branch ends once the work of both streams has.
+  // the topology is unchanged: a graph with branches ends once the work of all its streams has.
   // False when the capture failed (the reason is failure()); the streams are usable again either
   // way.
   bool end_capture();
@@ -208,10 +219,11 @@ class Graph {
 
  private:
   void reset() noexcept;
-  // Orders `stream_` after the work queued on `branch_` (before the capture ends).
+  // Orders `stream_` after the work queued on the branches (before the capture ends).
   bool join() noexcept;
   StreamHandle stream_ = nullptr;
-  StreamHandle branch_ = nullptr;
+  std::array<StreamHandle, kCaptureStreams - 1> branches_{};
+  int n_branches_ = 0;
   int marks_ = 0;
   int device_ = 0;        // of the capture's events
   void* exec_ = nullptr;  // cudaGraphExec_t

@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +41,29 @@ bool set_graphs_enabled(bool on) {
   return previous;
 }
 
+namespace {
+std::atomic<int> g_graph_streams{0};  // 0: not read from the environment yet
+}  // namespace
+
+int graph_streams() {
+  int v = g_graph_streams.load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = static_cast<int>(env::integer("ENCORE_CUDA_GRAPH_STREAMS", 1, kCaptureStreams, 2));
+    int expected = 0;
+    g_graph_streams.compare_exchange_strong(expected, v);
+    v = g_graph_streams.load(std::memory_order_relaxed);
+  }
+  return v;
+}
+
+int set_graph_streams(int n) {
+  ENCORE_CHECK(n >= 1 && n <= kCaptureStreams, "set_graph_streams: ", n, " streams (1 to ",
+               kCaptureStreams, ")");
+  const int previous = graph_streams();
+  g_graph_streams.store(n, std::memory_order_relaxed);
+  return previous;
+}
+
 bool capturing() {
   return tl_capturing;
 }
@@ -51,7 +76,8 @@ Graph::~Graph() {
 
 Graph::Graph(Graph&& o) noexcept
     : stream_(o.stream_),
-      branch_(o.branch_),
+      branches_(o.branches_),
+      n_branches_(o.n_branches_),
       marks_(o.marks_),
       device_(o.device_),
       exec_(o.exec_),
@@ -65,7 +91,8 @@ Graph& Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
     reset();
     stream_ = o.stream_;
-    branch_ = o.branch_;
+    branches_ = o.branches_;
+    n_branches_ = o.n_branches_;
     marks_ = o.marks_;
     device_ = o.device_;
     exec_ = o.exec_;
@@ -93,8 +120,10 @@ void register_capture_preparer(void (*prepare)(StreamHandle stream)) {
 
 namespace {
 
-// This thread's events for captures with a branch, per device: the fork, the join, then one per
-// mark. Made before a capture begins (never during one) and kept for the thread's life.
+// This thread's events for captures with branches, per device: the fork, the join, then one per
+// mark. Made before a capture begins (never during one) and kept for the thread's life. (The
+// fork is waited for by every branch, and the join recorded on one branch after another: a
+// wait takes the event as recorded when the wait is queued.)
 constexpr int kMaxDevices = 64;
 constexpr int kFork = 0, kJoin = 1, kFirstMark = 2;
 struct CaptureEvents {
@@ -116,18 +145,21 @@ std::vector<cudaEvent_t>& capture_events(int device) {
 
 }  // namespace
 
-void Graph::begin_capture(StreamHandle stream, StreamHandle branch, int marks) {
+void Graph::begin_capture(StreamHandle stream, std::span<const StreamHandle> branches,
+                          int marks) {
   ENCORE_CHECK(!capturing_ && !tl_capturing, "graph capture: this thread is already capturing");
-  ENCORE_CHECK(marks >= 0 && (marks == 0 || branch != nullptr),
-               "graph capture: marks order a capture's stream and its branch (", marks,
+  ENCORE_CHECK(branches.size() < kCaptureStreams, "graph capture: ", branches.size(),
+               " branches (at most ", kCaptureStreams - 1, ")");
+  ENCORE_CHECK(marks >= 0 && (marks == 0 || !branches.empty()),
+               "graph capture: marks order a capture's streams (", marks,
                " marks asked for without a branch)");
   if (g_capture_preparer != nullptr) {
     g_capture_preparer(stream);
-    if (branch != nullptr) g_capture_preparer(branch);
+    for (StreamHandle b : branches) g_capture_preparer(b);
   }
   const int device = current_device();
   std::vector<cudaEvent_t>& events = capture_events(device);
-  const size_t needed = branch == nullptr ? 0 : static_cast<size_t>(kFirstMark + marks);
+  const size_t needed = branches.empty() ? 0 : static_cast<size_t>(kFirstMark + marks);
   while (events.size() < needed) {
     cudaEvent_t e = nullptr;
     CHECK_CUDA("graph capture", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -136,21 +168,25 @@ void Graph::begin_capture(StreamHandle stream, StreamHandle branch, int marks) {
   CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
                                                      cudaStreamCaptureModeThreadLocal));
   stream_ = stream;
-  branch_ = branch;
+  n_branches_ = static_cast<int>(branches.size());
+  std::copy(branches.begin(), branches.end(), branches_.begin());
   marks_ = marks;
   device_ = device;
   capturing_ = true;
   tl_capturing = true;
   failure_.clear();
-  if (branch == nullptr) return;
-  // The fork: the branch joins the capture after what `stream` holds now.
+  if (branches.empty()) return;
+  // The fork: the branches join the capture after what `stream` holds now.
   const char* call = "cudaEventRecord (the fork)";
   cudaError_t e = cudaEventRecord(events[kFork], static_cast<cudaStream_t>(stream));
-  if (e == cudaSuccess) {
-    call = "cudaStreamWaitEvent (the branch)";
-    e = cudaStreamWaitEvent(static_cast<cudaStream_t>(branch), events[kFork], 0);
+  int joined = 0;  // the branches in the capture so far
+  while (e == cudaSuccess && joined < n_branches_) {
+    call = "cudaStreamWaitEvent (a branch)";
+    e = cudaStreamWaitEvent(static_cast<cudaStream_t>(branches[joined]), events[kFork], 0);
+    if (e == cudaSuccess) ++joined;
   }
   if (e != cudaSuccess) {
+    n_branches_ = joined;  // (the join of abort_capture: those only)
     abort_capture();
     detail::fail_call("graph capture", call, e);
   }
@@ -171,15 +207,20 @@ void Graph::after(StreamHandle s, int k) {
 }
 
 bool Graph::join() noexcept {
-  if (branch_ == nullptr) return true;
-  const cudaEvent_t e = capture_events(device_)[kJoin];
-  return cudaEventRecord(e, static_cast<cudaStream_t>(branch_)) == cudaSuccess &&
-         cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), e, 0) == cudaSuccess;
+  bool joined = true;
+  for (int k = 0; k < n_branches_; ++k) {
+    const cudaEvent_t e = capture_events(device_)[kJoin];
+    joined = cudaEventRecord(e, static_cast<cudaStream_t>(branches_[k])) == cudaSuccess &&
+             cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), e, 0) == cudaSuccess &&
+             joined;
+  }
+  return joined;
 }
 
 void Graph::abort_capture() noexcept {
   if (!capturing_) return;
   (void)join();  // an unjoined branch would stay in the capture
+  n_branches_ = 0;
   cudaGraph_t g = nullptr;
   (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   if (g != nullptr) (void)cudaGraphDestroy(g);
@@ -190,7 +231,8 @@ void Graph::abort_capture() noexcept {
 
 bool Graph::end_capture() {
   ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
-  (void)join();  // (a failed join fails the capture: its branch is not joined)
+  (void)join();  // (a failed join fails the capture: a branch is not joined)
+  n_branches_ = 0;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   capturing_ = false;

@@ -92,11 +92,17 @@ bool graphs_enabled() {
 bool set_graphs_enabled(bool) {
   return false;
 }
+int graph_streams() {
+  return 1;
+}
+int set_graph_streams(int) {
+  return 1;
+}
 Graph::~Graph() = default;
 Graph::Graph(Graph&& o) noexcept = default;
 Graph& Graph::operator=(Graph&& o) noexcept = default;
 void register_capture_preparer(void (*)(StreamHandle)) {}
-void Graph::begin_capture(StreamHandle, StreamHandle, int) {
+void Graph::begin_capture(StreamHandle, std::span<const StreamHandle>, int) {
   not_built("graph capture");
 }
 void Graph::mark(int, StreamHandle) {

@@ -2,6 +2,7 @@
 // captured graphs keyed by the addresses of bound buffers, capture and its fallback to stream
 // replay, and the counters of how replays ran.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -193,8 +194,8 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), and its
-  // branch where the phase has two lanes, then launched on the current stream; not again for
-  // addresses whose capture failed on this arena.
+  // branches where the phase's steps are on several lanes, then launched on the current stream;
+  // not again for addresses whose capture failed on this arena.
   // (Nothing is allocated before a capture is tried: values that change at every call and
   // addresses that failed replay on the stream at no cost.)
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
@@ -214,13 +215,16 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
     const cuda::StreamGuard on_side(device_.index, side);
     const int64_t allocations = thread_allocation_count();
-    if (graph_order_[phase].empty()) {
+    if (graph_queue_[phase].entries.empty()) {
       fresh.graph.begin_capture(side);
       run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
-    } else {  // the lanes on two streams (lanes.cc)
-      const cuda::StreamHandle branch = cuda::capture_stream(device_.index, 1);
-      fresh.graph.begin_capture(side, branch, graph_marks_[phase]);
-      queue_lanes(b, phase, fresh.graph, side, branch);
+    } else {  // the lanes on their streams (lanes.cc)
+      const StreamQueue& q = graph_queue_[phase];
+      std::array<cuda::StreamHandle, cuda::kCaptureStreams> streams{side};
+      for (int k = 1; k < q.streams; ++k) streams[k] = cuda::capture_stream(device_.index, k);
+      const std::span<const cuda::StreamHandle> all(streams.data(), q.streams);
+      fresh.graph.begin_capture(side, all.subspan(1), q.marks);
+      queue_lanes(b, phase, fresh.graph, all);
     }
     const bool captured = fresh.graph.end_capture();
     // A block handed out during the capture, even a cached one, is baked into the graph: the

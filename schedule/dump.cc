@@ -150,19 +150,22 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
     const auto [begin, end] = step_range(phase);
     out += cat(indent, phase_name(phase), ": ", end - begin,
                end - begin == 1 ? " step\n" : " steps\n");
-    // On CUDA the lanes are the two streams of the phase's graph (lanes.cc).
-    const bool streams = !graph_order_[phase].empty();
+    // On CUDA the lanes are the streams of the phase's graphs (lanes.cc).
+    const StreamQueue& queue = graph_queue_[phase];
+    const bool streams = !queue.entries.empty();
     const bool lanes = streams || !lanes_[phase][1].empty();
     if (lanes) {
-      int on[3] = {0, 0, 0};
+      int on[kMaxLanes] = {};
       for (int t = begin; t < end; ++t) ++on[step_lane_[t]];
-      if (streams)
-        out += cat(indent, "  two streams (captured so in its CUDA graphs): ", on[0],
-                   " on stream 0, ", on[1], " on stream 1, ordered by ", graph_marks_[phase],
-                   graph_marks_[phase] == 1 ? " mark\n" : " marks\n");
-      else
+      if (streams) {
+        out += cat(indent, "  ", queue.streams, " streams (captured so in its CUDA graphs): ");
+        for (int k = 0; k < queue.streams; ++k)
+          out += cat(k == 0 ? "" : ", ", on[k], " on stream ", k);
+        out += cat(", ordered by ", queue.marks, queue.marks == 1 ? " mark\n" : " marks\n");
+      } else {
         out += cat(indent, "  two lanes (replayed so at two threads): ", on[0], " on lane 0, ",
-                   on[1], " on lane 1, ", on[2], " on both\n");
+                   on[1], " on lane 1, ", on[kBothLanes], " on both\n");
+      }
     }
     for (int t = begin; t < end; ++t) {
       const Step& s = all_[t];
@@ -197,7 +200,7 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
       if (streams)
         mark(cat("stream ", int{step_lane_[t]}));
       else if (lanes)
-        mark(step_lane_[t] == 2 ? "both lanes" : cat("lane ", int{step_lane_[t]}));
+        mark(step_lane_[t] == kBothLanes ? "both lanes" : cat("lane ", int{step_lane_[t]}));
       std::snprintf(head, sizeof head, marks.empty() ? "%s  %4d  %s" : "%s  %4d  %-26s",
                     indent.c_str(), t - begin, std::string(op_name(s.op)).c_str());
       out += head;

@@ -22,15 +22,16 @@
 // bits it computes eagerly at two threads. No lock, lookup or allocation; a kernel that throws
 // stops both lanes and the error reaches the caller.
 //
-// CUDA: a phase's graph is captured on two streams, a lane each (cuda::Graph's branch), so the
-// device runs the lanes' kernels side by side: the small kernels of a training step (a layer's
-// weight, bias and input gradients) each fill a fraction of the device, and a graph on one stream
-// runs them one after the other. Every step costs one launch plus its work (no step goes on both
-// lanes), and the steps are queued in the order the scheduler placed them, so each lane's stream
-// runs its steps in that order: a step waits (a mark of the other stream) only for the latest
-// step of the other lane it depends on, and only when its stream does not follow that step
-// already. Each kernel runs with its own stream's cuBLAS and cuDNN handles and workspaces, and
-// computes what it computes on one stream, so the bits are eager's.
+// CUDA: the schedule has cuda::graph_streams() lanes (2 by default), and a phase's graph is
+// captured on as many streams, a lane each (cuda::Graph's branches), so the device runs the lanes'
+// kernels side by side: the small kernels of a training step (a layer's weight, bias and input
+// gradients) each fill a fraction of the device, and a graph on one stream runs them one after
+// the other. Every step costs one launch plus its work (no step goes wide), and the steps are
+// queued in the order the scheduler placed them, so each lane's stream runs its steps in that
+// order: a step waits (a mark of another stream) only for the latest step of each other lane it
+// depends on, and only when its stream does not follow that step already (lane_schedule.h). Each
+// kernel runs with its own stream's cuBLAS and cuDNN handles and workspaces, and computes what it
+// computes on one stream, so the bits are eager's.
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -107,6 +108,9 @@ double step_cost(const Step& s) {
 
 void Plan::plan_lanes() {
   const bool cuda = device_.type == DeviceType::CUDA;
+  // (One stream: the plain capture.)
+  graph_streams_ = cuda ? cuda::graph_streams() : 1;
+  if (cuda && graph_streams_ < 2) return;
   const std::vector<Buffer>& bufs = rec_->buffers;
   const std::vector<int> memory = storage_ids();
   const int n = static_cast<int>(all_.size());
@@ -166,15 +170,17 @@ void Plan::plan_lanes() {
       if (cuda) cost[j] = 1 + cost[j] / kDeviceWorkPerLaunch;
       lane0_only[j] = op_collective(all_[begin + j].op);
     }
-    const LanePlacement placement = place_on_lanes(deps, cost, splits, lane0_only);
+    const LanePlacement placement =
+        place_on_lanes(deps, cost, splits, lane0_only, cuda ? graph_streams_ : 2);
     std::copy(placement.lane.begin(), placement.lane.end(), step_lane_.begin() + begin);
     if (cuda) {
-      graph_order_[phase].clear();
-      if (std::find(placement.lane.begin(), placement.lane.end(), 1) == placement.lane.end())
+      graph_queue_[phase] = {};
+      if (std::all_of(placement.lane.begin(), placement.lane.end(),
+                      [](int8_t l) { return l == 0; }))
         continue;  // the plain capture
-      graph_order_[phase] =
-          queue_on_streams(deps, placement.lane, placement.placed, graph_marks_[phase]);
-      for (GraphEntry& e : graph_order_[phase]) e.step += begin;
+      graph_queue_[phase] =
+          queue_on_streams(deps, placement.lane, placement.placed, graph_streams_);
+      for (GraphEntry& e : graph_queue_[phase].entries) e.step += begin;
       continue;
     }
     // Each lane's program: its steps in placement order, with the other lane's steps each waits
@@ -183,10 +189,10 @@ void Plan::plan_lanes() {
     for (const int j : placement.placed) {
       const int lane = placement.lane[j];
       for (int l = 0; l < 2; ++l) {
-        if (lane != 2 && lane != l) continue;
+        if (lane != kBothLanes && lane != l) continue;
         LaneEntry e;
         e.step = begin + j;
-        e.wide = lane == 2;
+        e.wide = lane == kBothLanes;
         e.waits_begin = static_cast<uint32_t>(lane_waits_.size());
         // Lane 1 serves a wide step's chunks: it waits for nothing but the step's end.
         if (!(e.wide && l == 1))
@@ -199,12 +205,13 @@ void Plan::plan_lanes() {
   }
 }
 
-void Plan::queue_lanes(CallState& b, Phase phase, cuda::Graph& graph, cuda::StreamHandle side,
-                       cuda::StreamHandle branch) {
+void Plan::queue_lanes(CallState& b, Phase phase, cuda::Graph& graph,
+                       std::span<const cuda::StreamHandle> streams) {
+  const StreamQueue& q = graph_queue_[phase];
   size_t next_random = phase == Phase::Backward ? random_forward_ : 0;
-  for (const GraphEntry& e : graph_order_[phase]) {
-    const cuda::StreamHandle s = e.stream == 1 ? branch : side;
-    if (e.after >= 0) graph.after(s, e.after);
+  for (const GraphEntry& e : q.entries) {
+    const cuda::StreamHandle s = streams[e.stream];
+    for (uint32_t w = e.waits_begin; w < e.waits_end; ++w) graph.after(s, q.waits[w]);
     {
       const cuda::StreamGuard on(device_.index, s);
       run_step(b, e.step, /*device_random=*/true, next_random);

@@ -57,8 +57,9 @@ struct PlanOptions {
   // Optimizer updates move to right after the steps they depend on; a zero fill_ and the add_
   // into it become one step.
   bool early_updates = true;
-  // A two-lane schedule (lanes.cc): a cpu plan replays it when num_threads() is 2; a CUDA plan's
-  // graphs run its lanes on two streams, side by side on the device.
+  // A lane schedule (lanes.cc): a cpu plan replays its two lanes when num_threads() is 2; a CUDA
+  // plan's graphs run its lanes (cuda::graph_streams() of them) on as many streams, side by
+  // side on the device.
   bool lanes = true;
   // A cpu plan lays out a convolution's output padded where only stride-1 convolutions read it
   // (padded_layouts.cc).
@@ -300,7 +301,7 @@ class Plan {
   // Step i's kernel over the state's views (random steps reserve their numbers here).
   void run_step(CallState& b, int i, bool device_random, size_t& next_random) const;
   // Two lanes (lanes.cc): the schedule, whether a run uses it, the run, and one lane's program;
-  // on CUDA, the capture of a phase's steps on two streams.
+  // on CUDA, the capture of a phase's steps on several streams.
   void plan_lanes();
   bool use_lanes(Phase phase) const;
   void run_lanes(CallState& b, Phase phase);
@@ -308,9 +309,10 @@ class Plan {
   // lowest step that threw on either lane.
   void run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair, int& at,
                 const std::atomic<int>& first_failure) const;
-  // CUDA: a phase's steps queued on two streams for a capture (graph_order_).
-  void queue_lanes(CallState& b, Phase phase, cuda::Graph& graph, cuda::StreamHandle side,
-                   cuda::StreamHandle branch);
+  // CUDA: a phase's steps queued on its streams for a capture (graph_queue_): streams[0] is the
+  // capture's, the others its branches.
+  void queue_lanes(CallState& b, Phase phase, cuda::Graph& graph,
+                   std::span<const cuda::StreamHandle> streams);
   void plan_graphs();
   void finish_copy_out(CallState& b);
   // Red zones: fills the guards of the blocks step `i` writes, and after it throws when one
@@ -411,10 +413,11 @@ class Plan {
   std::vector<int32_t> lane_waits_;
   std::vector<int8_t> step_lane_;
   std::atomic<int64_t> lane_replays_{0};
-  // CUDA graphs on two streams: per phase whose steps are on both lanes, its steps in the order
-  // they are queued (plan step indices), and how many marks order the streams.
-  PerPhase<std::vector<GraphEntry>> graph_order_;
-  PerPhase<int> graph_marks_;
+  // CUDA graphs on several streams: how many (a lane each), and per phase whose steps are on more
+  // than one lane, its steps in the order they are queued (plan step indices) and the marks
+  // between the streams.
+  int graph_streams_ = 1;
+  PerPhase<StreamQueue> graph_queue_;
 
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)
   std::once_flag profile_args_once_;

@@ -121,12 +121,13 @@ bool static_fusion_enabled();
 // 0 + c, so the values are the same bit for bit. Returns the previous setting.
 bool set_static_early_updates_enabled(bool on);
 bool static_early_updates_enabled();
-// Whether signatures traced from now on get a two-lane schedule: when num_threads() is 2, a cpu
+// Whether signatures traced from now on get a lane schedule: when num_threads() is 2, a cpu
 // replay runs independent steps (a layer's weight and input gradients, the updates of different
 // parameters) on two threads at once, and a large step on both; a CUDA replay's graphs hold the
-// lanes on two streams, which the device runs side by side. On by default (ENCORE_STATIC_LANES=0
-// starts it off); every kernel computes its chunks as at two threads eagerly, and on CUDA what it
-// computes on one stream, so the values are the same bit for bit. Returns the previous setting.
+// lanes on several streams (cuda::graph_streams()), which the device runs side by side. On by
+// default (ENCORE_STATIC_LANES=0 starts it off); every kernel computes its chunks as at two
+// threads eagerly, and on CUDA what it computes on one stream, so the values are the same bit
+// for bit. Returns the previous setting.
 bool set_static_lanes_enabled(bool on);
 bool static_lanes_enabled();
 // Whether signatures traced from now on lay a convolution's output out padded in their cpu plans

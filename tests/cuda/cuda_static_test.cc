@@ -54,29 +54,60 @@ TEST_CASE("MLP training with the whole step static (function form) on cuda equal
   });
 }
 
-TEST_CASE("a training step's CUDA graph runs its two lanes on two streams with eager's bits",
+namespace {
+// For a scope: the streams of the CUDA graphs of signatures traced in it.
+class GraphStreams {
+ public:
+  explicit GraphStreams(int n) : previous_(cuda::set_graph_streams(n)) {}
+  ~GraphStreams() { cuda::set_graph_streams(previous_); }
+  GraphStreams(const GraphStreams&) = delete;
+  GraphStreams& operator=(const GraphStreams&) = delete;
+
+ private:
+  int previous_;
+};
+}  // namespace
+
+TEST_CASE("a training step's CUDA graph runs its lanes on several streams with eager's bits",
           "[cuda][static]") {
   // The layers' weight, bias and input gradients are independent: with lanes on, the graph holds
-  // them on two streams (the schedule says which), and the replays still equal eager bit for bit
-  // (check_mlp_function_form), as the one-stream graphs with lanes off do.
+  // them on 2 or 3 streams (the schedule says which), and the replays still equal eager bit for
+  // bit (check_mlp_function_form), as the one-stream graphs with lanes off or one stream do.
   GraphsEnabled use_graphs(true);
-  for (const bool lanes : {true, false}) {
-    const SwitchScope<set_static_lanes_enabled> scope(lanes);
+  struct Setting {
+    bool lanes;
+    int streams;
+  };
+  for (const Setting s : {Setting{true, 2}, Setting{true, 3}, Setting{true, 4}, Setting{false, 2},
+                          Setting{true, 1}}) {
+    const SwitchScope<set_static_lanes_enabled> lanes(s.lanes);
+    const GraphStreams streams_scope(s.streams);
     const StaticRun run = check_mlp_function_form(kCuda);
     check_graph_use(run.stats.cache[0], /*graphs=*/true, 19);
-    INFO("lanes " << lanes << "\n" << run.schedule);
-    // Per phase on two streams: its steps on each and the marks between them.
-    const std::regex streams(R"(two streams \(captured so in its CUDA graphs\): ([0-9]+) on )"
-                             R"(stream 0, ([0-9]+) on stream 1, ordered by ([0-9]+) marks?)");
-    int phases = 0, on_branch = 0;
-    for (auto it = std::sregex_iterator(run.schedule.begin(), run.schedule.end(), streams);
+    INFO("lanes " << s.lanes << ", streams " << s.streams << "\n" << run.schedule);
+    // Per phase on several streams: its steps on each stream and the marks between them.
+    const std::regex header(R"(([0-9]) streams \(captured so in its CUDA graphs\): ([^\n]*), )"
+                            R"(ordered by ([0-9]+) marks?)");
+    const std::regex on_stream(R"(([0-9]+) on stream ([0-9]))");
+    int phases = 0, on_branches = 0;
+    for (auto it = std::sregex_iterator(run.schedule.begin(), run.schedule.end(), header);
          it != std::sregex_iterator(); ++it, ++phases) {
-      CHECK(std::stoi((*it)[2].str()) > 0);
+      const int used = std::stoi((*it)[1].str());
+      CHECK(used >= 2);
+      CHECK(used <= s.streams);
       CHECK(std::stoi((*it)[3].str()) > 0);
-      on_branch += std::stoi((*it)[2].str());
+      const std::string counts = (*it)[2].str();
+      int streams_listed = 0;
+      for (auto c = std::sregex_iterator(counts.begin(), counts.end(), on_stream);
+           c != std::sregex_iterator(); ++c, ++streams_listed) {
+        CHECK(std::stoi((*c)[2].str()) == streams_listed);
+        CHECK(std::stoi((*c)[1].str()) > 0);  // every stream used
+        if (streams_listed > 0) on_branches += std::stoi((*c)[1].str());
+      }
+      CHECK(streams_listed == used);
     }
-    REQUIRE((phases > 0) == lanes);
-    CHECK(count_of(run.schedule, R"([\[ ]stream 1\])") == on_branch);
+    REQUIRE((phases > 0) == (s.lanes && s.streams > 1));
+    CHECK(count_of(run.schedule, R"([\[ ]stream [1-3]\])") == on_branches);
   }
 }
 
