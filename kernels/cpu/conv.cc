@@ -35,6 +35,8 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv_geometry.h"
+#include "kernels/cpu/im2col_gemm.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/shifted_gemm.h"
@@ -45,64 +47,14 @@
 namespace encore::kernels::cpu {
 namespace {
 
+using namespace conv;
 using namespace shifted;
-
-// ---- Geometry -----------------------------------------------------------------------------
-
-struct Geometry {
-  int64_t n, c, h, w;      // input [n, c, h, w]
-  int64_t o, kh, kw;       // weight [o, c / groups, kh, kw]
-  int64_t ho, wo;          // output [n, o, ho, wo]
-  int64_t groups, cg, og;  // channels per group: input, output
-  int64_t sh, sw, ph, pw, dh, dw;
-
-  int64_t taps() const { return cg * kh * kw; }
-  int64_t pixels() const { return ho * wo; }
-  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
-};
-
-// From the shapes of x, the weight and y (whichever op: every one of them knows all three).
-Geometry geometry(const Shape& x, const Shape& w, const Shape& y, const Conv2dAttrs& a) {
-  Geometry g{};
-  g.n = x[0];
-  g.c = x[1];
-  g.h = x[2];
-  g.w = x[3];
-  g.o = w[0];
-  g.kh = w[2];
-  g.kw = w[3];
-  g.ho = y[2];
-  g.wo = y[3];
-  g.groups = a.groups;
-  g.cg = w[1];
-  g.og = g.o / a.groups;
-  g.sh = a.stride[0];
-  g.sw = a.stride[1];
-  g.ph = a.padding[0];
-  g.pw = a.padding[1];
-  g.dh = a.dilation[0];
-  g.dw = a.dilation[1];
-  return g;
-}
 
 // kernels/cpu/conv.h: read once from the environment, then set by set_conv_im2col().
 std::atomic<bool> g_force_im2col{env::flag("ENCORE_CONV_IM2COL", false)};
 
 bool force_im2col() {
   return g_force_im2col.load(std::memory_order_relaxed);
-}
-
-// ---- Scratch memory (kernels/cpu/scratch.h) ------------------------------------------------
-
-// Slots: 0 the padded input, 1 the wide output or gradient, 2 the tap offsets, 3 the flipped
-// kernel. Worker threads use only 0 and 1; 2 and 3 are filled by the calling thread and shared.
-enum Slot { kPadded, kWide, kOffsets, kFlipped, kSlots };
-
-// Rough multiply-adds below which a thread is not worth waking.
-constexpr int64_t kMinWorkPerThread = 1 << 17;
-
-int64_t grain_for(int64_t work_per_item) {
-  return std::max<int64_t>(1, kMinWorkPerThread / std::max<int64_t>(1, work_per_item));
 }
 
 // Where a convolution's result images go: `image` elements apart, each [rows, cols] plane inside
@@ -288,133 +240,6 @@ void shifted_grad_weight(const Geometry& g, const Conv2dAttrs& a, const T* x, co
             std::min<int64_t>(kDotTaps, taps - k), l.width, gw + row * taps + k, taps);
       }
     }
-  });
-}
-
-// ---- im2col + GEMM ---------------------------------------------------------------------------
-
-void check_gemm_sizes(Op op, const Geometry& g) {
-  check_blas_sizes(op, {g.pixels(), g.taps(), g.og});
-}
-
-// The output columns c with 0 <= c s - p + j d < size: [lo, hi).
-void valid_columns(int64_t out, int64_t size, int64_t s, int64_t p, int64_t offset, int64_t& lo,
-                   int64_t& hi) {
-  const int64_t first = p - offset;  // need c s >= first
-  lo = first <= 0 ? 0 : std::min(out, (first + s - 1) / s);
-  const int64_t last = size - 1 + p - offset;  // need c s <= last
-  hi = last < 0 ? 0 : std::min(out, last / s + 1);
-  hi = std::max(hi, lo);
-}
-
-// col[(s kh + i) kw + j][r wo + c] = x[s][r sh - ph + i dh][c sw - pw + j dw], 0 outside.
-template <typename T>
-void im2col(const Geometry& g, const T* x, T* col) {
-  const int64_t p = g.pixels();
-  for (int64_t s = 0; s < g.cg; ++s)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((s * g.kh + i) * g.kw + j) * p;
-        int64_t lo, hi;
-        valid_columns(g.wo, g.w, g.sw, g.pw, j * g.dw, lo, hi);
-        for (int64_t r = 0; r < g.ho; ++r) {
-          T* d = row + r * g.wo;
-          const int64_t ih = r * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.h) {
-            std::fill(d, d + g.wo, T(0));
-            continue;
-          }
-          const int64_t base = (s * g.h + ih) * g.w - g.pw + j * g.dw;
-          std::fill(d, d + lo, T(0));
-          for (int64_t c = lo; c < hi; ++c) d[c] = x[base + c * g.sw];
-          std::fill(d + hi, d + g.wo, T(0));
-        }
-      }
-}
-
-// x[s][...] += the entries of col that im2col would have read from them.
-template <typename T>
-void col2im_add(const Geometry& g, const T* col, T* x) {
-  const int64_t p = g.pixels();
-  for (int64_t s = 0; s < g.cg; ++s)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((s * g.kh + i) * g.kw + j) * p;
-        int64_t lo, hi;
-        valid_columns(g.wo, g.w, g.sw, g.pw, j * g.dw, lo, hi);
-        for (int64_t r = 0; r < g.ho; ++r) {
-          const int64_t ih = r * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.h) continue;
-          const T* sr = row + r * g.wo;
-          const int64_t base = (s * g.h + ih) * g.w - g.pw + j * g.dw;
-          for (int64_t c = lo; c < hi; ++c) x[base + c * g.sw] += sr[c];
-        }
-      }
-}
-
-// The im2col path splits images across threads (forward, input gradient: each image is its own
-// GEMMs, so the same bits at any thread count) or the weight gradient's columns (each part sums
-// every image in order; the split follows the shapes and num_threads(), see blas.h).
-template <typename T>
-void gemm_forward(const Geometry& g, const T* x, const T* w, const T* bias, const ActAttrs* act,
-                  T* y) {
-  const int64_t p = g.pixels(), k = g.taps();
-  parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
-    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
-        T* yg = y + (n * g.o + grp * g.og) * p;
-        if (bias != nullptr)
-          for (int64_t m = 0; m < g.og; ++m)
-            std::fill(yg + m * p, yg + (m + 1) * p, bias[grp * g.og + m]);
-        if (col != nullptr) im2col(g, xg, col);
-        gemm(false, false, g.og, p, k, w + grp * g.og * k, k, col != nullptr ? col : xg, p,
-             bias != nullptr ? T(1) : T(0), yg, p);
-        if (act != nullptr) apply_activation(*act, yg, g.og * p);
-      }
-  });
-}
-
-template <typename T>
-void gemm_grad_input(const Geometry& g, const T* gy, const T* w, T* gx) {
-  const int64_t p = g.pixels(), k = g.taps();
-  parallel_for(g.n, grain_for(g.o * k * p), [&](int64_t begin, int64_t end) {
-    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        T* gxg = gx + (n * g.c + grp * g.cg) * g.h * g.w;
-        const T* gyg = gy + (n * g.o + grp * g.og) * p;
-        const T* wg = w + grp * g.og * k;
-        if (col == nullptr) {
-          gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), gxg, p);
-          continue;
-        }
-        gemm(true, false, k, p, g.og, wg, k, gyg, p, T(0), col, p);
-        std::fill(gxg, gxg + g.cg * g.h * g.w, T(0));
-        col2im_add(g, col, gxg);
-      }
-  });
-}
-
-template <typename T>
-void gemm_grad_weight(const Geometry& g, const T* x, const T* gy, T* gw) {
-  const int64_t p = g.pixels(), k = g.taps();
-  if (g.n == 0) std::fill(gw, gw + g.o * k, T(0));
-  // Parts of kCols columns of gw (taps); each builds the im2col rows it needs.
-  constexpr int64_t kCols = 16;
-  const int64_t blocks = (k + kCols - 1) / kCols;
-  parallel_for(blocks, grain_for(g.n * g.o * kCols * p), [&](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * kCols, cols = std::min(k, b1 * kCols) - lo;
-    T* col = g.pointwise() ? nullptr : scratch<T>(kWide, k * p);
-    for (int64_t n = 0; n < g.n; ++n)
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        const T* xg = x + (n * g.c + grp * g.cg) * g.h * g.w;
-        if (col != nullptr) im2col(g, xg, col);
-        const T* src = col != nullptr ? col : xg;
-        gemm(false, true, g.og, cols, p, gy + (n * g.o + grp * g.og) * p, p, src + lo * p, p,
-             n == 0 ? T(0) : T(1), gw + grp * g.og * k + lo, k);
-      }
   });
 }
 
