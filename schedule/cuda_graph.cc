@@ -61,8 +61,10 @@ void Plan::plan_graphs() {
     if (read[buf] == 2) staged_.backward.push_back(static_cast<int>(buf));
     if (read[buf] == 3) staged_both_.push_back(static_cast<int>(buf));
   }
+  random_pair_.assign(steps_.size(), -1);
   for (int i = 0; i < static_cast<int>(steps_.size()); ++i) {
     if (!steps_[i].random) continue;
+    random_pair_[i] = static_cast<int>(random_steps_.size());
     random_steps_.push_back(i);
     if (i < n_forward_) random_forward_ = random_steps_.size();
   }

@@ -299,8 +299,6 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
                      bool device_random) {
   const BufferView* v = b.views.data();
   const bool cuda = device_.type == DeviceType::CUDA;
-  // device_random runs a whole phase: its random steps use the phase's pairs in order.
-  size_t next_random = begin >= n_forward_ ? random_forward_ : 0;
   [[maybe_unused]] cuda::StreamHandle stream = nullptr;
   [[maybe_unused]] bool shapes = false;
   [[maybe_unused]] std::vector<profiler::StepTime>* times = nullptr;
@@ -334,7 +332,7 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
       fill_redzones(b, i);
       if constexpr (kProfile) t = profiler::ticks();  // the fill is not the step's time
     }
-    run_step(b, i, device_random, next_random);
+    run_step(b, i, device_random);
     comm_progress::poll();
     if constexpr (kProfile) {
       const int64_t now = profiler::ticks();
@@ -395,7 +393,7 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
   }
 }
 
-void Plan::run_step(CallState& b, int i, bool device_random, size_t& next_random) const {
+void Plan::run_step(CallState& b, int i, bool device_random) const {
   const ExecStep& s = steps_[i];
   const BufferView* v = b.views.data() + s.view;
   const std::span<const BufferView> in(v, s.n_in), out(v + s.n_in, s.n_out);
@@ -403,7 +401,7 @@ void Plan::run_step(CallState& b, int i, bool device_random, size_t& next_random
     RandomAttrs a = s.attrs.as<RandomAttrs>();
     if (device_random) {
       a.state_ptr = reinterpret_cast<uint64_t>(static_cast<uint64_t*>(b.random_state->data()) +
-                                               2 * next_random++);
+                                               2 * random_pair_[i]);
     } else {
       const Generator::Stream st = default_generator(device_).reserve(s.random_count);
       a.seed = st.seed;

@@ -156,7 +156,9 @@ void Plan::plan_lanes() {
       for (int i = 0; i < j; ++i)
         if (conflict(touches[begin + i], touches[begin + j]) || (throws[i] && writes_out[j]))
           deps[j].push_back(i);
-      if (steps_[begin + j].random) follow(j, last_random);
+      // (On CUDA each random step reads its own {seed, offset} pair, reserved in step order
+      // before the launch: they need no order among themselves.)
+      if (!cuda && steps_[begin + j].random) follow(j, last_random);
       if (op_collective(all_[begin + j].op)) follow(j, last_collective);
     }
     // Per step its cost on one lane, whether its kernel splits (it may go on both lanes), and
@@ -208,13 +210,12 @@ void Plan::plan_lanes() {
 void Plan::queue_lanes(CallState& b, Phase phase, cuda::Graph& graph,
                        std::span<const cuda::StreamHandle> streams) {
   const StreamQueue& q = graph_queue_[phase];
-  size_t next_random = phase == Phase::Backward ? random_forward_ : 0;
   for (const GraphEntry& e : q.entries) {
     const cuda::StreamHandle s = streams[e.stream];
     for (uint32_t w = e.waits_begin; w < e.waits_end; ++w) graph.after(s, q.waits[w]);
     {
       const cuda::StreamGuard on(device_.index, s);
-      run_step(b, e.step, /*device_random=*/true, next_random);
+      run_step(b, e.step, /*device_random=*/true);
     }
     comm_progress::poll();
     if (e.mark >= 0) graph.mark(e.mark, s);
@@ -251,7 +252,6 @@ void Plan::run_lanes(CallState& b, Phase phase) {
 void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair& pair, int& at,
                     const std::atomic<int>& first_failure) const {
   auto finished = [&](int step) { return b.done[step].load(std::memory_order_acquire) == run; };
-  size_t next_random = 0;  // (cpu steps reserve their numbers as they run)
   for (const LaneEntry& e : lanes_[phase][lane]) {
     // The other lane's step threw: this one runs on through the steps recorded before it (eager
     // ran them before it failed there, and one may fail first), alone, while what they wait for
@@ -270,7 +270,7 @@ void Plan::run_lane(CallState& b, Phase phase, int lane, uint32_t run, LanePair&
       continue;
     }
     if (e.wide) pair.begin_wide();
-    run_step(b, e.step, false, next_random);
+    run_step(b, e.step, false);
     if (lane == 0) comm_progress::poll();  // the thread that started the communication
     if (e.wide) pair.end_wide();
     // A wide step cut short by the other lane's failure lacks that lane's part: not done.

@@ -292,14 +292,16 @@ class Plan {
   int64_t arena_offset(int buf) const { return offset_[root_[buf]]; }
 
  private:
-  // `device_random`: random steps read their {seed, offset} from b.random_state. kRedzones:
-  // the guards of what each step writes are filled before it and checked after it.
+  // `device_random`: random steps read their {seed, offset} from b.random_state (step i's pair
+  // random_pair_[i]). kRedzones: the guards of what each step writes are filled before it and
+  // checked after it.
   template <bool kProfile, bool kRedzones>
   void run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>* snapshots,
                  bool device_random = false);
   void run_graph(CallState& b, Phase phase, int begin, int end);
-  // Step i's kernel over the state's views (random steps reserve their numbers here).
-  void run_step(CallState& b, int i, bool device_random, size_t& next_random) const;
+  // Step i's kernel over the state's views (random steps reserve their numbers here, or with
+  // `device_random` read their pair).
+  void run_step(CallState& b, int i, bool device_random) const;
   // Two lanes (lanes.cc): the schedule, whether a run uses it, the run, and one lane's program;
   // on CUDA, the capture of a phase's steps on several streams.
   void plan_lanes();
@@ -439,6 +441,7 @@ class Plan {
   PerPhase<std::vector<int>> staged_;
   std::vector<int> staged_both_;          // staged buffers both phases read
   std::vector<int> random_steps_;         // in step order: step r uses {seed, offset} pair r
+  std::vector<int> random_pair_;          // per step: its pair in random_state, or -1
   size_t random_forward_ = 0;             // random steps of the forward (they come first)
   std::atomic<uint64_t> graph_clock_{0};  // for least-recently-used eviction
   // GraphStats, counted by concurrent calls; the failure, deferral and fallback reasons are
