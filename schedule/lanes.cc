@@ -109,8 +109,8 @@ double step_cost(const Step& s) {
 void Plan::plan_lanes() {
   const bool cuda = device_.type == DeviceType::CUDA;
   // (One stream: the plain capture.)
-  graph_streams_ = cuda ? cuda::graph_streams() : 1;
-  if (cuda && graph_streams_ < 2) return;
+  const int streams = cuda ? cuda::graph_streams() : 1;
+  if (cuda && streams < 2) return;
   const std::vector<Buffer>& bufs = rec_->buffers;
   const std::vector<int> memory = storage_ids();
   const int n = static_cast<int>(all_.size());
@@ -173,15 +173,14 @@ void Plan::plan_lanes() {
       lane0_only[j] = op_collective(all_[begin + j].op);
     }
     const LanePlacement placement =
-        place_on_lanes(deps, cost, splits, lane0_only, cuda ? graph_streams_ : 2);
+        place_on_lanes(deps, cost, splits, lane0_only, cuda ? streams : 2);
     std::copy(placement.lane.begin(), placement.lane.end(), step_lane_.begin() + begin);
     if (cuda) {
       graph_queue_[phase] = {};
       if (std::all_of(placement.lane.begin(), placement.lane.end(),
                       [](int8_t l) { return l == 0; }))
         continue;  // the plain capture
-      graph_queue_[phase] =
-          queue_on_streams(deps, placement.lane, placement.placed, graph_streams_);
+      graph_queue_[phase] = queue_on_streams(deps, placement.lane, placement.placed, streams);
       for (GraphEntry& e : graph_queue_[phase].entries) e.step += begin;
       continue;
     }

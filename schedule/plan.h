@@ -30,9 +30,9 @@
 #include "runtime/parallel.h"
 #include "runtime/strided_copy.h"
 #include "schedule/arena_pool.h"
+#include "schedule/lane_schedule.h"
 #include "schedule/memory_plan.h"
 #include "schedule/recording.h"
-#include "schedule/lane_schedule.h"
 
 namespace encore::schedule {
 
@@ -415,10 +415,9 @@ class Plan {
   std::vector<int32_t> lane_waits_;
   std::vector<int8_t> step_lane_;
   std::atomic<int64_t> lane_replays_{0};
-  // CUDA graphs on several streams: how many (a lane each), and per phase whose steps are on more
-  // than one lane, its steps in the order they are queued (plan step indices) and the marks
-  // between the streams.
-  int graph_streams_ = 1;
+  // CUDA graphs on several streams: per phase whose steps are on more than one lane, its steps in
+  // the order they are queued (plan step indices), the marks between the streams and how many
+  // streams they use.
   PerPhase<StreamQueue> graph_queue_;
 
   std::vector<std::string_view> profile_args_;  // per step, its shapes (interned when profiled)

@@ -109,6 +109,24 @@ inline std::pair<std::string, EntryReport> check_attention_steps(int64_t width, 
   return {step.schedule_text(), step.stats().cache[0]};
 }
 
+// body(x) eagerly against the static f(x), each on its own copy of x requiring grad: the same
+// bits in the value and in x's gradient of sum(y * y). Returns eager's value and gradient.
+struct EagerResult {
+  Tensor y, grad;
+};
+template <typename Body, typename Static>
+EagerResult check_value_and_gradient(const Body& body, Static& f, const Tensor& x) {
+  Tensor xe = x.detach(), xs = x.detach();
+  xe.set_requires_grad();
+  xs.set_requires_grad();
+  const Tensor ye = body(xe), ys = f(xs);
+  REQUIRE(bit_diff(ys, ye) == "");
+  F::sum(F::mul(ye, ye)).backward();
+  F::sum(F::mul(ys, ys)).backward();
+  CHECK(bit_diff(xs.grad(), xe.grad()) == "");
+  return {ye, xe.grad()};
+}
+
 // x [a, b, 11 * k] cut into 11 parts along its last axis, each transposed to [k, a, b], and the
 // parts concatenated back along the first: one strided copy of eleven pieces (on CUDA two launches,
 // of up to 8 pieces each).
@@ -138,17 +156,8 @@ inline void check_wide_layouts(Device device) {
                         Case{"large_transpose", &large_transpose, Shape{67, 130, 3}}}) {
     INFO(c.name);
     auto f = static_graph(c.body, {.name = c.name});
-    for (int call = 0; call < 3; ++call) {
-      const Tensor x = rand(c.shape, DType::Float32, device, -1, 1);
-      Tensor xe = x.detach(), xs = x.detach();
-      xe.set_requires_grad();
-      xs.set_requires_grad();
-      const Tensor ye = c.body(xe), ys = f(xs);
-      REQUIRE(bit_diff(ys, ye) == "");
-      F::sum(F::mul(ye, ye)).backward();
-      F::sum(F::mul(ys, ys)).backward();
-      CHECK(bit_diff(xs.grad(), xe.grad()) == "");
-    }
+    for (int call = 0; call < 3; ++call)
+      check_value_and_gradient(c.body, f, rand(c.shape, DType::Float32, device, -1, 1));
     const std::string text = f.schedule_text();
     INFO(text);
     const std::string forward = text.substr(0, text.find("backward:"));
