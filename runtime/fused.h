@@ -7,17 +7,19 @@
 // operation on two NaNs returns (it follows the operand order the compiler chose).
 //
 // A run is over a tensor seen as [rows, row] (row: its last axis). Besides operands of the run's
-// element count and one-element ones, a binary op may read an operand broadcast along the rows
-// ([row]: element i reads i % row) or along the row ([rows, 1]: element i reads i / row). A row
+// element count and one-element ones, a binary op (and where) may read an operand broadcast along
+// the rows ([row]: element i reads i % row), along the row ([rows, 1]: element i reads i / row),
+// or over the leading axes (a tile: [T, S] read by [B, H, T, S], element i reads i % (T * S)).
+// where's condition is a bool input (its register holds a pointer to bytes). A row
 // op (kRowFusable: a reduction over the last axis, softmax ...) works on whole rows of a block
 // with the row function of its own kernel (kernels/cpu/fused_rows.h); a reduction writes one
 // value per row, a column value later operations read broadcast along the row. layer_norm reads
 // its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
 //
-// On CUDA a run holds elementwise steps only (no row ops): the plan hands its program to the
-// backend's prepare function (register_fused_prepare), which compiles it into one kernel with
-// NVRTC (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay launches it
-// with no lookup.
+// On CUDA a run holds elementwise steps (and where) only (no row ops): the plan hands its program
+// to the backend's prepare function (register_fused_prepare), which compiles it into one kernel
+// with NVRTC (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay
+// launches it with no lookup.
 #pragma once
 
 #include <array>
@@ -38,9 +40,12 @@ enum class FusedLayout : uint8_t {
   One,     // 0: one element
   Row,     // i % row: one row, broadcast over the rows
   Column,  // i / row: one value per row (a reduction's output, or an input [rows, 1])
+  Tile,    // i % tile: an input broadcast over leading axes, its element count a multiple of row
 };
+inline constexpr int kFusedLayouts = 5;
 
-// out = op(a) or op(a, b) (elementwise, or per row for a row op); `scalar` is the ScalarAttrs
+// out = op(a) or op(a, b) (elementwise, or per row for a row op), or where(a, b, c): a the
+// bool condition; `scalar` is the ScalarAttrs
 // value of scalar ops (and the slope of leaky_relu_grad, the form of gelu_grad). la and lb say
 // how a and b are read; the output is Full, or Column for a reduction. A row op may read a third
 // operand c and write up to kMaxOutputs registers: layer_norm reads x (a), gamma (b) and beta (c)
@@ -78,11 +83,13 @@ struct FusedProgram {
   std::vector<FusedInstr> instrs;
   int n_in = 0, n_out = 0, n_scratch = 0;
   std::vector<FusedLayout> in_layout;  // per input
+  std::vector<int64_t> in_tile;        // per input (or empty): its element count if a Tile
+  std::vector<bool> in_bool;  // per input (or empty): a bool condition (where's), else `dtype`
   std::vector<bool> out_column;        // per output: a column value (one per row)
   int64_t numel = 0;
   int64_t row = 1;       // the last axis of the run's shape
-  bool by_rows = false;  // blocks hold whole rows (or pieces of one row): it reads Row or Column
-                         // operands or has row ops
+  bool by_rows = false;  // blocks hold whole rows (or pieces of one row): it reads Row, Column
+                         // or Tile operands or has row ops
   bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
@@ -92,6 +99,12 @@ struct FusedProgram {
   // it (prepare_fused) and owned by the backend's cache for the life of the process.
   const void* device_kernel = nullptr;
 
+  int64_t tile(int input) const {
+    return static_cast<size_t>(input) < in_tile.size() ? in_tile[input] : 0;
+  }
+  bool reads_bool(int input) const {
+    return static_cast<size_t>(input) < in_bool.size() && in_bool[input];
+  }
   int scratch_reg(int k) const { return n_in + k; }
   int out_reg(int k) const { return n_in + kMaxScratch + k; }
   // Elements per scratch block.

@@ -19,8 +19,9 @@ namespace encore {
 // shape (except a broadcast one-element operand, kBroadcastsOne), so the output may overwrite
 // an input dying at the step (the planner's in-place reuse).
 inline constexpr uint8_t kElementwise = 1 << 0;
-// Elementwise, one output, and computed by the fused kernel (kernels/cpu/fused.cc): a step may
-// be part of a FusedElementwise run (runtime/fused.h).
+// Elementwise (or where, whose bool condition a run reads from outside), one output, and computed
+// by the fused kernel (kernels/cpu/fused.cc): a step may be part of a FusedElementwise run
+// (runtime/fused.h).
 inline constexpr uint8_t kFusable = 1 << 1;
 // A binary elementwise op that reads a one-element operand as a scalar.
 inline constexpr uint8_t kBroadcastsOne = 1 << 2;
@@ -108,7 +109,7 @@ inline constexpr OpTraits kOpTraits[] = {
      kElementwise | kFusable},
     {Op::Equal, "equal", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
     {Op::Greater, "greater", OpKind::Compute, 2, 2, 1, AttrType::None, 0, 0},
-    {Op::Where, "where", OpKind::Compute, 3, 3, 1, AttrType::None, 0, 0},
+    {Op::Where, "where", OpKind::Compute, 3, 3, 1, AttrType::None, 0, kFusable},
     {Op::Matmul, "matmul", OpKind::Compute, 2, 2, 1, AttrType::Matmul, 0, kSplits},
     {Op::Linear, "linear", OpKind::Compute, 2, 3, 1, AttrType::None, 0, kSplits},
     {Op::Sum, "sum", OpKind::Compute, 1, 1, 1, AttrType::Reduce, 0, kRowFusable},
@@ -194,8 +195,11 @@ constexpr bool op_traits_consistent() {
   for (int i = 0; i < kNumOps; ++i) {
     const OpTraits& t = kOpTraits[i];
     if (static_cast<int>(t.op) != i) return false;
-    // Fusable implies elementwise with one output; broadcasting implies fusable and binary.
-    if ((t.flags & kFusable) && (!(t.flags & kElementwise) || t.outputs != 1)) return false;
+    // Fusable implies elementwise (or where) with one output; broadcasting implies fusable and
+    // binary.
+    if ((t.flags & kFusable) &&
+        (!((t.flags & kElementwise) || t.op == Op::Where) || t.outputs != 1))
+      return false;
     if ((t.flags & kBroadcastsOne) && (!(t.flags & kFusable) || t.max_inputs != 2)) return false;
     if ((t.flags & kRandom) && t.attrs != AttrType::Random) return false;
     if ((t.flags & kRowFusable) &&

@@ -16,7 +16,7 @@ std::string named(const std::vector<std::string>& names, int i, std::string_view
 }
 
 // A fused step's instructions, one per line: "out 1 = tanh(scratch 0)", "scratch 1 =
-// sub(in 0, scratch 0 (one per row))".
+// sub(in 0, scratch 0 (one per row))", "scratch 0 = where(in 1 (a tile of 4096), in 2, in 0)".
 std::string fused_text(const FusedProgram& p, const std::string& indent) {
   auto name = [&p](int r) {
     if (r < p.n_in) return cat("in ", r);
@@ -29,6 +29,8 @@ std::string fused_text(const FusedProgram& p, const std::string& indent) {
         return cat(name(r), " (one row)");
       case FusedLayout::Column:
         return cat(name(r), " (one per row)");
+      case FusedLayout::Tile:
+        return cat(name(r), " (a tile of ", p.tile(r), ")");
       default:
         return name(r);
     }
@@ -38,7 +40,8 @@ std::string fused_text(const FusedProgram& p, const std::string& indent) {
     out += cat(indent, name(ins.out[0]));
     for (int k = 1; k < ins.n_out; ++k) out += cat(", ", name(ins.out[k]));
     out += cat(" = ", op_name(ins.op), "(", read(ins.a, ins.la));
-    if (op_reads_two(ins.op)) out += cat(", ", read(ins.b, ins.lb));
+    if (op_reads_two(ins.op) || ins.op == Op::Where) out += cat(", ", read(ins.b, ins.lb));
+    if (ins.op == Op::Where) out += cat(", ", read(ins.c, ins.lc));
     if (ins.op == Op::LayerNorm) {
       if (ins.flags & kLayerNormGamma) out += cat(", gamma ", read(ins.b, ins.lb));
       if (ins.flags & kLayerNormBeta) out += cat(", beta ", read(ins.c, ins.lc));

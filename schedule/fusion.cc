@@ -84,16 +84,33 @@ Layout output_layout(const Step& s, size_t k) {
   return op_row_fusable(s.op) ? row_op_output(s.op, k) : Layout::Full;
 }
 
-// How operand i of a binary or unary step s over `run` reads a buffer from outside the run, or
-// false: the run's element count, one element (a binary op's scalar), one row or one value per
-// row (a binary op whose output's last axis is the run's).
+// Whether s may read operands broadcast to its output: a binary op's, or where's.
+bool reads_broadcast(Op op) {
+  return op_broadcasts_one(op) || op == Op::Where;
+}
+
+// Whether `from` broadcasts to `to` over leading axes only: its dimensions, past leading ones, are
+// `to`'s last ones.
+bool tiles(const Shape& from, const Shape& to) {
+  int lead = 0;
+  while (lead < from.rank() && from[lead] == 1) ++lead;
+  const int rank = from.rank() - lead;
+  if (rank > to.rank()) return false;
+  for (int d = 0; d < rank; ++d)
+    if (from[lead + d] != to[to.rank() - rank + d]) return false;
+  return true;
+}
+
+// How operand i of a step s over `run` reads a buffer from outside the run, or false: the run's
+// element count, or (a binary op or where, whose output's last axis is the run's) one element,
+// one row, one value per row, or a tile repeated over the output's leading axes.
 bool input_layout(const Step& s, const Operand& i, const RunShape& run, Layout& l) {
   const int64_t k = i.shape.numel();
   if (k == run.numel) {
     l = Layout::Full;
     return true;
   }
-  if (!op_broadcasts_one(s.op)) return false;
+  if (!reads_broadcast(s.op)) return false;
   if (k == 1) {
     l = Layout::One;
     return true;
@@ -105,6 +122,11 @@ bool input_layout(const Step& s, const Operand& i, const RunShape& run, Layout& 
   }
   if (last_axis(i.shape) == 1 && k == run.rows()) {
     l = Layout::Column;
+    return true;
+  }
+  if (last_axis(i.shape) == run.row && k > 0 && run.numel % k == 0 &&
+      tiles(i.shape, s.out[0].shape)) {
+    l = Layout::Tile;
     return true;
   }
   return false;
@@ -130,10 +152,10 @@ void Plan::fuse_elementwise() {
   std::vector<int> group_of(bufs.size(), -1);  // per buffer: the run producing it (its start)
   std::vector<Layout> produced(bufs.size());   // per buffer the run produces: its layout
   // A buffer read in two layouts (two arguments may alias one buffer with different shapes) is
-  // two inputs: reg and last_in are per read, indexed by key = 4 * buffer + layout.
-  auto key = [](int buf, Layout l) { return 4 * buf + static_cast<int>(l); };
-  std::vector<int> reg(4 * bufs.size(), -1);      // per read: its register in the current run
-  std::vector<int> last_in(4 * bufs.size(), -1);  // per read: its last inside the run
+  // two inputs: reg and last_in are per read, indexed by key = kFusedLayouts * buffer + layout.
+  auto key = [](int buf, Layout l) { return kFusedLayouts * buf + static_cast<int>(l); };
+  std::vector<int> reg(kFusedLayouts * bufs.size(), -1);      // per read: its register in the run
+  std::vector<int> last_in(kFusedLayouts * bufs.size(), -1);  // per read: its last in the run
   using Reads = std::array<Layout, 3>;
   std::vector<Reads> layouts;  // per step of the current run: its reads'
 
@@ -154,13 +176,14 @@ void Plan::fuse_elementwise() {
       return false;
     for (size_t k = 0; k < s.in.size(); ++k) {
       const Operand& i = s.in[k];
-      if (i.dtype != run.dtype) return false;
+      // where's condition is bool, read from outside (a run writes values of its dtype only).
+      if (i.dtype != (s.op == Op::Where && k == 0 ? DType::Bool : run.dtype)) return false;
       if (group_of[i.buf] == t) {  // produced by the run: read as it was written
         l[k] = produced[i.buf];
         const int64_t m = i.shape.numel();
         if (l[k] == Layout::Full
                 ? m != run.numel || (row_op && row_op_input(s.op, k) != Layout::Full)
-                : row_op || !op_broadcasts_one(s.op) || m != run.rows() ||
+                : row_op || !reads_broadcast(s.op) || m != run.rows() ||
                       (m > 1 && (last_axis(i.shape) != 1 || last_axis(s.out[0].shape) != run.row)))
           return false;
       } else if (row_op) {  // row_op_fits checked the shapes
@@ -237,10 +260,12 @@ void Plan::fuse_elementwise() {
       p.row_ops |= op_row_fusable(s.op);
       for (size_t k = 0; k < s.in.size(); ++k) {
         const Layout l = layouts[j - t][k];
-        p.by_rows |= l == Layout::Row || l == Layout::Column;
+        p.by_rows |= l == Layout::Row || l == Layout::Column || l == Layout::Tile;
         if (const int r = key(s.in[k].buf, l); group_of[s.in[k].buf] != t && reg[r] < 0) {
           reg[r] = p.n_in++;
           p.in_layout.push_back(l);
+          p.in_tile.push_back(l == Layout::Tile ? s.in[k].shape.numel() : 0);
+          p.in_bool.push_back(s.in[k].dtype == DType::Bool);
           touched.push_back(r);
           fused.in.push_back(s.in[k]);
         }
@@ -315,6 +340,10 @@ void Plan::fuse_elementwise() {
       } else {
         ins.b = s.in.size() > 1 ? read(1) : ins.a;
         ins.lb = s.in.size() > 1 ? l[1] : l[0];
+        if (s.in.size() > 2) {  // where: a the condition, b and c the values
+          ins.c = read(2);
+          ins.lc = l[2];
+        }
       }
       if (op_has_scalar_attrs(s.op)) ins.scalar = s.attrs.as<ScalarAttrs>().value;
       p.instrs.push_back(ins);

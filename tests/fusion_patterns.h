@@ -35,6 +35,13 @@ inline Tensor every_fusable_op(const Tensor& x, const Tensor& w, const Tensor& c
   return y;
 }
 
+// Key j > query i, as causal attention masks its [T, T] scores: a bool [T, T] on like's device.
+inline Tensor causal_mask(int64_t t, const Tensor& like) {
+  const Tensor rows = F::reshape(arange(t, like.dtype(), like.device()), {t, 1});
+  const Tensor cols = F::reshape(arange(t, like.dtype(), like.device()), {1, t});
+  return F::greater(cols, rows);
+}
+
 template <size_t N>
 using Args = std::array<Tensor, N>;
 

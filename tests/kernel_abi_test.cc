@@ -77,9 +77,10 @@ TEST_CASE("the op traits table's properties", "[kernel_abi]") {
                           Op::Tanh, Op::ReluGrad, Op::SigmoidGrad, Op::TanhGrad};
   for (Op op : scalar)
     if (op != Op::Fill) fusable.insert(op);
-  CHECK(ops_where(op_fusable) == fusable);
   std::set<Op> elementwise = fusable;
   elementwise.insert(Op::Copy);
+  fusable.insert(Op::Where);  // not elementwise: its condition is bool
+  CHECK(ops_where(op_fusable) == fusable);
   CHECK(ops_where(op_elementwise) == elementwise);
   CHECK(ops_where(op_broadcasts_one) == std::set<Op>{Op::Add, Op::Sub, Op::Mul, Op::Div});
   std::set<Op> fusable_two;

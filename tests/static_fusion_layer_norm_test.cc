@@ -211,8 +211,12 @@ TEST_CASE("a TinyGpt training step fuses its layer norms and equals eager bit fo
     INFO(text);
     UNSCOPED_INFO("TinyGpt step: forward steps " << b.forward_steps << " -> " << a.forward_steps);
     // Two blocks: each block's second norm after its attention's residual add, the second
-    // block's first norm and the final norm after an MLP's residual add.
-    CHECK(count_of(text, kFusedNorm) == 4);
+    // block's first norm and the final norm after an MLP's residual add, the first block's
+    // first norm after the position embedding's add (a tile [T, C] over [B, T, C]).
+    CHECK(count_of(text, kFusedNorm) == 5);
+    CHECK(count_of(text, R"(= add\(in \d+, in \d+ \(a tile of \d+\)\))") == 1);
+    // Each block's attention: scale, causal mask and softmax, and their gradients.
+    CHECK(count_of(text, R"(= where\(in \d+ \(a tile of 256\))") == 4);
     CHECK(a.forward_steps < b.forward_steps);
   }
 }

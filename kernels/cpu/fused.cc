@@ -21,8 +21,40 @@ namespace {
 // A block: n elements from the run's element i0, whose first is at column c0 of its row (of
 // `row` elements).
 struct Block {
-  int64_t n, c0, row;
+  int64_t i0, n, c0, row;
 };
+
+// An operand of an instruction: its register's address for the block, its layout and, for a
+// Tile, the tile's element count.
+template <typename T>
+struct Read {
+  const T* x;
+  FusedLayout l;
+  int64_t tile;
+  // One value for a whole piece of a row: a single element, or a row's value.
+  bool scalar() const { return l == FusedLayout::One || l == FusedLayout::Column; }
+  // The address of the block's element p (and those after it in p's row).
+  const T* at(const Block& k, int64_t p) const {
+    switch (l) {
+      case FusedLayout::Full:
+        return x + p;
+      case FusedLayout::Row:
+        return x + (k.c0 + p) % k.row;
+      case FusedLayout::Column:
+        return x + (k.c0 + p) / k.row;
+      case FusedLayout::Tile:
+        return x + (k.i0 + p) % tile;
+      case FusedLayout::One:
+        break;
+    }
+    return x;
+  }
+};
+
+// The elements of the block from p to the end of p's row (or of the block).
+inline int64_t piece(const Block& k, int64_t p) {
+  return std::min(k.n - p, k.row - (k.c0 + p) % k.row);
+}
 
 template <Op kOp, typename T>
 void binary(const T* a, bool a_scalar, const T* b, bool b_scalar, T* o, int64_t n) {
@@ -53,51 +85,54 @@ void grad(const T* a, const T* g, T s, T* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = activation_grad<kOp>(a[i], g[i], s);
 }
 
-// a op b over a block whose operands may be broadcast along (Row) or across (Column) rows: per
-// piece of a row, each operand is a pointer or a scalar.
+// a op b over a block whose operands may be broadcast along (Row) or across (Column) rows, or
+// tiled over the leading axes: per piece of a row, each operand is a pointer or a scalar.
 template <Op kOp, typename T>
-void binary_by_rows(const T* a, FusedLayout la, const T* b, FusedLayout lb, T* o, const Block& k) {
-  auto part = [&k](const T* x, FusedLayout l, int64_t p, int64_t j, int64_t c) {
-    switch (l) {
-      case FusedLayout::Full:
-        return x + p;
-      case FusedLayout::Row:
-        return x + c;
-      case FusedLayout::Column:
-        return x + j;
-      case FusedLayout::One:
-        break;
-    }
-    return x;
-  };
-  auto scalar = [](FusedLayout l) { return l == FusedLayout::One || l == FusedLayout::Column; };
-  const bool a1 = scalar(la), b1 = scalar(lb);
+void binary_by_rows(const Read<T>& a, const Read<T>& b, T* o, const Block& k) {
   for (int64_t p = 0; p < k.n;) {
-    const int64_t j = (k.c0 + p) / k.row, c = (k.c0 + p) % k.row;
-    const int64_t m = std::min(k.n - p, k.row - c);
-    const T* pa = part(a, la, p, j, c);
-    const T* pb = part(b, lb, p, j, c);
-    if (a1 && b1) {
+    const int64_t m = piece(k, p);
+    const T* pa = a.at(k, p);
+    const T* pb = b.at(k, p);
+    if (a.scalar() && b.scalar()) {
       const T v = BinaryOp<kOp>{}(*pa, *pb);
       std::fill(o + p, o + p + m, v);
     } else {
-      binary<kOp>(pa, a1, pb, b1, o + p, m);
+      binary<kOp>(pa, a.scalar(), pb, b.scalar(), o + p, m);
     }
     p += m;
   }
 }
 
 template <Op kOp, typename T>
-void binary_op(const FusedInstr& ins, const T* a, const T* b, T* o, const Block& k) {
+void binary_op(const Read<T>& a, const Read<T>& b, T* o, const Block& k) {
   auto simple = [](FusedLayout l) { return l == FusedLayout::Full || l == FusedLayout::One; };
-  if (simple(ins.la) && simple(ins.lb))
-    return binary<kOp>(a, ins.la == FusedLayout::One, b, ins.lb == FusedLayout::One, o, k.n);
-  binary_by_rows<kOp>(a, ins.la, b, ins.lb, o, k);
+  if (simple(a.l) && simple(b.l))
+    return binary<kOp>(a.x, a.l == FusedLayout::One, b.x, b.l == FusedLayout::One, o, k.n);
+  binary_by_rows<kOp>(a, b, o, k);
 }
 
-// One elementwise instruction over a block. `reg` holds this block's address of every register.
+// o = c ? a : b, as where's kernel (binary.cc): the condition's bytes, and each operand in its
+// layout (a step per element of each, or 0 for a value over the piece).
 template <typename T>
-void run(const FusedInstr& ins, T* const* reg, const Block& k) {
+void where_op(const Read<bool>& c, const Read<T>& a, const Read<T>& b, T* o, const Block& k) {
+  const int64_t sc = !c.scalar(), sa = !a.scalar(), sb = !b.scalar();
+  for (int64_t p = 0; p < k.n;) {
+    const int64_t m = piece(k, p);
+    const bool* pc = c.at(k, p);
+    const T* pa = a.at(k, p);
+    const T* pb = b.at(k, p);
+    for (int64_t i = 0; i < m; ++i) o[p + i] = pc[i * sc] ? pa[i * sa] : pb[i * sb];
+    p += m;
+  }
+}
+
+// One elementwise instruction over a block. `reg` holds this block's address of every register
+// (a bool input's: its bytes).
+template <typename T>
+void run(const FusedProgram& prog, const FusedInstr& ins, T* const* reg, const Block& k) {
+  auto read = [&](uint8_t r, FusedLayout l) {
+    return Read<T>{reg[r], l, r < prog.n_in ? prog.tile(r) : 0};
+  };
   const T* a = reg[ins.a];
   const T* b = reg[ins.b];
   T* o = reg[ins.out[0]];
@@ -105,13 +140,13 @@ void run(const FusedInstr& ins, T* const* reg, const Block& k) {
   const T s = static_cast<T>(ins.scalar);
   switch (ins.op) {
     case Op::Add:
-      return binary_op<Op::Add>(ins, a, b, o, k);
+      return binary_op<Op::Add>(read(ins.a, ins.la), read(ins.b, ins.lb), o, k);
     case Op::Sub:
-      return binary_op<Op::Sub>(ins, a, b, o, k);
+      return binary_op<Op::Sub>(read(ins.a, ins.la), read(ins.b, ins.lb), o, k);
     case Op::Mul:
-      return binary_op<Op::Mul>(ins, a, b, o, k);
+      return binary_op<Op::Mul>(read(ins.a, ins.la), read(ins.b, ins.lb), o, k);
     case Op::Div:
-      return binary_op<Op::Div>(ins, a, b, o, k);
+      return binary_op<Op::Div>(read(ins.a, ins.la), read(ins.b, ins.lb), o, k);
     case Op::AddScalar:
       return with_scalar<Op::AddScalar>(a, s, o, n);
     case Op::MulScalar:
@@ -160,13 +195,18 @@ void run(const FusedInstr& ins, T* const* reg, const Block& k) {
       return with_gelu_form(s, [&](auto tanh) {
         for (int64_t i = 0; i < n; ++i) o[i] = gelu_grad_of<decltype(tanh)::value>(a[i], b[i]);
       });
+    case Op::Where: {
+      const Read<bool> c{reinterpret_cast<const bool*>(reg[ins.a]), ins.la, prog.tile(ins.a)};
+      return where_op(c, read(ins.b, ins.lb), read(ins.c, ins.lc), o, k);
+    }
     default:
       throw Error(cat("fused_elementwise: ", op_name(ins.op), " cannot be fused"));
   }
 }
 
 // Registers point at the block's part of each operand: a Full one at its element i0, a Column
-// one at the value of the block's first row, One and Row ones at their start.
+// one at the value of the block's first row, One, Row and Tile ones at their start. A bool input
+// (where's condition) is its bytes, cast to T* there and back by where.
 template <typename T, int64_t kCapacity>
 void run_program(const FusedProgram& p, const KernelArgs& args) {
   // Written before read: every scratch register is an instruction's output first.
@@ -181,22 +221,15 @@ void run_program(const FusedProgram& p, const KernelArgs& args) {
     const int64_t c0 = p.by_rows ? i0 % row : 0;
     int64_t n = std::min(span, p.numel - i0);
     if (row > kCapacity) n = std::min(n, row - c0);  // a piece of one long row
-    const Block k{n, c0, row};
+    const Block k{i0, n, c0, row};
     const int64_t r0 = i0 / row;
     for (int r = 0; r < p.n_in; ++r) {
-      T* base = const_cast<T*>(args.in[r].as<T>());
-      switch (p.in_layout[r]) {
-        case FusedLayout::Full:
-          reg[r] = base + i0;
-          break;
-        case FusedLayout::Column:
-          reg[r] = base + r0;
-          break;
-        case FusedLayout::One:
-        case FusedLayout::Row:
-          reg[r] = base;
-          break;
-      }
+      // The element the block starts at: i0, the first row's value, or the start.
+      int64_t first = 0;
+      if (p.in_layout[r] == FusedLayout::Full) first = i0;
+      if (p.in_layout[r] == FusedLayout::Column) first = r0;
+      reg[r] = p.reads_bool(r) ? reinterpret_cast<T*>(args.in[r].as<bool>() + first)
+                               : args.in[r].as<T>() + first;
     }
     for (int r = 0; r < p.n_out; ++r)
       reg[p.out_reg(r)] = args.out[r].as<T>() + (p.out_column[r] ? r0 : i0);
@@ -204,7 +237,7 @@ void run_program(const FusedProgram& p, const KernelArgs& args) {
       if (op_row_fusable(ins.op)) {
         run_row_op(ins, reg, k.n / row, row, whole);
       } else {
-        run(ins, reg, k);
+        run(p, ins, reg, k);
       }
     }
     i0 += k.n;

@@ -196,5 +196,11 @@ __device__ __forceinline__ T gelu_grad(T x, T gy, T form) {
   return gy * (cdf + x * pdf);
 }
 
+// where: the condition's byte, nonzero for true.
+template <typename T>
+__device__ __forceinline__ T where(unsigned char c, T a, T b) {
+  return c ? a : b;
+}
+
 }  // namespace el
 }  // namespace encore::kernels::cuda

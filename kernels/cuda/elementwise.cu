@@ -129,7 +129,7 @@ __global__ void where_strided_kernel(int64_t n, Strided<3> s, T* out, const uint
        i += stride) {
     I off[3];
     input_offsets(s, static_cast<I>(i), off);
-    out[i] = cond[off[0]] ? a[off[1]] : b[off[2]];
+    out[i] = el::where(cond[off[0]], a[off[1]], b[off[2]]);
   }
 }
 
@@ -219,7 +219,7 @@ void add_inplace_kernel(const KernelArgs& args) {
 struct WhereF {
   template <typename T>
   __device__ T operator()(uint8_t c, T a, T b) const {
-    return c ? a : b;
+    return el::where(c, a, b);
   }
 };
 

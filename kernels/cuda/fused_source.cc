@@ -19,6 +19,7 @@ enum class Form {
   Scalar,  // f(a, s): s its ScalarAttrs value (a slope or a form for activations)
   Unary,   // f(a)
   Grad,    // f(a, gy, s)
+  Where,   // f(c, a, b): c the condition, a bool input
 };
 
 struct ElementFn {
@@ -77,6 +78,8 @@ ElementFn element_fn(Op op) {
       return {"tanh_grad", Form::Grad};
     case Op::GeluGrad:
       return {"gelu_grad", Form::Grad};
+    case Op::Where:
+      return {"where", Form::Where};
     default:
       return {};
   }
@@ -89,8 +92,9 @@ std::string scalar_literal(double v) {
   return absl::StrFormat("T(__longlong_as_double(0x%016xLL))", std::bit_cast<uint64_t>(v));
 }
 
-const char* index_of(FusedLayout l) {
-  switch (l) {
+// The element input k reads at the run's element i (j its row, c its column).
+std::string index_of(const FusedProgram& p, int k) {
+  switch (p.in_layout[k]) {
     case FusedLayout::Full:
       return "i";
     case FusedLayout::One:
@@ -99,8 +103,23 @@ const char* index_of(FusedLayout l) {
       return "c";
     case FusedLayout::Column:
       return "j";
+    case FusedLayout::Tile:
+      return cat("(I)i % (I)", p.tile(k), "ull");
   }
   return "i";
+}
+
+// How many registers an instruction of form f reads: a, then b, then c.
+int reads_of(Form f) {
+  switch (f) {
+    case Form::Binary:
+    case Form::Grad:
+      return 2;
+    case Form::Where:
+      return 3;
+    default:
+      return 1;
+  }
 }
 
 }  // namespace
@@ -110,17 +129,30 @@ std::string fused_unsupported(const FusedProgram& p) {
     return cat("a fused program over ", name(p.dtype));
   if (p.row_ops) return "a fused program with row operations";
   if (p.row < 1) return "a fused program with rows of no element";
+  auto described = [&p](size_t n) { return n == 0 || n == static_cast<size_t>(p.n_in); };
   if (static_cast<int>(p.in_layout.size()) != p.n_in ||
-      static_cast<int>(p.out_instr.size()) != p.n_out)
+      static_cast<int>(p.out_instr.size()) != p.n_out || !described(p.in_tile.size()) ||
+      !described(p.in_bool.size()))
     return "a fused program whose inputs or outputs are not all described";
+  for (int k = 0; k < p.n_in; ++k)
+    if ((p.in_layout[k] == FusedLayout::Tile) != (p.tile(k) > 0))
+      return cat("a fused program whose input ", k, " is a tile without a length, or not a tile");
   std::vector<bool> written(FusedProgram::kMaxRegisters, false);
   for (int k = 0; k < p.n_in; ++k) written[k] = true;
   for (const FusedInstr& ins : p.instrs) {
     const ElementFn f = element_fn(ins.op);
     if (f.name == nullptr) return cat("no CUDA element function for ", op_name(ins.op));
     if (ins.n_out != 1) return cat(op_name(ins.op), " with ", int{ins.n_out}, " outputs");
-    if (!written[ins.a] || ((f.form == Form::Binary || f.form == Form::Grad) && !written[ins.b]))
-      return cat(op_name(ins.op), " reads a register no instruction wrote before it");
+    const uint8_t reads[] = {ins.a, ins.b, ins.c};
+    for (int r = 0; r < reads_of(f.form); ++r) {
+      if (!written[reads[r]])
+        return cat(op_name(ins.op), " reads a register no instruction wrote before it");
+      // A bool input is where's condition, and where's condition a bool input.
+      const bool condition = f.form == Form::Where && r == 0;
+      if (condition != (reads[r] < p.n_in && p.reads_bool(reads[r])))
+        return cat(op_name(ins.op), condition ? " reads a condition that is not a bool input"
+                                              : " reads a bool input as a value");
+    }
     written[ins.out[0]] = true;
   }
   for (int k = 0; k < p.n_out; ++k) {
@@ -145,20 +177,24 @@ std::string fused_kernel_source(const FusedProgram& p, std::string_view name) {
   // Nothing of the element count but whether indices fit 32 bits: one kernel serves every size.
   std::string s = cat("// ", p.instrs.size(), " fused elementwise steps\nextern \"C\" __global__ ",
                       "void __launch_bounds__(256) ", name, "(unsigned long long n");
-  for (int k = 0; k < p.n_in; ++k) s += cat(", const ", t, "* in", k);
+  for (int k = 0; k < p.n_in; ++k)
+    s += cat(", const ", p.reads_bool(k) ? "unsigned char" : t, "* in", k);
   for (int k = 0; k < p.n_out; ++k) s += cat(", ", t, "* out", k);
   s += cat(") {\n  typedef ", t, " T;\n  typedef ", narrow ? "unsigned int" : "unsigned long long",
            " I;\n  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n",
            "  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + ",
            "threadIdx.x; i < n; i += stride) {\n");
-  if (p.by_rows)
+  bool rows = false;  // an input reads by row or by column
+  for (FusedLayout l : p.in_layout) rows |= l == FusedLayout::Row || l == FusedLayout::Column;
+  if (rows)
     s += cat("    const I j = (I)i / (I)", p.row, "ull;\n    const I c = (I)i - j * (I)", p.row,
              "ull;\n");
   // The value each register holds: an input read at the top, then each instruction's result.
   std::vector<std::string> value(FusedProgram::kMaxRegisters);
   for (int k = 0; k < p.n_in; ++k) {
     value[k] = cat("x", k);
-    s += cat("    const T x", k, " = in", k, "[", index_of(p.in_layout[k]), "];\n");
+    s += cat("    const ", p.reads_bool(k) ? "unsigned char" : "T", " x", k, " = in", k, "[",
+             index_of(p, k), "];\n");
   }
   for (size_t v = 0; v < p.instrs.size(); ++v) {
     const FusedInstr& ins = p.instrs[v];
@@ -167,7 +203,8 @@ std::string fused_kernel_source(const FusedProgram& p, std::string_view name) {
                             ? ElementFn{"square", Form::Unary}
                             : element_fn(ins.op);
     std::string args = value[ins.a];
-    if (f.form == Form::Binary || f.form == Form::Grad) args += cat(", ", value[ins.b]);
+    if (reads_of(f.form) > 1) args += cat(", ", value[ins.b]);
+    if (reads_of(f.form) > 2) args += cat(", ", value[ins.c]);
     if (f.form == Form::Scalar || f.form == Form::Grad)
       args += cat(", ", scalar_literal(ins.scalar));
     s += cat("    const T v", v, " = el::", f.name, "(", args, ");  // ", op_name(ins.op), "\n");

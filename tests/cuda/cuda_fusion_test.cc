@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <limits>
 #include <string>
 
 #include "encore/encore.h"
@@ -91,5 +92,57 @@ TEST_CASE("verify mode checks each fused cuda output against the eager step it s
     check_replays(body, fresh, verified, true);
     CHECK(verified.stats().verifications >= 2);
     CHECK_THAT(verified.schedule_text(), Catch::Contains("into one compiled kernel"));
+  });
+}
+
+// where with its bool condition, and operands tiled over leading axes: attention's scale and
+// causal mask (a [T, T] tile of the [B, H, T, T] scores) are one kernel, their gradients another;
+// a position embedding [T, C] added to [B, T, C]; a condition of the run's shape choosing a value
+// of the run and one per row.
+TEST_CASE("where and tiled operands fuse into compiled kernels on cuda", "[cuda][static][fusion]") {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  with_graphs_on_and_off([](bool) {
+    StaticEnabled on;
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      for (int64_t t : {int64_t{8}, int64_t{64}}) {
+        INFO(name(dtype) << ", T " << t);
+        manual_seed(static_cast<uint64_t>(t));
+        auto body = [t](const Tensor& s, const Tensor& pos) {
+          const Tensor scaled = F::mul(F::add(s, pos), 0.125);
+          return F::softmax(F::masked_fill(scaled, causal_mask(t, s), kMinusInf), -1);
+        };
+        auto fresh = [&] {
+          return Args<2>{rand({2, 3, t, t}, dtype, kCuda, -2, 2),
+                         rand({t, t}, dtype, kCuda, -1, 1)};
+        };
+        auto fused = static_graph(body, {.name = "masked"});
+        auto verified = static_graph(body, {.name = "masked_verified", .verify_every = 1});
+        check_replays(body, fresh, fused, true);
+        check_replays(body, fresh, verified, true);
+        CHECK(verified.stats().verifications >= 2);
+        const std::string text = fused.schedule_text();
+        INFO(text);
+        CHECK_THAT(text, !Catch::Contains("left unfused"));
+        CHECK(count_of(text, cat(R"(= where\(in \d+ \(a tile of )", t * t, R"(\), in \d+, )")) ==
+              2);
+        CHECK(count_of(text, cat(R"(= add\(in \d+, in \d+ \(a tile of )", t * t, R"(\)\))")) == 1);
+        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
+              2);
+
+        auto choose = [](const Tensor& x, const Tensor& c) {
+          const Tensor cond = F::greater(x, F::mul(x, 0.5));
+          const Tensor y = F::mul(x, 3.0);
+          return F::tanh(F::where(cond, y, c));
+        };
+        auto values = [&] {
+          return Args<2>{rand({t, 48}, dtype, kCuda, -2, 2), rand({t, 1}, dtype, kCuda, -1, 1)};
+        };
+        auto g = static_graph(choose, {.name = "choose"});
+        check_replays(choose, values, g, true);
+        INFO(g.schedule_text());
+        CHECK(count_of(g.schedule_text(),
+                       R"(= where\(in \d+, scratch \d+, in \d+ \(one per row\)\))") == 1);
+      }
+    }
   });
 }

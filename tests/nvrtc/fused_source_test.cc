@@ -34,9 +34,11 @@ void check_compiles(const FusedProgram& p) {
   CHECK(cubin.find(kernels::cuda::kFusedKernelName) != std::string::npos);
 }
 
-// Reads of an op: two for binary ops and gradients, one for the rest.
+// Reads of an op: three for where, two for binary ops and gradients, one for the rest.
 int reads_of(Op op) {
   switch (op) {
+    case Op::Where:
+      return 3;
     case Op::Add:
     case Op::Sub:
     case Op::Mul:
@@ -52,7 +54,8 @@ int reads_of(Op op) {
   }
 }
 
-// A program of one instruction over inputs read in `layouts`.
+// A program of one instruction over inputs read in `layouts` (where's first a bool condition; a
+// tile 120 elements).
 FusedProgram one_step(Op op, DType dtype, std::vector<FusedLayout> layouts, double scalar) {
   FusedProgram p;
   p.dtype = dtype;
@@ -60,13 +63,20 @@ FusedProgram one_step(Op op, DType dtype, std::vector<FusedLayout> layouts, doub
   p.row = 60;
   p.n_in = static_cast<int>(layouts.size());
   p.in_layout = layouts;
-  for (FusedLayout l : layouts) p.by_rows |= l == FusedLayout::Row || l == FusedLayout::Column;
+  for (int k = 0; k < p.n_in; ++k) {
+    const FusedLayout l = layouts[k];
+    p.by_rows |= l != FusedLayout::Full && l != FusedLayout::One;
+    p.in_tile.push_back(l == FusedLayout::Tile ? 120 : 0);
+    p.in_bool.push_back(op == Op::Where && k == 0);
+  }
   FusedInstr ins;
   ins.op = op;
   ins.a = 0;
   ins.b = static_cast<uint8_t>(p.n_in > 1 ? 1 : 0);
+  ins.c = static_cast<uint8_t>(p.n_in > 2 ? 2 : 0);
   ins.la = layouts[0];
   ins.lb = layouts[ins.b];
+  ins.lc = layouts[ins.c];
   ins.out[0] = static_cast<uint8_t>(p.out_reg(0));
   ins.scalar = scalar;
   p.instrs.push_back(ins);
@@ -99,12 +109,12 @@ TEST_CASE("every fusable op compiles into a fused CUDA kernel", "[nvrtc]") {
       check_compiles(p);
     }
   }
-  CHECK(ops >= 24);  // add ... gelu_grad
+  CHECK(ops >= 25);  // add ... gelu_grad, where
 }
 
 TEST_CASE("a binary op reads its operands in every layout", "[nvrtc]") {
   const FusedLayout all[] = {FusedLayout::Full, FusedLayout::One, FusedLayout::Row,
-                             FusedLayout::Column};
+                             FusedLayout::Column, FusedLayout::Tile};
   FusedProgram p;
   p.dtype = DType::Float32;
   p.numel = 4096;
@@ -112,10 +122,13 @@ TEST_CASE("a binary op reads its operands in every layout", "[nvrtc]") {
   p.by_rows = true;
   // One input per layout; instruction k reads inputs a and b in every pair of layouts, each result
   // an output.
-  for (FusedLayout l : all) p.in_layout.push_back(l);
-  p.n_in = 4;
-  for (int a = 0; a < 4; ++a)
-    for (int b = 0; b < 4; ++b) {
+  for (FusedLayout l : all) {
+    p.in_layout.push_back(l);
+    p.in_tile.push_back(l == FusedLayout::Tile ? 1024 : 0);
+  }
+  p.n_in = kFusedLayouts;
+  for (int a = 0; a < kFusedLayouts; ++a)
+    for (int b = 0; b < kFusedLayouts; ++b) {
       FusedInstr ins;
       ins.op = (a + b) % 2 ? Op::Mul : Op::Sub;
       ins.a = static_cast<uint8_t>(a);
@@ -132,7 +145,23 @@ TEST_CASE("a binary op reads its operands in every layout", "[nvrtc]") {
   CHECK_THAT(src, Catch::Contains("in1[0]"));  // One
   CHECK_THAT(src, Catch::Contains("in2[c]"));  // Row
   CHECK_THAT(src, Catch::Contains("in3[j]"));  // Column
+  CHECK_THAT(src, Catch::Contains("in4[(I)i % (I)1024ull]"));  // Tile
   check_compiles(p);
+}
+
+TEST_CASE("where reads a bool condition and its values in every layout", "[nvrtc]") {
+  for (DType dtype : {DType::Float32, DType::Float64})
+    for (int c = 0; c < kFusedLayouts; ++c)
+      for (int v = 0; v < kFusedLayouts; ++v) {
+        const auto lc = static_cast<FusedLayout>(c), lv = static_cast<FusedLayout>(v);
+        INFO(name(dtype) << " condition layout " << c << ", values " << v);
+        const FusedProgram p = one_step(Op::Where, dtype, {lc, lv, FusedLayout::Full}, 0);
+        REQUIRE(fused_unsupported(p) == "");
+        const std::string src = fused_source(p);
+        CHECK_THAT(src, Catch::Contains("const unsigned char* in0"));
+        CHECK_THAT(src, Catch::Contains("el::where(x0, x1, x2)"));
+        check_compiles(p);
+      }
 }
 
 TEST_CASE("scalars keep their value: non-finite ones and the double nearest a decimal", "[nvrtc]") {
@@ -166,21 +195,27 @@ TEST_CASE("random fused runs compile", "[nvrtc]") {
     p.row = 1 + pick(300);
     p.numel = p.row * (1 + pick(5000));
     p.n_in = 1 + pick(FusedProgram::kMaxInputs);
+    // Registers holding values: the inputs but bool ones, then scratch slots and outputs as
+    // instructions write them (a scratch slot rewritten, an output written once). Input 0 is a
+    // value; about one in six others is a bool condition.
+    std::vector<uint8_t> readable, conditions;
     for (int k = 0; k < p.n_in; ++k) {
-      const auto l = static_cast<FusedLayout>(pick(4));
+      const auto l = static_cast<FusedLayout>(pick(kFusedLayouts));
       p.in_layout.push_back(l);
-      p.by_rows |= l == FusedLayout::Row || l == FusedLayout::Column;
+      p.in_tile.push_back(l == FusedLayout::Tile ? p.row * (1 + pick(4)) : 0);
+      p.by_rows |= l != FusedLayout::Full && l != FusedLayout::One;
+      p.in_bool.push_back(k > 0 && pick(6) == 0);
+      (p.in_bool.back() ? conditions : readable).push_back(static_cast<uint8_t>(k));
     }
-    // Registers written so far: the inputs, then scratch slots and outputs as instructions write
-    // them (a scratch slot rewritten, an output written once).
-    std::vector<uint8_t> readable;
-    for (int k = 0; k < p.n_in; ++k) readable.push_back(static_cast<uint8_t>(k));
     const int steps = 2 + pick(round < 2 ? FusedProgram::kMaxSteps - 1 : 40);
     for (int t = 0; t < steps; ++t) {
       FusedInstr ins;
-      ins.op = ops[pick(static_cast<int>(ops.size()))];
-      ins.a = readable[pick(static_cast<int>(readable.size()))];
-      ins.b = readable[pick(static_cast<int>(readable.size()))];
+      do ins.op = ops[pick(static_cast<int>(ops.size()))];
+      while (ins.op == Op::Where && conditions.empty());
+      auto value = [&] { return readable[pick(static_cast<int>(readable.size()))]; };
+      ins.a = ins.op == Op::Where ? conditions[pick(static_cast<int>(conditions.size()))] : value();
+      ins.b = value();
+      ins.c = value();
       ins.scalar = 0.25 * (1 + pick(8));
       if (t + 1 < steps && pick(3) != 0) {
         ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
@@ -237,6 +272,21 @@ TEST_CASE("programs a CUDA kernel cannot run are refused with the reason", "[nvr
   FusedProgram unwritten = one_step(Op::Add, DType::Float32, {FusedLayout::Full}, 0);
   unwritten.instrs[0].b = static_cast<uint8_t>(unwritten.scratch_reg(3));
   CHECK_THAT(fused_unsupported(unwritten), Catch::Contains("reads a register no instruction"));
+
+  const std::vector<FusedLayout> three(3, FusedLayout::Full);
+  FusedProgram value_condition = one_step(Op::Where, DType::Float32, three, 0);
+  value_condition.in_bool[0] = false;
+  CHECK_THAT(fused_unsupported(value_condition), Catch::Contains("condition that is not a bool"));
+  FusedProgram bool_value = one_step(Op::Where, DType::Float32, three, 0);
+  bool_value.in_bool[2] = true;
+  CHECK_THAT(fused_unsupported(bool_value), Catch::Contains("reads a bool input as a value"));
+  FusedProgram bool_add =
+      one_step(Op::Add, DType::Float32, {FusedLayout::Full, FusedLayout::Full}, 0);
+  bool_add.in_bool[1] = true;
+  CHECK_THAT(fused_unsupported(bool_add), Catch::Contains("reads a bool input as a value"));
+  FusedProgram no_length = one_step(Op::Exp, DType::Float32, {FusedLayout::Tile}, 0);
+  no_length.in_tile[0] = 0;
+  CHECK_THAT(fused_unsupported(no_length), Catch::Contains("tile without a length"));
 }
 
 TEST_CASE("NVRTC's errors name the op and carry its log", "[nvrtc]") {
