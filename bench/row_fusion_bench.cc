@@ -4,10 +4,17 @@
 // probabilities by fixed weights and sums them. Fused, the forward is one step (scale, mask,
 // softmax, product and sum) and the backward's softmax_grad runs with its neighbours.
 //
+// CausalSoftmax/static{,_unfused}: attention's scale, causal mask and softmax over TinyGpt's
+// scores [16, 4, 64, 64] (float32, 1 MiB), the mask [64, 64] made in the function (a constant of
+// the plan, read as a tile of the scores); the loss multiplies the probabilities by fixed weights
+// and sums them. Fused, the scale, mask and softmax are one step, and their gradients one.
+//
 // CentredRows/static{,_unfused}: h = x * gain + bias (gain and bias one row each, broadcast over
 // the rows), h - mean(h, -1, keepdims), relu, over [256, 1024] float32 (1 MiB per tensor, past
 // L2 on most machines): memory traffic rather than exp.
 #include <benchmark/benchmark.h>
+
+#include <limits>
 
 #include "bench/bench_util.h"
 #include "encore/encore.h"
@@ -52,6 +59,31 @@ BENCHMARK_CAPTURE(BM_SoftmaxRows, fused, true)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_SoftmaxRows, unfused, false)
     ->Name("SoftmaxRows/static_unfused")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_CausalSoftmax(benchmark::State& state, bool fuse) {
+  const bool previous = set_static_fusion_enabled(fuse);
+  constexpr int64_t kT = 64;
+  Tensor x = rand({16, 4, kT, kT}, DType::Float32, Device::cpu(), -2, 2).set_requires_grad();
+  const Tensor w = rand({16, 4, kT, kT}, DType::Float32, Device::cpu(), 0, 1);
+  auto f = static_graph(
+      [&](const Tensor& s) {
+        const Tensor rows = F::reshape(arange(kT), {kT, 1}), cols = F::reshape(arange(kT), {1, kT});
+        const Tensor masked = F::masked_fill(F::mul(s, 0.125), F::greater(cols, rows),
+                                             -std::numeric_limits<double>::infinity());
+        return F::sum(F::mul(F::softmax(masked, -1), w));
+      },
+      {.name = fuse ? "causal_softmax" : "causal_softmax_unfused"});
+  measure(state, f, x);
+  set_static_fusion_enabled(previous);
+}
+BENCHMARK_CAPTURE(BM_CausalSoftmax, fused, true)
+    ->Name("CausalSoftmax/static")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CausalSoftmax, unfused, false)
+    ->Name("CausalSoftmax/static_unfused")
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

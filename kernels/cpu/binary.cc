@@ -69,22 +69,22 @@ void add_inplace_kernel(const KernelArgs& args) {
 void where_kernel(const KernelArgs& args) {
   const BufferView &cond = args.in[0], &a = args.in[1], &b = args.in[2], &out = args.out[0];
   switch_all(out.dtype, Op::Where, [&]<typename T>(Type<T>) {
-    const bool* pc = cond.as<bool>();
+    const uint8_t* pc = cond.as<uint8_t>();
     const T* pa = a.as<T>();
     const T* pb = b.as<T>();
     T* po = out.as<T>();
     const int64_t n = out.numel();
     if (cond.numel() == n && a.numel() == n && b.numel() == n) {
-      for (int64_t i = 0; i < n; ++i) po[i] = pc[i] ? pa[i] : pb[i];
+      for (int64_t i = 0; i < n; ++i) po[i] = where_of(pc[i], pa[i], pb[i]);
       return;
     }
     const StridedLoop<4> loop = broadcast_loop<4>(out.shape, {&cond.shape, &a.shape, &b.shape});
     for_each_row(loop, [&](const int64_t* off, int64_t len, const int64_t* s) {
-      const bool* c = pc + off[1];
+      const uint8_t* c = pc + off[1];
       const T* x = pa + off[2];
       const T* y = pb + off[3];
       T* o = po + off[0];
-      for (int64_t i = 0; i < len; ++i) o[i] = c[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
+      for (int64_t i = 0; i < len; ++i) o[i] = where_of(c[i * s[1]], x[i * s[2]], y[i * s[3]]);
     });
   });
 }

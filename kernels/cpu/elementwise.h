@@ -55,6 +55,20 @@ inline float select_bits(uint32_t mask, float a, float b) {
                               (std::bit_cast<uint32_t>(b) & ~mask));
 }
 
+// where's element function: a where the condition's byte is nonzero, else b, chosen by the bits
+// (a mask, no branch: loops over it vectorise, and a mask is no pattern a branch predictor learns).
+template <typename T>
+inline T where_of(uint8_t c, T a, T b) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+  using U = std::conditional_t<
+      sizeof(T) == 1, uint8_t,
+      std::conditional_t<sizeof(T) == 2, uint16_t,
+                         std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+  const auto mask = static_cast<U>(U{0} - static_cast<U>(c != 0));
+  return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & mask) |
+                                         (std::bit_cast<U>(b) & static_cast<U>(~mask))));
+}
+
 // tanh in float32 without libm, so that GCC vectorises the loop (glibc's tanhf is scalar).
 // Within 1 ulp of the correctly rounded result for every float, with or without FMA
 // contraction (checked over all 2^32 inputs; tests/tanh_accuracy_test.cc sweeps a subset).

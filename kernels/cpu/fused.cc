@@ -111,17 +111,36 @@ void binary_op(const Read<T>& a, const Read<T>& b, T* o, const Block& k) {
   binary_by_rows<kOp>(a, b, o, k);
 }
 
-// o = c ? a : b, as where's kernel (binary.cc): the condition's bytes, and each operand in its
-// layout (a step per element of each, or 0 for a value over the piece).
+// o[i] = where(c[i], a[i], b[i]) over m elements, a (kA) or b (kB) one value for all of them.
+template <bool kA, bool kB, typename T>
+void select(const bool* c, const T* a, const T* b, T* o, int64_t m) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(c);
+  for (int64_t i = 0; i < m; ++i) o[i] = where_of(bytes[i], a[kA ? 0 : i], b[kB ? 0 : i]);
+}
+
+// o = c ? a : b, as where's kernel (binary.cc), each operand in its layout: per piece of a row,
+// a pointer or one value.
 template <typename T>
 void where_op(const Read<bool>& c, const Read<T>& a, const Read<T>& b, T* o, const Block& k) {
-  const int64_t sc = !c.scalar(), sa = !a.scalar(), sb = !b.scalar();
   for (int64_t p = 0; p < k.n;) {
     const int64_t m = piece(k, p);
     const bool* pc = c.at(k, p);
     const T* pa = a.at(k, p);
     const T* pb = b.at(k, p);
-    for (int64_t i = 0; i < m; ++i) o[p + i] = pc[i * sc] ? pa[i * sa] : pb[i * sb];
+    if (c.scalar()) {  // one condition for the piece: a copy of one side
+      const T* from = *pc ? pa : pb;
+      if ((*pc ? a : b).scalar()) {
+        std::fill(o + p, o + p + m, *from);
+      } else {
+        std::copy(from, from + m, o + p);
+      }
+    } else if (a.scalar()) {
+      b.scalar() ? select<true, true>(pc, pa, pb, o + p, m)
+                 : select<true, false>(pc, pa, pb, o + p, m);
+    } else {
+      b.scalar() ? select<false, true>(pc, pa, pb, o + p, m)
+                 : select<false, false>(pc, pa, pb, o + p, m);
+    }
     p += m;
   }
 }
