@@ -16,10 +16,12 @@
 // value per row, a column value later operations read broadcast along the row. layer_norm reads
 // its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
 //
-// On CUDA a run holds elementwise steps (and where) only (no row ops): the plan hands its program
-// to the backend's prepare function (register_fused_prepare), which compiles it into one kernel
-// with NVRTC (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay
-// launches it with no lookup.
+// On CUDA a run holds elementwise steps, where, and the row ops fused_row_op says (softmax,
+// log_softmax, their gradients and layer_norm over rows of up to kMaxCudaRow elements, which the
+// unfused kernels run a warp per row): the plan hands its program to the backend's prepare
+// function (register_fused_prepare), which compiles it into one kernel with NVRTC
+// (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay launches it with
+// no lookup.
 #pragma once
 
 #include <array>
@@ -90,7 +92,8 @@ struct FusedProgram {
   int64_t row = 1;       // the last axis of the run's shape
   bool by_rows = false;  // blocks hold whole rows (or pieces of one row): it reads Row, Column
                          // or Tile operands or has row ops
-  bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow
+  bool row_ops = false;  // it has row ops: blocks hold whole rows, row <= kMaxRow (cpu) or a
+                         // warp runs each row, row <= kMaxCudaRow (CUDA)
   DType dtype = DType::Float32;
   std::vector<int> trace_index;  // per instruction: the recorded step it stands for
   // Per output: the instruction writing it, and which of its outputs it is.
@@ -111,6 +114,20 @@ struct FusedProgram {
   int64_t block() const { return row_ops && row > kBlock ? row : kBlock; }
 };
 static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
+
+// Whether a fused program on a device of `type` may hold row op `op` (kRowFusable) over rows of
+// `row` elements: the cpu's fused kernel has every row op's row function (kernels/cpu/fused_rows.h)
+// for rows up to kMaxRow; a CUDA one those of the softmax family and layer_norm, whose unfused
+// kernels run a warp per row up to kMaxCudaRow (kernels/cuda/element_ops.cuh), which a fused
+// kernel repeats. Other devices fuse none.
+inline constexpr int64_t kMaxCudaRow = 1024;
+constexpr bool fused_row_op(DeviceType type, Op op, int64_t row) {
+  if (!op_row_fusable(op) || row < 1) return false;
+  if (type == DeviceType::CPU) return row <= FusedProgram::kMaxRow;
+  if (type != DeviceType::CUDA || row > kMaxCudaRow) return false;
+  return op == Op::Softmax || op == Op::LogSoftmax || op == Op::SoftmaxGrad ||
+         op == Op::LogSoftmaxGrad || op == Op::LayerNorm;
+}
 
 // A backend's preparation of a plan's programs for a device of its type: compiles them (together,
 // or finds them compiled) and sets each one's `device_kernel`. Returns per program "" when it is

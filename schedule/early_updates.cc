@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "runtime/fused.h"
 #include "schedule/plan.h"
 
 namespace encore::schedule {
@@ -22,7 +23,6 @@ void Plan::move_updates_early() {
   const int nb = static_cast<int>(bufs.size());
   const std::vector<int> memory = storage_ids();
   const bool fuses = options_.fuse;
-  const bool row_ops = device_.type == DeviceType::CPU;  // fused on the cpu only
 
   reorder_phases([&](int begin, int end) {
     // The phase's steps (indices into all_) in their new order, each one's place in it, and per
@@ -46,7 +46,7 @@ void Plan::move_updates_early() {
         int to = after < 0 ? 0 : place[after] + 1;
         auto fusable = [&](int k) {
           const Op op = all_[order[k]].op;
-          return op_fusable(op) || (row_ops && op_row_fusable(op));
+          return op_fusable(op) || fused_row_op(device_.type, op, 2);
         };
         while (to < at && (op_optimizer_update(all_[order[to]].op) ||
                            (fuses && to > 0 && fusable(to - 1) && fusable(to))))

@@ -1,5 +1,5 @@
-// Elementwise fusion: runs of adjacent elementwise steps, and on the cpu row ops over their last
-// axis, become one FusedElementwise step whose program (runtime/fused.h) keeps values only the
+// Elementwise fusion: runs of adjacent elementwise steps, and row ops over their last axis,
+// become one FusedElementwise step whose program (runtime/fused.h) keeps values only the
 // run reads in scratch blocks (cpu) or registers (CUDA, where the backend compiles the program
 // into one kernel).
 #include <algorithm>
@@ -35,13 +35,13 @@ int64_t last_axis(const Shape& s) {
   return s.rank() > 0 ? s[s.rank() - 1] : 1;
 }
 
-// Whether a row-fusable step works along the last axis of its first input, over rows of 2 to
-// kMaxRow elements, every other input of that shape (or one row, for layer_norm's gamma and
-// beta). Here goes a new row op's own test.
-bool row_op_fits(const Step& s) {
+// Whether a row-fusable step works along the last axis of its first input, over rows of 2 or more
+// elements that a fused program on `device` takes (fused_row_op), every other input of that shape
+// (or one row, for layer_norm's gamma and beta). Here goes a new row op's own test.
+bool row_op_fits(const Step& s, DeviceType device) {
   const Shape& x = s.in[0].shape;
   const int rank = x.rank();
-  if (rank == 0 || x[rank - 1] < 2 || x[rank - 1] > FusedProgram::kMaxRow) return false;
+  if (rank == 0 || x[rank - 1] < 2 || !fused_row_op(device, s.op, x[rank - 1])) return false;
   const int64_t c = x[rank - 1];
   if (s.op == Op::LayerNorm) {
     // normalized_shape [C] (or [1, ..., C]: the same rows); gamma and beta [C] or [1, ..., C].
@@ -135,14 +135,14 @@ bool input_layout(const Step& s, const Operand& i, const RunShape& run, Layout& 
 }  // namespace
 
 // Runs of adjacent steps of one phase and dtype over one element count become one
-// FusedElementwise step: elementwise steps, whose operands may be broadcast along or across the
-// rows, and on the cpu row ops over the last axis. Its kernel runs the steps block by block (cpu)
-// or element by element (CUDA): a value only the run reads lives in a scratch block or a register
+// FusedElementwise step: elementwise steps and where, whose operands may be broadcast along or
+// across the rows or tiled, and row ops over the last axis (those the device's fused kernels have:
+// fused_row_op). Its kernel runs the steps block by block (cpu), element by element or a warp per
+// row (CUDA): a value only the run reads lives in a scratch block or a register
 // (never in the arena), and one the rest of the schedule reads (a saved activation, a result, a
 // gradient) is an output of the fused step. A program the device's backend cannot prepare (CUDA
 // without NVRTC) leaves its steps as they were, and the plan says why.
 void Plan::fuse_elementwise() {
-  const bool row_ops = device_.type == DeviceType::CPU;
   const std::vector<Buffer>& bufs = rec_->buffers;
   const int n = static_cast<int>(all_.size());
   std::vector<int> last_read(bufs.size(), -1);
@@ -165,7 +165,7 @@ void Plan::fuse_elementwise() {
         s.in.size() > l.size())
       return false;
     const bool row_op = op_row_fusable(s.op);
-    if (!op_fusable(s.op) && !(row_op && row_ops && row_op_fits(s))) return false;
+    if (!op_fusable(s.op) && !(row_op && row_op_fits(s, device_.type))) return false;
     for (size_t k = 0; k < s.out.size(); ++k) {
       const Operand& o = s.out[k];
       if (o.dtype != run.dtype || bufs[o.buf].kind != BufKind::Temp ||

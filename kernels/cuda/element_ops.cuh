@@ -1,14 +1,16 @@
 // The element functions of the elementwise CUDA kernels: one per fusable op (runtime/op_traits.h,
-// kFusable), and the device math functions every CUDA kernel file uses. The unfused kernels
-// (elementwise.cu) and the fused kernels NVRTC compiles at plan time (fused_source.cc embeds this
-// file's text) call the same functions, so a fused step gives the bits of the steps it stands for.
+// kFusable), and the device math functions every CUDA kernel file uses; and the row functions of
+// the softmax and layer_norm kernels run a warp per row (the folds, their warp tree, each element's
+// value). The unfused kernels (elementwise.cu, softmax_loss.cu, layer_norm.cu) and the fused
+// kernels NVRTC compiles at plan time (fused_source.cc embeds this file's text) call the same
+// functions, so a fused step gives the bits of the steps it stands for.
 //
-// Both are compiled without floating-point contraction (nvcc -fmad=false for elementwise.cu,
+// All are compiled without floating-point contraction (nvcc -fmad=false for those three files,
 // --fmad=false for NVRTC): a fused kernel computes `mul` then `add` in registers, and a contracted
 // fma there would round once where the unfused steps round twice.
 //
 // NVRTC compiles this file as text with nothing else on its include path: it includes nothing and
-// uses only the compiler's built-in types and the CUDA math functions.
+// uses only the compiler's built-in types, intrinsics and the CUDA math functions.
 #pragma once
 
 namespace encore::kernels::cuda {
@@ -203,4 +205,115 @@ __device__ __forceinline__ T where(unsigned char c, T a, T b) {
 }
 
 }  // namespace el
+
+// ---- Row functions: folds over a row, a warp per row --------------------------------------
+
+// -infinity's bits, as the integer __int_as_float and __longlong_as_double take (a member of a
+// template, so that host compilers, which lack those intrinsics, never resolve the calls below).
+template <typename T>
+struct InfinityBits;
+template <>
+struct InfinityBits<float> {
+  static constexpr int kMinus = static_cast<int>(0xff800000u);
+};
+template <>
+struct InfinityBits<double> {
+  static constexpr long long kMinus = static_cast<long long>(0xfff0000000000000ull);
+};
+template <typename T>
+__device__ __forceinline__ T minus_infinity() {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return __int_as_float(InfinityBits<T>::kMinus);
+  } else {
+    return __longlong_as_double(InfinityBits<T>::kMinus);
+  }
+}
+
+// A fold op R has `template <typename T> static T identity()` and `static T combine(T, T)`.
+struct SumOp {
+  template <typename T>
+  __host__ __device__ static T identity() {
+    return T(0);
+  }
+  template <typename T>
+  __device__ static T combine(T a, T b) {
+    return a + b;
+  }
+};
+
+// The CPU's lane_max: NaN when the lane holds one (in any order of combination).
+struct LaneMaxOp {
+  template <typename T>
+  __device__ static T identity() {
+    return minus_infinity<T>();
+  }
+  template <typename T>
+  __device__ static T combine(T a, T b) {
+    return b > a || b != b ? b : a;
+  }
+};
+
+// Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast): a fixed
+// tree, so every run gives the same bits.
+template <typename R, typename T>
+__device__ __forceinline__ T warp_reduce(T v) {
+  for (int o = 16; o > 0; o /= 2) v = R::combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// Each element's part of a row op, given what its folds gave: softmax_kernel and
+// softmax_grad_kernel (softmax_loss.cu), layer_norm_kernel (layer_norm.cu), and the row ops of a
+// fused kernel. A thread folds its elements g, g + group, ... in that order.
+namespace rowop {
+
+// softmax: sum of exp(x - max), then exp(x - max) / sum as exp(x - max) * (1 / sum).
+template <typename T>
+__device__ __forceinline__ T softmax_term(T x, T max) {
+  return dev_exp(x - max);
+}
+template <typename T>
+__device__ __forceinline__ T softmax_value(T x, T max, T inv_sum) {
+  return dev_exp(x - max) * inv_sum;
+}
+// log_softmax: x - max - log(sum).
+template <typename T>
+__device__ __forceinline__ T log_softmax_value(T x, T max, T log_sum) {
+  return x - max - log_sum;
+}
+// Their gradients from y and gy: a fold of gy * y (softmax) or gy (log_softmax), then per element
+// y (gy - dot) or gy - exp(y) dot.
+template <bool kLog, typename T>
+__device__ __forceinline__ T softmax_grad_term(T y, T gy) {
+  if constexpr (kLog) {
+    return gy;
+  } else {
+    return gy * y;
+  }
+}
+template <bool kLog, typename T>
+__device__ __forceinline__ T softmax_grad_value(T y, T gy, T dot) {
+  if constexpr (kLog) {
+    return gy - dev_exp(y) * dot;
+  } else {
+    return y * (gy - dot);
+  }
+}
+// layer_norm: folds in double of x and of (x - mean)^2 (biased, two-pass), rstd = 1 / sqrt(var +
+// eps); y = (x - mean) rstd, times gamma where there is one, plus beta (0 where there is none).
+template <typename T>
+__device__ __forceinline__ double layer_norm_square(T x, double mean) {
+  const double d = static_cast<double>(x) - mean;
+  return d * d;
+}
+__device__ __forceinline__ double layer_norm_rstd(double var, double eps) {
+  return 1.0 / sqrt(var + eps);
+}
+template <typename T>
+__device__ __forceinline__ T layer_norm_value(T x, T mean, T rstd, bool has_gamma, T gamma,
+                                              T beta) {
+  const T h = (x - mean) * rstd;
+  return (has_gamma ? h * gamma : h) + beta;
+}
+
+}  // namespace rowop
 }  // namespace encore::kernels::cuda

@@ -1,8 +1,8 @@
-// FusedElementwise on CUDA (runtime/fused.h): a run of elementwise steps of a CUDA plan as one
-// kernel, generated from its program (fused_source.h) and compiled with NVRTC (nvrtc.h) when the
-// plan is made, all of a plan's new programs in one NVRTC compile. Kernels are cached for the life
-// of the process by compute capability and source, so two runs or plans with the same program (a
-// repeated cell, a retrace, another model) share one. The step's kernel
+// FusedElementwise on CUDA (runtime/fused.h): a run of elementwise steps (and row ops) of a CUDA
+// plan as one kernel, generated from its program (fused_source.h) and compiled with NVRTC
+// (nvrtc.h) when the plan is made, all of a plan's new programs in one NVRTC compile. Kernels are
+// cached for the life of the process by compute capability and source, so two runs or plans with
+// the same program (a repeated cell, a retrace, another model) share one. The step's kernel
 // then launches the compiled kernel with its buffers: no lookup, lock or allocation.
 #include <algorithm>
 #include <mutex>
@@ -132,12 +132,15 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
   return why;
 }
 
-// The element count, then the inputs, then the outputs: the generated kernel's parameters.
+// The element count (or the row count), then the inputs, then the outputs: the generated
+// kernel's parameters.
 void fused_kernel(const KernelArgs& args) {
   const FusedProgram& p = *args.attr<FusedAttrs>().program;
   if (p.device_kernel == nullptr)
     fail("fused_elementwise: the program has no compiled kernel (its plan did not prepare it)");
-  unsigned long long n = static_cast<unsigned long long>(p.numel);
+  // A program with row ops runs a warp per row (8 rows a block), else a thread per element.
+  const int64_t items = p.row_ops ? p.numel / p.row : p.numel;
+  unsigned long long n = static_cast<unsigned long long>(items);
   if (n == 0) return;
   constexpr int kMaxParams = 1 + FusedProgram::kMaxInputs + FusedProgram::kMaxSteps;
   void* pointers[kMaxParams];
@@ -154,8 +157,10 @@ void fused_kernel(const KernelArgs& args) {
     params[k] = &pointers[k];
     ++k;
   }
-  ENCORE_CUDA_OK(Op::FusedElementwise, cudaLaunchKernel(p.device_kernel, dim3(blocks_for(p.numel)),
-                                                        dim3(kThreads), params, 0, stream()));
+  ENCORE_CUDA_OK(Op::FusedElementwise,
+                 cudaLaunchKernel(p.device_kernel,
+                                  dim3(blocks_for(items, p.row_ops ? kThreads / 32 : kThreads)),
+                                  dim3(kThreads), params, 0, stream()));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

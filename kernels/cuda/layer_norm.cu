@@ -44,22 +44,19 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     for (int64_t i = g; i < cols; i += kGroup) s += static_cast<double>(xr[i]);
     const double mean = group_reduce<SumOp, kGroup>(s, sh) / count;
     double q = 0;
-    for (int64_t i = g; i < cols; i += kGroup) {
-      const double d = static_cast<double>(xr[i]) - mean;
-      q += d * d;
-    }
+    for (int64_t i = g; i < cols; i += kGroup) q += rowop::layer_norm_square(xr[i], mean);
     const double var = group_reduce<SumOp, kGroup>(q, sh) / count;
     const T m = static_cast<T>(mean);
-    const T rs = static_cast<T>(1.0 / sqrt(var + eps));
+    const T rs = static_cast<T>(rowop::layer_norm_rstd(var, eps));
     if (g == 0) {
       mean_out[r] = m;
       rstd_out[r] = rs;
     }
     T* yr = y + r * cols;
-    for (int64_t i = g; i < cols; i += kGroup) {
-      const T h = (xr[i] - m) * rs;
-      yr[i] = (gamma != nullptr ? h * gamma[i] : h) + (beta != nullptr ? beta[i] : T(0));
-    }
+    for (int64_t i = g; i < cols; i += kGroup)
+      yr[i] = rowop::layer_norm_value(xr[i], m, rs, gamma != nullptr,
+                                      gamma != nullptr ? gamma[i] : T(1),
+                                      beta != nullptr ? beta[i] : T(0));
   });
 }
 

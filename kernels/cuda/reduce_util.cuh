@@ -1,23 +1,12 @@
-// Warp and block folds shared by the reduction kernels (reduce.cu, softmax_loss.cu,
-// batch_norm.cu). A fold op R has `template <typename T> static T identity()` and
-// `static T combine(T, T)`; the tree of a fold is fixed by the group size alone, so every run
-// gives the same bits.
+// Group folds shared by the reduction kernels (reduce.cu, softmax_loss.cu, layer_norm.cu,
+// batch_norm.cu), over element_ops.cuh's fold ops and warp tree (which fused kernels share): the
+// tree of a fold is fixed by the group size alone, so every run gives the same bits.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/element_ops.cuh"  // SumOp, warp_reduce
 
 namespace encore::kernels::cuda {
-
-struct SumOp {
-  template <typename T>
-  __host__ __device__ static T identity() {
-    return T(0);
-  }
-  template <typename T>
-  __device__ static T combine(T a, T b) {
-    return a + b;
-  }
-};
 
 // Threads of a block that runs groups of kGroup threads.
 template <int kGroup>
@@ -34,13 +23,6 @@ __device__ __forceinline__ void for_each_group_item(int64_t items, Body&& body) 
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / kGroup;
        item < items; item += step)
     body(item, g);
-}
-
-// Every lane of a full warp gets the fold of the 32 lanes' values (lane 0's, broadcast).
-template <typename R, typename T>
-__device__ __forceinline__ T warp_reduce(T v) {
-  for (int o = 16; o > 0; o /= 2) v = R::combine(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return __shfl_sync(0xffffffffu, v, 0);
 }
 
 // The fold of one value per thread over a group of kGroup consecutive threads (1, a warp, or the

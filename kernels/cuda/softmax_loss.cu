@@ -30,18 +30,6 @@ __device__ __forceinline__ T nan_of() {
   return ::cuda::std::numeric_limits<T>::quiet_NaN();
 }
 
-// The CPU's lane_max: NaN when the lane holds one (in any order of combination).
-struct LaneMaxOp {
-  template <typename T>
-  __device__ static T identity() {
-    return -::cuda::std::numeric_limits<T>::infinity();
-  }
-  template <typename T>
-  __device__ static T combine(T a, T b) {
-    return b > a || b != b ? b : a;
-  }
-};
-
 // ---- Softmax, log-softmax and their gradients ---------------------------------------------
 
 // y = softmax(x) or log_softmax(x) along each lane.
@@ -58,14 +46,16 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     for (int64_t i = g; i < n; i += kGroup) m = LaneMaxOp::combine(m, px[i * inner]);
     m = group_reduce<LaneMaxOp, kGroup>(m, sh);
     T sum = 0;
-    for (int64_t i = g; i < n; i += kGroup) sum += dev_exp(px[i * inner] - m);
+    for (int64_t i = g; i < n; i += kGroup) sum += rowop::softmax_term(px[i * inner], m);
     sum = group_reduce<SumOp, kGroup>(sum, sh);
     if constexpr (kLog) {
       const T log_sum = dev_log(sum);
-      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = px[i * inner] - m - log_sum;
+      for (int64_t i = g; i < n; i += kGroup)
+        py[i * inner] = rowop::log_softmax_value(px[i * inner], m, log_sum);
     } else {
       const T inv = T(1) / sum;
-      for (int64_t i = g; i < n; i += kGroup) py[i * inner] = dev_exp(px[i * inner] - m) * inv;
+      for (int64_t i = g; i < n; i += kGroup)
+        py[i * inner] = rowop::softmax_value(px[i * inner], m, inv);
     }
   });
 }
@@ -82,22 +72,11 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
     const T* pg = gy + base;
     T* px = gx + base;
     T dot = 0;
-    for (int64_t i = g; i < n; i += kGroup) {
-      if constexpr (kLog) {
-        dot += pg[i * inner];
-      } else {
-        dot += pg[i * inner] * py[i * inner];
-      }
-    }
+    for (int64_t i = g; i < n; i += kGroup)
+      dot += rowop::softmax_grad_term<kLog>(py[i * inner], pg[i * inner]);
     dot = group_reduce<SumOp, kGroup>(dot, sh);
-    for (int64_t i = g; i < n; i += kGroup) {
-      const int64_t k = i * inner;
-      if constexpr (kLog) {
-        px[k] = pg[k] - dev_exp(py[k]) * dot;
-      } else {
-        px[k] = py[k] * (pg[k] - dot);
-      }
-    }
+    for (int64_t i = g; i < n; i += kGroup)
+      px[i * inner] = rowop::softmax_grad_value<kLog>(py[i * inner], pg[i * inner], dot);
   });
 }
 

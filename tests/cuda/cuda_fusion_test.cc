@@ -11,6 +11,7 @@
 
 #include "encore/encore.h"
 #include "encore/static_graph.h"
+#include "runtime/fused.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/fusion_patterns.h"
 #include "tests/test_util.h"
@@ -142,6 +143,48 @@ TEST_CASE("where and tiled operands fuse into compiled kernels on cuda", "[cuda]
         INFO(g.schedule_text());
         CHECK(count_of(g.schedule_text(),
                        R"(= where\(in \d+, scratch \d+, in \d+ \(one per row\)\))") == 1);
+      }
+    }
+  });
+}
+
+// Row ops in fused runs of CUDA plans: softmax, log_softmax, their gradients and layer_norm over
+// rows of up to 1,024 elements join their neighbours in one kernel that runs a warp per row, as
+// their unfused kernels do, so the bits are the unfused steps' (forward, gradients, layer_norm's
+// mean and rstd, which its gradient reads); longer rows keep the row op apart.
+TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fusion]") {
+  with_graphs_on_and_off([](bool) {
+    StaticEnabled on;
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      for (int64_t c : {int64_t{16}, int64_t{100}, int64_t{1024}, int64_t{1500}}) {
+        INFO(name(dtype) << ", rows of " << c);
+        manual_seed(static_cast<uint64_t>(c));
+        const Tensor gamma = rand({c}, dtype, kCuda, 0.5, 1.5);
+        const Tensor beta = rand({c}, dtype, kCuda, -1, 1);
+        auto softmaxes = [](const Tensor& x, const Tensor& t) {
+          return F::mul(F::softmax(F::mul(x, 0.125), -1), F::log_softmax(F::add(x, t), -1));
+        };
+        auto norm = [&](const Tensor& x, const Tensor& y) {
+          return F::mul(F::layer_norm(F::add(x, y), {c}, gamma, beta), 2.0);
+        };
+        auto fresh = [&] {
+          return Args<2>{rand({6, c}, dtype, kCuda, -2, 2), rand({6, c}, dtype, kCuda, -2, 2)};
+        };
+        auto f = static_graph(softmaxes, {.name = "softmaxes"});
+        auto g = static_graph(norm, {.name = "norm"});
+        auto verified = static_graph(norm, {.name = "norm_verified", .verify_every = 1});
+        check_replays(softmaxes, fresh, f, true);
+        check_replays(norm, fresh, g, true);
+        check_replays(norm, fresh, verified, true);
+        CHECK(verified.stats().verifications >= 2);
+        const std::string text = f.schedule_text() + g.schedule_text();
+        INFO(text);
+        CHECK_THAT(text, !Catch::Contains("left unfused"));
+        const bool fits = c <= kMaxCudaRow;
+        CHECK((count_of(text, R"(= softmax\()") == 1) == fits);
+        CHECK((count_of(text, R"(= log_softmax_grad\()") == 1) == fits);
+        CHECK((count_of(text, R"(= layer_norm\(out 0, gamma in \d+ \(one row\))") == 1) == fits);
+        CHECK(f.stats().cache[0].forward_steps == (fits ? 1 : 5));
       }
     }
   });

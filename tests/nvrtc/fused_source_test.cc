@@ -260,11 +260,14 @@ TEST_CASE("a plan's programs compile together, each kernel under its own name", 
 TEST_CASE("programs a CUDA kernel cannot run are refused with the reason", "[nvrtc]") {
   FusedProgram rows = one_step(Op::Sum, DType::Float32, {FusedLayout::Full}, 0);
   rows.row_ops = true;
-  CHECK_THAT(fused_unsupported(rows), Catch::Contains("row operations"));
+  CHECK_THAT(fused_unsupported(rows), Catch::Contains("no CUDA row function for sum"));
   CHECK_THROWS_AS(fused_source(rows), Error);
 
   FusedProgram sum = one_step(Op::Sum, DType::Float32, {FusedLayout::Full}, 0);
-  CHECK_THAT(fused_unsupported(sum), Catch::Contains("no CUDA element function for sum"));
+  CHECK_THAT(fused_unsupported(sum), Catch::Contains("sum in a program without row operations"));
+
+  FusedProgram equal = one_step(Op::Equal, DType::Float32, {FusedLayout::Full}, 0);
+  CHECK_THAT(fused_unsupported(equal), Catch::Contains("no CUDA element function for equal"));
 
   FusedProgram ints = one_step(Op::Add, DType::Int64, {FusedLayout::Full, FusedLayout::Full}, 0);
   CHECK_THAT(fused_unsupported(ints), Catch::Contains("int64"));

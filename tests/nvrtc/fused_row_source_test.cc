@@ -1,0 +1,199 @@
+// The CUDA source of fused programs with row ops (softmax, log_softmax, their gradients and
+// layer_norm over rows of up to kMaxCudaRow elements), compiled with NVRTC for sm_90 (no GPU
+// needed): each row op between elementwise steps reading operands in every layout, in float32
+// and float64, at row lengths around the warp's; and random runs mixing row ops with elementwise
+// steps. The [cuda] tests run the kernels against the unfused steps' bits.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/fused_source.h"
+#include "kernels/cuda/nvrtc.h"
+#include "runtime/error.h"
+#include "runtime/fused.h"
+
+using namespace encore;
+using encore::kernels::cuda::fused_source;
+using encore::kernels::cuda::fused_unsupported;
+using encore::kernels::cuda::nvrtc_compile;
+
+namespace {
+
+constexpr int kArch = 90;
+constexpr Op kRowOps[] = {Op::Softmax, Op::LogSoftmax, Op::SoftmaxGrad, Op::LogSoftmaxGrad,
+                          Op::LayerNorm};
+
+void check_compiles(const FusedProgram& p) {
+  INFO(fused_source(p));
+  const std::string cubin = nvrtc_compile(fused_source(p), kArch);
+  CHECK(cubin.compare(0, 4,
+                      "\x7f"
+                      "ELF") == 0);
+  CHECK(cubin.find(kernels::cuda::kFusedKernelName) != std::string::npos);
+}
+
+// Appends an output register written by instruction `instr` as its output `output`.
+uint8_t new_output(FusedProgram& p, int instr, int output, bool column) {
+  p.out_instr.push_back({instr, output});
+  p.out_column.push_back(column);
+  return static_cast<uint8_t>(p.out_reg(p.n_out++));
+}
+
+// Over rows of `row`: h = x * w + b (w one row, b one value per row, a [4, row] tile added too),
+// then `op` over h (a gradient's gy is an input; layer_norm's gamma and beta inputs as `affine`
+// says), then op's output times 2. Outputs: every output of op, and the product.
+FusedProgram around(Op op, DType dtype, int64_t row, uint8_t affine) {
+  FusedProgram p;
+  p.dtype = dtype;
+  p.row = row;
+  p.numel = row * 24;
+  p.row_ops = p.by_rows = true;
+  const FusedLayout in[] = {FusedLayout::Full, FusedLayout::Row,  FusedLayout::Column,
+                            FusedLayout::Tile, FusedLayout::Full, FusedLayout::Row,
+                            FusedLayout::Row};
+  for (FusedLayout l : in) {
+    p.in_layout.push_back(l);
+    p.in_tile.push_back(l == FusedLayout::Tile ? 4 * row : 0);
+  }
+  p.n_in = static_cast<int>(std::size(in));
+  auto instr = [&p](Op o, uint8_t a, FusedLayout la, uint8_t b, FusedLayout lb, uint8_t out) {
+    FusedInstr ins;
+    ins.op = o;
+    ins.a = a;
+    ins.la = la;
+    ins.b = b;
+    ins.lb = lb;
+    ins.out[0] = out;
+    p.instrs.push_back(ins);
+    p.trace_index.push_back(0);
+    return static_cast<int>(p.instrs.size()) - 1;
+  };
+  const auto s0 = static_cast<uint8_t>(p.scratch_reg(0)),
+             s1 = static_cast<uint8_t>(p.scratch_reg(1));
+  p.n_scratch = 2;
+  instr(Op::Mul, 0, FusedLayout::Full, 1, FusedLayout::Row, s0);
+  instr(Op::Add, s0, FusedLayout::Full, 2, FusedLayout::Column, s1);
+  instr(Op::Add, s1, FusedLayout::Full, 3, FusedLayout::Tile, s0);
+  const int k = instr(op, s0, FusedLayout::Full, 4, FusedLayout::Full, 0);
+  FusedInstr& r = p.instrs[k];
+  if (op == Op::LayerNorm) {
+    r.n_out = 3;
+    r.flags = affine;
+    r.scalar = 1e-5;
+    r.b = 5;
+    r.lb = FusedLayout::Row;
+    r.c = 6;
+    r.lc = FusedLayout::Row;
+  }
+  for (int o = 0; o < r.n_out; ++o) r.out[o] = new_output(p, k, o, o > 0);
+  const uint8_t y = r.out[0];
+  FusedInstr twice;
+  twice.op = Op::MulScalar;
+  twice.a = y;
+  twice.scalar = 2;
+  twice.out[0] = new_output(p, k + 1, 0, false);
+  p.instrs.push_back(twice);
+  p.trace_index.push_back(0);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-row kernel",
+          "[nvrtc]") {
+  for (Op op : kRowOps)
+    for (DType dtype : {DType::Float32, DType::Float64})
+      for (int64_t row : {int64_t{2}, int64_t{31}, int64_t{64}, int64_t{100}, kMaxCudaRow})
+        for (uint8_t affine = 0; affine < (op == Op::LayerNorm ? 4 : 1); ++affine) {
+          INFO(op_name(op) << " " << name(dtype) << " rows of " << row << " affine "
+                           << int{affine});
+          const FusedProgram p = around(op, dtype, row, affine);
+          REQUIRE(fused_unsupported(p) == "");
+          const std::string src = fused_source(p);
+          CHECK_THAT(src, Catch::Contains(cat("constexpr int K = ", (row + 31) / 32, ";")));
+          CHECK_THAT(src, Catch::Contains("warp_reduce<"));
+          if (op == Op::LayerNorm) {
+            CHECK_THAT(src, Catch::Contains("if (g == 0) out1[j] = v3_1;"));
+            CHECK_THAT(src, Catch::Contains("if (g == 0) out2[j] = v3_2;"));
+            CHECK_THAT(src, Catch::Contains("rowop::layer_norm_rstd(var3, 0x1.4f8b588e368f1p-17)"));
+          }
+          if (row == 64 || row == kMaxCudaRow) check_compiles(p);  // the rest: the text
+        }
+}
+
+TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
+  std::mt19937 rng(20261129);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  std::vector<Op> ops(std::begin(kRowOps), std::end(kRowOps));
+  for (int k = 0; k < kNumOps; ++k)
+    if (op_fusable(static_cast<Op>(k)) && static_cast<Op>(k) != Op::Where)
+      ops.push_back(static_cast<Op>(k));
+  for (int round = 0; round < 12; ++round) {
+    FusedProgram p;
+    p.dtype = round % 3 == 2 ? DType::Float64 : DType::Float32;
+    p.row = 2 + pick(static_cast<int>(kMaxCudaRow) - 1);
+    p.numel = p.row * (1 + pick(100));
+    p.row_ops = p.by_rows = true;
+    p.n_in = 1 + pick(12);
+    std::vector<uint8_t> readable;
+    for (int k = 0; k < p.n_in; ++k) {
+      const auto l = static_cast<FusedLayout>(pick(kFusedLayouts));
+      p.in_layout.push_back(l);
+      p.in_tile.push_back(l == FusedLayout::Tile ? p.row * (1 + pick(3)) : 0);
+      readable.push_back(static_cast<uint8_t>(k));
+    }
+    const int steps = 2 + pick(20);
+    for (int t = 0; t < steps; ++t) {
+      FusedInstr ins;
+      ins.op = ops[pick(static_cast<int>(ops.size()))];
+      auto value = [&] { return readable[pick(static_cast<int>(readable.size()))]; };
+      ins.a = value();
+      ins.b = value();
+      ins.c = value();
+      ins.scalar = ins.op == Op::LayerNorm ? 1e-5 : 0.25 * (1 + pick(8));
+      ins.flags = static_cast<uint8_t>(ins.op == Op::LayerNorm ? pick(4) : 0);
+      ins.n_out = static_cast<uint8_t>(ins.op == Op::LayerNorm ? 3 : 1);
+      if (ins.n_out == 1 && t + 1 < steps && pick(3) != 0) {
+        ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
+      } else {
+        for (int o = 0; o < ins.n_out; ++o) ins.out[o] = new_output(p, t, o, o > 0);
+      }
+      for (int o = 0; o < ins.n_out; ++o) readable.push_back(ins.out[o]);
+      p.instrs.push_back(ins);
+      p.trace_index.push_back(t);
+    }
+    INFO("round " << round << ": rows of " << p.row << ", " << steps << " steps");
+    REQUIRE(fused_unsupported(p) == "");
+    check_compiles(p);
+  }
+}
+
+TEST_CASE("row programs a CUDA kernel cannot run are refused with the reason", "[nvrtc]") {
+  FusedProgram sum = around(Op::Softmax, DType::Float32, 64, 0);
+  sum.instrs[3].op = Op::Sum;  // its unfused kernel folds rows its own way
+  CHECK_THAT(fused_unsupported(sum), Catch::Contains("no CUDA row function for sum"));
+  CHECK_THROWS_AS(fused_source(sum), Error);
+
+  const FusedProgram long_rows = around(Op::Softmax, DType::Float32, kMaxCudaRow + 1, 0);
+  CHECK_THAT(fused_unsupported(long_rows), Catch::Contains("rows of 1025 elements"));
+
+  FusedProgram flat = around(Op::Softmax, DType::Float32, 64, 0);
+  flat.row_ops = false;
+  CHECK_THAT(fused_unsupported(flat),
+             Catch::Contains("softmax in a program without row operations"));
+
+  FusedProgram two = around(Op::LayerNorm, DType::Float32, 64, 3);
+  two.instrs[3].n_out = 2;
+  CHECK_THAT(fused_unsupported(two), Catch::Contains("layer_norm with 2 outputs"));
+
+  FusedProgram column = around(Op::LayerNorm, DType::Float32, 64, 3);
+  column.out_column[1] = false;  // the mean is one value per row
+  CHECK_THAT(fused_unsupported(column), Catch::Contains("outputs as they write them"));
+
+  FusedProgram bool_row = around(Op::SoftmaxGrad, DType::Float32, 64, 0);
+  bool_row.in_bool.assign(bool_row.n_in, false);
+  bool_row.in_bool[4] = true;  // gy
+  CHECK_THAT(fused_unsupported(bool_row), Catch::Contains("reads a bool input as a value"));
+}
