@@ -127,11 +127,12 @@ void where_op(const Read<bool>& c, const Read<T>& a, const Read<T>& b, T* o, con
     const bool* pc = c.at(k, p);
     const T* pa = a.at(k, p);
     const T* pb = b.at(k, p);
-    if (c.scalar()) {  // one condition for the piece: a copy of one side
-      const T* from = *pc ? pa : pb;
-      if ((*pc ? a : b).scalar()) {
+    if (c.scalar()) {  // one condition for the piece: a copy of one side (or it is the output)
+      const bool yes = *reinterpret_cast<const uint8_t*>(pc) != 0;
+      const T* from = yes ? pa : pb;
+      if ((yes ? a : b).scalar()) {
         std::fill(o + p, o + p + m, *from);
-      } else {
+      } else if (from != o + p) {
         std::copy(from, from + m, o + p);
       }
     } else if (a.scalar()) {

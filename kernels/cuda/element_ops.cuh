@@ -306,7 +306,7 @@ __device__ __forceinline__ double layer_norm_square(T x, double mean) {
   return d * d;
 }
 __device__ __forceinline__ double layer_norm_rstd(double var, double eps) {
-  return 1.0 / sqrt(var + eps);
+  return 1.0 / dev_sqrt(var + eps);
 }
 template <typename T>
 __device__ __forceinline__ T layer_norm_value(T x, T mean, T rstd, bool has_gamma, T gamma,

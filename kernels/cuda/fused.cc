@@ -138,7 +138,8 @@ void fused_kernel(const KernelArgs& args) {
   const FusedProgram& p = *args.attr<FusedAttrs>().program;
   if (p.device_kernel == nullptr)
     fail("fused_elementwise: the program has no compiled kernel (its plan did not prepare it)");
-  // A program with row ops runs a warp per row (8 rows a block), else a thread per element.
+  // A program with row ops runs a warp per row (kFusedRowsPerBlock a block), else a thread per
+  // element.
   const int64_t items = p.row_ops ? p.numel / p.row : p.numel;
   unsigned long long n = static_cast<unsigned long long>(items);
   if (n == 0) return;
@@ -157,10 +158,11 @@ void fused_kernel(const KernelArgs& args) {
     params[k] = &pointers[k];
     ++k;
   }
-  ENCORE_CUDA_OK(Op::FusedElementwise,
-                 cudaLaunchKernel(p.device_kernel,
-                                  dim3(blocks_for(items, p.row_ops ? kThreads / 32 : kThreads)),
-                                  dim3(kThreads), params, 0, stream()));
+  ENCORE_CUDA_OK(
+      Op::FusedElementwise,
+      cudaLaunchKernel(p.device_kernel,
+                       dim3(blocks_for(items, p.row_ops ? kFusedRowsPerBlock : kFusedThreads)),
+                       dim3(kFusedThreads), params, 0, stream()));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -85,11 +85,17 @@ ElementFn element_fn(Op op) {
   }
 }
 
+// A double as an exact literal (hexadecimal, or its bits where it is not finite), for attributes
+// the unfused kernels take as double.
+std::string double_literal(double v) {
+  if (std::isfinite(v)) return absl::StrFormat("%a", v);
+  return absl::StrFormat("__longlong_as_double(0x%016xLL)", std::bit_cast<uint64_t>(v));
+}
+
 // A scalar as a T expression with the value static_cast<T>(v) has on the host: a double
 // literal converted to T (hexadecimal, so exact), or its bits where it is not finite.
 std::string scalar_literal(double v) {
-  if (std::isfinite(v)) return absl::StrFormat("T(%a)", v);
-  return absl::StrFormat("T(__longlong_as_double(0x%016xLL))", std::bit_cast<uint64_t>(v));
+  return cat("T(", double_literal(v), ")");
 }
 
 // The element input k reads at the run's element i (j its row, c its column).
@@ -155,11 +161,6 @@ bool column_output(Op op, int o) {
   return op == Op::LayerNorm && o > 0;
 }
 
-// A double as an exact literal (hexadecimal), for attributes the unfused kernels take as double.
-std::string double_literal(double v) {
-  return absl::StrFormat("%a", v);
-}
-
 }  // namespace
 
 std::string fused_unsupported(const FusedProgram& p) {
@@ -178,7 +179,12 @@ std::string fused_unsupported(const FusedProgram& p) {
     if ((p.in_layout[k] == FusedLayout::Tile) != (p.tile(k) > 0))
       return cat("a fused program whose input ", k, " is a tile without a length, or not a tile");
   std::vector<bool> written(FusedProgram::kMaxRegisters, false);
-  for (int k = 0; k < p.n_in; ++k) written[k] = true;
+  // Per register: one value per row (a One or Column input, layer_norm's mean or rstd).
+  std::vector<bool> per_row(FusedProgram::kMaxRegisters, false);
+  for (int k = 0; k < p.n_in; ++k) {
+    written[k] = true;
+    per_row[k] = p.in_layout[k] == FusedLayout::One || p.in_layout[k] == FusedLayout::Column;
+  }
   for (const FusedInstr& ins : p.instrs) {
     const bool row_op = op_row_fusable(ins.op);
     if (row_op && !p.row_ops) return cat(op_name(ins.op), " in a program without row operations");
@@ -198,7 +204,20 @@ std::string fused_unsupported(const FusedProgram& p) {
         return cat(op_name(ins.op), condition ? " reads a condition that is not a bool input"
                                               : " reads a bool input as a value");
     }
-    for (int o = 0; o < ins.n_out; ++o) written[ins.out[o]] = true;
+    // A row op works over a value per element; layer_norm reads gamma and beta as inputs of one
+    // row (the unfused kernel's [C]).
+    const size_t per_element = ins.op == Op::LayerNorm ? 1 : row_op ? reads.size() : 0;
+    for (size_t r = 0; r < reads.size(); ++r) {
+      if (r < per_element && per_row[reads[r]])
+        return cat(op_name(ins.op), " over one value per row");
+      if (row_op && r >= per_element &&
+          (reads[r] >= p.n_in || p.in_layout[reads[r]] != FusedLayout::Row))
+        return cat(op_name(ins.op), " reads its gamma or beta other than as an input of one row");
+    }
+    for (int o = 0; o < ins.n_out; ++o) {
+      written[ins.out[o]] = true;
+      per_row[ins.out[o]] = column_output(ins.op, o);
+    }
   }
   for (int k = 0; k < p.n_out; ++k) {
     const FusedOutputOf& of = p.out_instr[k];
@@ -234,8 +253,9 @@ std::string element_call(const FusedInstr& ins, const std::string (&x)[3]) {
 // element type T and index type I (32-bit where every index of the run fits).
 std::string kernel_head(const FusedProgram& p, std::string_view name, std::string_view what) {
   const char* t = p.dtype == DType::Float32 ? "float" : "double";
-  std::string s = cat("// ", p.instrs.size(), " fused ", what, "\nextern \"C\" __global__ ",
-                      "void __launch_bounds__(256) ", name, "(unsigned long long n");
+  std::string s =
+      cat("// ", p.instrs.size(), " fused ", what, "\nextern \"C\" __global__ ",
+          "void __launch_bounds__(", kFusedThreads, ") ", name, "(unsigned long long n");
   for (int k = 0; k < p.n_in; ++k)
     s += cat(", const ", p.reads_bool(k) ? "unsigned char" : t, "* in", k);
   for (int k = 0; k < p.n_out; ++k) s += cat(", ", t, "* out", k);
@@ -245,17 +265,18 @@ std::string kernel_head(const FusedProgram& p, std::string_view name, std::strin
 
 // A program with row ops: a warp per row (n rows), as the unfused softmax and layer_norm kernels
 // run rows of up to kMaxCudaRow elements. Lane g holds its row's elements g, g + 32, ... (K of
-// them) of every value in registers, and folds them in that order before the warp's tree
-// (element_ops.cuh), as those kernels do: the unfused steps' bits. A value of one per row (an input
-// [rows, 1], layer_norm's mean and rstd) is a scalar every lane holds.
+// them) of every value the run computes in registers (inputs are read where they are used), and
+// folds them in that order before the warp's tree (element_ops.cuh), as those kernels do: the
+// unfused steps' bits. A value of one per row (an input [rows, 1], layer_norm's mean and rstd) is
+// a scalar every lane holds.
 std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
   const int64_t per_lane = (p.row + 31) / 32;
   std::string s = kernel_head(p, name, cat("steps over rows of ", p.row, ", a warp per row"));
   s += cat(
       "  constexpr int K = ", per_lane, ";\n  const I g = threadIdx.x % 32u;\n",
-      "  const unsigned long long stride = (unsigned long long)gridDim.x * 8ull;\n",
-      "  for (unsigned long long r = (unsigned long long)blockIdx.x * 8ull + threadIdx.x / 32u; ",
-      "r < n; r += stride) {\n    const I j = (I)r;\n");
+      "  const unsigned long long stride = (unsigned long long)gridDim.x * ", kFusedRowsPerBlock,
+      "ull;\n  for (unsigned long long r = (unsigned long long)blockIdx.x * ", kFusedRowsPerBlock,
+      "ull + threadIdx.x / 32u; ", "r < n; r += stride) {\n    const I j = (I)r;\n");
   // A loop over the lane's elements e of the row: c its column, i its index in the run.
   auto each = [&](const std::string& body) {
     return cat(
@@ -264,30 +285,23 @@ std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
         "      if (c < (I)", p.row, "u) {\n        const I i = j * (I)", p.row, "u + c;\n",
         "        (void)i;\n", body, "      }\n    }\n");
   };
-  // Each register's value: an array of K (at e) or one value for the row.
-  struct Value {
-    std::string name;
-    bool array = true;
-    std::string at() const { return array ? name + "[e]" : name; }
-  };
-  std::vector<Value> value(FusedProgram::kMaxRegisters);
-  std::string loads;
+  // Each register's value at the lane's element e: an element of an array of K, one value for the
+  // row (a scalar), or an input's element read where it is used (registers hold only what the
+  // run computes; every input of a row is read before its outputs are written, so in place holds).
+  std::vector<std::string> value(FusedProgram::kMaxRegisters);
   for (int k = 0; k < p.n_in; ++k) {
-    const char* type = p.reads_bool(k) ? "unsigned char" : "T";
     const FusedLayout l = p.in_layout[k];
     if (l == FusedLayout::One || l == FusedLayout::Column) {
-      value[k] = {cat("x", k), false};
-      s += cat("    const ", type, " x", k, " = in", k, "[", index_of(p, k), "];\n");
+      value[k] = cat("x", k);
+      s += cat("    const ", p.reads_bool(k) ? "unsigned char" : "T", " x", k, " = in", k, "[",
+               index_of(p, k), "];\n");
     } else {
-      value[k] = {cat("x", k), true};
-      s += cat("    ", type, " x", k, "[K];\n");
-      loads += cat("        x", k, "[e] = in", k, "[", index_of(p, k), "];\n");
+      value[k] = cat("in", k, "[", index_of(p, k), "]");
     }
   }
-  if (!loads.empty()) s += each(loads);
   for (size_t v = 0; v < p.instrs.size(); ++v) {
     const FusedInstr& ins = p.instrs[v];
-    const std::string a = value[ins.a].at(), b = value[ins.b].at(), c = value[ins.c].at();
+    const std::string a = value[ins.a], b = value[ins.b], c = value[ins.c];
     const std::string out = cat("v", v, "_0");
     s += cat("    // ", op_name(ins.op), "\n");
     switch (ins.op) {
@@ -334,8 +348,8 @@ std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
         s += each(cat("        ", out, "[e] = rowop::layer_norm_value(", a, ", v", v, "_1, v", v,
                       "_2, ", gamma ? "true" : "false", ", ", gamma ? b : "T(1)", ", ",
                       beta ? c : "T(0)", ");\n"));
-        value[ins.out[1]] = {cat("v", v, "_1"), false};
-        value[ins.out[2]] = {cat("v", v, "_2"), false};
+        value[ins.out[1]] = cat("v", v, "_1");
+        value[ins.out[2]] = cat("v", v, "_2");
         break;
       }
       default: {
@@ -344,7 +358,7 @@ std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
         s += each(cat("        ", out, "[e] = ", element_call(ins, x), ";\n"));
       }
     }
-    value[ins.out[0]] = {out, true};
+    value[ins.out[0]] = out + "[e]";
   }
   // The outputs, once every input of the row is read: a value per element, or lane 0's per row.
   std::string stores;

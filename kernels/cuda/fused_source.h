@@ -21,6 +21,10 @@
 namespace encore::kernels::cuda {
 
 inline constexpr const char* kFusedKernelName = "encore_fused";
+// Threads per block of a fused kernel (its __launch_bounds__), and rows per block of one with row
+// ops (a warp each): fused.cc launches it so.
+inline constexpr int kFusedThreads = 256;
+inline constexpr int kFusedRowsPerBlock = kFusedThreads / 32;
 // The name under which the generated source includes element_ops.cuh.
 inline constexpr const char* kElementOpsInclude = "encore_element_ops.cuh";
 

@@ -137,23 +137,35 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
     p.numel = p.row * (1 + pick(100));
     p.row_ops = p.by_rows = true;
     p.n_in = 1 + pick(12);
-    std::vector<uint8_t> readable;
+    // Registers elementwise steps may read; those holding a value per element (what a row op
+    // reads: input 0 is one); inputs of one row (layer_norm's gamma and beta).
+    std::vector<uint8_t> readable, per_element, one_row;
     for (int k = 0; k < p.n_in; ++k) {
-      const auto l = static_cast<FusedLayout>(pick(kFusedLayouts));
+      const auto l = k == 0 ? FusedLayout::Full : static_cast<FusedLayout>(pick(kFusedLayouts));
       p.in_layout.push_back(l);
       p.in_tile.push_back(l == FusedLayout::Tile ? p.row * (1 + pick(3)) : 0);
       readable.push_back(static_cast<uint8_t>(k));
+      if (l != FusedLayout::One && l != FusedLayout::Column)
+        per_element.push_back(static_cast<uint8_t>(k));
+      if (l == FusedLayout::Row) one_row.push_back(static_cast<uint8_t>(k));
     }
+    auto from = [&](const std::vector<uint8_t>& regs) {
+      return regs[pick(static_cast<int>(regs.size()))];
+    };
     const int steps = 2 + pick(20);
     for (int t = 0; t < steps; ++t) {
       FusedInstr ins;
       ins.op = ops[pick(static_cast<int>(ops.size()))];
-      auto value = [&] { return readable[pick(static_cast<int>(readable.size()))]; };
-      ins.a = value();
-      ins.b = value();
-      ins.c = value();
+      const bool row_op = op_row_fusable(ins.op);
+      ins.a = from(row_op ? per_element : readable);
+      ins.b = from(row_op ? per_element : readable);
+      ins.c = from(readable);
       ins.scalar = ins.op == Op::LayerNorm ? 1e-5 : 0.25 * (1 + pick(8));
-      ins.flags = static_cast<uint8_t>(ins.op == Op::LayerNorm ? pick(4) : 0);
+      if (ins.op == Op::LayerNorm && !one_row.empty()) {
+        ins.flags = static_cast<uint8_t>(pick(4));
+        ins.b = from(one_row);
+        ins.c = from(one_row);
+      }
       ins.n_out = static_cast<uint8_t>(ins.op == Op::LayerNorm ? 3 : 1);
       if (ins.n_out == 1 && t + 1 < steps && pick(3) != 0) {
         ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
@@ -161,6 +173,7 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
         for (int o = 0; o < ins.n_out; ++o) ins.out[o] = new_output(p, t, o, o > 0);
       }
       for (int o = 0; o < ins.n_out; ++o) readable.push_back(ins.out[o]);
+      per_element.push_back(ins.out[0]);
       p.instrs.push_back(ins);
       p.trace_index.push_back(t);
     }
@@ -191,6 +204,15 @@ TEST_CASE("row programs a CUDA kernel cannot run are refused with the reason", "
   FusedProgram column = around(Op::LayerNorm, DType::Float32, 64, 3);
   column.out_column[1] = false;  // the mean is one value per row
   CHECK_THAT(fused_unsupported(column), Catch::Contains("outputs as they write them"));
+
+  FusedProgram per_row = around(Op::Softmax, DType::Float32, 64, 0);
+  per_row.instrs[3].a = 2;  // the input of one value per row
+  CHECK_THAT(fused_unsupported(per_row), Catch::Contains("softmax over one value per row"));
+
+  FusedProgram full_gamma = around(Op::LayerNorm, DType::Float32, 64, 3);
+  full_gamma.instrs[3].b = 0;  // x's [rows, C] as gamma
+  CHECK_THAT(fused_unsupported(full_gamma),
+             Catch::Contains("gamma or beta other than as an input"));
 
   FusedProgram bool_row = around(Op::SoftmaxGrad, DType::Float32, 64, 0);
   bool_row.in_bool.assign(bool_row.n_in, false);
