@@ -10,29 +10,19 @@
 #include <vector>
 
 #include "kernels/cuda/fused_source.h"
-#include "kernels/cuda/nvrtc.h"
 #include "runtime/error.h"
 #include "runtime/fused.h"
+#include "tests/nvrtc/compile_check.h"
 
 using namespace encore;
 using encore::kernels::cuda::fused_source;
 using encore::kernels::cuda::fused_unsupported;
-using encore::kernels::cuda::nvrtc_compile;
+using encore::testing::check_compiles;
 
 namespace {
 
-constexpr int kArch = 90;
 constexpr Op kRowOps[] = {Op::Softmax, Op::LogSoftmax, Op::SoftmaxGrad, Op::LogSoftmaxGrad,
                           Op::LayerNorm};
-
-void check_compiles(const FusedProgram& p) {
-  INFO(fused_source(p));
-  const std::string cubin = nvrtc_compile(fused_source(p), kArch);
-  CHECK(cubin.compare(0, 4,
-                      "\x7f"
-                      "ELF") == 0);
-  CHECK(cubin.find(kernels::cuda::kFusedKernelName) != std::string::npos);
-}
 
 // Appends an output register written by instruction `instr` as its output `output`.
 uint8_t new_output(FusedProgram& p, int instr, int output, bool column) {

@@ -13,26 +13,17 @@
 #include "kernels/cuda/nvrtc.h"
 #include "runtime/error.h"
 #include "runtime/fused.h"
+#include "tests/nvrtc/compile_check.h"
 
 using namespace encore;
 using encore::kernels::cuda::fused_source;
 using encore::kernels::cuda::fused_unsupported;
 using encore::kernels::cuda::nvrtc_compile;
+using encore::testing::check_compiles;
 
 namespace {
 
-constexpr int kArch = 90;
-
-// The cubin holds the kernel's symbol.
-void check_compiles(const FusedProgram& p) {
-  INFO(fused_source(p));
-  const std::string cubin = nvrtc_compile(fused_source(p), kArch);
-  CHECK(cubin.size() > 64);
-  CHECK(cubin.compare(0, 4,
-                      "\x7f"
-                      "ELF") == 0);
-  CHECK(cubin.find(kernels::cuda::kFusedKernelName) != std::string::npos);
-}
+constexpr int kArch = testing::kNvrtcArch;
 
 // Reads of an op: three for where, two for binary ops and gradients, one for the rest.
 int reads_of(Op op) {
@@ -142,9 +133,9 @@ TEST_CASE("a binary op reads its operands in every layout", "[nvrtc]") {
       ++p.n_out;
     }
   const std::string src = fused_source(p);
-  CHECK_THAT(src, Catch::Contains("in1[0]"));  // One
-  CHECK_THAT(src, Catch::Contains("in2[c]"));  // Row
-  CHECK_THAT(src, Catch::Contains("in3[j]"));  // Column
+  CHECK_THAT(src, Catch::Contains("in1[0]"));                  // One
+  CHECK_THAT(src, Catch::Contains("in2[c]"));                  // Row
+  CHECK_THAT(src, Catch::Contains("in3[j]"));                  // Column
   CHECK_THAT(src, Catch::Contains("in4[(I)i % (I)1024ull]"));  // Tile
   check_compiles(p);
 }
