@@ -16,9 +16,8 @@
 // value per row, a column value later operations read broadcast along the row. layer_norm reads
 // its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
 //
-// On CUDA a run holds elementwise steps, where, and the row ops fused_row_op says (softmax,
-// log_softmax, their gradients and layer_norm over rows of up to kMaxCudaRow elements, which the
-// unfused kernels run a warp per row): the plan hands its program to the backend's prepare
+// On CUDA a run holds elementwise steps, where, and the row ops fused_row_op says (those whose
+// unfused kernels run a warp per row at the row's length): the plan hands its program to the backend's prepare
 // function (register_fused_prepare), which compiles it into one kernel with NVRTC
 // (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay launches it with
 // no lookup.
@@ -117,16 +116,18 @@ static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 
 // Whether a fused program on a device of `type` may hold row op `op` (kRowFusable) over rows of
 // `row` elements: the cpu's fused kernel has every row op's row function (kernels/cpu/fused_rows.h)
-// for rows up to kMaxRow; a CUDA one those of the softmax family and layer_norm, whose unfused
-// kernels run a warp per row up to kMaxCudaRow (kernels/cuda/element_ops.cuh), which a fused
-// kernel repeats. Other devices fuse none.
+// for rows up to kMaxRow; a CUDA one repeats what the unfused kernels do where they run a warp per
+// row (kernels/cuda/element_ops.cuh): the softmax family and layer_norm up to kMaxCudaRow, sum,
+// mean and max over the last axis up to kMaxCudaReduceRow (reduce.cu takes a block past it).
+// Other devices fuse none.
 inline constexpr int64_t kMaxCudaRow = 1024;
+inline constexpr int64_t kMaxCudaReduceRow = 512;
 constexpr bool fused_row_op(DeviceType type, Op op, int64_t row) {
   if (!op_row_fusable(op) || row < 1) return false;
   if (type == DeviceType::CPU) return row <= FusedProgram::kMaxRow;
-  if (type != DeviceType::CUDA || row > kMaxCudaRow) return false;
-  return op == Op::Softmax || op == Op::LogSoftmax || op == Op::SoftmaxGrad ||
-         op == Op::LogSoftmaxGrad || op == Op::LayerNorm;
+  if (type != DeviceType::CUDA) return false;
+  if (op == Op::Sum || op == Op::Mean || op == Op::Max) return row <= kMaxCudaReduceRow;
+  return row <= kMaxCudaRow;
 }
 
 // A backend's preparation of a plan's programs for a device of its type: compiles them (together,

@@ -134,6 +134,9 @@ std::vector<uint8_t> reads_of(const FusedInstr& ins) {
   switch (ins.op) {
     case Op::Softmax:
     case Op::LogSoftmax:
+    case Op::Sum:
+    case Op::Mean:
+    case Op::Max:
       return {ins.a};
     case Op::SoftmaxGrad:
     case Op::LogSoftmaxGrad:
@@ -156,9 +159,13 @@ int outputs_of(Op op) {
   return op == Op::LayerNorm ? 3 : 1;
 }
 
-// Whether output o of op is one value per row (layer_norm's mean and rstd).
+bool reduction(Op op) {
+  return op == Op::Sum || op == Op::Mean || op == Op::Max;
+}
+
+// Whether output o of op is one value per row (a reduction's, layer_norm's mean and rstd).
 bool column_output(Op op, int o) {
-  return op == Op::LayerNorm && o > 0;
+  return reduction(op) || (op == Op::LayerNorm && o > 0);
 }
 
 }  // namespace
@@ -189,7 +196,7 @@ std::string fused_unsupported(const FusedProgram& p) {
     const bool row_op = op_row_fusable(ins.op);
     if (row_op && !p.row_ops) return cat(op_name(ins.op), " in a program without row operations");
     if (row_op && !fused_row_op(DeviceType::CUDA, ins.op, p.row))
-      return cat("no CUDA row function for ", op_name(ins.op));
+      return cat("no CUDA row function for ", op_name(ins.op), " over rows of ", p.row);
     const ElementFn f = element_fn(ins.op);
     if (!row_op && f.name == nullptr) return cat("no CUDA element function for ", op_name(ins.op));
     if (ins.n_out != outputs_of(ins.op))
@@ -322,6 +329,17 @@ std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
                         ", log_sum", v, ");\n"));
         }
         break;
+      }
+      case Op::Sum:
+      case Op::Mean:
+      case Op::Max: {  // reduce.cu's reduce_rows at a warp per row; one value per row
+        const char* fold = ins.op == Op::Max ? "LaneMaxOp" : "SumOp";
+        s += cat("    T ", out, " = ", fold, "::identity<T>();\n");
+        s += each(cat("        ", out, " = ", fold, "::combine(", out, ", ", a, ");\n"));
+        s += cat("    ", out, " = warp_reduce<", fold, ">(", out, ");\n");
+        if (ins.op == Op::Mean) s += cat("    ", out, " = ", out, " / (T)", p.row, ";\n");
+        value[ins.out[0]] = out;
+        continue;
       }
       case Op::SoftmaxGrad:
       case Op::LogSoftmaxGrad: {

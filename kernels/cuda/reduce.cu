@@ -22,17 +22,18 @@ namespace {
 
 constexpr int kMaxRank = Shape::kMaxRank;
 
+// Floating point: -inf and element_ops.cuh's LaneMaxOp (a NaN in either argument gives NaN, as on
+// the CPU), as fused kernels fold rows; integers: the lowest value and the larger.
 struct MaxOp {
   template <typename T>
   __host__ __device__ static T identity() {
     if constexpr (std::is_floating_point_v<T>) return -::cuda::std::numeric_limits<T>::infinity();
     return ::cuda::std::numeric_limits<T>::lowest();
   }
-  // A NaN in either argument gives NaN, as on the CPU.
   template <typename T>
   __device__ static T combine(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      return b > a || b != b ? b : a;
+      return LaneMaxOp::combine(a, b);
     } else {
       return b > a ? b : a;
     }

@@ -149,14 +149,15 @@ TEST_CASE("where and tiled operands fuse into compiled kernels on cuda", "[cuda]
 }
 
 // Row ops in fused runs of CUDA plans: softmax, log_softmax, their gradients and layer_norm over
-// rows of up to 1,024 elements join their neighbours in one kernel that runs a warp per row, as
-// their unfused kernels do, so the bits are the unfused steps' (forward, gradients, layer_norm's
-// mean and rstd, which its gradient reads); longer rows keep the row op apart.
+// rows of up to 1,024 elements, sum, mean and max over rows of up to 512, join their neighbours in
+// one kernel that runs a warp per row, as their unfused kernels do, so the bits are the unfused
+// steps' (forward, gradients, layer_norm's mean and rstd, which its gradient reads); longer rows
+// keep the row op apart.
 TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fusion]") {
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
     for (DType dtype : {DType::Float32, DType::Float64}) {
-      for (int64_t c : {int64_t{16}, int64_t{100}, int64_t{1024}, int64_t{1500}}) {
+      for (int64_t c : {int64_t{16}, int64_t{100}, int64_t{512}, int64_t{1024}, int64_t{1500}}) {
         INFO(name(dtype) << ", rows of " << c);
         manual_seed(static_cast<uint64_t>(c));
         const Tensor gamma = rand({c}, dtype, kCuda, 0.5, 1.5);
@@ -167,9 +168,24 @@ TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fus
         auto norm = [&](const Tensor& x, const Tensor& y) {
           return F::mul(F::layer_norm(F::add(x, y), {c}, gamma, beta), 2.0);
         };
+        // x centred by its row mean, scaled by 2 max(w) over 1 + its row's mean square: the
+        // reductions and what reads x and w in one run, the division over [6, 1] apart.
+        auto reductions = [](const Tensor& x, const Tensor& w) {
+          const Tensor centred = F::sub(x, F::mean(x, {-1}, true));
+          const Tensor square = F::mean(F::mul(centred, centred), {-1}, true);
+          const Tensor top = F::max(F::mul(w, 2.0), {-1}, true);
+          const Tensor scale = F::div(top, F::add(square, 1.0));
+          return F::mul(centred, scale);
+        };
         auto fresh = [&] {
           return Args<2>{rand({6, c}, dtype, kCuda, -2, 2), rand({6, c}, dtype, kCuda, -2, 2)};
         };
+        auto r = static_graph(reductions, {.name = "reductions"});
+        check_replays(reductions, fresh, r, true);
+        const std::string reduced = r.schedule_text();
+        INFO(reduced);
+        CHECK(count_of(reduced, R"(= mean\()") == (c <= kMaxCudaReduceRow ? 2 : 0));
+        CHECK(count_of(reduced, R"(= max\()") == (c <= kMaxCudaReduceRow ? 1 : 0));
         auto f = static_graph(softmaxes, {.name = "softmaxes"});
         auto g = static_graph(norm, {.name = "norm"});
         auto verified = static_graph(norm, {.name = "norm_verified", .verify_every = 1});

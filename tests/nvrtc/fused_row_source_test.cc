@@ -21,8 +21,12 @@ using encore::testing::check_compiles;
 
 namespace {
 
-constexpr Op kRowOps[] = {Op::Softmax, Op::LogSoftmax, Op::SoftmaxGrad, Op::LogSoftmaxGrad,
-                          Op::LayerNorm};
+constexpr Op kRowOps[] = {Op::Softmax,   Op::LogSoftmax, Op::SoftmaxGrad, Op::LogSoftmaxGrad,
+                          Op::LayerNorm, Op::Sum,        Op::Mean,        Op::Max};
+
+bool reduction(Op op) {
+  return op == Op::Sum || op == Op::Mean || op == Op::Max;
+}
 
 // Appends an output register written by instruction `instr` as its output `output`.
 uint8_t new_output(FusedProgram& p, int instr, int output, bool column) {
@@ -33,7 +37,8 @@ uint8_t new_output(FusedProgram& p, int instr, int output, bool column) {
 
 // Over rows of `row`: h = x * w + b (w one row, b one value per row, a [4, row] tile added too),
 // then `op` over h (a gradient's gy is an input; layer_norm's gamma and beta inputs as `affine`
-// says), then op's output times 2. Outputs: every output of op, and the product.
+// says), then op's output (one value per row for a reduction) times 2. Outputs: every output of
+// op, and the product.
 FusedProgram around(Op op, DType dtype, int64_t row, uint8_t affine) {
   FusedProgram p;
   p.dtype = dtype;
@@ -77,7 +82,7 @@ FusedProgram around(Op op, DType dtype, int64_t row, uint8_t affine) {
     r.c = 6;
     r.lc = FusedLayout::Row;
   }
-  for (int o = 0; o < r.n_out; ++o) r.out[o] = new_output(p, k, o, o > 0);
+  for (int o = 0; o < r.n_out; ++o) r.out[o] = new_output(p, k, o, o > 0 || reduction(op));
   const uint8_t y = r.out[0];
   FusedInstr twice;
   twice.op = Op::MulScalar;
@@ -95,8 +100,10 @@ TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-r
           "[nvrtc]") {
   for (Op op : kRowOps)
     for (DType dtype : {DType::Float32, DType::Float64})
-      for (int64_t row : {int64_t{2}, int64_t{31}, int64_t{64}, int64_t{100}, kMaxCudaRow})
+      for (int64_t row :
+           {int64_t{2}, int64_t{31}, int64_t{64}, int64_t{100}, kMaxCudaReduceRow, kMaxCudaRow})
         for (uint8_t affine = 0; affine < (op == Op::LayerNorm ? 4 : 1); ++affine) {
+          if (reduction(op) && row > kMaxCudaReduceRow) continue;
           INFO(op_name(op) << " " << name(dtype) << " rows of " << row << " affine "
                            << int{affine});
           const FusedProgram p = around(op, dtype, row, affine);
@@ -109,6 +116,7 @@ TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-r
             CHECK_THAT(src, Catch::Contains("if (g == 0) out2[j] = v3_2;"));
             CHECK_THAT(src, Catch::Contains("rowop::layer_norm_rstd(var3, 0x1.4f8b588e368f1p-17)"));
           }
+          if (reduction(op)) CHECK_THAT(src, Catch::Contains("if (g == 0) out0[j] = v3_0;"));
           if (row == 64 || row == kMaxCudaRow) check_compiles(p);  // the rest: the text
         }
 }
@@ -146,6 +154,7 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
     for (int t = 0; t < steps; ++t) {
       FusedInstr ins;
       ins.op = ops[pick(static_cast<int>(ops.size()))];
+      if (reduction(ins.op) && p.row > kMaxCudaReduceRow) ins.op = Op::Softmax;
       const bool row_op = op_row_fusable(ins.op);
       ins.a = from(row_op ? per_element : readable);
       ins.b = from(row_op ? per_element : readable);
@@ -160,10 +169,11 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
       if (ins.n_out == 1 && t + 1 < steps && pick(3) != 0) {
         ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
       } else {
-        for (int o = 0; o < ins.n_out; ++o) ins.out[o] = new_output(p, t, o, o > 0);
+        for (int o = 0; o < ins.n_out; ++o)
+          ins.out[o] = new_output(p, t, o, o > 0 || reduction(ins.op));
       }
       for (int o = 0; o < ins.n_out; ++o) readable.push_back(ins.out[o]);
-      per_element.push_back(ins.out[0]);
+      if (!reduction(ins.op)) per_element.push_back(ins.out[0]);
       p.instrs.push_back(ins);
       p.trace_index.push_back(t);
     }
@@ -174,9 +184,10 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
 }
 
 TEST_CASE("row programs a CUDA kernel cannot run are refused with the reason", "[nvrtc]") {
-  FusedProgram sum = around(Op::Softmax, DType::Float32, 64, 0);
-  sum.instrs[3].op = Op::Sum;  // its unfused kernel folds rows its own way
-  CHECK_THAT(fused_unsupported(sum), Catch::Contains("no CUDA row function for sum"));
+  // Past 512 elements the unfused reduction runs a block per row.
+  const FusedProgram sum = around(Op::Sum, DType::Float32, kMaxCudaReduceRow + 88, 0);
+  CHECK_THAT(fused_unsupported(sum),
+             Catch::Contains("no CUDA row function for sum over rows of 600"));
   CHECK_THROWS_AS(fused_source(sum), Error);
 
   const FusedProgram long_rows = around(Op::Softmax, DType::Float32, kMaxCudaRow + 1, 0);
