@@ -17,8 +17,8 @@
 // its gain and bias as one row each and writes y, and its mean and rstd as one value per row.
 //
 // On CUDA a run holds elementwise steps, where, and the row ops fused_row_op says (those whose
-// unfused kernels run a warp per row at the row's length): the plan hands its program to the backend's prepare
-// function (register_fused_prepare), which compiles it into one kernel with NVRTC
+// unfused kernels run a warp per row at the row's length): the plan hands its program to the
+// backend's prepare function (register_fused_prepare), which compiles it into one kernel with NVRTC
 // (kernels/cuda/fused.cc) and stores the kernel in the program, so that a replay launches it with
 // no lookup.
 #pragma once
