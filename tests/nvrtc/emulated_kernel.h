@@ -1,0 +1,143 @@
+// Runs a fused program's generated CUDA kernel on the host: its source (fused_source.h), with
+// element_ops.cuh, compiled by the host's C++ compiler against a header that stands in for the
+// CUDA built-ins (threadIdx, blockIdx, gridDim, blockDim, the warp shuffles, the bit casts), and
+// launched as a grid of blocks of kFusedThreads threads, each a std::thread; the 32 threads of a
+// warp meet at a barrier for each shuffle. It checks what a kernel computes where (indices,
+// layouts, folds, the warp tree, which lane writes), not the device's rounding: the host's libm
+// stands in for CUDA's.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/fused_source.h"
+#include "runtime/error.h"
+#include "runtime/fused.h"
+
+namespace encore::testing {
+
+// The CUDA built-ins the generated kernels and element_ops.cuh use, for the host.
+inline constexpr const char* kCudaOnHost = R"cuda(
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local EmulatedDim3 threadIdx, blockIdx;
+inline EmulatedDim3 gridDim, blockDim;
+struct EmulatedWarp {
+  std::barrier<> meet{32};
+  alignas(8) unsigned char slot[32][8];
+};
+inline thread_local EmulatedWarp* emulated_warp = nullptr;
+template <typename T>
+T emulated_exchange(T v, int from) {
+  const unsigned lane = threadIdx.x % 32;
+  std::memcpy(emulated_warp->slot[lane], &v, sizeof(T));
+  emulated_warp->meet.arrive_and_wait();
+  T r;
+  std::memcpy(&r, emulated_warp->slot[from], sizeof(T));
+  emulated_warp->meet.arrive_and_wait();
+  return r;
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int o) { return emulated_exchange(v, (threadIdx.x % 32) ^ o); }
+template <typename T>
+T __shfl_sync(unsigned, T v, int src) { return emulated_exchange(v, src); }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+// Runs kernel(...) on `blocks` blocks of `threads` threads.
+template <typename Kernel>
+void emulate_launch(unsigned blocks, unsigned threads, Kernel kernel) {
+  gridDim = {blocks, 1, 1};
+  blockDim = {threads, 1, 1};
+  for (unsigned b = 0; b < blocks; ++b) {
+    std::vector<EmulatedWarp> warps((threads + 31) / 32);
+    std::vector<std::thread> all;
+    for (unsigned t = 0; t < threads; ++t)
+      all.emplace_back([&, b, t] {
+        blockIdx = {b, 0, 0};
+        threadIdx = {t, 0, 0};
+        emulated_warp = &warps[t / 32];
+        kernel();
+      });
+    for (std::thread& t : all) t.join();
+  }
+}
+)cuda";
+
+// A fused program's kernel, compiled for the host; run() launches it over buffers.
+class EmulatedKernel {
+ public:
+  explicit EmulatedKernel(const FusedProgram& p) : n_in_(p.n_in), n_out_(p.n_out) {
+    char dir_template[] = "/tmp/encore_emulated_XXXXXX";
+    if (mkdtemp(dir_template) == nullptr) fail("emulated kernel: no temporary directory");
+    dir_ = dir_template;
+    write(dir_ + "/cuda_on_host.h", kCudaOnHost);
+    write(dir_ + "/" + kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text());
+    const char* t = p.dtype == DType::Float32 ? "float" : "double";
+    std::string call = "encore_fused(n";
+    for (int k = 0; k < p.n_in; ++k)
+      call += cat(", (const ", p.reads_bool(k) ? "unsigned char" : t, "*)ptrs[", k, "]");
+    for (int k = 0; k < p.n_out; ++k) call += cat(", (", t, "*)ptrs[", p.n_in + k, "]");
+    write(dir_ + "/kernel.cc",
+          cat(kernels::cuda::fused_source(p),
+              "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
+              "void* const* ptrs) {\n  emulate_launch(blocks, ",
+              kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n"));
+    const std::string so = dir_ + "/kernel.so";
+    const std::string command =
+        cat(ENCORE_TEST_CXX, " -std=c++20 -O1 -w -shared -fPIC -pthread -include ", dir_,
+            "/cuda_on_host.h -I", dir_, " ", dir_, "/kernel.cc -o ", so, " 2>", dir_, "/log.txt");
+    if (std::system(command.c_str()) != 0)
+      fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
+    handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle_ == nullptr) fail("emulated kernel: ", dlerror());
+    run_ = reinterpret_cast<Run>(dlsym(handle_, "encore_emulated"));
+    if (run_ == nullptr) fail("emulated kernel: no entry point");
+  }
+  ~EmulatedKernel() {
+    if (handle_ != nullptr) dlclose(handle_);
+    std::system(cat("rm -rf ", dir_).c_str());
+  }
+  EmulatedKernel(const EmulatedKernel&) = delete;
+  EmulatedKernel& operator=(const EmulatedKernel&) = delete;
+
+  // Launches the kernel on `blocks` blocks with count n (elements, or rows for row programs) over
+  // the inputs, then the outputs.
+  void run(unsigned blocks, unsigned long long n, const std::vector<void*>& buffers) const {
+    if (static_cast<int>(buffers.size()) != n_in_ + n_out_)
+      fail("emulated kernel: ", buffers.size(), " buffers for ", n_in_, " inputs and ", n_out_,
+           " outputs");
+    run_(blocks, n, buffers.data());
+  }
+
+ private:
+  using Run = void (*)(unsigned, unsigned long long, void* const*);
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  int n_in_, n_out_;
+  std::string dir_;
+  void* handle_ = nullptr;
+  Run run_ = nullptr;
+};
+
+}  // namespace encore::testing
