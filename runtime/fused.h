@@ -123,7 +123,7 @@ static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 inline constexpr int64_t kMaxCudaRow = 1024;
 inline constexpr int64_t kMaxCudaReduceRow = 512;
 constexpr bool fused_row_op(DeviceType type, Op op, int64_t row) {
-  if (!op_row_fusable(op) || row < 1) return false;
+  if (!op_row_fusable(op) || row < 2) return false;
   if (type == DeviceType::CPU) return row <= FusedProgram::kMaxRow;
   if (type != DeviceType::CUDA) return false;
   if (op == Op::Sum || op == Op::Mean || op == Op::Max) return row <= kMaxCudaReduceRow;

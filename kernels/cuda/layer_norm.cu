@@ -11,15 +11,16 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
+#include "runtime/fused.h"
 
 namespace encore::kernels::cuda {
 namespace {
 
 // Calls launch(std::integral_constant<int, kGroup>{}) with the threads per row: a warp for rows
-// of up to 1024 elements, else a whole block.
+// of up to kMaxCudaRow (1,024) elements, else a whole block.
 template <typename Launch>
 void with_row_group(int64_t cols, Launch&& launch) {
-  if (cols <= 1024) {
+  if (cols <= kMaxCudaRow) {  // fused runs too
     launch(std::integral_constant<int, 32>{});
   } else {
     launch(std::integral_constant<int, kThreads>{});

@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
+#include "runtime/fused.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -201,7 +202,7 @@ void reduce_kernel(const KernelArgs& args) {
     if (p.inner_reduced) {
       if (outputs < 64 && count >= 8192) {
         launch_rows<R, kMean, 1024>(kOp, px, py, p, outputs, count);
-      } else if (count > 512) {
+      } else if (count > kMaxCudaReduceRow) {  // a warp per row up to it: fused runs too
         launch_rows<R, kMean, kThreads>(kOp, px, py, p, outputs, count);
       } else {
         launch_rows<R, kMean, 32>(kOp, px, py, p, outputs, count);

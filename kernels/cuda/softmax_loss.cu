@@ -19,6 +19,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
 #include "kernels/strided_loop.h"
+#include "runtime/fused.h"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -89,7 +90,7 @@ void with_group(const AxisSplit& l, Launch&& launch) {
     launch(std::integral_constant<int, 1>{});
   } else if (lanes < 64 && l.n >= 8192) {
     launch(std::integral_constant<int, 1024>{});
-  } else if (l.n > 1024) {
+  } else if (l.n > kMaxCudaRow) {  // a warp per row up to it: fused runs too
     launch(std::integral_constant<int, kThreads>{});
   } else {
     launch(std::integral_constant<int, 32>{});
@@ -275,8 +276,7 @@ template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
                               const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
-                              int64_t classes, int64_t ignore,
-                              encore::cuda::DeviceErrorSlot errors,
+                              int64_t classes, int64_t ignore, encore::cuda::DeviceErrorSlot errors,
                               encore::cuda::DeviceErrorKind kind) {
   __shared__ int64_t sh[32];
   int64_t count = 0;
@@ -407,10 +407,9 @@ void cross_entropy_grad(const KernelArgs& args) {
       if (gx.numel() == 0) return;
       unsigned blocks = blocks_for(rows, kThreads / 32);
       if (blocks > kGradMaxBlocks) blocks = kGradMaxBlocks;
-      cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(logits.as<T>(), labels.as<L>(),
-                                                                   gy.as<T>(), gx.as<T>(), rows,
-                                                                   classes, ignore, error_slot(),
-                                                                   kind);
+      cross_entropy_grad_kernel<<<blocks, kThreads, 0, stream()>>>(
+          logits.as<T>(), labels.as<L>(), gy.as<T>(), gx.as<T>(), rows, classes, ignore,
+          error_slot(), kind);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -25,8 +26,11 @@ namespace encore::testing {
 // The CUDA built-ins the generated kernels and element_ops.cuh use, for the host.
 inline constexpr const char* kCudaOnHost = R"cuda(
 #pragma once
-#include <barrier>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -36,21 +40,40 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local EmulatedDim3 threadIdx, blockIdx;
-inline EmulatedDim3 gridDim, blockDim;
+// Internal linkage: each kernel's shared object has its own.
+static thread_local EmulatedDim3 threadIdx, blockIdx;
+static EmulatedDim3 gridDim, blockDim;
+// The 32 threads of a warp meet here at each shuffle. A kernel whose lanes do not all reach one
+// (a shuffle in divergent code) would wait for ever: after 60 s the process aborts, saying so.
 struct EmulatedWarp {
-  std::barrier<> meet{32};
+  std::atomic<unsigned> arrived{0}, round{0};
   alignas(8) unsigned char slot[32][8];
+  void meet() {
+    const unsigned r = round.load();
+    if (arrived.fetch_add(1) == 31) {
+      arrived.store(0);
+      round.fetch_add(1);
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (round.load() == r) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "emulated kernel: a warp's lanes did not all reach a shuffle\n");
+        std::abort();
+      }
+      std::this_thread::yield();
+    }
+  }
 };
-inline thread_local EmulatedWarp* emulated_warp = nullptr;
+static thread_local EmulatedWarp* emulated_warp = nullptr;
 template <typename T>
 T emulated_exchange(T v, int from) {
   const unsigned lane = threadIdx.x % 32;
   std::memcpy(emulated_warp->slot[lane], &v, sizeof(T));
-  emulated_warp->meet.arrive_and_wait();
+  emulated_warp->meet();
   T r;
   std::memcpy(&r, emulated_warp->slot[from], sizeof(T));
-  emulated_warp->meet.arrive_and_wait();
+  emulated_warp->meet();
   return r;
 }
 template <typename T>
@@ -65,7 +88,7 @@ void emulate_launch(unsigned blocks, unsigned threads, Kernel kernel) {
   gridDim = {blocks, 1, 1};
   blockDim = {threads, 1, 1};
   for (unsigned b = 0; b < blocks; ++b) {
-    std::vector<EmulatedWarp> warps((threads + 31) / 32);
+    std::vector<EmulatedWarp> warps((threads + 31) / 32);  // not moved once threads run
     std::vector<std::thread> all;
     for (unsigned t = 0; t < threads; ++t)
       all.emplace_back([&, b, t] {
@@ -83,35 +106,21 @@ void emulate_launch(unsigned blocks, unsigned threads, Kernel kernel) {
 class EmulatedKernel {
  public:
   explicit EmulatedKernel(const FusedProgram& p) : n_in_(p.n_in), n_out_(p.n_out) {
-    char dir_template[] = "/tmp/encore_emulated_XXXXXX";
-    if (mkdtemp(dir_template) == nullptr) fail("emulated kernel: no temporary directory");
+    std::string dir_template =
+        (std::filesystem::temp_directory_path() / "encore_emulated_XXXXXX").string();
+    if (mkdtemp(dir_template.data()) == nullptr) fail("emulated kernel: no temporary directory");
     dir_ = dir_template;
-    write(dir_ + "/cuda_on_host.h", kCudaOnHost);
-    write(dir_ + "/" + kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text());
-    const char* t = p.dtype == DType::Float32 ? "float" : "double";
-    std::string call = "encore_fused(n";
-    for (int k = 0; k < p.n_in; ++k)
-      call += cat(", (const ", p.reads_bool(k) ? "unsigned char" : t, "*)ptrs[", k, "]");
-    for (int k = 0; k < p.n_out; ++k) call += cat(", (", t, "*)ptrs[", p.n_in + k, "]");
-    write(dir_ + "/kernel.cc",
-          cat(kernels::cuda::fused_source(p),
-              "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
-              "void* const* ptrs) {\n  emulate_launch(blocks, ",
-              kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n"));
-    const std::string so = dir_ + "/kernel.so";
-    const std::string command =
-        cat(ENCORE_TEST_CXX, " -std=c++20 -O1 -w -shared -fPIC -pthread -include ", dir_,
-            "/cuda_on_host.h -I", dir_, " ", dir_, "/kernel.cc -o ", so, " 2>", dir_, "/log.txt");
-    if (std::system(command.c_str()) != 0)
-      fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
-    handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) fail("emulated kernel: ", dlerror());
-    run_ = reinterpret_cast<Run>(dlsym(handle_, "encore_emulated"));
-    if (run_ == nullptr) fail("emulated kernel: no entry point");
+    try {
+      build(p);
+    } catch (...) {
+      std::filesystem::remove_all(dir_);
+      throw;
+    }
   }
   ~EmulatedKernel() {
     if (handle_ != nullptr) dlclose(handle_);
-    std::system(cat("rm -rf ", dir_).c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
   EmulatedKernel(const EmulatedKernel&) = delete;
   EmulatedKernel& operator=(const EmulatedKernel&) = delete;
@@ -127,6 +136,32 @@ class EmulatedKernel {
 
  private:
   using Run = void (*)(unsigned, unsigned long long, void* const*);
+  // Writes the sources into dir_, compiles them into a shared object and loads it.
+  void build(const FusedProgram& p) {
+    write(dir_ + "/cuda_on_host.h", kCudaOnHost);
+    write(dir_ + "/" + kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text());
+    const char* t = p.dtype == DType::Float32 ? "float" : "double";
+    std::string call = "encore_fused(n";
+    for (int k = 0; k < p.n_in; ++k)
+      call += cat(", (const ", p.reads_bool(k) ? "unsigned char" : t, "*)ptrs[", k, "]");
+    for (int k = 0; k < p.n_out; ++k) call += cat(", (", t, "*)ptrs[", p.n_in + k, "]");
+    write(dir_ + "/kernel.cc",
+          cat(kernels::cuda::fused_source(p),
+              "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
+              "void* const* ptrs) {\n  emulate_launch(blocks, ",
+              kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n"));
+    const std::string so = dir_ + "/kernel.so";
+    const std::string command =
+        cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -w -shared -fPIC -pthread ", "-include '", dir_,
+            "/cuda_on_host.h' -I'", dir_, "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_,
+            "/log.txt'");
+    if (std::system(command.c_str()) != 0)
+      fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
+    handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle_ == nullptr) fail("emulated kernel: ", dlerror());
+    run_ = reinterpret_cast<Run>(dlsym(handle_, "encore_emulated"));
+    if (run_ == nullptr) fail("emulated kernel: no entry point");
+  }
   static void write(const std::string& path, const std::string& text) {
     std::ofstream(path) << text;
   }

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -38,33 +39,46 @@ struct Buffer {
   double get(size_t i) const { return is_double ? d[i] : f[i]; }
 };
 
+// A value the reference computed, and a bound on the magnitudes it was computed from: rounding
+// errors of the kernel's order of operations stay within a few ulps of that bound (a sum or a dot
+// product that cancels can come out near 0 with an error of its terms' size).
+struct Want {
+  double value, scale;
+};
+using WantRows = std::vector<std::vector<Want>>;
+
 // The reference of around(op, ...)'s outputs over rows h (double): op's outputs, then op's first
 // output times 2, each a value per element or per row.
-std::vector<Rows> reference(Op op, uint8_t affine, const Rows& h, const Rows& gy,
-                            const std::vector<double>& gamma, const std::vector<double>& beta) {
+std::vector<WantRows> reference(Op op, uint8_t affine, const Rows& h, const Rows& gy,
+                                const std::vector<double>& gamma, const std::vector<double>& beta) {
   const size_t rows = h.size(), c = h[0].size();
-  std::vector<Rows> out(op == Op::LayerNorm ? 3 : 1, Rows(rows));
+  std::vector<WantRows> out(op == Op::LayerNorm ? 3 : 1, WantRows(rows));
   for (size_t r = 0; r < rows; ++r) {
     const std::vector<double>& x = h[r];
-    double max = -INFINITY, sum = 0, dot = 0;
-    for (double v : x) max = std::max(max, v), sum += v;
-    std::vector<double>& y = out[0][r];
+    double max = -INFINITY, sum = 0, dot = 0, size = 0;  // size: sum of the terms' magnitudes
+    for (double v : x) max = std::max(max, v), sum += v, size += std::abs(v);
+    std::vector<Want>& y = out[0][r];
     switch (op) {
       case Op::Softmax:
       case Op::LogSoftmax: {
         double s = 0;
         for (double v : x) s += std::exp(v - max);
-        for (double v : x)
-          y.push_back(op == Op::Softmax ? std::exp(v - max) / s : v - max - std::log(s));
+        for (double v : x) {
+          const double w = op == Op::Softmax ? std::exp(v - max) / s : v - max - std::log(s);
+          y.push_back({w, std::abs(v) + std::abs(max) + std::abs(std::log(s)) + 1});
+        }
         break;
       }
       case Op::SoftmaxGrad:
-        for (size_t k = 0; k < c; ++k) dot += gy[r][k] * x[k];
-        for (size_t k = 0; k < c; ++k) y.push_back(x[k] * (gy[r][k] - dot));
+        for (size_t k = 0; k < c; ++k) dot += gy[r][k] * x[k], size += std::abs(gy[r][k] * x[k]);
+        for (size_t k = 0; k < c; ++k)
+          y.push_back({x[k] * (gy[r][k] - dot), std::abs(x[k]) * (std::abs(gy[r][k]) + size)});
         break;
       case Op::LogSoftmaxGrad:
-        for (size_t k = 0; k < c; ++k) dot += gy[r][k];
-        for (size_t k = 0; k < c; ++k) y.push_back(gy[r][k] - std::exp(x[k]) * dot);
+        for (size_t k = 0; k < c; ++k) dot += gy[r][k], size += std::abs(gy[r][k]);
+        for (size_t k = 0; k < c; ++k)
+          y.push_back({gy[r][k] - std::exp(x[k]) * dot,
+                       std::abs(gy[r][k]) + std::exp(x[k]) * (std::abs(dot) + size)});
         break;
       case Op::LayerNorm: {
         const double mean = sum / c;
@@ -73,25 +87,31 @@ std::vector<Rows> reference(Op op, uint8_t affine, const Rows& h, const Rows& gy
         const double rstd = 1 / std::sqrt(var / c + 1e-5);
         for (size_t k = 0; k < c; ++k) {
           const double g = affine & kLayerNormGamma ? gamma[k] : 1;
-          y.push_back((x[k] - mean) * rstd * g + (affine & kLayerNormBeta ? beta[k] : 0));
+          const double b = affine & kLayerNormBeta ? beta[k] : 0;
+          const double h = (x[k] - mean) * rstd;
+          y.push_back(
+              {h * g + b, (std::abs(x[k]) + size / c) * rstd * (std::abs(g) + 1) + std::abs(b)});
         }
-        out[1][r] = {mean};
-        out[2][r] = {rstd};
+        out[1][r] = {{mean, size / c}};
+        out[2][r] = {{rstd, rstd}};
         break;
       }
       case Op::Sum:
-        y = {sum};
+        y = {{sum, size}};
         break;
       case Op::Mean:
-        y = {sum / c};
+        y = {{sum / c, size / c}};
         break;
       default:
-        y = {max};
+        y = {{max, std::abs(max)}};
     }
   }
-  Rows twice(rows);
+  WantRows twice(rows);
   for (size_t r = 0; r < rows; ++r)
-    for (size_t k = 0; k < c; ++k) twice[r].push_back(2 * out[0][r][out[0][r].size() == 1 ? 0 : k]);
+    for (size_t k = 0; k < c; ++k) {
+      const Want& w = out[0][r][out[0][r].size() == 1 ? 0 : k];
+      twice[r].push_back({2 * w.value, 2 * w.scale});
+    }
   out.push_back(twice);
   return out;
 }
@@ -105,8 +125,10 @@ TEST_CASE("generated row kernels compute each row op over the rows the program r
   const int64_t rows = 19;  // two blocks of 8 warps: rows 16 to 18 on the loop's second round
   for (Op op : kRowOps)
     for (DType dtype : {DType::Float32, DType::Float64})
-      for (int64_t c : {int64_t{5}, int64_t{40}, int64_t{64}, int64_t{100}}) {
-        const uint8_t affine = op == Op::LayerNorm ? static_cast<uint8_t>(c % 4) : 0;
+      for (int n = 0; n < 4; ++n) {
+        const int64_t c = std::array<int64_t, 4>{5, 40, 64, 100}[n];
+        // layer_norm: no gamma nor beta, gamma, beta, both.
+        const uint8_t affine = op == Op::LayerNorm ? static_cast<uint8_t>(n) : 0;
         INFO(op_name(op) << " " << name(dtype) << " rows of " << c << " affine " << int{affine});
         const FusedProgram p = around(op, dtype, c, affine, rows);
         const EmulatedKernel kernel(p);
@@ -142,16 +164,18 @@ TEST_CASE("generated row kernels compute each row op over the rows the program r
             h[r].push_back(dtype == DType::Float32 ? double(float(v)) : v);
             gy[r].push_back(in[4].get(i));
           }
-        const std::vector<Rows> want = reference(op, affine, h, gy, gamma, beta);
-        const double tolerance = dtype == DType::Float32 ? 2e-5 : 1e-12;
+        const std::vector<WantRows> want = reference(op, affine, h, gy, gamma, beta);
+        // A few ulps of the magnitudes each value comes from, per term of its row's folds.
+        const double ulps = 4 * (dtype == DType::Float32 ? 0x1p-23 : 0x1p-52) * c;
         REQUIRE(want.size() == out.size());
         for (size_t k = 0; k < out.size(); ++k)
           for (int64_t r = 0; r < rows; ++r)
             for (size_t e = 0; e < want[k][r].size(); ++e) {
-              const double w = want[k][r][e];
+              const Want& w = want[k][r][e];
               const double got = out[k].get(want[k][r].size() == 1 ? r : r * c + e);
-              INFO("output " << k << " row " << r << " element " << e);
-              REQUIRE(std::abs(got - w) <= tolerance * (1 + std::abs(w)));
+              INFO("output " << k << " row " << r << " element " << e << ": " << got << " against "
+                             << w.value << ", magnitude " << w.scale);
+              REQUIRE(std::abs(got - w.value) <= ulps * (1 + w.scale));
             }
       }
 }
