@@ -1,11 +1,13 @@
 // The element functions of the elementwise CUDA kernels: one per fusable op (runtime/op_traits.h,
 // kFusable), and the device math functions every CUDA kernel file uses; and the row functions of
-// the softmax and layer_norm kernels run a warp per row (the folds, their warp tree, each element's
-// value). The unfused kernels (elementwise.cu, softmax_loss.cu, layer_norm.cu) and the fused
-// kernels NVRTC compiles at plan time (fused_source.cc embeds this file's text) call the same
-// functions, so a fused step gives the bits of the steps it stands for.
+// the kernels that run a warp per row (the fold ops and their warp tree, which the reductions use
+// too, and each element's part of softmax and layer_norm). The unfused kernels (elementwise.cu,
+// softmax_loss.cu, layer_norm.cu, reduce.cu) and the fused kernels NVRTC compiles at plan time
+// (fused_source.cc embeds this file's text) call the same functions, so a fused step gives the
+// bits of the steps it stands for.
 //
-// All are compiled without floating-point contraction (nvcc -fmad=false for those three files,
+// What fused kernels repeat is compiled without floating-point contraction (nvcc -fmad=false for
+// elementwise.cu, softmax_loss.cu and layer_norm.cu; reduce.cu's folds only add and compare;
 // --fmad=false for NVRTC): a fused kernel computes `mul` then `add` in registers, and a contracted
 // fma there would round once where the unfused steps round twice.
 //
