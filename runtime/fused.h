@@ -85,8 +85,8 @@ struct FusedProgram {
   int n_in = 0, n_out = 0, n_scratch = 0;
   std::vector<FusedLayout> in_layout;  // per input
   std::vector<int64_t> in_tile;        // per input (or empty): its element count if a Tile
-  std::vector<bool> in_bool;  // per input (or empty): a bool condition (where's), else `dtype`
-  std::vector<bool> out_column;        // per output: a column value (one per row)
+  std::vector<bool> in_bool;     // per input (or empty): a bool condition (where's), else `dtype`
+  std::vector<bool> out_column;  // per output: a column value (one per row)
   int64_t numel = 0;
   int64_t row = 1;       // the last axis of the run's shape
   bool by_rows = false;  // blocks hold whole rows (or pieces of one row): it reads Row, Column
@@ -121,12 +121,16 @@ static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 // mean and max over the last axis up to kMaxCudaReduceRow (reduce.cu takes a block past it).
 // Other devices fuse none.
 inline constexpr int64_t kMaxCudaRow = 1024;
+// A row op that writes one value per row: sum, mean and max over the last axis.
+constexpr bool row_reduction(Op op) {
+  return op == Op::Sum || op == Op::Mean || op == Op::Max;
+}
 inline constexpr int64_t kMaxCudaReduceRow = 512;
 constexpr bool fused_row_op(DeviceType type, Op op, int64_t row) {
   if (!op_row_fusable(op) || row < 2) return false;
   if (type == DeviceType::CPU) return row <= FusedProgram::kMaxRow;
   if (type != DeviceType::CUDA) return false;
-  if (op == Op::Sum || op == Op::Mean || op == Op::Max) return row <= kMaxCudaReduceRow;
+  if (row_reduction(op)) return row <= kMaxCudaReduceRow;
   return row <= kMaxCudaRow;
 }
 

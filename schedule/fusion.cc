@@ -75,7 +75,7 @@ Layout row_op_input(Op op, size_t k) {
 // The layout of a row op's output k: one value per row for a reduction and for layer_norm's mean
 // and rstd, else the input's.
 Layout row_op_output(Op op, size_t k) {
-  if (op == Op::Sum || op == Op::Mean || op == Op::Max) return Layout::Column;
+  if (row_reduction(op)) return Layout::Column;
   return op == Op::LayerNorm && k > 0 ? Layout::Column : Layout::Full;
 }
 

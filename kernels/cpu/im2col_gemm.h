@@ -31,49 +31,49 @@ inline void valid_columns(int64_t out, int64_t size, int64_t s, int64_t p, int64
   hi = std::max(hi, lo);
 }
 
-// col[(s kh + i) kw + j][r wo + c] = x[s][r sh - ph + i dh][c sw - pw + j dw], 0 outside.
-template <typename T>
-void im2col(const Geometry& g, const T* x, T* col) {
+// Calls row(at, inside, base, lo, hi) for each row of the im2col matrix, in order: at its first
+// entry (col[(s kh + i) kw + j][r wo]), whether it reads input row r sh - ph + i dh at all, and if
+// so, entry c in [lo, hi) reads x[base + c sw] (the rest is padding).
+template <typename Row>
+void for_each_col_row(const Geometry& g, Row&& row) {
   const int64_t p = g.pixels();
   for (int64_t s = 0; s < g.cg; ++s)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((s * g.kh + i) * g.kw + j) * p;
+        const int64_t tap = ((s * g.kh + i) * g.kw + j) * p;
         int64_t lo, hi;
         valid_columns(g.wo, g.w, g.sw, g.pw, j * g.dw, lo, hi);
         for (int64_t r = 0; r < g.ho; ++r) {
-          T* d = row + r * g.wo;
           const int64_t ih = r * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.h) {
-            std::fill(d, d + g.wo, T(0));
-            continue;
-          }
-          const int64_t base = (s * g.h + ih) * g.w - g.pw + j * g.dw;
-          std::fill(d, d + lo, T(0));
-          for (int64_t c = lo; c < hi; ++c) d[c] = x[base + c * g.sw];
-          std::fill(d + hi, d + g.wo, T(0));
+          const bool inside = ih >= 0 && ih < g.h;
+          row(tap + r * g.wo, inside, (s * g.h + ih) * g.w - g.pw + j * g.dw, lo, hi);
         }
       }
+}
+
+// col[(s kh + i) kw + j][r wo + c] = x[s][r sh - ph + i dh][c sw - pw + j dw], 0 outside.
+template <typename T>
+void im2col(const Geometry& g, const T* x, T* col) {
+  for_each_col_row(g, [&](int64_t at, bool inside, int64_t base, int64_t lo, int64_t hi) {
+    T* d = col + at;
+    if (!inside) {
+      std::fill(d, d + g.wo, T(0));
+      return;
+    }
+    std::fill(d, d + lo, T(0));
+    for (int64_t c = lo; c < hi; ++c) d[c] = x[base + c * g.sw];
+    std::fill(d + hi, d + g.wo, T(0));
+  });
 }
 
 // x[s][...] += the entries of col that im2col would have read from them.
 template <typename T>
 void col2im_add(const Geometry& g, const T* col, T* x) {
-  const int64_t p = g.pixels();
-  for (int64_t s = 0; s < g.cg; ++s)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((s * g.kh + i) * g.kw + j) * p;
-        int64_t lo, hi;
-        valid_columns(g.wo, g.w, g.sw, g.pw, j * g.dw, lo, hi);
-        for (int64_t r = 0; r < g.ho; ++r) {
-          const int64_t ih = r * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.h) continue;
-          const T* sr = row + r * g.wo;
-          const int64_t base = (s * g.h + ih) * g.w - g.pw + j * g.dw;
-          for (int64_t c = lo; c < hi; ++c) x[base + c * g.sw] += sr[c];
-        }
-      }
+  for_each_col_row(g, [&](int64_t at, bool inside, int64_t base, int64_t lo, int64_t hi) {
+    if (!inside) return;
+    const T* sr = col + at;
+    for (int64_t c = lo; c < hi; ++c) x[base + c * g.sw] += sr[c];
+  });
 }
 
 // The im2col path splits images across threads (forward, input gradient: each image is its own

@@ -159,13 +159,9 @@ int outputs_of(Op op) {
   return op == Op::LayerNorm ? 3 : 1;
 }
 
-bool reduction(Op op) {
-  return op == Op::Sum || op == Op::Mean || op == Op::Max;
-}
-
 // Whether output o of op is one value per row (a reduction's, layer_norm's mean and rstd).
 bool column_output(Op op, int o) {
-  return reduction(op) || (op == Op::LayerNorm && o > 0);
+  return row_reduction(op) || (op == Op::LayerNorm && o > 0);
 }
 
 }  // namespace
@@ -202,6 +198,9 @@ std::string fused_unsupported(const FusedProgram& p) {
     if (ins.n_out != outputs_of(ins.op))
       return cat(op_name(ins.op), " with ", int{ins.n_out}, " outputs");
     const std::vector<uint8_t> reads = reads_of(ins);
+    // A row op works over a value per element; layer_norm reads gamma and beta as inputs of one
+    // row (the unfused kernel's [C]).
+    const size_t per_element = ins.op == Op::LayerNorm ? 1 : row_op ? reads.size() : 0;
     for (size_t r = 0; r < reads.size(); ++r) {
       if (!written[reads[r]])
         return cat(op_name(ins.op), " reads a register no instruction wrote before it");
@@ -210,11 +209,6 @@ std::string fused_unsupported(const FusedProgram& p) {
       if (condition != (reads[r] < p.n_in && p.reads_bool(reads[r])))
         return cat(op_name(ins.op), condition ? " reads a condition that is not a bool input"
                                               : " reads a bool input as a value");
-    }
-    // A row op works over a value per element; layer_norm reads gamma and beta as inputs of one
-    // row (the unfused kernel's [C]).
-    const size_t per_element = ins.op == Op::LayerNorm ? 1 : row_op ? reads.size() : 0;
-    for (size_t r = 0; r < reads.size(); ++r) {
       if (r < per_element && per_row[reads[r]])
         return cat(op_name(ins.op), " over one value per row");
       if (row_op && r >= per_element &&

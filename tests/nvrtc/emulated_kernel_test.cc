@@ -20,7 +20,6 @@ using namespace encore;
 using testing::around;
 using testing::EmulatedKernel;
 using testing::kRowOps;
-using testing::reduction;
 
 namespace {
 

@@ -22,7 +22,6 @@ using encore::testing::around;
 using encore::testing::check_compiles;
 using encore::testing::kRowOps;
 using encore::testing::new_output;
-using encore::testing::reduction;
 
 TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-row kernel",
           "[nvrtc]") {
@@ -31,7 +30,7 @@ TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-r
       for (int64_t row :
            {int64_t{2}, int64_t{31}, int64_t{64}, int64_t{100}, kMaxCudaReduceRow, kMaxCudaRow})
         for (uint8_t affine = 0; affine < (op == Op::LayerNorm ? 4 : 1); ++affine) {
-          if (reduction(op) && row > kMaxCudaReduceRow) continue;
+          if (row_reduction(op) && row > kMaxCudaReduceRow) continue;
           INFO(op_name(op) << " " << name(dtype) << " rows of " << row << " affine "
                            << int{affine});
           const FusedProgram p = around(op, dtype, row, affine);
@@ -44,7 +43,7 @@ TEST_CASE("each CUDA row op compiles between elementwise steps into a warp-per-r
             CHECK_THAT(src, Catch::Contains("if (g == 0) out2[j] = v3_2;"));
             CHECK_THAT(src, Catch::Contains("rowop::layer_norm_rstd(var3, 0x1.4f8b588e368f1p-17)"));
           }
-          if (reduction(op)) CHECK_THAT(src, Catch::Contains("if (g == 0) out0[j] = v3_0;"));
+          if (row_reduction(op)) CHECK_THAT(src, Catch::Contains("if (g == 0) out0[j] = v3_0;"));
           if (row == 64 || row == kMaxCudaRow) check_compiles(p);  // the rest: the text
         }
 }
@@ -82,7 +81,7 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
     for (int t = 0; t < steps; ++t) {
       FusedInstr ins;
       ins.op = ops[pick(static_cast<int>(ops.size()))];
-      if (reduction(ins.op) && p.row > kMaxCudaReduceRow) ins.op = Op::Softmax;
+      if (row_reduction(ins.op) && p.row > kMaxCudaReduceRow) ins.op = Op::Softmax;
       const bool row_op = op_row_fusable(ins.op);
       ins.a = from(row_op ? per_element : readable);
       ins.b = from(row_op ? per_element : readable);
@@ -98,10 +97,10 @@ TEST_CASE("random fused runs with row ops compile", "[nvrtc]") {
         ins.out[0] = static_cast<uint8_t>(p.scratch_reg(pick(FusedProgram::kMaxScratch)));
       } else {
         for (int o = 0; o < ins.n_out; ++o)
-          ins.out[o] = new_output(p, t, o, o > 0 || reduction(ins.op));
+          ins.out[o] = new_output(p, t, o, o > 0 || row_reduction(ins.op));
       }
       for (int o = 0; o < ins.n_out; ++o) readable.push_back(ins.out[o]);
-      if (!reduction(ins.op)) per_element.push_back(ins.out[0]);
+      if (!row_reduction(ins.op)) per_element.push_back(ins.out[0]);
       p.instrs.push_back(ins);
       p.trace_index.push_back(t);
     }

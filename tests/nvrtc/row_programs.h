@@ -12,10 +12,6 @@ namespace encore::testing {
 inline constexpr Op kRowOps[] = {Op::Softmax,   Op::LogSoftmax, Op::SoftmaxGrad, Op::LogSoftmaxGrad,
                                  Op::LayerNorm, Op::Sum,        Op::Mean,        Op::Max};
 
-inline bool reduction(Op op) {
-  return op == Op::Sum || op == Op::Mean || op == Op::Max;
-}
-
 // Appends an output register written by instruction `instr` as its output `output`.
 inline uint8_t new_output(FusedProgram& p, int instr, int output, bool column) {
   p.out_instr.push_back({instr, output});
@@ -71,7 +67,7 @@ inline FusedProgram around(Op op, DType dtype, int64_t row, uint8_t affine, int6
     r.c = 6;
     r.lc = FusedLayout::Row;
   }
-  for (int o = 0; o < r.n_out; ++o) r.out[o] = new_output(p, k, o, o > 0 || reduction(op));
+  for (int o = 0; o < r.n_out; ++o) r.out[o] = new_output(p, k, o, o > 0 || row_reduction(op));
   const uint8_t y = r.out[0];
   FusedInstr twice;
   twice.op = Op::MulScalar;
