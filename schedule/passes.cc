@@ -41,7 +41,7 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   eliminate_dead_steps();
   device_ = all_.empty() ? Device::cpu() : device_of(all_[0], *rec_);
   align_ = device_.type == DeviceType::CUDA ? kCudaArenaAlign : kArenaAlign;
-  if (device_.type == DeviceType::CPU && options_.fold_activations) rewrite_activations();
+  if (options_.fold_activations) rewrite_activations();
   if (options_.fuse && options_.fold_layouts) fold_layouts();
   move_collectives_early();
   if (options_.early_updates) {

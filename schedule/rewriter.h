@@ -39,8 +39,9 @@ class Rewriter {
   }
 
   void swap_pool_relu();
-  void fold_producers();
-  void fold_gradients();
+  // On CUDA only where the product runs on a small GEMM kernel (runtime/small_gemm.h).
+  void fold_producers(DeviceType device);
+  void fold_gradients(DeviceType device);
   void fold_accumulations();
   // Chains of layout steps as StridedCopy steps, whose programs go to `programs`
   // (layout_folds.cc).

@@ -1,5 +1,7 @@
-// Fewer passes over activations (cpu plans, unless ENCORE_STATIC_FOLD=0): four rewrites of a
-// recording that each keep eager's bits.
+// Fewer passes over activations (unless ENCORE_STATIC_FOLD=0): four rewrites of a recording that
+// each keep eager's bits. CUDA plans get the first two, for the products small enough for
+// encore's own GEMM kernels (runtime/small_gemm.h), whose outputs are finished by the activation
+// (or its gradient) in the same kernel: cpu plans get all four.
 //
 // 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
 //    (relu, leaky_relu, sigmoid, tanh, gelu) reads becomes a LinearAct or Conv2dAct step that
@@ -32,6 +34,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/small_gemm.h"
 #include "schedule/rewriter.h"
 
 namespace encore::schedule {
@@ -47,6 +50,21 @@ bool is_activation_grad(Op op) {
 }
 double scalar_of(const Step& s) {
   return op_has_scalar_attrs(s.op) ? s.attrs.as<ScalarAttrs>().value : 0.0;
+}
+
+// Whether a Linear or Matmul step's product runs on a small CUDA GEMM kernel (the kernels decide
+// with the same function from the same sizes: kernels/gemm_shape.h).
+bool small_on_cuda(const Step& s) {
+  if (s.op == Op::Linear) {
+    const Shape &x = s.in[0].shape, &w = s.in[1].shape;
+    const int64_t k = w[1];
+    return k > 0 && cuda_small_gemm(false, true, x.numel() / k, w[0], k, 1) != SmallGemm::kNone;
+  }
+  const MatmulAttrs& at = s.attrs.as<MatmulAttrs>();
+  const Shape &a = s.in[0].shape, &c = s.out[0].shape;
+  return cuda_small_gemm(at.trans_a, at.trans_b, c.at(-2), c.at(-1),
+                         at.trans_a ? a.at(-2) : a.at(-1),
+                         c.rank() == 3 ? c[0] : 1) != SmallGemm::kNone;
 }
 
 }  // namespace
@@ -140,7 +158,7 @@ void Rewriter::swap_pool_relu() {
 
 // A Linear or Conv2d (step l: ... -> h) and the activation that alone reads h (step a: h -> y)
 // become one step at l writing y. Nothing between them reads or writes y (written by a alone).
-void Rewriter::fold_producers() {
+void Rewriter::fold_producers(DeviceType device) {
   for (int a = 0; a < static_cast<int>(steps_.size()); ++a) {
     const Step& act = steps_[a];
     if (!is_activation(act.op) || drop_[a]) continue;
@@ -149,9 +167,11 @@ void Rewriter::fold_producers() {
     const int l = writers(h)[0];
     if (l >= a || !same_phase(l, a) || drop_[l] || !after_[l].empty()) continue;
     const Step& prod = steps_[l];
-    if ((prod.op != Op::Linear && prod.op != Op::Conv2d) || prod.out[0].buf != h.buf ||
-        !private_value(h, l) || readers(h) != std::vector<int>{a} || y.nbytes() != nbytes(y) ||
-        writers(y) != std::vector<int>{a} || (!readers(y).empty() && readers(y)[0] < a))
+    if ((prod.op != Op::Linear && prod.op != Op::Conv2d) ||
+        (device == DeviceType::CUDA && (prod.op != Op::Linear || !small_on_cuda(prod))) ||
+        prod.out[0].buf != h.buf || !private_value(h, l) || readers(h) != std::vector<int>{a} ||
+        y.nbytes() != nbytes(y) || writers(y) != std::vector<int>{a} ||
+        (!readers(y).empty() && readers(y)[0] < a))
       continue;
     const ActAttrs fn{act.op, {}, scalar_of(act)};
     const AttrBlob attrs = prod.op == Op::Linear
@@ -171,7 +191,7 @@ void Rewriter::fold_producers() {
 // An activation gradient (step g: a, gy -> gx) whose gy comes from a Matmul (step m) that
 // nothing else reads becomes one MatmulActGrad step at m writing gx. a must not change between
 // m and g, and nothing between them reads or writes gx (written by g alone).
-void Rewriter::fold_gradients() {
+void Rewriter::fold_gradients(DeviceType device) {
   for (int g = 0; g < static_cast<int>(steps_.size()); ++g) {
     const Step& grad = steps_[g];
     if (!is_activation_grad(grad.op) || drop_[g]) continue;
@@ -182,10 +202,10 @@ void Rewriter::fold_gradients() {
     const int m = writers(gy)[0];
     if (m >= g || !same_phase(m, g) || drop_[m] || !after_[m].empty()) continue;
     const Step& mm = steps_[m];
-    if (mm.op != Op::Matmul || mm.out[0].buf != gy.buf || !private_value(gy, m) ||
-        readers(gy) != std::vector<int>{g} || gx.nbytes() != nbytes(gx) ||
-        writers(gx) != std::vector<int>{g} || (!readers(gx).empty() && readers(gx)[0] < g) ||
-        a.shape.numel() != gy.shape.numel())
+    if (mm.op != Op::Matmul || (device == DeviceType::CUDA && !small_on_cuda(mm)) ||
+        mm.out[0].buf != gy.buf || !private_value(gy, m) || readers(gy) != std::vector<int>{g} ||
+        gx.nbytes() != nbytes(gx) || writers(gx) != std::vector<int>{g} ||
+        (!readers(gx).empty() && readers(gx)[0] < g) || a.shape.numel() != gy.shape.numel())
       continue;
     const std::vector<int>& wa = writers(a);
     if (std::any_of(wa.begin(), wa.end(), [&](int t) { return t >= m && t < g; })) continue;
@@ -260,13 +280,17 @@ void Rewriter::finish() {
 // Each rewrite is its own pass over fresh reader and writer lists, in this order: the swap puts
 // the ReLU after the pooling and its gradient before the pooling's, where the folds may take them.
 void Plan::rewrite_activations() {
-  for (void (Rewriter::*rewrite)() : {&Rewriter::swap_pool_relu, &Rewriter::fold_producers,
-                                      &Rewriter::fold_gradients, &Rewriter::fold_accumulations}) {
+  const DeviceType device = device_.type;
+  auto run = [&](auto rewrite) {
     const std::vector<int> memory = storage_ids();
     Rewriter r(all_, n_forward_, rec_->buffers, escape_, memory, recorded_forward_, rewrite_notes_);
-    (r.*rewrite)();
+    rewrite(r);
     r.finish();
-  }
+  };
+  if (device == DeviceType::CPU) run([](Rewriter& r) { r.swap_pool_relu(); });
+  run([&](Rewriter& r) { r.fold_producers(device); });
+  run([&](Rewriter& r) { r.fold_gradients(device); });
+  if (device == DeviceType::CPU) run([](Rewriter& r) { r.fold_accumulations(); });
 }
 
 }  // namespace encore::schedule

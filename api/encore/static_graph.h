@@ -142,7 +142,9 @@ bool static_padded_layouts_enabled();
 // reads its output becomes one step that applies the activation as it writes; an activation's
 // gradient is applied by the product computing the gradient it reads; an outer product (a weight
 // gradient at batch 1) is added into the gradient it accumulates into as it is computed;
-// max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. On by default
+// max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. CUDA plans fold the
+// first two where the product is small enough for encore's own GEMM kernel (runtime/small_gemm.h),
+// which applies the activation or its gradient as it stores each output. On by default
 // (ENCORE_STATIC_FOLD=0 starts it off); each element goes through the same element functions in the
 // same order, so the values are the same bit for bit. The schedule dump marks each rewritten step.
 // Returns the previous setting.

@@ -1,6 +1,9 @@
-// Row-major GEMM on cuBLAS (blas.h), and Matmul and Linear on them (as
-// kernels/cpu/matmul.cc). A linear with a bias is one cuBLASLt call where cuBLASLt has an
-// algorithm for it (blas_lt.cc); else y is filled with the bias and a GEMM adds to it.
+// Row-major GEMM on cuBLAS (blas.h), and Matmul, Linear and the planner's LinearAct and
+// MatmulActGrad on them (as kernels/cpu/matmul.cc). A small product runs on encore's own kernel
+// (small_gemm.h), which also adds the bias and applies the activation or its gradient. Otherwise a
+// linear with a bias is one cuBLASLt call where cuBLASLt has an algorithm for it (blas_lt.cc),
+// else y is filled with the bias and a GEMM adds to it; an activation (gradient) then runs as its
+// elementwise kernel.
 //
 // cuBLAS is column-major. A row-major [r, c] matrix with row length ld is, read column-major, its
 // transpose [c, r] with leading dimension ld, so row-major C = op(A) op(B) is column-major
@@ -12,6 +15,7 @@
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/small_gemm.h"
 
 namespace encore::kernels::cuda {
 
@@ -79,52 +83,101 @@ __global__ void fill_rows_kernel(const T* __restrict__ bias, T* __restrict__ y, 
     y[i] = bias[i % n];
 }
 
-void matmul_kernel(const KernelArgs& args) {
+// The small kernel of product g, or kNone.
+SmallGemm small_kind(const GemmShape& g) {
+  return cuda_small_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.batches);
+}
+
+// `out` = act(out) in place (act an activation, Op::Matmul for none), or act(act_in, out) for an
+// activation gradient: the elementwise kernel of the op, as an eager call runs it after the
+// product.
+void finish_apart(Op act, double scalar, const BufferView& out, const BufferView* act_in) {
+  if (act == Op::Matmul) return;
+  const AttrBlob attrs = AttrBlob::of(ScalarAttrs{scalar});
+  const BufferView in[2] = {act_in != nullptr ? *act_in : out, out};
+  const KernelArgs args{std::span<const BufferView>(in, act_in != nullptr ? 2 : 1),
+                        std::span<const BufferView>(&out, 1), attrs};
+  lookup_kernel(act, DeviceType::CUDA)(args);
+}
+
+// Matmul (act Op::Matmul) or MatmulActGrad: out = op(a) op(b), or act(in 2, op(a) op(b)).
+void matmul_into(const KernelArgs& args, Op op, Op act, double scalar, const GemmShape& g) {
   const BufferView &a = args.in[0], &b = args.in[1], &c = args.out[0];
-  const GemmShape g = matmul_shape(args);
-  switch_floating(c.dtype, Op::Matmul, [&]<typename T>(Type<T>) {
+  const BufferView* act_in = act != Op::Matmul ? &args.in[2] : nullptr;
+  switch_floating(c.dtype, op, [&]<typename T>(Type<T>) {
     if (c.numel() == 0) return;
     if (g.k == 0) {
       ENCORE_CUDA_OK(
-          Op::Matmul,
-          cudaMemsetAsync(c.data, 0, static_cast<size_t>(c.numel()) * sizeof(T), stream()));
-      return;
+          op, cudaMemsetAsync(c.data, 0, static_cast<size_t>(c.numel()) * sizeof(T), stream()));
+    } else if (const SmallGemm kind = small_kind(g); kind != SmallGemm::kNone) {
+      return small_gemm(op, kind, g, c.dtype, a.data, b.data, c.data, nullptr, act, scalar,
+                        act_in != nullptr ? act_in->data : nullptr);
+    } else {
+      check_gemm_sizes(op, g);
+      gemm(op, cublas_handle(op), g, a.as<T>(), b.as<T>(), T(0), c.as<T>());
     }
-    check_gemm_sizes(Op::Matmul, g);
-    gemm(Op::Matmul, cublas_handle(Op::Matmul), g, a.as<T>(), b.as<T>(), T(0), c.as<T>());
+    finish_apart(act, scalar, c, act_in);
   });
 }
 
-void linear_kernel(const KernelArgs& args) {
+// Linear (act Op::Matmul) or LinearAct: y = act(x w^T + bias).
+void linear_into(const KernelArgs& args, Op op, Op act, double scalar) {
   const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
   const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
   const GemmShape g = linear_shape(args);
-  switch_floating(y.dtype, Op::Linear, [&]<typename T>(Type<T>) {
+  switch_floating(y.dtype, op, [&]<typename T>(Type<T>) {
     T* py = y.as<T>();
     const int64_t total = y.numel();
     if (total == 0) return;
     if (g.k > 0) {
-      check_gemm_sizes(Op::Linear, g);
+      if (const SmallGemm kind = small_kind(g); kind != SmallGemm::kNone)
+        return small_gemm(op, kind, g, y.dtype, x.data, w.data, py,
+                          bias != nullptr ? bias->data : nullptr, act, scalar);
+      check_gemm_sizes(op, g);
       if (bias != nullptr &&
-          linear_bias_lt(Op::Linear, g, y.dtype, x.data, w.data, bias->data, py, args.state))
-        return;
+          linear_bias_lt(op, g, y.dtype, x.data, w.data, bias->data, py, args.state))
+        return finish_apart(act, scalar, y, nullptr);
     }
     if (bias != nullptr) {
       fill_rows_kernel<T>
           <<<blocks_for(total), kThreads, 0, stream()>>>(bias->as<T>(), py, g.n, total);
-      ENCORE_CUDA_LAUNCHED(Op::Linear);
+      ENCORE_CUDA_LAUNCHED(op);
     } else if (g.k == 0) {
-      ENCORE_CUDA_OK(Op::Linear,
-                     cudaMemsetAsync(py, 0, static_cast<size_t>(total) * sizeof(T), stream()));
+      ENCORE_CUDA_OK(op, cudaMemsetAsync(py, 0, static_cast<size_t>(total) * sizeof(T), stream()));
     }
-    if (g.k == 0) return;
-    gemm(Op::Linear, cublas_handle(Op::Linear), g, x.as<T>(), w.as<T>(),
-         bias != nullptr ? T(1) : T(0), py);
+    if (g.k > 0)
+      gemm(op, cublas_handle(op), g, x.as<T>(), w.as<T>(), bias != nullptr ? T(1) : T(0), py);
+    finish_apart(act, scalar, y, nullptr);
   });
+}
+
+void matmul_kernel(const KernelArgs& args) {
+  matmul_into(args, Op::Matmul, Op::Matmul, 0, matmul_shape(args));
+}
+
+void linear_kernel(const KernelArgs& args) {
+  linear_into(args, Op::Linear, Op::Matmul, 0);
+}
+
+// LinearAct (the planner's, runtime/small_gemm.h): one kernel for a small product, else the
+// linear's kernels and then the activation's.
+void linear_act_kernel(const KernelArgs& args) {
+  const ActAttrs& act = args.attr<ActAttrs>();
+  linear_into(args, Op::LinearAct, act.op, act.scalar);
+}
+
+// MatmulActGrad (the planner's): a, b, y -> act_grad(y, matmul(a, b)).
+void matmul_act_grad_kernel(const KernelArgs& args) {
+  const MatmulActAttrs& attrs = args.attr<MatmulActAttrs>();
+  const AttrBlob product = AttrBlob::of(attrs.matmul);
+  const KernelArgs product_args{args.in.first(2), args.out, product};
+  matmul_into(args, Op::MatmulActGrad, attrs.act.op, attrs.act.scalar, matmul_shape(product_args));
 }
 
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
 ENCORE_REGISTER_CUDA(Op::Linear, &linear_kernel);
+ENCORE_REGISTER_CUDA(Op::LinearAct, &linear_act_kernel);
+ENCORE_REGISTER_CUDA(Op::MatmulActGrad, &matmul_act_grad_kernel);
 
 }  // namespace
 }  // namespace encore::kernels::cuda

@@ -21,6 +21,7 @@
 #include "encore/functions.h"
 #include "kernels/cuda/blas.h"
 #include "runtime/dispatcher.h"
+#include "runtime/small_gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/op_cases.h"
 #include "tests/op_cases_attention.h"
@@ -450,14 +451,19 @@ TEST_CASE(
     "linear with a bias on cuda gives the cpu's values at every operand alignment, and a "
     "replay its eager run's bits",
     "[cuda][ops][linear]") {
-  // One cuBLASLt call whose epilogue adds the bias, its algorithm chosen per alignment: operands
-  // at the allocator's 256 bytes and at 1, 2 and 4 elements (4, 8, 16 bytes) into their storages,
-  // in float32 and float64. A graph replay reads its arguments from staging copies, which keep
-  // the arguments' alignment: a graph per alignment, each running eager's algorithm.
+  // A small product runs on encore's kernel (runtime/small_gemm.h), a larger one as one cuBLASLt
+  // call whose epilogue adds the bias, its algorithm chosen per alignment: operands at the
+  // allocator's 256 bytes and at 1, 2 and 4 elements (4, 8, 16 bytes) into their storages, in
+  // float32 and float64. A graph replay reads its arguments from staging copies, which keep the
+  // arguments' alignment: a graph per alignment, each running eager's algorithm.
   const DType dtype = GENERATE(DType::Float32, DType::Float64);
-  INFO(name(dtype));
+  const auto [m, k, n] = GENERATE(std::tuple<int64_t, int64_t, int64_t>{33, 70, 29},
+                                  std::tuple<int64_t, int64_t, int64_t>{257, 700, 65});
+  const bool lt = cuda_small_gemm(false, true, m, n, k, 1) == SmallGemm::kNone;
+  INFO(name(dtype) << ", x [" << m << "," << k << "], w [" << n << "," << k << "], "
+                   << (lt ? "cuBLASLt" : "small kernel"));
   manual_seed(31);
-  const int64_t m = 33, k = 70, n = 29, pad = 8;
+  const int64_t pad = 8;
   const Tensor xs = randn({m * k + pad}, dtype), ws = randn({n * k + pad}, dtype),
                bs = randn({n + pad}, dtype);
   const Tensor xd = xs.to(kCuda), wd = ws.to(kCuda), bd = bs.to(kCuda);
@@ -468,10 +474,10 @@ TEST_CASE(
   const double tol = dtype == DType::Float32 ? 1e-4 : 1e-12;
   // cuBLASLt has an algorithm for float32 at the allocator's alignment: the linear runs there
   // (a plan it has none for sends it down the general path, and this case would prove nothing).
-  // Plans last the process: checked on the case's first run only (Catch runs it once per dtype
-  // and graph setting).
+  // Plans last the process: checked on the case's first run only (Catch runs it once per dtype,
+  // shape and graph setting).
   static bool lt_checked = false;
-  if (dtype == DType::Float32 && !std::exchange(lt_checked, true)) {
+  if (lt && dtype == DType::Float32 && !std::exchange(lt_checked, true)) {
     const kernels::cuda::LtPlanCounts before = kernels::cuda::lt_plan_counts();
     (void)F::linear(view(xd, 0, {m, k}), view(wd, 0, {n, k}), view(bd, 0, {n}));
     const kernels::cuda::LtPlanCounts after = kernels::cuda::lt_plan_counts();

@@ -16,6 +16,7 @@
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "runtime/cuda.h"
+#include "runtime/small_gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/random_program_check.h"
 #include "tests/static_scenarios.h"
@@ -222,11 +223,13 @@ TEST_CASE("a capture that needs a cuBLASLt plan no eager call made is deferred t
   // The trace runs the linear with its operands at 256 bytes; the replays read x at 4 bytes past
   // that (a view one element into its storage), which no eager call has run: the first such
   // replay's capture is put off, its stream replay makes the plan, and the next call captures.
-  // Sizes of this test's own, so no other case has made their plans.
+  // Sizes of this test's own, so no other case has made their plans, and too large for the small
+  // GEMM kernels (runtime/small_gemm.h), which cuBLASLt does not run.
   GraphsEnabled use_graphs(true);
   StaticEnabled on;
   manual_seed(5);
-  const int64_t m = 19, k = 45, n = 23;
+  const int64_t m = 259, k = 711, n = 47;
+  REQUIRE(cuda_small_gemm(false, true, m, n, k, 1) == SmallGemm::kNone);
   auto lin = std::make_shared<nn::Linear>(k, n, nn::LinearOptions{.device = kCuda});
   auto f = static_graph([&](const Tensor& x) { return (*lin)(x); },
                         {.name = "deferred_capture", .modules = {lin}});

@@ -1,10 +1,10 @@
-// Runs a fused program's generated CUDA kernel on the host: its source (fused_source.h), with
-// element_ops.cuh, compiled by the host's C++ compiler against a header that stands in for the
-// CUDA built-ins (threadIdx, blockIdx, gridDim, blockDim, the warp shuffles, the bit casts), and
-// launched as a grid of blocks of kFusedThreads threads, each a std::thread; the 32 threads of a
-// warp meet at a barrier for each shuffle. It checks what a kernel computes where (indices,
-// layouts, folds, the warp tree, which lane writes), not the device's rounding: the host's libm
-// stands in for CUDA's.
+// Runs CUDA kernels on the host: a fused program's generated kernel (fused_source.h) with
+// element_ops.cuh, or a kernel header of our own (HostObject: small_gemm.cuh), compiled by the
+// host's C++ compiler against a header that stands in for the CUDA built-ins (threadIdx, blockIdx,
+// gridDim, blockDim, the warp shuffles, the bit casts), and launched as a grid of blocks of
+// threads, each a std::thread; the 32 threads of a warp meet at a barrier for each shuffle. It
+// checks what a kernel computes where (indices, layouts, folds, the warp tree, which lane writes),
+// not the device's rounding: the host's libm stands in for CUDA's.
 #pragma once
 
 #include <dlfcn.h>
@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/fused_source.h"
@@ -102,28 +103,75 @@ void emulate_launch(unsigned blocks, unsigned threads, Kernel kernel) {
 }
 )cuda";
 
-// A fused program's kernel, compiled for the host; run() launches it over buffers.
-class EmulatedKernel {
+// CUDA source compiled for the host into a shared object and loaded: kCudaOnHost is included
+// first, `files` (name, text) are written beside the source, and `include_dir` (if any) is on the
+// include path. symbol() finds an extern "C" function of it.
+class HostObject {
  public:
-  explicit EmulatedKernel(const FusedProgram& p) : n_in_(p.n_in), n_out_(p.n_out) {
+  HostObject(const std::vector<std::pair<std::string, std::string>>& files,
+             const std::string& source, const std::string& include_dir = "") {
     std::string dir_template =
         (std::filesystem::temp_directory_path() / "encore_emulated_XXXXXX").string();
     if (mkdtemp(dir_template.data()) == nullptr) fail("emulated kernel: no temporary directory");
     dir_ = dir_template;
     try {
-      build(p);
+      build(files, source, include_dir);
     } catch (...) {
       std::filesystem::remove_all(dir_);
       throw;
     }
   }
-  ~EmulatedKernel() {
+  ~HostObject() {
     if (handle_ != nullptr) dlclose(handle_);
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
   }
-  EmulatedKernel(const EmulatedKernel&) = delete;
-  EmulatedKernel& operator=(const EmulatedKernel&) = delete;
+  HostObject(const HostObject&) = delete;
+  HostObject& operator=(const HostObject&) = delete;
+
+  void* symbol(const char* name) const {
+    void* s = dlsym(handle_, name);
+    if (s == nullptr) fail("emulated kernel: no entry point ", name);
+    return s;
+  }
+
+ private:
+  void build(const std::vector<std::pair<std::string, std::string>>& files,
+             const std::string& source, const std::string& include_dir) {
+    write(dir_ + "/cuda_on_host.h", kCudaOnHost);
+    for (const auto& [name, text] : files) write(dir_ + "/" + name, text);
+    write(dir_ + "/kernel.cc", source);
+    const std::string so = dir_ + "/kernel.so";
+    const std::string extra = include_dir.empty() ? "" : cat(" -I'", include_dir, "'");
+    const std::string command =
+        cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -w -shared -fPIC -pthread ", "-include '", dir_,
+            "/cuda_on_host.h' -I'", dir_, "'", extra, " '", dir_, "/kernel.cc' -o '", so, "' 2>'",
+            dir_, "/log.txt'");
+    if (std::system(command.c_str()) != 0)
+      fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
+    handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle_ == nullptr) fail("emulated kernel: ", dlerror());
+  }
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::string dir_;
+  void* handle_ = nullptr;
+};
+
+// A fused program's kernel, compiled for the host; run() launches it over buffers.
+class EmulatedKernel {
+ public:
+  explicit EmulatedKernel(const FusedProgram& p)
+      : n_in_(p.n_in),
+        n_out_(p.n_out),
+        object_({{kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text()}},
+                source(p)),
+        run_(reinterpret_cast<Run>(object_.symbol("encore_emulated"))) {}
 
   // Launches the kernel on `blocks` blocks with count n (elements, or rows for row programs) over
   // the inputs, then the outputs.
@@ -136,43 +184,21 @@ class EmulatedKernel {
 
  private:
   using Run = void (*)(unsigned, unsigned long long, void* const*);
-  // Writes the sources into dir_, compiles them into a shared object and loads it.
-  void build(const FusedProgram& p) {
-    write(dir_ + "/cuda_on_host.h", kCudaOnHost);
-    write(dir_ + "/" + kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text());
+  // The program's kernel and an entry point launching it.
+  static std::string source(const FusedProgram& p) {
     const char* t = p.dtype == DType::Float32 ? "float" : "double";
     std::string call = "encore_fused(n";
     for (int k = 0; k < p.n_in; ++k)
       call += cat(", (const ", p.reads_bool(k) ? "unsigned char" : t, "*)ptrs[", k, "]");
     for (int k = 0; k < p.n_out; ++k) call += cat(", (", t, "*)ptrs[", p.n_in + k, "]");
-    write(dir_ + "/kernel.cc",
-          cat(kernels::cuda::fused_source(p),
-              "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
-              "void* const* ptrs) {\n  emulate_launch(blocks, ",
-              kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n"));
-    const std::string so = dir_ + "/kernel.so";
-    const std::string command =
-        cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -w -shared -fPIC -pthread ", "-include '", dir_,
-            "/cuda_on_host.h' -I'", dir_, "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_,
-            "/log.txt'");
-    if (std::system(command.c_str()) != 0)
-      fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
-    handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) fail("emulated kernel: ", dlerror());
-    run_ = reinterpret_cast<Run>(dlsym(handle_, "encore_emulated"));
-    if (run_ == nullptr) fail("emulated kernel: no entry point");
-  }
-  static void write(const std::string& path, const std::string& text) {
-    std::ofstream(path) << text;
-  }
-  static std::string read(const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return cat(kernels::cuda::fused_source(p),
+               "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
+               "void* const* ptrs) {\n  emulate_launch(blocks, ",
+               kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n");
   }
   int n_in_, n_out_;
-  std::string dir_;
-  void* handle_ = nullptr;
-  Run run_ = nullptr;
+  HostObject object_;
+  Run run_;
 };
 
 }  // namespace encore::testing

@@ -1,0 +1,32 @@
+// The launches of the small GEMMs' kernels (small_gemm.cuh), compiled with -fmad=false.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/small_gemm.cuh"
+#include "kernels/cuda/small_gemm.h"
+
+namespace encore::kernels::cuda {
+
+void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const void* a,
+                const void* b, void* c, const void* bias, Op act, double scalar,
+                const void* act_in) {
+  switch_floating(dtype, op, [&]<typename T>(Type<T>) {
+    const GemmFinish<T> f{static_cast<const T*>(bias), static_cast<const T*>(act_in), act,
+                          static_cast<T>(scalar)};
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* pc = static_cast<T*>(c);
+    ENCORE_CHECK(kind != SmallGemm::kNone, op_name(op), ": no small GEMM kernel for [", g.m, ",",
+                 g.k, "] x [", g.k, ",", g.n, "]");
+    const bool dot = kind == SmallGemm::kDot;
+    const GemmLaunch l = small_gemm_launch(dot, g.m, g.n);
+    if (dot) {
+      gemm_dot_kernel<T>
+          <<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
+    } else {
+      gemm_serial_k_kernel<T><<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, g.trans_a, pa,
+                                                                    g.lda, pb, g.ldb, pc, g.ldc, f);
+    }
+    ENCORE_CUDA_LAUNCHED(op);
+  });
+}
+
+}  // namespace encore::kernels::cuda

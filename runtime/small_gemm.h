@@ -1,0 +1,48 @@
+// Which GEMMs CUDA runs on encore's own kernels (kernels/cuda/small_gemm.cu) rather than cuBLAS:
+// products so small that cuBLAS's kernels wait on latency (a few thousand outputs; it splits their
+// k over several blocks and adds the parts in a second kernel). Ours are one kernel with a fixed
+// order of operations, and can finish each output with a bias and an activation or an activation
+// gradient, so on CUDA the planner folds a Linear and the activation after it into one LinearAct
+// step, and a Matmul and the activation gradient after it into one MatmulActGrad step, where this
+// holds (schedule/rewrites.cc): eager calls run the same kernels for the same products, so the
+// folded steps give eager's bits. The kernels and the planner ask this one function.
+//
+// A product c [m, n] = op(a) op(b) over k (row-major, kernels/gemm_shape.h) is small when it is one
+// matrix (no batch), m n k <= kMaxSmallGemmMacs, and either b is stored [n, k] and a [m, k] (a
+// linear's forward: each output a dot product of two contiguous rows), or b is stored [k, n] with
+// k <= kMaxSmallGemmSerialK (each thread walks k for its outputs). ENCORE_CUDA_SMALL_GEMM=0 sends
+// every product to cuBLAS (and folds nothing), to compare the two.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/env.h"
+
+namespace encore {
+
+inline constexpr int64_t kMaxSmallGemmMacs = int64_t{1} << 23;
+inline constexpr int64_t kMaxSmallGemmSerialK = 512;
+
+// ENCORE_CUDA_SMALL_GEMM, read once (on by default).
+inline bool cuda_small_gemm_enabled() {
+  static const bool on = env::flag("ENCORE_CUDA_SMALL_GEMM", true);
+  return on;
+}
+
+// The two layouts the small kernels run: each output a dot product of two rows (kDot), or each
+// thread walking k down b's columns (kSerialK); kNone where cuBLAS runs the product.
+enum class SmallGemm : uint8_t { kNone, kDot, kSerialK };
+
+// The small kernel for c [m, n] = op(a) op(b) over k, `batches` matrices, on CUDA.
+inline SmallGemm cuda_small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                 int64_t batches) {
+  if (batches != 1 || m < 1 || n < 1 || k < 1 || !cuda_small_gemm_enabled())
+    return SmallGemm::kNone;
+  if (m > kMaxSmallGemmMacs || n > kMaxSmallGemmMacs / m || k > kMaxSmallGemmMacs / (m * n))
+    return SmallGemm::kNone;
+  if (!trans_a && trans_b) return SmallGemm::kDot;
+  if (!trans_b && k <= kMaxSmallGemmSerialK) return SmallGemm::kSerialK;
+  return SmallGemm::kNone;
+}
+
+}  // namespace encore

@@ -1,0 +1,219 @@
+// Small products on cuda (runtime/small_gemm.h): encore's own GEMM kernels run them, eagerly and
+// replayed, and a CUDA plan folds a linear's activation and a product's activation gradient into
+// them. Checked against the cpu's values (eager), and against eager's bits on cuda (replays, with
+// CUDA graphs on and off, in float32 and float64, the fold switch on and off, verify mode); a
+// product too large for them keeps its steps apart.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "runtime/small_gemm.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/static_scenarios.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Linear layers with each activation a producer folds, and a product whose gradient reads a
+// sigmoid's output: tanh, sigmoid, relu, leaky_relu (its gradient reads its input: in a training
+// step it stays apart), then the head.
+class ActMlp : public nn::Module {
+ public:
+  explicit ActMlp(DType dtype) {
+    const nn::LinearOptions o{.dtype = dtype};
+    l1 = register_module("l1", std::make_shared<nn::Linear>(40, 33, o));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(33, 33, o));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(33, 20, o));
+    l4 = register_module("l4", std::make_shared<nn::Linear>(20, 20, o));
+    l5 = register_module("l5", std::make_shared<nn::Linear>(20, 10, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = F::sigmoid((*l2)(F::tanh((*l1)(x))));
+    return (*l5)(F::leaky_relu((*l4)(F::relu((*l3)(h))), 0.1));
+  }
+  std::shared_ptr<nn::Linear> l1, l2, l3, l4, l5;
+};
+
+std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
+                                   uint64_t seed) {
+  manual_seed(seed);
+  std::vector<Batch> out;
+  for (int i = 0; i < count; ++i)
+    out.push_back(
+        {randn({batch, features}, dtype).to(kCuda), cyclic_labels(batch, 1 + i, 10, kCuda)});
+  return out;
+}
+
+// Adam steps of two models made from one seed on cuda, one eagerly and one as a static whole
+// step: losses, parameters and gradients equal bit for bit. Returns the schedule dump.
+template <typename Make>
+std::string check_steps(Make make, const std::vector<Batch>& batches,
+                        StaticOptions options = {.name = "small_gemm_step"}) {
+  auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-2}); };
+  auto eager_model = seeded(5, kCuda, make), model = seeded(5, kCuda, make);
+  TrainStep eager(eager_model, adam), twin(model, adam);
+  auto step = twin.make_static(std::move(options));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    INFO("step " << i);
+    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
+    check_same_parameters(*eager_model, *model, cat("step ", i));
+  }
+  check_one_trace_then_replays(step.stats(), static_cast<int64_t>(batches.size()));
+  return step.schedule_text();
+}
+
+// The largest |a - b| over the elements, and the largest |b|, of two tensors of one floating dtype
+// (host copies).
+std::pair<double, double> difference(const Tensor& a, const Tensor& b) {
+  const Tensor x = on_host(a), y = on_host(b);
+  REQUIRE(x.shape() == y.shape());
+  REQUIRE(x.dtype() == y.dtype());
+  double diff = 0, size = 0;
+  auto at = [](const Tensor& t, int64_t i) {
+    return t.dtype() == DType::Float64 ? t.data<double>()[i]
+                                       : static_cast<double>(t.data<float>()[i]);
+  };
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    diff = std::max(diff, std::abs(at(x, i) - at(y, i)));
+    size = std::max(size, std::abs(at(y, i)));
+  }
+  return {diff, size};
+}
+
+}  // namespace
+
+TEST_CASE("small products on cuda give the cpu's values, eagerly, at every layout",
+          "[cuda][small_gemm]") {
+  REQUIRE(cuda_small_gemm_enabled());
+  manual_seed(8);
+  for (const DType dtype : {DType::Float32, DType::Float64}) {
+    const double tol = dtype == DType::Float32 ? 1e-5 : 1e-12;
+    // Each layout of the small kernels (and past their edges: 33 rows, 129 columns), and cuBLAS's.
+    const Tensor x = randn({33, 70}, dtype), w = randn({129, 70}, dtype), b = randn({129}, dtype);
+    const Tensor g = randn({33, 129}, dtype), big = randn({300, 700}, dtype);
+    struct Product {
+      const char* name;
+      std::function<Tensor(Device)> on;
+    };
+    const std::vector<Product> products = {
+        {"x w^T + b", [&](Device d) { return F::linear(x.to(d), w.to(d), b.to(d)); }},
+        {"g w", [&](Device d) { return F::matmul(g.to(d), w.to(d)); }},
+        {"g^T x", [&](Device d) { return F::matmul(F::transpose(g.to(d), 0, 1), x.to(d)); }},
+        {"big big^T",
+         [&](Device d) { return F::matmul(big.to(d), F::transpose(big.to(d), 0, 1)); }},
+    };
+    for (const Product& p : products) {
+      INFO(name(dtype) << ": " << p.name);
+      const auto [diff, size] = difference(p.on(kCuda), p.on(Device::cpu()));
+      CHECK(diff <= tol * (1 + size));
+    }
+  }
+  CHECK(cuda_small_gemm(false, true, 33, 129, 70, 1) == SmallGemm::kDot);
+  CHECK(cuda_small_gemm(false, false, 33, 70, 129, 1) == SmallGemm::kSerialK);
+  CHECK(cuda_small_gemm(true, false, 129, 70, 33, 1) == SmallGemm::kSerialK);
+  CHECK(cuda_small_gemm(false, true, 300, 300, 700, 1) == SmallGemm::kNone);
+}
+
+TEST_CASE(
+    "a CUDA plan folds activations and their gradients into small products, with eager's "
+    "bits",
+    "[cuda][static][small_gemm]") {
+  StaticEnabled on;
+  with_graphs_on_and_off([](bool) {
+    for (const DType dtype : {DType::Float32, DType::Float64})
+      for (const bool fold : {true, false}) {
+        INFO(name(dtype) << ", fold " << fold);
+        const StaticFoldActivations setting(fold);
+        // The perceptron: two linears with their relu, two input-gradient products with
+        // relu_grad.
+        const std::string mlp =
+            check_steps([dtype] { return nn::mlp(64, 48, 10, {.dtype = dtype}); },
+                        feature_batches(4, 16, 64, dtype, 3));
+        INFO(mlp);
+        CHECK(count_of(mlp, R"(linear_act\s+\[linear and relu in one)") == (fold ? 2 : 0));
+        CHECK(count_of(mlp, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
+              (fold ? 2 : 0));
+        CHECK(count_of(mlp, R"(\d+  relu\b)") == (fold ? 0 : 2));
+        // tanh, sigmoid and relu fold into their linears (leaky_relu's gradient reads its input);
+        // the gradients of all four into the products computing their incoming gradients.
+        const std::string acts = check_steps([dtype] { return std::make_shared<ActMlp>(dtype); },
+                                             feature_batches(4, 8, 40, dtype, 4));
+        INFO(acts);
+        for (const char* a : {"tanh", "sigmoid", "relu"})
+          CHECK(count_of(acts, cat("linear and ", a, " in one")) == (fold ? 1 : 0));
+        CHECK(count_of(acts, "linear and leaky_relu in one") == 0);
+        for (const char* g : {"tanh_grad", "sigmoid_grad", "relu_grad", "leaky_relu_grad"})
+          CHECK(count_of(acts, cat("matmul and ", g, " in one")) == (fold ? 1 : 0));
+      }
+  });
+}
+
+TEST_CASE("verify mode checks folded small products on cuda against eager's steps",
+          "[cuda][static][small_gemm]") {
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  const std::string text = check_steps([] { return std::make_shared<ActMlp>(DType::Float32); },
+                                       feature_batches(3, 8, 40, DType::Float32, 6),
+                                       {.name = "verified_small_gemm", .verify_every = 1});
+  CHECK_THAT(text, Contains("linear and tanh in one"));
+  CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
+}
+
+TEST_CASE("a folded relu on cuda passes NaN and gelu folds without a backward, as eagerly",
+          "[cuda][static][small_gemm]") {
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  manual_seed(9);
+  const Tensor w = randn({40, 7}).to(kCuda), b = randn({40}).to(kCuda);
+  auto relu = [&](const Tensor& x) { return F::relu(F::linear(x, w, b)); };
+  auto gelu = [&](const Tensor& x) { return F::gelu(F::linear(x, w, b), "tanh"); };
+  auto f = static_graph(relu, {.name = "relu_linear"});
+  auto g = static_graph(gelu, {.name = "gelu_linear"});
+  NoGradGuard no_grad;
+  for (int call = 0; call < 3; ++call) {
+    Tensor host = randn({33, 7}) * 3.0;
+    host.data<float>()[7 * 5 + 2] = std::numeric_limits<float>::quiet_NaN();  // row 5
+    const Tensor x = host.to(kCuda);
+    const Tensor y = f(x);
+    CHECK(bit_diff(y, relu(x)) == "");
+    CHECK(bit_diff(g(x), gelu(x)) == "");
+    const Tensor row = y.to(Device::cpu());
+    for (int64_t j = 0; j < 40; ++j) CHECK(std::isnan(row.data<float>()[5 * 40 + j]));
+  }
+  CHECK_THAT(f.schedule_text(), Contains("linear and relu in one"));
+  CHECK_THAT(g.schedule_text(), Contains("linear and gelu in one"));
+}
+
+TEST_CASE("a product too large for the small kernels keeps its activation apart on cuda",
+          "[cuda][static][small_gemm]") {
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  // 256 x 1024 x 64 = 2^24 multiply-adds: cuBLAS's.
+  REQUIRE(cuda_small_gemm(false, true, 256, 1024, 64, 1) == SmallGemm::kNone);
+  manual_seed(10);
+  const Tensor w = randn({1024, 64}).to(kCuda), b = randn({1024}).to(kCuda);
+  auto body = [&](const Tensor& x) { return F::relu(F::linear(x, w, b)); };
+  auto f = static_graph(body, {.name = "large_linear"});
+  NoGradGuard no_grad;
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = randn({256, 64}).to(kCuda);
+    CHECK(bit_diff(f(x), body(x)) == "");
+  }
+  const std::string text = f.schedule_text();
+  INFO(text);
+  CHECK_THAT(text, !Contains("linear_act"));
+  CHECK(count_of(text, R"(\d+  relu\b)") == 1);
+}

@@ -1,0 +1,223 @@
+// The small GEMM kernels (kernels/cuda/small_gemm.cuh) run on the host (emulated_kernel.h: a
+// thread per CUDA thread, the warp's shuffles at barriers) against a reference computed here in
+// double: both layouts, over tiles and columns that run past c's edge, operands with row lengths
+// longer than their rows, and every way an output is finished (a bias, each activation, each
+// activation gradient). Nothing past c's outputs may be written; relu passes a NaN as
+// element_ops.cuh's relu does. The [cuda] tests check the device's bits against eager.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "runtime/ops.h"
+#include "tests/nvrtc/emulated_kernel.h"
+
+using namespace encore;
+
+namespace {
+
+constexpr const char* kSource = R"cuda(
+#include "kernels/cuda/small_gemm.cuh"
+using namespace encore::kernels::cuda;
+template <typename T>
+void launch(bool dot, long long m, long long n, long long k, bool trans_a, const void* a,
+            long long lda, const void* b, long long ldb, void* c, long long ldc,
+            const void* bias, int act, double scalar, const void* act_in) {
+  const GemmFinish<T> f{static_cast<const T*>(bias), static_cast<const T*>(act_in),
+                        static_cast<encore::Op>(act), static_cast<T>(scalar)};
+  const GemmLaunch l = small_gemm_launch(dot, m, n);
+  const T* pa = static_cast<const T*>(a);
+  const T* pb = static_cast<const T*>(b);
+  T* pc = static_cast<T*>(c);
+  if (dot)
+    emulate_launch(l.blocks, l.threads, [&] { gemm_dot_kernel<T>(m, n, k, pa, lda, pb, ldb, pc, ldc, f); });
+  else
+    emulate_launch(l.blocks, l.threads, [&] {
+      gemm_serial_k_kernel<T>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
+    });
+}
+#define ENTRY(name, T)                                                                        \
+  extern "C" void name(bool dot, long long m, long long n, long long k, bool trans_a,          \
+                       const void* a, long long lda, const void* b, long long ldb, void* c,   \
+                       long long ldc, const void* bias, int act, double scalar,               \
+                       const void* act_in) {                                                  \
+    launch<T>(dot, m, n, k, trans_a, a, lda, b, ldb, c, ldc, bias, act, scalar, act_in);      \
+  }
+ENTRY(small_gemm_f32, float)
+ENTRY(small_gemm_f64, double)
+)cuda";
+
+using Entry = void (*)(bool, long long, long long, long long, bool, const void*, long long,
+                       const void*, long long, void*, long long, const void*, int, double,
+                       const void*);
+
+const testing::HostObject& gemm_kernels() {
+  static const testing::HostObject object({}, kSource, ENCORE_SOURCE_DIR);
+  return object;
+}
+
+// The reference's finish of a product v (double): as element_ops.cuh's functions.
+double act_of(Op act, double v, double in, double s) {
+  switch (act) {
+    case Op::Relu:
+      return v <= 0 ? 0 : v;
+    case Op::LeakyRelu:
+      return v > 0 ? v : s * v;
+    case Op::Sigmoid:
+      return 1 / (1 + std::exp(-v));
+    case Op::Tanh:
+      return std::tanh(v);
+    case Op::Gelu:
+      if (s != 0)
+        return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    case Op::ReluGrad:
+      return in <= 0 ? 0 : v;
+    case Op::LeakyReluGrad:
+      return in > 0 ? v : s * v;
+    case Op::SigmoidGrad:
+      return v * in * (1 - in);
+    case Op::TanhGrad:
+      return v * (1 - in * in);
+    case Op::GeluGrad: {
+      const double cdf = 0.5 * (1 + std::erf(in / std::sqrt(2.0)));
+      const double pdf = std::exp(-0.5 * in * in) / std::sqrt(2 * M_PI);
+      if (s == 0) return v * (cdf + in * pdf);
+      const double u = std::sqrt(2 / M_PI) * (in + 0.044715 * in * in * in);
+      const double t = std::tanh(u);
+      return v * (0.5 * (1 + t) +
+                  0.5 * in * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * in * in));
+    }
+    default:
+      return v;
+  }
+}
+bool is_grad(Op act) {
+  return act == Op::ReluGrad || act == Op::LeakyReluGrad || act == Op::SigmoidGrad ||
+         act == Op::TanhGrad || act == Op::GeluGrad;
+}
+
+struct Case {
+  bool dot;
+  int64_t m, n, k;
+  bool trans_a = false;
+  int64_t pad = 0;  // extra elements at the end of every row of a, b and c
+  bool bias = false;
+  Op act = Op::Matmul;
+  double scalar = 0;
+};
+
+// Runs `cs` in T and checks every output against the reference and every other element of c
+// against its sentinel.
+template <typename T>
+void check(const Case& cs, uint32_t seed) {
+  const int64_t m = cs.m, n = cs.n, k = cs.k;
+  // dot: a [m, k], b [n, k]; serial: a [m, k] or [k, m] (trans_a), b [k, n].
+  const int64_t a_rows = cs.dot || !cs.trans_a ? m : k, a_cols = cs.dot || !cs.trans_a ? k : m;
+  const int64_t b_rows = cs.dot ? n : k, b_cols = cs.dot ? k : n;
+  const int64_t lda = a_cols + cs.pad, ldb = b_cols + cs.pad, ldc = n + cs.pad;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<T> a(a_rows * lda), b(b_rows * ldb), bias(n), in(m * ldc);
+  for (T& v : a) v = static_cast<T>(u(rng));
+  for (T& v : b) v = static_cast<T>(u(rng));
+  for (T& v : bias) v = static_cast<T>(u(rng));
+  for (T& v : in) v = static_cast<T>(u(rng));
+  const T sentinel = static_cast<T>(12345);
+  // Room for whatever a tile or a thread past c's edge would store, to see that none does.
+  std::vector<T> c((m + 4) * ldc + 16, sentinel);
+  const Entry run = reinterpret_cast<Entry>(
+      gemm_kernels().symbol(sizeof(T) == 4 ? "small_gemm_f32" : "small_gemm_f64"));
+  run(cs.dot, m, n, k, cs.trans_a, a.data(), lda, b.data(), ldb, c.data(), ldc,
+      cs.bias ? bias.data() : nullptr, static_cast<int>(cs.act), cs.scalar,
+      is_grad(cs.act) ? in.data() : nullptr);
+  const double eps = std::numeric_limits<T>::epsilon();
+  int wrong = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double v = 0, scale = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = cs.dot || !cs.trans_a ? a[i * lda + p] : a[p * lda + i];
+        const double y = cs.dot ? b[j * ldb + p] : b[p * ldb + j];
+        v += x * y;
+        scale += std::abs(x * y);
+      }
+      if (cs.bias) v += bias[j], scale += std::abs(bias[j]);
+      const double want = act_of(cs.act, v, in[i * ldc + j], cs.scalar);
+      const double got = c[i * ldc + j];
+      if (!(std::abs(got - want) <= 16 * eps * (scale + std::abs(want) + 1e-30)) && wrong++ < 5)
+        FAIL_CHECK("c[" << i << "," << j << "] = " << got << ", want " << want);
+    }
+  for (int64_t at = 0; at < static_cast<int64_t>(c.size()); ++at)
+    if ((at >= m * ldc || at % ldc >= n) && c[at] != sentinel && wrong++ < 5)
+      FAIL_CHECK("c[" << at << "] past the outputs was written");
+  CHECK(wrong == 0);
+}
+
+}  // namespace
+
+TEST_CASE("small GEMM kernels compute each output over both layouts and edges (emulated)",
+          "[nvrtc][emulated][small_gemm]") {
+  // Tiles and columns that end inside c and past it, k below and above a warp's 32 lanes and not
+  // a multiple of them, a single output; a, b and c with longer rows than they use.
+  const std::vector<Case> cases = {
+      {true, 1, 1, 1},
+      {true, 5, 7, 33},
+      {true, 8, 12, 64, false, 3},
+      {true, 33, 10, 100},
+      {false, 1, 1, 1},
+      {false, 9, 130, 7},
+      {false, 7, 5, 40, true},
+      {false, 12, 129, 32, true, 2},
+      {false, 4, 128, 3, false, 1},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& cs = cases[i];
+    INFO("case " << i << ": " << (cs.dot ? "dot" : "serial k") << " m " << cs.m << " n " << cs.n
+                 << " k " << cs.k << (cs.trans_a ? ", a transposed" : "") << ", pad " << cs.pad);
+    check<float>(cs, 1 + static_cast<uint32_t>(i));
+    check<double>(cs, 100 + static_cast<uint32_t>(i));
+  }
+}
+
+TEST_CASE(
+    "small GEMM kernels finish each output with a bias, an activation or its gradient "
+    "(emulated)",
+    "[nvrtc][emulated][small_gemm]") {
+  struct Finish {
+    Op act;
+    double scalar;
+  };
+  const Finish forward[] = {{Op::Matmul, 0}, {Op::Relu, 0}, {Op::LeakyRelu, 0.1}, {Op::Sigmoid, 0},
+                            {Op::Tanh, 0},   {Op::Gelu, 0}, {Op::Gelu, kGeluTanh}};
+  for (const Finish& f : forward) {
+    INFO("linear with a bias and act " << static_cast<int>(f.act) << ", scalar " << f.scalar);
+    check<float>({true, 6, 9, 50, false, 0, true, f.act, f.scalar}, 7);
+    check<double>({true, 6, 9, 50, false, 0, true, f.act, f.scalar}, 8);
+  }
+  const Finish backward[] = {{Op::ReluGrad, 0},    {Op::LeakyReluGrad, 0.2},
+                             {Op::SigmoidGrad, 0}, {Op::TanhGrad, 0},
+                             {Op::GeluGrad, 0},    {Op::GeluGrad, kGeluTanh}};
+  for (const Finish& f : backward) {
+    INFO("product with act gradient " << static_cast<int>(f.act) << ", scalar " << f.scalar);
+    check<float>({false, 6, 131, 20, false, 0, false, f.act, f.scalar}, 9);
+    check<double>({true, 5, 9, 40, false, 0, false, f.act, f.scalar}, 10);
+  }
+}
+
+TEST_CASE("a small GEMM's relu passes a NaN product on, as the relu kernel does (emulated)",
+          "[nvrtc][emulated][small_gemm]") {
+  // a's row 1 holds a NaN: row 1 of c is NaN before and after relu; the other rows are not.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a = {1, -2, 3, nan, 1, 1}, b = {1, 1, 1, -1, -1, -1}, bias = {0, 0};
+  std::vector<float> c(4, 0);
+  const Entry run = reinterpret_cast<Entry>(gemm_kernels().symbol("small_gemm_f32"));
+  run(true, 2, 2, 3, false, a.data(), 3, b.data(), 3, c.data(), 2, bias.data(),
+      static_cast<int>(Op::Relu), 0, nullptr);
+  CHECK(c[0] == 2.0f);  // relu(1 - 2 + 3)
+  CHECK(c[1] == 0.0f);  // relu(-2)
+  CHECK(std::isnan(c[2]));
+  CHECK(std::isnan(c[3]));
+}
