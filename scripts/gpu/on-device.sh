@@ -58,10 +58,15 @@ run_bench() {
     --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.2 \
     --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
     --benchmark_out_format=json
-  # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3 and 4, beside bench_cuda's
-  # 2 (the default).
+  # Every product on cuBLAS (no small GEMM kernels, no activations folded into them), beside
+  # bench_cuda's.
+  TAIL=20 ENCORE_CUDA_SMALL_GEMM=0 part bench_cublas_only 30 "$run/bin/encore_bench" \
+    --benchmark_filter='^(MlpSmall|CharLstm|LstmCellChain)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
+  # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3, beside bench_cuda's 2 (the
+  # default).
   local cases='^(MlpSmall|MlpLarge|SeedCnn|TinyGpt|CharLstm)/static/cuda|^KernelSum/(MlpSmall|TinyGpt)/cuda'
-  for s in 1 3 4; do
+  for s in 1 3; do
     TAIL=20 ENCORE_STATIC_LANES=$((s > 1)) ENCORE_CUDA_GRAPH_STREAMS=$s part "bench_streams_$s" 30 \
       "$run/bin/encore_bench" --benchmark_filter="$cases" --benchmark_repetitions=3 \
       --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
