@@ -5,22 +5,26 @@
 // gradient, so on CUDA the planner folds a Linear and the activation after it into one LinearAct
 // step, and a Matmul and the activation gradient after it into one MatmulActGrad step, where this
 // holds (schedule/rewrites.cc): eager calls run the same kernels for the same products, so the
-// folded steps give eager's bits. The kernels and the planner ask this one function.
+// folded steps give eager's bits. The kernels and the planner ask this one function, of the
+// GemmShape both take from the step's shapes (runtime/gemm_shape.h).
 //
-// A product c [m, n] = op(a) op(b) over k (row-major, kernels/gemm_shape.h) is small when it is one
-// matrix (no batch), m n k <= kMaxSmallGemmMacs, and either b is stored [n, k] and a [m, k] (a
-// linear's forward: each output a dot product of two contiguous rows), or b is stored [k, n] with
-// k <= kMaxSmallGemmSerialK (each thread walks k for its outputs). ENCORE_CUDA_SMALL_GEMM=0 sends
-// every product to cuBLAS (and folds nothing), to compare the two.
+// A product c [m, n] = op(a) op(b) over k is small when it is one matrix (no batch),
+// m n k <= kMaxSmallGemmMacs, and either b is stored [n, k] and a [m, k] (a linear's forward: each
+// output a dot product of two contiguous rows) with k <= kMaxSmallGemmDotK, or b is stored [k, n]
+// with k <= kMaxSmallGemmSerialK (each thread walks k for its outputs): past these lengths a few
+// warps would walk a long k alone. ENCORE_CUDA_SMALL_GEMM=0 sends every product to cuBLAS (and
+// folds nothing), to compare the two.
 #pragma once
 
 #include <cstdint>
 
 #include "runtime/env.h"
+#include "runtime/gemm_shape.h"
 
 namespace encore {
 
 inline constexpr int64_t kMaxSmallGemmMacs = int64_t{1} << 23;
+inline constexpr int64_t kMaxSmallGemmDotK = 1024;
 inline constexpr int64_t kMaxSmallGemmSerialK = 512;
 
 // ENCORE_CUDA_SMALL_GEMM, read once (on by default).
@@ -40,9 +44,12 @@ inline SmallGemm cuda_small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t 
     return SmallGemm::kNone;
   if (m > kMaxSmallGemmMacs || n > kMaxSmallGemmMacs / m || k > kMaxSmallGemmMacs / (m * n))
     return SmallGemm::kNone;
-  if (!trans_a && trans_b) return SmallGemm::kDot;
+  if (!trans_a && trans_b && k <= kMaxSmallGemmDotK) return SmallGemm::kDot;
   if (!trans_b && k <= kMaxSmallGemmSerialK) return SmallGemm::kSerialK;
   return SmallGemm::kNone;
+}
+inline SmallGemm cuda_small_gemm(const GemmShape& g) {
+  return cuda_small_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.batches);
 }
 
 }  // namespace encore

@@ -53,18 +53,13 @@ double scalar_of(const Step& s) {
 }
 
 // Whether a Linear or Matmul step's product runs on a small CUDA GEMM kernel (the kernels decide
-// with the same function from the same sizes: kernels/gemm_shape.h).
+// with the same functions from the same shapes).
 bool small_on_cuda(const Step& s) {
-  if (s.op == Op::Linear) {
-    const Shape &x = s.in[0].shape, &w = s.in[1].shape;
-    const int64_t k = w[1];
-    return k > 0 && cuda_small_gemm(false, true, x.numel() / k, w[0], k, 1) != SmallGemm::kNone;
-  }
-  const MatmulAttrs& at = s.attrs.as<MatmulAttrs>();
-  const Shape &a = s.in[0].shape, &c = s.out[0].shape;
-  return cuda_small_gemm(at.trans_a, at.trans_b, c.at(-2), c.at(-1),
-                         at.trans_a ? a.at(-2) : a.at(-1),
-                         c.rank() == 3 ? c[0] : 1) != SmallGemm::kNone;
+  const GemmShape g =
+      s.op == Op::Linear
+          ? linear_shape(s.in[0].shape, s.in[1].shape, s.out[0].shape)
+          : matmul_shape(s.in[0].shape, s.in[1].shape, s.out[0].shape, s.attrs.as<MatmulAttrs>());
+  return cuda_small_gemm(g) != SmallGemm::kNone;
 }
 
 }  // namespace

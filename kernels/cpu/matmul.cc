@@ -1,4 +1,4 @@
-// Matmul and linear through cblas (OpenBLAS), row-major (shapes: kernels/gemm_shape.h), and the
+// Matmul and linear through cblas (OpenBLAS), row-major (shapes: runtime/gemm_shape.h), and the
 // planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
 // gradient) applied to each part of the output right after the part is computed; and its
 // MatmulAccumulate: an outer product added into a gradient.
@@ -9,7 +9,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
-#include "kernels/gemm_shape.h"
+#include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
 
 namespace encore::kernels::cpu {

@@ -83,11 +83,6 @@ __global__ void fill_rows_kernel(const T* __restrict__ bias, T* __restrict__ y, 
     y[i] = bias[i % n];
 }
 
-// The small kernel of product g, or kNone.
-SmallGemm small_kind(const GemmShape& g) {
-  return cuda_small_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.batches);
-}
-
 // `out` = act(out) in place (act an activation, Op::Matmul for none), or act(act_in, out) for an
 // activation gradient: the elementwise kernel of the op, as an eager call runs it after the
 // product.
@@ -109,7 +104,7 @@ void matmul_into(const KernelArgs& args, Op op, Op act, double scalar, const Gem
     if (g.k == 0) {
       ENCORE_CUDA_OK(
           op, cudaMemsetAsync(c.data, 0, static_cast<size_t>(c.numel()) * sizeof(T), stream()));
-    } else if (const SmallGemm kind = small_kind(g); kind != SmallGemm::kNone) {
+    } else if (const SmallGemm kind = cuda_small_gemm(g); kind != SmallGemm::kNone) {
       return small_gemm(op, kind, g, c.dtype, a.data, b.data, c.data, nullptr, act, scalar,
                         act_in != nullptr ? act_in->data : nullptr);
     } else {
@@ -130,7 +125,7 @@ void linear_into(const KernelArgs& args, Op op, Op act, double scalar) {
     const int64_t total = y.numel();
     if (total == 0) return;
     if (g.k > 0) {
-      if (const SmallGemm kind = small_kind(g); kind != SmallGemm::kNone)
+      if (const SmallGemm kind = cuda_small_gemm(g); kind != SmallGemm::kNone)
         return small_gemm(op, kind, g, y.dtype, x.data, w.data, py,
                           bias != nullptr ? bias->data : nullptr, act, scalar);
       check_gemm_sizes(op, g);

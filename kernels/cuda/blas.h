@@ -12,8 +12,8 @@
 #include <string>
 
 #include "kernels/cuda/stream_libraries.h"
-#include "kernels/gemm_shape.h"
 #include "runtime/dtype.h"
+#include "runtime/gemm_shape.h"
 #include "runtime/op_traits.h"
 
 namespace encore::kernels::cuda {

@@ -4,6 +4,30 @@
 #include "kernels/cuda/small_gemm.h"
 
 namespace encore::kernels::cuda {
+namespace {
+
+// Whether finish() (small_gemm.cuh) applies `act`: Op::Matmul (nothing), or an activation or
+// activation gradient it has a case for.
+bool finishes(Op act) {
+  switch (act) {
+    case Op::Matmul:
+    case Op::Relu:
+    case Op::LeakyRelu:
+    case Op::Sigmoid:
+    case Op::Tanh:
+    case Op::Gelu:
+    case Op::ReluGrad:
+    case Op::LeakyReluGrad:
+    case Op::SigmoidGrad:
+    case Op::TanhGrad:
+    case Op::GeluGrad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
 
 void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const void* a,
                 const void* b, void* c, const void* bias, Op act, double scalar,
@@ -16,14 +40,19 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
     T* pc = static_cast<T*>(c);
     ENCORE_CHECK(kind != SmallGemm::kNone, op_name(op), ": no small GEMM kernel for [", g.m, ",",
                  g.k, "] x [", g.k, ",", g.n, "]");
+    ENCORE_CHECK(finishes(act), op_name(op), ": a small GEMM cannot apply ", op_name(act),
+                 " to its outputs");
     const bool dot = kind == SmallGemm::kDot;
     const GemmLaunch l = small_gemm_launch(dot, g.m, g.n);
     if (dot) {
       gemm_dot_kernel<T>
           <<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
+    } else if (l.rows == 1) {
+      gemm_serial_k_kernel<T, 1><<<l.blocks, l.threads, 0, stream()>>>(
+          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
     } else {
-      gemm_serial_k_kernel<T><<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, g.trans_a, pa,
-                                                                    g.lda, pb, g.ldb, pc, g.ldc, f);
+      gemm_serial_k_kernel<T, kSerialRows><<<l.blocks, l.threads, 0, stream()>>>(
+          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
     }
     ENCORE_CUDA_LAUNCHED(op);
   });

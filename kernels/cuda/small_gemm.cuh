@@ -9,9 +9,9 @@
 //   butterfly (xor 16, 8, 4, 2, 1), after which every lane holds the same sum; lane i*4 + j
 //   stores output (i, j) of the tile.
 // - kSerialK (b stored [k, n], a [m, k] or stored [k, m]: a product's backward): a thread
-//   computes kSerialRows outputs of one column of c, multiplying and adding over k = 0, 1, ... in
-//   order; a block's threads take adjacent columns (coalesced loads of b; a's element is the same
-//   for the whole warp).
+//   computes kSerialRows outputs of one column of c (one, when c is small), multiplying and adding
+//   over k = 0, 1, ... in order; a block's threads take adjacent columns (coalesced loads of b;
+//   a's element is the same for the whole warp).
 //
 // Each multiply-add is one fused multiply-add (fma_of); the file is compiled without contraction
 // (nvcc -fmad=false), so everything else rounds as the unfused kernels do, and an activation
@@ -22,6 +22,7 @@
 // runtime/ops.h only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/element_ops.cuh"
@@ -29,23 +30,31 @@
 
 namespace encore::kernels::cuda {
 
-inline constexpr int kDotTile = 4;          // kDot: a warp's tile of c is kDotTile x kDotTile
-inline constexpr int kDotWarps = 8;         // kDot: warps per block
-inline constexpr int kSerialRows = 4;       // kSerialK: outputs per thread, down a column
-inline constexpr int kSerialThreads = 128;  // kSerialK: threads per block, along the row
+inline constexpr int kDotTile = 4;   // kDot: a warp's tile of c is kDotTile x kDotTile
+inline constexpr int kDotWarps = 4;  // kDot: warps per block (few: a small c has few tiles)
+// kSerialK: a thread computes kSerialRows outputs down a column, or one where c has fewer than
+// kSerialFewOutputs outputs (more threads, each waiting on fewer loads); a block's threads take
+// up to kSerialThreads adjacent columns, a multiple of 32.
+inline constexpr int kSerialRows = 4;
+inline constexpr int64_t kSerialFewOutputs = 16384;
+inline constexpr int kSerialThreads = 128;
 
-// The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of `threads`.
+// The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of `threads`, and
+// for kSerialK the outputs per thread. How the work is cut changes no output's order of
+// operations.
 struct GemmLaunch {
   unsigned blocks, threads;
+  int rows;
 };
 inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n) {
   if (dot) {
     const int64_t tiles = (m + kDotTile - 1) / kDotTile * ((n + kDotTile - 1) / kDotTile);
-    return {static_cast<unsigned>((tiles + kDotWarps - 1) / kDotWarps), kDotWarps * 32};
+    return {static_cast<unsigned>((tiles + kDotWarps - 1) / kDotWarps), kDotWarps * 32, 1};
   }
-  const int64_t blocks =
-      (m + kSerialRows - 1) / kSerialRows * ((n + kSerialThreads - 1) / kSerialThreads);
-  return {static_cast<unsigned>(blocks), kSerialThreads};
+  const int rows = m * n < kSerialFewOutputs ? 1 : kSerialRows;
+  const int64_t threads = std::min<int64_t>(kSerialThreads, (n + 31) / 32 * 32);
+  const int64_t blocks = (m + rows - 1) / rows * ((n + threads - 1) / threads);
+  return {static_cast<unsigned>(blocks), static_cast<unsigned>(threads), rows};
 }
 
 // How each output v of the product is finished before it is stored at c[at] (row r, column j):
@@ -126,7 +135,7 @@ __global__ void __launch_bounds__(kDotWarps * 32)
     br[i] = b + clamp_index(j0 + i, n) * ldb;
   }
   T acc[kDotTile][kDotTile] = {};
-#pragma unroll 2
+#pragma unroll(sizeof(T) == 4 ? 4 : 2)  // loads in flight
   for (int64_t p = lane; p < k; p += 32) {
     T av[kDotTile], bv[kDotTile];
 #pragma unroll
@@ -156,33 +165,33 @@ __global__ void __launch_bounds__(kDotWarps * 32)
       }
 }
 
-// kSerialK, launched as small_gemm_launch says: block b computes rows b / col_blocks *
-// kSerialRows on of the kSerialThreads columns from b % col_blocks * kSerialThreads. a's element
-// (row r, p) is a[r * lda + p], or a[p * lda + r] when trans_a (a stored [k, m]). A thread past c's
-// edge reads c's last row or column in its place and stores nothing there.
-template <typename T>
+// kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
+// b / col_blocks * kRows on, in the blockDim.x columns from b % col_blocks * blockDim.x on. a's
+// element (row r, p) is a[r * lda + p], or a[p * lda + r] when trans_a (a stored [k, m]). A
+// thread past c's edge reads c's last row or column in its place and stores nothing there.
+template <typename T, int kRows>
 __global__ void __launch_bounds__(kSerialThreads)
     gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
                          int64_t lda, const T* __restrict__ b, int64_t ldb, T* __restrict__ c,
                          int64_t ldc, GemmFinish<T> f) {
-  const int64_t col_blocks = (n + kSerialThreads - 1) / kSerialThreads;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kSerialRows;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) % col_blocks * kSerialThreads + threadIdx.x;
+  const int64_t width = blockDim.x, col_blocks = (n + width - 1) / width;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) % col_blocks * width + threadIdx.x;
   const int64_t jb = clamp_index(j, n);
   const int64_t step = trans_a ? lda : 1;  // from a's element (r, p) to (r, p + 1)
-  const T* ar[kSerialRows];
+  const T* ar[kRows];
 #pragma unroll
-  for (int i = 0; i < kSerialRows; ++i) ar[i] = a + clamp_index(r0 + i, m) * (trans_a ? 1 : lda);
-  T acc[kSerialRows] = {};
-#pragma unroll 4
+  for (int i = 0; i < kRows; ++i) ar[i] = a + clamp_index(r0 + i, m) * (trans_a ? 1 : lda);
+  T acc[kRows] = {};
+#pragma unroll 8  // loads in flight
   for (int64_t p = 0; p < k; ++p) {
     const T bv = b[p * ldb + jb];
 #pragma unroll
-    for (int i = 0; i < kSerialRows; ++i) acc[i] = fma_of(ar[i][p * step], bv, acc[i]);
+    for (int i = 0; i < kRows; ++i) acc[i] = fma_of(ar[i][p * step], bv, acc[i]);
   }
   if (j >= n) return;
 #pragma unroll
-  for (int i = 0; i < kSerialRows; ++i)
+  for (int i = 0; i < kRows; ++i)
     if (r0 + i < m) {
       const int64_t at = (r0 + i) * ldc + j;
       c[at] = finish(f, acc[i], at, j);

@@ -2,8 +2,8 @@
 // products run here): blas.cu sends Linear, LinearAct, Matmul and MatmulActGrad to them.
 #pragma once
 
-#include "kernels/gemm_shape.h"
 #include "runtime/dtype.h"
+#include "runtime/gemm_shape.h"
 #include "runtime/ops.h"
 #include "runtime/small_gemm.h"
 

@@ -1,8 +1,10 @@
 // Small products on cuda (runtime/small_gemm.h): encore's own GEMM kernels run them, eagerly and
 // replayed, and a CUDA plan folds a linear's activation and a product's activation gradient into
-// them. Checked against the cpu's values (eager), and against eager's bits on cuda (replays, with
-// CUDA graphs on and off, in float32 and float64, the fold switch on and off, verify mode); a
-// product too large for them keeps its steps apart.
+// them. Checked against the cpu's values and gradients (eager, every layout), and against eager's
+// bits on cuda (replays, with CUDA graphs on and off, in float32 and float64, the fold switch on
+// and off, every activation and gradient, 3-D inputs, NaN, verify mode); a product too large for
+// them keeps its steps apart. (With ENCORE_CUDA_SMALL_GEMM=0 nothing folds: these cases expect
+// the default.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -45,6 +47,22 @@ class ActMlp : public nn::Module {
     return (*l5)(F::leaky_relu((*l4)(F::relu((*l3)(h))), 0.1));
   }
   std::shared_ptr<nn::Linear> l1, l2, l3, l4, l5;
+};
+
+// Linear layers with gelu between them, in both forms: in a training step gelu's gradient (which
+// reads its input) folds into the product computing its incoming gradient, gelu stays apart.
+class GeluMlp : public nn::Module {
+ public:
+  explicit GeluMlp(DType dtype) {
+    const nn::LinearOptions o{.dtype = dtype};
+    l1 = register_module("l1", std::make_shared<nn::Linear>(24, 16, o));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(16, 16, o));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(16, 10, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*l3)(F::gelu((*l2)(F::gelu((*l1)(x), "tanh"))));
+  }
+  std::shared_ptr<nn::Linear> l1, l2, l3;
 };
 
 std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
@@ -95,36 +113,48 @@ std::pair<double, double> difference(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("small products on cuda give the cpu's values, eagerly, at every layout",
+TEST_CASE("small products on cuda give the cpu's values and gradients, eagerly, at every layout",
           "[cuda][small_gemm]") {
   REQUIRE(cuda_small_gemm_enabled());
   manual_seed(8);
   for (const DType dtype : {DType::Float32, DType::Float64}) {
     const double tol = dtype == DType::Float32 ? 1e-5 : 1e-12;
-    // Each layout of the small kernels (and past their edges: 33 rows, 129 columns), and cuBLAS's.
+    // A linear (the dot layout) past the kernels' edges (33 rows, 129 columns) and its gradients:
+    // x's (g w, serial k), w's (g^T x, serial k with a transposed), b's; a product with a
+    // transposed b (the dot layout again: the gradient of a matmul's left operand); one too large
+    // for the small kernels (cuBLAS).
     const Tensor x = randn({33, 70}, dtype), w = randn({129, 70}, dtype), b = randn({129}, dtype);
-    const Tensor g = randn({33, 129}, dtype), big = randn({300, 700}, dtype);
-    struct Product {
-      const char* name;
-      std::function<Tensor(Device)> on;
+    const Tensor g = randn({33, 129}, dtype), v = randn({70, 129}, dtype);
+    const Tensor big = randn({300, 700}, dtype);
+    struct Run {
+      Tensor y, gx, gw, gb, gv, big;
     };
-    const std::vector<Product> products = {
-        {"x w^T + b", [&](Device d) { return F::linear(x.to(d), w.to(d), b.to(d)); }},
-        {"g w", [&](Device d) { return F::matmul(g.to(d), w.to(d)); }},
-        {"g^T x", [&](Device d) { return F::matmul(F::transpose(g.to(d), 0, 1), x.to(d)); }},
-        {"big big^T",
-         [&](Device d) { return F::matmul(big.to(d), F::transpose(big.to(d), 0, 1)); }},
+    auto run = [&](Device d) {
+      const Tensor xd = x.to(d).set_requires_grad(), wd = w.to(d).set_requires_grad(),
+                   bd = b.to(d).set_requires_grad(), vd = v.to(d).set_requires_grad();
+      Run r;
+      r.y = F::linear(xd, wd, bd);
+      (F::sum(r.y * g.to(d)) + F::sum(F::matmul(xd, vd) * g.to(d))).backward();
+      r.gx = xd.grad();
+      r.gw = wd.grad();
+      r.gb = bd.grad();
+      r.gv = vd.grad();
+      r.big = F::matmul(big.to(d), F::transpose(big.to(d), 0, 1));
+      return r;
     };
-    for (const Product& p : products) {
-      INFO(name(dtype) << ": " << p.name);
-      const auto [diff, size] = difference(p.on(kCuda), p.on(Device::cpu()));
+    const Run want = run(Device::cpu()), got = run(kCuda);
+    auto check = [&](const char* what, const Tensor& a, const Tensor& e) {
+      INFO(name(dtype) << ": " << what);
+      const auto [diff, size] = difference(a, e);
       CHECK(diff <= tol * (1 + size));
-    }
+    };
+    check("x w^T + b", got.y, want.y);
+    check("x's gradient", got.gx, want.gx);
+    check("w's gradient", got.gw, want.gw);
+    check("b's gradient", got.gb, want.gb);
+    check("v's gradient", got.gv, want.gv);
+    check("big big^T", got.big, want.big);
   }
-  CHECK(cuda_small_gemm(false, true, 33, 129, 70, 1) == SmallGemm::kDot);
-  CHECK(cuda_small_gemm(false, false, 33, 70, 129, 1) == SmallGemm::kSerialK);
-  CHECK(cuda_small_gemm(true, false, 129, 70, 33, 1) == SmallGemm::kSerialK);
-  CHECK(cuda_small_gemm(false, true, 300, 300, 700, 1) == SmallGemm::kNone);
 }
 
 TEST_CASE(
@@ -157,7 +187,54 @@ TEST_CASE(
         CHECK(count_of(acts, "linear and leaky_relu in one") == 0);
         for (const char* g : {"tanh_grad", "sigmoid_grad", "relu_grad", "leaky_relu_grad"})
           CHECK(count_of(acts, cat("matmul and ", g, " in one")) == (fold ? 1 : 0));
+        // gelu in both forms: its gradient (which reads gelu's input) folds, gelu does not.
+        const std::string gelus = check_steps([dtype] { return std::make_shared<GeluMlp>(dtype); },
+                                              feature_batches(4, 8, 24, dtype, 5));
+        INFO(gelus);
+        CHECK(count_of(gelus, "matmul and gelu_grad in one") == (fold ? 2 : 0));
+        CHECK(count_of(gelus, "and gelu in one") == 0);
       }
+  });
+}
+
+TEST_CASE("a step over 3-D inputs folds the gradient of a matmul's left operand on cuda",
+          "[cuda][static][small_gemm]") {
+  // relu(x w1) w2 over x [4, 6, 40]: the product's rows are the 24 of x; relu's gradient comes
+  // from g w2^T (the dot layout), and folds into it. Then a linear over the same rows, and its
+  // tanh folded into it.
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  with_graphs_on_and_off([](bool) {
+    for (const DType dtype : {DType::Float32, DType::Float64}) {
+      INFO(name(dtype));
+      manual_seed(12);
+      const Tensor w1 = randn({40, 30}, dtype).to(kCuda).set_requires_grad();
+      const Tensor w2 = randn({30, 20}, dtype).to(kCuda).set_requires_grad();
+      const Tensor w3 = randn({10, 20}, dtype).to(kCuda).set_requires_grad();
+      const Tensor b3 = randn({10}, dtype).to(kCuda).set_requires_grad();
+      auto body = [&](const Tensor& x) {
+        const Tensor h = F::matmul(F::relu(F::matmul(x, w1)), w2);
+        const Tensor loss = F::sum(F::tanh(F::linear(h, w3, b3)));
+        loss.backward();
+        return std::vector<Tensor>{loss, w1.grad(), w2.grad(), w3.grad(), b3.grad()};
+      };
+      auto clear = [&] {
+        for (Tensor p : {w1, w2, w3, b3}) p.set_grad(Tensor());
+      };
+      auto f = static_graph(body, {.name = "rows_3d"});
+      for (int call = 0; call < 3; ++call) {
+        const Tensor x = randn({4, 6, 40}, dtype).to(kCuda);
+        clear();
+        const std::vector<Tensor> want = body(x);
+        clear();
+        const std::vector<Tensor> got = f(x);
+        for (size_t i = 0; i < want.size(); ++i) CHECK(bit_diff(got[i], want[i]) == "");
+      }
+      const std::string text = f.schedule_text();
+      INFO(text);
+      CHECK_THAT(text, Contains("matmul and relu_grad in one"));
+      CHECK_THAT(text, Contains("linear and tanh in one"));
+    }
   });
 }
 
@@ -172,16 +249,20 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
   CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
 }
 
-TEST_CASE("a folded relu on cuda passes NaN and gelu folds without a backward, as eagerly",
+TEST_CASE("a folded relu on cuda passes NaN; gelu and leaky_relu fold without a backward",
           "[cuda][static][small_gemm]") {
   StaticEnabled on;
   const StaticFoldActivations fold(true);
   manual_seed(9);
   const Tensor w = randn({40, 7}).to(kCuda), b = randn({40}).to(kCuda);
   auto relu = [&](const Tensor& x) { return F::relu(F::linear(x, w, b)); };
-  auto gelu = [&](const Tensor& x) { return F::gelu(F::linear(x, w, b), "tanh"); };
+  auto gelu = [&](const Tensor& x) {
+    return F::gelu(F::linear(x, w, b), "tanh") + F::gelu(F::linear(x, w, b));
+  };
+  auto leaky = [&](const Tensor& x) { return F::leaky_relu(F::linear(x, w, b), 0.2); };
   auto f = static_graph(relu, {.name = "relu_linear"});
   auto g = static_graph(gelu, {.name = "gelu_linear"});
+  auto l = static_graph(leaky, {.name = "leaky_linear"});
   NoGradGuard no_grad;
   for (int call = 0; call < 3; ++call) {
     Tensor host = randn({33, 7}) * 3.0;
@@ -190,11 +271,13 @@ TEST_CASE("a folded relu on cuda passes NaN and gelu folds without a backward, a
     const Tensor y = f(x);
     CHECK(bit_diff(y, relu(x)) == "");
     CHECK(bit_diff(g(x), gelu(x)) == "");
+    CHECK(bit_diff(l(x), leaky(x)) == "");
     const Tensor row = y.to(Device::cpu());
     for (int64_t j = 0; j < 40; ++j) CHECK(std::isnan(row.data<float>()[5 * 40 + j]));
   }
   CHECK_THAT(f.schedule_text(), Contains("linear and relu in one"));
-  CHECK_THAT(g.schedule_text(), Contains("linear and gelu in one"));
+  CHECK(count_of(g.schedule_text(), "linear and gelu in one") == 2);  // tanh and erf forms
+  CHECK_THAT(l.schedule_text(), Contains("linear and leaky_relu in one"));
 }
 
 TEST_CASE("a product too large for the small kernels keeps its activation apart on cuda",

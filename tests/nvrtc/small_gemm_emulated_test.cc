@@ -33,9 +33,13 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   T* pc = static_cast<T*>(c);
   if (dot)
     emulate_launch(l.blocks, l.threads, [&] { gemm_dot_kernel<T>(m, n, k, pa, lda, pb, ldb, pc, ldc, f); });
+  else if (l.rows == 1)
+    emulate_launch(l.blocks, l.threads, [&] {
+      gemm_serial_k_kernel<T, 1>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
+    });
   else
     emulate_launch(l.blocks, l.threads, [&] {
-      gemm_serial_k_kernel<T>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
+      gemm_serial_k_kernel<T, kSerialRows>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
     });
 }
 #define ENTRY(name, T)                                                                        \
@@ -161,7 +165,8 @@ void check(const Case& cs, uint32_t seed) {
 TEST_CASE("small GEMM kernels compute each output over both layouts and edges (emulated)",
           "[nvrtc][emulated][small_gemm]") {
   // Tiles and columns that end inside c and past it, k below and above a warp's 32 lanes and not
-  // a multiple of them, a single output; a, b and c with longer rows than they use.
+  // a multiple of them, a single output; a, b and c with longer rows than they use; serial k with
+  // one output per thread (a small c) and four (c of 16,384 outputs or more).
   const std::vector<Case> cases = {
       {true, 1, 1, 1},
       {true, 5, 7, 33},
@@ -172,6 +177,8 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 7, 5, 40, true},
       {false, 12, 129, 32, true, 2},
       {false, 4, 128, 3, false, 1},
+      {false, 130, 130, 5, true, 1},
+      {false, 129, 131, 9},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& cs = cases[i];

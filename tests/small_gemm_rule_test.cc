@@ -1,0 +1,55 @@
+// Which CUDA products run on encore's small GEMM kernels (runtime/small_gemm.h), from the
+// GemmShape every backend and the planner take from a step's shapes (runtime/gemm_shape.h): the
+// bounds on size and k of each layout, batches, empty and huge sizes. Host code: checked here on
+// every build; the kernels themselves run in tests/nvrtc/ (emulated) and tests/cuda/.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "runtime/gemm_shape.h"
+#include "runtime/small_gemm.h"
+
+using namespace encore;
+
+TEST_CASE("small CUDA GEMMs: a linear's layout up to k 1024, b read down its columns up to k 512",
+          "[small_gemm]") {
+  REQUIRE(cuda_small_gemm_enabled());  // ENCORE_CUDA_SMALL_GEMM unset in the tests
+  constexpr int64_t kBig = int64_t{1} << 40;
+  // At most 2^23 multiply-adds.
+  CHECK(cuda_small_gemm(false, true, 8192, 1024, 1, 1) == SmallGemm::kDot);
+  CHECK(cuda_small_gemm(false, true, 8193, 1024, 1, 1) == SmallGemm::kNone);
+  CHECK(cuda_small_gemm(false, false, 128, 128, 512, 1) == SmallGemm::kSerialK);
+  CHECK(cuda_small_gemm(false, false, 129, 128, 512, 1) == SmallGemm::kNone);
+  // k per layout.
+  CHECK(cuda_small_gemm(false, true, 1, 1, 1024, 1) == SmallGemm::kDot);
+  CHECK(cuda_small_gemm(false, true, 1, 1, 1025, 1) == SmallGemm::kNone);
+  CHECK(cuda_small_gemm(false, false, 1, 1, 512, 1) == SmallGemm::kSerialK);
+  CHECK(cuda_small_gemm(true, false, 1, 1, 512, 1) == SmallGemm::kSerialK);
+  CHECK(cuda_small_gemm(true, false, 1, 1, 513, 1) == SmallGemm::kNone);
+  CHECK(cuda_small_gemm(true, true, 4, 4, 4, 1) == SmallGemm::kNone);  // neither layout
+  // One matrix, every size at least 1, and no overflow on huge ones.
+  CHECK(cuda_small_gemm(false, true, 4, 4, 4, 2) == SmallGemm::kNone);
+  for (const int64_t zero_at : {0, 1, 2}) {
+    const int64_t m = zero_at == 0 ? 0 : 4, n = zero_at == 1 ? 0 : 4, k = zero_at == 2 ? 0 : 4;
+    CHECK(cuda_small_gemm(false, true, m, n, k, 1) == SmallGemm::kNone);
+  }
+  CHECK(cuda_small_gemm(false, true, kBig, kBig, kBig, 1) == SmallGemm::kNone);
+  CHECK(cuda_small_gemm(false, false, 1, kBig, 1, 1) == SmallGemm::kNone);
+}
+
+TEST_CASE("the planner and the kernels read one GemmShape from a step's shapes", "[small_gemm]") {
+  // A linear over [2, 3, 40] rows: 6 x 40 by a [20, 40] weight.
+  const GemmShape lin = linear_shape(Shape{2, 3, 40}, Shape{20, 40}, Shape{2, 3, 20});
+  CHECK((lin.m == 6 && lin.n == 20 && lin.k == 40 && lin.trans_b && !lin.trans_a));
+  CHECK(cuda_small_gemm(lin) == SmallGemm::kDot);
+  // A weight gradient: gy^T x, gy [32, 100] read transposed, x [32, 784].
+  const GemmShape dw =
+      matmul_shape(Shape{32, 100}, Shape{32, 784}, Shape{100, 784}, MatmulAttrs{true, false});
+  CHECK((dw.m == 100 && dw.n == 784 && dw.k == 32 && dw.lda == 100 && dw.batches == 1));
+  CHECK(cuda_small_gemm(dw) == SmallGemm::kSerialK);
+  // Batched: cuBLAS's.
+  const GemmShape bmm =
+      matmul_shape(Shape{4, 8, 16}, Shape{4, 16, 8}, Shape{4, 8, 8}, MatmulAttrs{false, false});
+  CHECK(bmm.batches == 4);
+  CHECK(cuda_small_gemm(bmm) == SmallGemm::kNone);
+}
