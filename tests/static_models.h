@@ -111,4 +111,20 @@ struct StaticBnNet : BnNet {
   ENCORE_STATIC_GRAPH({.name = "bn_net", .arg_names = {"x"}});
 };
 
+// Linear layers with gelu between them, both forms: in a training step the products of the
+// backward apply gelu_grad (gelu's gradient reads its input, so the forward pairs stay apart).
+class GeluMlp : public nn::Module {
+ public:
+  explicit GeluMlp(DType dtype) {
+    const nn::LinearOptions o{.dtype = dtype};
+    l1 = register_module("l1", std::make_shared<nn::Linear>(24, 16, o));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(16, 16, o));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(16, 10, o));
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*l3)(F::gelu((*l2)(F::gelu((*l1)(x))), "tanh"));
+  }
+  std::shared_ptr<nn::Linear> l1, l2, l3;
+};
+
 }  // namespace encore::testing

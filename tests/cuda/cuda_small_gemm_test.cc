@@ -49,22 +49,6 @@ class ActMlp : public nn::Module {
   std::shared_ptr<nn::Linear> l1, l2, l3, l4, l5;
 };
 
-// Linear layers with gelu between them, in both forms: in a training step gelu's gradient (which
-// reads its input) folds into the product computing its incoming gradient, gelu stays apart.
-class GeluMlp : public nn::Module {
- public:
-  explicit GeluMlp(DType dtype) {
-    const nn::LinearOptions o{.dtype = dtype};
-    l1 = register_module("l1", std::make_shared<nn::Linear>(24, 16, o));
-    l2 = register_module("l2", std::make_shared<nn::Linear>(16, 16, o));
-    l3 = register_module("l3", std::make_shared<nn::Linear>(16, 10, o));
-  }
-  Tensor forward(const Tensor& x) override {
-    return (*l3)(F::gelu((*l2)(F::gelu((*l1)(x), "tanh"))));
-  }
-  std::shared_ptr<nn::Linear> l1, l2, l3;
-};
-
 std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
                                    uint64_t seed) {
   manual_seed(seed);
