@@ -164,9 +164,8 @@ void linear_act_kernel(const KernelArgs& args) {
 // MatmulActGrad (the planner's): a, b, y -> act_grad(y, matmul(a, b)).
 void matmul_act_grad_kernel(const KernelArgs& args) {
   const MatmulActAttrs& attrs = args.attr<MatmulActAttrs>();
-  const AttrBlob product = AttrBlob::of(attrs.matmul);
-  const KernelArgs product_args{args.in.first(2), args.out, product};
-  matmul_into(args, Op::MatmulActGrad, attrs.act.op, attrs.act.scalar, matmul_shape(product_args));
+  matmul_into(args, Op::MatmulActGrad, attrs.act.op, attrs.act.scalar,
+              matmul_shape(args.in[0].shape, args.in[1].shape, args.out[0].shape, attrs.matmul));
 }
 
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
