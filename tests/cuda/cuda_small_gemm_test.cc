@@ -114,8 +114,13 @@ TEST_CASE("small products on cuda give the cpu's values and gradients, eagerly, 
       Tensor y, gx, gw, gb, gv, big;
     };
     auto run = [&](Device d) {
-      const Tensor xd = x.to(d).set_requires_grad(), wd = w.to(d).set_requires_grad(),
-                   bd = b.to(d).set_requires_grad(), vd = v.to(d).set_requires_grad();
+      // Leaves of their own on d (to() the cpu is the tensor itself).
+      auto leaf = [&](const Tensor& t) {
+        Tensor l = t.to(d).detach();
+        l.set_requires_grad();
+        return l;
+      };
+      const Tensor xd = leaf(x), wd = leaf(w), bd = leaf(b), vd = leaf(v);
       Run r;
       r.y = F::linear(xd, wd, bd);
       (F::sum(r.y * g.to(d)) + F::sum(F::matmul(xd, vd) * g.to(d))).backward();
