@@ -89,16 +89,6 @@ std::vector<Batch> image_batches(int count, int64_t batch, int64_t side, DType d
   return out;
 }
 
-std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
-                                   uint64_t seed) {
-  manual_seed(seed);
-  std::vector<Batch> out;
-  for (int i = 0; i < count; ++i)
-    out.push_back(
-        {randn({batch, features}, dtype), cyclic_labels(batch, 1 + i, 10, Device::cpu())});
-  return out;
-}
-
 std::vector<Tensor> as_list(const Tensor& t) {
   return {t};
 }
@@ -109,31 +99,12 @@ std::vector<Tensor> as_list(std::vector<Tensor> ts) {
 auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-2}); };
 auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), {.lr = 0.05}); };
 
-// Trains `eager_model` eagerly and `model` with its whole step static on `batches`: losses,
-// parameters and gradients equal bit for bit after every step. Returns the schedule dump.
-template <typename MakeOpt>
-std::string check_whole_steps(std::shared_ptr<nn::Module> eager_model,
-                              std::shared_ptr<nn::Module> model, const std::vector<Batch>& batches,
-                              MakeOpt make_opt, StaticOptions options = {.name = "fold_step"}) {
-  TrainStep eager(eager_model, make_opt);
-  TrainStep twin(model, make_opt);
-  auto step = twin.make_static(std::move(options));
-  for (size_t i = 0; i < batches.size(); ++i) {
-    INFO("step " << i);
-    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
-    check_same_parameters(*eager_model, *model, cat("step ", i));
-  }
-  check_one_trace_then_replays(step.stats(), static_cast<int64_t>(batches.size()));
-  if (options.verify_every > 0)
-    CHECK(step.stats().verifications == static_cast<int64_t>(batches.size()) - 1);
-  return step.schedule_text();
-}
-
 template <typename Make>
 std::string check_model(Make make, const std::vector<Batch>& batches, auto make_opt,
                         StaticOptions options = {.name = "fold_step"}) {
   return check_whole_steps(seeded(5, Device::cpu(), make), seeded(5, Device::cpu(), make), batches,
-                           make_opt, std::move(options));
+                           make_opt, std::move(options))
+      .schedule;
 }
 
 }  // namespace

@@ -38,31 +38,11 @@ struct LaneSettings {
 auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-3}); };
 auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), {.lr = 0.05}); };
 
-// Trains `eager_model` eagerly and `model` with its whole step static, `steps` batches, the
-// optimizer from `make_opt`: losses, parameters and gradients equal bit for bit after every step.
-// Returns the static function's stats and schedule dump.
-template <typename MakeOpt>
-std::pair<StaticStats, std::string> check_whole_steps(std::shared_ptr<nn::Module> eager_model,
-                                                      std::shared_ptr<nn::Module> model,
-                                                      const std::vector<Batch>& batches,
-                                                      MakeOpt make_opt) {
-  TrainStep eager(eager_model, make_opt);
-  TrainStep twin(model, make_opt);
-  auto step = twin.make_static({.name = "lanes_step"});
-  for (size_t i = 0; i < batches.size(); ++i) {
-    INFO("step " << i);
-    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
-    check_same_parameters(*eager_model, *model, cat("step ", i));
-  }
-  check_one_trace_then_replays(step.stats(), static_cast<int64_t>(batches.size()));
-  return {step.stats(), step.schedule_text()};
-}
-
 // An MLP big enough that its first product is split across both lanes.
-std::pair<StaticStats, std::string> check_mlp_adam(int steps) {
+StaticRun check_mlp_adam(int steps) {
   const auto mlps = twin_mlps<MlpNet>(Device::cpu(), /*seed=*/5, 784, 128, steps, 64,
                                       /*data_seed=*/2);
-  return check_whole_steps(mlps.eager, mlps.model, mlps.batches, adam);
+  return check_whole_steps(mlps.eager, mlps.model, mlps.batches, adam, {.name = "lanes_step"});
 }
 
 std::vector<Batch> image_batches(int count, int64_t batch, uint64_t seed) {
@@ -91,7 +71,8 @@ TEST_CASE("two lanes replay a whole SGD step of the seed CNN with eager's bits",
   const LaneSettings lanes(true, 2);
   auto eager = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
   auto model = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
-  const auto [stats, text] = check_whole_steps(eager, model, image_batches(4, 16, 8), sgd);
+  const auto [stats, text] =
+      check_whole_steps(eager, model, image_batches(4, 16, 8), sgd, {.name = "lanes_step"});
   INFO(text);
   CHECK_THAT(text, Contains("both lanes"));  // the convolutions
   CHECK(stats.cache.at(0).lane_replays == 3);

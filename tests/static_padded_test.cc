@@ -100,23 +100,13 @@ std::vector<Batch> batches_of(int count, const Shape& image, DType dtype, uint64
   return out;
 }
 
-// Trains `eager_model` eagerly and `model` with its whole SGD step static (verify mode every
-// `verify_every` replays): losses, parameters and gradients equal bit for bit after every step.
-// Returns the schedule dump.
-std::string check_whole_steps(std::shared_ptr<nn::Module> eager_model,
-                              std::shared_ptr<nn::Module> model, const std::vector<Batch>& batches,
-                              int verify_every = 0) {
-  TrainStep eager(eager_model, sgd);
-  TrainStep twin(model, sgd);
-  auto step = twin.make_static({.name = "padded_step", .verify_every = verify_every});
-  for (size_t i = 0; i < batches.size(); ++i) {
-    INFO("step " << i);
-    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
-    check_same_parameters(*eager_model, *model, cat("step ", i));
-  }
-  check_one_trace_then_replays(step.stats(), static_cast<int64_t>(batches.size()));
-  if (verify_every > 0) CHECK(step.stats().verifications > 0);
-  return step.schedule_text();
+// The dump of an SGD training step of `model` static against `eager` (verify mode every
+// `verify_every` replays), checked by check_whole_steps.
+std::string check_sgd_steps(std::shared_ptr<nn::Module> eager, std::shared_ptr<nn::Module> model,
+                            const std::vector<Batch>& batches, int verify_every = 0) {
+  return check_whole_steps(eager, model, batches, sgd,
+                           {.name = "padded_step", .verify_every = verify_every})
+      .schedule;
 }
 
 // A chain trained eagerly and static with the same seed: the static step's dump.
@@ -127,7 +117,7 @@ std::string check_chain(int64_t channels, const Shape& image, const std::vector<
   };
   auto eager = seeded(21, Device::cpu(), make);
   auto model = seeded(21, Device::cpu(), make);
-  return check_whole_steps(eager, model, batches_of(4, image, dtype, 9), verify_every);
+  return check_sgd_steps(eager, model, batches_of(4, image, dtype, 9), verify_every);
 }
 
 int occurrences(const std::string& text, const std::string& what) {
@@ -165,7 +155,7 @@ TEST_CASE("padded layouts: the seed CNN's whole step gives eager's bits at one a
       auto eager = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
       auto model = seeded(3, Device::cpu(), [] { return std::make_shared<models::SeedCnn>(); });
       const std::string text =
-          check_whole_steps(eager, model, batches_of(4, {16, 1, 28, 28}, DType::Float32, 8));
+          check_sgd_steps(eager, model, batches_of(4, {16, 1, 28, 28}, DType::Float32, 8));
       INFO(text);
       // c1's and c2's outputs (each read by the next convolution and its weight gradient); c3's
       // goes to a relu.
@@ -198,7 +188,7 @@ TEST_CASE("padded layouts: VGG-small's whole step gives eager's bits", "[static]
     auto eager = seeded(5, Device::cpu(), make);
     auto model = seeded(5, Device::cpu(), make);
     const std::string text =
-        check_whole_steps(eager, model, batches_of(3, {4, 3, 16, 16}, DType::Float32, 2));
+        check_sgd_steps(eager, model, batches_of(3, {4, 3, 16, 16}, DType::Float32, 2));
     INFO(text);
     // A relu reads every convolution's output: nothing is padded.
     CHECK(padded_buffers(text) == 0);

@@ -107,6 +107,48 @@ inline void check_one_trace_then_replays(const StaticStats& s, int64_t calls) {
   REQUIRE(s.cache.size() == 1);
 }
 
+// The stats of a static function and its schedule dump.
+struct StaticRun {
+  StaticStats stats;
+  std::string schedule;
+};
+
+// `count` batches of `batch` rows of `features` normal values (from `seed`) and labels
+// (i * (1 + batch index)) % 10, on `device`.
+inline std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
+                                          uint64_t seed, Device device = Device::cpu()) {
+  manual_seed(seed);
+  std::vector<Batch> out;
+  for (int i = 0; i < count; ++i)
+    out.push_back(
+        {randn({batch, features}, dtype).to(device), cyclic_labels(batch, 1 + i, 10, device)});
+  return out;
+}
+
+// Trains `eager_model` eagerly and `model` with its whole step static on `batches`, the
+// optimizer from `make_opt`: losses, parameters and gradients equal bit for bit after every step,
+// one trace, and with verify mode, every replay (or some) verified. Returns the static function's
+// stats and schedule dump.
+template <typename MakeOpt>
+StaticRun check_whole_steps(std::shared_ptr<nn::Module> eager_model,
+                            std::shared_ptr<nn::Module> model, const std::vector<Batch>& batches,
+                            MakeOpt make_opt, StaticOptions options = {.name = "whole_step"}) {
+  TrainStep eager(eager_model, make_opt);
+  TrainStep twin(model, make_opt);
+  const int verify_every = options.verify_every;
+  auto step = twin.make_static(std::move(options));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    INFO("step " << i);
+    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
+    check_same_parameters(*eager_model, *model, cat("step ", i));
+  }
+  const StaticStats s = step.stats();
+  check_one_trace_then_replays(s, static_cast<int64_t>(batches.size()));
+  if (verify_every == 1) CHECK(s.verifications == static_cast<int64_t>(batches.size()) - 1);
+  if (verify_every > 1) CHECK(s.verifications > 0);
+  return {s, step.schedule_text()};
+}
+
 // ---- Replay equals eager -------------------------------------------------------------------
 
 // MLP training with Adam, the model's forward static (the module form): 20 steps.
@@ -124,12 +166,6 @@ inline StaticStats check_mlp_module_form(Device d) {
   CHECK(s.cache[0].backward_steps > 0);
   return s;
 }
-
-// The stats of a static function and its schedule dump.
-struct StaticRun {
-  StaticStats stats;
-  std::string schedule;
-};
 
 // MLP training with Adam, the whole step static (the function form): 20 steps.
 inline StaticRun check_mlp_function_form(Device d) {

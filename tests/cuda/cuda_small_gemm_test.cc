@@ -49,32 +49,15 @@ class ActMlp : public nn::Module {
   std::shared_ptr<nn::Linear> l1, l2, l3, l4, l5;
 };
 
-std::vector<Batch> feature_batches(int count, int64_t batch, int64_t features, DType dtype,
-                                   uint64_t seed) {
-  manual_seed(seed);
-  std::vector<Batch> out;
-  for (int i = 0; i < count; ++i)
-    out.push_back(
-        {randn({batch, features}, dtype).to(kCuda), cyclic_labels(batch, 1 + i, 10, kCuda)});
-  return out;
-}
-
 // Adam steps of two models made from one seed on cuda, one eagerly and one as a static whole
 // step: losses, parameters and gradients equal bit for bit. Returns the schedule dump.
 template <typename Make>
 std::string check_steps(Make make, const std::vector<Batch>& batches,
                         StaticOptions options = {.name = "small_gemm_step"}) {
   auto adam = [](nn::Module& m) { return optim::Adam(m.parameters(), {.lr = 1e-2}); };
-  auto eager_model = seeded(5, kCuda, make), model = seeded(5, kCuda, make);
-  TrainStep eager(eager_model, adam), twin(model, adam);
-  auto step = twin.make_static(std::move(options));
-  for (size_t i = 0; i < batches.size(); ++i) {
-    INFO("step " << i);
-    CHECK(bit_diff(eager(batches[i]), step(batches[i].x, batches[i].t)) == "");
-    check_same_parameters(*eager_model, *model, cat("step ", i));
-  }
-  check_one_trace_then_replays(step.stats(), static_cast<int64_t>(batches.size()));
-  return step.schedule_text();
+  return check_whole_steps(seeded(5, kCuda, make), seeded(5, kCuda, make), batches, adam,
+                           std::move(options))
+      .schedule;
 }
 
 // The largest |a - b| over the elements, and the largest |b|, of two tensors of one floating dtype
@@ -160,7 +143,7 @@ TEST_CASE(
         // relu_grad.
         const std::string mlp =
             check_steps([dtype] { return nn::mlp(64, 48, 10, {.dtype = dtype}); },
-                        feature_batches(4, 16, 64, dtype, 3));
+                        feature_batches(4, 16, 64, dtype, 3, kCuda));
         INFO(mlp);
         CHECK(count_of(mlp, R"(linear_act\s+\[linear and relu in one)") == (fold ? 2 : 0));
         CHECK(count_of(mlp, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
@@ -169,7 +152,7 @@ TEST_CASE(
         // tanh, sigmoid and relu fold into their linears (leaky_relu's gradient reads its input);
         // the gradients of all four into the products computing their incoming gradients.
         const std::string acts = check_steps([dtype] { return std::make_shared<ActMlp>(dtype); },
-                                             feature_batches(4, 8, 40, dtype, 4));
+                                             feature_batches(4, 8, 40, dtype, 4, kCuda));
         INFO(acts);
         for (const char* a : {"tanh", "sigmoid", "relu"})
           CHECK(count_of(acts, cat("linear and ", a, " in one")) == (fold ? 1 : 0));
@@ -178,7 +161,7 @@ TEST_CASE(
           CHECK(count_of(acts, cat("matmul and ", g, " in one")) == (fold ? 1 : 0));
         // gelu in both forms: its gradient (which reads gelu's input) folds, gelu does not.
         const std::string gelus = check_steps([dtype] { return std::make_shared<GeluMlp>(dtype); },
-                                              feature_batches(4, 8, 24, dtype, 5));
+                                              feature_batches(4, 8, 24, dtype, 5, kCuda));
         INFO(gelus);
         CHECK(count_of(gelus, "matmul and gelu_grad in one") == (fold ? 2 : 0));
         CHECK(count_of(gelus, "and gelu in one") == 0);
@@ -232,7 +215,7 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
   StaticEnabled on;
   const StaticFoldActivations fold(true);
   const std::string text = check_steps([] { return std::make_shared<ActMlp>(DType::Float32); },
-                                       feature_batches(3, 8, 40, DType::Float32, 6),
+                                       feature_batches(3, 8, 40, DType::Float32, 6, kCuda),
                                        {.name = "verified_small_gemm", .verify_every = 1});
   CHECK_THAT(text, Contains("linear and tanh in one"));
   CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
