@@ -5,7 +5,8 @@
 // in double, a fixed shuffle (and shared-memory) tree joins the threads (no atomics, the same bits
 // on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
 // over rows: a warp of columns per block, 32 threads per column over interleaved rows, joined by a
-// fixed tree (the same bits on every run).
+// fixed tree (the same bits on every run). For rows of up to 1,024 the input gradient (a warp per
+// row) and gamma's and beta's are one launch, whose blocks take one or the other.
 #include <cstdint>
 #include <type_traits>
 
@@ -82,47 +83,48 @@ void layer_norm(const KernelArgs& args) {
   });
 }
 
-// gx = rstd (g - mean(g) - xhat mean(g xhat)), g = gy gamma, xhat = (x - mean) rstd.
+// gx = rstd (g - mean(g) - xhat mean(g xhat)), g = gy gamma, xhat = (x - mean) rstd, for row r,
+// by thread g of the row's group of kGroup threads.
 template <int kGroup, typename T>
-__global__ void __launch_bounds__(kBlockThreads<kGroup>)
-    layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
-                             T* gx, int64_t rows, int64_t cols) {
-  __shared__ double sh[32];
+__device__ __forceinline__ void grad_x_row(const T* x, const T* mean, const T* rstd, const T* gy,
+                                           const T* gamma, T* gx, int64_t cols, int64_t r, int g,
+                                           double* sh) {
   const double count = static_cast<double>(cols > 0 ? cols : 1);
-  for_each_group_item<kGroup>(rows, [&](int64_t r, int g) {
-    const T* xr = x + r * cols;
-    const T* gr = gy + r * cols;
-    const T m = mean[r], rs = rstd[r];
-    double sg = 0, sgh = 0;
-    for (int64_t i = g; i < cols; i += kGroup) {
-      const double v = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
-      sg += v;
-      sgh += v * static_cast<double>((xr[i] - m) * rs);
-    }
-    const T a = static_cast<T>(group_reduce<SumOp, kGroup>(sg, sh) / count);
-    const T c = static_cast<T>(group_reduce<SumOp, kGroup>(sgh, sh) / count);
-    T* out = gx + r * cols;
-    for (int64_t i = g; i < cols; i += kGroup) {
-      const T v = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
-      out[i] = rs * (v - a - (xr[i] - m) * rs * c);
-    }
-  });
+  const T* xr = x + r * cols;
+  const T* gr = gy + r * cols;
+  const T m = mean[r], rs = rstd[r];
+  double sg = 0, sgh = 0;
+  for (int64_t i = g; i < cols; i += kGroup) {
+    const double v = static_cast<double>(gamma != nullptr ? gr[i] * gamma[i] : gr[i]);
+    sg += v;
+    sgh += v * static_cast<double>((xr[i] - m) * rs);
+  }
+  const T a = static_cast<T>(group_reduce<SumOp, kGroup>(sg, sh) / count);
+  const T c = static_cast<T>(group_reduce<SumOp, kGroup>(sgh, sh) / count);
+  T* out = gx + r * cols;
+  for (int64_t i = g; i < cols; i += kGroup) {
+    const T v = gamma != nullptr ? gr[i] * gamma[i] : gr[i];
+    out[i] = rs * (v - a - (xr[i] - m) * rs * c);
+  }
 }
 
 constexpr int kParamCols = 32;   // columns of a block of the gamma/beta gradient (one warp)
 constexpr int kParamLanes = 32;  // threads per column, each over every kParamLanes-th row
+constexpr int kParamThreads = kParamCols * kParamLanes;
 
-// ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy. A block owns kParamCols columns; thread
-// (y, x) adds rows y, y + kParamLanes, ... of column x in row order, then a fixed tree over y
-// joins the lanes of each column.
+// ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy over the kParamCols columns from
+// `block` * kParamCols, by a block of kParamThreads threads: thread (ty, tx) = (t / kParamCols,
+// t % kParamCols) adds rows ty, ty + kParamLanes, ... of column tx in row order, then a fixed tree
+// over ty joins the lanes of each column.
 template <typename T>
-__global__ void __launch_bounds__(kParamCols* kParamLanes)
-    layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy, T* ggamma,
-                                  T* gbeta, int64_t rows, int64_t cols) {
+__device__ __forceinline__ void grad_params_block(const T* x, const T* mean, const T* rstd,
+                                                  const T* gy, T* ggamma, T* gbeta, int64_t rows,
+                                                  int64_t cols, int64_t block) {
   __shared__ double sh_gh[kParamLanes][kParamCols + 1];
   __shared__ double sh_g[kParamLanes][kParamCols + 1];
-  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kParamCols + tx;
+  const int tx = static_cast<int>(threadIdx.x % kParamCols),
+            ty = static_cast<int>(threadIdx.x / kParamCols);
+  const int64_t c = block * kParamCols + tx;
   double sgh = 0, sg = 0;
   if (c < cols) {
 #pragma unroll 4  // loads of four rows in flight; each sum still adds its rows in order
@@ -148,27 +150,70 @@ __global__ void __launch_bounds__(kParamCols* kParamLanes)
   }
 }
 
+// Rows longer than kMaxCudaRow: the input gradient a block per row, gamma's and beta's in a
+// launch of their own.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
+                             T* gx, int64_t rows, int64_t cols) {
+  __shared__ double sh[32];
+  for_each_group_item<kThreads>(rows, [&](int64_t r, int g) {
+    grad_x_row<kThreads>(x, mean, rstd, gy, gamma, gx, cols, r, g, sh);
+  });
+}
+template <typename T>
+__global__ void __launch_bounds__(kParamThreads)
+    layer_norm_grad_params_kernel(const T* x, const T* mean, const T* rstd, const T* gy, T* ggamma,
+                                  T* gbeta, int64_t rows, int64_t cols) {
+  grad_params_block(x, mean, rstd, gy, ggamma, gbeta, rows, cols, blockIdx.x);
+}
+
+// Rows of up to kMaxCudaRow: one launch for both gradients. Blocks below `x_blocks` take the
+// input gradient, a warp per row (warp w of block b: rows b * kRowsPerBlock + w, then every
+// x_blocks * kRowsPerBlock-th), the others gamma's and beta's, kParamCols columns each. Each
+// value is computed as by the two kernels above (a row's warp tree, a column's lanes and tree),
+// so the bits do not depend on which block computes it.
+template <typename T>
+__global__ void __launch_bounds__(kParamThreads)
+    layer_norm_grad_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
+                           T* gx, T* ggamma, T* gbeta, int64_t rows, int64_t cols,
+                           unsigned x_blocks) {
+  constexpr int kRowsPerBlock = kParamThreads / 32;
+  if (blockIdx.x >= x_blocks) {  // uniform over the block
+    grad_params_block(x, mean, rstd, gy, ggamma, gbeta, rows, cols, blockIdx.x - x_blocks);
+    return;
+  }
+  const int64_t step = static_cast<int64_t>(x_blocks) * kRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; r < rows;
+       r += step)
+    grad_x_row<32>(x, mean, rstd, gy, gamma, gx, cols, r, static_cast<int>(threadIdx.x % 32),
+                   nullptr);
+}
+
 void layer_norm_grad(const KernelArgs& args) {
   const int64_t cols = args.attr<LayerNormAttrs>().cols, rows = args.in[1].numel();
+  if (cols <= 0) return;
   switch_floating(args.in[0].dtype, Op::LayerNormGrad, [&]<typename T>(Type<T>) {
+    const T *x = args.in[0].as<T>(), *mean = args.in[1].as<T>(), *rstd = args.in[2].as<T>(),
+            *gy = args.in[3].as<T>();
     const T* gamma = args.in.size() > 4 ? args.in[4].as<T>() : nullptr;
-    if (rows > 0 && cols > 0) {
-      with_row_group(cols, [&](auto group) {
-        constexpr int kGroup = decltype(group)::value;
-        layer_norm_grad_x_kernel<kGroup, T>
-            <<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
-                args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(),
-                gamma, args.out[0].as<T>(), rows, cols);
-        ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
-      });
+    T *gx = args.out[0].as<T>(), *ggamma = args.out[1].as<T>(), *gbeta = args.out[2].as<T>();
+    const auto param_blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
+    if (cols <= kMaxCudaRow) {  // a warp per row, as layer_norm's forward
+      const unsigned x_blocks = rows > 0 ? blocks_for(rows, kParamThreads / 32) : 0;
+      layer_norm_grad_kernel<T><<<x_blocks + param_blocks, kParamThreads, 0, stream()>>>(
+          x, mean, rstd, gy, gamma, gx, ggamma, gbeta, rows, cols, x_blocks);
+      ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+      return;
     }
-    if (cols > 0) {
-      const auto blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
-      layer_norm_grad_params_kernel<T><<<blocks, dim3(kParamCols, kParamLanes), 0, stream()>>>(
-          args.in[0].as<T>(), args.in[1].as<T>(), args.in[2].as<T>(), args.in[3].as<T>(),
-          args.out[1].as<T>(), args.out[2].as<T>(), rows, cols);
+    if (rows > 0) {
+      layer_norm_grad_x_kernel<T><<<row_blocks<kThreads>(rows), kThreads, 0, stream()>>>(
+          x, mean, rstd, gy, gamma, gx, rows, cols);
       ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
     }
+    layer_norm_grad_params_kernel<T><<<param_blocks, kParamThreads, 0, stream()>>>(
+        x, mean, rstd, gy, ggamma, gbeta, rows, cols);
+    ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
   });
 }
 
