@@ -1,12 +1,13 @@
 // Layer normalisation on CUDA (the semantics of kernels/cpu/layer_norm.cc): x seen as [R, C].
 //
-// A warp per row for rows of up to 1024 elements (eight rows per block, shuffles only), else a
-// block per row (a grid-stride loop over rows): each thread adds a fixed strided subset of the row
-// in double, a fixed shuffle (and shared-memory) tree joins the threads (no atomics, the same bits
-// on every run). The variance is two-pass and biased. The gradient of gamma and beta sums
-// over rows: a warp of columns per block, 32 threads per column over interleaved rows, joined by a
-// fixed tree (the same bits on every run). For rows of up to 1,024 the input gradient (a warp per
-// row) and gamma's and beta's are one launch, whose blocks take one or the other.
+// A warp per row for rows of up to 1024 elements (shuffles only), else a block per row (a
+// grid-stride loop over rows): each thread adds a fixed strided subset of the row in double, a
+// fixed shuffle (and shared-memory) tree joins the threads (no atomics, the same bits on every
+// run). The variance is two-pass and biased. The gradient of gamma and beta sums over rows: a warp
+// of columns per block, 32 threads per column over interleaved rows, joined by a fixed tree (the
+// same bits on every run). Over few rows of up to 1,024 (kOneLaunchRows) the input gradient and
+// gamma's and beta's are one launch, whose blocks take one or the other: the same values, one
+// launch fewer where the launch is the cost.
 #include <cstdint>
 #include <type_traits>
 
@@ -150,15 +151,15 @@ __device__ __forceinline__ void grad_params_block(const T* x, const T* mean, con
   }
 }
 
-// Rows longer than kMaxCudaRow: the input gradient a block per row, gamma's and beta's in a
-// launch of their own.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
+// The input gradient, a group of kGroup threads per row; gamma's and beta's in a launch of their
+// own.
+template <int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
     layer_norm_grad_x_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
                              T* gx, int64_t rows, int64_t cols) {
   __shared__ double sh[32];
-  for_each_group_item<kThreads>(rows, [&](int64_t r, int g) {
-    grad_x_row<kThreads>(x, mean, rstd, gy, gamma, gx, cols, r, g, sh);
+  for_each_group_item<kGroup>(rows, [&](int64_t r, int g) {
+    grad_x_row<kGroup>(x, mean, rstd, gy, gamma, gx, cols, r, g, sh);
   });
 }
 template <typename T>
@@ -168,24 +169,29 @@ __global__ void __launch_bounds__(kParamThreads)
   grad_params_block(x, mean, rstd, gy, ggamma, gbeta, rows, cols, blockIdx.x);
 }
 
-// Rows of up to kMaxCudaRow: one launch for both gradients. Blocks below `x_blocks` take the
-// input gradient, a warp per row (warp w of block b: rows b * kRowsPerBlock + w, then every
-// x_blocks * kRowsPerBlock-th), the others gamma's and beta's, kParamCols columns each. Each
-// value is computed as by the two kernels above (a row's warp tree, a column's lanes and tree),
-// so the bits do not depend on which block computes it.
+// Up to this many rows of up to kMaxCudaRow, both gradients are one launch of kParamThreads-thread
+// blocks (one fits an SM at the registers it takes): 128 blocks of rows, about one per SM. More
+// rows take the two launches, whose input-gradient blocks of kThreads keep more warps per SM.
+constexpr int64_t kOneLaunchRows = 4096;
+
+// Both gradients in one launch: the first `param_blocks` blocks take gamma's and beta's,
+// kParamCols columns each (first, as they walk every row), the others the input gradient, a warp
+// per row (warp w of the b-th of them: rows b * kRowsPerBlock + w, then every x_blocks *
+// kRowsPerBlock-th). Each value is computed as by the two kernels above (a row's warp tree, a
+// column's lanes and tree), so the bits do not depend on which launch or block computes it.
 template <typename T>
 __global__ void __launch_bounds__(kParamThreads)
     layer_norm_grad_kernel(const T* x, const T* mean, const T* rstd, const T* gy, const T* gamma,
                            T* gx, T* ggamma, T* gbeta, int64_t rows, int64_t cols,
-                           unsigned x_blocks) {
+                           unsigned param_blocks, unsigned x_blocks) {
   constexpr int kRowsPerBlock = kParamThreads / 32;
-  if (blockIdx.x >= x_blocks) {  // uniform over the block
-    grad_params_block(x, mean, rstd, gy, ggamma, gbeta, rows, cols, blockIdx.x - x_blocks);
+  if (blockIdx.x < param_blocks) {  // uniform over the block
+    grad_params_block(x, mean, rstd, gy, ggamma, gbeta, rows, cols, blockIdx.x);
     return;
   }
-  const int64_t step = static_cast<int64_t>(x_blocks) * kRowsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; r < rows;
-       r += step)
+  const int64_t b = blockIdx.x - param_blocks,
+                step = static_cast<int64_t>(x_blocks) * kRowsPerBlock;
+  for (int64_t r = b * kRowsPerBlock + threadIdx.x / 32; r < rows; r += step)
     grad_x_row<32>(x, mean, rstd, gy, gamma, gx, cols, r, static_cast<int>(threadIdx.x % 32),
                    nullptr);
 }
@@ -199,17 +205,21 @@ void layer_norm_grad(const KernelArgs& args) {
     const T* gamma = args.in.size() > 4 ? args.in[4].as<T>() : nullptr;
     T *gx = args.out[0].as<T>(), *ggamma = args.out[1].as<T>(), *gbeta = args.out[2].as<T>();
     const auto param_blocks = static_cast<unsigned>((cols + kParamCols - 1) / kParamCols);
-    if (cols <= kMaxCudaRow) {  // a warp per row, as layer_norm's forward
-      const unsigned x_blocks = rows > 0 ? blocks_for(rows, kParamThreads / 32) : 0;
-      layer_norm_grad_kernel<T><<<x_blocks + param_blocks, kParamThreads, 0, stream()>>>(
-          x, mean, rstd, gy, gamma, gx, ggamma, gbeta, rows, cols, x_blocks);
+    if (cols <= kMaxCudaRow && rows <= kOneLaunchRows) {
+      const unsigned x_blocks = static_cast<unsigned>((rows + 31) / 32);
+      layer_norm_grad_kernel<T><<<param_blocks + x_blocks, kParamThreads, 0, stream()>>>(
+          x, mean, rstd, gy, gamma, gx, ggamma, gbeta, rows, cols, param_blocks, x_blocks);
       ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
       return;
     }
     if (rows > 0) {
-      layer_norm_grad_x_kernel<T><<<row_blocks<kThreads>(rows), kThreads, 0, stream()>>>(
-          x, mean, rstd, gy, gamma, gx, rows, cols);
-      ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+      with_row_group(cols, [&](auto group) {
+        constexpr int kGroup = decltype(group)::value;
+        layer_norm_grad_x_kernel<kGroup, T>
+            <<<row_blocks<kGroup>(rows), kBlockThreads<kGroup>, 0, stream()>>>(
+                x, mean, rstd, gy, gamma, gx, rows, cols);
+        ENCORE_CUDA_LAUNCHED(Op::LayerNormGrad);
+      });
     }
     layer_norm_grad_params_kernel<T><<<param_blocks, kParamThreads, 0, stream()>>>(
         x, mean, rstd, gy, ggamma, gbeta, rows, cols);
