@@ -52,9 +52,12 @@ double scalar_of(const Step& s) {
   return op_has_scalar_attrs(s.op) ? s.attrs.as<ScalarAttrs>().value : 0.0;
 }
 
-// Whether a Linear or Matmul step's product runs on a small CUDA GEMM kernel (the kernels decide
-// with the same functions from the same shapes).
-bool small_on_cuda(const Step& s) {
+// Whether product step s (a Linear, Conv2d or Matmul) can apply an activation or its gradient to
+// its outputs on `device`: every one on the cpu; on CUDA a Linear or Matmul whose product runs on
+// a small GEMM kernel (the kernels decide with the same functions from the same shapes).
+bool takes_activation(const Step& s, DeviceType device) {
+  if (device != DeviceType::CUDA) return true;
+  if (s.op == Op::Conv2d) return false;
   const GemmShape g =
       s.op == Op::Linear
           ? linear_shape(s.in[0].shape, s.in[1].shape, s.out[0].shape)
@@ -162,8 +165,7 @@ void Rewriter::fold_producers(DeviceType device) {
     const int l = writers(h)[0];
     if (l >= a || !same_phase(l, a) || drop_[l] || !after_[l].empty()) continue;
     const Step& prod = steps_[l];
-    if ((prod.op != Op::Linear && prod.op != Op::Conv2d) ||
-        (device == DeviceType::CUDA && (prod.op != Op::Linear || !small_on_cuda(prod))) ||
+    if ((prod.op != Op::Linear && prod.op != Op::Conv2d) || !takes_activation(prod, device) ||
         prod.out[0].buf != h.buf || !private_value(h, l) || readers(h) != std::vector<int>{a} ||
         y.nbytes() != nbytes(y) || writers(y) != std::vector<int>{a} ||
         (!readers(y).empty() && readers(y)[0] < a))
@@ -197,10 +199,10 @@ void Rewriter::fold_gradients(DeviceType device) {
     const int m = writers(gy)[0];
     if (m >= g || !same_phase(m, g) || drop_[m] || !after_[m].empty()) continue;
     const Step& mm = steps_[m];
-    if (mm.op != Op::Matmul || (device == DeviceType::CUDA && !small_on_cuda(mm)) ||
-        mm.out[0].buf != gy.buf || !private_value(gy, m) || readers(gy) != std::vector<int>{g} ||
-        gx.nbytes() != nbytes(gx) || writers(gx) != std::vector<int>{g} ||
-        (!readers(gx).empty() && readers(gx)[0] < g) || a.shape.numel() != gy.shape.numel())
+    if (mm.op != Op::Matmul || !takes_activation(mm, device) || mm.out[0].buf != gy.buf ||
+        !private_value(gy, m) || readers(gy) != std::vector<int>{g} || gx.nbytes() != nbytes(gx) ||
+        writers(gx) != std::vector<int>{g} || (!readers(gx).empty() && readers(gx)[0] < g) ||
+        a.shape.numel() != gy.shape.numel())
       continue;
     const std::vector<int>& wa = writers(a);
     if (std::any_of(wa.begin(), wa.end(), [&](int t) { return t >= m && t < g; })) continue;
