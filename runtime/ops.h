@@ -102,8 +102,9 @@ enum class Op : uint16_t {
   // Made by the planner, never dispatched: a run of elementwise steps of a cpu plan executed
   // block by block (FusedAttrs).
   FusedElementwise,
-  // Made by the planner for cpu plans (schedule/rewrites.cc), never dispatched: a producer that
-  // applies an activation, or an activation's gradient, to each element as it writes it.
+  // Made by the planner (schedule/rewrites.cc; on CUDA over small products, runtime/small_gemm.h),
+  // never dispatched: a producer that applies an activation, or an activation's gradient, to each
+  // element as it writes it.
   LinearAct,      // x, w, optional bias -> act(linear(x, w, bias)) (ActAttrs)
   Conv2dAct,      // x, w, optional bias -> act(conv2d(x, w, bias)) (Conv2dActAttrs)
   MatmulActGrad,  // a, b, y -> act_grad(y, matmul(a, b)), y what the gradient reads
@@ -111,6 +112,10 @@ enum class Op : uint16_t {
   // a, b, c (updated) -> c + matmul(a, b) for an outer product (k = 1; MatmulAttrs): each
   // product rounded, then added, as a Matmul and an add_ give.
   MatmulAccumulate,
+  // a [k, m], b [k, n] -> a^T b [m, n] and a's column sums [m] (WeightBiasGradAttrs): a linear's
+  // weight and bias gradients (gy^T x, sum(gy, 0)) in one step, each with the bits its own op
+  // gives (schedule/rewrites.cc).
+  WeightBiasGrad,
   // Made by the planner for every device (schedule/layout_folds.cc), never dispatched: a chain
   // of layout steps (permute, slice, split, concat, copy) as one copy of its inputs' elements
   // into its output (StridedCopyAttrs; runtime/strided_copy.h).
@@ -159,6 +164,7 @@ enum class AttrType : uint8_t {
   Act,
   Conv2dAct,
   MatmulAct,
+  WeightBiasGrad,
   Embedding,
   LayerNorm,
   Collective,
@@ -321,6 +327,12 @@ struct MatmulActAttrs {
   ActAttrs act;
 };
 
+// WeightBiasGrad: the recorded step whose value its second output (the column sums) holds, for
+// verify mode (the first output's is the step's own).
+struct WeightBiasGradAttrs {
+  int32_t sum_index = -1;
+};
+
 // How a collective combines the ranks' values.
 enum class ReduceOp : uint8_t { Sum, Max, Min };
 
@@ -376,6 +388,8 @@ template <>
 struct AttrTypeOf<Conv2dActAttrs> : AttrTag<AttrType::Conv2dAct> {};
 template <>
 struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
+template <>
+struct AttrTypeOf<WeightBiasGradAttrs> : AttrTag<AttrType::WeightBiasGrad> {};
 template <>
 struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
 template <>

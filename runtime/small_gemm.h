@@ -52,4 +52,12 @@ inline SmallGemm cuda_small_gemm(const GemmShape& g) {
   return cuda_small_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.batches);
 }
 
+// Whether the kernel of c = a^T b (a stored [k, m]: a linear's weight gradient gy^T x) also
+// stores sum(a, 0) (its bias gradient) with the bits CUDA's Sum gives: a kSerialK product where
+// that Sum folds columns (k and m of at least 2: a sum over one row is a copy, and the sum of one
+// column runs as a row). The planner folds such a pair into one WeightBiasGrad step.
+inline bool cuda_small_gemm_sums_columns(const GemmShape& g) {
+  return g.trans_a && g.m >= 2 && g.k >= 2 && cuda_small_gemm(g) == SmallGemm::kSerialK;
+}
+
 }  // namespace encore

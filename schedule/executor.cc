@@ -361,6 +361,10 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
           keep(snapshots->emplace_back(StepSnapshot{p.trace_index[of.instr], {}, of.output}),
                out[k]);
         }
+      } else if (s.op == Op::WeightBiasGrad) {  // the Matmul's output, then the Sum's
+        keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), out[0]);
+        const int sum = s.attrs.as<WeightBiasGradAttrs>().sum_index;
+        if (sum >= 0) keep(snapshots->emplace_back(StepSnapshot{sum, {}}), out[1]);
       } else if (s.op == Op::StridedCopy) {  // one output of its recorded step (a split's part)
         keep(snapshots->emplace_back(StepSnapshot{
                  s.trace_index, {}, s.attrs.as<StridedCopyAttrs>().program->output}),

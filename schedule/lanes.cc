@@ -84,6 +84,8 @@ double step_cost(const Step& s) {
       const Shape& x = s.in[0].shape;
       return numel(s.out[0]) * static_cast<double>(a.trans_a ? x.at(-2) : x.at(-1));
     }
+    case Op::WeightBiasGrad:  // a [k, m]: k multiply-adds per product element
+      return numel(s.out[0]) * static_cast<double>(s.in[0].shape[0]);
     case Op::Conv2d:
     case Op::Conv2dAct:
     case Op::Conv2dGradInput:

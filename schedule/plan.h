@@ -65,9 +65,9 @@ struct PlanOptions {
   // (padded_layouts.cc).
   bool padded_layouts = true;
   // A cpu plan folds activations into the products and convolutions that feed them, their
-  // gradients into the products that feed those, and runs max pooling before a ReLU
-  // (rewrites.cc); a CUDA plan folds activations and their gradients into small products
-  // (runtime/small_gemm.h).
+  // gradients into the products that feed those, a linear's bias gradient into its weight
+  // gradient, and runs max pooling before a ReLU (rewrites.cc); a CUDA plan folds activations,
+  // their gradients and bias gradients into small products (runtime/small_gemm.h).
   bool fold_activations = true;
   // Steps that compute constants from values the function makes itself (a causal mask from
   // arange) are not replayed: their outputs are bound to their values at the trace.

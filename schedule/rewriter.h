@@ -1,6 +1,6 @@
 // A rewrite of a plan's steps (rewrites.cc: activations folded into their producers and
-// gradients; layout_folds.cc: chains of layout steps as one strided copy): who reads and writes
-// each storage, and the edits, applied by finish().
+// gradients, bias gradients into weight gradients; layout_folds.cc: chains of layout steps as one
+// strided copy): who reads and writes each storage, and the edits, applied by finish().
 #pragma once
 
 #include <memory>
@@ -43,6 +43,8 @@ class Rewriter {
   void fold_producers(DeviceType device);
   void fold_gradients(DeviceType device);
   void fold_accumulations();
+  // On CUDA only where the weight gradient runs on a small GEMM kernel that sums its columns.
+  void fold_bias_gradients(DeviceType device);
   // Chains of layout steps as StridedCopy steps, whose programs go to `programs`
   // (layout_folds.cc).
   void fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& programs);

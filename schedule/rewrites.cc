@@ -1,7 +1,8 @@
-// Fewer passes over activations (unless ENCORE_STATIC_FOLD=0): four rewrites of a recording that
-// each keep eager's bits. CUDA plans get the first two, for the products small enough for
-// encore's own GEMM kernels (runtime/small_gemm.h), whose outputs are finished by the activation
-// (or its gradient) in the same kernel: cpu plans get all four.
+// Fewer passes over activations and gradients (unless ENCORE_STATIC_FOLD=0): five rewrites of a
+// recording that each keep eager's bits. CUDA plans get the first two and the fifth, for the
+// products small enough for encore's own GEMM kernels (runtime/small_gemm.h), whose outputs are
+// finished by the activation (or its gradient) in the same kernel, and which sum a bias gradient
+// beside its weight gradient: cpu plans get all five.
 //
 // 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
 //    (relu, leaky_relu, sigmoid, tanh, gelu) reads becomes a LinearAct or Conv2dAct step that
@@ -24,9 +25,14 @@
 // 4. Max pooling before a ReLU: max_pool2d(relu(x)) runs as relu(max_pool2d(x)) (the ReLU over a
 //    quarter of the elements for 2x2 windows), and its backward, relu_grad(r, max_pool2d_grad(r,
 //    gp)), as max_pool2d_grad(x, relu_grad(p, gp)). Exact for every input, see swap_pool_relu.
+// 5. Weight and bias gradients in one: a linear's gy^T x (a Matmul) and sum(gy, 0) after it
+//    become one WeightBiasGrad step writing both. On CUDA its small GEMM kernel sums gy's columns
+//    in the order of CUDA's column sum (kernels/cuda/column_sum.cuh), so one kernel replaces two;
+//    on the cpu its kernel is the Matmul's, then the Sum's.
 //
 // The rewritten step that writes what a recorded step wrote takes its index, so verify mode
-// compares its bytes with that step's eager ones; a step writing a value eager never computed
+// compares its bytes with that step's eager ones (a WeightBiasGrad's sums: the Sum's, whose index
+// its attributes hold); a step writing a value eager never computed
 // (the pooled pre-activation, the masked gradient before it is pooled back, a fold writing one of
 // these) has index -1 and is checked through what is computed from it. A recorded step whose
 // value no step writes any more (the pre-activation, the unmasked gradient) is not compared.
@@ -261,6 +267,52 @@ void Rewriter::fold_accumulations() {
   }
 }
 
+// A Matmul (step m: gy^T x, gy stored [k, m]) and a later Sum of the same gy over its rows
+// (step s: sum(gy, 0)) become one WeightBiasGrad step at m writing both. gy must not change
+// between them, and the sum, written by s alone, must not be read before s (it is now written
+// at m). On CUDA only where the product's kernel computes the sums too.
+void Rewriter::fold_bias_gradients(DeviceType device) {
+  for (int s = 0; s < static_cast<int>(steps_.size()); ++s) {
+    const Step& sum = steps_[s];
+    if (sum.op != Op::Sum || drop_[s]) continue;
+    const Operand gy = sum.in[0], gb = sum.out[0];
+    const ReduceAttrs& r = sum.attrs.as<ReduceAttrs>();
+    if (!floating(gb) || gy.dtype != gb.dtype || gy.shape.rank() != 2 || r.axes_mask != 1 ||
+        r.keepdims || gb.nbytes() != nbytes(gb) || writers(gb) != std::vector<int>{s})
+      continue;
+    const std::vector<int>& read_gb = readers(gb);
+    const std::vector<int>& wrote_gy = writers(gy);
+    if (!read_gb.empty() && read_gb[0] < s) continue;
+    for (int m : readers(gy)) {
+      if (m >= s) break;
+      const Step& mm = steps_[m];
+      if (mm.op != Op::Matmul || drop_[m] || !after_[m].empty() || !same_phase(m, s) ||
+          mm.in[0].buf != gy.buf || !(mm.in[0].shape == gy.shape) || mm.in[1].shape.rank() != 2 ||
+          mm.out[0].dtype != gb.dtype)
+        continue;
+      const MatmulAttrs& attrs = mm.attrs.as<MatmulAttrs>();
+      if (!attrs.trans_a || attrs.trans_b) continue;
+      if (memory_[gb.buf] == memory_[mm.out[0].buf] || memory_[gb.buf] == memory_[gy.buf] ||
+          memory_[gb.buf] == memory_[mm.in[1].buf])
+        continue;
+      if (std::any_of(wrote_gy.begin(), wrote_gy.end(), [&](int t) { return t >= m && t < s; }))
+        continue;
+      if (device == DeviceType::CUDA &&
+          !cuda_small_gemm_sums_columns(
+              matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape, attrs)))
+        continue;
+      note(mm.out[0].buf, cat("matmul and sum in one: ", recorded_as(mm.index, sum.index)));
+      steps_[m] = Step{Op::WeightBiasGrad,
+                       AttrBlob::of(WeightBiasGradAttrs{sum.index}),
+                       mm.index,
+                       {mm.in[0], mm.in[1]},
+                       {mm.out[0], gb}};
+      drop_[s] = 1;
+      break;
+    }
+  }
+}
+
 void Rewriter::finish() {
   std::vector<Step> kept;
   int n_forward = 0;
@@ -288,6 +340,7 @@ void Plan::rewrite_activations() {
   run([&](Rewriter& r) { r.fold_producers(device); });
   run([&](Rewriter& r) { r.fold_gradients(device); });
   if (device == DeviceType::CPU) run([](Rewriter& r) { r.fold_accumulations(); });
+  run([&](Rewriter& r) { r.fold_bias_gradients(device); });
 }
 
 }  // namespace encore::schedule

@@ -142,15 +142,15 @@ TEST_CASE("kernels are found for every op on the cpu", "[dispatcher]") {
 TEST_CASE("a missing backend or kernel is an error naming the op", "[dispatcher]") {
 #ifdef ENCORE_HAS_CUDA
   // Every op has a CUDA kernel, and so have the planner-made ops CUDA plans hold (a linear and its
-  // activation, a product and an activation gradient, over small products); the device may still
-  // be missing.
+  // activation, a product and an activation gradient, a weight and a bias gradient, over small
+  // products); the device may still be missing.
   for (int i = 0; i < kNumOps; ++i) {
     const Op op = static_cast<Op>(i);
     if (op_kind(op) == OpKind::View || op_traits(op).outputs < 0) continue;
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }
-  for (const Op op : {Op::LinearAct, Op::MatmulActGrad}) {
+  for (const Op op : {Op::LinearAct, Op::MatmulActGrad, Op::WeightBiasGrad}) {
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <utility>
 
 #include "runtime/gemm_shape.h"
 #include "runtime/small_gemm.h"
@@ -47,6 +48,16 @@ TEST_CASE("the planner and the kernels read one GemmShape from a step's shapes",
       matmul_shape(Shape{32, 100}, Shape{32, 784}, Shape{100, 784}, MatmulAttrs{true, false});
   CHECK((dw.m == 100 && dw.n == 784 && dw.k == 32 && dw.lda == 100 && dw.batches == 1));
   CHECK(cuda_small_gemm(dw) == SmallGemm::kSerialK);
+  // Its kernel sums gy's columns too (the bias gradient): where gy has 2 rows and 2 columns or
+  // more (CUDA's Sum copies one row, and sums one column as a row), and only gy^T x.
+  CHECK(cuda_small_gemm_sums_columns(dw));
+  for (const auto& [k, m] : {std::pair<int64_t, int64_t>{1, 100}, {32, 1}, {513, 100}}) {
+    INFO("k " << k << ", m " << m);
+    CHECK_FALSE(cuda_small_gemm_sums_columns(
+        matmul_shape(Shape{k, m}, Shape{k, 784}, Shape{m, 784}, MatmulAttrs{true, false})));
+  }
+  CHECK_FALSE(cuda_small_gemm_sums_columns(
+      matmul_shape(Shape{100, 32}, Shape{32, 784}, Shape{100, 784}, MatmulAttrs{false, false})));
   // Batched: cuBLAS's.
   const GemmShape bmm =
       matmul_shape(Shape{4, 8, 16}, Shape{4, 16, 8}, Shape{4, 8, 8}, MatmulAttrs{false, false});

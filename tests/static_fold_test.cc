@@ -79,6 +79,25 @@ class ActNet : public nn::Module {
   std::shared_ptr<nn::Linear> l1, l2, l3;
 };
 
+// A linear over [batch, 4, 6] (its gradients through views: gy read as [batch * 4, 8]), then one
+// whose bias is frozen (no sum to fold), then one whose weight is frozen (no product).
+class BiasNet : public nn::Module {
+ public:
+  explicit BiasNet(DType dtype) {
+    const nn::LinearOptions o{.dtype = dtype};
+    l1 = register_module("l1", std::make_shared<nn::Linear>(6, 8, o));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(32, 12, o));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(12, 10, o));
+    l2->bias.set_requires_grad(false);
+    l3->weight.set_requires_grad(false);
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = F::tanh((*l1)(F::reshape(x, {x.size(0), 4, 6})));
+    return (*l3)(F::tanh((*l2)(F::flatten(h, 1))));
+  }
+  std::shared_ptr<nn::Linear> l1, l2, l3;
+};
+
 std::vector<Batch> image_batches(int count, int64_t batch, int64_t side, DType dtype,
                                  uint64_t seed) {
   manual_seed(seed);
@@ -126,9 +145,35 @@ TEST_CASE("an MLP's Adam steps replay eager's bits with activations folded", "[s
               (fold ? 2 : 0));
         CHECK(count_of(text, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
               (fold ? 2 : 0));
+        // Three linears: each one's weight and bias gradients in one step.
+        CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one: recorded as steps)") ==
+              (fold ? 3 : 0));
+        CHECK(count_of(text, R"(\d+  sum\b)") == (fold ? 0 : 3));
         CHECK(shows_rewrites(text) == fold);
         CHECK(count_of(text, R"(\d+  relu\b)") == (fold ? 0 : 2));
       }
+}
+
+TEST_CASE("a linear's bias gradient joins its weight gradient's step with eager's bits",
+          "[static][fold]") {
+  StaticEnabled on;
+  for (const DType dtype : {DType::Float32, DType::Float64})
+    for (const int64_t batch : {1, 8}) {
+      INFO(name(dtype) << ", batch " << batch);
+      const StaticOptions verified{.name = "bias_fold", .verify_every = 1};
+      // Only the first linear has both gradients (a gy of batch * 4 rows, as a 3-D view).
+      const std::string text =
+          check_model([dtype] { return std::make_shared<BiasNet>(dtype); },
+                      feature_batches(3, batch, 24, dtype, 12), adam, verified);
+      INFO(text);
+      CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one: recorded as steps)") ==
+            1);
+      CHECK(count_of(text, R"(\d+  sum\b)") == 1);  // the frozen weight's linear
+      // Batch 1: gy^T x over k = 1, its sum a copy of gy's row.
+      const std::string mlp = check_model([dtype] { return nn::mlp(24, 16, 10, {.dtype = dtype}); },
+                                          feature_batches(3, batch, 24, dtype, 13), sgd, verified);
+      CHECK(count_of(mlp, "matmul and sum in one") == 3);
+    }
 }
 
 TEST_CASE("the seed CNN's SGD steps replay eager's bits with max pooling before the relu",
@@ -189,7 +234,7 @@ TEST_CASE("verify mode and red zones pass over folded plans", "[static][fold]") 
     const StaticOptions verified{.name = "verified_fold", .verify_every = redzones ? 0 : 1};
     auto mlp = [] { return nn::mlp(24, 16, 10); };
     CHECK_THAT(check_model(mlp, feature_batches(3, 8, 24, DType::Float32, 6), adam, verified),
-               Contains("linear and relu in one"));
+               Contains("linear and relu in one") && Contains("matmul and sum in one"));
     CHECK_THAT(check_model([] { return std::make_shared<PoolCnn>(DType::Float64); },
                            image_batches(3, 4, 12, DType::Float64, 7), sgd, verified),
                Contains("max_pool2d before relu"));

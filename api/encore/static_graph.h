@@ -141,10 +141,12 @@ bool static_padded_layouts_enabled();
 // linear or conv2d followed by an activation (relu, leaky_relu, sigmoid, tanh, gelu) that alone
 // reads its output becomes one step that applies the activation as it writes; an activation's
 // gradient is applied by the product computing the gradient it reads; an outer product (a weight
-// gradient at batch 1) is added into the gradient it accumulates into as it is computed;
+// gradient at batch 1) is added into the gradient it accumulates into as it is computed; a
+// linear's bias gradient (sum(gy, 0)) is computed in the step of its weight gradient (gy^T x);
 // max_pool2d(relu(x)) runs as relu(max_pool2d(x)), its backward likewise. CUDA plans fold the
-// first two where the product is small enough for encore's own GEMM kernel (runtime/small_gemm.h),
-// which applies the activation or its gradient as it stores each output. On by default
+// first two and the bias gradients where the product is small enough for encore's own GEMM kernel
+// (runtime/small_gemm.h), which applies the activation or its gradient as it stores each output,
+// and sums gy's columns in the order of CUDA's Sum. On by default
 // (ENCORE_STATIC_FOLD=0 starts it off); each element goes through the same element functions in the
 // same order, so the values are the same bit for bit. The schedule dump marks each rewritten step.
 // Returns the previous setting.

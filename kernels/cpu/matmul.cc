@@ -1,7 +1,8 @@
 // Matmul and linear through cblas (OpenBLAS), row-major (shapes: runtime/gemm_shape.h), and the
 // planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
-// gradient) applied to each part of the output right after the part is computed; and its
-// MatmulAccumulate: an outer product added into a gradient.
+// gradient) applied to each part of the output right after the part is computed; its
+// MatmulAccumulate: an outer product added into a gradient; and its WeightBiasGrad: a weight
+// gradient's product, then its bias gradient's Sum.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
 
@@ -163,6 +165,15 @@ void matmul_accumulate_kernel(const KernelArgs& args) {
   });
 }
 
+// WeightBiasGrad: a [k, m], b [k, n] -> a^T b and sum(a, 0), by the Matmul's and the Sum's
+// kernels in turn (the fold saves CUDA a kernel; here it is one step of the same work).
+void weight_bias_grad_kernel(const KernelArgs& args) {
+  const AttrBlob product = AttrBlob::of(MatmulAttrs{.trans_a = true});
+  const AttrBlob columns = AttrBlob::of(ReduceAttrs{.axes_mask = 1});
+  matmul_kernel(KernelArgs{args.in, args.out.first(1), product});
+  sum_kernel(KernelArgs{args.in.first(1), args.out.subspan(1, 1), columns});
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
@@ -170,6 +181,7 @@ void matmul_accumulate_kernel(const KernelArgs& args) {
   register_kernel(Op::LinearAct, DeviceType::CPU, &linear_act_kernel);
   register_kernel(Op::MatmulActGrad, DeviceType::CPU, &matmul_act_grad_kernel);
   register_kernel(Op::MatmulAccumulate, DeviceType::CPU, &matmul_accumulate_kernel);
+  register_kernel(Op::WeightBiasGrad, DeviceType::CPU, &weight_bias_grad_kernel);
   return true;
 }();
 

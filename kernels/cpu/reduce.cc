@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/reduce.h"
+
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/reduce_row.h"
 #include "kernels/strided_loop.h"
@@ -177,8 +179,16 @@ void reduce_kernel(const KernelArgs& args) {
   }
 }
 
+}  // namespace
+
+void sum_kernel(const KernelArgs& args) {
+  reduce_kernel<Op::Sum, SumOp>(args);
+}
+
+namespace {
+
 [[maybe_unused]] const bool kRegistered = [] {
-  register_kernel(Op::Sum, DeviceType::CPU, &reduce_kernel<Op::Sum, SumOp>);
+  register_kernel(Op::Sum, DeviceType::CPU, &sum_kernel);
   register_kernel(Op::Mean, DeviceType::CPU, &reduce_kernel<Op::Mean, SumOp>);
   register_kernel(Op::Max, DeviceType::CPU, &reduce_kernel<Op::Max, MaxOp>);
   return true;

@@ -1,6 +1,7 @@
-// Row-major GEMM on cuBLAS (blas.h), and Matmul, Linear and the planner's LinearAct and
-// MatmulActGrad on them (as kernels/cpu/matmul.cc). A small product runs on encore's own kernel
-// (small_gemm.h), which also adds the bias and applies the activation or its gradient. Otherwise a
+// Row-major GEMM on cuBLAS (blas.h), and Matmul, Linear and the planner's LinearAct,
+// MatmulActGrad and WeightBiasGrad on them (as kernels/cpu/matmul.cc). A small product runs on
+// encore's own kernel (small_gemm.h), which also adds the bias and applies the activation or its
+// gradient, or sums a weight gradient's gy into the bias gradient. Otherwise a
 // linear with a bias is one cuBLASLt call where cuBLASLt has an algorithm for it (blas_lt.cc),
 // else y is filled with the bias and a GEMM adds to it; an activation (gradient) then runs as its
 // elementwise kernel.
@@ -168,10 +169,27 @@ void matmul_act_grad_kernel(const KernelArgs& args) {
               matmul_shape(args.in[0].shape, args.in[1].shape, args.out[0].shape, attrs.matmul));
 }
 
+// WeightBiasGrad (the planner's): a [k, m], b [k, n] -> a^T b and sum(a, 0). One small GEMM
+// kernel where it sums the columns too (runtime/small_gemm.h: the only pairs CUDA plans fold),
+// else the Matmul's kernel, then the Sum's.
+void weight_bias_grad_kernel(const KernelArgs& args) {
+  const BufferView &a = args.in[0], &b = args.in[1], &c = args.out[0], &sums = args.out[1];
+  const AttrBlob product = AttrBlob::of(MatmulAttrs{.trans_a = true});
+  const GemmShape g = matmul_shape(a.shape, b.shape, c.shape, product.as<MatmulAttrs>());
+  if (cuda_small_gemm_sums_columns(g))
+    return small_gemm(Op::WeightBiasGrad, SmallGemm::kSerialK, g, c.dtype, a.data, b.data, c.data,
+                      nullptr, Op::Matmul, 0, nullptr, sums.data);
+  matmul_into(KernelArgs{args.in, args.out.first(1), product}, Op::WeightBiasGrad, Op::Matmul, 0,
+              g);
+  lookup_kernel(Op::Sum, DeviceType::CUDA)(
+      KernelArgs{args.in.first(1), args.out.subspan(1, 1), AttrBlob::of(ReduceAttrs{1, false})});
+}
+
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
 ENCORE_REGISTER_CUDA(Op::Linear, &linear_kernel);
 ENCORE_REGISTER_CUDA(Op::LinearAct, &linear_act_kernel);
 ENCORE_REGISTER_CUDA(Op::MatmulActGrad, &matmul_act_grad_kernel);
+ENCORE_REGISTER_CUDA(Op::WeightBiasGrad, &weight_bias_grad_kernel);
 
 }  // namespace
 }  // namespace encore::kernels::cuda

@@ -7,13 +7,15 @@
 //    which are contiguous at the inside, and joins its threads with a shuffle/shared-memory tree;
 //  - the innermost group is kept ("columns"): a block of 32 x split threads takes 32 adjacent
 //    outputs (coalesced loads), each of its `split` thread rows folds a fixed interleaved part of
-//    the reduced range, and a shared-memory tree joins the parts.
+//    the reduced range, and a shared-memory tree joins the parts (column_sum.cuh: the split and
+//    the order, which the small GEMM kernel repeats for a bias gradient's sums).
 // The association order depends only on the shapes, so every run gives the same bits.
 #include <cuda/std/limits>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/reduce_util.cuh"
 #include "runtime/fused.h"
@@ -130,15 +132,14 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
   });
 }
 
-constexpr int kMaxSplit = 32;
-
 // Block (32, split): thread (tx, ty) folds reduced elements ty, ty + split, ... of output
-// tile * 32 + tx; a tree over ty joins them.
+// tile * 32 + tx; a tree over ty joins them (split = column_split(n): column_sum_in_order's
+// order).
 template <typename R, bool kMean, typename T>
-__global__ void __launch_bounds__(32 * kMaxSplit)
+__global__ void __launch_bounds__(32 * kMaxColumnSplit)
     reduce_columns(const T* __restrict__ x, T* __restrict__ y, Space kept, Space reduced,
                    int64_t outputs, int64_t n) {
-  __shared__ T sh[kMaxSplit][32];
+  __shared__ T sh[kMaxColumnSplit][32];
   const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
   const int64_t tiles = (outputs + 31) / 32;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform over the block
@@ -209,10 +210,7 @@ void reduce_kernel(const KernelArgs& args) {
       }
       return;
     }
-    // About 16 elements per thread, at most kMaxSplit thread rows (a power of two).
-    int split = 1;
-    while (split < kMaxSplit && split * 2 * 16 <= count) split *= 2;
-    const dim3 block(32, static_cast<unsigned>(split));
+    const dim3 block(32, static_cast<unsigned>(column_split(count)));
     reduce_columns<R, kMean><<<blocks_for(outputs, 32), block, 0, stream()>>>(
         px, py, p.kept, p.reduced, outputs, count);
     ENCORE_CUDA_LAUNCHED(kOp);

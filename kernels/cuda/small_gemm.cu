@@ -30,11 +30,11 @@ bool finishes(Op act) {
 }  // namespace
 
 void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const void* a,
-                const void* b, void* c, const void* bias, Op act, double scalar,
-                const void* act_in) {
+                const void* b, void* c, const void* bias, Op act, double scalar, const void* act_in,
+                void* sums) {
   switch_floating(dtype, op, [&]<typename T>(Type<T>) {
     const GemmFinish<T> f{static_cast<const T*>(bias), static_cast<const T*>(act_in), act,
-                          static_cast<T>(scalar)};
+                          static_cast<T>(scalar), static_cast<T*>(sums)};
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* pc = static_cast<T*>(c);
@@ -42,6 +42,9 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
                  g.k, "] x [", g.k, ",", g.n, "]");
     ENCORE_CHECK(finishes(act), op_name(op), ": a small GEMM cannot apply ", op_name(act),
                  " to its outputs");
+    ENCORE_CHECK(sums == nullptr || cuda_small_gemm_sums_columns(g), op_name(op),
+                 ": a small GEMM cannot sum the columns of a [", g.trans_a ? g.k : g.m, ",",
+                 g.trans_a ? g.m : g.k, "]", g.trans_a ? "" : " (not transposed)");
     const bool dot = kind == SmallGemm::kDot;
     const GemmLaunch l = small_gemm_launch(dot, g.m, g.n);
     if (dot) {

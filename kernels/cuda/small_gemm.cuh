@@ -11,7 +11,9 @@
 // - kSerialK (b stored [k, n], a [m, k] or stored [k, m]: a product's backward): a thread
 //   computes kSerialRows outputs of one column of c (one, when c is small), multiplying and adding
 //   over k = 0, 1, ... in order; a block's threads take adjacent columns (coalesced loads of b;
-//   a's element is the same for the whole warp).
+//   a's element is the same for the whole warp). With a stored [k, m] it can also sum a's columns
+//   (a linear's bias gradient beside its weight gradient): the threads of c's column 0 add up
+//   their rows' columns of a in the order of CUDA's column reduction (column_sum.cuh).
 //
 // Each multiply-add is one fused multiply-add (fma_of); the file is compiled without contraction
 // (nvcc -fmad=false), so everything else rounds as the unfused kernels do, and an activation
@@ -19,12 +21,13 @@
 //
 // The host compiles this file too, against stand-ins for the CUDA built-ins (the tests run the
 // kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh and
-// runtime/ops.h only.
+// column_sum.cuh and runtime/ops.h only.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "runtime/ops.h"
 
@@ -61,13 +64,15 @@ inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n) {
 // v + bias[j] where there is a bias (a linear's), then, when `act` is an activation, act(v);
 // when it is an activation gradient, act(act_in[at], v) (MatmulActGrad: act_in is what the
 // gradient reads, its forward's output or input, laid out as c). `scalar` is leaky_relu's slope or
-// gelu's form. Op::Matmul: nothing more.
+// gelu's form. Op::Matmul: nothing more. `sums` (kSerialK with a stored [k, m] only): where
+// a's column sums go, sums[r] = a[0, r] + ... + a[k - 1, r] (sum(a, 0), as reduce.cu adds it).
 template <typename T>
 struct GemmFinish {
   const T* bias = nullptr;
   const T* act_in = nullptr;
   Op act = Op::Matmul;
   T scalar = 0;
+  T* sums = nullptr;
 };
 
 template <typename T>
@@ -168,7 +173,8 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 // kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
 // b / col_blocks * kRows on, in the blockDim.x columns from b % col_blocks * blockDim.x on. a's
 // element (row r, p) is a[r * lda + p], or a[p * lda + r] when trans_a (a stored [k, m]). A
-// thread past c's edge reads c's last row or column in its place and stores nothing there.
+// thread past c's edge reads c's last row or column in its place and stores nothing there. The
+// threads of column 0 store f.sums for their rows (trans_a).
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kSerialThreads)
     gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
@@ -196,6 +202,9 @@ __global__ void __launch_bounds__(kSerialThreads)
       const int64_t at = (r0 + i) * ldc + j;
       c[at] = finish(f, acc[i], at, j);
     }
+  if (f.sums == nullptr || j != 0) return;
+  for (int i = 0; i < kRows; ++i)
+    if (r0 + i < m) f.sums[r0 + i] = column_sum_in_order(ar[i], step, k);
 }
 
 }  // namespace encore::kernels::cuda

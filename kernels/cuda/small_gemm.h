@@ -1,5 +1,6 @@
 // The small GEMMs on encore's own kernels (small_gemm.cuh; runtime/small_gemm.h says which
-// products run here): blas.cu sends Linear, LinearAct, Matmul and MatmulActGrad to them.
+// products run here): blas.cu sends Linear, LinearAct, Matmul, MatmulActGrad and WeightBiasGrad
+// to them.
 #pragma once
 
 #include "runtime/dtype.h"
@@ -12,9 +13,10 @@ namespace encore::kernels::cuda {
 // c = op(a) op(b) (g: a product `kind` runs, kind != kNone), each output v stored as
 // act(v + bias[column]) (no bias where bias is null; act: an activation, or Op::Matmul for none),
 // or as act(act_in[same place], v) when act is an activation gradient; `scalar` is the activation's
-// (ActAttrs::scalar). On the current stream; `op` names the call in errors.
+// (ActAttrs::scalar). `sums`, where not null (cuda_small_gemm_sums_columns(g)), gets sum(a, 0) of
+// a stored [k, m]. On the current stream; `op` names the call in errors.
 void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const void* a,
                 const void* b, void* c, const void* bias = nullptr, Op act = Op::Matmul,
-                double scalar = 0, const void* act_in = nullptr);
+                double scalar = 0, const void* act_in = nullptr, void* sums = nullptr);
 
 }  // namespace encore::kernels::cuda

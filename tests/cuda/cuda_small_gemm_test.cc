@@ -1,10 +1,10 @@
 // Small products on cuda (runtime/small_gemm.h): encore's own GEMM kernels run them, eagerly and
-// replayed, and a CUDA plan folds a linear's activation and a product's activation gradient into
-// them. Checked against the cpu's values and gradients (eager, every layout), and against eager's
-// bits on cuda (replays, with CUDA graphs on and off, in float32 and float64, the fold switch on
-// and off, every activation and gradient, 3-D inputs, NaN, verify mode); a product too large for
-// them keeps its steps apart. (With ENCORE_CUDA_SMALL_GEMM=0 nothing folds: these cases expect
-// the default.)
+// replayed, and a CUDA plan folds a linear's activation, a product's activation gradient and a
+// linear's bias gradient into them. Checked against the cpu's values and gradients (eager, every
+// layout), and against eager's bits on cuda (replays, with CUDA graphs on and off, in float32 and
+// float64, the fold switch on and off, every activation and gradient, 3-D inputs, NaN, verify
+// mode); a product too large for them keeps its steps apart. (With ENCORE_CUDA_SMALL_GEMM=0 nothing
+// folds: these cases expect the default.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -149,6 +149,7 @@ TEST_CASE(
         CHECK(count_of(mlp, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
               (fold ? 2 : 0));
         CHECK(count_of(mlp, R"(\d+  relu\b)") == (fold ? 0 : 2));
+        CHECK(count_of(mlp, R"(weight_bias_grad\s+\[matmul and sum in one)") == (fold ? 3 : 0));
         // tanh, sigmoid and relu fold into their linears (leaky_relu's gradient reads its input);
         // the gradients of all four into the products computing their incoming gradients.
         const std::string acts = check_steps([dtype] { return std::make_shared<ActMlp>(dtype); },
@@ -159,6 +160,7 @@ TEST_CASE(
         CHECK(count_of(acts, "linear and leaky_relu in one") == 0);
         for (const char* g : {"tanh_grad", "sigmoid_grad", "relu_grad", "leaky_relu_grad"})
           CHECK(count_of(acts, cat("matmul and ", g, " in one")) == (fold ? 1 : 0));
+        CHECK(count_of(acts, "matmul and sum in one") == (fold ? 5 : 0));
         // gelu in both forms: its gradient (which reads gelu's input) folds, gelu does not.
         const std::string gelus = check_steps([dtype] { return std::make_shared<GeluMlp>(dtype); },
                                               feature_batches(4, 8, 24, dtype, 5, kCuda));
@@ -219,6 +221,63 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
                                        {.name = "verified_small_gemm", .verify_every = 1});
   CHECK_THAT(text, Contains("linear and tanh in one"));
   CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
+  CHECK_THAT(text, Contains("matmul and sum in one"));
+}
+
+TEST_CASE(
+    "a linear's bias gradient is summed by its weight gradient's kernel on cuda, with "
+    "eager's bits",
+    "[cuda][static][small_gemm]") {
+  // sum(tanh(x w^T + b)) and its gradients over rows k of x and outputs m: the weight gradient
+  // gy^T x runs on the small kernel for k <= 512, whose threads of column 0 sum gy's columns in
+  // the order of CUDA's column sum: split over 1 thread row (k < 32), 2 (32), 4 (64, 100) and 32
+  // (512) thread rows; one output per thread, or four (130 x 200). A sum over one row (k = 1) is
+  // a copy, over one column (m = 1) a row reduction, and k = 513 is cuBLAS's: those stay apart.
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  struct Case {
+    int64_t k, m, n;
+    bool folds;
+  };
+  const Case cases[] = {{2, 5, 7, true},    {31, 33, 20, true},    {32, 10, 100, true},
+                        {64, 2, 3, true},   {100, 130, 200, true}, {512, 12, 9, true},
+                        {1, 16, 24, false}, {40, 1, 24, false},    {513, 8, 8, false}};
+  with_graphs_on_and_off([&](bool) {
+    for (const DType dtype : {DType::Float32, DType::Float64})
+      for (const Case& c : cases) {
+        INFO(name(dtype) << ", k " << c.k << ", m " << c.m << ", n " << c.n);
+        REQUIRE(cuda_small_gemm_sums_columns(GemmShape{.trans_a = true,
+                                                       .m = c.m,
+                                                       .n = c.n,
+                                                       .k = c.k,
+                                                       .lda = c.m,
+                                                       .ldb = c.n,
+                                                       .ldc = c.n}) == c.folds);
+        manual_seed(14);
+        Tensor w = randn({c.m, c.n}, dtype).to(kCuda).set_requires_grad();
+        Tensor b = randn({c.m}, dtype).to(kCuda).set_requires_grad();
+        auto body = [&](const Tensor& x) {
+          const Tensor loss = F::sum(F::tanh(F::linear(x, w, b)));
+          loss.backward();
+          return std::vector<Tensor>{loss, w.grad(), b.grad()};
+        };
+        auto f = static_graph(body, {.name = "bias_grad", .verify_every = 2});
+        for (int call = 0; call < 4; ++call) {
+          const Tensor x = randn({c.k, c.n}, dtype).to(kCuda);
+          w.set_grad(Tensor());
+          b.set_grad(Tensor());
+          const std::vector<Tensor> want = body(x);
+          w.set_grad(Tensor());
+          b.set_grad(Tensor());
+          const std::vector<Tensor> got = f(x);
+          for (size_t i = 0; i < want.size(); ++i) CHECK(bit_diff(got[i], want[i]) == "");
+        }
+        CHECK(f.stats().verifications > 0);
+        const std::string text = f.schedule_text();
+        INFO(text);
+        CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one)") == c.folds);
+      }
+  });
 }
 
 TEST_CASE("a folded relu on cuda passes NaN; gelu and leaky_relu fold without a backward",

@@ -3,10 +3,13 @@
 // double: both layouts, over tiles and columns that run past c's edge, operands with row lengths
 // longer than their rows, and every way an output is finished (a bias, each activation, each
 // activation gradient). Nothing past c's outputs may be written; relu passes a NaN as
-// element_ops.cuh's relu does. The [cuda] tests check the device's bits against eager.
+// element_ops.cuh's relu does. With a stored [k, m], the sums of a's columns (a bias gradient)
+// come out with the bits of CUDA's column sum's order, restated here. The [cuda] tests check the
+// device's bits against eager.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -24,9 +27,9 @@ using namespace encore::kernels::cuda;
 template <typename T>
 void launch(bool dot, long long m, long long n, long long k, bool trans_a, const void* a,
             long long lda, const void* b, long long ldb, void* c, long long ldc,
-            const void* bias, int act, double scalar, const void* act_in) {
+            const void* bias, int act, double scalar, const void* act_in, void* sums) {
   const GemmFinish<T> f{static_cast<const T*>(bias), static_cast<const T*>(act_in),
-                        static_cast<encore::Op>(act), static_cast<T>(scalar)};
+                        static_cast<encore::Op>(act), static_cast<T>(scalar), static_cast<T*>(sums)};
   const GemmLaunch l = small_gemm_launch(dot, m, n);
   const T* pa = static_cast<const T*>(a);
   const T* pb = static_cast<const T*>(b);
@@ -46,8 +49,8 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   extern "C" void name(bool dot, long long m, long long n, long long k, bool trans_a,          \
                        const void* a, long long lda, const void* b, long long ldb, void* c,   \
                        long long ldc, const void* bias, int act, double scalar,               \
-                       const void* act_in) {                                                  \
-    launch<T>(dot, m, n, k, trans_a, a, lda, b, ldb, c, ldc, bias, act, scalar, act_in);      \
+                       const void* act_in, void* sums) {                                      \
+    launch<T>(dot, m, n, k, trans_a, a, lda, b, ldb, c, ldc, bias, act, scalar, act_in, sums); \
   }
 ENTRY(small_gemm_f32, float)
 ENTRY(small_gemm_f64, double)
@@ -55,7 +58,7 @@ ENTRY(small_gemm_f64, double)
 
 using Entry = void (*)(bool, long long, long long, long long, bool, const void*, long long,
                        const void*, long long, void*, long long, const void*, int, double,
-                       const void*);
+                       const void*, void*);
 
 const testing::HostObject& gemm_kernels() {
   static const testing::HostObject object({}, kSource, ENCORE_SOURCE_DIR);
@@ -111,7 +114,23 @@ struct Case {
   bool bias = false;
   Op act = Op::Matmul;
   double scalar = 0;
+  bool sums = false;  // serial k with a transposed: a's column sums too
 };
+
+// Column r of a stored [k, m] (rows lda apart) summed as reduce.cu's reduce_columns sums it:
+// `split` thread rows (about 16 elements each, a power of two up to 32), row t folding elements
+// t, t + split, ... from +0, then a tree joining rows split / 2 apart, then split / 4, ...
+template <typename T>
+T column_sum_as_cuda(const std::vector<T>& a, int64_t lda, int64_t r, int64_t k) {
+  int split = 1;
+  while (split < 32 && split * 2 * 16 <= k) split *= 2;
+  std::vector<T> part(split, T(0));
+  for (int t = 0; t < split; ++t)
+    for (int64_t p = t; p < k; p += split) part[t] = part[t] + a[p * lda + r];
+  for (int s = split / 2; s > 0; s /= 2)
+    for (int t = 0; t < s; ++t) part[t] = part[t] + part[t + s];
+  return part[0];
+}
 
 // Runs `cs` in T and checks every output against the reference and every other element of c
 // against its sentinel.
@@ -131,12 +150,12 @@ void check(const Case& cs, uint32_t seed) {
   for (T& v : in) v = static_cast<T>(u(rng));
   const T sentinel = static_cast<T>(12345);
   // Room for whatever a tile or a thread past c's edge would store, to see that none does.
-  std::vector<T> c((m + 4) * ldc + 16, sentinel);
+  std::vector<T> c((m + 4) * ldc + 16, sentinel), sums(m + 8, sentinel);
   const Entry run = reinterpret_cast<Entry>(
       gemm_kernels().symbol(sizeof(T) == 4 ? "small_gemm_f32" : "small_gemm_f64"));
   run(cs.dot, m, n, k, cs.trans_a, a.data(), lda, b.data(), ldb, c.data(), ldc,
       cs.bias ? bias.data() : nullptr, static_cast<int>(cs.act), cs.scalar,
-      is_grad(cs.act) ? in.data() : nullptr);
+      is_grad(cs.act) ? in.data() : nullptr, cs.sums ? sums.data() : nullptr);
   const double eps = std::numeric_limits<T>::epsilon();
   int wrong = 0;
   for (int64_t i = 0; i < m; ++i)
@@ -157,6 +176,19 @@ void check(const Case& cs, uint32_t seed) {
   for (int64_t at = 0; at < static_cast<int64_t>(c.size()); ++at)
     if ((at >= m * ldc || at % ldc >= n) && c[at] != sentinel && wrong++ < 5)
       FAIL_CHECK("c[" << at << "] past the outputs was written");
+  for (int64_t r = 0; r < static_cast<int64_t>(sums.size()); ++r) {
+    if (!cs.sums || r >= m) {
+      if (sums[r] != sentinel && wrong++ < 5) FAIL_CHECK("sums[" << r << "] was written");
+      continue;
+    }
+    double want = 0, scale = 0;
+    for (int64_t p = 0; p < k; ++p) want += a[p * lda + r], scale += std::abs(a[p * lda + r]);
+    const T bits = column_sum_as_cuda(a, lda, r, k);
+    if ((std::memcmp(&sums[r], &bits, sizeof(T)) != 0 ||
+         !(std::abs(sums[r] - want) <= 16 * eps * (scale + 1e-30))) &&
+        wrong++ < 5)
+      FAIL_CHECK("sums[" << r << "] = " << sums[r] << ", want " << bits << " (" << want << ")");
+  }
   CHECK(wrong == 0);
 }
 
@@ -186,6 +218,25 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
                  << " k " << cs.k << (cs.trans_a ? ", a transposed" : "") << ", pad " << cs.pad);
     check<float>(cs, 1 + static_cast<uint32_t>(i));
     check<double>(cs, 100 + static_cast<uint32_t>(i));
+  }
+}
+
+TEST_CASE("a small GEMM's column 0 sums a's columns in the order of CUDA's column sum (emulated)",
+          "[nvrtc][emulated][small_gemm]") {
+  // gy^T x and sum(gy, 0) over k rows of gy: 1 thread row of the column sum (k < 32), 2 (32),
+  // 4 (64, 100) and 32 (512); one output per thread, or four (130 x 200); a's rows longer than
+  // its m.
+  const std::vector<Case> cases = {
+      {false, 5, 7, 2, true},       {false, 33, 20, 31, true, 3}, {false, 10, 100, 32, true},
+      {false, 2, 3, 64, true},      {false, 130, 200, 100, true}, {false, 12, 9, 512, true, 1},
+      {false, 3, 129, 33, true, 2},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case cs = cases[i];
+    cs.sums = true;
+    INFO("case " << i << ": m " << cs.m << " n " << cs.n << " k " << cs.k << ", pad " << cs.pad);
+    check<float>(cs, 200 + static_cast<uint32_t>(i));
+    check<double>(cs, 300 + static_cast<uint32_t>(i));
   }
 }
 
@@ -222,7 +273,7 @@ TEST_CASE("a small GEMM's relu passes a NaN product on, as the relu kernel does 
   std::vector<float> c(4, 0);
   const Entry run = reinterpret_cast<Entry>(gemm_kernels().symbol("small_gemm_f32"));
   run(true, 2, 2, 3, false, a.data(), 3, b.data(), 3, c.data(), 2, bias.data(),
-      static_cast<int>(Op::Relu), 0, nullptr);
+      static_cast<int>(Op::Relu), 0, nullptr, nullptr);
   CHECK(c[0] == 2.0f);  // relu(1 - 2 + 3)
   CHECK(c[1] == 0.0f);  // relu(-2)
   CHECK(std::isnan(c[2]));
