@@ -46,7 +46,7 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
                  ": a small GEMM cannot sum the columns of a [", g.trans_a ? g.k : g.m, ",",
                  g.trans_a ? g.m : g.k, "]", g.trans_a ? "" : " (not transposed)");
     const bool dot = kind == SmallGemm::kDot;
-    const GemmLaunch l = small_gemm_launch(dot, g.m, g.n);
+    const GemmLaunch l = small_gemm_launch(dot, g.m, g.n, sums != nullptr);
     if (dot) {
       gemm_dot_kernel<T>
           <<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, pa, g.lda, pb, g.ldb, pc, g.ldc, f);

@@ -12,8 +12,9 @@
 //   computes kSerialRows outputs of one column of c (one, when c is small), multiplying and adding
 //   over k = 0, 1, ... in order; a block's threads take adjacent columns (coalesced loads of b;
 //   a's element is the same for the whole warp). With a stored [k, m] it can also sum a's columns
-//   (a linear's bias gradient beside its weight gradient): the threads of c's column 0 add up
-//   their rows' columns of a in the order of CUDA's column reduction (column_sum.cuh).
+//   (a linear's bias gradient beside its weight gradient): blocks after the product's take a
+//   column of a per thread (coalesced loads) and add it up in the order of CUDA's column sum
+//   (column_sum.cuh), beside the product's blocks.
 //
 // Each multiply-add is one fused multiply-add (fma_of); the file is compiled without contraction
 // (nvcc -fmad=false), so everything else rounds as the unfused kernels do, and an activation
@@ -43,20 +44,21 @@ inline constexpr int64_t kSerialFewOutputs = 16384;
 inline constexpr int kSerialThreads = 128;
 
 // The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of `threads`, and
-// for kSerialK the outputs per thread. How the work is cut changes no output's order of
-// operations.
+// for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks summing a's m columns
+// follow the product's. How the work is cut changes no output's order of operations.
 struct GemmLaunch {
   unsigned blocks, threads;
   int rows;
 };
-inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n) {
+inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n, bool sums = false) {
   if (dot) {
     const int64_t tiles = (m + kDotTile - 1) / kDotTile * ((n + kDotTile - 1) / kDotTile);
     return {static_cast<unsigned>((tiles + kDotWarps - 1) / kDotWarps), kDotWarps * 32, 1};
   }
   const int rows = m * n < kSerialFewOutputs ? 1 : kSerialRows;
   const int64_t threads = std::min<int64_t>(kSerialThreads, (n + 31) / 32 * 32);
-  const int64_t blocks = (m + rows - 1) / rows * ((n + threads - 1) / threads);
+  const int64_t blocks = (m + rows - 1) / rows * ((n + threads - 1) / threads) +
+                         (sums ? (m + threads - 1) / threads : 0);
   return {static_cast<unsigned>(blocks), static_cast<unsigned>(threads), rows};
 }
 
@@ -173,14 +175,20 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 // kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
 // b / col_blocks * kRows on, in the blockDim.x columns from b % col_blocks * blockDim.x on. a's
 // element (row r, p) is a[r * lda + p], or a[p * lda + r] when trans_a (a stored [k, m]). A
-// thread past c's edge reads c's last row or column in its place and stores nothing there. The
-// threads of column 0 store f.sums for their rows (trans_a).
+// thread past c's edge reads c's last row or column in its place and stores nothing there. With
+// f.sums (trans_a), the blocks after those store a's column sums, thread r of them column r.
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kSerialThreads)
     gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
                          int64_t lda, const T* __restrict__ b, int64_t ldb, T* __restrict__ c,
                          int64_t ldc, GemmFinish<T> f) {
   const int64_t width = blockDim.x, col_blocks = (n + width - 1) / width;
+  const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
+  if (static_cast<int64_t>(blockIdx.x) >= product_blocks) {  // a's column sums (f.sums set)
+    const int64_t r = (blockIdx.x - product_blocks) * width + threadIdx.x;
+    if (r < m) f.sums[r] = column_sum_in_order(a + r, lda, k);
+    return;
+  }
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
   const int64_t j = static_cast<int64_t>(blockIdx.x) % col_blocks * width + threadIdx.x;
   const int64_t jb = clamp_index(j, n);
@@ -202,9 +210,6 @@ __global__ void __launch_bounds__(kSerialThreads)
       const int64_t at = (r0 + i) * ldc + j;
       c[at] = finish(f, acc[i], at, j);
     }
-  if (f.sums == nullptr || j != 0) return;
-  for (int i = 0; i < kRows; ++i)
-    if (r0 + i < m) f.sums[r0 + i] = column_sum_in_order(ar[i], step, k);
 }
 
 }  // namespace encore::kernels::cuda

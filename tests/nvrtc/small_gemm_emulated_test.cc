@@ -30,7 +30,7 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
             const void* bias, int act, double scalar, const void* act_in, void* sums) {
   const GemmFinish<T> f{static_cast<const T*>(bias), static_cast<const T*>(act_in),
                         static_cast<encore::Op>(act), static_cast<T>(scalar), static_cast<T*>(sums)};
-  const GemmLaunch l = small_gemm_launch(dot, m, n);
+  const GemmLaunch l = small_gemm_launch(dot, m, n, sums != nullptr);
   const T* pa = static_cast<const T*>(a);
   const T* pb = static_cast<const T*>(b);
   T* pc = static_cast<T*>(c);
@@ -221,7 +221,7 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
   }
 }
 
-TEST_CASE("a small GEMM's column 0 sums a's columns in the order of CUDA's column sum (emulated)",
+TEST_CASE("a small GEMM's blocks past the product sum a's columns as CUDA's Sum does (emulated)",
           "[nvrtc][emulated][small_gemm]") {
   // gy^T x and sum(gy, 0) over k rows of gy: 1 thread row of the column sum (k < 32), 2 (32),
   // 4 (64, 100) and 32 (512); one output per thread, or four (130 x 200); a's rows longer than
