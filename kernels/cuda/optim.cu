@@ -1,13 +1,14 @@
 // Optimizer updates, in place and fused, the formulas of kernels/cpu/optim.cc. A call updates one
 // or more parameters (one group of inputs each, op_traits.h) in one launch per kMaxTensors of them:
 // each parameter gets its own range of blocks, as PyTorch's multi-tensor apply does, so an
-// optimizer step over a model's parameters is one or two kernels instead of one or two per
-// parameter. Adam's step counters stay on the device: a one-block kernel increments them and the
-// update reads them there, so a step never waits for the host and a captured graph counts on every
+// optimizer step over a model's parameters is one kernel instead of one per parameter. Adam's
+// step counters stay on the device, counted by the update kernel's blocks themselves
+// (step_counter.cuh), so a step never waits for the host and a captured graph counts on every
 // replay.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/step_counter.cuh"
 #include "kernels/update_groups.h"
 
 namespace encore::kernels::cuda {
@@ -33,10 +34,12 @@ struct Counters {
   int count;
 };
 
-// The parameter this block updates, and the block's place among that parameter's blocks.
+// The parameter this block updates, the block's place among that parameter's blocks, and how
+// many it has.
 struct BlockRange {
   int k;
   int64_t begin, stride, n;
+  unsigned blocks;
 };
 
 template <int kArrays>
@@ -45,7 +48,7 @@ __device__ BlockRange block_range(const TensorTable<kArrays>& tab) {
   while (k + 1 < tab.count && blockIdx.x >= tab.first_block[k + 1]) ++k;
   const unsigned blocks = tab.first_block[k + 1] - tab.first_block[k];
   return {k, static_cast<int64_t>(blockIdx.x - tab.first_block[k]) * blockDim.x + threadIdx.x,
-          static_cast<int64_t>(blocks) * blockDim.x, tab.numel[k]};
+          static_cast<int64_t>(blocks) * blockDim.x, tab.numel[k], blocks};
 }
 
 template <typename T, int kArrays>
@@ -82,6 +85,7 @@ __global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
   }
 }
 
+// The step counters of parameters without elements, which have no blocks to count them.
 __global__ void increment_kernel(Counters c) {
   if (static_cast<int>(threadIdx.x) < c.count) *c.t[threadIdx.x] += 1;
 }
@@ -96,16 +100,16 @@ static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamScalars) +
                   7 * sizeof(double) <=
               4096);
 
-// Adam / AdamW with the CPU's formula; the counters were incremented by increment_kernel before
-// this launch. The bias corrections depend on t only: one thread per block computes its
-// parameter's (in double, as the CPU) and shares them through shared memory.
+// Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
+// thread per block counts the step (count_step: t after it, the last block storing it) and
+// computes its parameter's corrections (in double, as the CPU), shared through shared memory.
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1, T b2, T c1, T c2,
                             T eps, T decay, T wd) {
   const BlockRange r = block_range(tab);
   __shared__ T shared_step_size, shared_inv_sqrt_bc2;
   if (threadIdx.x == 0) {
-    const double steps = static_cast<double>(*c.t[r.k]);
+    const double steps = static_cast<double>(count_step(c.t[r.k], r.blocks));
     const double bc1 = 1 - pow(s.beta1, steps);
     const double bc2 = 1 - pow(s.beta2, steps);
     shared_step_size = static_cast<T>(s.lr / bc1);
@@ -128,10 +132,10 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1,
   }
 }
 
-// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op
-// kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
-// step counter, if any, in the counters. Parameters with no elements get no blocks (their counter
-// still counts).
+// Calls launch(table, counters, blocks, lone) for each kMaxTensors parameters of a call of update
+// op kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
+// step counter, if any, in the counters. Parameters with no elements get no blocks: their
+// counters, which still count, are in `lone` as well.
 template <Op kOp, typename Launch>
 void for_each_launch(const KernelArgs& args, Launch launch) {
   constexpr UpdateGroup kGroup = update_group(kOp);
@@ -139,20 +143,23 @@ void for_each_launch(const KernelArgs& args, Launch launch) {
   check_update_groups(in, kOp);
   for (size_t g0 = 0; g0 < in.size(); g0 += kGroup.size * kMaxTensors) {
     TensorTable<kGroup.arrays> tab{};
-    Counters counters{};
+    Counters counters{}, lone{};
     unsigned blocks = 0;
     for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup.size) {
       const int k = tab.count++;
       for (int a = 0; a < kGroup.arrays; ++a) tab.ptr[a][k] = in[g + a].data;
-      if constexpr (kGroup.counter >= 0)
-        counters.t[counters.count++] = in[g + kGroup.counter].as<int64_t>();
       const int64_t n = in[g].numel();
+      if constexpr (kGroup.counter >= 0) {
+        int64_t* t = in[g + kGroup.counter].as<int64_t>();
+        counters.t[counters.count++] = t;
+        if (n == 0) lone.t[lone.count++] = t;
+      }
       tab.numel[k] = n;
       tab.first_block[k] = blocks;
       blocks += n == 0 ? 0 : blocks_for(n);
     }
     tab.first_block[tab.count] = blocks;
-    launch(tab, counters, blocks);
+    launch(tab, counters, blocks, lone);
   }
 }
 
@@ -160,7 +167,7 @@ void sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
     for_each_launch<Op::SgdUpdate>(
-        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
+        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks, const Counters&) {
           if (blocks == 0) return;
           sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
@@ -173,7 +180,7 @@ void momentum_sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
     for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&,
-                                                     unsigned blocks) {
+                                                     unsigned blocks, const Counters&) {
       if (blocks == 0) return;
       momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
           tab, static_cast<T>(a.lr), static_cast<T>(a.momentum), static_cast<T>(a.weight_decay));
@@ -182,8 +189,7 @@ void momentum_sgd(const KernelArgs& args) {
   });
 }
 
-// Per parameter in: p, g, m, v, t (int64 step, incremented first, also when p is empty, as on the
-// CPU).
+// Per parameter in: p, g, m, v, t (int64 step, counted also when p is empty, as on the CPU).
 void adam(const KernelArgs& args) {
   const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(args.in[0].dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
@@ -191,9 +197,12 @@ void adam(const KernelArgs& args) {
     const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
     const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
     for_each_launch<Op::AdamUpdate>(
-        args, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
-          increment_kernel<<<1, kMaxTensors, 0, stream()>>>(c);
-          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+        args,
+        [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks, const Counters& lone) {
+          if (lone.count > 0) {  // parameters without elements: counted apart (rare)
+            increment_kernel<<<1, kMaxTensors, 0, stream()>>>(lone);
+            ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+          }
           if (blocks == 0) return;
           adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),

@@ -1,10 +1,10 @@
 // Runs CUDA kernels on the host: a fused program's generated kernel (fused_source.h) with
 // element_ops.cuh, or a kernel header of our own (HostObject: small_gemm.cuh), compiled by the
 // host's C++ compiler against a header that stands in for the CUDA built-ins (threadIdx, blockIdx,
-// gridDim, blockDim, the warp shuffles, the bit casts), and launched as a grid of blocks of
-// threads, each a std::thread; the 32 threads of a warp meet at a barrier for each shuffle. It
-// checks what a kernel computes where (indices, layouts, folds, the warp tree, which lane writes),
-// not the device's rounding: the host's libm stands in for CUDA's.
+// gridDim, blockDim, the warp shuffles, 64-bit atomics, the bit casts), and launched as a grid of
+// blocks of threads, each a std::thread; the 32 threads of a warp meet at a barrier for each
+// shuffle. It checks what a kernel computes where (indices, layouts, folds, the warp tree, which
+// lane writes), not the device's rounding: the host's libm stands in for CUDA's.
 #pragma once
 
 #include <dlfcn.h>
@@ -81,6 +81,12 @@ template <typename T>
 T __shfl_xor_sync(unsigned, T v, int o) { return emulated_exchange(v, (threadIdx.x % 32) ^ o); }
 template <typename T>
 T __shfl_sync(unsigned, T v, int src) { return emulated_exchange(v, src); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) {
+  return std::atomic_ref<unsigned long long>(*p).exchange(v);
+}
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 // Runs kernel(...) on `blocks` blocks of `threads` threads.
