@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
+#   bash .gpu/on-device.sh quick   # one call of at most 9.5 minutes, for a short device budget:
+#                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only A/B,
+#                                  # memcheck over the newest kernels, PyTorch side by side
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
 #                                  # per KernelSum case), PyTorch side by side, the GPU demo
-#   bash .gpu/on-device.sh all     # both, about twice as long
+#   bash .gpu/on-device.sh all     # tests and bench, about twice as long
 # "tests" and "bench" each finish within 9 minutes: every part has a time cap, the most wanted
 # parts first, so that a call cut short still brings back what ran. Each part's output is
 # printed and kept in $GPU_OUT (default /tmp/gpu-out).
@@ -91,9 +94,34 @@ run_bench() {
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
 }
+# The most wanted parts of both within one call (caps 225 + 150 + 25 + 60 + 100 s): the tests,
+# the benchmarks and the cuBLAS-only A/B, memcheck over the newest kernels (small GEMMs with their
+# folds, layer_norm, the optimizers), then PyTorch side by side.
+run_quick() {
+  TAIL=40 part cuda_tests 225 "$run/bin/encore_cuda_tests" --durations yes
+  mkdir -p "$out/breakdown"
+  TAIL=60 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 150 "$run/bin/encore_bench" \
+    --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.1 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json
+  TAIL=12 ENCORE_CUDA_SMALL_GEMM=0 part bench_cublas_only 25 "$run/bin/encore_bench" \
+    --benchmark_filter='^(MlpSmall|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time=0.1 --benchmark_report_aggregates_only=true
+  local f="$out/breakdown/KernelSum_MlpSmall_cuda.txt"
+  [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$sanitizer" ] && part memcheck 60 "$sanitizer" --tool memcheck --print-limit 20 \
+    "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim]"
+  if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
+    TAIL=30 part peers 100 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
+      --repetitions 3 --min-time 0.1 --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
+  fi
+}
 case "$what" in
+  quick) run_quick ;;
   tests) run_tests ;;
   bench) run_bench ;;
   all) run_tests; run_bench ;;
-  *) echo "usage: on-device.sh tests|bench|all"; exit 2 ;;
+  *) echo "usage: on-device.sh quick|tests|bench|all"; exit 2 ;;
 esac

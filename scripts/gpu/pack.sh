@@ -8,6 +8,7 @@
 #   bash .gpu/on-device.sh tests     # encore_cuda_tests, then compute-sanitizer
 #   bash .gpu/on-device.sh bench     # /cuda benchmarks with their breakdowns, PyTorch side by side,
 #                                    # the GPU demo
+#   bash .gpu/on-device.sh quick     # the most wanted parts of both in one call
 # Each fits one 10-minute call; everything they print is also kept in $GPU_OUT.
 # The pack stays under the 64 MiB a device call carries: the CUDA libraries the machine brings
 # (driver, cuBLAS, cuDNN, NCCL, NVRTC) are left out and found there by on-device.sh.
