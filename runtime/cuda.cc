@@ -340,6 +340,9 @@ void check_device_errors(int device) {
   if (kind == DeviceErrorKind::Target)
     fail("cross_entropy: argument 'targets': label ", value, " at flat index ", index,
          " is out of range [0, ", bound, ")", where);
+  if (kind == DeviceErrorKind::StepCount)
+    fail(op, ": the step count of parameter ", index, " of the call is not in [0, ", bound,
+         "): its state tensor 't' was set to a count the CUDA update cannot keep", where);
   fail(op, ": label ", value, " of sample ", index, " is out of range [0, ", bound, ")", where);
 }
 

@@ -119,13 +119,13 @@ bool stream_finished(int device);
 void* malloc_workspace(size_t bytes);
 
 // Where kernels report bad input they cannot throw for without waiting for the device (an
-// out-of-range label or id): a claim word in device memory and a record in mapped host memory,
-// made with the device's default stream and kept for the process's life. The first report on a
-// device wins (kernels/cuda/common.cuh: report_device_error; with several bad inputs, the one a
-// thread reached first, not always the lowest index, and in a CUDA graph on several streams maybe
-// another step's than the one eager reports); the host reads the record whenever
-// it waits for a stream of the device (synchronize, a blocking copy, item()) and throws the
-// Error the cpu kernel throws.
+// out-of-range label or id, an optimizer's step count it cannot keep): a claim word in device
+// memory and a record in mapped host memory, made with the device's default stream and kept for the
+// process's life. The first report on a device wins (kernels/cuda/common.cuh: report_device_error;
+// with several bad inputs, the one a thread reached first, not always the lowest index, and in a
+// CUDA graph on several streams maybe another step's than the one eager reports); the host reads
+// the record whenever it waits for a stream of the device (synchronize, a blocking copy, item())
+// and throws the Error the cpu kernel throws.
 struct DeviceErrorSlot {
   unsigned int* claim = nullptr;  // device memory: 0, or 1 once a kernel has reported
   long long* record = nullptr;    // {kind << 32 | (op + 1), value, index, bound}, device view
@@ -135,6 +135,9 @@ enum class DeviceErrorKind : int {
   Label = 1,   // "label V of sample I is out of range [0, B)"
   Id = 2,      // "argument 'ids' holds V at flat index I, outside [0, B) (weight has B rows)"
   Target = 3,  // cross_entropy's: "argument 'targets': label V at flat index I is out of range"
+  // Adam's: "the step count of parameter I is not in [0, B)" (a negative count:
+  // kernels/cuda/step_counter.cuh)
+  StepCount = 4,
 };
 DeviceErrorSlot device_error_slot(int device);
 // Throws the Error a kernel of `device` reported since the last check (and clears the report).

@@ -5,8 +5,10 @@
 // gradient, so on CUDA the planner folds a Linear and the activation after it into one LinearAct
 // step, and a Matmul and the activation gradient after it into one MatmulActGrad step, where this
 // holds (schedule/rewrites.cc): eager calls run the same kernels for the same products, so the
-// folded steps give eager's bits. The kernels and the planner ask this one function, of the
-// GemmShape both take from the step's shapes (runtime/gemm_shape.h).
+// folded steps give eager's bits. A weight gradient's kernel can also sum its gy's columns, the
+// bias gradient, in the order of CUDA's Sum (cuda_small_gemm_sums_columns below: WeightBiasGrad).
+// The kernels and the planner ask this one function, of the GemmShape both take from the step's
+// shapes (runtime/gemm_shape.h).
 //
 // A product c [m, n] = op(a) op(b) over k is small when it is one matrix (no batch),
 // m n k <= kMaxSmallGemmMacs, and either b is stored [n, k] and a [m, k] (a linear's forward: each

@@ -140,6 +140,13 @@ inline void check_foreach_equals_loop(Device d) {
     }
     // The updates did something: the parameters moved.
     CHECK(bit_diff(a[0], start[0]) != "");
+    // Adam's step counts: 3 for every parameter with a gradient, one without elements too; 0 for
+    // parameter 11, which has none.
+    for (const optim::StateSlot& s : grouped->state_slots()) {
+      if (!s.name.ends_with(".t")) continue;
+      INFO(s.name);
+      CHECK(s.tensor->to(Device::cpu()).data<int64_t>()[0] == (s.name == "11.t" ? 0 : 3));
+    }
   }
 }
 

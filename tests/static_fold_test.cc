@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "api/src/routine.h"
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "tests/static_models.h"
@@ -174,6 +175,34 @@ TEST_CASE("a linear's bias gradient joins its weight gradient's step with eager'
                                           feature_batches(3, batch, 24, dtype, 13), sgd, verified);
       CHECK(count_of(mlp, "matmul and sum in one") == 3);
     }
+}
+
+TEST_CASE("a bias gradient stays apart from its weight gradient where gy changes between them",
+          "[static][fold]") {
+  // gy^T x then sum(gy, 0), as linear's backward computes them (detail::matmul_t), in a function
+  // of its own: folded, unless gy is updated in place between the two (add_), where the sum must
+  // see the new values.
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  NoGradGuard no_grad;
+  for (const bool between : {false, true}) {
+    INFO("add_ between: " << between);
+    auto body = [between](const Tensor& gy, const Tensor& x) {
+      const Tensor g = F::mul(gy, 2.0);  // a temporary of the call
+      const Tensor w = detail::matmul_t(g, x, true, false);
+      if (between) add_(g, gy);
+      return std::vector<Tensor>{w, F::sum(g, {0})};
+    };
+    auto f = static_graph(body, {.name = "weight_bias"});
+    for (int call = 0; call < 3; ++call) {
+      manual_seed(20 + call);
+      const Tensor gy = randn({9, 6}), x = randn({9, 7});
+      const std::vector<Tensor> want = body(gy, x), got = f(gy, x);
+      for (size_t i = 0; i < want.size(); ++i) CHECK(bit_diff(got[i], want[i]) == "");
+    }
+    INFO(f.schedule_text());
+    CHECK(count_of(f.schedule_text(), "matmul and sum in one") == (between ? 0 : 1));
+  }
 }
 
 TEST_CASE("the seed CNN's SGD steps replay eager's bits with max pooling before the relu",

@@ -8,7 +8,7 @@
 //
 // Each update is a dispatched in-place op, so a tracer sees it: one call per parameter, or with
 // `foreach` (the default on CUDA, as PyTorch's) one call for all parameters of a device and dtype,
-// which CUDA runs as one or two kernels per 48 parameters instead of one or two per parameter. The
+// which CUDA runs as one kernel per 48 parameters instead of one per parameter. The
 // values are the same either way. A static training step records what the optimizer dispatched; on
 // the cpu one call per parameter lets each update run as soon as its gradient is final. State
 // (momentum buffers, Adam moments and step counters) lives in tensors for the same reason.

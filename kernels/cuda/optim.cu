@@ -1,7 +1,7 @@
 // Optimizer updates, in place and fused, the formulas of kernels/cpu/optim.cc. A call updates one
 // or more parameters (one group of inputs each, op_traits.h) in one launch per kMaxTensors of them:
 // each parameter gets its own range of blocks, as PyTorch's multi-tensor apply does, so an
-// optimizer step over a model's parameters is one kernel instead of one per parameter. Adam's
+// optimizer step is one kernel per 48 parameters of a dtype instead of one per parameter. Adam's
 // step counters stay on the device, counted by the update kernel's blocks themselves
 // (step_counter.cuh), so a step never waits for the host and a captured graph counts on every
 // replay.
@@ -20,13 +20,14 @@ namespace {
 constexpr int kMaxTensors = 48;
 
 // The parameters of one launch: per array (param, grad, and the optimizer's state) a pointer per
-// parameter, each one's element count, and the first block of each (the last entry: the grid).
+// parameter, each one's element count, and the first block of each (the last entry: the grid);
+// `first`: the call's index of the launch's first parameter.
 template <int kArrays>
 struct TensorTable {
   void* ptr[kArrays][kMaxTensors];
   int64_t numel[kMaxTensors];
   unsigned first_block[kMaxTensors + 1];
-  int count;
+  int count, first;
 };
 
 struct Counters {
@@ -94,22 +95,27 @@ struct AdamScalars {
   double lr, beta1, beta2;
 };
 
-// The largest launch's arguments (adam_kernel's: the table, the counters, these and seven T)
-// within the 4 KB every CUDA version takes.
-static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamScalars) +
-                  7 * sizeof(double) <=
+// The largest launch's arguments (adam_kernel's: the table, the counters, these, seven T and the
+// error slot) within the 4 KB every CUDA version takes.
+static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamScalars) + 7 * sizeof(double) +
+                  sizeof(encore::cuda::DeviceErrorSlot) <=
               4096);
 
 // Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
 // thread per block counts the step (count_step: t after it, the last block storing it) and
-// computes its parameter's corrections (in double, as the CPU), shared through shared memory.
+// computes its parameter's corrections (in double, as the CPU), shared through shared memory. A
+// count it cannot keep is reported to the host (DeviceErrorKind::StepCount).
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1, T b2, T c1, T c2,
-                            T eps, T decay, T wd) {
+                            T eps, T decay, T wd, encore::cuda::DeviceErrorSlot errors) {
   const BlockRange r = block_range(tab);
   __shared__ T shared_step_size, shared_inv_sqrt_bc2;
   if (threadIdx.x == 0) {
-    const double steps = static_cast<double>(count_step(c.t[r.k], r.blocks));
+    const int64_t count = count_step(c.t[r.k], r.blocks);
+    if (count < 0)
+      report_device_error(errors, encore::cuda::DeviceErrorKind::StepCount, Op::AdamUpdate, count,
+                          tab.first + r.k, int64_t{1} << kArrivalShift);
+    const double steps = static_cast<double>(count);
     const double bc1 = 1 - pow(s.beta1, steps);
     const double bc2 = 1 - pow(s.beta2, steps);
     shared_step_size = static_cast<T>(s.lr / bc1);
@@ -143,6 +149,7 @@ void for_each_launch(const KernelArgs& args, Launch launch) {
   check_update_groups(in, kOp);
   for (size_t g0 = 0; g0 < in.size(); g0 += kGroup.size * kMaxTensors) {
     TensorTable<kGroup.arrays> tab{};
+    tab.first = static_cast<int>(g0 / kGroup.size);
     Counters counters{}, lone{};
     unsigned blocks = 0;
     for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup.size) {
@@ -207,7 +214,7 @@ void adam(const KernelArgs& args) {
           adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
               static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
-              static_cast<T>(a.eps), decay, wd);
+              static_cast<T>(a.eps), decay, wd, error_slot());
           ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
         });
   });

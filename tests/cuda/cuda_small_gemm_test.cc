@@ -229,10 +229,11 @@ TEST_CASE(
     "eager's bits",
     "[cuda][static][small_gemm]") {
   // sum(tanh(x w^T + b)) and its gradients over rows k of x and outputs m: the weight gradient
-  // gy^T x runs on the small kernel for k <= 512, whose threads of column 0 sum gy's columns in
-  // the order of CUDA's column sum: split over 1 thread row (k < 32), 2 (32), 4 (64, 100) and 32
-  // (512) thread rows; one output per thread, or four (130 x 200). A sum over one row (k = 1) is
-  // a copy, over one column (m = 1) a row reduction, and k = 513 is cuBLAS's: those stay apart.
+  // gy^T x runs on the small kernel for k <= 512, whose blocks past the product's sum gy's
+  // columns in the order of CUDA's column sum: split over 1 thread row (k < 32), 2 (32), 4 (64,
+  // 100), 8 (128, 200), 16 (256) and 32 (512) thread rows; one output per thread, or four (130 x
+  // 200). A sum over one row (k = 1) is a copy, over one column (m = 1) a row reduction, and k =
+  // 513 is cuBLAS's: those stay apart.
   StaticEnabled on;
   const StaticFoldActivations fold(true);
   struct Case {
@@ -240,7 +241,8 @@ TEST_CASE(
     bool folds;
   };
   const Case cases[] = {{2, 5, 7, true},    {31, 33, 20, true},    {32, 10, 100, true},
-                        {64, 2, 3, true},   {100, 130, 200, true}, {512, 12, 9, true},
+                        {64, 2, 3, true},   {100, 130, 200, true}, {128, 17, 20, true},
+                        {200, 6, 40, true}, {256, 9, 5, true},     {512, 12, 9, true},
                         {1, 16, 24, false}, {40, 1, 24, false},    {513, 8, 8, false}};
   with_graphs_on_and_off([&](bool) {
     for (const DType dtype : {DType::Float32, DType::Float64})

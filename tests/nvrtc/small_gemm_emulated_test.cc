@@ -224,12 +224,13 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
 TEST_CASE("a small GEMM's blocks past the product sum a's columns as CUDA's Sum does (emulated)",
           "[nvrtc][emulated][small_gemm]") {
   // gy^T x and sum(gy, 0) over k rows of gy: 1 thread row of the column sum (k < 32), 2 (32),
-  // 4 (64, 100) and 32 (512); one output per thread, or four (130 x 200); a's rows longer than
-  // its m.
+  // 4 (64, 100), 8 (128, 200), 16 (256) and 32 (512); one output per thread, or four (130 x 200);
+  // a's rows longer than its m.
   const std::vector<Case> cases = {
       {false, 5, 7, 2, true},       {false, 33, 20, 31, true, 3}, {false, 10, 100, 32, true},
       {false, 2, 3, 64, true},      {false, 130, 200, 100, true}, {false, 12, 9, 512, true, 1},
-      {false, 3, 129, 33, true, 2},
+      {false, 3, 129, 33, true, 2}, {false, 17, 20, 128, true},   {false, 6, 40, 200, true, 1},
+      {false, 9, 5, 256, true},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     Case cs = cases[i];

@@ -1,7 +1,8 @@
 // Adam's step counters on CUDA (kernels/cuda/step_counter.cuh), run on the host
 // (emulated_kernel.h): every block of a parameter reads the count after the step, whatever the
 // number of blocks, and the counter holds that count once the last block has arrived, however large
-// the count (below 2^44). The [cuda] optimizer tests check the updates against the CPU on a device.
+// the count (below 2^44 before the step); a negative count (or a huge one) is seen (-1) by the
+// first block to arrive. The [cuda] optimizer tests check the updates against the CPU on a device.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -57,4 +58,18 @@ TEST_CASE("every block of an Adam update reads the step count after the step (em
       at += blocks[k];
     }
   }
+}
+
+TEST_CASE("a negative step count is seen by the first block to arrive (emulated)",
+          "[nvrtc][emulated]") {
+  static const testing::HostObject object({}, kSource, ENCORE_SOURCE_DIR);
+  const auto run = reinterpret_cast<CountSteps>(object.symbol("count_steps"));
+  for (const long long bad : {-1LL, -(1LL << 50), 1LL << 60})
+    for (const unsigned blocks : {1u, 2u, 7u}) {
+      INFO("count " << bad << ", " << blocks << " blocks");
+      long long counter = bad;
+      std::vector<long long> seen(blocks, 0);
+      run(&counter, &blocks, 1, seen.data());
+      CHECK(seen[0] == -1);
+    }
 }
