@@ -203,20 +203,19 @@ void adam(const KernelArgs& args) {
     // Decoupled: p *= 1 - lr*wd and g is used as is; coupled: g' = g + wd*p.
     const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
     const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
-    for_each_launch<Op::AdamUpdate>(
-        args,
-        [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks, const Counters& lone) {
-          if (lone.count > 0) {  // parameters without elements: counted apart (rare)
-            increment_kernel<<<1, kMaxTensors, 0, stream()>>>(lone);
-            ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
-          }
-          if (blocks == 0) return;
-          adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-              tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
-              static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
-              static_cast<T>(a.eps), decay, wd, error_slot());
-          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
-        });
+    for_each_launch<Op::AdamUpdate>(args, [&](const TensorTable<4>& tab, const Counters& c,
+                                              unsigned blocks, const Counters& lone) {
+      if (lone.count > 0) {  // parameters without elements: counted apart (rare)
+        increment_kernel<<<1, kMaxTensors, 0, stream()>>>(lone);
+        ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+      }
+      if (blocks == 0) return;
+      adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+          tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
+          static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
+          static_cast<T>(a.eps), decay, wd, error_slot());
+      ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+    });
   });
 }
 
