@@ -181,8 +181,8 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
                       nullptr, Op::Matmul, 0, nullptr, sums.data);
   matmul_into(KernelArgs{args.in, args.out.first(1), product}, Op::WeightBiasGrad, Op::Matmul, 0,
               g);
-  lookup_kernel(Op::Sum, DeviceType::CUDA)(
-      KernelArgs{args.in.first(1), args.out.subspan(1, 1), AttrBlob::of(ReduceAttrs{1, false})});
+  lookup_kernel(Op::Sum, DeviceType::CUDA)(KernelArgs{args.in.first(1), args.out.subspan(1, 1),
+                                                      AttrBlob::of(ReduceAttrs{.axes_mask = 1})});
 }
 
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
