@@ -44,28 +44,53 @@ part() {
     echo "<== $name: exit $rc in $((SECONDS - start)) s"; fi
 }
 
+# The parts the modes share, each with its time cap and (benchmarks) minimum time per case.
+cuda_tests() {  # CAP
+  TAIL=40 part cuda_tests "$1" "$run/bin/encore_cuda_tests" --durations yes
+}
+sanitizer() {
+  command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1
+}
+bench_cuda() {  # CAP MIN_TIME: every /cuda case, with each KernelSum case's kernels in breakdown/
+  mkdir -p "$out/breakdown"
+  TAIL=80 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda "$1" "$run/bin/encore_bench" \
+    --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time="$2" \
+    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json
+}
+# Every product on cuBLAS (no small GEMM kernels, nothing folded into them), beside bench_cuda's.
+bench_cublas_only() {  # CAP MIN_TIME CASES
+  TAIL=20 ENCORE_CUDA_SMALL_GEMM=0 part bench_cublas_only "$1" "$run/bin/encore_bench" \
+    --benchmark_filter="^($3)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda" \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
+peers() {  # CAP MIN_TIME: PyTorch eager, CUDA graph and torch.compile beside bench_cuda's figures
+  if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
+    TAIL=30 part peers "$1" python3 "$here/peers/compare.py" --cuda --torch-python python3 \
+      --repetitions 3 --min-time "$2" --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
+  fi
+}
+kernels_per_step() {  # CASE...: the KernelSum breakdowns' kernels per step
+  for c in "$@"; do
+    local f="$out/breakdown/KernelSum_${c}_cuda.txt"
+    [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
+  done
+}
+
 run_tests() {
-  TAIL=40 part cuda_tests 300 "$run/bin/encore_cuda_tests" --durations yes
-  local sanitizer
-  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  [ -n "$sanitizer" ] || return 0
+  cuda_tests 300
+  local san
+  san=$(sanitizer)
+  [ -n "$san" ] || return 0
   # The random programs run 60 rather than 400 under the sanitizer (ENCORE_RANDOM_PROGRAMS).
-  ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$sanitizer" --tool memcheck --print-limit 20 \
+  ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$san" --tool memcheck --print-limit 20 \
     "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
-  part racecheck 60 "$sanitizer" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
+  part racecheck 60 "$san" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
     "a failed CUDA-graph capture*" "Adam's hyper-parameters on a schedule on cuda*"
 }
 run_bench() {
-  mkdir -p "$out/breakdown"
-  TAIL=80 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 200 "$run/bin/encore_bench" \
-    --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.2 \
-    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
-    --benchmark_out_format=json
-  # Every product on cuBLAS (no small GEMM kernels, no activations folded into them), beside
-  # bench_cuda's.
-  TAIL=20 ENCORE_CUDA_SMALL_GEMM=0 part bench_cublas_only 30 "$run/bin/encore_bench" \
-    --benchmark_filter='^(MlpSmall|CharLstm|LstmCellChain)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
-    --benchmark_repetitions=3 --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
+  bench_cuda 200 0.2
+  bench_cublas_only 30 0.2 'MlpSmall|CharLstm|LstmCellChain'
   # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3, beside bench_cuda's 2 (the
   # default).
   local cases='^(MlpSmall|MlpLarge|SeedCnn|TinyGpt|CharLstm)/static/cuda|^KernelSum/(MlpSmall|TinyGpt)/cuda'
@@ -74,9 +99,7 @@ run_bench() {
       "$run/bin/encore_bench" --benchmark_filter="$cases" --benchmark_repetitions=3 \
       --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
   done
-  for f in "$out"/breakdown/KernelSum_MlpSmall_cuda.txt "$out"/breakdown/KernelSum_TinyGpt_cuda.txt; do
-    [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
-  done
+  kernels_per_step MlpSmall TinyGpt
   # Where eager steps and stream replays spend their time, op by op (the profiler's table: an
   # eager op's dispatch on the host, a replayed step's device time).
   mkdir -p /tmp/encore-profiles
@@ -86,10 +109,7 @@ run_bench() {
       --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
     cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -20 "$out/profile_$f.txt"
   done
-  if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
-    TAIL=30 part peers 220 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
-      --repetitions 3 --min-time 0.2 --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
-  fi
+  peers 220 0.2
   if [ -d "$here/data" ]; then
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
@@ -98,25 +118,15 @@ run_bench() {
 # the benchmarks and the cuBLAS-only A/B, memcheck over the newest kernels (small GEMMs with their
 # folds, layer_norm, the optimizers), then PyTorch side by side.
 run_quick() {
-  TAIL=40 part cuda_tests 225 "$run/bin/encore_cuda_tests" --durations yes
-  mkdir -p "$out/breakdown"
-  TAIL=60 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part bench_cuda 150 "$run/bin/encore_bench" \
-    --benchmark_filter=/cuda --benchmark_repetitions=3 --benchmark_min_time=0.1 \
-    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" \
-    --benchmark_out_format=json
-  TAIL=12 ENCORE_CUDA_SMALL_GEMM=0 part bench_cublas_only 25 "$run/bin/encore_bench" \
-    --benchmark_filter='^(MlpSmall|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
-    --benchmark_repetitions=3 --benchmark_min_time=0.1 --benchmark_report_aggregates_only=true
-  local f="$out/breakdown/KernelSum_MlpSmall_cuda.txt"
-  [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
-  local sanitizer
-  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  [ -n "$sanitizer" ] && part memcheck 60 "$sanitizer" --tool memcheck --print-limit 20 \
+  cuda_tests 225
+  bench_cuda 150 0.1
+  bench_cublas_only 25 0.1 'MlpSmall|CharLstm'
+  kernels_per_step MlpSmall
+  local san
+  san=$(sanitizer)
+  [ -n "$san" ] && part memcheck 60 "$san" --tool memcheck --print-limit 20 \
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim]"
-  if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
-    TAIL=30 part peers 100 python3 "$here/peers/compare.py" --cuda --torch-python python3 \
-      --repetitions 3 --min-time 0.1 --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
-  fi
+  peers 100 0.1
 }
 case "$what" in
   quick) run_quick ;;
