@@ -71,6 +71,14 @@ bool takes_activation(const Step& s, DeviceType device) {
   return cuda_small_gemm(g) != SmallGemm::kNone;
 }
 
+// Whether weight-gradient step mm (a Matmul gy^T x) can also sum gy's columns on `device`: on the
+// cpu (its kernel runs the Sum's after the product), on CUDA where its small GEMM kernel does.
+bool sums_columns(const Step& mm, DeviceType device) {
+  return device != DeviceType::CUDA ||
+         cuda_small_gemm_sums_columns(matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape,
+                                                   mm.attrs.as<MatmulAttrs>()));
+}
+
 }  // namespace
 
 // relu (step a: x -> r), max_pool2d (step m: r -> p) and, when the backward is recorded,
@@ -295,11 +303,8 @@ void Rewriter::fold_bias_gradients(DeviceType device) {
       if (memory_[gb.buf] == memory_[mm.out[0].buf] || memory_[gb.buf] == memory_[gy.buf] ||
           memory_[gb.buf] == memory_[mm.in[1].buf])
         continue;
-      if (std::any_of(wrote_gy.begin(), wrote_gy.end(), [&](int t) { return t >= m && t < s; }))
-        continue;
-      if (device == DeviceType::CUDA &&
-          !cuda_small_gemm_sums_columns(
-              matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape, attrs)))
+      if (std::any_of(wrote_gy.begin(), wrote_gy.end(), [&](int t) { return t >= m && t < s; }) ||
+          !sums_columns(mm, device))
         continue;
       note(mm.out[0].buf, cat("matmul and sum in one: ", recorded_as(mm.index, sum.index)));
       steps_[m] = Step{Op::WeightBiasGrad,

@@ -5,9 +5,9 @@
 // fixed shuffle (and shared-memory) tree joins the threads (no atomics, the same bits on every
 // run). The variance is two-pass and biased. The gradient of gamma and beta sums over rows: a warp
 // of columns per block, 32 threads per column over interleaved rows, joined by a fixed tree (the
-// same bits on every run). Over few rows of up to 1,024 (kOneLaunchRows) the input gradient and
-// gamma's and beta's are one launch, whose blocks take one or the other: the same values, one
-// launch fewer where the launch is the cost.
+// same bits on every run). Over up to kOneLaunchRows rows of up to 1,024 elements the input
+// gradient and gamma's and beta's are one launch, whose blocks take one or the other: the same
+// values, one launch fewer where the launch is the cost.
 #include <cstdint>
 #include <type_traits>
 

@@ -86,11 +86,6 @@ __global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
   }
 }
 
-// The step counters of parameters without elements, which have no blocks to count them.
-__global__ void increment_kernel(Counters c) {
-  if (static_cast<int>(threadIdx.x) < c.count) *c.t[threadIdx.x] += 1;
-}
-
 struct AdamScalars {
   double lr, beta1, beta2;
 };
@@ -138,10 +133,10 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1,
   }
 }
 
-// Calls launch(table, counters, blocks, lone) for each kMaxTensors parameters of a call of update
-// op kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
-// step counter, if any, in the counters. Parameters with no elements get no blocks: their
-// counters, which still count, are in `lone` as well.
+// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op
+// kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
+// step counter, if any, in the counters. A parameter with no elements gets no blocks, or one
+// where it has a step counter, which still counts (count_step) while the block updates nothing.
 template <Op kOp, typename Launch>
 void for_each_launch(const KernelArgs& args, Launch launch) {
   constexpr UpdateGroup kGroup = update_group(kOp);
@@ -150,23 +145,20 @@ void for_each_launch(const KernelArgs& args, Launch launch) {
   for (size_t g0 = 0; g0 < in.size(); g0 += kGroup.size * kMaxTensors) {
     TensorTable<kGroup.arrays> tab{};
     tab.first = static_cast<int>(g0 / kGroup.size);
-    Counters counters{}, lone{};
+    Counters counters{};
     unsigned blocks = 0;
     for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup.size) {
       const int k = tab.count++;
       for (int a = 0; a < kGroup.arrays; ++a) tab.ptr[a][k] = in[g + a].data;
+      if constexpr (kGroup.counter >= 0)
+        counters.t[counters.count++] = in[g + kGroup.counter].as<int64_t>();
       const int64_t n = in[g].numel();
-      if constexpr (kGroup.counter >= 0) {
-        int64_t* t = in[g + kGroup.counter].as<int64_t>();
-        counters.t[counters.count++] = t;
-        if (n == 0) lone.t[lone.count++] = t;
-      }
       tab.numel[k] = n;
       tab.first_block[k] = blocks;
-      blocks += n == 0 ? 0 : blocks_for(n);
+      blocks += n > 0 ? blocks_for(n) : kGroup.counter >= 0 ? 1 : 0;
     }
     tab.first_block[tab.count] = blocks;
-    launch(tab, counters, blocks, lone);
+    launch(tab, counters, blocks);
   }
 }
 
@@ -174,7 +166,7 @@ void sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
     for_each_launch<Op::SgdUpdate>(
-        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks, const Counters&) {
+        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
           if (blocks == 0) return;
           sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
@@ -187,7 +179,7 @@ void momentum_sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
     for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&,
-                                                     unsigned blocks, const Counters&) {
+                                                     unsigned blocks) {
       if (blocks == 0) return;
       momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
           tab, static_cast<T>(a.lr), static_cast<T>(a.momentum), static_cast<T>(a.weight_decay));
@@ -196,7 +188,8 @@ void momentum_sgd(const KernelArgs& args) {
   });
 }
 
-// Per parameter in: p, g, m, v, t (int64 step, counted also when p is empty, as on the CPU).
+// Per parameter in: p, g, m, v, t (int64 step, counted also when p is empty, as on the CPU: every
+// parameter has a block, so a launch has blocks).
 void adam(const KernelArgs& args) {
   const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(args.in[0].dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
@@ -204,12 +197,7 @@ void adam(const KernelArgs& args) {
     const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
     const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
     for_each_launch<Op::AdamUpdate>(args, [&](const TensorTable<4>& tab, const Counters& c,
-                                              unsigned blocks, const Counters& lone) {
-      if (lone.count > 0) {  // parameters without elements: counted apart (rare)
-        increment_kernel<<<1, kMaxTensors, 0, stream()>>>(lone);
-        ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
-      }
-      if (blocks == 0) return;
+                                              unsigned blocks) {
       adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
           tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
           static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
