@@ -168,6 +168,14 @@ int set_graph_streams(int n);
 // and cuDNN handles and workspaces). Registered at static-initialisation time.
 void register_capture_preparer(void (*prepare)(StreamHandle stream));
 
+// A device-to-device copy a graph runs before its captured work (Graph::end_capture); each launch
+// may give it another source.
+struct GraphCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 // A captured sequence of work on one stream, or on two side by side, replayed with one launch.
 //
 //   cuda::Graph g;
@@ -209,16 +217,20 @@ class Graph {
   // after mark k. A mark is set before it is waited for; setting it again moves it.
   void mark(int k, StreamHandle s);
   void after(StreamHandle s, int k);
-  // Ends the capture and instantiates the graph, or updates the executable one in place when
-  // the topology is unchanged: a graph with branches ends once the work of all its streams has.
-  // False when the capture failed (the reason is failure()); the streams are usable again either
-  // way.
-  bool end_capture();
+  // Ends the capture and instantiates the graph (a graph with branches ends once the work of all
+  // its streams has), with `first` (copies of at least one byte, on the capture's device) as its
+  // first nodes: all of the captured work runs after them. False when the capture failed (the
+  // reason is failure()); the streams are usable again either way.
+  bool end_capture(std::span<const GraphCopy> first = {});
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
   const std::string& failure() const { return failure_; }
-  // Replays the graph on `stream`.
-  void launch(StreamHandle stream) const;
+  // Replays the graph on `stream`. `copies`: end_capture's, in its order and with its
+  // destinations and sizes, and this launch's sources (a source that differs from the last
+  // launch's is set in the executable graph first; launches already queued keep theirs). False,
+  // with nothing launched, when a source cannot be set (memory of another kind than the
+  // capture's source: copy it and run the work on the stream instead).
+  [[nodiscard]] bool launch(StreamHandle stream, std::span<const GraphCopy> copies = {});
 
  private:
   void reset() noexcept;
@@ -229,7 +241,10 @@ class Graph {
   int n_branches_ = 0;
   int marks_ = 0;
   int device_ = 0;        // of the capture's events
-  void* exec_ = nullptr;  // cudaGraphExec_t
+  void* graph_ = nullptr;               // cudaGraph_t: exec_'s, which holds the copy nodes
+  void* exec_ = nullptr;                // cudaGraphExec_t
+  std::vector<void*> copy_nodes_;       // cudaGraphNode_t, per copy of end_capture
+  std::vector<const void*> copy_from_;  // per copy, the source the executable graph has
   bool capturing_ = false;
   std::string failure_;
 };

@@ -74,17 +74,8 @@ Graph::~Graph() {
   reset();
 }
 
-Graph::Graph(Graph&& o) noexcept
-    : stream_(o.stream_),
-      branches_(o.branches_),
-      n_branches_(o.n_branches_),
-      marks_(o.marks_),
-      device_(o.device_),
-      exec_(o.exec_),
-      capturing_(o.capturing_),
-      failure_(std::move(o.failure_)) {
-  o.exec_ = nullptr;
-  o.capturing_ = false;
+Graph::Graph(Graph&& o) noexcept {
+  *this = std::move(o);
 }
 
 Graph& Graph::operator=(Graph&& o) noexcept {
@@ -95,11 +86,12 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     n_branches_ = o.n_branches_;
     marks_ = o.marks_;
     device_ = o.device_;
-    exec_ = o.exec_;
-    capturing_ = o.capturing_;
+    graph_ = std::exchange(o.graph_, nullptr);
+    exec_ = std::exchange(o.exec_, nullptr);
+    copy_nodes_ = std::move(o.copy_nodes_);
+    copy_from_ = std::move(o.copy_from_);
+    capturing_ = std::exchange(o.capturing_, false);
     failure_ = std::move(o.failure_);
-    o.exec_ = nullptr;
-    o.capturing_ = false;
   }
   return *this;
 }
@@ -107,7 +99,11 @@ Graph& Graph::operator=(Graph&& o) noexcept {
 void Graph::reset() noexcept {
   abort_capture();
   if (exec_ != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) (void)cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
   exec_ = nullptr;
+  graph_ = nullptr;
+  copy_nodes_.clear();
+  copy_from_.clear();
 }
 
 namespace {
@@ -229,7 +225,34 @@ void Graph::abort_capture() noexcept {
   tl_capturing = false;
 }
 
-bool Graph::end_capture() {
+namespace {
+
+// Puts `copies` before every root of `g` (the captured work): their nodes, in order, in `nodes`.
+cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
+                             std::vector<void*>& nodes) {
+  size_t n_roots = 0;
+  cudaError_t e = cudaGraphGetRootNodes(g, nullptr, &n_roots);
+  std::vector<cudaGraphNode_t> roots(n_roots);
+  if (e == cudaSuccess && n_roots > 0) e = cudaGraphGetRootNodes(g, roots.data(), &n_roots);
+  std::vector<cudaGraphNode_t> from, to;
+  for (size_t k = 0; e == cudaSuccess && k < copies.size(); ++k) {
+    cudaGraphNode_t node = nullptr;
+    e = cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, copies[k].dst, copies[k].src,
+                                 copies[k].bytes, cudaMemcpyDeviceToDevice);
+    nodes.push_back(node);
+    for (size_t r = 0; r < n_roots; ++r) {
+      from.push_back(node);
+      to.push_back(roots[r]);
+    }
+  }
+  if (e == cudaSuccess && !from.empty())
+    e = cudaGraphAddDependencies(g, from.data(), to.data(), nullptr, from.size());
+  return e;
+}
+
+}  // namespace
+
+bool Graph::end_capture(std::span<const GraphCopy> first) {
   ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
   (void)join();  // (a failed join fails the capture: a branch is not joined)
   n_branches_ = 0;
@@ -237,41 +260,45 @@ bool Graph::end_capture() {
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   capturing_ = false;
   tl_capturing = false;
-  if (e != cudaSuccess || g == nullptr) {
+  reset();  // (a graph captured before, if any)
+  const auto fail = [&](const char* what, cudaError_t err) {
     (void)cudaGetLastError();
     if (g != nullptr) (void)cudaGraphDestroy(g);
-    failure_ =
-        cat("stream capture failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+    copy_nodes_.clear();
+    failure_ = cat(what, cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
     return false;
-  }
-  if (exec_ != nullptr) {
-    // Same topology (a recapture with other addresses): update the executable graph in place.
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(exec_), g, &info) == cudaSuccess) {
-      (void)cudaGraphDestroy(g);
-      return true;
-    }
-    (void)cudaGetLastError();
-    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-    exec_ = nullptr;
-  }
+  };
+  if (e != cudaSuccess || g == nullptr) return fail("stream capture failed: ", e);
+  if (const cudaError_t ce = add_first_copies(g, first, copy_nodes_); ce != cudaSuccess)
+    return fail("adding the graph's first copies failed: ", ce);
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
-  (void)cudaGraphDestroy(g);
-  if (ie != cudaSuccess) {
-    (void)cudaGetLastError();
-    failure_ = cat("graph instantiation failed: ", cudaGetErrorName(ie), " (",
-                   cudaGetErrorString(ie), ")");
-    return false;
-  }
+  if (const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0); ie != cudaSuccess)
+    return fail("graph instantiation failed: ", ie);
+  // The copy nodes are set per launch through the graph they were made in: it stays.
+  graph_ = g;
   exec_ = exec;
+  copy_from_.clear();
+  for (const GraphCopy& c : first) copy_from_.push_back(c.src);
   return true;
 }
 
-void Graph::launch(StreamHandle stream) const {
+bool Graph::launch(StreamHandle stream, std::span<const GraphCopy> copies) {
   ENCORE_CHECK(exec_ != nullptr, "graph launch: no graph was captured");
-  CHECK_CUDA("graph launch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_),
-                                             static_cast<cudaStream_t>(stream)));
+  ENCORE_CHECK(copies.size() == copy_nodes_.size(), "graph launch: ", copies.size(),
+               " copies given for a graph captured with ", copy_nodes_.size());
+  const auto exec = static_cast<cudaGraphExec_t>(exec_);
+  for (size_t k = 0; k < copies.size(); ++k) {
+    if (copies[k].src == copy_from_[k]) continue;
+    if (cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(copy_nodes_[k]),
+                                           copies[k].dst, copies[k].src, copies[k].bytes,
+                                           cudaMemcpyDeviceToDevice) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    copy_from_[k] = copies[k].src;
+  }
+  CHECK_CUDA("graph launch", cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)));
+  return true;
 }
 
 // ---- EventTimeline --------------------------------------------------------------------

@@ -114,12 +114,13 @@ void Graph::after(StreamHandle, int) {
 bool Graph::join() noexcept {
   return false;
 }
-bool Graph::end_capture() {
+bool Graph::end_capture(std::span<const GraphCopy>) {
   return false;
 }
 void Graph::abort_capture() noexcept {}
-void Graph::launch(StreamHandle) const {
+bool Graph::launch(StreamHandle, std::span<const GraphCopy>) {
   not_built("graph launch");
+  return false;
 }
 void Graph::reset() noexcept {}
 bool capturing() {

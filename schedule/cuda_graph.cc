@@ -126,21 +126,34 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // graph reads (an address of the caller's changes every call). A copy sits at the caller's
   // address modulo kCudaArenaAlign: cuBLAS and cuDNN choose their kernels by the operands'
   // alignment, so a replay of an argument at an odd offset runs what eager ran on it (and the
-  // graph of that alignment: the staged address is part of its key).
-  auto stage = [&](const std::vector<int>& list) {
+  // graph of that alignment: the staged address is part of its key). The phase's own copies are
+  // its graph's first nodes, given this call's sources at the launch (b.graph_copies); a stream
+  // replay, and a backward after a forward that staged nothing, copy on the stream.
+  auto place = [&](const std::vector<int>& list) {
     for (int buf : list) {
       const int slot = stage_slot_[buf];
       IntrusivePtr<Storage>& st = b.staging[slot];
       if (!st) st = make_intrusive<Storage>(bufs[buf].nbytes + kCudaArenaAlign, device_);
       b.staged[slot] = static_cast<char*>(st->data()) +
                        reinterpret_cast<uintptr_t>(b.ptrs[buf]) % kCudaArenaAlign;
-      cuda::copy_bytes(b.staged[slot], device_, b.ptrs[buf], device_, bufs[buf].nbytes);
     }
   };
-  stage(staged_[phase]);
-  if (backward && !b.forward_staged) stage(staged_both_);
+  auto copy_on_stream = [&](const std::vector<int>& list) {
+    for (int buf : list)
+      cuda::copy_bytes(b.staged[stage_slot_[buf]], device_, b.ptrs[buf], device_, bufs[buf].nbytes);
+  };
+  const std::vector<int>& staged = staged_[phase];
+  place(staged);
+  if (backward && !b.forward_staged) {
+    place(staged_both_);
+    copy_on_stream(staged_both_);
+  }
   if (!backward) b.forward_staged = true;
   for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staged[slot];
+  b.graph_copies.clear();  // (reserved for the larger phase: no allocation)
+  for (int buf : staged)
+    if (bufs[buf].nbytes > 0)
+      b.graph_copies.push_back({b.staged[stage_slot_[buf]], b.ptrs[buf], bufs[buf].nbytes});
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
@@ -188,11 +201,19 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
       if (key[k - p0] != b.views[patches_[k].first].data) return false;
     return true;
   };
+  const auto on_stream = [&] {
+    count_stream_replay();
+    copy_on_stream(staged);
+    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
+  };
   for (CapturedGraph& g : graphs) {
     if (!this_call(g.key) || !same_live(g.live)) continue;
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
-    g.graph.launch(stream);
-    count_launch();
+    if (g.graph.launch(stream, b.graph_copies)) {
+      count_launch();
+    } else {  // an argument in memory whose copy the graph cannot take (counted as on the stream)
+      on_stream();
+    }
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), and its
@@ -201,10 +222,6 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // (Nothing is allocated before a capture is tried: values that change at every call and
   // addresses that failed replay on the stream at no cost.)
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
-  const auto on_stream = [&] {
-    count_stream_replay();
-    run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
-  };
   if (!repeated || std::any_of(failed.begin(), failed.end(), this_call)) {
     on_stream();
     return;
@@ -228,7 +245,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
       fresh.graph.begin_capture(side, all.subspan(1), q.marks);
       queue_lanes(b, phase, fresh.graph, all);
     }
-    const bool captured = fresh.graph.end_capture();
+    const bool captured = fresh.graph.end_capture(b.graph_copies);
     // A block handed out during the capture, even a cached one, is baked into the graph: the
     // next launch would write memory that has since been freed or handed to someone else.
     if (const int64_t n = thread_allocation_count() - allocations; n > 0)
@@ -285,7 +302,8 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
                            [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
     *g = std::move(fresh);
   }
-  g->graph.launch(stream);
+  // (The sources are the capture's: nothing to set, so the launch is made.)
+  (void)g->graph.launch(stream, b.graph_copies);
   count_launch();
 }
 

@@ -164,6 +164,7 @@ CallState* Plan::acquire() {
     b->escape_fixed.resize(escapes_);
     b->staging.resize(stage_slots_);
     b->staged.resize(stage_slots_, nullptr);
+    b->graph_copies.reserve(std::max(staged_.forward.size(), staged_.backward.size()));
   }
   CallState* out = b.get();
   std::lock_guard<std::mutex> l(pool_mu_);

@@ -164,6 +164,7 @@ struct CallState {
   // random_state, written before each launch.
   std::vector<IntrusivePtr<Storage>> staging;  // per staged buffer (by stage slot)
   std::vector<void*> staged;  // per stage slot, where in its staging buffer this call's copy is
+  std::vector<cuda::GraphCopy> graph_copies;  // the phase's copies into staging, this call's
   IntrusivePtr<Storage> random_state;
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;

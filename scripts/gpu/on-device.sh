@@ -116,16 +116,16 @@ run_bench() {
 }
 # The most wanted parts of both within one call (caps 225 + 150 + 25 + 60 + 100 s): the tests,
 # the benchmarks and the cuBLAS-only A/B, memcheck over the newest kernels (small GEMMs with their
-# folds, layer_norm, the optimizers), then PyTorch side by side.
+# folds, layer_norm, the optimizers) and the graphs' staging copies, then PyTorch side by side.
 run_quick() {
   cuda_tests 225
   bench_cuda 150 0.1
   bench_cublas_only 25 0.1 'MlpSmall|CharLstm'
-  kernels_per_step MlpSmall
+  kernels_per_step MlpSmall TinyGpt
   local san
   san=$(sanitizer)
   [ -n "$san" ] && part memcheck 60 "$san" --tool memcheck --print-limit 20 \
-    "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim]"
+    "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs]"
   peers 100 0.1
 }
 case "$what" in

@@ -66,7 +66,7 @@ TEST_CASE("a CUDA graph on a stream and three branches runs in the order its mar
     INFO("launch " << launch);
     for (float& v : host) v = value(rng);
     cuda::copy_bytes(src.raw_data(), kCuda, host.data(), Device::cpu(), src.nbytes());
-    g.launch(cuda::current_stream(kDevice));
+    REQUIRE(g.launch(cuda::current_stream(kDevice)));
     cuda::synchronize(kDevice);  // the launch's stream: every branch's copies are done
     for (const Tensor& x : t) CHECK(bit_diff(x, src) == "");
   }
