@@ -18,15 +18,7 @@ using namespace encore;
 using namespace encore::testing;
 
 namespace {
-
 constexpr int kDevice = 0;
-
-// Copies `from` into `to` (same size) on stream `s`.
-void copy_on(cuda::StreamHandle s, const Tensor& to, const Tensor& from) {
-  const cuda::StreamGuard on(kDevice, s);
-  cuda::copy_bytes(to.raw_data(), kCuda, from.raw_data(), kCuda, from.nbytes());
-}
-
 }  // namespace
 
 TEST_CASE("a CUDA graph on a stream and three branches runs in the order its marks say",

@@ -19,15 +19,7 @@ using namespace encore;
 using namespace encore::testing;
 
 namespace {
-
 constexpr int kDevice = 0;
-
-// Copies `from` into `to` (same size) on stream `s`.
-void copy_on(cuda::StreamHandle s, const Tensor& to, const Tensor& from) {
-  const cuda::StreamGuard on(kDevice, s);
-  cuda::copy_bytes(to.raw_data(), kCuda, from.raw_data(), kCuda, from.nbytes());
-}
-
 }  // namespace
 
 TEST_CASE("a CUDA graph's first copies run before its work, from each launch's sources",

@@ -1,7 +1,7 @@
-// Helpers of the CUDA tests: the device, scopes that set the CUDA-graph switch and keep the
-// generators' state, a test case run with graphs on and off, and the check of how a cache entry's
-// replays used CUDA graphs. Host copies and bitwise comparison of tensors on any device (bit_diff,
-// check_same_parameters, on_host) are in test_util.h.
+// Helpers of the CUDA tests: the device, a copy on a given stream, scopes that set the CUDA-graph
+// switch and keep the generators' state, a test case run with graphs on and off, and the check of
+// how a cache entry's replays used CUDA graphs. Host copies and bitwise comparison of tensors on
+// any device (bit_diff, check_same_parameters, on_host) are in test_util.h.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,12 @@
 namespace encore::testing {
 
 inline constexpr Device kCuda = Device::cuda(0);
+
+// Copies `from` into `to` (same size) on stream `s` of cuda:0.
+inline void copy_on(cuda::StreamHandle s, const Tensor& to, const Tensor& from) {
+  const cuda::StreamGuard on(kCuda.index, s);
+  cuda::copy_bytes(to.raw_data(), kCuda, from.raw_data(), kCuda, from.nbytes());
+}
 
 // Sets whether static replay on CUDA uses CUDA graphs for a scope.
 using GraphsEnabled = SwitchScope<cuda::set_graphs_enabled>;
