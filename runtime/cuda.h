@@ -224,12 +224,12 @@ class Graph {
   bool end_capture(std::span<const GraphCopy> first = {});
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
-  const std::string& failure() const { return failure_; }
+  const std::string& failure() const { return failure_; }  // of the last end_capture or launch
   // Replays the graph on `stream`. `copies`: end_capture's, in its order and with its
   // destinations and sizes, and this launch's sources (a source that differs from the last
   // launch's is set in the executable graph first; launches already queued keep theirs). False,
   // with nothing launched, when a source cannot be set (memory of another kind than the
-  // capture's source: copy it and run the work on the stream instead).
+  // capture's source: copy it and run the work on the stream instead); failure() says why.
   [[nodiscard]] bool launch(StreamHandle stream, std::span<const GraphCopy> copies = {});
 
  private:

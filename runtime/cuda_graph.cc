@@ -254,6 +254,8 @@ cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
 
 bool Graph::end_capture(std::span<const GraphCopy> first) {
   ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
+  for (size_t k = 0; k < first.size(); ++k)
+    ENCORE_CHECK(first[k].bytes > 0, "graph capture: first copy ", k, " has no bytes");
   (void)join();  // (a failed join fails the capture: a branch is not joined)
   n_branches_ = 0;
   cudaGraph_t g = nullptr;
@@ -289,10 +291,13 @@ bool Graph::launch(StreamHandle stream, std::span<const GraphCopy> copies) {
   const auto exec = static_cast<cudaGraphExec_t>(exec_);
   for (size_t k = 0; k < copies.size(); ++k) {
     if (copies[k].src == copy_from_[k]) continue;
-    if (cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(copy_nodes_[k]),
-                                           copies[k].dst, copies[k].src, copies[k].bytes,
-                                           cudaMemcpyDeviceToDevice) != cudaSuccess) {
+    if (const cudaError_t e = cudaGraphExecMemcpyNodeSetParams1D(
+            exec, static_cast<cudaGraphNode_t>(copy_nodes_[k]), copies[k].dst, copies[k].src,
+            copies[k].bytes, cudaMemcpyDeviceToDevice);
+        e != cudaSuccess) {
       (void)cudaGetLastError();
+      failure_ = cat("setting copy ", k, "'s source failed: ", cudaGetErrorName(e), " (",
+                     cudaGetErrorString(e), ")");
       return false;
     }
     copy_from_[k] = copies[k].src;

@@ -206,14 +206,33 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     copy_on_stream(staged);
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
-  for (CapturedGraph& g : graphs) {
-    if (!this_call(g.key) || !same_live(g.live)) continue;
+  // A failure, with its reason; kMaxCaptureFailures of them turn graphs off for the plan.
+  const auto note_failure = [&](const std::string& what) {
+    {
+      std::lock_guard<std::mutex> l(fallback_mu_);
+      last_failure_ = cat(phase_name(phase), " ", what);
+      const int64_t n = capture_failures_.fetch_add(1, std::memory_order_acq_rel) + 1;
+      if (n >= kMaxCaptureFailures && !graphs_off_.load(std::memory_order_relaxed)) {
+        fallback_ = cat(n, " captures failed; the last: ", last_failure_);
+        graphs_off_.store(true, std::memory_order_release);
+      }
+    }
+    g_failed_captures.fetch_add(1, std::memory_order_relaxed);
+  };
+  // A launch whose copies cannot take this call's sources (memory of another kind than the
+  // capture's) fails: the call replays on the stream.
+  const auto launch = [&](CapturedGraph& g) {
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (g.graph.launch(stream, b.graph_copies)) {
       count_launch();
-    } else {  // an argument in memory whose copy the graph cannot take (counted as on the stream)
-      on_stream();
+      return;
     }
+    note_failure(cat("launch failed: ", g.graph.failure()));
+    on_stream();
+  };
+  for (CapturedGraph& g : graphs) {
+    if (!this_call(g.key) || !same_live(g.live)) continue;
+    launch(g);
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), and its
@@ -277,23 +296,13 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   if (!failure.empty()) {
     // These addresses replay on the stream on this arena; others, or another arena, capture
     // again, until kMaxCaptureFailures failures turn graphs off for the plan.
-    {
-      std::lock_guard<std::mutex> l(fallback_mu_);
-      last_failure_ = cat(phase_name(phase), " capture failed: ", failure);
-      const int64_t n = capture_failures_.fetch_add(1, std::memory_order_acq_rel) + 1;
-      if (n >= kMaxCaptureFailures && !graphs_off_.load(std::memory_order_relaxed)) {
-        fallback_ = cat(n, " captures failed; the last: ", last_failure_);
-        graphs_off_.store(true, std::memory_order_release);
-      }
-    }
-    g_failed_captures.fetch_add(1, std::memory_order_relaxed);
+    note_failure(cat("capture failed: ", failure));
     if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
     failed.push_back(std::move(fresh.key));
     on_stream();
     return;
   }
   count_capture();
-  fresh.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   CapturedGraph* g = nullptr;
   if (graphs.size() < kMaxGraphsPerPhase) {
     g = &graphs.emplace_back(std::move(fresh));
@@ -302,9 +311,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
                            [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
     *g = std::move(fresh);
   }
-  // (The sources are the capture's: nothing to set, so the launch is made.)
-  (void)g->graph.launch(stream, b.graph_copies);
-  count_launch();
+  launch(*g);
 }
 
 }  // namespace encore::schedule

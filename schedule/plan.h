@@ -182,8 +182,10 @@ struct GraphStats {
   int64_t launches = 0;          // phases replayed as one CUDA-graph launch
   int64_t captures = 0;          // graphs captured (a new arena, or new addresses of bound tensors)
   int64_t stream_replays = 0;    // phases replayed kernel by kernel on the stream
-  int64_t capture_failures = 0;  // captures that failed (each retried on a new arena or addresses)
-  std::string last_failure;      // why the last one failed
+  // Captures that failed (each retried on a new arena or addresses), and launches whose first
+  // copies could not take a call's sources (that call replayed on the stream).
+  int64_t capture_failures = 0;
+  std::string last_failure;  // why the last one failed
   // Captures dropped because a kernel had yet to make a plan (cuda::NotReadyForCapture): the
   // phase ran on the stream instead, and the next call captured. Not failures.
   int64_t deferred_captures = 0;

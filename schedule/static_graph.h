@@ -90,7 +90,8 @@ struct EntryReport {
   int64_t lane_replays = 0;
   int64_t stream_replays = 0;
   // Captures that failed (each retried on a new arena or with new addresses, at most 3 before
-  // graphs go off: graph_fallback), and why the last one did.
+  // graphs go off: graph_fallback), launches whose argument copies could not take a call's
+  // sources (that call replayed on the stream), and why the last one failed.
   int64_t graph_capture_failures = 0;
   std::string graph_last_failure;
   std::string graph_fallback;

@@ -1,5 +1,6 @@
 // A CUDA graph's first copies (cuda::GraphCopy, runtime/cuda.h): they run before all of the
-// graph's work, on its branches too, from the sources each launch gives. A static replay copies
+// graph's work, on its branches too, from the sources each launch gives (one in memory allocated
+// after the capture, the last one's freed). A static replay copies
 // its arguments and incoming gradients into its staging buffers so (schedule/cuda_graph.cc):
 // fresh tensors, one rewritten in place, an earlier one again and rows at an offset replay
 // eager's bits, all as graph launches.
@@ -62,6 +63,15 @@ TEST_CASE("a CUDA graph's first copies run before its work, from each launch's s
     CHECK(bit_diff(out0, src) == "");
     CHECK(bit_diff(out1, src) == "");
   }
+  // A source in new memory, the last one's freed (cudaFree) before the launch.
+  const Tensor fresh = full({n}, 0.5, DType::Float32, kCuda);
+  sources.clear();
+  allocator_for(kCuda).empty_cache();
+  const cuda::GraphCopy copies[] = {copy_from(fresh)};
+  REQUIRE(g.launch(cuda::current_stream(kDevice), copies));
+  cuda::synchronize(kDevice);
+  CHECK(bit_diff(out0, fresh) == "");
+  CHECK(bit_diff(out1, fresh) == "");
   // A launch must give the graph's copies.
   CHECK_THROWS_AS(g.launch(cuda::current_stream(kDevice)), Error);
 }
@@ -90,8 +100,9 @@ TEST_CASE("a static replay's CUDA graphs copy each call's arguments and incoming
       copy_(x, values({4, 6}));
     } else if (call == 4) {  // the first one again
       x = xs.front();
-    } else {  // rows 1 to 4 (24 bytes past the storage's start), then rewritten in place
-      x = F::slice(rows, 0, 1, 5);
+    } else {  // a view of rows 1 to 4 (24 bytes past its storage's start), then rewritten in place
+      x = Tensor(make_intrusive<TensorImpl>(rows.impl()->storage, rows.impl()->offset + 6,
+                                            Shape{4, 6}, DType::Float32));
       if (call == 6) copy_(rows, values({5, 6}));
     }
     const Tensor gy = values({4, 5});
