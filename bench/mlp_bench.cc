@@ -1,13 +1,13 @@
 // MlpSmall/eager, MlpLarge/eager: one eager Adam training step of the 784-h-h-10 perceptron
 // per iteration (forward, softmax cross entropy, zero_grad, backward, update) on inputs fixed
 // before the loop. MlpSmall/static, MlpLarge/static: the same step as one static function,
-// replayed; MlpSmall/static_lr_schedule with a new learning rate at every step. Compare with GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm
-// calls alone.
+// replayed; MlpSmall/static_lr_schedule with a new learning rate at every step. Compare with
+// GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm calls alone.
 //
 // With a GPU (registered at run time, see bench_util.h): the same cases on Device::cuda() with
-// the suffix /cuda, static_nograph/cuda (static replay without CUDA graphs), and
-// KernelSum/MlpSmall/cuda, KernelSum/MlpLarge/cuda (the summed device time of the replayed
-// step's kernels).
+// the suffix /cuda, static_nograph/cuda (static replay without CUDA graphs),
+// MlpSmall/static_batches/cuda (two batches in turn), and KernelSum/MlpSmall/cuda,
+// KernelSum/MlpLarge/cuda (the summed device time of the replayed step's kernels).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -120,6 +120,28 @@ BENCHMARK_CAPTURE(BM_MlpStatic, large, kMlpLargeHidden, kMlpLargeBatch, Device::
     ->Unit(benchmark::kMillisecond);
 
 #ifdef ENCORE_HAS_CUDA
+// MlpSmall/static_batches/cuda: MlpSmall/static/cuda alternating between its batch and a copy of
+// it at other addresses, as a loader's batches come: every call's graph copies its arguments
+// from new sources, which the launch sets first (MlpSmall/static/cuda's stay the same).
+void BM_MlpStaticBatches(benchmark::State& state, int64_t hidden, int64_t batch) {
+  const Device cuda = Device::cuda();
+  GraphsSetting graphs(state, cuda, Replay::Graphs);
+  if (!graphs.ok()) return;
+  MlpStep step(hidden, batch, cuda);
+  const Tensor xs[] = {step.x(), clone(step.x())};
+  const Tensor labels[] = {step.labels(), clone(step.labels())};
+  auto static_step = step.make_static();
+  int64_t calls = 0;
+  measure_steps(state, cuda, kWarmupSteps, /*kernel_sum=*/false, [&] {
+    const int64_t k = calls++ % 2;
+    static_step(xs[k], labels[k]);
+  });
+  const StaticStats stats = static_step.stats();
+  label_warnings(state, cuda, stats);
+  if (!check_replayed(state, stats, /*traces=*/1)) return;
+  report_arena(state, stats);
+}
+
 // KernelSum/MlpX/cuda: the MlpX/static/cuda step replayed under the profiler (see
 // kernel_sum_loop() for the counters), with the plan's counters.
 void BM_MlpKernelSum(benchmark::State& state, int64_t hidden, int64_t batch) {
@@ -141,6 +163,9 @@ void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int6
 
 [[maybe_unused]] const bool kCudaCasesAdded = [] {
   add_mlp_cuda_cases(kMlpSmallOrder, "MlpSmall", kMlpSmallHidden, kMlpSmallBatch);
+  add_cuda_case(kMlpSmallOrder, "MlpSmall/static_batches/cuda", [](benchmark::State& s) {
+    BM_MlpStaticBatches(s, kMlpSmallHidden, kMlpSmallBatch);
+  });
   add_mlp_cuda_cases(kMlpLargeOrder, "MlpLarge", kMlpLargeHidden, kMlpLargeBatch);
   return true;
 }();
