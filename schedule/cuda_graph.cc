@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "runtime/allocator.h"
+#include "runtime/env.h"
 #include "runtime/rng.h"
 #include "schedule/plan.h"
 
@@ -20,6 +21,14 @@ constexpr size_t kMaxGraphsPerPhase = 4;
 // have been a block handed out during the capture, or an address) before it replays on the stream
 // for good.
 constexpr int64_t kMaxCaptureFailures = 3;
+
+// ENCORE_CUDA_GRAPH_COPIES=0 copies a phase's arguments into staging on the stream before each
+// launch (a cudaMemcpyAsync each) rather than as its graph's first nodes: to compare the two.
+// Read once.
+bool copies_in_graphs() {
+  static const bool on = env::flag("ENCORE_CUDA_GRAPH_COPIES", true);
+  return on;
+}
 
 }  // namespace
 
@@ -128,7 +137,8 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // alignment, so a replay of an argument at an odd offset runs what eager ran on it (and the
   // graph of that alignment: the staged address is part of its key). The phase's own copies are
   // its graph's first nodes, given this call's sources at the launch (b.graph_copies); a stream
-  // replay, and a backward after a forward that staged nothing, copy on the stream.
+  // replay, a backward after a forward that staged nothing, and ENCORE_CUDA_GRAPH_COPIES=0 copy
+  // on the stream.
   auto place = [&](const std::vector<int>& list) {
     for (int buf : list) {
       const int slot = stage_slot_[buf];
@@ -151,9 +161,14 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   if (!backward) b.forward_staged = true;
   for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staged[slot];
   b.graph_copies.clear();  // (reserved for the larger phase: no allocation)
-  for (int buf : staged)
-    if (bufs[buf].nbytes > 0)
-      b.graph_copies.push_back({b.staged[stage_slot_[buf]], b.ptrs[buf], bufs[buf].nbytes});
+  const bool in_graph = copies_in_graphs();
+  if (in_graph) {
+    for (int buf : staged)
+      if (bufs[buf].nbytes > 0)
+        b.graph_copies.push_back({b.staged[stage_slot_[buf]], b.ptrs[buf], bufs[buf].nbytes});
+  } else {
+    copy_on_stream(staged);
+  }
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
   // reserves them, written where the captured kernels read them.
@@ -203,7 +218,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   };
   const auto on_stream = [&] {
     count_stream_replay();
-    copy_on_stream(staged);
+    if (in_graph) copy_on_stream(staged);
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
   // A failure, with its reason; kMaxCaptureFailures of them turn graphs off for the plan.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
 #   bash .gpu/on-device.sh quick   # one call of at most 9.5 minutes, for a short device budget:
-#                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only A/B,
-#                                  # memcheck over the newest kernels, PyTorch side by side
+#                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only and
+#                                  # stream-copies A/Bs, memcheck over the newest kernels,
+#                                  # PyTorch side by side
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
 #                                  # per KernelSum case), PyTorch side by side, the GPU demo
@@ -64,6 +65,13 @@ bench_cublas_only() {  # CAP MIN_TIME CASES
     --benchmark_filter="^($3)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda" \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
+# The staging copies of MlpSmall's static calls on the stream before each launch, not as the
+# graph's first nodes, beside bench_cuda's.
+bench_stream_copies() {  # CAP MIN_TIME
+  TAIL=12 ENCORE_CUDA_GRAPH_COPIES=0 part bench_stream_copies "$1" "$run/bin/encore_bench" \
+    --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
 peers() {  # CAP MIN_TIME: PyTorch eager, CUDA graph and torch.compile beside bench_cuda's figures
   if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
     TAIL=30 part peers "$1" python3 "$here/peers/compare.py" --cuda --torch-python python3 \
@@ -91,6 +99,7 @@ run_tests() {
 run_bench() {
   bench_cuda 200 0.2
   bench_cublas_only 30 0.2 'MlpSmall|CharLstm|LstmCellChain'
+  bench_stream_copies 20 0.2
   # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3, beside bench_cuda's 2 (the
   # default).
   local cases='^(MlpSmall|MlpLarge|SeedCnn|TinyGpt|CharLstm)/static/cuda|^KernelSum/(MlpSmall|TinyGpt)/cuda'
@@ -114,19 +123,21 @@ run_bench() {
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
 }
-# The most wanted parts of both within one call (caps 225 + 150 + 25 + 60 + 100 s): the tests,
-# the benchmarks and the cuBLAS-only A/B, memcheck over the newest kernels (small GEMMs with their
-# folds, layer_norm, the optimizers) and the graphs' staging copies, then PyTorch side by side.
+# The most wanted parts of both within one call (caps 225 + 150 + 25 + 15 + 55 + 90 s): the
+# tests, the benchmarks, the cuBLAS-only and stream-copies A/Bs, memcheck over the newest kernels
+# (small GEMMs with their folds, layer_norm, the optimizers) and the graphs' staging copies, then
+# PyTorch side by side.
 run_quick() {
   cuda_tests 225
   bench_cuda 150 0.1
   bench_cublas_only 25 0.1 'MlpSmall|CharLstm'
+  bench_stream_copies 15 0.1
   kernels_per_step MlpSmall TinyGpt
   local san
   san=$(sanitizer)
-  [ -n "$san" ] && part memcheck 60 "$san" --tool memcheck --print-limit 20 \
+  [ -n "$san" ] && part memcheck 55 "$san" --tool memcheck --print-limit 20 \
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs]"
-  peers 100 0.1
+  peers 90 0.1
 }
 case "$what" in
   quick) run_quick ;;
