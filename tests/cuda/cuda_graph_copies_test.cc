@@ -1,9 +1,9 @@
 // A CUDA graph's first copies (cuda::GraphCopy, runtime/cuda.h): they run before all of the
 // graph's work, on its branches too, from the sources each launch gives (one in memory allocated
-// after the capture, the last one's freed). A static replay copies
-// its arguments and incoming gradients into its staging buffers so (schedule/cuda_graph.cc):
-// fresh tensors, one rewritten in place, an earlier one again and rows at an offset replay
-// eager's bits, all as graph launches.
+// after the capture, the last one's freed). A static replay copies its arguments and incoming
+// gradients into its staging buffers so (schedule/cuda_graph.cc): fresh tensors, one rewritten
+// in place, an earlier one again and a view at an offset replay eager's bits, all as graph
+// launches.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
