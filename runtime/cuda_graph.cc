@@ -265,22 +265,22 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
   reset();  // (a graph captured before, if any)
   const auto fail = [&](const char* what, cudaError_t err) {
     (void)cudaGetLastError();
-    if (g != nullptr) (void)cudaGraphDestroy(g);
-    copy_nodes_.clear();
+    if (g != nullptr && graph_ == nullptr) (void)cudaGraphDestroy(g);
+    reset();
     failure_ = cat(what, cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
     return false;
   };
   if (e != cudaSuccess || g == nullptr) return fail("stream capture failed: ", e);
+  // Owned from here (reset() destroys it), and kept: the copy nodes are set per launch through
+  // the graph they were made in.
+  graph_ = g;
   if (const cudaError_t ce = add_first_copies(g, first, copy_nodes_); ce != cudaSuccess)
     return fail("adding the graph's first copies failed: ", ce);
+  for (const GraphCopy& c : first) copy_from_.push_back(c.src);
   cudaGraphExec_t exec = nullptr;
   if (const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0); ie != cudaSuccess)
     return fail("graph instantiation failed: ", ie);
-  // The copy nodes are set per launch through the graph they were made in: it stays.
-  graph_ = g;
   exec_ = exec;
-  copy_from_.clear();
-  for (const GraphCopy& c : first) copy_from_.push_back(c.src);
   return true;
 }
 
