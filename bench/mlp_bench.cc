@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "bench/mlp_step.h"
@@ -39,13 +40,23 @@ void report_arena(benchmark::State& state, const StaticStats& stats) {
 }
 
 // The static step after its warm-up, measured per step by step_loop() or, with `kernel_sum`,
-// by kernel_sum_loop(); the run fails unless every measured call replayed.
+// by kernel_sum_loop(); the run fails unless every measured call replayed. With `batches` > 1
+// the calls take that many copies of the batch in turn, each at addresses of its own (as a
+// loader's batches come).
 void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
-                         bool kernel_sum) {
+                         bool kernel_sum, int batches = 1) {
   MlpStep step(hidden, batch, device);
+  std::vector<Tensor> xs{step.x()}, labels{step.labels()};
+  for (int k = 1; k < batches; ++k) {
+    xs.push_back(clone(step.x()));
+    labels.push_back(clone(step.labels()));
+  }
   auto static_step = step.make_static();
-  measure_steps(state, device, kWarmupSteps, kernel_sum,
-                [&] { static_step(step.x(), step.labels()); });
+  size_t calls = 0;
+  measure_steps(state, device, kWarmupSteps, kernel_sum, [&] {
+    const size_t k = calls++ % xs.size();
+    static_step(xs[k], labels[k]);
+  });
 
   const StaticStats stats = static_step.stats();
   label_warnings(state, device, stats);
@@ -54,10 +65,10 @@ void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch,
 }
 
 void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
-                  Replay replay) {
+                  Replay replay, int batches = 1) {
   GraphsSetting graphs(state, device, replay);
   if (!graphs.ok()) return;
-  measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false);
+  measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false, batches);
 }
 
 // MlpSmall/static_lr_schedule: MlpSmall/static with a new learning rate before every step, as a
@@ -120,28 +131,6 @@ BENCHMARK_CAPTURE(BM_MlpStatic, large, kMlpLargeHidden, kMlpLargeBatch, Device::
     ->Unit(benchmark::kMillisecond);
 
 #ifdef ENCORE_HAS_CUDA
-// MlpSmall/static_batches/cuda: MlpSmall/static/cuda alternating between its batch and a copy of
-// it at other addresses, as a loader's batches come: every call's graph copies its arguments
-// from new sources, which the launch sets first (MlpSmall/static/cuda's stay the same).
-void BM_MlpStaticBatches(benchmark::State& state, int64_t hidden, int64_t batch) {
-  const Device cuda = Device::cuda();
-  GraphsSetting graphs(state, cuda, Replay::Graphs);
-  if (!graphs.ok()) return;
-  MlpStep step(hidden, batch, cuda);
-  const Tensor xs[] = {step.x(), clone(step.x())};
-  const Tensor labels[] = {step.labels(), clone(step.labels())};
-  auto static_step = step.make_static();
-  int64_t calls = 0;
-  measure_steps(state, cuda, kWarmupSteps, /*kernel_sum=*/false, [&] {
-    const int64_t k = calls++ % 2;
-    static_step(xs[k], labels[k]);
-  });
-  const StaticStats stats = static_step.stats();
-  label_warnings(state, cuda, stats);
-  if (!check_replayed(state, stats, /*traces=*/1)) return;
-  report_arena(state, stats);
-}
-
 // KernelSum/MlpX/cuda: the MlpX/static/cuda step replayed under the profiler (see
 // kernel_sum_loop() for the counters), with the plan's counters.
 void BM_MlpKernelSum(benchmark::State& state, int64_t hidden, int64_t batch) {
@@ -163,8 +152,12 @@ void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int6
 
 [[maybe_unused]] const bool kCudaCasesAdded = [] {
   add_mlp_cuda_cases(kMlpSmallOrder, "MlpSmall", kMlpSmallHidden, kMlpSmallBatch);
+  // MlpSmall/static/cuda alternating between its batch and a copy of it: every call's graph
+  // copies its arguments from new sources, which the launch sets first (MlpSmall/static/cuda's
+  // stay the same).
   add_cuda_case(kMlpSmallOrder, "MlpSmall/static_batches/cuda", [](benchmark::State& s) {
-    BM_MlpStaticBatches(s, kMlpSmallHidden, kMlpSmallBatch);
+    BM_MlpStatic(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda(), Replay::Graphs,
+                 /*batches=*/2);
   });
   add_mlp_cuda_cases(kMlpLargeOrder, "MlpLarge", kMlpLargeHidden, kMlpLargeBatch);
   return true;
