@@ -121,11 +121,11 @@ void* malloc_workspace(size_t bytes);
 // Where kernels report bad input they cannot throw for without waiting for the device (an
 // out-of-range label or id, an optimizer's step count it cannot keep): a claim word in device
 // memory and a record in mapped host memory, made with the device's default stream and kept for the
-// process's life. The first report on a device wins (kernels/cuda/common.cuh: report_device_error;
-// with several bad inputs, the one a thread reached first, not always the lowest index, and in a
-// CUDA graph on several streams maybe another step's than the one eager reports); the host reads
-// the record whenever it waits for a stream of the device (synchronize, a blocking copy, item())
-// and throws the Error the cpu kernel throws.
+// process's life. The first report on a device wins (kernels/cuda/device_error.cuh:
+// report_device_error; with several bad inputs, the one a thread reached first, not always the
+// lowest index, and in a CUDA graph on several streams maybe another step's than the one eager
+// reports); the host reads the record whenever it waits for a stream of the device (synchronize, a
+// blocking copy, item()) and throws the Error the cpu kernel throws.
 struct DeviceErrorSlot {
   unsigned int* claim = nullptr;  // device memory: 0, or 1 once a kernel has reported
   long long* record = nullptr;    // {kind << 32 | (op + 1), value, index, bound}, device view

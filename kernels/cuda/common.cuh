@@ -1,6 +1,6 @@
 // What every CUDA kernel file includes: the kernel contract (runtime/kernel_abi.h), the dtype
-// switch, the device math functions (element_ops.cuh), the current stream, launch geometry and
-// error checks.
+// switch, the device math functions (element_ops.cuh), the current stream, the launch geometry
+// (grid.h) and error checks.
 //
 //   void relu(const KernelArgs& a) {
 //     switch_floating(a.in[0].dtype, Op::Relu, [&]<typename T>(Type<T>) {
@@ -23,6 +23,10 @@
 #include <cstdint>
 
 #include "kernels/cuda/element_ops.cuh"
+#include "kernels/cuda/grid.h"
+#ifdef __CUDACC__
+#include "kernels/cuda/device_error.cuh"
+#endif
 #include "kernels/dtype_switch.h"
 #include "runtime/cuda.h"
 #include "runtime/error.h"
@@ -30,16 +34,8 @@
 
 namespace encore::kernels::cuda {
 
-inline constexpr int kThreads = 256;
-
 inline cudaStream_t stream() {
   return static_cast<cudaStream_t>(encore::cuda::current_stream(encore::cuda::current_device()));
-}
-
-// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
-inline unsigned blocks_for(int64_t n, int threads = kThreads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
 }
 
 // Calls fn(Type<uint32_t>) when every index below `max_numel` fits 32 bits (cheaper division in
@@ -53,25 +49,11 @@ void with_index_type(int64_t max_numel, Fn&& fn) {
   }
 }
 
-// Reports bad input a kernel cannot throw for (runtime/cuda.h: DeviceErrorSlot): the first
-// report on the device wins, and the host throws it as the cpu kernel's Error when it next waits
-// for the device. The kernel still writes its outputs (NaN where the input was bad).
+// The slot where kernels report bad input they cannot throw for (device_error.cuh:
+// report_device_error).
 inline encore::cuda::DeviceErrorSlot error_slot() {
   return encore::cuda::device_error_slot(encore::cuda::current_device());
 }
-#ifdef __CUDACC__
-__device__ inline void report_device_error(encore::cuda::DeviceErrorSlot slot,
-                                           encore::cuda::DeviceErrorKind kind, Op op,
-                                           long long value, long long index, long long bound) {
-  if (atomicCAS(slot.claim, 0u, 1u) != 0u) return;
-  volatile long long* r = slot.record;
-  r[1] = value;
-  r[2] = index;
-  r[3] = bound;
-  __threadfence_system();  // the fields before the head that says they are there
-  r[0] = (static_cast<long long>(kind) << 32) | (static_cast<long long>(op) + 1);
-}
-#endif
 
 // Throws Error naming the op, the failed call and CUDA's message.
 [[noreturn]] inline void fail_cuda(Op op, const char* call, cudaError_t e) {

@@ -1,10 +1,13 @@
 // Group folds shared by the reduction kernels (reduce.cu, softmax_loss.cu, layer_norm.cu,
 // batch_norm.cu), over element_ops.cuh's fold ops and warp tree (which fused kernels share): the
 // tree of a fold is fixed by the group size alone, so every run gives the same bits.
+// Host-compilable (the emulated kernel tests, tests/nvrtc/).
 #pragma once
 
-#include "kernels/cuda/common.cuh"
+#include <cstdint>
+
 #include "kernels/cuda/element_ops.cuh"  // SumOp, warp_reduce
+#include "kernels/cuda/grid.h"
 
 namespace encore::kernels::cuda {
 

@@ -1,10 +1,12 @@
 // Runs CUDA kernels on the host: a fused program's generated kernel (fused_source.h) with
-// element_ops.cuh, or a kernel header of our own (HostObject: small_gemm.cuh), compiled by the
-// host's C++ compiler against a header that stands in for the CUDA built-ins (threadIdx, blockIdx,
-// gridDim, blockDim, the warp shuffles, 64-bit atomics, the bit casts), and launched as a grid of
-// blocks of threads, each a std::thread; the 32 threads of a warp meet at a barrier for each
-// shuffle. It checks what a kernel computes where (indices, layouts, folds, the warp tree, which
-// lane writes), not the device's rounding: the host's libm stands in for CUDA's.
+// element_ops.cuh, or a kernel header of our own (HostObject: small_gemm.cuh, embedding.cuh, ...),
+// compiled by the host's C++ compiler against a header that stands in for the CUDA built-ins
+// (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
+// ballots, the atomics and fences the kernels use, the bit casts), and launched on one host
+// thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
+// waits at a barrier (a warp's at each shuffle or ballot, a block's at each __syncthreads). It
+// checks what a kernel computes where (indices, layouts, folds, the warp tree, which lane writes,
+// what a barrier orders), not the device's rounding: the host's libm stands in for CUDA's.
 #pragma once
 
 #include <dlfcn.h>
@@ -27,101 +29,174 @@ namespace encore::testing {
 // The CUDA built-ins the generated kernels and element_ops.cuh use, for the host.
 inline constexpr const char* kCudaOnHost = R"cuda(
 #pragma once
+#include <ucontext.h>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
+#include <functional>
+#include <memory>
 #include <vector>
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
+// Blocks run one after another (emulate_launch), so one static array per kernel is each block's
+// own shared memory while that block runs.
+#define __shared__ static
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
-// Internal linkage: each kernel's shared object has its own.
-static thread_local EmulatedDim3 threadIdx, blockIdx;
-static EmulatedDim3 gridDim, blockDim;
-// The 32 threads of a warp meet here at each shuffle. A kernel whose lanes do not all reach one
-// (a shuffle in divergent code) would wait for ever: after 60 s the process aborts, saying so.
-struct EmulatedWarp {
-  std::atomic<unsigned> arrived{0}, round{0};
-  alignas(8) unsigned char slot[32][8];
+// Internal linkage: each kernel's shared object has its own. One host thread runs a launch: the
+// CUDA threads of a block are fibers on it, and these are the running fiber's.
+static EmulatedDim3 threadIdx, blockIdx, gridDim, blockDim;
+static unsigned emulated_lane = 0;
+static ucontext_t emulated_scheduler;
+static ucontext_t* emulated_running = nullptr;
+static unsigned long long emulated_progress = 0;  // arrivals at barriers and finished threads
+// The threads of a warp meet here at each shuffle or ballot, those of a block at each
+// __syncthreads: a thread that arrives before the others yields until the last one arrives.
+struct EmulatedBarrier {
+  unsigned count = 0, arrived = 0, round = 0;
   void meet() {
-    const unsigned r = round.load();
-    if (arrived.fetch_add(1) == 31) {
-      arrived.store(0);
-      round.fetch_add(1);
+    const unsigned r = round;
+    ++emulated_progress;
+    if (++arrived == count) {
+      arrived = 0;
+      ++round;
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (round.load() == r) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "emulated kernel: a warp's lanes did not all reach a shuffle\n");
-        std::abort();
-      }
-      std::this_thread::yield();
-    }
+    while (round == r) swapcontext(emulated_running, &emulated_scheduler);
   }
 };
-static thread_local EmulatedWarp* emulated_warp = nullptr;
+struct EmulatedWarp : EmulatedBarrier {
+  alignas(8) unsigned char slot[32][8];
+};
+static EmulatedWarp* emulated_warp = nullptr;
+static EmulatedBarrier* emulated_block = nullptr;
+inline void __syncthreads() { emulated_block->meet(); }
+inline void __threadfence_system() {}
+// Every lane's v, gathered: v of lane l lands in all[l].
 template <typename T>
-T emulated_exchange(T v, int from) {
-  const unsigned lane = threadIdx.x % 32;
-  std::memcpy(emulated_warp->slot[lane], &v, sizeof(T));
-  emulated_warp->meet();
-  T r;
-  std::memcpy(&r, emulated_warp->slot[from], sizeof(T));
-  emulated_warp->meet();
-  return r;
+void emulated_gather(T v, T (&all)[32]) {
+  std::memcpy(emulated_warp->slot[emulated_lane], &v, sizeof(T));
+  EmulatedWarp* warp = emulated_warp;
+  warp->meet();
+  for (unsigned l = 0; l < warp->count; ++l) std::memcpy(&all[l], warp->slot[l], sizeof(T));
+  warp->meet();
 }
 template <typename T>
-T __shfl_xor_sync(unsigned, T v, int o) { return emulated_exchange(v, (threadIdx.x % 32) ^ o); }
+T emulated_exchange(T v, unsigned from) {
+  T all[32];
+  emulated_gather(v, all);
+  return all[from % 32];
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int o) { return emulated_exchange(v, emulated_lane ^ o); }
 template <typename T>
 T __shfl_sync(unsigned, T v, int src) { return emulated_exchange(v, src); }
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  int all[32];
+  emulated_gather(predicate, all);
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) bits |= (l < emulated_warp->count && all[l] != 0 ? 1u : 0u) << l;
+  return bits;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
 }
 inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) {
-  return std::atomic_ref<unsigned long long>(*p).exchange(v);
+  const unsigned long long old = *p;
+  *p = v;
+  return old;
+}
+inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
+  const unsigned old = *p;
+  if (old == expected) *p = desired;
+  return old;
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
-// Runs kernel(...) on `blocks` blocks of `threads` threads.
-template <typename Kernel>
-void emulate_launch(unsigned blocks, unsigned threads, Kernel kernel) {
-  gridDim = {blocks, 1, 1};
-  blockDim = {threads, 1, 1};
-  for (unsigned b = 0; b < blocks; ++b) {
-    std::vector<EmulatedWarp> warps((threads + 31) / 32);  // not moved once threads run
-    std::vector<std::thread> all;
-    for (unsigned t = 0; t < threads; ++t)
-      all.emplace_back([&, b, t] {
-        blockIdx = {b, 0, 0};
-        threadIdx = {t, 0, 0};
-        emulated_warp = &warps[t / 32];
-        kernel();
-      });
-    for (std::thread& t : all) t.join();
-  }
+static const std::function<void()>* emulated_kernel = nullptr;
+static bool* emulated_finished = nullptr;
+static void emulated_thread() {
+  (*emulated_kernel)();
+  *emulated_finished = true;
+  ++emulated_progress;
+}  // then uc_link: back to the scheduler
+// Runs kernel() on a grid of blocks of threads (x fastest), one block after another. A block's
+// threads are fibers, resumed in turn, each running until it waits at a barrier or ends; a
+// warp is 32 consecutive threads (x fastest). A turn over all threads in which none arrives at a
+// barrier or ends is a deadlock (a shuffle in divergent code, a __syncthreads some threads skip):
+// the process aborts, saying so.
+inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<void()> kernel) {
+  constexpr size_t kStack = 64 * 1024;
+  gridDim = grid;
+  blockDim = block;
+  emulated_kernel = &kernel;
+  const unsigned threads = block.x * block.y * block.z;
+  const std::unique_ptr<char[]> stacks(new char[threads * kStack]);  // untouched until used
+  std::vector<ucontext_t> contexts(threads);
+  std::vector<unsigned char> finished(threads);
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = {bx, by, bz};
+        EmulatedBarrier barrier;
+        barrier.count = threads;
+        std::vector<EmulatedWarp> warps((threads + 31) / 32);
+        for (unsigned w = 0; w < warps.size(); ++w)
+          warps[w].count = threads - 32 * w < 32 ? threads - 32 * w : 32;
+        for (unsigned t = 0; t < threads; ++t) {
+          getcontext(&contexts[t]);
+          contexts[t].uc_stack.ss_sp = stacks.get() + t * kStack;
+          contexts[t].uc_stack.ss_size = kStack;
+          contexts[t].uc_link = &emulated_scheduler;
+          makecontext(&contexts[t], emulated_thread, 0);
+          finished[t] = 0;
+        }
+        for (unsigned left = threads; left > 0;) {
+          const unsigned long long before = emulated_progress;
+          for (unsigned t = 0; t < threads; ++t) {
+            if (finished[t]) continue;
+            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+            emulated_warp = &warps[t / 32];
+            emulated_block = &barrier;
+            emulated_lane = t % 32;
+            emulated_running = &contexts[t];
+            emulated_finished = reinterpret_cast<bool*>(&finished[t]);
+            swapcontext(&emulated_scheduler, &contexts[t]);
+            if (finished[t]) --left;
+          }
+          if (left > 0 && emulated_progress == before) {
+            std::fprintf(stderr, "emulated kernel: the threads of block (%u, %u, %u) wait at "
+                         "barriers that not all of them reach\n", bx, by, bz);
+            std::abort();
+          }
+        }
+      }
+}
+inline void emulate_launch(unsigned blocks, unsigned threads, std::function<void()> kernel) {
+  emulate_launch(EmulatedDim3{blocks, 1, 1}, EmulatedDim3{threads, 1, 1}, std::move(kernel));
 }
 )cuda";
 
 // CUDA source compiled for the host into a shared object and loaded: kCudaOnHost is included
-// first, `files` (name, text) are written beside the source, and `include_dir` (if any) is on the
-// include path. symbol() finds an extern "C" function of it.
+// first, `files` (name, text) are written beside the source, and the source tree and CUDA's C++
+// library (cuda/std/...) are on the include path. symbol() finds an extern "C" function of it.
 class HostObject {
  public:
   HostObject(const std::vector<std::pair<std::string, std::string>>& files,
-             const std::string& source, const std::string& include_dir = "") {
+             const std::string& source) {
     std::string dir_template =
         (std::filesystem::temp_directory_path() / "encore_emulated_XXXXXX").string();
     if (mkdtemp(dir_template.data()) == nullptr) fail("emulated kernel: no temporary directory");
     dir_ = dir_template;
     try {
-      build(files, source, include_dir);
+      build(files, source);
     } catch (...) {
       std::filesystem::remove_all(dir_);
       throw;
@@ -143,16 +218,15 @@ class HostObject {
 
  private:
   void build(const std::vector<std::pair<std::string, std::string>>& files,
-             const std::string& source, const std::string& include_dir) {
+             const std::string& source) {
     write(dir_ + "/cuda_on_host.h", kCudaOnHost);
     for (const auto& [name, text] : files) write(dir_ + "/" + name, text);
     write(dir_ + "/kernel.cc", source);
     const std::string so = dir_ + "/kernel.so";
-    const std::string extra = include_dir.empty() ? "" : cat(" -I'", include_dir, "'");
     const std::string command =
         cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -w -shared -fPIC -pthread ", "-include '", dir_,
-            "/cuda_on_host.h' -I'", dir_, "'", extra, " '", dir_, "/kernel.cc' -o '", so, "' 2>'",
-            dir_, "/log.txt'");
+            "/cuda_on_host.h' -I'", dir_, "' -I'", ENCORE_SOURCE_DIR, "' -I'", ENCORE_CUDA_CCCL_DIR,
+            "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_, "/log.txt'");
     if (std::system(command.c_str()) != 0)
       fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
     handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -61,7 +61,7 @@ using Entry = void (*)(bool, long long, long long, long long, bool, const void*,
                        const void*, void*);
 
 const testing::HostObject& gemm_kernels() {
-  static const testing::HostObject object({}, kSource, ENCORE_SOURCE_DIR);
+  static const testing::HostObject object({}, kSource);
   return object;
 }
 
