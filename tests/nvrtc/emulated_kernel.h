@@ -243,42 +243,52 @@ class HostObject {
   void* handle_ = nullptr;
 };
 
-// A fused program's kernel, compiled for the host; run() launches it over buffers.
-class EmulatedKernel {
+// Fused programs' kernels, compiled for the host together (one compile: the host compiler's
+// start-up is most of a small program's cost); run(k, ...) launches program k's over buffers.
+class EmulatedKernels {
  public:
-  explicit EmulatedKernel(const FusedProgram& p)
-      : n_in_(p.n_in),
-        n_out_(p.n_out),
-        object_({{kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text()}},
-                source(p)),
-        run_(reinterpret_cast<Run>(object_.symbol("encore_emulated"))) {}
+  explicit EmulatedKernels(const std::vector<FusedProgram>& programs)
+      : object_({{kernels::cuda::kElementOpsInclude, kernels::cuda::element_ops_text()}},
+                source(programs)) {
+    for (size_t k = 0; k < programs.size(); ++k) {
+      sizes_.push_back({programs[k].n_in, programs[k].n_out});
+      runs_.push_back(reinterpret_cast<Run>(object_.symbol(cat("encore_emulated_", k).c_str())));
+    }
+  }
 
-  // Launches the kernel on `blocks` blocks with count n (elements, or rows for row programs) over
-  // the inputs, then the outputs.
-  void run(unsigned blocks, unsigned long long n, const std::vector<void*>& buffers) const {
-    if (static_cast<int>(buffers.size()) != n_in_ + n_out_)
-      fail("emulated kernel: ", buffers.size(), " buffers for ", n_in_, " inputs and ", n_out_,
+  // Launches program k's kernel on `blocks` blocks with count n (elements, or rows for row
+  // programs) over the inputs, then the outputs.
+  void run(size_t k, unsigned blocks, unsigned long long n,
+           const std::vector<void*>& buffers) const {
+    const auto [n_in, n_out] = sizes_.at(k);
+    if (static_cast<int>(buffers.size()) != n_in + n_out)
+      fail("emulated kernel: ", buffers.size(), " buffers for ", n_in, " inputs and ", n_out,
            " outputs");
-    run_(blocks, n, buffers.data());
+    runs_[k](blocks, n, buffers.data());
   }
 
  private:
   using Run = void (*)(unsigned, unsigned long long, void* const*);
-  // The program's kernel and an entry point launching it.
-  static std::string source(const FusedProgram& p) {
-    const char* t = p.dtype == DType::Float32 ? "float" : "double";
-    std::string call = "encore_fused(n";
-    for (int k = 0; k < p.n_in; ++k)
-      call += cat(", (const ", p.reads_bool(k) ? "unsigned char" : t, "*)ptrs[", k, "]");
-    for (int k = 0; k < p.n_out; ++k) call += cat(", (", t, "*)ptrs[", p.n_in + k, "]");
-    return cat(kernels::cuda::fused_source(p),
-               "extern \"C\" void encore_emulated(unsigned blocks, unsigned long long n, "
-               "void* const* ptrs) {\n  emulate_launch(blocks, ",
-               kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n");
+  // The programs' kernels and an entry point launching each.
+  static std::string source(const std::vector<FusedProgram>& programs) {
+    std::string s = kernels::cuda::fused_prelude();
+    for (size_t k = 0; k < programs.size(); ++k) {
+      const FusedProgram& p = programs[k];
+      const char* t = p.dtype == DType::Float32 ? "float" : "double";
+      std::string call = cat("encore_fused_", k, "(n");
+      for (int i = 0; i < p.n_in; ++i)
+        call += cat(", (const ", p.reads_bool(i) ? "unsigned char" : t, "*)ptrs[", i, "]");
+      for (int i = 0; i < p.n_out; ++i) call += cat(", (", t, "*)ptrs[", p.n_in + i, "]");
+      s += cat(kernels::cuda::fused_kernel_source(p, cat("encore_fused_", k)),
+               "extern \"C\" void encore_emulated_", k,
+               "(unsigned blocks, unsigned long long n, void* const* ptrs) {\n  emulate_launch(",
+               "blocks, ", kernels::cuda::kFusedThreads, ", [&] { ", call, "); });\n}\n");
+    }
+    return s;
   }
-  int n_in_, n_out_;
   HostObject object_;
-  Run run_;
+  std::vector<std::pair<int, int>> sizes_;
+  std::vector<Run> runs_;
 };
 
 }  // namespace encore::testing

@@ -18,7 +18,7 @@
 
 using namespace encore;
 using testing::around;
-using testing::EmulatedKernel;
+using testing::EmulatedKernels;
 using testing::kRowOps;
 
 namespace {
@@ -122,61 +122,73 @@ TEST_CASE("generated row kernels compute each row op over the rows the program r
   std::mt19937 rng(29);
   std::uniform_real_distribution<double> uniform(-2, 2);
   const int64_t rows = 19;  // two blocks of 8 warps: rows 16 to 18 on the loop's second round
+  struct Case {
+    Op op;
+    DType dtype;
+    int64_t c;
+    uint8_t affine;
+  };
+  std::vector<Case> cases;
+  std::vector<FusedProgram> programs;
   for (Op op : kRowOps)
     for (DType dtype : {DType::Float32, DType::Float64})
       for (int n = 0; n < 4; ++n) {
         const int64_t c = std::array<int64_t, 4>{5, 40, 64, 100}[n];
         // layer_norm: no gamma nor beta, gamma, beta, both.
         const uint8_t affine = op == Op::LayerNorm ? static_cast<uint8_t>(n) : 0;
-        INFO(op_name(op) << " " << name(dtype) << " rows of " << c << " affine " << int{affine});
-        const FusedProgram p = around(op, dtype, c, affine, rows);
-        const EmulatedKernel kernel(p);
-        // Inputs: x, w (one row), b (one per row), a [4, c] tile, gy, gamma, beta.
-        const size_t sizes[] = {size_t(rows * c), size_t(c), size_t(rows), size_t(4 * c),
-                                size_t(rows * c), size_t(c), size_t(c)};
-        std::vector<Buffer> in;
-        for (size_t n : sizes) {
-          in.emplace_back(dtype, n);
-          for (size_t i = 0; i < n; ++i) in.back().set(i, uniform(rng));
-        }
-        std::vector<Buffer> out;
-        for (int k = 0; k < p.n_out; ++k)
-          out.emplace_back(dtype, p.out_column[k] ? rows : rows * c);
-        std::vector<void*> buffers;
-        for (Buffer& b : in) buffers.push_back(b.data());
-        for (Buffer& b : out) buffers.push_back(b.data());
-        kernel.run(2, rows, buffers);
-
-        Rows h(rows), gy(rows);
-        std::vector<double> gamma, beta;
-        for (int64_t k = 0; k < c; ++k) gamma.push_back(in[5].get(k)), beta.push_back(in[6].get(k));
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t k = 0; k < c; ++k) {
-            const int64_t i = r * c + k;
-            // As the program rounds: x * w, + b, + tile, each in T.
-            const double xw = dtype == DType::Float32
-                                  ? double(float(in[0].get(i)) * float(in[1].get(k)))
-                                  : in[0].get(i) * in[1].get(k);
-            double v = xw + in[2].get(r);
-            if (dtype == DType::Float32) v = float(v);
-            v += in[3].get(i % (4 * c));
-            h[r].push_back(dtype == DType::Float32 ? double(float(v)) : v);
-            gy[r].push_back(in[4].get(i));
-          }
-        const std::vector<WantRows> want = reference(op, affine, h, gy, gamma, beta);
-        // A few ulps of the magnitudes each value comes from, per term of its row's folds.
-        const double ulps = 4 * (dtype == DType::Float32 ? 0x1p-23 : 0x1p-52) * c;
-        REQUIRE(want.size() == out.size());
-        for (size_t k = 0; k < out.size(); ++k)
-          for (int64_t r = 0; r < rows; ++r)
-            for (size_t e = 0; e < want[k][r].size(); ++e) {
-              const Want& w = want[k][r][e];
-              const double got = out[k].get(want[k][r].size() == 1 ? r : r * c + e);
-              INFO("output " << k << " row " << r << " element " << e << ": " << got << " against "
-                             << w.value << ", magnitude " << w.scale);
-              REQUIRE(std::abs(got - w.value) <= ulps * (1 + w.scale));
-            }
+        cases.push_back({op, dtype, c, affine});
+        programs.push_back(around(op, dtype, c, affine, rows));
       }
+  const EmulatedKernels kernels(programs);
+  for (size_t program = 0; program < cases.size(); ++program) {
+    const auto [op, dtype, c, affine] = cases[program];
+    const FusedProgram& p = programs[program];
+    INFO(op_name(op) << " " << name(dtype) << " rows of " << c << " affine " << int{affine});
+    // Inputs: x, w (one row), b (one per row), a [4, c] tile, gy, gamma, beta.
+    const size_t sizes[] = {size_t(rows * c), size_t(c), size_t(rows), size_t(4 * c),
+                            size_t(rows * c), size_t(c), size_t(c)};
+    std::vector<Buffer> in;
+    for (size_t n : sizes) {
+      in.emplace_back(dtype, n);
+      for (size_t i = 0; i < n; ++i) in.back().set(i, uniform(rng));
+    }
+    std::vector<Buffer> out;
+    for (int k = 0; k < p.n_out; ++k) out.emplace_back(dtype, p.out_column[k] ? rows : rows * c);
+    std::vector<void*> buffers;
+    for (Buffer& b : in) buffers.push_back(b.data());
+    for (Buffer& b : out) buffers.push_back(b.data());
+    kernels.run(program, 2, rows, buffers);
+
+    Rows h(rows), gy(rows);
+    std::vector<double> gamma, beta;
+    for (int64_t k = 0; k < c; ++k) gamma.push_back(in[5].get(k)), beta.push_back(in[6].get(k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < c; ++k) {
+        const int64_t i = r * c + k;
+        // As the program rounds: x * w, + b, + tile, each in T.
+        const double xw = dtype == DType::Float32
+                              ? double(float(in[0].get(i)) * float(in[1].get(k)))
+                              : in[0].get(i) * in[1].get(k);
+        double v = xw + in[2].get(r);
+        if (dtype == DType::Float32) v = float(v);
+        v += in[3].get(i % (4 * c));
+        h[r].push_back(dtype == DType::Float32 ? double(float(v)) : v);
+        gy[r].push_back(in[4].get(i));
+      }
+    const std::vector<WantRows> want = reference(op, affine, h, gy, gamma, beta);
+    // A few ulps of the magnitudes each value comes from, per term of its row's folds.
+    const double ulps = 4 * (dtype == DType::Float32 ? 0x1p-23 : 0x1p-52) * c;
+    REQUIRE(want.size() == out.size());
+    for (size_t k = 0; k < out.size(); ++k)
+      for (int64_t r = 0; r < rows; ++r)
+        for (size_t e = 0; e < want[k][r].size(); ++e) {
+          const Want& w = want[k][r][e];
+          const double got = out[k].get(want[k][r].size() == 1 ? r : r * c + e);
+          INFO("output " << k << " row " << r << " element " << e << ": " << got << " against "
+                         << w.value << ", magnitude " << w.scale);
+          REQUIRE(std::abs(got - w.value) <= ulps * (1 + w.scale));
+        }
+  }
 }
 
 TEST_CASE("a generated elementwise kernel reads a bool condition and a tile (emulated)",
@@ -210,13 +222,13 @@ TEST_CASE("a generated elementwise kernel reads a bool condition and a tile (emu
   p.n_out = 1;
   p.out_instr = {{1, 0}};
   p.out_column = {false};
-  const EmulatedKernel kernel(p);
+  const EmulatedKernels kernel({p});
   std::vector<float> x(60), out(60, 0);
   std::vector<unsigned char> mask(12);
   for (int i = 0; i < 60; ++i) x[i] = static_cast<float>(i) - 20;
   for (int i = 0; i < 12; ++i) mask[i] = static_cast<unsigned char>(i % 5 == 0);
   float fill = -7;
-  kernel.run(1, 60, {x.data(), mask.data(), &fill, out.data()});
+  kernel.run(0, 1, 60, {x.data(), mask.data(), &fill, out.data()});
   for (int i = 0; i < 60; ++i) {
     INFO("element " << i);
     CHECK(out[i] == (mask[i % 12] ? fill : x[i] * 0.5f));

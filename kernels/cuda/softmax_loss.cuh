@@ -1,0 +1,350 @@
+// The kernels of the softmax family and the losses on CUDA (softmax_loss.cu launches them).
+//
+// Softmax sees a tensor as [outer, n, inner] with n the softmax axis: each (outer, inner) pair is
+// a lane of n elements at stride inner. A lane goes to one thread (inner > 1 with many lanes:
+// adjacent threads read adjacent elements), a warp, or a block, whose threads join their partial
+// max and sums with a fixed shuffle/shared-memory tree.
+//
+// The scalar losses run in one block of 1024 threads, a warp per sample, joined in a fixed
+// order; sums over samples are in double as on the CPU. The cross-entropy gradient recounts the
+// non-ignored labels in each of its blocks rather than keeping the count in a scratch buffer.
+// A label outside [0, C) (other than the ignore label) cannot throw here without a host sync:
+// it makes the loss (or accuracy) NaN and its gradient row NaN, and is reported to the host
+// (report_device_error), which throws the CPU's Error when it next waits for the device.
+//
+// The host compiles this file too, against stand-ins for the CUDA built-ins
+// (tests/nvrtc/softmax_loss_emulated_test.cc runs the kernels on the host).
+#pragma once
+
+#include <cuda/std/limits>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/device_error.cuh"
+#include "kernels/cuda/element_ops.cuh"
+#include "kernels/cuda/grid.h"
+#include "kernels/cuda/reduce_util.cuh"
+#include "kernels/strided_loop.h"
+#include "runtime/fused.h"
+
+namespace encore::kernels::cuda {
+
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+template <typename T>
+__device__ __forceinline__ T nan_of() {
+  return ::cuda::std::numeric_limits<T>::quiet_NaN();
+}
+
+// ---- Softmax, log-softmax and their gradients ---------------------------------------------
+
+// y = softmax(x) or log_softmax(x) along each lane.
+template <bool kLog, int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t lanes, int64_t n,
+                   int64_t inner) {
+  __shared__ T sh[32];
+  for_each_group_item<kGroup>(lanes, [&](int64_t lane, int g) {
+    const int64_t base = lane / inner * n * inner + lane % inner;
+    const T* px = x + base;
+    T* py = y + base;
+    T m = LaneMaxOp::identity<T>();
+    for (int64_t i = g; i < n; i += kGroup) m = LaneMaxOp::combine(m, px[i * inner]);
+    m = group_reduce<LaneMaxOp, kGroup>(m, sh);
+    T sum = 0;
+    for (int64_t i = g; i < n; i += kGroup) sum += rowop::softmax_term(px[i * inner], m);
+    sum = group_reduce<SumOp, kGroup>(sum, sh);
+    if constexpr (kLog) {
+      const T log_sum = dev_log(sum);
+      for (int64_t i = g; i < n; i += kGroup)
+        py[i * inner] = rowop::log_softmax_value(px[i * inner], m, log_sum);
+    } else {
+      const T inv = T(1) / sum;
+      for (int64_t i = g; i < n; i += kGroup)
+        py[i * inner] = rowop::softmax_value(px[i * inner], m, inv);
+    }
+  });
+}
+
+// softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy).
+template <bool kLog, int kGroup, typename T>
+__global__ void __launch_bounds__(kBlockThreads<kGroup>)
+    softmax_grad_kernel(const T* __restrict__ y, const T* __restrict__ gy, T* __restrict__ gx,
+                        int64_t lanes, int64_t n, int64_t inner) {
+  __shared__ T sh[32];
+  for_each_group_item<kGroup>(lanes, [&](int64_t lane, int g) {
+    const int64_t base = lane / inner * n * inner + lane % inner;
+    const T* py = y + base;
+    const T* pg = gy + base;
+    T* px = gx + base;
+    T dot = 0;
+    for (int64_t i = g; i < n; i += kGroup)
+      dot += rowop::softmax_grad_term<kLog>(py[i * inner], pg[i * inner]);
+    dot = group_reduce<SumOp, kGroup>(dot, sh);
+    for (int64_t i = g; i < n; i += kGroup)
+      px[i * inner] = rowop::softmax_grad_value<kLog>(py[i * inner], pg[i * inner], dot);
+  });
+}
+
+// Calls launch(std::integral_constant<int, kGroup>{}) with the threads per lane for `l`
+// (outer * inner lanes of n elements).
+template <typename Launch>
+void with_group(const AxisSplit& l, Launch&& launch) {
+  const int64_t lanes = l.outer * l.inner;
+  if (l.inner > 1 && (lanes >= 2048 || l.n <= 32)) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (lanes < 64 && l.n >= 8192) {
+    launch(std::integral_constant<int, 1024>{});
+  } else if (l.n > kMaxCudaRow) {  // a warp per row up to it: fused runs too
+    launch(std::integral_constant<int, kThreads>{});
+  } else {
+    launch(std::integral_constant<int, 32>{});
+  }
+}
+
+// ---- Losses and accuracy --------------------------------------------------------------------
+
+inline constexpr int kLossThreads = 1024;
+inline constexpr int kLossWarps = kLossThreads / 32;
+
+// For K contiguous rows of n >= 1 elements at once, their loads in flight together: of each live
+// row, the largest element m[k] and sum(exp(row - m[k])) sum[k], to every lane of the warp. `live`
+// is the same in every lane, and every lane reaches the shuffles, live or not.
+template <int K, typename T>
+__device__ __forceinline__ void warp_rows_exp_sums(const T* const (&row)[K], const bool (&live)[K],
+                                                   int64_t n, int lane, T (&m)[K], T (&sum)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) m[k] = LaneMaxOp::identity<T>();
+  for (int64_t j = lane; j < n; j += 32) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (live[k]) m[k] = LaneMaxOp::combine(m[k], row[k][j]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    m[k] = warp_reduce<LaneMaxOp>(m[k]);
+    sum[k] = 0;
+  }
+  for (int64_t j = lane; j < n; j += 32) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (live[k]) sum[k] += dev_exp(row[k][j] - m[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) sum[k] = warp_reduce<SumOp>(sum[k]);
+}
+
+inline constexpr int64_t kNoIndex = ::cuda::std::numeric_limits<int64_t>::max();
+
+// Whether element i of value v comes before element arg of value best as the first maximum of a
+// row: a NaN before any number, then the larger, then (equal, or both NaN) the lower index.
+template <typename T>
+__device__ __forceinline__ bool before(T v, int64_t i, T best, int64_t arg) {
+  if (arg == kNoIndex) return true;
+  const bool v_nan = v != v, best_nan = best != best;
+  if (v_nan != best_nan) return v_nan;
+  if (v_nan || v == best) return i < arg;
+  return v > best;
+}
+
+// The index the CPU's scan picks: the first maximum of the row, or its first NaN (as
+// torch.argmax). n >= 1; to every lane.
+template <typename T>
+__device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, int lane) {
+  T best = T(0);
+  int64_t arg = kNoIndex;
+  for (int64_t j = lane; j < n; j += 32) {
+    const T v = row[j];
+    if (before(v, j, best, arg)) {
+      best = v;
+      arg = j;
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const T other = __shfl_xor_sync(kFullMask, best, o);
+    const int64_t other_arg = __shfl_xor_sync(kFullMask, arg, o);
+    if (other_arg != kNoIndex && before(other, other_arg, best, arg)) {
+      best = other;
+      arg = other_arg;
+    }
+  }
+  return __shfl_sync(kFullMask, arg, 0);
+}
+
+inline constexpr int kRowsPerPass = 4;
+
+// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. A warp
+// takes rows warp, warp + kLossWarps, ... and works on kRowsPerPass of them at once, so that their
+// loads are in flight together (one block runs this: a row at a time left the block waiting on
+// memory for every row); each row's terms are those the gradient kernel computes for it alone
+// (warp_rows_exp_sums), and the sum adds the rows in the same order.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kLossThreads)
+    cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
+                         int64_t rows, int64_t classes, int64_t ignore,
+                         encore::cuda::DeviceErrorSlot errors, encore::cuda::DeviceErrorKind kind) {
+  __shared__ double sh_total[kLossWarps];
+  __shared__ int64_t sh_count[kLossWarps];
+  __shared__ int64_t sh_bad[kLossWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double total = 0;
+  int64_t count = 0, bad = 0;
+  for (int64_t first = warp; first < rows; first += kLossWarps * kRowsPerPass) {
+    const T* row[kRowsPerPass];
+    int64_t label[kRowsPerPass];
+    bool live[kRowsPerPass];  // uniform over the warp
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) {
+      const int64_t i = first + k * kLossWarps;
+      row[k] = x + i * classes;
+      label[k] = i < rows ? static_cast<int64_t>(labels[i]) : ignore;
+      live[k] = i < rows && label[k] != ignore;
+      if (!live[k]) continue;
+      ++count;
+      if (label[k] < 0 || label[k] >= classes) {
+        ++bad;
+        live[k] = false;
+        if (lane == 0)
+          report_device_error(errors, kind, Op::SoftmaxCrossEntropy, label[k], i, classes);
+      }
+    }
+    T m[kRowsPerPass], sum[kRowsPerPass];
+    warp_rows_exp_sums(row, live, classes, lane, m, sum);
+#pragma unroll
+    for (int k = 0; k < kRowsPerPass; ++k) {
+      if (!live[k]) continue;
+      const T log_sum_exp = m[k] + dev_log(sum[k]);
+      total += static_cast<double>(log_sum_exp - row[k][label[k]]);
+    }
+  }
+  if (lane == 0) {
+    sh_total[warp] = total;
+    sh_count[warp] = count;
+    sh_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    total = warp_reduce<SumOp>(lane < kLossWarps ? sh_total[lane] : 0.0);
+    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
+    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
+    if (lane == 0) {
+      *out = bad > 0      ? nan_of<T>()
+             : count == 0 ? T(0)
+                          : static_cast<T>(total / static_cast<double>(count));
+    }
+  }
+}
+
+inline constexpr int kGradMaxBlocks = 128;
+
+// The gradient's blocks: a warp per row, at most kGradMaxBlocks (each recounts the labels).
+inline unsigned cross_entropy_grad_blocks(int64_t rows) {
+  const unsigned blocks = blocks_for(rows, kThreads / 32);
+  return blocks < kGradMaxBlocks ? blocks : kGradMaxBlocks;
+}
+
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
+                              const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
+                              int64_t classes, int64_t ignore, encore::cuda::DeviceErrorSlot errors,
+                              encore::cuda::DeviceErrorKind kind) {
+  __shared__ int64_t sh[32];
+  int64_t count = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kThreads)
+    count += static_cast<int64_t>(labels[i]) != ignore ? 1 : 0;
+  count = group_reduce<SumOp, kThreads>(count, sh);
+  const T scale = count == 0 ? T(0) : *gy / static_cast<T>(count);
+  constexpr int kPerBlock = kThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / 32; i < rows;
+       i += step) {  // uniform over each warp
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    const T* row = x + i * classes;
+    T* grow = gx + i * classes;
+    if (label == ignore) {
+      for (int64_t j = lane; j < classes; j += 32) grow[j] = T(0);
+      continue;
+    }
+    if (label < 0 || label >= classes) {
+      for (int64_t j = lane; j < classes; j += 32) grow[j] = nan_of<T>();
+      if (lane == 0)
+        report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
+      continue;
+    }
+    const T* one_row[1] = {row};
+    const bool live[1] = {true};
+    T m[1], sum[1];
+    warp_rows_exp_sums(one_row, live, classes, lane, m, sum);
+    const T f = scale / sum[0];
+    for (int64_t j = lane; j < classes; j += 32) {
+      T v = dev_exp(row[j] - m[0]) * f;
+      if (j == label) v -= scale;
+      grow[j] = v;
+    }
+  }
+}
+
+// mean((a - b)^2) over all elements, accumulated in double (0/0 = NaN for no elements).
+template <typename T>
+__global__ void __launch_bounds__(kLossThreads)
+    mean_squared_error_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                              int64_t n) {
+  __shared__ double sh[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kLossThreads) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    acc += d * d;
+  }
+  acc = group_reduce<SumOp, kLossThreads>(acc, sh);
+  if (threadIdx.x == 0) *out = static_cast<T>(acc / static_cast<double>(n));
+}
+
+// Fraction of non-ignored samples whose first maximum is at the label; 0 when none. A label
+// outside [0, C) is reported as in cross_entropy_kernel and makes the result NaN.
+template <typename T, typename L>
+__global__ void __launch_bounds__(kLossThreads)
+    accuracy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
+                    int64_t rows, int64_t classes, int64_t ignore,
+                    encore::cuda::DeviceErrorSlot errors) {
+  __shared__ int64_t sh_count[kLossWarps];
+  __shared__ int64_t sh_correct[kLossWarps];
+  __shared__ int64_t sh_bad[kLossWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t count = 0, correct = 0, bad = 0;
+  for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label == ignore) continue;
+    ++count;
+    if (label < 0 || label >= classes) {
+      ++bad;
+      if (lane == 0)
+        report_device_error(errors, encore::cuda::DeviceErrorKind::Label, Op::Accuracy, label, i,
+                            classes);
+      continue;
+    }
+    correct += warp_first_argmax(x + i * classes, classes, lane) == label ? 1 : 0;
+  }
+  if (lane == 0) {
+    sh_count[warp] = count;
+    sh_correct[warp] = correct;
+    sh_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
+    correct = warp_reduce<SumOp>(lane < kLossWarps ? sh_correct[lane] : int64_t{0});
+    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
+    if (lane == 0) {
+      *out = bad > 0 ? nan_of<T>()
+             : count == 0
+                 ? T(0)
+                 : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
+    }
+  }
+}
+
+}  // namespace encore::kernels::cuda
