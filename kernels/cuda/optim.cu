@@ -1,172 +1,16 @@
-// Optimizer updates, in place and fused, the formulas of kernels/cpu/optim.cc. A call updates one
-// or more parameters (one group of inputs each, op_traits.h) in one launch per kMaxTensors of them:
-// each parameter gets its own range of blocks, as PyTorch's multi-tensor apply does, so an
-// optimizer step is one kernel per 48 parameters of a dtype instead of one per parameter. Adam's
-// step counters stay on the device, counted by the update kernel's blocks themselves
-// (step_counter.cuh), so a step never waits for the host and a captured graph counts on every
-// replay.
-#include <cstdint>
-
+// Optimizer updates on CUDA (the formulas of kernels/cpu/optim.cc); the kernels, their launch
+// tables and how they work are in optim.cuh.
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/step_counter.cuh"
-#include "kernels/update_groups.h"
+#include "kernels/cuda/optim.cuh"
 
 namespace encore::kernels::cuda {
 namespace {
-
-// Parameters per launch: the table travels as a kernel argument (Adam's, with its counters and
-// hyper-parameters, about 2.6 KB of the 4 KB). 48 takes a small transformer's (TinyGpt's 30) in
-// one launch.
-constexpr int kMaxTensors = 48;
-
-// The parameters of one launch: per array (param, grad, and the optimizer's state) a pointer per
-// parameter, each one's element count, and the first block of each (the last entry: the grid);
-// `first`: the call's index of the launch's first parameter.
-template <int kArrays>
-struct TensorTable {
-  void* ptr[kArrays][kMaxTensors];
-  int64_t numel[kMaxTensors];
-  unsigned first_block[kMaxTensors + 1];
-  int count, first;
-};
-
-struct Counters {
-  int64_t* t[kMaxTensors];
-  int count;
-};
-
-// The parameter this block updates, the block's place among that parameter's blocks, and how
-// many it has.
-struct BlockRange {
-  int k;
-  int64_t begin, stride, n;
-  unsigned blocks;
-};
-
-template <int kArrays>
-__device__ BlockRange block_range(const TensorTable<kArrays>& tab) {
-  int k = 0;
-  while (k + 1 < tab.count && blockIdx.x >= tab.first_block[k + 1]) ++k;
-  const unsigned blocks = tab.first_block[k + 1] - tab.first_block[k];
-  return {k, static_cast<int64_t>(blockIdx.x - tab.first_block[k]) * blockDim.x + threadIdx.x,
-          static_cast<int64_t>(blocks) * blockDim.x, tab.numel[k], blocks};
-}
-
-template <typename T, int kArrays>
-__device__ T* array(const TensorTable<kArrays>& tab, int a, int k) {
-  return static_cast<T*>(tab.ptr[a][k]);
-}
-
-// p -= lr * (g + wd * p) (p -= lr * g without weight decay).
-template <typename T>
-__global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
-  const BlockRange r = block_range(tab);
-  T* __restrict__ p = array<T>(tab, 0, r.k);
-  const T* __restrict__ g = array<T>(tab, 1, r.k);
-  for (int64_t i = r.begin; i < r.n; i += r.stride) {
-    if (decay) {
-      p[i] -= lr * (g[i] + wd * p[i]);
-    } else {
-      p[i] -= lr * g[i];
-    }
-  }
-}
-
-// v = momentum * v - lr * (g + wd * p); p += v.
-template <typename T>
-__global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
-  const BlockRange r = block_range(tab);
-  T* __restrict__ p = array<T>(tab, 0, r.k);
-  const T* __restrict__ g = array<T>(tab, 1, r.k);
-  T* __restrict__ v = array<T>(tab, 2, r.k);
-  for (int64_t i = r.begin; i < r.n; i += r.stride) {
-    const T vi = mu * v[i] - lr * (g[i] + wd * p[i]);
-    v[i] = vi;
-    p[i] += vi;
-  }
-}
-
-struct AdamScalars {
-  double lr, beta1, beta2;
-};
-
-// The largest launch's arguments (adam_kernel's: the table, the counters, these, seven T and the
-// error slot) within the 4 KB every CUDA version takes.
-static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamScalars) + 7 * sizeof(double) +
-                  sizeof(encore::cuda::DeviceErrorSlot) <=
-              4096);
-
-// Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
-// thread per block counts the step (count_step: t after it, the last block storing it) and
-// computes its parameter's corrections (in double, as the CPU), shared through shared memory. A
-// count it cannot keep is reported to the host (DeviceErrorKind::StepCount).
-template <typename T>
-__global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamScalars s, T b1, T b2, T c1, T c2,
-                            T eps, T decay, T wd, encore::cuda::DeviceErrorSlot errors) {
-  const BlockRange r = block_range(tab);
-  __shared__ T shared_step_size, shared_inv_sqrt_bc2;
-  if (threadIdx.x == 0) {
-    const int64_t count = count_step(c.t[r.k], r.blocks);
-    if (count < 0)
-      report_device_error(errors, encore::cuda::DeviceErrorKind::StepCount, Op::AdamUpdate, count,
-                          tab.first + r.k, int64_t{1} << kArrivalShift);
-    const double steps = static_cast<double>(count);
-    const double bc1 = 1 - pow(s.beta1, steps);
-    const double bc2 = 1 - pow(s.beta2, steps);
-    shared_step_size = static_cast<T>(s.lr / bc1);
-    shared_inv_sqrt_bc2 = static_cast<T>(1 / sqrt(bc2));
-  }
-  __syncthreads();
-  const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
-  T* __restrict__ p = array<T>(tab, 0, r.k);
-  const T* __restrict__ g = array<T>(tab, 1, r.k);
-  T* __restrict__ m = array<T>(tab, 2, r.k);
-  T* __restrict__ v = array<T>(tab, 3, r.k);
-  for (int64_t i = r.begin; i < r.n; i += r.stride) {
-    const T pi = p[i];
-    const T gi = g[i] + wd * pi;
-    const T mi = b1 * m[i] + c1 * gi;
-    const T vi = b2 * v[i] + c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi * decay - step_size * mi / (dev_sqrt(vi) * inv_sqrt_bc2 + eps);
-  }
-}
-
-// Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op
-// kOp (kernels/update_groups.h): each group's arrays in the table (the parameter first) and its
-// step counter, if any, in the counters. A parameter with no elements gets no blocks, or one
-// where it has a step counter, which still counts (count_step) while the block updates nothing.
-template <Op kOp, typename Launch>
-void for_each_launch(const KernelArgs& args, Launch launch) {
-  constexpr UpdateGroup kGroup = update_group(kOp);
-  const std::span<const BufferView> in = args.in;
-  check_update_groups(in, kOp);
-  for (size_t g0 = 0; g0 < in.size(); g0 += kGroup.size * kMaxTensors) {
-    TensorTable<kGroup.arrays> tab{};
-    tab.first = static_cast<int>(g0 / kGroup.size);
-    Counters counters{};
-    unsigned blocks = 0;
-    for (size_t g = g0; g < in.size() && tab.count < kMaxTensors; g += kGroup.size) {
-      const int k = tab.count++;
-      for (int a = 0; a < kGroup.arrays; ++a) tab.ptr[a][k] = in[g + a].data;
-      if constexpr (kGroup.counter >= 0)
-        counters.t[counters.count++] = in[g + kGroup.counter].as<int64_t>();
-      const int64_t n = in[g].numel();
-      tab.numel[k] = n;
-      tab.first_block[k] = blocks;
-      blocks += n > 0 ? blocks_for(n) : kGroup.counter >= 0 ? 1 : 0;
-    }
-    tab.first_block[tab.count] = blocks;
-    launch(tab, counters, blocks);
-  }
-}
 
 void sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::SgdUpdate, [&]<typename T>(Type<T>) {
     for_each_launch<Op::SgdUpdate>(
-        args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
+        args.in, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
           if (blocks == 0) return;
           sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
               tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
@@ -178,8 +22,8 @@ void sgd(const KernelArgs& args) {
 void momentum_sgd(const KernelArgs& args) {
   const SgdAttrs& a = args.attr<SgdAttrs>();
   switch_floating(args.in[0].dtype, Op::MomentumSgdUpdate, [&]<typename T>(Type<T>) {
-    for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&,
-                                                     unsigned blocks) {
+    for_each_launch<Op::MomentumSgdUpdate>(args.in, [&](const TensorTable<3>& tab, const Counters&,
+                                                        unsigned blocks) {
       if (blocks == 0) return;
       momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
           tab, static_cast<T>(a.lr), static_cast<T>(a.momentum), static_cast<T>(a.weight_decay));
@@ -193,17 +37,12 @@ void momentum_sgd(const KernelArgs& args) {
 void adam(const KernelArgs& args) {
   const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(args.in[0].dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
-    // Decoupled: p *= 1 - lr*wd and g is used as is; coupled: g' = g + wd*p.
-    const T decay = static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1);
-    const T wd = static_cast<T>(a.decoupled ? 0 : a.weight_decay);
-    for_each_launch<Op::AdamUpdate>(args, [&](const TensorTable<4>& tab, const Counters& c,
-                                              unsigned blocks) {
-      adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-          tab, c, AdamScalars{a.lr, a.beta1, a.beta2}, static_cast<T>(a.beta1),
-          static_cast<T>(a.beta2), static_cast<T>(1 - a.beta1), static_cast<T>(1 - a.beta2),
-          static_cast<T>(a.eps), decay, wd, error_slot());
-      ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
-    });
+    const AdamStep<T> step = adam_step<T>(a);
+    for_each_launch<Op::AdamUpdate>(
+        args.in, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
+          adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(tab, c, step, error_slot());
+          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+        });
   });
 }
 
