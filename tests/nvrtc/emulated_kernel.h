@@ -43,6 +43,7 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 // Blocks run one after another (emulate_launch), so one static array per kernel is each block's
 // own shared memory while that block runs.
 #define __shared__ static
