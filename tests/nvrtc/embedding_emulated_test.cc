@@ -63,15 +63,6 @@ const testing::HostObject& embedding_kernels() {
   return object;
 }
 
-// A device error slot in host memory, and what it recorded.
-struct ErrorSlot {
-  unsigned claim = 0;
-  long long record[4] = {0, 0, 0, 0};
-  cuda::DeviceErrorSlot slot() { return {&claim, record}; }
-  long long kind() const { return record[0] >> 32; }
-  long long op() const { return (record[0] & 0xffffffffLL) - 1; }
-};
-
 std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> v(n);
@@ -117,7 +108,7 @@ TEST_CASE("the embedding gradient kernels sum each row's ids in order, bit for b
     if (c.n > 10) ids[9] = ids[3];  // a row taken twice
     const std::vector<float> gy = random_floats(c.n * c.dim, rng);
     std::vector<float> gw(c.rows * c.dim, NAN);  // the one-row kernel writes every element
-    ErrorSlot errors;
+    testing::HostErrorSlot errors;
     const bool one_row =
         backward(ids.data(), gy.data(), gw.data(), c.n, c.rows, c.dim, c.pad, errors.slot());
     CHECK(one_row == (c.one_row && c.n > 0));
@@ -144,7 +135,7 @@ TEST_CASE("an embedding id out of range is reported, NaN forward and skipped bac
     const std::vector<float> w = random_floats(rows * dim, rng), gy = random_floats(n * dim, rng);
 
     std::vector<float> y(n * dim);
-    ErrorSlot f;
+    testing::HostErrorSlot f;
     forward(ids.data(), w.data(), y.data(), n, rows, dim, f.slot());
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < dim; ++d) {
@@ -161,7 +152,7 @@ TEST_CASE("an embedding id out of range is reported, NaN forward and skipped bac
     CHECK(f.record[3] == rows);
 
     std::vector<float> gw(rows * dim, NAN);
-    ErrorSlot b;
+    testing::HostErrorSlot b;
     backward(ids.data(), gy.data(), gw.data(), n, rows, dim, -1, b.slot());
     CHECK(gw == reference_grad(ids, gy, rows, dim, -1));
     CHECK(b.claim == 1);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/fused_source.h"
+#include "runtime/cuda.h"
 #include "runtime/error.h"
 #include "runtime/fused.h"
 
@@ -184,6 +185,16 @@ inline void emulate_launch(unsigned blocks, unsigned threads, std::function<void
   emulate_launch(EmulatedDim3{blocks, 1, 1}, EmulatedDim3{threads, 1, 1}, std::move(kernel));
 }
 )cuda";
+
+// A device error slot (runtime/cuda.h: DeviceErrorSlot) in host memory, for the emulated
+// kernels to report into (device_error.cuh), and what it recorded.
+struct HostErrorSlot {
+  unsigned claim = 0;
+  long long record[4] = {0, 0, 0, 0};  // {kind << 32 | (op + 1), value, index, bound}
+  cuda::DeviceErrorSlot slot() { return {&claim, record}; }
+  long long kind() const { return record[0] >> 32; }
+  long long op() const { return (record[0] & 0xffffffffLL) - 1; }
+};
 
 // CUDA source compiled for the host into a shared object and loaded: kCudaOnHost is included
 // first, `files` (name, text) are written beside the source, and the source tree and CUDA's C++

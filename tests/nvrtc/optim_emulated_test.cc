@@ -77,13 +77,6 @@ Update update_entry() {
       object.symbol(std::is_same_v<T, float> ? "update_f32" : "update_f64"));
 }
 
-// A device error slot in host memory, and what it recorded.
-struct ErrorSlot {
-  unsigned claim = 0;
-  long long record[4] = {0, 0, 0, 0};
-  cuda::DeviceErrorSlot slot() { return {&claim, record}; }
-};
-
 // One parameter's arrays (p, g, then the state the op keeps) and Adam's step count.
 template <typename T>
 struct Param {
@@ -141,7 +134,7 @@ void check_sgd(bool momentum, double wd, std::mt19937& rng) {
   const SgdAttrs sgd{0.1, momentum ? 0.9 : 0.0, wd};
   const AdamAttrs adam;
   std::vector<BufferView> in = views(params, false);
-  ErrorSlot errors;
+  testing::HostErrorSlot errors;
   const Op op = momentum ? Op::MomentumSgdUpdate : Op::SgdUpdate;
   CHECK(update_entry<T>()(static_cast<int>(op), in.data(), static_cast<long long>(in.size()), &sgd,
                           &adam, errors.slot()) == 2);
@@ -171,7 +164,7 @@ void check_adam(bool decoupled, std::mt19937& rng) {
   adam.weight_decay = 0.1;
   adam.decoupled = decoupled;
   std::vector<BufferView> in = views(params, true);
-  ErrorSlot errors;
+  testing::HostErrorSlot errors;
   CHECK(update_entry<T>()(static_cast<int>(Op::AdamUpdate), in.data(),
                           static_cast<long long>(in.size()), &sgd, &adam, errors.slot()) == 2);
   CHECK(errors.claim == 0);
@@ -225,11 +218,12 @@ TEST_CASE("a negative Adam step count is reported with its parameter's index (em
     std::vector<BufferView> in = views(params, true);
     const SgdAttrs sgd;
     const AdamAttrs adam;
-    ErrorSlot errors;
+    testing::HostErrorSlot errors;
     update_entry<float>()(static_cast<int>(Op::AdamUpdate), in.data(),
                           static_cast<long long>(in.size()), &sgd, &adam, errors.slot());
     CHECK(errors.claim == 1);
-    CHECK(errors.record[0] >> 32 == static_cast<long long>(cuda::DeviceErrorKind::StepCount));
+    CHECK(errors.kind() == static_cast<long long>(cuda::DeviceErrorKind::StepCount));
+    CHECK(errors.op() == static_cast<long long>(Op::AdamUpdate));
     CHECK(errors.record[1] == -1);
     CHECK(errors.record[2] == bad);
   }

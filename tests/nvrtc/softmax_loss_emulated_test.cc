@@ -154,13 +154,6 @@ void check_softmax(int64_t outer, int64_t n, int64_t inner, int want_group, std:
   }
 }
 
-// A device error slot in host memory, and what it recorded.
-struct ErrorSlot {
-  unsigned claim = 0;
-  long long record[4] = {0, 0, 0, 0};
-  cuda::DeviceErrorSlot slot() { return {&claim, record}; }
-};
-
 template <typename T>
 void check_losses(int64_t rows, int64_t classes, std::mt19937& rng) {
   INFO(rows << " rows of " << classes << " classes, " << sizeof(T) * 8 << "-bit");
@@ -177,7 +170,7 @@ void check_losses(int64_t rows, int64_t classes, std::mt19937& rng) {
   const T gy = T(0.75);
   T loss = 0, accuracy = 0;
   std::vector<T> gx(rows * classes);
-  ErrorSlot errors;
+  testing::HostErrorSlot errors;
   k.losses(x.data(), labels.data(), &gy, &loss, gx.data(), &accuracy, rows, classes, ignore,
            errors.slot());
   CHECK(errors.claim == 0);
@@ -238,7 +231,7 @@ void check_losses(int64_t rows, int64_t classes, std::mt19937& rng) {
   std::vector<long long> bad = labels;
   bad[rows - 1] = classes;
   std::vector<T> gx_bad(rows * classes);
-  ErrorSlot e;
+  testing::HostErrorSlot e;
   k.losses(x.data(), bad.data(), &gy, &loss, gx_bad.data(), &accuracy, rows, classes, ignore,
            e.slot());
   CHECK(std::isnan(loss));
