@@ -118,7 +118,8 @@ static_assert(FusedProgram::kMaxRegisters <= 256, "a register is a byte");
 // `row` elements: the cpu's fused kernel has every row op's row function (kernels/cpu/fused_rows.h)
 // for rows up to kMaxRow; a CUDA one repeats what the unfused kernels do where they run a warp per
 // row (kernels/cuda/element_ops.cuh): the softmax family and layer_norm up to kMaxCudaRow, sum,
-// mean and max over the last axis up to kMaxCudaReduceRow (reduce.cu takes a block past it).
+// mean and max over the last axis up to kMaxCudaReduceRow (reduce.cuh's with_reduce_group takes a
+// block past it).
 // Other devices fuse none.
 inline constexpr int64_t kMaxCudaRow = 1024;
 // A row op that writes one value per row: sum, mean and max over the last axis.

@@ -1,4 +1,4 @@
-// The order in which CUDA sums a column (reduce.cu's reduce_columns, an output whose reduced
+// The order in which CUDA sums a column (reduce.cuh's reduce_columns, an output whose reduced
 // elements lie `stride` apart): column_split(n) thread rows each fold every split-th element from
 // their own on, starting at +0, then a tree joins the rows' parts (split / 2 apart, then split /
 // 4, ...). column_sum_in_order repeats that order in one thread, so that another kernel can

@@ -264,7 +264,7 @@ __device__ __forceinline__ T warp_reduce(T v) {
 }
 
 // Each element's part of a row op, given what its folds gave: softmax_kernel and
-// softmax_grad_kernel (softmax_loss.cu), layer_norm_kernel (layer_norm.cu), and the row ops of a
+// softmax_grad_kernel (softmax_loss.cuh), layer_norm_kernel (layer_norm.cuh), and the row ops of a
 // fused kernel. A thread folds its elements g, g + group, ... in that order.
 namespace rowop {
 

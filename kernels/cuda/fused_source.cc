@@ -326,7 +326,7 @@ std::string row_kernel_source(const FusedProgram& p, std::string_view name) {
       }
       case Op::Sum:
       case Op::Mean:
-      case Op::Max: {  // reduce.cu's reduce_rows at a warp per row; one value per row
+      case Op::Max: {  // reduce.cuh's reduce_rows at a warp per row; one value per row
         const char* fold = ins.op == Op::Max ? "LaneMaxOp" : "SumOp";
         s += cat("    T ", out, " = ", fold, "::identity<T>();\n");
         s += each(cat("        ", out, " = ", fold, "::combine(", out, ", ", a, ");\n"));

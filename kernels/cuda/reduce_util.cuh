@@ -1,4 +1,4 @@
-// Group folds shared by the reduction kernels (reduce.cu, softmax_loss.cu, layer_norm.cu,
+// Group folds shared by the reduction kernels (reduce.cuh, softmax_loss.cuh, layer_norm.cuh,
 // batch_norm.cu), over element_ops.cuh's fold ops and warp tree (which fused kernels share): the
 // tree of a fold is fixed by the group size alone, so every run gives the same bits.
 // Host-compilable (the emulated kernel tests, tests/nvrtc/).

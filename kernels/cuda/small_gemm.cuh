@@ -67,7 +67,7 @@ inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n, bool sums = 
 // when it is an activation gradient, act(act_in[at], v) (MatmulActGrad: act_in is what the
 // gradient reads, its forward's output or input, laid out as c). `scalar` is leaky_relu's slope or
 // gelu's form. Op::Matmul: nothing more. `sums` (kSerialK with a stored [k, m] only): where
-// a's column sums go, sums[r] = a[0, r] + ... + a[k - 1, r] (sum(a, 0), as reduce.cu adds it).
+// a's column sums go, sums[r] = a[0, r] + ... + a[k - 1, r] (sum(a, 0), as reduce.cuh adds it).
 template <typename T>
 struct GemmFinish {
   const T* bias = nullptr;

@@ -1,4 +1,4 @@
-// Adam's step counters, counted by the update kernel itself (optim.cu): each block of a
+// Adam's step counters, counted by the update kernel itself (optim.cuh): each block of a
 // parameter adds one arrival to the high bits of the parameter's int64 counter, and reads the
 // count the launch began with from the low bits; the last of the parameter's blocks to arrive
 // stores that count plus one. So an Adam step is one kernel, the count stays on the device (a

@@ -1,5 +1,5 @@
-// The embedding kernels (kernels/cuda/embedding.cuh) run on the host (emulated_kernel.h: a
-// thread per CUDA thread, blocks one after another, shared memory, __syncthreads and the warp
+// The embedding kernels (kernels/cuda/embedding.cuh) run on the host (emulated_kernel.h: each
+// CUDA thread a fiber, blocks one after another, shared memory, __syncthreads and the warp
 // ballots) on embedding.cu's grid, against the gradient summed here in id order, in the kernel's
 // dtype, so the bits must be equal: both the one-row form (a ballot per warp gathers a row's ids)
 // and the general one, over several id tiles, a partial last chunk and a partial column block, with
@@ -25,7 +25,8 @@ constexpr const char* kSource = R"cuda(
 #include "kernels/cuda/embedding.cuh"
 using namespace encore::kernels::cuda;
 using encore::cuda::DeviceErrorSlot;
-// The launches of embedding.cu: y [n, dim] = w[ids]; gw [rows, dim] from gy [n, dim] (gw zeroed
+// The launches of embedding.cu (the forward on fewer blocks, so that its loop comes round):
+// y [n, dim] = w[ids]; gw [rows, dim] from gy [n, dim] (gw zeroed
 // here where embedding.cu zeroes it).
 extern "C" void embedding_f32(const long long* ids, const float* w, float* y, long long n,
                               long long rows, long long dim, DeviceErrorSlot errors) {

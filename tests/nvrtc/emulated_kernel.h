@@ -46,8 +46,12 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #define __launch_bounds__(...)
 #define __grid_constant__
 // Blocks run one after another (emulate_launch), so one static array per kernel is each block's
-// own shared memory while that block runs.
-#define __shared__ static
+// own shared memory while that block runs. They are all in one section, which emulate_launch
+// fills with 0xff bytes (NaN, -1) before each block: a read of shared memory the block never wrote
+// shows, rather than the last block's values.
+#define __shared__ static __attribute__((section("encore_shared")))
+extern "C" char __start_encore_shared[] __attribute__((weak));
+extern "C" char __stop_encore_shared[] __attribute__((weak));
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
 // Internal linkage: each kernel's shared object has its own. One host thread runs a launch: the
 // CUDA threads of a block are fibers on it, and these are the running fiber's.
@@ -81,6 +85,7 @@ inline void __threadfence_system() {}
 // Every lane's v, gathered: v of lane l lands in all[l].
 template <typename T>
 void emulated_gather(T v, T (&all)[32]) {
+  static_assert(sizeof(T) <= sizeof(EmulatedWarp::slot[0]));
   std::memcpy(emulated_warp->slot[emulated_lane], &v, sizeof(T));
   EmulatedWarp* warp = emulated_warp;
   warp->meet();
@@ -123,17 +128,20 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 static const std::function<void()>* emulated_kernel = nullptr;
-static bool* emulated_finished = nullptr;
+static unsigned char* emulated_finished = nullptr;
 static void emulated_thread() {
   (*emulated_kernel)();
-  *emulated_finished = true;
+  *emulated_finished = 1;
   ++emulated_progress;
 }  // then uc_link: back to the scheduler
 // Runs kernel() on a grid of blocks of threads (x fastest), one block after another. A block's
 // threads are fibers, resumed in turn, each running until it waits at a barrier or ends; a
-// warp is 32 consecutive threads (x fastest). A turn over all threads in which none arrives at a
-// barrier or ends is a deadlock (a shuffle in divergent code, a __syncthreads some threads skip):
-// the process aborts, saying so.
+// warp is 32 consecutive threads (x fastest). Each warp in turn runs as far as it can (its lanes
+// meeting at its shuffles) before the next one starts, the warps and their lanes taken up and
+// down by turns, starting one way or the other by the block: a value one thread writes and another
+// reads with no barrier between them (a missing __syncthreads) is read before it is written, or
+// after it is written again, in some block. A turn in which no thread arrives at a barrier or ends is a deadlock (a
+// shuffle in divergent code, a __syncthreads some threads skip): the process aborts, saying so.
 inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<void()> kernel) {
   constexpr size_t kStack = 64 * 1024;
   gridDim = grid;
@@ -152,6 +160,8 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
         std::vector<EmulatedWarp> warps((threads + 31) / 32);
         for (unsigned w = 0; w < warps.size(); ++w)
           warps[w].count = threads - 32 * w < 32 ? threads - 32 * w : 32;
+        if (__start_encore_shared != nullptr)
+          std::memset(__start_encore_shared, 0xff, __stop_encore_shared - __start_encore_shared);
         for (unsigned t = 0; t < threads; ++t) {
           getcontext(&contexts[t]);
           contexts[t].uc_stack.ss_sp = stacks.get() + t * kStack;
@@ -160,18 +170,30 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
           makecontext(&contexts[t], emulated_thread, 0);
           finished[t] = 0;
         }
-        for (unsigned left = threads; left > 0;) {
+        const unsigned n_warps = static_cast<unsigned>(warps.size());
+        bool down = ((bx + by + bz) & 1) != 0;
+        for (unsigned left = threads; left > 0; down = !down) {
           const unsigned long long before = emulated_progress;
-          for (unsigned t = 0; t < threads; ++t) {
-            if (finished[t]) continue;
-            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
-            emulated_warp = &warps[t / 32];
-            emulated_block = &barrier;
-            emulated_lane = t % 32;
-            emulated_running = &contexts[t];
-            emulated_finished = reinterpret_cast<bool*>(&finished[t]);
-            swapcontext(&emulated_scheduler, &contexts[t]);
-            if (finished[t]) --left;
+          for (unsigned i = 0; i < n_warps; ++i) {
+            const unsigned w = down ? n_warps - 1 - i : i;
+            // The warp's lanes in turn until none moves on: each waits for the other warps at
+            // __syncthreads, or has ended.
+            for (bool lanes_down = down;; lanes_down = !lanes_down) {
+              const unsigned long long warp_before = emulated_progress;
+              for (unsigned l = 0; l < warps[w].count; ++l) {
+                const unsigned t = 32 * w + (lanes_down ? warps[w].count - 1 - l : l);
+                if (finished[t]) continue;
+                threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+                emulated_warp = &warps[w];
+                emulated_block = &barrier;
+                emulated_lane = t % 32;
+                emulated_running = &contexts[t];
+                emulated_finished = &finished[t];
+                swapcontext(&emulated_scheduler, &contexts[t]);
+                if (finished[t]) --left;
+              }
+              if (emulated_progress == warp_before) break;
+            }
           }
           if (left > 0 && emulated_progress == before) {
             std::fprintf(stderr, "emulated kernel: the threads of block (%u, %u, %u) wait at "
@@ -236,9 +258,9 @@ class HostObject {
     write(dir_ + "/kernel.cc", source);
     const std::string so = dir_ + "/kernel.so";
     const std::string command =
-        cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -w -shared -fPIC -pthread ", "-include '", dir_,
-            "/cuda_on_host.h' -I'", dir_, "' -I'", ENCORE_SOURCE_DIR, "' -I'", ENCORE_CUDA_CCCL_DIR,
-            "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_, "/log.txt'");
+        cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -ffp-contract=off -w -shared -fPIC -pthread ",
+            "-include '", dir_, "/cuda_on_host.h' -I'", dir_, "' -I'", ENCORE_SOURCE_DIR, "' -I'",
+            ENCORE_CUDA_CCCL_DIR, "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_, "/log.txt'");
     if (std::system(command.c_str()) != 0)
       fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
     handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);

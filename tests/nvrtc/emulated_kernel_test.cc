@@ -1,7 +1,7 @@
-// The generated CUDA kernels run on the host (emulated_kernel.h: the host compiler, a thread per
-// CUDA thread, the warp's shuffles at barriers) against a reference computed here in double: each
-// CUDA row op between elementwise steps reading every layout, over rows shorter and longer than a
-// warp, over two blocks whose grid-stride loop comes round again; and an elementwise kernel
+// The generated CUDA kernels run on the host (emulated_kernel.h: the host compiler, each CUDA
+// thread a fiber, the warp's shuffles at barriers) against a reference computed here in double:
+// each CUDA row op between elementwise steps reading every layout, over rows shorter and longer
+// than a warp, over two blocks whose grid-stride loop comes round again; and an elementwise kernel
 // with where and a tile. This checks what the kernels compute where (indices, layouts, folds, the
 // lane that writes a value per row); the [cuda] tests check the device's bits.
 #include <catch2/catch.hpp>

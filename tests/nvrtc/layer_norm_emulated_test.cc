@@ -1,5 +1,5 @@
-// The layer-norm kernels (kernels/cuda/layer_norm.cuh) run on the host (emulated_kernel.h: a
-// thread per CUDA thread, blocks one after another, shared memory, __syncthreads and the warp
+// The layer-norm kernels (kernels/cuda/layer_norm.cuh) run on the host (emulated_kernel.h: each
+// CUDA thread a fiber, blocks one after another, shared memory, __syncthreads and the warp
 // shuffles) on layer_norm.cu's grids, against a reference computed here in double: the forward
 // (a warp per row up to 1,024 elements, a block per row past it) and both gradients, in one
 // launch and in two, over rows that leave warps and column blocks partly idle, with and without

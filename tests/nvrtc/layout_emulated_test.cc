@@ -1,7 +1,8 @@
-// The layout kernels (kernels/cuda/layout.cuh) run on the host (emulated_kernel.h: a thread per
-// CUDA thread, blocks one after another, shared memory and __syncthreads) on layout.cu's launch
+// The layout kernels (kernels/cuda/layout.cuh) run on the host (emulated_kernel.h: each CUDA
+// thread a fiber, blocks one after another, shared memory and __syncthreads) on layout.cu's launch
 // plans, against copies made here element by element: permutes through each of gather's plans (a
-// plain copy, tiles of a batched transpose over partial tiles, the general gather), and strided
+// plain copy, tiles of a batched transpose over partial tiles, the general gather; on their grids
+// and on one block, whose loops come round), and strided
 // copies whose pieces write at strides (a concat of transposed parts, eight to a launch) beside
 // pieces that are gathers (attention's head split). The [cuda] tests check the device's bits.
 #include <catch2/catch.hpp>
@@ -26,9 +27,12 @@ constexpr const char* kSource = R"cuda(
 using namespace encore;
 using namespace encore::kernels;
 using namespace encore::kernels::cuda;
-// layout.cu's gather of 4-byte elements; returns the plan's kind.
-int gather_u32(unsigned* out, const unsigned* in, const StridedLoop<2>& loop, long long n) {
-  const GatherPlan plan = plan_gather(loop);
+// layout.cu's gather of 4-byte elements, or on one block (its grid-stride loops come round);
+// returns the plan's kind.
+int gather_u32(unsigned* out, const unsigned* in, const StridedLoop<2>& loop, long long n,
+               bool one_block = false) {
+  GatherPlan plan = plan_gather(loop);
+  if (one_block) plan.grid[0] = plan.grid[1] = plan.grid[2] = 1;
   switch (plan.kind) {
     case GatherPlan::kCopy:
       std::memcpy(out, in, n * sizeof(unsigned));
@@ -41,18 +45,20 @@ int gather_u32(unsigned* out, const unsigned* in, const StridedLoop<2>& loop, lo
       });
       break;
     case GatherPlan::kGeneral:
-      emulate_launch(blocks_for(n), kThreads,
+      emulate_launch(one_block ? 1 : blocks_for(n), kThreads,
                      [&] { gather_kernel<unsigned>(n, plan.g, out, in); });
   }
   return plan.kind;
 }
 extern "C" int permute_u32(unsigned* out, const unsigned* in, const StridedLoop<2>* loop,
-                           long long n) {
-  return gather_u32(out, in, *loop, n);
+                           long long n, bool one_block) {
+  return gather_u32(out, in, *loop, n, one_block);
 }
-// layout.cu's strided_copy of 4-byte elements; returns the launches of pieces at strides.
+// layout.cu's strided_copy of 4-byte elements; returns the launches of pieces at strides, and
+// the largest element count each was given.
 extern "C" int strided_copy_u32(const StridedPiece* pieces, int count, const BufferView* in,
-                                int inputs, unsigned* out, long long out_numel) {
+                                int inputs, unsigned* out, long long out_numel,
+                                long long* largest) {
   int launches = 0;
   for_each_copy_launch(
       std::span<const StridedPiece>(pieces, count), std::span<const BufferView>(in, inputs),
@@ -61,16 +67,18 @@ extern "C" int strided_copy_u32(const StridedPiece* pieces, int count, const Buf
         gather_u32(out + p.out_offset, static_cast<const unsigned*>(input.data) + p.in_offset,
                    piece_loop(p), p.numel());
       },
-      [&](const CopyPieces& batch, long long n, long long) {
-        ++launches;
+      [&](const CopyPieces& batch, long long n, long long most) {
+        largest[launches++] = most;
         emulate_launch(blocks_for(n), kThreads, [&] { pieces_kernel<unsigned>(n, batch, out); });
       });
   return launches;
 }
 )cuda";
 
-using Permute = int (*)(unsigned*, const unsigned*, const kernels::StridedLoop<2>*, long long);
-using Copy = int (*)(const StridedPiece*, int, const BufferView*, int, unsigned*, long long);
+using Permute = int (*)(unsigned*, const unsigned*, const kernels::StridedLoop<2>*, long long,
+                        bool);
+using Copy = int (*)(const StridedPiece*, int, const BufferView*, int, unsigned*, long long,
+                     long long*);
 
 const testing::HostObject& layout_kernels() {
   static const testing::HostObject object({}, kSource);
@@ -139,8 +147,9 @@ TEST_CASE("permutes run through each of gather's plans (emulated)", "[nvrtc][emu
     const int64_t n =
         std::accumulate(c.shape.begin(), c.shape.end(), int64_t{1}, std::multiplies<>());
     const std::vector<unsigned> in = iota(n);
-    std::vector<unsigned> out(n, ~0u);
-    CHECK(permute(out.data(), in.data(), &loop, n) == c.plan);
+    std::vector<unsigned> out(n, ~0u), one_block(n, ~0u);
+    CHECK(permute(out.data(), in.data(), &loop, n, false) == c.plan);
+    permute(one_block.data(), in.data(), &loop, n, true);
     std::vector<unsigned> want(n);
     StridedPiece whole;
     whole.rank = rank;
@@ -151,6 +160,7 @@ TEST_CASE("permutes run through each of gather's plans (emulated)", "[nvrtc][emu
     }
     copy_piece(whole, in, want);
     CHECK(out == want);
+    CHECK(one_block == want);
   }
 }
 
@@ -197,8 +207,11 @@ TEST_CASE("a strided copy's pieces run as gathers and in launches of eight (emul
       views.push_back({v.data(), Shape{static_cast<int64_t>(v.size())}, DType::Int32});
     const int64_t out_numel = concat + B * T * H * D;
     std::vector<unsigned> out(out_numel, ~0u), want(out_numel, ~0u);
+    long long largest[2] = {0, 0};
     CHECK(copy(pieces.data(), static_cast<int>(pieces.size()), views.data(),
-               static_cast<int>(views.size()), out.data(), out_numel) == (parts + 7) / 8);
+               static_cast<int>(views.size()), out.data(), out_numel, largest) == (parts + 7) / 8);
+    CHECK(largest[0] == out_numel);  // the index type's bound: the output, larger than any input
+    if (parts > 8) CHECK(largest[1] == out_numel);
     for (const StridedPiece& p : pieces) copy_piece(p, inputs[p.input], want);
     CHECK(std::count(want.begin(), want.end(), ~0u) == 0);  // the pieces cover the output
     CHECK(out == want);

@@ -1,5 +1,5 @@
-// The optimizer update kernels (kernels/cuda/optim.cuh) run on the host (emulated_kernel.h: a
-// thread per CUDA thread, blocks one after another) over optim.cu's launch tables, against the
+// The optimizer update kernels (kernels/cuda/optim.cuh) run on the host (emulated_kernel.h: each
+// CUDA thread a fiber, blocks one after another) over optim.cu's launch tables, against the
 // update computed here in double: 50 parameters of a dtype, so two launches (48 a launch), empty
 // ones among them, others over many blocks; SGD with and without weight decay, momentum, Adam and
 // AdamW from several step counts. Every parameter moves exactly once and its step count by one;

@@ -1,8 +1,9 @@
-// The reduction kernels (kernels/cuda/reduce.cuh) run on the host (emulated_kernel.h: a thread
-// per CUDA thread, blocks one after another, shared memory, __syncthreads and the warp shuffles)
+// The reduction kernels (kernels/cuda/reduce.cuh) run on the host (emulated_kernel.h: each CUDA
+// thread a fiber, blocks one after another, shared memory, __syncthreads and the warp shuffles)
 // on reduce.cu's plans, against references computed here: sum and mean (in double, within a few
 // ulps) and max (exact, a NaN winning) over rows folded by a warp, a block and 1,024 threads,
-// over columns split 1 to 32 ways, and over reduced and kept spaces of two groups. A column's sum
+// over columns split 1 to 32 ways, and over reduced and kept spaces of two groups; the sums again
+// on one block, whose loops come round, with the same bits. A column's sum
 // has the bits of column_sum_in_order, which the small GEMM kernel's bias gradient repeats.
 #include <catch2/catch.hpp>
 
@@ -25,9 +26,10 @@ constexpr const char* kSource = R"cuda(
 using namespace encore;
 using namespace encore::kernels::cuda;
 // reduce.cu's launches over x of `shape` folding the axes of `mask` (at least one of size > 1,
-// no empty axis) into y; returns the threads per row (rows), or 0 (columns).
+// no empty axis) into y, or on one block (its loops come round); returns the threads per row
+// (rows), or 0 (columns).
 template <typename R, bool kMean, typename T>
-int reduce(const T* x, const long long* shape, int rank, unsigned mask, T* y) {
+int reduce(const T* x, const long long* shape, int rank, unsigned mask, T* y, bool one_block) {
   Shape s(std::span<const int64_t>(reinterpret_cast<const int64_t*>(shape), rank));
   long long outputs = 1, count = 1;
   for (int d = 0; d < rank; ++d) (mask >> d & 1 ? count : outputs) *= shape[d];
@@ -38,20 +40,21 @@ int reduce(const T* x, const long long* shape, int rank, unsigned mask, T* y) {
       constexpr int kGroup = decltype(group)::value;
       constexpr int kBlock = kBlockThreads<kGroup>;
       used = kGroup;
-      emulate_launch(blocks_for(outputs, kBlock / kGroup), kBlock, [&] {
+      emulate_launch(one_block ? 1 : blocks_for(outputs, kBlock / kGroup), kBlock, [&] {
         reduce_rows<R, kMean, kGroup>(x, y, p.kept, p.reduced, outputs, count);
       });
     });
     return used;
   }
-  emulate_launch(EmulatedDim3{blocks_for(outputs, 32), 1, 1},
+  emulate_launch(EmulatedDim3{one_block ? 1 : blocks_for(outputs, 32), 1, 1},
                  EmulatedDim3{32, static_cast<unsigned>(column_split(count)), 1},
                  [&] { reduce_columns<R, kMean>(x, y, p.kept, p.reduced, outputs, count); });
   return 0;
 }
-#define ENTRY(name, R, kMean, T)                                                          \
-  extern "C" int name(const T* x, const long long* shape, int rank, unsigned mask, T* y) { \
-    return reduce<R, kMean, T>(x, shape, rank, mask, y);                                  \
+#define ENTRY(name, R, kMean, T)                                                      \
+  extern "C" int name(const T* x, const long long* shape, int rank, unsigned mask, T* y, \
+                      bool one_block) {                                                \
+    return reduce<R, kMean, T>(x, shape, rank, mask, y, one_block);                   \
   }
 ENTRY(sum_f32, SumOp, false, float)
 ENTRY(mean_f32, SumOp, true, float)
@@ -69,7 +72,7 @@ const testing::HostObject& reduce_kernels() {
 }
 
 template <typename T>
-using Reduce = int (*)(const T*, const long long*, int, unsigned, T*);
+using Reduce = int (*)(const T*, const long long*, int, unsigned, T*, bool);
 
 template <typename T>
 Reduce<T> entry(const char* name) {
@@ -134,15 +137,18 @@ TEST_CASE("sum, mean and max fold rows and columns on each plan (emulated)", "[n
     for (size_t i = 0; i < xd.size(); ++i) xi[i] = static_cast<int>(xd[i] * 1000);
     xf[folds[outputs - 1][count / 2]] = NAN;  // the last output's max and sum are NaN
 
-    std::vector<float> sum(outputs), mean(outputs), max(outputs);
+    std::vector<float> sum(outputs), mean(outputs), max(outputs), sum_one_block(outputs);
     std::vector<double> sum64(outputs);
     std::vector<int> maxi(outputs);
     const int rank = static_cast<int>(c.shape.size());
-    CHECK(entry<float>("sum_f32")(xf.data(), c.shape.data(), rank, c.mask, sum.data()) == c.group);
-    entry<float>("mean_f32")(xf.data(), c.shape.data(), rank, c.mask, mean.data());
-    entry<float>("max_f32")(xf.data(), c.shape.data(), rank, c.mask, max.data());
-    entry<double>("sum_f64")(xd.data(), c.shape.data(), rank, c.mask, sum64.data());
-    entry<int>("max_i32")(xi.data(), c.shape.data(), rank, c.mask, maxi.data());
+    CHECK(entry<float>("sum_f32")(xf.data(), c.shape.data(), rank, c.mask, sum.data(), false) ==
+          c.group);
+    entry<float>("mean_f32")(xf.data(), c.shape.data(), rank, c.mask, mean.data(), false);
+    entry<float>("max_f32")(xf.data(), c.shape.data(), rank, c.mask, max.data(), false);
+    entry<double>("sum_f64")(xd.data(), c.shape.data(), rank, c.mask, sum64.data(), false);
+    entry<int>("max_i32")(xi.data(), c.shape.data(), rank, c.mask, maxi.data(), false);
+    entry<float>("sum_f32")(xf.data(), c.shape.data(), rank, c.mask, sum_one_block.data(), true);
+    CHECK(std::memcmp(sum.data(), sum_one_block.data(), outputs * sizeof(float)) == 0);
     int64_t wrong = 0;
     for (int64_t o = 0; o < outputs; ++o) {
       double s = 0, s64 = 0, size = 0, m = -INFINITY;
@@ -179,7 +185,7 @@ TEST_CASE("a column's sum has the bits of column_sum_in_order (emulated)", "[nvr
     for (float& v : x) v = u(rng);
     std::vector<float> y(cols);
     const long long shape[2] = {rows, cols};
-    sum(x.data(), shape, 2, 0b01, y.data());
+    sum(x.data(), shape, 2, 0b01, y.data(), false);
     int64_t wrong = 0;
     for (long long c = 0; c < cols; ++c) {
       const float want = in_order(x.data() + c, cols, rows);

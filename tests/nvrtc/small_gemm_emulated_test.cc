@@ -1,5 +1,5 @@
-// The small GEMM kernels (kernels/cuda/small_gemm.cuh) run on the host (emulated_kernel.h: a
-// thread per CUDA thread, the warp's shuffles at barriers) against a reference computed here in
+// The small GEMM kernels (kernels/cuda/small_gemm.cuh) run on the host (emulated_kernel.h: each
+// CUDA thread a fiber, the warp's shuffles at barriers) against a reference computed here in
 // double: both layouts, over tiles and columns that run past c's edge, operands with row lengths
 // longer than their rows, and every way an output is finished (a bias, each activation, each
 // activation gradient). Nothing past c's outputs may be written; relu passes a NaN as
@@ -117,7 +117,7 @@ struct Case {
   bool sums = false;  // serial k with a transposed: a's column sums too
 };
 
-// Column r of a stored [k, m] (rows lda apart) summed as reduce.cu's reduce_columns sums it:
+// Column r of a stored [k, m] (rows lda apart) summed as reduce.cuh's reduce_columns sums it:
 // `split` thread rows (about 16 elements each, a power of two up to 32), row t folding elements
 // t, t + split, ... from +0, then a tree joining rows split / 2 apart, then split / 4, ...
 template <typename T>

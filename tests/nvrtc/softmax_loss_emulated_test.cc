@@ -1,5 +1,5 @@
 // The softmax and loss kernels (kernels/cuda/softmax_loss.cuh) run on the host
-// (emulated_kernel.h: a thread per CUDA thread, blocks one after another, shared memory,
+// (emulated_kernel.h: each CUDA thread a fiber, blocks one after another, shared memory,
 // __syncthreads and the warp shuffles) on softmax_loss.cu's grids, against references computed
 // here in double: softmax and log-softmax and their gradients on each thread group (a thread, a
 // warp, a block, 1,024 threads per lane); the cross-entropy loss (a warp on four rows at once)
@@ -274,6 +274,7 @@ TEST_CASE("cross-entropy, its gradient and accuracy over ignored and bad labels 
     check_losses<float>(rows, classes, rng);
     check_losses<double>(rows, classes, rng);
   }
+  check_losses<float>(1100, 3, rng);  // the gradient's 128 blocks (its cap) take rows twice
 }
 
 TEST_CASE("the mean squared error sums in double over one block (emulated)", "[nvrtc][emulated]") {
