@@ -4,9 +4,11 @@
 // (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
 // ballots, the atomics and fences the kernels use, the bit casts), and launched on one host
 // thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
-// waits at a barrier (a warp's at each shuffle or ballot, a block's at each __syncthreads). It
-// checks what a kernel computes where (indices, layouts, folds, the warp tree, which lane writes,
-// what a barrier orders), not the device's rounding: the host's libm stands in for CUDA's.
+// waits at a barrier (a warp's at each shuffle or ballot, a block's at each __syncthreads); the
+// schedule and the poisoned shared memory (emulate_launch, __shared__) make a missing barrier
+// show. It checks what a kernel computes where (indices, layouts, folds, the warp tree, which
+// lane writes, what a barrier orders), not the device's rounding: the host's libm stands in for
+// CUDA's.
 #pragma once
 
 #include <dlfcn.h>
@@ -38,6 +40,7 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <source_location>
 #include <vector>
 #define __global__
 #define __device__
@@ -62,11 +65,23 @@ static ucontext_t* emulated_running = nullptr;
 static unsigned long long emulated_progress = 0;  // arrivals at barriers and finished threads
 // The threads of a warp meet here at each shuffle or ballot, those of a block at each
 // __syncthreads: a thread that arrives before the others yields until the last one arrives.
+// All of them must meet at the same place in the source (a shuffle or __syncthreads in code that
+// only some threads of the warp or block run is undefined on a GPU): the process aborts if not.
 struct EmulatedBarrier {
   unsigned count = 0, arrived = 0, round = 0;
-  void meet() {
+  std::source_location site;  // where the round's first thread arrived
+  void meet(const std::source_location& at) {
     const unsigned r = round;
     ++emulated_progress;
+    if (arrived == 0) {
+      site = at;
+    } else if (at.line() != site.line() || at.column() != site.column() ||
+               std::strcmp(at.file_name(), site.file_name()) != 0) {
+      std::fprintf(stderr, "emulated kernel: threads meet at %s:%u:%u and at %s:%u:%u\n",
+                   site.file_name(), site.line(), site.column(), at.file_name(), at.line(),
+                   at.column());
+      std::abort();
+    }
     if (++arrived == count) {
       arrived = 0;
       ++round;
@@ -80,31 +95,39 @@ struct EmulatedWarp : EmulatedBarrier {
 };
 static EmulatedWarp* emulated_warp = nullptr;
 static EmulatedBarrier* emulated_block = nullptr;
-inline void __syncthreads() { emulated_block->meet(); }
+inline void __syncthreads(std::source_location at = std::source_location::current()) {
+  emulated_block->meet(at);
+}
 inline void __threadfence_system() {}
 // Every lane's v, gathered: v of lane l lands in all[l].
 template <typename T>
-void emulated_gather(T v, T (&all)[32]) {
+void emulated_gather(T v, T (&all)[32], const std::source_location& at) {
   static_assert(sizeof(T) <= sizeof(EmulatedWarp::slot[0]));
   std::memcpy(emulated_warp->slot[emulated_lane], &v, sizeof(T));
   EmulatedWarp* warp = emulated_warp;
-  warp->meet();
+  warp->meet(at);
   for (unsigned l = 0; l < warp->count; ++l) std::memcpy(&all[l], warp->slot[l], sizeof(T));
-  warp->meet();
+  warp->meet(at);
 }
 template <typename T>
-T emulated_exchange(T v, unsigned from) {
+T emulated_exchange(T v, unsigned from, const std::source_location& at) {
   T all[32];
-  emulated_gather(v, all);
+  emulated_gather(v, all, at);
   return all[from % 32];
 }
 template <typename T>
-T __shfl_xor_sync(unsigned, T v, int o) { return emulated_exchange(v, emulated_lane ^ o); }
+T __shfl_xor_sync(unsigned, T v, int o,
+                  std::source_location at = std::source_location::current()) {
+  return emulated_exchange(v, emulated_lane ^ o, at);
+}
 template <typename T>
-T __shfl_sync(unsigned, T v, int src) { return emulated_exchange(v, src); }
-inline unsigned __ballot_sync(unsigned, int predicate) {
+T __shfl_sync(unsigned, T v, int src, std::source_location at = std::source_location::current()) {
+  return emulated_exchange(v, src, at);
+}
+inline unsigned __ballot_sync(unsigned, int predicate,
+                              std::source_location at = std::source_location::current()) {
   int all[32];
-  emulated_gather(predicate, all);
+  emulated_gather(predicate, all, at);
   unsigned bits = 0;
   for (unsigned l = 0; l < 32; ++l) bits |= (l < emulated_warp->count && all[l] != 0 ? 1u : 0u) << l;
   return bits;
