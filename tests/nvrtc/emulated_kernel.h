@@ -29,11 +29,11 @@
 
 namespace encore::testing {
 
-// The CUDA built-ins the generated kernels and element_ops.cuh use, for the host.
+// The CUDA built-ins that the generated kernels, element_ops.cuh and our kernel headers use, for
+// the host.
 inline constexpr const char* kCudaOnHost = R"cuda(
 #pragma once
 #include <ucontext.h>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
