@@ -174,6 +174,27 @@ __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, in
 
 inline constexpr int kRowsPerPass = 4;
 
+// Each warp's a, b and c (its lane 0's) summed over the block's kLossWarps warps by warp 0's
+// fixed tree; true in warp 0, whose lanes all hold the sums.
+template <typename A, typename B, typename C>
+__device__ __forceinline__ bool block_sums(A& a, B& b, C& c) {
+  __shared__ A sh_a[kLossWarps];
+  __shared__ B sh_b[kLossWarps];
+  __shared__ C sh_c[kLossWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    sh_a[warp] = a;
+    sh_b[warp] = b;
+    sh_c[warp] = c;
+  }
+  __syncthreads();
+  if (warp != 0) return false;
+  a = warp_reduce<SumOp>(lane < kLossWarps ? sh_a[lane] : A(0));
+  b = warp_reduce<SumOp>(lane < kLossWarps ? sh_b[lane] : B(0));
+  c = warp_reduce<SumOp>(lane < kLossWarps ? sh_c[lane] : C(0));
+  return true;
+}
+
 // Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. A warp
 // takes rows warp, warp + kLossWarps, ... and works on kRowsPerPass of them at once, so that their
 // loads are in flight together (one block runs this: a row at a time left the block waiting on
@@ -184,9 +205,6 @@ __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
                          int64_t rows, int64_t classes, int64_t ignore,
                          encore::cuda::DeviceErrorSlot errors, encore::cuda::DeviceErrorKind kind) {
-  __shared__ double sh_total[kLossWarps];
-  __shared__ int64_t sh_count[kLossWarps];
-  __shared__ int64_t sh_bad[kLossWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   double total = 0;
   int64_t count = 0, bad = 0;
@@ -218,21 +236,10 @@ __global__ void __launch_bounds__(kLossThreads)
       total += static_cast<double>(log_sum_exp - row[k][label[k]]);
     }
   }
-  if (lane == 0) {
-    sh_total[warp] = total;
-    sh_count[warp] = count;
-    sh_bad[warp] = bad;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    total = warp_reduce<SumOp>(lane < kLossWarps ? sh_total[lane] : 0.0);
-    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
-    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
-    if (lane == 0) {
-      *out = bad > 0      ? nan_of<T>()
-             : count == 0 ? T(0)
-                          : static_cast<T>(total / static_cast<double>(count));
-    }
+  if (block_sums(total, count, bad) && lane == 0) {
+    *out = bad > 0      ? nan_of<T>()
+           : count == 0 ? T(0)
+                        : static_cast<T>(total / static_cast<double>(count));
   }
 }
 
@@ -310,9 +317,6 @@ __global__ void __launch_bounds__(kLossThreads)
     accuracy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
                     int64_t rows, int64_t classes, int64_t ignore,
                     encore::cuda::DeviceErrorSlot errors) {
-  __shared__ int64_t sh_count[kLossWarps];
-  __shared__ int64_t sh_correct[kLossWarps];
-  __shared__ int64_t sh_bad[kLossWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t count = 0, correct = 0, bad = 0;
   for (int64_t i = warp; i < rows; i += kLossWarps) {  // uniform over each warp
@@ -328,22 +332,10 @@ __global__ void __launch_bounds__(kLossThreads)
     }
     correct += warp_first_argmax(x + i * classes, classes, lane) == label ? 1 : 0;
   }
-  if (lane == 0) {
-    sh_count[warp] = count;
-    sh_correct[warp] = correct;
-    sh_bad[warp] = bad;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    count = warp_reduce<SumOp>(lane < kLossWarps ? sh_count[lane] : int64_t{0});
-    correct = warp_reduce<SumOp>(lane < kLossWarps ? sh_correct[lane] : int64_t{0});
-    bad = warp_reduce<SumOp>(lane < kLossWarps ? sh_bad[lane] : int64_t{0});
-    if (lane == 0) {
-      *out = bad > 0 ? nan_of<T>()
-             : count == 0
-                 ? T(0)
-                 : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
-    }
+  if (block_sums(count, correct, bad) && lane == 0) {
+    *out = bad > 0      ? nan_of<T>()
+           : count == 0 ? T(0)
+                        : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));
   }
 }
 
