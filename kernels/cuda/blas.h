@@ -38,7 +38,7 @@ bool linear_bias_lt(Op op, const GemmShape& g, DType dtype, const void* x, const
 
 // The cuBLASLt plans linear_bias_lt made in this process (one per device, dtype, shape and
 // alignment): those with an algorithm, and those cuBLASLt had none for (their linears take the
-// general path), with the last one's shape.
+// general path), with the last one's shape and why cuBLASLt had none.
 struct LtPlanCounts {
   int64_t usable = 0, unsupported = 0;
   std::string last_unsupported;

@@ -119,10 +119,13 @@ std::string operands(const GemmShape& g, DType dt, uint32_t align) {
 std::mutex g_counts_mu;
 LtPlanCounts g_counts;  // under g_counts_mu
 
-// Chooses the algorithm of a plan (eagerly). False where cuBLASLt has none for it (the heuristic
-// says NOT_SUPPORTED, or INVALID_VALUE, as it does for some degenerate shapes, or proposes
-// nothing); any other failure is a bug of ours or the library's, and raises.
-bool choose(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias, LtPlan& p) {
+// Chooses the algorithm of a plan (eagerly). Where cuBLASLt has none for it, returns why (the
+// heuristic says NOT_SUPPORTED, or INVALID_VALUE, which cublasLt.h documents only for a bad
+// request count and which is kept visible here rather than raised, or it proposes nothing
+// usable), and an empty string once p.algo is chosen; any other failure is a bug of ours or the
+// library's, and raises.
+std::string choose(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, const void* bias,
+                   LtPlan& p) {
   const cudaDataType_t type = data_type(dt);
   auto ok = [&](cublasStatus_t st, const char* call) {
     if (st != CUBLAS_STATUS_SUCCESS) fail_lt(op, call, st, g, dt, p.align);
@@ -152,12 +155,16 @@ bool choose(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt, const void
   int found = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt, &desc, &p.w, &p.x, &p.y, &p.y, &pref, 1, &result, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)
+    return cat("the heuristic said ", cublasGetStatusName(st));
   ok(st, "cublasLtMatmulAlgoGetHeuristic");
-  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes)
-    return false;
+  if (found < 1) return "the heuristic proposed no algorithm";
+  if (result.state != CUBLAS_STATUS_SUCCESS)
+    return cat("the heuristic's algorithm has state ", cublasGetStatusName(result.state));
+  if (result.workspaceSize > kWorkspaceBytes)
+    return cat("the heuristic's algorithm needs ", result.workspaceSize, " bytes of workspace");
   p.algo = result.algo;
-  return true;
+  return {};
 }
 
 // The plan of this linear at this alignment (exactly: a plan chosen for less alignment could run
@@ -184,14 +191,15 @@ const LtPlan& plan_for(Op op, cublasLtHandle_t lt, const GemmShape& g, DType dt,
             " (chosen outside a capture)"));
   auto made = std::make_unique<LtPlan>();
   made->align = align;
-  made->usable = choose(op, lt, g, dt, bias, *made);
+  const std::string why_not = choose(op, lt, g, dt, bias, *made);
+  made->usable = why_not.empty();
   {
     const std::lock_guard<std::mutex> counts(g_counts_mu);
     if (made->usable) {
       ++g_counts.usable;
     } else {
       ++g_counts.unsupported;
-      g_counts.last_unsupported = operands(g, dt, align);
+      g_counts.last_unsupported = cat(operands(g, dt, align), ": ", why_not);
     }
   }
   const LtPlan* p = made.get();

@@ -485,6 +485,17 @@ TEST_CASE(
     CHECK(after.usable == before.usable + 1);
     CHECK(after.unsupported == before.unsupported);
   }
+  // Whether cuBLASLt has a float64 algorithm with the bias epilogue, cublasLt.h does not say:
+  // either path gives the cpu's values and eager's bits (checked below); the run says which.
+  static bool lt64_reported = false;
+  if (lt && dtype == DType::Float64 && !std::exchange(lt64_reported, true)) {
+    const kernels::cuda::LtPlanCounts before = kernels::cuda::lt_plan_counts();
+    (void)F::linear(view(xd, 0, {m, k}), view(wd, 0, {n, k}), view(bd, 0, {n}));
+    const kernels::cuda::LtPlanCounts after = kernels::cuda::lt_plan_counts();
+    CHECK(after.usable + after.unsupported == before.usable + before.unsupported + 1);
+    WARN("cuBLASLt on a float64 linear with a bias: "
+         << (after.usable > before.usable ? "an algorithm" : "none, " + after.last_unsupported));
+  }
   encore::testing::with_graphs_on_and_off([&](bool graphs) {
     auto fn = static_graph(
         [](const Tensor& x, const Tensor& w, const Tensor& b) { return F::linear(x, w, b); },
