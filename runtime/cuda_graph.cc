@@ -228,6 +228,10 @@ void Graph::abort_capture() noexcept {
 namespace {
 
 // Puts `copies` before every root of `g` (the captured work): their nodes, in order, in `nodes`.
+// Their kind, here and when launch() sets a source, is inferred from the addresses
+// (cudaMemcpyDefault): a static call's arguments are device memory, and a source of another kind
+// is then copied as what it is, never read as device memory (a kind that does not match the
+// pointers is undefined behaviour).
 cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
                              std::vector<void*>& nodes) {
   size_t n_roots = 0;
@@ -238,7 +242,7 @@ cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
   for (size_t k = 0; e == cudaSuccess && k < copies.size(); ++k) {
     cudaGraphNode_t node = nullptr;
     e = cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, copies[k].dst, copies[k].src,
-                                 copies[k].bytes, cudaMemcpyDeviceToDevice);
+                                 copies[k].bytes, cudaMemcpyDefault);
     nodes.push_back(node);
     for (size_t r = 0; r < n_roots; ++r) {
       from.push_back(node);
@@ -293,7 +297,7 @@ bool Graph::launch(StreamHandle stream, std::span<const GraphCopy> copies) {
     if (copies[k].src == copy_from_[k]) continue;
     if (const cudaError_t e = cudaGraphExecMemcpyNodeSetParams1D(
             exec, static_cast<cudaGraphNode_t>(copy_nodes_[k]), copies[k].dst, copies[k].src,
-            copies[k].bytes, cudaMemcpyDeviceToDevice);
+            copies[k].bytes, cudaMemcpyDefault);
         e != cudaSuccess) {
       (void)cudaGetLastError();
       failure_ = cat("setting copy ", k, "'s source failed: ", cudaGetErrorName(e), " (",
