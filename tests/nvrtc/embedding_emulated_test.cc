@@ -88,8 +88,7 @@ std::vector<float> reference_grad(const std::vector<long long>& ids, const std::
 
 TEST_CASE("the embedding gradient kernels sum each row's ids in order, bit for bit (emulated)",
           "[nvrtc][emulated]") {
-  const auto backward =
-      reinterpret_cast<Backward>(embedding_kernels().symbol("embedding_grad_f32"));
+  const auto backward = embedding_kernels().function<Backward>("embedding_grad_f32");
   struct Case {
     int64_t rows, dim, n, pad;
     bool one_row;
@@ -123,9 +122,8 @@ TEST_CASE("the embedding gradient kernels sum each row's ids in order, bit for b
 
 TEST_CASE("an embedding id out of range is reported, NaN forward and skipped backward (emulated)",
           "[nvrtc][emulated]") {
-  const auto forward = reinterpret_cast<Forward>(embedding_kernels().symbol("embedding_f32"));
-  const auto backward =
-      reinterpret_cast<Backward>(embedding_kernels().symbol("embedding_grad_f32"));
+  const auto forward = embedding_kernels().function<Forward>("embedding_f32");
+  const auto backward = embedding_kernels().function<Backward>("embedding_grad_f32");
   std::mt19937 rng(11);
   for (const int64_t rows : {int64_t{10}, int64_t{1100}}) {
     INFO(rows << " rows");

@@ -13,12 +13,14 @@
 
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -231,6 +233,19 @@ inline void emulate_launch(unsigned blocks, unsigned threads, std::function<void
 }
 )cuda";
 
+// `name`_f32 or `name`_f64: the entry point a test's source defines for element type T.
+template <typename T>
+std::string typed_name(const char* name) {
+  return cat(name, std::is_same_v<T, float> ? "_f32" : "_f64");
+}
+
+// Whether got is within `ulps` units in the last place of T, of 1 + magnitude, of want.
+template <typename T>
+bool within_ulps(double got, double want, double magnitude, double ulps) {
+  const double ulp = std::is_same_v<T, float> ? 0x1p-23 : 0x1p-52;
+  return std::abs(got - want) <= ulps * ulp * (1 + magnitude);
+}
+
 // A device error slot (runtime/cuda.h: DeviceErrorSlot) in host memory, for the emulated
 // kernels to report into (device_error.cuh), and what it recorded.
 struct HostErrorSlot {
@@ -272,6 +287,11 @@ class HostObject {
     if (s == nullptr) fail("emulated kernel: no entry point ", name);
     return s;
   }
+  // The extern "C" function `name` of it, as a pointer of type Fn.
+  template <typename Fn>
+  Fn function(const std::string& name) const {
+    return reinterpret_cast<Fn>(symbol(name.c_str()));
+  }
 
  private:
   void build(const std::vector<std::pair<std::string, std::string>>& files,
@@ -309,7 +329,7 @@ class EmulatedKernels {
                 source(programs)) {
     for (size_t k = 0; k < programs.size(); ++k) {
       sizes_.push_back({programs[k].n_in, programs[k].n_out});
-      runs_.push_back(reinterpret_cast<Run>(object_.symbol(cat("encore_emulated_", k).c_str())));
+      runs_.push_back(object_.function<Run>(cat("encore_emulated_", k)));
     }
   }
 

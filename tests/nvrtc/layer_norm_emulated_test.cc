@@ -80,22 +80,14 @@ struct Entries {
   using Forward = void (*)(const T*, const T*, const T*, T*, T*, T*, long long, long long, double);
   using Backward = bool (*)(const T*, const T*, const T*, const T*, const T*, T*, T*, T*, long long,
                             long long, bool);
-  Forward forward;
-  Backward backward;
-  Entries() {
-    const bool f32 = std::is_same_v<T, float>;
-    forward =
-        reinterpret_cast<Forward>(layer_norm_kernels().symbol(f32 ? "forward_f32" : "forward_f64"));
-    backward = reinterpret_cast<Backward>(
-        layer_norm_kernels().symbol(f32 ? "backward_f32" : "backward_f64"));
-  }
+  Forward forward = layer_norm_kernels().function<Forward>(testing::typed_name<T>("forward"));
+  Backward backward = layer_norm_kernels().function<Backward>(testing::typed_name<T>("backward"));
 };
 
 // |got - want| within a few ulps of T per term of the sums it came from, of their magnitude.
 template <typename T>
 bool near(double got, double want, double magnitude, int64_t terms) {
-  const double ulp = std::is_same_v<T, float> ? 0x1p-23 : 0x1p-52;
-  return std::abs(got - want) <= 4 * ulp * static_cast<double>(terms + 4) * (1 + magnitude);
+  return testing::within_ulps<T>(got, want, magnitude, 4 * static_cast<double>(terms + 4));
 }
 
 template <typename T>

@@ -115,7 +115,7 @@ void copy_piece(const StridedPiece& p, const std::vector<unsigned>& in,
 }  // namespace
 
 TEST_CASE("permutes run through each of gather's plans (emulated)", "[nvrtc][emulated]") {
-  const auto permute = reinterpret_cast<Permute>(layout_kernels().symbol("permute_u32"));
+  const auto permute = layout_kernels().function<Permute>("permute_u32");
   struct Case {
     std::vector<int64_t> shape;
     std::vector<int> perm;
@@ -166,7 +166,7 @@ TEST_CASE("permutes run through each of gather's plans (emulated)", "[nvrtc][emu
 
 TEST_CASE("a strided copy's pieces run as gathers and in launches of eight (emulated)",
           "[nvrtc][emulated]") {
-  const auto copy = reinterpret_cast<Copy>(layout_kernels().symbol("strided_copy_u32"));
+  const auto copy = layout_kernels().function<Copy>("strided_copy_u32");
   // `parts` inputs [B, H, T, D] permuted to [B, T, H, D] and concatenated along the last axis of
   // [B, T, parts * H * D] (attention's gradients of q, k and v): pieces at strides. Then one
   // more input [B, T, H * D] whose heads are split out into an output behind the concat (a

@@ -73,8 +73,7 @@ using Update = int (*)(int, const BufferView*, long long, const SgdAttrs*, const
 template <typename T>
 Update update_entry() {
   static const testing::HostObject object({}, kSource);
-  return reinterpret_cast<Update>(
-      object.symbol(std::is_same_v<T, float> ? "update_f32" : "update_f64"));
+  return object.function<Update>(testing::typed_name<T>("update"));
 }
 
 // One parameter's arrays (p, g, then the state the op keeps) and Adam's step count.
@@ -121,8 +120,7 @@ std::vector<BufferView> views(std::vector<Param<T>>& params, bool counter) {
 
 template <typename T>
 bool near(double got, double want, double magnitude) {
-  const double ulp = std::is_same_v<T, float> ? 0x1p-23 : 0x1p-52;
-  return std::abs(got - want) <= 16 * ulp * (1 + magnitude);
+  return testing::within_ulps<T>(got, want, magnitude, 16);
 }
 
 template <typename T>

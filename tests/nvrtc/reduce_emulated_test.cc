@@ -76,7 +76,7 @@ using Reduce = int (*)(const T*, const long long*, int, unsigned, T*, bool);
 
 template <typename T>
 Reduce<T> entry(const char* name) {
-  return reinterpret_cast<Reduce<T>>(reduce_kernels().symbol(name));
+  return reduce_kernels().function<Reduce<T>>(name);
 }
 
 struct Case {
@@ -157,15 +157,15 @@ TEST_CASE("sum, mean and max fold rows and columns on each plan (emulated)", "[n
         s += xf[e], s64 += xd[e], size += std::abs(xd[e]), m = std::max(m, double(xf[e]));
         mi = std::max(mi, xi[e]);
       }
-      const double f32 = 0x1p-23 * 4 * (count + 4), f64 = 0x1p-52 * 4 * (count + 4);
+      const double ulps = 4.0 * static_cast<double>(count + 4);
       if (o == outputs - 1) {
         wrong += !std::isnan(sum[o]) + !std::isnan(mean[o]) + !std::isnan(max[o]);
       } else {
-        wrong += std::abs(sum[o] - s) > f32 * (1 + size);
-        wrong += std::abs(mean[o] - s / count) > f32 * (1 + size / count);
+        wrong += !testing::within_ulps<float>(sum[o], s, size, ulps);
+        wrong += !testing::within_ulps<float>(mean[o], s / count, size / count, ulps);
         wrong += max[o] != static_cast<float>(m);
       }
-      wrong += std::abs(sum64[o] - s64) > f64 * (1 + size);
+      wrong += !testing::within_ulps<double>(sum64[o], s64, size, ulps);
       wrong += maxi[o] != mi;
     }
     CHECK(wrong == 0);
@@ -174,8 +174,8 @@ TEST_CASE("sum, mean and max fold rows and columns on each plan (emulated)", "[n
 
 TEST_CASE("a column's sum has the bits of column_sum_in_order (emulated)", "[nvrtc][emulated]") {
   const auto sum = entry<float>("sum_f32");
-  const auto in_order = reinterpret_cast<float (*)(const float*, long long, long long)>(
-      reduce_kernels().symbol("column_sum_f32"));
+  const auto in_order =
+      reduce_kernels().function<float (*)(const float*, long long, long long)>("column_sum_f32");
   std::mt19937 rng(47);
   std::uniform_real_distribution<float> u(-1, 1);
   for (const long long rows : {1LL, 31LL, 32LL, 100LL, 513LL, 1500LL}) {  // splits 1 to 32

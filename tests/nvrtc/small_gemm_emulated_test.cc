@@ -151,8 +151,7 @@ void check(const Case& cs, uint32_t seed) {
   const T sentinel = static_cast<T>(12345);
   // Room for whatever a tile or a thread past c's edge would store, to see that none does.
   std::vector<T> c((m + 4) * ldc + 16, sentinel), sums(m + 8, sentinel);
-  const Entry run = reinterpret_cast<Entry>(
-      gemm_kernels().symbol(sizeof(T) == 4 ? "small_gemm_f32" : "small_gemm_f64"));
+  const Entry run = gemm_kernels().function<Entry>(testing::typed_name<T>("small_gemm"));
   run(cs.dot, m, n, k, cs.trans_a, a.data(), lda, b.data(), ldb, c.data(), ldc,
       cs.bias ? bias.data() : nullptr, static_cast<int>(cs.act), cs.scalar,
       is_grad(cs.act) ? in.data() : nullptr, cs.sums ? sums.data() : nullptr);
@@ -272,7 +271,7 @@ TEST_CASE("a small GEMM's relu passes a NaN product on, as the relu kernel does 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> a = {1, -2, 3, nan, 1, 1}, b = {1, 1, 1, -1, -1, -1}, bias = {0, 0};
   std::vector<float> c(4, 0);
-  const Entry run = reinterpret_cast<Entry>(gemm_kernels().symbol("small_gemm_f32"));
+  const Entry run = gemm_kernels().function<Entry>("small_gemm_f32");
   run(true, 2, 2, 3, false, a.data(), 3, b.data(), 3, c.data(), 2, bias.data(),
       static_cast<int>(Op::Relu), 0, nullptr, nullptr);
   CHECK(c[0] == 2.0f);  // relu(1 - 2 + 3)

@@ -93,23 +93,15 @@ struct Entries {
   using Losses = void (*)(const T*, const long long*, const T*, T*, T*, T*, long long, long long,
                           long long, cuda::DeviceErrorSlot);
   using Mse = void (*)(const T*, const T*, T*, long long);
-  Softmax softmax;
-  Losses losses;
-  Mse mse;
-  Entries() {
-    const std::string s = std::is_same_v<T, float> ? "_f32" : "_f64";
-    const testing::HostObject& o = softmax_loss_kernels();
-    softmax = reinterpret_cast<Softmax>(o.symbol(("softmax" + s).c_str()));
-    losses = reinterpret_cast<Losses>(o.symbol(("losses" + s).c_str()));
-    mse = reinterpret_cast<Mse>(o.symbol(("mse" + s).c_str()));
-  }
+  Softmax softmax = softmax_loss_kernels().function<Softmax>(testing::typed_name<T>("softmax"));
+  Losses losses = softmax_loss_kernels().function<Losses>(testing::typed_name<T>("losses"));
+  Mse mse = softmax_loss_kernels().function<Mse>(testing::typed_name<T>("mse"));
 };
 
 // Whether got is within a few ulps of T per term of the sums it came from, of their magnitude.
 template <typename T>
 bool near(double got, double want, double magnitude, int64_t terms) {
-  const double ulp = std::is_same_v<T, float> ? 0x1p-23 : 0x1p-52;
-  return std::abs(got - want) <= 8 * ulp * static_cast<double>(terms + 4) * (1 + magnitude);
+  return testing::within_ulps<T>(got, want, magnitude, 8 * static_cast<double>(terms + 4));
 }
 
 template <typename T>

@@ -39,7 +39,7 @@ using CountSteps = void (*)(long long*, const unsigned*, int, long long*);
 TEST_CASE("every block of an Adam update reads the step count after the step (emulated)",
           "[nvrtc][emulated]") {
   static const testing::HostObject object({}, kSource);
-  const auto run = reinterpret_cast<CountSteps>(object.symbol("count_steps"));
+  const auto run = object.function<CountSteps>("count_steps");
   // Counts from 0, 41 and just below 2^44; one block, a few, and many.
   std::vector<long long> counters = {0, 41, (1LL << 44) - 2, 7};
   const std::vector<unsigned> blocks = {1, 3, 300, 2};
@@ -63,7 +63,7 @@ TEST_CASE("every block of an Adam update reads the step count after the step (em
 TEST_CASE("a negative step count is seen by the first block to arrive (emulated)",
           "[nvrtc][emulated]") {
   static const testing::HostObject object({}, kSource);
-  const auto run = reinterpret_cast<CountSteps>(object.symbol("count_steps"));
+  const auto run = object.function<CountSteps>("count_steps");
   for (const long long bad : {-1LL, -(1LL << 50), 1LL << 60})
     for (const unsigned blocks : {1u, 2u, 7u}) {
       INFO("count " << bad << ", " << blocks << " blocks");
