@@ -17,6 +17,8 @@
 #include <unordered_map>
 
 #include "runtime/allocator.h"
+#include "runtime/capture_gate.h"
+#include "runtime/cuda_capture_streams.h"
 #include "runtime/cuda_check.h"
 #include "runtime/cuda_stream_frees.h"
 #include "runtime/error.h"
@@ -88,6 +90,8 @@ DeviceErrorSlot make_error_slot(int device) {
   return slot;
 }
 
+}  // namespace
+
 StreamHandle default_stream(int device) {
   DeviceState& d = device_states()[device];
   std::call_once(d.once, [&] {
@@ -96,6 +100,8 @@ StreamHandle default_stream(int device) {
   });
   return d.stream;
 }
+
+namespace {
 
 // Device memory for the caching allocator of one device.
 struct DeviceMemory {
@@ -119,11 +125,7 @@ void* device_alloc(void* ctx, size_t n) {
   return p;
 }
 void device_free(void* ctx, void* p) {
-  const int index = static_cast<DeviceMemory*>(ctx)->index;
-  const DeviceGuard on(index);
-  // cudaFree waits for the device; a failure here (e.g. the driver shutting down at process
-  // exit) leaves nothing to recover.
-  (void)cudaFree(p);
+  free_device_memory(static_cast<DeviceMemory*>(ctx)->index, p);
 }
 
 Allocator* make_device_allocator(int index) {
@@ -248,56 +250,6 @@ uint64_t stream_serial(StreamHandle s) {
   return it == all.serial.end() ? 0 : it->second;
 }
 
-namespace {
-// Capture streams of threads that have ended, per device, for the next thread that captures: the
-// cuBLAS and cuDNN handles and workspaces made for a stream go with it (a new stream per thread
-// would leave a dead thread's behind).
-std::mutex g_capture_mu;
-std::vector<StreamHandle>* g_free_capture = new std::vector<StreamHandle>[kMaxDevices];
-
-struct CaptureStreams {
-  StreamHandle s[kMaxDevices][kCaptureStreams] = {};
-  CaptureStreams() = default;
-  CaptureStreams(const CaptureStreams&) = delete;
-  CaptureStreams& operator=(const CaptureStreams&) = delete;
-  ~CaptureStreams() {
-    const std::lock_guard<std::mutex> lock(g_capture_mu);
-    for (int d = 0; d < kMaxDevices; ++d)
-      for (StreamHandle h : s[d])
-        if (h != nullptr) g_free_capture[d].push_back(h);
-  }
-};
-CaptureStreams& thread_capture_streams() {
-  thread_local CaptureStreams streams;
-  return streams;
-}
-}  // namespace
-
-void hold_capture_streams() {
-  thread_capture_streams();
-}
-
-StreamHandle capture_stream(int device, int k) {
-  // Per thread and device while the thread lives (a graph's nodes do not refer to it), then
-  // another thread's.
-  ENCORE_CHECK(k >= 0 && k < kCaptureStreams, "capture_stream: no capture stream ", k,
-               " (a thread has ", kCaptureStreams, " per device)");
-  StreamHandle& s = thread_capture_streams().s[device][k];
-  if (s != nullptr) [[likely]]
-    return s;
-  {
-    const std::lock_guard<std::mutex> lock(g_capture_mu);
-    std::vector<StreamHandle>& free = g_free_capture[device];
-    if (!free.empty()) {
-      s = free.back();
-      free.pop_back();
-      return s;
-    }
-  }
-  s = create_stream(device);
-  return s;
-}
-
 void synchronize(int device) {
   const int n = device_count();
   for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d) {
@@ -363,16 +315,25 @@ void wait_for(const char* what, cudaStream_t waiter, int device, cudaStream_t st
 
 }  // namespace
 
-void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial) {
-  if (stream == nullptr || stream == waiter) return;
-  // Destroyed (its work may still run), or not made here (it may have been destroyed since).
-  if (serial == 0 || stream_serial(stream) != serial) {
-    const DeviceGuard on(device);
-    CHECK_CUDA("stream order", cudaDeviceSynchronize());
-    return;
-  }
+void wait_stream(int device, StreamHandle waiter, StreamHandle stream) {
+  if (stream == waiter) return;
   wait_for("stream order", static_cast<cudaStream_t>(waiter), device,
            static_cast<cudaStream_t>(stream));
+}
+
+void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial) {
+  if (stream == nullptr || stream == waiter) return;
+  // Destroyed (its work may still run), or not made here (it may have been destroyed since):
+  // the whole device, once no graph capture is in progress (CUDA refuses to synchronise a device
+  // a stream of which is being captured).
+  if (serial == 0 || stream_serial(stream) != serial) {
+    capture_gate().exclusive([&] {
+      const DeviceGuard on(device);
+      CHECK_CUDA("stream order", cudaDeviceSynchronize());
+    });
+    return;
+  }
+  wait_stream(device, waiter, stream);
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
@@ -425,6 +386,22 @@ void* malloc_workspace(size_t bytes) {
   return nullptr;
 }
 
+void after_captures(std::function<void()> work) {
+  capture_gate().when_idle(std::move(work));
+}
+
+void free_device_memory(int device, void* p) {
+  if (p == nullptr) return;
+  // A failure here (e.g. the driver shutting down at process exit) leaves nothing to recover.
+  capture_gate().when_idle([device, p] {
+    int previous = 0;
+    (void)cudaGetDevice(&previous);
+    if (cudaSetDevice(device) == cudaSuccess) (void)cudaFree(p);
+    (void)cudaSetDevice(previous);
+    (void)cudaGetLastError();
+  });
+}
+
 void call_after_stream(int device, void (*fn)(void*), void* arg) {
   require_device(device, "call_after_stream");
   set_device(device);
@@ -458,7 +435,11 @@ Allocator& pinned_allocator() {
                   CHECK_CUDA("pin_memory", e);
                   return p;
                 },
-                [](void*, void* p) { (void)cudaFreeHost(p); }, nullptr, "pinned cpu memory"})
+                [](void*, void* p) {
+                  // Waits for the device: not during a capture.
+                  capture_gate().when_idle([p] { (void)cudaFreeHost(p); });
+                },
+                nullptr, "pinned cpu memory"})
         .release();
   }();
   return *a;

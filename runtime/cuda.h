@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,10 +86,13 @@ uint64_t stream_serial(StreamHandle s);
 // used: a stream destroyed since, or one create_stream did not make, is waited for by waiting for
 // the whole device.
 void order_after(int device, StreamHandle waiter, StreamHandle stream, uint64_t serial);
+// Orders the work queued on `waiter` from now on after the work queued so far on `stream` (both
+// live streams of `device`), through an event, without waiting on the host.
+void wait_stream(int device, StreamHandle waiter, StreamHandle stream);
 // This thread's streams for capturing graphs on `device` (created on first use): work other
 // threads queue on the shared default stream never lands in a capture. Stream 0 is the one a
 // capture begins on; the others its branches (Graph::begin_capture), for work the graph runs
-// beside.
+// beside. When the thread ends they go, together, to the next thread that captures.
 constexpr int kCaptureStreams = 4;
 StreamHandle capture_stream(int device, int k = 0);
 // Makes this thread's record of its capture streams now. Thread-local state ends in the reverse
@@ -109,13 +113,20 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // (cudaLaunchHostFunc). `fn` must not call CUDA; Tensor::to uses it to keep a pinned source
 // alive until its asynchronous copy has read it.
 void call_after_stream(int device, void (*fn)(void*), void* arg);
+// Runs `work` now, or once no graph capture is in progress in any thread (on the thread that ends
+// the last): for device-wide work CUDA refuses beside a capture, such as cudaFree or destroying a
+// cuBLAS handle, which wait for the device. `work` must not throw.
+void after_captures(std::function<void()> work);
+// cudaFree of `p` on `device`, through after_captures.
+void free_device_memory(int device, void* p);
 // Whether all work queued so far on the current stream of `device` has finished (without
 // waiting; errors it reports are raised at the next wait).
 bool stream_finished(int device);
 
 // cudaMalloc of a library's own device memory on the current device (a cuBLAS or cuDNN
 // workspace): when the device is out of memory, the device's caching allocator releases its
-// cached blocks and the call is tried once more. Null when that fails too.
+// cached blocks and the call is tried once more. Null when that fails too. Freed with
+// free_device_memory.
 void* malloc_workspace(size_t bytes);
 
 // Where kernels report bad input they cannot throw for without waiting for the device (an
@@ -167,6 +178,12 @@ int set_graph_streams(int n);
 // capture, where nothing may be allocated (kernels/cuda/stream_libraries.cc: the stream's cuBLAS
 // and cuDNN handles and workspaces). Registered at static-initialisation time.
 void register_capture_preparer(void (*prepare)(StreamHandle stream));
+
+// Graph launches that were queued on another stream than the caller's (the stream the graph's
+// capture streams are bound to: Graph::launch), over the process.
+int64_t rerouted_graph_launches();
+
+class LaunchBinding;  // runtime/cuda_capture_streams.h
 
 // A device-to-device copy a graph runs before its captured work (Graph::end_capture); each launch
 // may give it another source.
@@ -230,17 +247,26 @@ class Graph {
   // launch's is set in the executable graph first; launches already queued keep theirs). False,
   // with nothing launched, when a source cannot be set (memory of another kind than the
   // capture's source: copy it and run the work on the stream instead); failure() says why.
+  // The graphs captured on one thread's capture streams share their cuBLAS and cuDNN workspaces,
+  // so they run on one stream, the first they were launched from: a launch from another stream is
+  // queued there, after the work queued so far on `stream` and before what `stream` gets next.
   [[nodiscard]] bool launch(StreamHandle stream, std::span<const GraphCopy> copies = {});
 
  private:
   void reset() noexcept;
   // Orders `stream_` after the work queued on the branches (before the capture ends).
   bool join() noexcept;
+  // After cudaStreamEndCapture: this thread is out of the capture, and out of the gate.
+  void capture_ended() noexcept;
+  // After a capture ended: whether any of its streams is still in capture mode (then, when they
+  // are this thread's capture streams, the next capture takes others). Forgets the branches.
+  bool streams_left_capturing() noexcept;
   StreamHandle stream_ = nullptr;
   std::array<StreamHandle, kCaptureStreams - 1> branches_{};
   int n_branches_ = 0;
   int marks_ = 0;
   int device_ = 0;        // of the capture's events
+  LaunchBinding* binding_ = nullptr;    // of the capture streams, when they are a thread's
   void* graph_ = nullptr;               // cudaGraph_t: exec_'s, which holds the copy nodes
   void* exec_ = nullptr;                // cudaGraphExec_t
   std::vector<void*> copy_nodes_;       // cudaGraphNode_t, per copy of end_capture

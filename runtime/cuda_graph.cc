@@ -12,7 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/capture_gate.h"
 #include "runtime/cuda.h"
+#include "runtime/cuda_capture_streams.h"
 #include "runtime/cuda_check.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -86,6 +88,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     n_branches_ = o.n_branches_;
     marks_ = o.marks_;
     device_ = o.device_;
+    binding_ = o.binding_;
     graph_ = std::exchange(o.graph_, nullptr);
     exec_ = std::exchange(o.exec_, nullptr);
     copy_nodes_ = std::move(o.copy_nodes_);
@@ -154,6 +157,9 @@ void Graph::begin_capture(StreamHandle stream, std::span<const StreamHandle> bra
     for (StreamHandle b : branches) g_capture_preparer(b);
   }
   const int device = current_device();
+  // The device's error slot, which its kernels name, is made with a device synchronisation:
+  // before any capture on it.
+  (void)device_error_slot(device);
   std::vector<cudaEvent_t>& events = capture_events(device);
   const size_t needed = branches.empty() ? 0 : static_cast<size_t>(kFirstMark + marks);
   while (events.size() < needed) {
@@ -161,9 +167,16 @@ void Graph::begin_capture(StreamHandle stream, std::span<const StreamHandle> bra
     CHECK_CUDA("graph capture", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     events.push_back(e);
   }
-  CHECK_CUDA("graph capture", cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
-                                                     cudaStreamCaptureModeThreadLocal));
+  // In the gate from before the capture begins until after it ends (capture_gate.h).
+  capture_gate().enter();
+  if (const cudaError_t e = cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
+                                                   cudaStreamCaptureModeThreadLocal);
+      e != cudaSuccess) {
+    capture_gate().leave();
+    detail::fail_call("graph capture", "cudaStreamBeginCapture", e);
+  }
   stream_ = stream;
+  binding_ = capture_binding(device, stream);
   n_branches_ = static_cast<int>(branches.size());
   std::copy(branches.begin(), branches.end(), branches_.begin());
   marks_ = marks;
@@ -216,13 +229,34 @@ bool Graph::join() noexcept {
 void Graph::abort_capture() noexcept {
   if (!capturing_) return;
   (void)join();  // an unjoined branch would stay in the capture
-  n_branches_ = 0;
   cudaGraph_t g = nullptr;
   (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   if (g != nullptr) (void)cudaGraphDestroy(g);
   (void)cudaGetLastError();
+  capture_ended();
+  (void)streams_left_capturing();
+}
+
+void Graph::capture_ended() noexcept {
   capturing_ = false;
   tl_capturing = false;
+  capture_gate().leave();
+}
+
+bool Graph::streams_left_capturing() noexcept {
+  bool left = false;
+  for (int k = -1; k < n_branches_; ++k) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const auto s = static_cast<cudaStream_t>(k < 0 ? stream_ : branches_[k]);
+    left = cudaStreamIsCapturing(s, &status) != cudaSuccess ||
+           status != cudaStreamCaptureStatusNone || left;
+  }
+  (void)cudaGetLastError();
+  n_branches_ = 0;
+  // This thread's capture streams: the next capture takes new ones (these are kept, unused, for
+  // the graphs captured on them before).
+  if (left && binding_ != nullptr) retire_capture_streams(device_);
+  return left;
 }
 
 namespace {
@@ -261,11 +295,9 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
   for (size_t k = 0; k < first.size(); ++k)
     ENCORE_CHECK(first[k].bytes > 0, "graph capture: first copy ", k, " has no bytes");
   (void)join();  // (a failed join fails the capture: a branch is not joined)
-  n_branches_ = 0;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
-  capturing_ = false;
-  tl_capturing = false;
+  capture_ended();
   reset();  // (a graph captured before, if any)
   const auto fail = [&](const char* what, cudaError_t err) {
     (void)cudaGetLastError();
@@ -274,7 +306,13 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
     failure_ = cat(what, cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
     return false;
   };
-  if (e != cudaSuccess || g == nullptr) return fail("stream capture failed: ", e);
+  if (e != cudaSuccess || g == nullptr) {
+    fail("stream capture failed: ", e);
+    if (streams_left_capturing())
+      failure_ += "; its streams were left capturing, and the thread's next capture takes others";
+    return false;
+  }
+  n_branches_ = 0;
   // Owned from here (reset() destroys it), and kept: the copy nodes are set per launch through
   // the graph they were made in.
   graph_ = g;
@@ -306,7 +344,14 @@ bool Graph::launch(StreamHandle stream, std::span<const GraphCopy> copies) {
     }
     copy_from_[k] = copies[k].src;
   }
-  CHECK_CUDA("graph launch", cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)));
+  if (binding_ == nullptr || binding_->bound_to(stream)) [[likely]] {
+    CHECK_CUDA("graph launch", cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)));
+    return true;
+  }
+  const int e = binding_->launch_from(device_, stream, [&](StreamHandle on) {
+    return static_cast<int>(cudaGraphLaunch(exec, static_cast<cudaStream_t>(on)));
+  });
+  CHECK_CUDA("graph launch", static_cast<cudaError_t>(e));
   return true;
 }
 

@@ -61,6 +61,7 @@ uint64_t stream_serial(StreamHandle) {
   return 0;
 }
 void order_after(int, StreamHandle, StreamHandle, uint64_t) {}
+void wait_stream(int, StreamHandle, StreamHandle) {}
 void synchronize(int) {}
 DeviceErrorSlot device_error_slot(int) {
   not_built("device_error_slot");
@@ -74,6 +75,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 void* malloc_workspace(size_t) {
   not_built("malloc_workspace");
 }
+void after_captures(std::function<void()> work) {
+  work();
+}
+void free_device_memory(int, void*) {}
 bool stream_finished(int) {
   not_built("stream_finished");
 }
@@ -118,6 +123,13 @@ bool Graph::end_capture(std::span<const GraphCopy>) {
   return false;
 }
 void Graph::abort_capture() noexcept {}
+void Graph::capture_ended() noexcept {}
+bool Graph::streams_left_capturing() noexcept {
+  return false;
+}
+int64_t rerouted_graph_launches() {
+  return 0;
+}
 bool Graph::launch(StreamHandle, std::span<const GraphCopy>) {
   not_built("graph launch");
   return false;

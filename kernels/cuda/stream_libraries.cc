@@ -65,17 +65,24 @@ StreamLibraries* adopt(int device, cudaStream_t s, uint64_t serial) {
 std::atomic<bool> g_blas_used{false}, g_dnn_used{false};
 std::atomic<size_t> g_dnn_bytes{0};
 
+// Destroying a handle and freeing a workspace wait for the device, which another thread's capture
+// may not: once no capture is in progress.
 void free_libraries(StreamLibraries* l) {
-  {
-    const encore::cuda::DeviceGuard on(l->device);
-    if (l->blas != nullptr) (void)cublasDestroy(l->blas);
-    if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
-    if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
-    for (void* p : l->retired) (void)cudaFree(p);
-    if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
-    if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
-  }
-  delete l;
+  encore::cuda::after_captures([l] {
+    int previous = 0;
+    (void)cudaGetDevice(&previous);
+    if (cudaSetDevice(l->device) == cudaSuccess) {
+      if (l->blas != nullptr) (void)cublasDestroy(l->blas);
+      if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
+      if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
+      for (void* p : l->retired) (void)cudaFree(p);
+      if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
+      if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
+    }
+    (void)cudaSetDevice(previous);
+    (void)cudaGetLastError();
+    delete l;
+  });
 }
 
 // After a stream was destroyed somewhere: frees this thread's libraries of streams that no longer
@@ -136,7 +143,7 @@ void make_blas(StreamLibraries& l, Op op) {
                "caching allocator's cache");
   cublasHandle_t h = nullptr;
   if (const cublasStatus_t st = cublasCreate(&h); st != CUBLAS_STATUS_SUCCESS) {
-    (void)cudaFree(workspace);
+    encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, "cublasCreate(&h)", st);
   }
   // The stream before the workspace: cublasSetStream resets the workspace to cuBLAS's own pool.
@@ -150,14 +157,14 @@ void make_blas(StreamLibraries& l, Op op) {
     return {"cublasSetWorkspace", cublasSetWorkspace(h, workspace, kWorkspaceBytes)};
   };
   if (const auto [call, st] = configure(); st != CUBLAS_STATUS_SUCCESS) {
-    (void)cublasDestroy(h);
-    (void)cudaFree(workspace);
+    encore::cuda::after_captures([h] { (void)cublasDestroy(h); });
+    encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, call, st);
   }
   cublasLtHandle_t lt = nullptr;
   if (const cublasStatus_t st = cublasLtCreate(&lt); st != CUBLAS_STATUS_SUCCESS) {
-    (void)cublasDestroy(h);
-    (void)cudaFree(workspace);
+    encore::cuda::after_captures([h] { (void)cublasDestroy(h); });
+    encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, "cublasLtCreate(&lt)", st);
   }
   l.blas_workspace = workspace;
@@ -175,7 +182,7 @@ void make_dnn(StreamLibraries& l, Op op) {
   ENCORE_CHECK(st == CUDNN_STATUS_SUCCESS, op_name(op),
                ": cuDNN error in cudnnCreate: ", cudnnGetErrorString(st));
   if (const cudnnStatus_t bound = cudnnSetStream(h, l.stream); bound != CUDNN_STATUS_SUCCESS) {
-    (void)cudnnDestroy(h);
+    encore::cuda::after_captures([h] { (void)cudnnDestroy(h); });
     fail(op_name(op), ": cuDNN error in cudnnSetStream: ", cudnnGetErrorString(bound));
   }
   l.dnn = h;

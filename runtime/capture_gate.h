@@ -1,0 +1,54 @@
+// The process's CUDA graph captures in progress, and the device-wide work that may not run beside
+// one (runtime/cuda.cc, runtime/cuda_graph.cc). CUDA refuses to synchronise a device while a
+// stream of it is being captured, whichever thread captures: such a call fails in its own thread
+// and may invalidate the capture. So a capture enters the gate when it begins and leaves when it
+// ends, and the work that would wait for the device either waits for the gate or is put off:
+//
+//   gate.enter();  ... capture ...  gate.leave();      // the capturing thread
+//   gate.exclusive([&] { cudaDeviceSynchronize(); });  // waits for every capture to end first
+//   gate.when_idle([p] { cudaFree(p); });              // now, or when the last capture ends
+//
+// No capture begins while exclusive work runs (enter waits for it). Kept apart from CUDA so that
+// its waiting and ordering are tested on every machine.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace encore::cuda {
+
+class CaptureGate {
+ public:
+  // A capture begins (waits while exclusive work runs) and ends. leave() runs the work put off
+  // meanwhile when it ends the last capture in progress.
+  void enter();
+  void leave();
+
+  // Runs `work` once no capture is in progress, with none beginning until it returns. Error when
+  // the calling thread is inside a capture itself (it would wait for itself).
+  void exclusive(const std::function<void()>& work);
+
+  // Runs `work` now when no capture is in progress, else when the last one ends (on the thread
+  // that ends it). `work` must not throw.
+  void when_idle(std::function<void()> work);
+
+  int captures() const;
+  // How many pieces of work when_idle has put off so far.
+  int64_t deferred() const;
+
+ private:
+  // Held while exclusive or put-off work runs, so no capture begins meanwhile.
+  mutable std::mutex mu_;
+  std::condition_variable idle_;  // the last capture in progress ended
+  int captures_ = 0;
+  std::vector<std::function<void()>> pending_;
+  int64_t deferred_ = 0;
+};
+
+// The process's gate.
+CaptureGate& capture_gate();
+
+}  // namespace encore::cuda

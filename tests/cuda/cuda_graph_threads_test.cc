@@ -1,0 +1,176 @@
+// cuda::Graph beside other threads and streams (runtime/cuda.h): the graphs captured on one
+// thread's capture streams share their cuBLAS and cuDNN workspaces, so a launch from another
+// stream than the one they are bound to is queued there, in order with the caller's stream; a
+// device synchronisation another thread asks for during a capture waits for it to end, and device
+// memory freed meanwhile is freed after it, so the capture succeeds; a thread's capture streams
+// go to the next thread together. The gate itself is tested on the host (capture_gate_test.cc).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "encore/encore.h"
+#include "runtime/allocator.h"
+#include "runtime/cuda.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+
+namespace {
+
+constexpr int kDevice = 0;
+
+// What happened, in the order it happened, from any thread.
+class Log {
+ public:
+  void add(std::string what) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(what));
+  }
+  std::vector<std::string> events() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> events_;
+};
+
+// Captures `y = x` on this thread's capture stream; `during` runs inside the capture.
+template <typename During>
+bool capture_copy(cuda::Graph& g, const Tensor& y, const Tensor& x, During during) {
+  const cuda::StreamHandle s = cuda::capture_stream(kDevice);
+  const cuda::StreamGuard on(kDevice, s);
+  g.begin_capture(s);
+  during();
+  copy_on(s, y, x);
+  return g.end_capture();
+}
+
+void wait_for_flag(const std::atomic<bool>& flag) {
+  while (!flag.load()) std::this_thread::yield();
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA graph launched from another stream runs in that stream's order",
+          "[cuda][runtime][graphs]") {
+  const int64_t n = int64_t{1} << 20;
+  const Tensor x = zeros({n}, DType::Float32, kCuda), y = zeros({n}, DType::Float32, kCuda),
+               z = zeros({n}, DType::Float32, kCuda), five = full({n}, 5.0, DType::Float32, kCuda);
+  cuda::synchronize(kDevice);
+  cuda::Graph g;
+  REQUIRE(capture_copy(g, y, x, [] {}));
+  // From the default stream first: that binds the thread's capture streams when nothing did yet.
+  REQUIRE(g.launch(cuda::current_stream(kDevice)));
+  cuda::synchronize(kDevice);
+
+  const cuda::StreamHandle other = cuda::create_stream(kDevice);
+  const int64_t before = cuda::rerouted_graph_launches();
+  copy_on(other, x, five);  // x = 5 on `other`, then y = x by the graph, then z = y on `other`
+  REQUIRE(g.launch(other));
+  copy_on(other, z, y);
+  {
+    const cuda::StreamGuard on(kDevice, other);
+    cuda::synchronize(kDevice);  // `other` alone: its later work waited for the graph
+  }
+  CHECK(cuda::rerouted_graph_launches() - before == 1);
+  CHECK(bit_diff(z, five) == "");
+  cuda::destroy_stream(other);
+}
+
+TEST_CASE("a device synchronisation during another thread's CUDA graph capture waits for it",
+          "[cuda][runtime][graphs][threads]") {
+  const Tensor x = full({4096}, 3.0, DType::Float32, kCuda),
+               y = zeros({4096}, DType::Float32, kCuda);
+  cuda::synchronize(kDevice);
+  // A stream destroyed since: ordering after it waits for the whole device.
+  const cuda::StreamHandle gone = cuda::create_stream(kDevice);
+  const uint64_t serial = cuda::stream_serial(gone);
+  cuda::destroy_stream(gone);
+
+  Log log;
+  std::atomic<bool> capturing{false}, asking{false};
+  bool captured = false;
+  std::string failure;
+  std::thread capture([&] {
+    cuda::set_device(kDevice);
+    cuda::Graph g;
+    captured = capture_copy(g, y, x, [&] {
+      capturing = true;
+      wait_for_flag(asking);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the other thread waits
+      log.add("capture ends");
+    });
+    failure = g.failure();
+    if (captured) {
+      REQUIRE(g.launch(cuda::current_stream(kDevice)));
+      cuda::synchronize(kDevice);
+    }
+  });
+  wait_for_flag(capturing);
+  asking = true;
+  cuda::order_after(kDevice, cuda::current_stream(kDevice), gone, serial);
+  log.add("device synchronised");
+  capture.join();
+  INFO(failure);
+  CHECK(captured);
+  CHECK(log.events() == std::vector<std::string>{"capture ends", "device synchronised"});
+  CHECK(bit_diff(y, x) == "");
+}
+
+TEST_CASE("device memory freed during another thread's CUDA graph capture is freed after it",
+          "[cuda][runtime][graphs][threads]") {
+  const Tensor x = full({4096}, 7.0, DType::Float32, kCuda),
+               y = zeros({4096}, DType::Float32, kCuda);
+  cuda::synchronize(kDevice);
+  Allocator& memory = allocator_for(kCuda);
+  Log log;
+  std::atomic<bool> capturing{false}, emptied{false};
+  bool captured = false;
+  std::string failure;
+  std::thread capture([&] {
+    cuda::set_device(kDevice);
+    cuda::Graph g;
+    captured = capture_copy(g, y, x, [&] {
+      capturing = true;
+      wait_for_flag(emptied);  // the other thread did not wait for this capture
+      log.add("capture ends");
+    });
+    failure = g.failure();
+  });
+  wait_for_flag(capturing);
+  {
+    const Tensor scratch = zeros({int64_t{1} << 20}, DType::Float32, kCuda);
+    cuda::synchronize(kDevice);
+  }
+  memory.empty_cache();  // its cudaFree is put off until the capture ends
+  log.add("cache emptied");
+  emptied = true;
+  capture.join();
+  INFO(failure);
+  CHECK(captured);
+  CHECK(log.events() == std::vector<std::string>{"cache emptied", "capture ends"});
+}
+
+TEST_CASE("a thread's CUDA capture streams go to the next thread together",
+          "[cuda][runtime][graphs][threads]") {
+  cuda::StreamHandle first[2] = {}, next[2] = {};
+  std::thread a([&] {
+    for (int k = 0; k < 2; ++k) first[k] = cuda::capture_stream(kDevice, k);
+  });
+  a.join();
+  std::thread b([&] {
+    for (int k = 0; k < 2; ++k) next[k] = cuda::capture_stream(kDevice, k);
+  });
+  b.join();
+  CHECK(next[0] == first[0]);
+  CHECK(next[1] == first[1]);
+}
