@@ -1,6 +1,7 @@
 // The gate between CUDA graph captures and device-wide work (runtime/capture_gate.h).
 #include "runtime/capture_gate.h"
 
+#include <new>
 #include <utility>
 
 #include "runtime/error.h"
@@ -8,12 +9,26 @@
 namespace encore::cuda {
 
 namespace {
-// The gate this thread's capture is in (a thread captures one graph at a time).
+// The gate this thread's capture is in (a thread captures one graph at a time), and the gate whose
+// lock this thread holds while it runs work.
 thread_local const CaptureGate* tl_inside = nullptr;
+thread_local const CaptureGate* tl_holding = nullptr;
 }  // namespace
 
+void CaptureGate::run_locked(const std::function<void()>& work) {
+  const CaptureGate* outer = std::exchange(tl_holding, this);
+  try {
+    work();
+  } catch (...) {
+    tl_holding = outer;
+    throw;
+  }
+  tl_holding = outer;
+}
+
 void CaptureGate::enter() {
-  const std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  open_.wait(lock, [&] { return waiting_ == 0; });
   ++captures_;
   tl_inside = this;
 }
@@ -24,7 +39,12 @@ void CaptureGate::leave() {
   if (--captures_ > 0) return;
   // Under the lock: no capture begins while the put-off work runs.
   std::vector<std::function<void()>> work = std::exchange(pending_, {});
-  for (const std::function<void()>& w : work) w();
+  for (const std::function<void()>& w : work) {
+    try {
+      run_locked(w);
+    } catch (...) {  // (it must not throw; the rest still runs, and the waiters wake)
+    }
+  }
   idle_.notify_all();
 }
 
@@ -32,24 +52,51 @@ void CaptureGate::exclusive(const std::function<void()>& work) {
   ENCORE_CHECK(tl_inside != this,
                "CUDA: device-wide work (a device synchronisation) was asked for during this "
                "thread's own graph capture, which it would wait for");
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [&] { return captures_ == 0; });
-  work();
-}
-
-void CaptureGate::when_idle(std::function<void()> work) {
-  const std::lock_guard<std::mutex> lock(mu_);
-  if (captures_ == 0) {
+  if (tl_holding == this) {  // inside work the gate runs: no capture is in progress
     work();
     return;
   }
-  pending_.push_back(std::move(work));
-  ++deferred_;
+  std::unique_lock<std::mutex> lock(mu_);
+  ++waiting_;
+  idle_.wait(lock, [&] { return captures_ == 0; });
+  const auto done = [&] {
+    if (--waiting_ == 0) open_.notify_all();
+  };
+  try {
+    run_locked(work);
+  } catch (...) {
+    done();
+    throw;
+  }
+  done();
+}
+
+void CaptureGate::when_idle(std::function<void()> work) {
+  if (tl_holding == this) {
+    work();
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (captures_ == 0) {
+    run_locked(work);
+    return;
+  }
+  try {
+    pending_.push_back(std::move(work));
+    ++deferred_;
+  } catch (const std::bad_alloc&) {
+    // Not run: now it would spoil a capture (a block or handle left unfreed).
+  }
 }
 
 int CaptureGate::captures() const {
   const std::lock_guard<std::mutex> lock(mu_);
   return captures_;
+}
+
+bool CaptureGate::pending() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return !pending_.empty();
 }
 
 int64_t CaptureGate::deferred() const {

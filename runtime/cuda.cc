@@ -1,7 +1,7 @@
 // The CUDA backend's runtime (runtime/cuda.h): devices and their caching allocators, streams
-// (default, created, and the capture streams of graphs), waits between streams, device-side
-// error slots, copies, workspaces and pinned host memory. A build without the backend compiles
-// cuda_stubs.cc instead.
+// (default and created; the capture streams of graphs are in cuda_capture_streams.cc), waits
+// between streams, device-side error slots, copies, workspaces and pinned host memory. A build
+// without the backend compiles cuda_stubs.cc instead.
 #ifdef ENCORE_HAS_CUDA
 
 #include "runtime/cuda.h"
@@ -116,6 +116,12 @@ void* device_alloc(void* ctx, size_t n) {
   {
     const DeviceGuard on(index);
     e = cudaMalloc(&p, n);
+    // Out of memory with frees put off until the captures in progress end: after them.
+    if (e == cudaErrorMemoryAllocation && capture_gate().pending()) {
+      (void)cudaGetLastError();
+      capture_gate().exclusive([] {});
+      e = cudaMalloc(&p, n);
+    }
   }
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
@@ -250,6 +256,15 @@ uint64_t stream_serial(StreamHandle s) {
   return it == all.serial.end() ? 0 : it->second;
 }
 
+bool while_stream_lives(StreamHandle stream, uint64_t serial, const std::function<void()>& fn) {
+  Streams& all = streams();
+  const std::lock_guard<std::mutex> lock(all.mu);
+  const auto it = all.serial.find(stream);
+  if (it == all.serial.end() || it->second != serial) return false;
+  fn();
+  return true;
+}
+
 void synchronize(int device) {
   const int n = device_count();
   for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d) {
@@ -381,13 +396,20 @@ void* malloc_workspace(size_t bytes) {
     if (e == cudaSuccess) return p;
     (void)cudaGetLastError();  // out of memory is not sticky: clear it
     if (e != cudaErrorMemoryAllocation) return nullptr;
-    if (attempt == 0) allocator_for(Device::cuda(current_device())).empty_cache();
+    if (attempt > 0) break;
+    allocator_for(Device::cuda(current_device())).empty_cache();
+    // Frees put off until the captures in progress end: after them.
+    if (capture_gate().pending()) capture_gate().exclusive([] {});
   }
   return nullptr;
 }
 
 void after_captures(std::function<void()> work) {
   capture_gate().when_idle(std::move(work));
+}
+
+void outside_captures(const std::function<void()>& work) {
+  capture_gate().exclusive(work);
 }
 
 void free_device_memory(int device, void* p) {
@@ -398,7 +420,6 @@ void free_device_memory(int device, void* p) {
     (void)cudaGetDevice(&previous);
     if (cudaSetDevice(device) == cudaSuccess) (void)cudaFree(p);
     (void)cudaSetDevice(previous);
-    (void)cudaGetLastError();
   });
 }
 

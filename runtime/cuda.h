@@ -19,6 +19,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/allocator.h"
@@ -117,6 +118,10 @@ void call_after_stream(int device, void (*fn)(void*), void* arg);
 // the last): for device-wide work CUDA refuses beside a capture, such as cudaFree or destroying a
 // cuBLAS handle, which wait for the device. `work` must not throw.
 void after_captures(std::function<void()> work);
+// Runs `work` once no graph capture is in progress in any thread, holding new ones off until it
+// returns: for device-wide work that must happen now (loading a compiled library). Error on a
+// thread inside a capture.
+void outside_captures(const std::function<void()>& work);
 // cudaFree of `p` on `device`, through after_captures.
 void free_device_memory(int device, void* p);
 // Whether all work queued so far on the current stream of `device` has finished (without
@@ -237,7 +242,9 @@ class Graph {
   // Ends the capture and instantiates the graph (a graph with branches ends once the work of all
   // its streams has), with `first` (copies of at least one byte, on the capture's device) as its
   // first nodes: all of the captured work runs after them. False when the capture failed (the
-  // reason is failure()); the streams are usable again either way.
+  // reason is failure()); the streams are usable again either way, unless CUDA left one in
+  // capture mode (failure() says so; this thread's next capture then takes new capture streams).
+  // On the thread that began the capture (as mark, after and abort_capture).
   bool end_capture(std::span<const GraphCopy> first = {});
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
@@ -258,15 +265,19 @@ class Graph {
   bool join() noexcept;
   // After cudaStreamEndCapture: this thread is out of the capture, and out of the gate.
   void capture_ended() noexcept;
-  // After a capture ended: whether any of its streams is still in capture mode (then, when they
-  // are this thread's capture streams, the next capture takes others). Forgets the branches.
-  bool streams_left_capturing() noexcept;
+  // After a capture ended: what to add to failure() when CUDA left any of its streams in capture
+  // mode (then, when they are this thread's capture streams, the next capture takes others);
+  // empty when none. Forgets the branches.
+  std::string streams_left_capturing();
+  // Error unless the calling thread began the capture.
+  void check_owner(const char* what) const;
   StreamHandle stream_ = nullptr;
   std::array<StreamHandle, kCaptureStreams - 1> branches_{};
   int n_branches_ = 0;
   int marks_ = 0;
   int device_ = 0;        // of the capture's events
-  LaunchBinding* binding_ = nullptr;    // of the capture streams, when they are a thread's
+  LaunchBinding* binding_ = nullptr;    // of exec_'s capture streams, when they are a thread's
+  std::thread::id owner_;               // the thread that began the capture
   void* graph_ = nullptr;               // cudaGraph_t: exec_'s, which holds the copy nodes
   void* exec_ = nullptr;                // cudaGraphExec_t
   std::vector<void*> copy_nodes_;       // cudaGraphNode_t, per copy of end_capture

@@ -4,6 +4,8 @@
 
 #include "runtime/cuda_capture_streams.h"
 
+#include <cuda_runtime.h>
+
 #include <mutex>
 #include <vector>
 
@@ -94,34 +96,45 @@ int64_t rerouted_graph_launches() {
   return g_rerouted.load(std::memory_order_relaxed);
 }
 
-StreamHandle LaunchBinding::route(int device, StreamHandle stream) {
-  const uint64_t generation = stream_generation();
-  const Bound* b = bound_.load(std::memory_order_relaxed);
-  auto bind = [&](StreamHandle to, uint64_t serial) {
-    bindings_.push_back(std::make_unique<Bound>(Bound{to, serial, generation}));
-    bound_.store(bindings_.back().get(), std::memory_order_release);
+int LaunchBinding::launch_from(int device, StreamHandle stream, void* exec) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t generation = stream_generation();  // (before the check: never newer than it)
+  // On `to`, from `stream`.
+  const auto launch_on = [&](StreamHandle to) {
+    if (to == stream)
+      return static_cast<int>(
+          cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(to)));
+    wait_stream(device, to, stream);
+    const cudaError_t e =
+        cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(to));
+    wait_stream(device, stream, to);
+    g_rerouted.fetch_add(1, std::memory_order_relaxed);
+    return static_cast<int>(e);
   };
-  if (b != nullptr) {
-    // Alive: no stream was destroyed since it was checked, or it still has its serial.
-    if (b->generation == generation || stream_serial(b->stream) == b->serial) {
-      if (b->generation != generation) bind(b->stream, b->serial);
-      if (b->stream != stream) g_rerouted.fetch_add(1, std::memory_order_relaxed);
-      return b->stream;
-    }
+  if (Bound* b = bindings_.empty() ? nullptr : bindings_.back().get(); b != nullptr) {
+    int e = 0;
+    // The bound stream, while it lives (its owner cannot destroy it meanwhile).
+    if (while_stream_lives(b->stream, b->serial, [&] {
+          b->generation.store(generation, std::memory_order_relaxed);
+          e = launch_on(b->stream);
+        }))
+      return e;
     // Destroyed: what it queued may still run in the workspaces (this waits for the device).
     order_after(device, stream, b->stream, b->serial);
   }
-  // Bound to a stream whose end the runtime sees: `stream`, or the device's default stream when
-  // the runtime did not make `stream`.
-  uint64_t serial = stream_serial(stream);
-  StreamHandle to = stream;
-  if (serial == 0) {
-    to = default_stream(device);
-    serial = stream_serial(to);
-    g_rerouted.fetch_add(1, std::memory_order_relaxed);
+  // A new binding: `stream`, or the default stream (never destroyed) when the runtime did not make
+  // `stream`.
+  auto b = std::make_unique<Bound>();
+  b->stream = stream;
+  b->serial = stream_serial(stream);
+  if (b->serial == 0) {
+    b->stream = default_stream(device);
+    b->serial = stream_serial(b->stream);
   }
-  bind(to, serial);
-  return to;
+  b->generation.store(generation, std::memory_order_relaxed);
+  bindings_.push_back(std::move(b));
+  bound_.store(bindings_.back().get(), std::memory_order_release);
+  return launch_on(bindings_.back()->stream);
 }
 
 }  // namespace encore::cuda

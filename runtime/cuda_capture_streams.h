@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -19,37 +20,30 @@ namespace encore::cuda {
 
 // Where the graphs captured on one set of capture streams are launched: on the stream the first
 // launch came from (the binding), so that the device runs them one after another and never two at
-// once in the same workspace. A launch from that stream costs two loads and a comparison; one
-// from another stream is queued on the bound stream between two event waits (after the caller's
-// stream, and before its later work), which orders it as if it ran on the caller's stream.
+// once in the same workspace. The binding holds while that stream lives: a launch from it is
+// checked with three loads and two comparisons (bound_to); one from another stream is queued on
+// the bound stream between two event waits, after the work queued so far on the caller's stream
+// and before what it gets next (launch_from). A stream the runtime did not make (its end unseen)
+// is never bound: the device's default stream is.
 class LaunchBinding {
  public:
-  // The stream to launch on from `stream`, when it is `stream` itself.
+  // Whether a launch from `stream` goes on `stream` itself.
   bool bound_to(StreamHandle stream) const {
     const Bound* b = bound_.load(std::memory_order_acquire);
-    return b != nullptr && b->stream == stream && b->generation == stream_generation();
+    return b != nullptr && b->stream == stream &&
+           b->generation.load(std::memory_order_relaxed) == stream_generation();
   }
-  // Launches through `launch(s)` (a cudaGraphLaunch on s) from `stream` of `device`, on the bound
-  // stream, binding it first when it has none or it was destroyed. Returns launch's result.
-  template <typename Launch>
-  int launch_from(int device, StreamHandle stream, Launch&& launch) {
-    const std::lock_guard<std::mutex> lock(mu_);
-    const StreamHandle on = route(device, stream);
-    if (on == stream) return launch(stream);
-    wait_stream(device, on, stream);
-    const int e = launch(on);
-    wait_stream(device, stream, on);
-    return e;
-  }
+  // Launches `exec` (a cudaGraphExec_t) from `stream` of `device` on the bound stream, binding
+  // one first when there is none or it was destroyed (which waits for the device). Returns
+  // cudaGraphLaunch's cudaError_t.
+  int launch_from(int device, StreamHandle stream, void* exec);
 
  private:
   struct Bound {
-    StreamHandle stream;
-    uint64_t serial;      // the stream's (never 0: a stream the runtime made)
-    uint64_t generation;  // stream_generation() when checked
+    StreamHandle stream = nullptr;
+    uint64_t serial = 0;                  // the stream's (never 0: a stream the runtime made)
+    std::atomic<uint64_t> generation{0};  // stream_generation() when it was last seen alive
   };
-  // With mu_ held: the stream a launch from `stream` goes on, rebinding where needed.
-  StreamHandle route(int device, StreamHandle stream);
 
   std::atomic<const Bound*> bound_{nullptr};
   std::mutex mu_;
@@ -59,6 +53,11 @@ class LaunchBinding {
 // The device's default stream (current_stream's when no StreamGuard is in force), made with its
 // error slot on first use.
 StreamHandle default_stream(int device);
+
+// Runs `fn` and returns true when `stream` is still the stream create_stream gave `serial`
+// (destroy_stream waits until `fn` returns); false, without running it, when it is not. `fn`
+// must not create or destroy streams or look their serials up.
+bool while_stream_lives(StreamHandle stream, uint64_t serial, const std::function<void()>& fn);
 
 // The launch binding of the capture set whose first stream is `origin` on `device`, when it is
 // this thread's; null for any other stream (a graph captured there launches where it is told).

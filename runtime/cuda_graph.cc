@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -89,6 +92,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     marks_ = o.marks_;
     device_ = o.device_;
     binding_ = o.binding_;
+    owner_ = o.owner_;
     graph_ = std::exchange(o.graph_, nullptr);
     exec_ = std::exchange(o.exec_, nullptr);
     copy_nodes_ = std::move(o.copy_nodes_);
@@ -105,6 +109,7 @@ void Graph::reset() noexcept {
   if (graph_ != nullptr) (void)cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
   exec_ = nullptr;
   graph_ = nullptr;
+  binding_ = nullptr;
   copy_nodes_.clear();
   copy_from_.clear();
 }
@@ -176,7 +181,7 @@ void Graph::begin_capture(StreamHandle stream, std::span<const StreamHandle> bra
     detail::fail_call("graph capture", "cudaStreamBeginCapture", e);
   }
   stream_ = stream;
-  binding_ = capture_binding(device, stream);
+  owner_ = std::this_thread::get_id();
   n_branches_ = static_cast<int>(branches.size());
   std::copy(branches.begin(), branches.end(), branches_.begin());
   marks_ = marks;
@@ -201,9 +206,16 @@ void Graph::begin_capture(StreamHandle stream, std::span<const StreamHandle> bra
   }
 }
 
+void Graph::check_owner(const char* what) const {
+  ENCORE_CHECK(owner_ == std::this_thread::get_id(), "graph capture: ", what,
+               " on another thread than the one that began the capture (CUDA ends a capture only "
+               "on its own thread)");
+}
+
 void Graph::mark(int k, StreamHandle s) {
   ENCORE_CHECK(capturing_ && k >= 0 && k < marks_, "graph capture: mark ", k,
                " is not one of this capture's ", marks_);
+  check_owner("mark");
   CHECK_CUDA("graph capture", cudaEventRecord(capture_events(device_)[kFirstMark + k],
                                               static_cast<cudaStream_t>(s)));
 }
@@ -211,6 +223,7 @@ void Graph::mark(int k, StreamHandle s) {
 void Graph::after(StreamHandle s, int k) {
   ENCORE_CHECK(capturing_ && k >= 0 && k < marks_, "graph capture: mark ", k,
                " is not one of this capture's ", marks_);
+  check_owner("after");
   CHECK_CUDA("graph capture", cudaStreamWaitEvent(static_cast<cudaStream_t>(s),
                                                   capture_events(device_)[kFirstMark + k], 0));
 }
@@ -228,13 +241,22 @@ bool Graph::join() noexcept {
 
 void Graph::abort_capture() noexcept {
   if (!capturing_) return;
+  if (owner_ != std::this_thread::get_id()) {
+    // The capture cannot be ended here, and its thread would stay inside it for good.
+    std::fputs("encore: a CUDA graph capture was abandoned on another thread than its own\n",
+               stderr);
+    std::abort();
+  }
   (void)join();  // an unjoined branch would stay in the capture
   cudaGraph_t g = nullptr;
   (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   if (g != nullptr) (void)cudaGraphDestroy(g);
   (void)cudaGetLastError();
   capture_ended();
-  (void)streams_left_capturing();
+  try {
+    (void)streams_left_capturing();
+  } catch (...) {  // (the message's allocation)
+  }
 }
 
 void Graph::capture_ended() noexcept {
@@ -243,7 +265,7 @@ void Graph::capture_ended() noexcept {
   capture_gate().leave();
 }
 
-bool Graph::streams_left_capturing() noexcept {
+std::string Graph::streams_left_capturing() {
   bool left = false;
   for (int k = -1; k < n_branches_; ++k) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -253,10 +275,13 @@ bool Graph::streams_left_capturing() noexcept {
   }
   (void)cudaGetLastError();
   n_branches_ = 0;
+  if (!left) return {};
   // This thread's capture streams: the next capture takes new ones (these are kept, unused, for
   // the graphs captured on them before).
-  if (left && binding_ != nullptr) retire_capture_streams(device_);
-  return left;
+  if (capture_binding(device_, stream_) == nullptr)
+    return "; CUDA left its streams in capture mode";
+  retire_capture_streams(device_);
+  return "; CUDA left its streams in capture mode, and this thread's next capture takes new ones";
 }
 
 namespace {
@@ -292,6 +317,7 @@ cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
 
 bool Graph::end_capture(std::span<const GraphCopy> first) {
   ENCORE_CHECK(capturing_, "graph capture: end_capture without begin_capture");
+  check_owner("end_capture");
   for (size_t k = 0; k < first.size(); ++k)
     ENCORE_CHECK(first[k].bytes > 0, "graph capture: first copy ", k, " has no bytes");
   (void)join();  // (a failed join fails the capture: a branch is not joined)
@@ -308,8 +334,7 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
   };
   if (e != cudaSuccess || g == nullptr) {
     fail("stream capture failed: ", e);
-    if (streams_left_capturing())
-      failure_ += "; its streams were left capturing, and the thread's next capture takes others";
+    failure_ += streams_left_capturing();
     return false;
   }
   n_branches_ = 0;
@@ -323,6 +348,7 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
   if (const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0); ie != cudaSuccess)
     return fail("graph instantiation failed: ", ie);
   exec_ = exec;
+  binding_ = capture_binding(device_, stream_);
   return true;
 }
 
@@ -344,14 +370,13 @@ bool Graph::launch(StreamHandle stream, std::span<const GraphCopy> copies) {
     }
     copy_from_[k] = copies[k].src;
   }
-  if (binding_ == nullptr || binding_->bound_to(stream)) [[likely]] {
+  // (Launched inside a capture, it is a node of the captured graph, on the capture's stream.)
+  if (binding_ == nullptr || tl_capturing || binding_->bound_to(stream)) [[likely]] {
     CHECK_CUDA("graph launch", cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)));
     return true;
   }
-  const int e = binding_->launch_from(device_, stream, [&](StreamHandle on) {
-    return static_cast<int>(cudaGraphLaunch(exec, static_cast<cudaStream_t>(on)));
-  });
-  CHECK_CUDA("graph launch", static_cast<cudaError_t>(e));
+  CHECK_CUDA("graph launch",
+             static_cast<cudaError_t>(binding_->launch_from(device_, stream, exec_)));
   return true;
 }
 

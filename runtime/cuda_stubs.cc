@@ -78,6 +78,9 @@ void* malloc_workspace(size_t) {
 void after_captures(std::function<void()> work) {
   work();
 }
+void outside_captures(const std::function<void()>& work) {
+  work();
+}
 void free_device_memory(int, void*) {}
 bool stream_finished(int) {
   not_built("stream_finished");
@@ -124,9 +127,10 @@ bool Graph::end_capture(std::span<const GraphCopy>) {
 }
 void Graph::abort_capture() noexcept {}
 void Graph::capture_ended() noexcept {}
-bool Graph::streams_left_capturing() noexcept {
-  return false;
+std::string Graph::streams_left_capturing() {
+  return {};
 }
+void Graph::check_owner(const char*) const {}
 int64_t rerouted_graph_launches() {
   return 0;
 }

@@ -1,13 +1,15 @@
 // The gate between CUDA graph captures and device-wide work (runtime/capture_gate.h), on its own:
 // it is host code, so its waiting and ordering are checked on every machine, with threads. Work
 // put off runs when the last capture ends, exclusive work waits for every capture to end and
-// keeps new ones from beginning while it runs, and a thread inside a capture cannot wait for
-// itself. Tagged [threads]: the ThreadSanitizer build runs these.
+// keeps new ones from beginning while it waits and runs, a thread inside a capture cannot wait
+// for itself, and work the gate runs may use it again. Tagged [threads]: the ThreadSanitizer
+// build runs these.
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,4 +133,60 @@ TEST_CASE("a thread inside a capture cannot wait for the captures to end", "[run
   bool again = false;
   gate.exclusive([&] { again = true; });
   CHECK(again);
+}
+
+TEST_CASE("captures that would begin wait for exclusive work that waits", "[runtime][threads]") {
+  // Without that, captures one after another could keep a device synchronisation waiting.
+  CaptureGate gate;
+  Log log;
+  std::atomic<bool> asking{false}, entering{false};
+  gate.enter();
+  std::thread sync([&] {
+    asking = true;
+    gate.exclusive([&] { log.add("device synchronised"); });
+  });
+  settle_after(asking);
+  std::thread capture([&] {
+    entering = true;
+    gate.enter();
+    log.add("next capture begins");
+    gate.leave();
+  });
+  settle_after(entering);
+  log.add("capture ends");
+  gate.leave();
+  sync.join();
+  capture.join();
+  CHECK(log.events() ==
+        std::vector<std::string>{"capture ends", "device synchronised", "next capture begins"});
+}
+
+TEST_CASE("work the gate runs may use the gate, and work that throws stops nothing",
+          "[runtime][threads]") {
+  CaptureGate gate;
+  Log log;
+  // In place, under the gate's lock (it would deadlock waiting for it).
+  gate.when_idle([&] {
+    gate.when_idle([&] { log.add("inner free"); });
+    gate.exclusive([&] { log.add("inner synchronisation"); });
+    log.add("outer free");
+  });
+  CHECK(log.events() ==
+        std::vector<std::string>{"inner free", "inner synchronisation", "outer free"});
+
+  gate.enter();
+  gate.when_idle([] { throw std::runtime_error("a free failed"); });
+  gate.when_idle([&] {
+    gate.when_idle([&] { log.add("put-off inner free"); });
+    log.add("put-off free");
+  });
+  CHECK(gate.pending());
+  gate.leave();
+  CHECK_FALSE(gate.pending());
+  CHECK(log.events().back() == "put-off free");
+  CHECK(log.events()[3] == "put-off inner free");
+  // The gate is idle: exclusive work runs at once.
+  bool ran = false;
+  gate.exclusive([&] { ran = true; });
+  CHECK(ran);
 }

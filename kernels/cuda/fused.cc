@@ -47,8 +47,12 @@ std::vector<Compiled> compile(const std::vector<std::string>& kernels,
   try {
     const std::string cubin = nvrtc_compile(source, arch);
     cudaLibrary_t library = nullptr;
-    const cudaError_t loaded =
-        cudaLibraryLoadData(&library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    cudaError_t loaded = cudaSuccess;
+    // Loading may synchronise the context, which another thread's capture may not meet.
+    encore::cuda::outside_captures([&] {
+      loaded =
+          cudaLibraryLoadData(&library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    });
     for (size_t k = 0; k < kernels.size(); ++k) {
       cudaError_t e = loaded;
       if (e == cudaSuccess) e = cudaLibraryGetKernel(&out[k].kernel, library, names[k].c_str());
@@ -122,8 +126,9 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
     // it): with lazy loading it would load at its first launch, which is a graph capture when
     // the plan replays as CUDA graphs.
     cudaFuncAttributes attributes;
-    if (e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(c.kernel));
-        e != cudaSuccess) {
+    encore::cuda::outside_captures(
+        [&] { e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(c.kernel)); });
+    if (e != cudaSuccess) {
       why[k] = load_failure(cat("the compiled fused kernel does not load on ", device.str()), e);
       continue;
     }

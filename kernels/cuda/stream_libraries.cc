@@ -66,21 +66,25 @@ std::atomic<bool> g_blas_used{false}, g_dnn_used{false};
 std::atomic<size_t> g_dnn_bytes{0};
 
 // Destroying a handle and freeing a workspace wait for the device, which another thread's capture
-// may not: once no capture is in progress.
-void free_libraries(StreamLibraries* l) {
-  encore::cuda::after_captures([l] {
+// may not: `release` runs on `device` once no capture is in progress.
+template <typename Release>
+void release_later(int device, Release release) {
+  encore::cuda::after_captures([device, release] {
     int previous = 0;
     (void)cudaGetDevice(&previous);
-    if (cudaSetDevice(l->device) == cudaSuccess) {
-      if (l->blas != nullptr) (void)cublasDestroy(l->blas);
-      if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
-      if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
-      for (void* p : l->retired) (void)cudaFree(p);
-      if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
-      if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
-    }
+    if (cudaSetDevice(device) == cudaSuccess) release();
     (void)cudaSetDevice(previous);
-    (void)cudaGetLastError();
+  });
+}
+
+void free_libraries(StreamLibraries* l) {
+  release_later(l->device, [l] {
+    if (l->blas != nullptr) (void)cublasDestroy(l->blas);
+    if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
+    if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
+    for (void* p : l->retired) (void)cudaFree(p);
+    if (l->blas_workspace != nullptr) (void)cudaFree(l->blas_workspace);
+    if (l->dnn_workspace != nullptr) (void)cudaFree(l->dnn_workspace);
     delete l;
   });
 }
@@ -157,13 +161,13 @@ void make_blas(StreamLibraries& l, Op op) {
     return {"cublasSetWorkspace", cublasSetWorkspace(h, workspace, kWorkspaceBytes)};
   };
   if (const auto [call, st] = configure(); st != CUBLAS_STATUS_SUCCESS) {
-    encore::cuda::after_captures([h] { (void)cublasDestroy(h); });
+    release_later(l.device, [h] { (void)cublasDestroy(h); });
     encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, call, st);
   }
   cublasLtHandle_t lt = nullptr;
   if (const cublasStatus_t st = cublasLtCreate(&lt); st != CUBLAS_STATUS_SUCCESS) {
-    encore::cuda::after_captures([h] { (void)cublasDestroy(h); });
+    release_later(l.device, [h] { (void)cublasDestroy(h); });
     encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, "cublasLtCreate(&lt)", st);
   }
@@ -182,7 +186,7 @@ void make_dnn(StreamLibraries& l, Op op) {
   ENCORE_CHECK(st == CUDNN_STATUS_SUCCESS, op_name(op),
                ": cuDNN error in cudnnCreate: ", cudnnGetErrorString(st));
   if (const cudnnStatus_t bound = cudnnSetStream(h, l.stream); bound != CUDNN_STATUS_SUCCESS) {
-    encore::cuda::after_captures([h] { (void)cudnnDestroy(h); });
+    release_later(l.device, [h] { (void)cudnnDestroy(h); });
     fail(op_name(op), ": cuDNN error in cudnnSetStream: ", cudnnGetErrorString(bound));
   }
   l.dnn = h;

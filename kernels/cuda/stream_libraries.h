@@ -12,8 +12,10 @@
 //   capture (Error naming the op): before a capture begins, the capture stream gets the handles
 //   the process uses and a cuDNN workspace as large as any asked for (runtime/cuda.h:
 //   register_capture_preparer). They live as long as the stream (a captured CUDA graph may name
-//   a workspace): a thread that finds a stream it cached destroyed (runtime/cuda.h:
-//   stream_serial) frees that stream's handles and workspaces.
+//   a workspace; the graphs captured on one thread's capture streams run one at a time:
+//   runtime/cuda_capture_streams.h): a thread that finds a stream it cached destroyed
+//   (runtime/cuda.h: stream_serial) frees that stream's handles and workspaces, once no graph
+//   capture is in progress (runtime/cuda.h: after_captures).
 // - cuBLAS: pointer mode host, default math (no TF32), the fixed workspace kWorkspaceBytes, so
 //   eager calls and graph replays pick the same algorithms and give the same bits. cuBLASLt
 //   (blas_lt.cc) has a handle of its own beside it and uses the same workspace (its calls are
