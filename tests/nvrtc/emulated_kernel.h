@@ -58,6 +58,12 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 extern "C" char __start_encore_shared[] __attribute__((weak));
 extern "C" char __stop_encore_shared[] __attribute__((weak));
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
+// CUDA's dim3, as launch plans spell grids (extents not given are 1).
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  operator EmulatedDim3() const { return {x, y, z}; }
+};
 // Internal linkage: each kernel's shared object has its own. One host thread runs a launch: the
 // CUDA threads of a block are fibers on it, and these are the running fiber's.
 static EmulatedDim3 threadIdx, blockIdx, gridDim, blockDim;
