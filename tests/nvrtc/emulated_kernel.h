@@ -44,6 +44,7 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #include <memory>
 #include <source_location>
 #include <vector>
+#include <vector_types.h>  // dim3
 #define __global__
 #define __device__
 #define __host__
@@ -58,12 +59,6 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 extern "C" char __start_encore_shared[] __attribute__((weak));
 extern "C" char __stop_encore_shared[] __attribute__((weak));
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
-// CUDA's dim3, as launch plans spell grids (extents not given are 1).
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-  operator EmulatedDim3() const { return {x, y, z}; }
-};
 // Internal linkage: each kernel's shared object has its own. One host thread runs a launch: the
 // CUDA threads of a block are fibers on it, and these are the running fiber's.
 static EmulatedDim3 threadIdx, blockIdx, gridDim, blockDim;
@@ -237,6 +232,11 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
 inline void emulate_launch(unsigned blocks, unsigned threads, std::function<void()> kernel) {
   emulate_launch(EmulatedDim3{blocks, 1, 1}, EmulatedDim3{threads, 1, 1}, std::move(kernel));
 }
+// Grids as launch plans spell them (CUDA's dim3, from the toolkit's vector_types.h).
+inline void emulate_launch(dim3 grid, dim3 block, std::function<void()> kernel) {
+  emulate_launch(EmulatedDim3{grid.x, grid.y, grid.z}, EmulatedDim3{block.x, block.y, block.z},
+                 std::move(kernel));
+}
 )cuda";
 
 // `name`_f32 or `name`_f64: the entry point a test's source defines for element type T.
@@ -309,7 +309,8 @@ class HostObject {
     const std::string command =
         cat("'", ENCORE_TEST_CXX, "' -std=c++20 -O1 -ffp-contract=off -w -shared -fPIC -pthread ",
             "-include '", dir_, "/cuda_on_host.h' -I'", dir_, "' -I'", ENCORE_SOURCE_DIR, "' -I'",
-            ENCORE_CUDA_CCCL_DIR, "' '", dir_, "/kernel.cc' -o '", so, "' 2>'", dir_, "/log.txt'");
+            ENCORE_CUDA_CCCL_DIR, "' -I'", ENCORE_CUDA_CCCL_DIR, "/..' '", dir_, "/kernel.cc' -o '",
+            so, "' 2>'", dir_, "/log.txt'");
     if (std::system(command.c_str()) != 0)
       fail("emulated kernel: the host compiler failed: ", read(dir_ + "/log.txt"));
     handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
