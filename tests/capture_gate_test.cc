@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -16,27 +15,12 @@
 
 #include "runtime/capture_gate.h"
 #include "runtime/error.h"
+#include "tests/order_log.h"
 
 using encore::cuda::CaptureGate;
+using encore::testing::OrderLog;
 
 namespace {
-
-// What happened, in the order it happened, from any thread.
-class Log {
- public:
-  void add(std::string what) {
-    const std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(what));
-  }
-  std::vector<std::string> events() const {
-    const std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::string> events_;
-};
 
 // Spins until `flag` is set, then gives the other thread time to reach the gate and block there
 // (were the gate open, it would have gone through by then).
@@ -49,7 +33,7 @@ void settle_after(const std::atomic<bool>& flag) {
 
 TEST_CASE("work put off during captures runs when the last one ends", "[runtime][threads]") {
   CaptureGate gate;
-  Log log;
+  OrderLog log;
   gate.when_idle([&] { log.add("free 0"); });  // no capture: at once
   CHECK(log.events() == std::vector<std::string>{"free 0"});
   CHECK(gate.deferred() == 0);
@@ -75,7 +59,7 @@ TEST_CASE("work put off during captures runs when the last one ends", "[runtime]
 
 TEST_CASE("exclusive work waits for the captures in progress to end", "[runtime][threads]") {
   CaptureGate gate;
-  Log log;
+  OrderLog log;
   std::atomic<bool> asking{false};
   gate.enter();
   std::thread sync([&] {
@@ -95,7 +79,7 @@ TEST_CASE("exclusive work waits for the captures in progress to end", "[runtime]
 
 TEST_CASE("no capture begins while exclusive work runs", "[runtime][threads]") {
   CaptureGate gate;
-  Log log;
+  OrderLog log;
   std::atomic<bool> working{false}, release{false}, entering{false};
   std::thread sync([&] {
     gate.exclusive([&] {
@@ -138,7 +122,7 @@ TEST_CASE("a thread inside a capture cannot wait for the captures to end", "[run
 TEST_CASE("captures that would begin wait for exclusive work that waits", "[runtime][threads]") {
   // Without that, captures one after another could keep a device synchronisation waiting.
   CaptureGate gate;
-  Log log;
+  OrderLog log;
   std::atomic<bool> asking{false}, entering{false};
   gate.enter();
   std::thread sync([&] {
@@ -164,7 +148,7 @@ TEST_CASE("captures that would begin wait for exclusive work that waits", "[runt
 TEST_CASE("work the gate runs may use the gate, and work that throws stops nothing",
           "[runtime][threads]") {
   CaptureGate gate;
-  Log log;
+  OrderLog log;
   // In place, under the gate's lock (it would deadlock waiting for it).
   gate.when_idle([&] {
     gate.when_idle([&] { log.add("inner free"); });

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "runtime/capture_gate.h"
 #include "runtime/cuda.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/order_log.h"
 #include "tests/test_util.h"
 
 using namespace encore;
@@ -27,23 +27,6 @@ using namespace encore::testing;
 namespace {
 
 constexpr int kDevice = 0;
-
-// What happened, in the order it happened, from any thread.
-class Log {
- public:
-  void add(std::string what) {
-    const std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(what));
-  }
-  std::vector<std::string> events() const {
-    const std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::string> events_;
-};
 
 // Captures `y = x` on this thread's capture stream; `during` runs inside the capture.
 template <typename During>
@@ -104,7 +87,7 @@ TEST_CASE("a device synchronisation during another thread's CUDA graph capture w
   const uint64_t serial = cuda::stream_serial(gone);
   cuda::destroy_stream(gone);
 
-  Log log;
+  OrderLog log;
   std::atomic<bool> capturing{false}, asking{false};
   bool captured = false, launched = false;
   std::string failure;

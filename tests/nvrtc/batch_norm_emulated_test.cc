@@ -93,11 +93,6 @@ bool near(double got, double want, double magnitude, int64_t terms) {
   return testing::within_ulps<T>(got, want, magnitude, 4 * static_cast<double>(terms + 4));
 }
 
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 struct Dims {
   int64_t n, c, s;
   int64_t at(int64_t b, int64_t ch, int64_t j) const { return (b * c + ch) * s + j; }
@@ -174,12 +169,12 @@ void check_batch_norm(const Dims d, bool affine, std::mt19937& rng) {
     k.forward(x.data(), g, b, y2.data(), mean2.data(), var2.data(), d.n, d.c, d.s, eps, blocks);
     k.backward(x.data(), mean.data(), var.data(), gy.data(), g, gx2.data(), ggamma2.data(),
                gbeta2.data(), d.n, d.c, d.s, eps, blocks);
-    CHECK(same_bits(mean2, mean));
-    CHECK(same_bits(var2, var));
-    CHECK(same_bits(y2, y));
-    CHECK(same_bits(gx2, gx));
-    CHECK(same_bits(ggamma2, ggamma));
-    CHECK(same_bits(gbeta2, gbeta));
+    CHECK(testing::same_bits(mean2, mean));
+    CHECK(testing::same_bits(var2, var));
+    CHECK(testing::same_bits(y2, y));
+    CHECK(testing::same_bits(gx2, gx));
+    CHECK(testing::same_bits(ggamma2, ggamma));
+    CHECK(testing::same_bits(gbeta2, gbeta));
   }
 }
 

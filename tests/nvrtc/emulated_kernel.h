@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -250,6 +251,12 @@ template <typename T>
 bool within_ulps(double got, double want, double magnitude, double ulps) {
   const double ulp = std::is_same_v<T, float> ? 0x1p-23 : 0x1p-52;
   return std::abs(got - want) <= ulps * ulp * (1 + magnitude);
+}
+
+// Whether a and b hold the same bits (NaNs with their payloads).
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // A device error slot (runtime/cuda.h: DeviceErrorSlot) in host memory, for the emulated

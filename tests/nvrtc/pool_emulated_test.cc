@@ -72,11 +72,6 @@ Tensor exactly(const std::vector<T>& v, const Shape& shape, DType dtype) {
   return t;
 }
 
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 struct Case {
   int64_t n, c, h, w;
   int kernel[2], stride[2], padding[2];
@@ -118,8 +113,8 @@ void check_pool(const Case& k, bool max, bool count_include_pad, std::mt19937& r
   std::vector<T> out(static_cast<size_t>(y.numel())), gx(xv.size());
   pool_entry<T>()(max, false, xv.data(), nullptr, out.data(), &g, y.numel());
   pool_entry<T>()(max, true, xv.data(), gyv.data(), gx.data(), &g, x.numel());
-  CHECK(same_bits(out, values_of<T>(y)));
-  CHECK(same_bits(gx, values_of<T>(x.grad())));
+  CHECK(testing::same_bits(out, values_of<T>(y)));
+  CHECK(testing::same_bits(gx, values_of<T>(x.grad())));
 }
 
 }  // namespace

@@ -66,11 +66,6 @@ std::vector<T> values_of(const Tensor& t) {
   return v;
 }
 
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 constexpr uint64_t kSeed = 1234, kOffset = 40;  // (a generator that has drawn 40 numbers)
 
 // The CPU's op from (kSeed, kOffset) against the kernel's, on its grid, on one block, and with
@@ -103,7 +98,7 @@ void check_kind(int kind, int64_t n) {
       std::vector<T> got(static_cast<size_t>(n)), mask(static_cast<size_t>(n));
       draw_entry<T>()(kind, got.data(), xv.data(), mask.data(), n, a, b, from_memory ? 0 : kSeed,
                       from_memory ? 0 : kOffset, from_memory ? state : nullptr, one_block);
-      CHECK(same_bits(got, values_of<T>(want)));
+      CHECK(testing::same_bits(got, values_of<T>(want)));
       if (kind == 2) {
         int64_t kept = 0, wrong = 0;
         const T scale = static_cast<T>(1.0 / (1.0 - a));
