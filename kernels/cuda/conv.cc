@@ -7,12 +7,13 @@
 // - A plan per (device, op, dtype, shapes, attributes) holds the descriptors and an algorithm
 //   chosen once from cuDNN's heuristics (cudnnGet*Algorithm_v7: the same list in the same order
 //   for the same GPU, cuDNN version and shapes, where timing with cudnnFind* could pick another
-//   algorithm in another process, with other bits): the first that is deterministic, and on
-//   float32 uses no tensor-core math, and whose workspace can be had. A replay then gives the
-//   eager run's bits, and two processes on one kind of GPU give the same bits (PyTorch's
-//   deterministic mode chooses the same way). Plans live as long as the process, found by key
-//   under a lock; a static plan's step keeps its plan in its KernelArgs::state, so a replay looks
-//   nothing up.
+//   algorithm in another process, with other bits): the first that is deterministic, on float32
+//   uses no tensor-core math, and asks for a workspace of at most 256 MiB (a fixed bound, never
+//   the memory free: an algorithm whose workspace cannot be had fails with an Error rather than
+//   another one running). A replay then gives the eager run's bits, and two processes on one kind
+//   of GPU give the same bits (PyTorch's deterministic mode chooses the same way). Plans live as
+//   long as the process, found by key under a lock; a static plan's step keeps its plan in its
+//   KernelArgs::state, so a replay looks nothing up.
 // - A stream's workspace grows (cudaMalloc, the caching allocator's cache emptied if the device
 //   is out of memory) when a plan needs more. A buffer it outgrows is kept, never freed: a
 //   captured CUDA graph may still point at it.
@@ -89,11 +90,15 @@ int32_t dim(const Shape& s, int i) {
   return static_cast<int32_t>(s[i]);
 }
 
-// The first algorithm in cuDNN's heuristic order that it supports, is deterministic, and (float32)
-// does not use tensor-core math; its workspace is reserved. False when there is none.
+// The largest workspace an algorithm may ask for: a fixed bound, so that the choice depends on the
+// shapes, the GPU and the cuDNN release only, never on the memory free at the first call.
+constexpr size_t kMaxConvWorkspace = size_t{256} << 20;
+
+// The first algorithm in cuDNN's heuristic order that it supports, is deterministic, (float32)
+// does not use tensor-core math, and asks for at most kMaxConvWorkspace bytes. False when there
+// is none.
 template <typename Perf, typename SizeFn>
-bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, StreamLibraries& libs,
-            Plan& plan) {
+bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Plan& plan) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
@@ -103,7 +108,7 @@ bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Str
     size_t bytes = 0;
     if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     bytes = std::max(bytes, p.memory);
-    if (!reserve_cudnn_workspace(libs, bytes)) continue;
+    if (bytes > kMaxConvWorkspace) continue;
     plan.algo = static_cast<int>(p.algo);
     plan.workspace = bytes;
     return true;
@@ -158,7 +163,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
           [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
             return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, algo, bytes);
           },
-          libs, p);
+          p);
       break;
     }
     case Kind::GradInput: {
@@ -172,7 +177,7 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
             return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, algo,
                                                                 bytes);
           },
-          libs, p);
+          p);
       break;
     }
     case Kind::GradWeight: {
@@ -186,14 +191,20 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, algo,
                                                                   bytes);
           },
-          libs, p);
+          p);
       break;
     }
   }
   if (!chosen)
     fail(op_name(op), ": cuDNN has no deterministic algorithm (of ", got,
-         " it proposes) whose workspace could be allocated for x ", xs, ", weight ", ws, ", y ", ys,
-         ", ", dtype);
+         " it proposes) with a workspace of at most ", kMaxConvWorkspace, " bytes for x ", xs,
+         ", weight ", ws, ", y ", ys, ", ", dtype);
+  // The algorithm is chosen whatever memory is free: one that cannot have its workspace fails,
+  // rather than another algorithm (other bits) running.
+  if (!reserve_cudnn_workspace(libs, p.workspace))
+    fail(op_name(op), ": no device memory for the ", p.workspace,
+         "-byte cuDNN workspace of the algorithm chosen for x ", xs, ", weight ", ws, ", y ", ys,
+         ", ", dtype, ", even after emptying the caching allocator's cache");
   return plan;
 }
 

@@ -142,7 +142,14 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
 void fused_kernel(const KernelArgs& args) {
   const FusedProgram& p = *args.attr<FusedAttrs>().program;
   if (p.device_kernel == nullptr)
-    fail("fused_elementwise: the program has no compiled kernel (its plan did not prepare it)");
+    fail("fused_elementwise: the program of ", p.n_in, " inputs and ", p.n_out, " outputs over ",
+         p.numel, " elements has no compiled kernel (its plan did not prepare it)");
+  // The generated kernel takes exactly the program's buffers (past them the parameter arrays
+  // below would overflow).
+  ENCORE_CHECK(
+      static_cast<int>(args.in.size()) == p.n_in && static_cast<int>(args.out.size()) == p.n_out,
+      "fused_elementwise: ", args.in.size(), " inputs and ", args.out.size(),
+      " outputs given to a program of ", p.n_in, " inputs and ", p.n_out, " outputs");
   // A program with row ops runs a warp per row (kFusedRowsPerBlock a block), else a thread per
   // element.
   const int64_t items = p.row_ops ? p.numel / p.row : p.numel;

@@ -51,45 +51,49 @@ std::vector<std::string> candidates() {
   return names;
 }
 
+// The first candidate that loads, has every entry point encore calls, and is the release the
+// unfused kernels were built with (another release's compiler and math library may round
+// differently, and fused steps must give their bits); a candidate that fails is closed and the
+// next one tried.
 Api load() {
-  Api api;
-  void* lib = nullptr;
+  constexpr int kMajor = CUDART_VERSION / 1000, kMinor = CUDART_VERSION % 1000 / 10;
   std::string tried;
   for (const std::string& name : candidates()) {
-    if ((lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
-    tried += cat(tried.empty() ? "" : ", ", name);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      tried += cat(tried.empty() ? "" : ", ", name);
+      continue;
+    }
+    Api api;
+    bool missing = false;
+    auto get = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      missing |= fn == nullptr;
+    };
+    get(api.create, "nvrtcCreateProgram");
+    get(api.destroy, "nvrtcDestroyProgram");
+    get(api.compile, "nvrtcCompileProgram");
+    get(api.log_size, "nvrtcGetProgramLogSize");
+    get(api.log, "nvrtcGetProgramLog");
+    get(api.cubin_size, "nvrtcGetCUBINSize");
+    get(api.cubin, "nvrtcGetCUBIN");
+    get(api.error_string, "nvrtcGetErrorString");
+    get(api.version, "nvrtcVersion");
+    int major = 0, minor = 0;
+    if (missing) {
+      tried += cat(tried.empty() ? "" : ", ", name, " (it lacks an entry point encore calls)");
+    } else if (api.version(&major, &minor) != NVRTC_SUCCESS || major != kMajor || minor != kMinor) {
+      tried += cat(tried.empty() ? "" : ", ", name, " (release ", major, ".", minor, ")");
+    } else {
+      return api;  // (kept loaded for the process)
+    }
+    dlclose(lib);
   }
-  if (lib == nullptr) {
-    api.unavailable =
-        cat("NVRTC cannot be loaded (tried ", tried, "; ENCORE_NVRTC may name the library)");
-    return api;
-  }
-  bool missing = false;
-  auto get = [&](auto& fn, const char* symbol) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
-    missing |= fn == nullptr;
-  };
-  get(api.create, "nvrtcCreateProgram");
-  get(api.destroy, "nvrtcDestroyProgram");
-  get(api.compile, "nvrtcCompileProgram");
-  get(api.log_size, "nvrtcGetProgramLogSize");
-  get(api.log, "nvrtcGetProgramLog");
-  get(api.cubin_size, "nvrtcGetCUBINSize");
-  get(api.cubin, "nvrtcGetCUBIN");
-  get(api.error_string, "nvrtcGetErrorString");
-  get(api.version, "nvrtcVersion");
-  if (missing) {
-    api.unavailable = "the NVRTC library loaded lacks an entry point encore calls";
-    return api;
-  }
-  // Another release's compiler and math library may round differently from the nvcc that built
-  // the unfused kernels, and fused steps must give their bits.
-  int major = 0, minor = 0;
-  constexpr int kMajor = CUDART_VERSION / 1000, kMinor = CUDART_VERSION % 1000 / 10;
-  if (api.version(&major, &minor) != NVRTC_SUCCESS || major != kMajor || minor != kMinor)
-    api.unavailable = cat("the NVRTC loaded is release ", major, ".", minor, ", not the CUDA ",
-                          kMajor, ".", kMinor, " the unfused kernels were built with");
-  return api;
+  Api none;
+  none.unavailable = cat("no NVRTC of the CUDA ", kMajor, ".", kMinor,
+                         " release the unfused kernels were built with can be loaded (tried ",
+                         tried, "; ENCORE_NVRTC may name the library)");
+  return none;
 }
 
 const Api& api() {

@@ -5,8 +5,8 @@
 //   static auto* plans = new PlanCache<Key, Plan>;  // never destroyed
 //   Plan& p = plans->find_or_make(key, [&] { return make_plan(...); });
 //
-// Plans are found under a lock and never move or die (a static plan's step keeps a pointer in
-// its KernelArgs::state, and work may still be queued at exit).
+// Plans are found under a lock and, once kept, never move or die (a static plan's step keeps a
+// pointer in its KernelArgs::state, and work may still be queued at exit).
 #pragma once
 
 #include <memory>
@@ -19,14 +19,20 @@ namespace encore::kernels::cuda {
 template <typename Key, typename Plan>
 class PlanCache {
  public:
-  // The plan of `key`; make() (returning std::unique_ptr<Plan>) makes it on first use, under the
-  // lock. An exception from make() leaves no plan.
+  // The plan of `key`; make() (returning std::unique_ptr<Plan>) makes it on first use, outside
+  // the lock: making one may wait (a cuDNN handle, a workspace that waits for another thread's
+  // graph capture to end), and that capture may look a plan up meanwhile. Two threads that make
+  // one plan at once each make it; the first kept is the one both use. An exception from make()
+  // leaves no plan.
   template <typename Make>
   Plan& find_or_make(const Key& key, Make&& make) {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      if (const auto it = plans_.find(key); it != plans_.end()) return *it->second;
+    }
+    std::unique_ptr<Plan> made = make();
     const std::lock_guard<std::mutex> lock(mu_);
-    auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, make()).first;
-    return *it->second;
+    return *plans_.try_emplace(key, std::move(made)).first->second;
   }
 
  private:
