@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <utility>
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
@@ -26,9 +27,15 @@ void fail_cublas(Op op, const char* call, cublasStatus_t status) {
 }
 
 void check_gemm_sizes(Op op, const GemmShape& g) {
-  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batches})
-    ENCORE_CHECK(v <= INT_MAX, op_name(op), ": dimension ", v, " is too large for cuBLAS (at most ",
-                 INT_MAX, ")");
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"its rows (m)", g.m},       {"its columns (n)", g.n},
+      {"its inner size (k)", g.k}, {"the first operand's row stride", g.lda},
+      {"the second's", g.ldb},     {"the result's", g.ldc},
+      {"its batches", g.batches}};
+  for (const auto& [what, v] : sizes)
+    ENCORE_CHECK(v <= INT_MAX, op_name(op), ": a product of [", g.m, ", ", g.k, "] by [", g.k, ", ",
+                 g.n, "] (", g.batches, " batches) is too large for cuBLAS: ", what, ", ", v,
+                 ", is more than ", INT_MAX);
 }
 
 namespace {
