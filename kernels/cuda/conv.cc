@@ -39,9 +39,14 @@
 namespace encore::kernels::cuda {
 namespace {
 
+// Names the op, the call and cuDNN's status, with cuDNN's own account of the failure where it
+// keeps one (cudnnGetLastErrorString: the thread's last error, e.g. which descriptor field it
+// refused).
 [[noreturn]] void fail_cudnn(Op op, const char* call, cudnnStatus_t s) {
+  char detail[512] = {};
+  cudnnGetLastErrorString(detail, sizeof detail);
   fail(op_name(op), ": cuDNN error in ", call, ": ", cudnnGetErrorString(s), " (status ",
-       static_cast<int>(s), ")");
+       static_cast<int>(s), ")", detail[0] != '\0' ? ": " : "", detail);
 }
 
 #define ENCORE_CUDNN_OK(op, call)                       \
