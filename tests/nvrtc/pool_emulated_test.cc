@@ -56,14 +56,6 @@ Pool<T> pool_entry() {
   return object.function<Pool<T>>(testing::typed_name<T>("pool"));
 }
 
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  const Tensor& c = t;  // (outputs and gradients are contiguous)
-  std::vector<T> v(static_cast<size_t>(c.numel()));
-  std::memcpy(v.data(), c.raw_data(), v.size() * sizeof(T));
-  return v;
-}
-
 // A cpu tensor holding `v`'s bits (NaNs with their payloads).
 template <typename T>
 Tensor exactly(const std::vector<T>& v, const Shape& shape, DType dtype) {
@@ -113,8 +105,8 @@ void check_pool(const Case& k, bool max, bool count_include_pad, std::mt19937& r
   std::vector<T> out(static_cast<size_t>(y.numel())), gx(xv.size());
   pool_entry<T>()(max, false, xv.data(), nullptr, out.data(), &g, y.numel());
   pool_entry<T>()(max, true, xv.data(), gyv.data(), gx.data(), &g, x.numel());
-  CHECK(testing::same_bits(out, values_of<T>(y)));
-  CHECK(testing::same_bits(gx, values_of<T>(x.grad())));
+  CHECK(testing::same_bits(out, y.to_vector<T>()));
+  CHECK(testing::same_bits(gx, x.grad().to_vector<T>()));
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "encore/encore.h"
@@ -59,13 +58,6 @@ Draw<T> draw_entry() {
   return object.function<Draw<T>>(testing::typed_name<T>("draw"));
 }
 
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.raw_data(), v.size() * sizeof(T));
-  return v;
-}
-
 constexpr uint64_t kSeed = 1234, kOffset = 40;  // (a generator that has drawn 40 numbers)
 
 // The CPU's op from (kSeed, kOffset) against the kernel's, on its grid, on one block, and with
@@ -89,7 +81,7 @@ void check_kind(int kind, int64_t n) {
   CHECK(cpu.offset() == kOffset + random_count(n));  // the count a kernel's elements cover
   cpu.set_state(before);
 
-  const std::vector<T> xv = values_of<T>(x);
+  const std::vector<T> xv = x.to_vector<T>();
   const unsigned long long state[2] = {kSeed, kOffset};
   for (const bool one_block : {false, true})
     for (const bool from_memory : {false, true}) {
@@ -98,7 +90,7 @@ void check_kind(int kind, int64_t n) {
       std::vector<T> got(static_cast<size_t>(n)), mask(static_cast<size_t>(n));
       draw_entry<T>()(kind, got.data(), xv.data(), mask.data(), n, a, b, from_memory ? 0 : kSeed,
                       from_memory ? 0 : kOffset, from_memory ? state : nullptr, one_block);
-      CHECK(testing::same_bits(got, values_of<T>(want)));
+      CHECK(testing::same_bits(got, want.to_vector<T>()));
       if (kind == 2) {
         int64_t kept = 0, wrong = 0;
         const T scale = static_cast<T>(1.0 / (1.0 - a));
