@@ -2,8 +2,8 @@
 // same semantics as kernels/cpu/binary.cc, unary.cc and convert.cc:
 // broadcasting binary ops and comparisons, where, add_, tensor-scalar ops, activations and their
 // gradients, fill_, copy and copy_ (with dtype conversion). Each op computes its elements with
-// its element function (element_ops.cuh), as the fused kernels of CUDA plans do; this file is
-// compiled with -fmad=false, as they are.
+// its element function (element_ops.cuh), as the fused kernels of CUDA plans do; elementwise.cu
+// is compiled with -fmad=false, as they are (and the emulated tests with -ffp-contract=off).
 //
 // Same-shape operands (and a broadcast single element) run through one grid-stride map that
 // moves 16 bytes per operand and step when every pointer is aligned for it. Other broadcasts
