@@ -20,8 +20,9 @@
 namespace encore::kernels::cuda {
 namespace {
 
-// A compiled program, or why it could not be (`lasting`: an error a later plan would meet again;
-// a load that failed for want of memory is tried again).
+// A compiled program, or why it could not be (`lasting`: an error a later plan would meet again,
+// a source NVRTC rejects; a load that failed for want of memory, or an NVRTC failure that is not
+// the source's, is tried again).
 struct Compiled {
   cudaKernel_t kernel = nullptr;
   std::string error;
@@ -62,12 +63,18 @@ std::vector<Compiled> compile(const std::vector<std::string>& kernels,
         out[k].lasting = e != cudaErrorMemoryAllocation;
       }
     }
-  } catch (const Error& e) {
+  } catch (const NvrtcRejected& e) {  // a source NVRTC refuses: for good
     if (kernels.size() == 1) {
       out[0].error = e.what();
     } else {  // find which: each on its own
       for (size_t k = 0; k < kernels.size(); ++k)
         out[k] = compile({kernels[k]}, {names[k]}, arch)[0];
+    }
+  } catch (const Error& e) {  // not the sources' doing (NVRTC out of memory): a later plan retries
+    for (Compiled& c : out) {
+      c.kernel = nullptr;
+      c.error = e.what();
+      c.lasting = false;
     }
   }
   return out;

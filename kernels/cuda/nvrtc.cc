@@ -133,8 +133,11 @@ std::string nvrtc_compile(const std::string& source, int arch) {
       if (nv.log(prog, log.data()) != NVRTC_SUCCESS) log.clear();
       while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
     }
-    fail("fused_elementwise: NVRTC could not compile the fused kernel for sm_", arch, " (",
-         nv.error_string(compiled), "): ", log, "\nsource:\n", source);
+    const std::string what =
+        cat("fused_elementwise: NVRTC could not compile the fused kernel for sm_", arch, " (",
+            nv.error_string(compiled), "): ", log, "\nsource:\n", source);
+    if (compiled == NVRTC_ERROR_COMPILATION) throw NvrtcRejected(what);
+    throw Error(what);
   }
   size_t n = 0;
   check(nv.cubin_size(prog, &n), "nvrtcGetCUBINSize");
