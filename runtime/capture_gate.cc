@@ -16,14 +16,11 @@ thread_local const CaptureGate* tl_holding = nullptr;
 }  // namespace
 
 void CaptureGate::run_locked(const std::function<void()>& work) {
-  const CaptureGate* outer = std::exchange(tl_holding, this);
-  try {
-    work();
-  } catch (...) {
-    tl_holding = outer;
-    throw;
-  }
-  tl_holding = outer;
+  struct Holding {  // this thread holds the lock while `work` runs, also when it throws
+    const CaptureGate* outer;
+    ~Holding() { tl_holding = outer; }
+  } holding{std::exchange(tl_holding, this)};
+  work();
 }
 
 void CaptureGate::enter() {
@@ -57,18 +54,14 @@ void CaptureGate::exclusive(const std::function<void()>& work) {
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  ++waiting_;
+  struct Waiting {  // counted until `work` has run (or thrown): captures wait for it
+    CaptureGate& gate;
+    ~Waiting() {
+      if (--gate.waiting_ == 0) gate.open_.notify_all();
+    }
+  } waiting{(++waiting_, *this)};
   idle_.wait(lock, [&] { return captures_ == 0; });
-  const auto done = [&] {
-    if (--waiting_ == 0) open_.notify_all();
-  };
-  try {
-    run_locked(work);
-  } catch (...) {
-    done();
-    throw;
-  }
-  done();
+  run_locked(work);
 }
 
 void CaptureGate::when_idle(std::function<void()> work) {
@@ -97,6 +90,12 @@ int CaptureGate::captures() const {
 bool CaptureGate::pending() const {
   const std::lock_guard<std::mutex> lock(mu_);
   return !pending_.empty();
+}
+
+bool CaptureGate::wait_pending() {
+  if (!pending()) return false;
+  exclusive([] {});
+  return true;
 }
 
 int64_t CaptureGate::deferred() const {

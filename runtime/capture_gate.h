@@ -42,6 +42,9 @@ class CaptureGate {
   int captures() const;
   // Whether put-off work waits for the captures in progress to end.
   bool pending() const;
+  // When put-off work waits, waits for it to run (exclusive: the captures in progress end); whether
+  // there was any. For a caller that is out of memory while frees are put off.
+  bool wait_pending();
   // How many pieces of work when_idle has put off so far.
   int64_t deferred() const;
 

@@ -117,9 +117,8 @@ void* device_alloc(void* ctx, size_t n) {
     const DeviceGuard on(index);
     e = cudaMalloc(&p, n);
     // Out of memory with frees put off until the captures in progress end: after them.
-    if (e == cudaErrorMemoryAllocation && capture_gate().pending()) {
+    if (e == cudaErrorMemoryAllocation && capture_gate().wait_pending()) {
       (void)cudaGetLastError();
-      capture_gate().exclusive([] {});
       e = cudaMalloc(&p, n);
     }
   }
@@ -398,14 +397,18 @@ void* malloc_workspace(size_t bytes) {
     if (e != cudaErrorMemoryAllocation) return nullptr;
     if (attempt > 0) break;
     allocator_for(Device::cuda(current_device())).empty_cache();
-    // Frees put off until the captures in progress end: after them.
-    if (capture_gate().pending()) capture_gate().exclusive([] {});
+    (void)capture_gate().wait_pending();  // frees put off until the captures in progress end
   }
   return nullptr;
 }
 
-void after_captures(std::function<void()> work) {
-  capture_gate().when_idle(std::move(work));
+void after_captures(int device, std::function<void()> work) {
+  capture_gate().when_idle([device, work = std::move(work)] {
+    int previous = 0;
+    (void)cudaGetDevice(&previous);
+    if (cudaSetDevice(device) == cudaSuccess) work();
+    (void)cudaSetDevice(previous);
+  });
 }
 
 void outside_captures(const std::function<void()>& work) {
@@ -415,12 +418,7 @@ void outside_captures(const std::function<void()>& work) {
 void free_device_memory(int device, void* p) {
   if (p == nullptr) return;
   // A failure here (e.g. the driver shutting down at process exit) leaves nothing to recover.
-  capture_gate().when_idle([device, p] {
-    int previous = 0;
-    (void)cudaGetDevice(&previous);
-    if (cudaSetDevice(device) == cudaSuccess) (void)cudaFree(p);
-    (void)cudaSetDevice(previous);
-  });
+  after_captures(device, [p] { (void)cudaFree(p); });
 }
 
 void call_after_stream(int device, void (*fn)(void*), void* arg) {

@@ -114,10 +114,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // (cudaLaunchHostFunc). `fn` must not call CUDA; Tensor::to uses it to keep a pinned source
 // alive until its asynchronous copy has read it.
 void call_after_stream(int device, void (*fn)(void*), void* arg);
-// Runs `work` now, or once no graph capture is in progress in any thread (on the thread that ends
-// the last): for device-wide work CUDA refuses beside a capture, such as cudaFree or destroying a
-// cuBLAS handle, which wait for the device. `work` must not throw.
-void after_captures(std::function<void()> work);
+// Runs `work` with `device` current, now or once no graph capture is in progress in any thread (on
+// the thread that ends the last): for device-wide work CUDA refuses beside a capture, such as
+// cudaFree or destroying a cuBLAS handle, which wait for the device. `work` must not throw.
+void after_captures(int device, std::function<void()> work);
 // Runs `work` once no graph capture is in progress in any thread, holding new ones off until it
 // returns: for device-wide work that must happen now (loading a compiled library). Error on a
 // thread inside a capture.

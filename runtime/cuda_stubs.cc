@@ -75,7 +75,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 void* malloc_workspace(size_t) {
   not_built("malloc_workspace");
 }
-void after_captures(std::function<void()> work) {
+void after_captures(int, std::function<void()> work) {
   work();
 }
 void outside_captures(const std::function<void()>& work) {

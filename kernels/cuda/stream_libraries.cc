@@ -66,19 +66,9 @@ std::atomic<bool> g_blas_used{false}, g_dnn_used{false};
 std::atomic<size_t> g_dnn_bytes{0};
 
 // Destroying a handle and freeing a workspace wait for the device, which another thread's capture
-// may not: `release` runs on `device` once no capture is in progress.
-template <typename Release>
-void release_later(int device, Release release) {
-  encore::cuda::after_captures([device, release] {
-    int previous = 0;
-    (void)cudaGetDevice(&previous);
-    if (cudaSetDevice(device) == cudaSuccess) release();
-    (void)cudaSetDevice(previous);
-  });
-}
-
+// may not: once no capture is in progress (runtime/cuda.h).
 void free_libraries(StreamLibraries* l) {
-  release_later(l->device, [l] {
+  encore::cuda::after_captures(l->device, [l] {
     if (l->blas != nullptr) (void)cublasDestroy(l->blas);
     if (l->lt != nullptr) (void)cublasLtDestroy(l->lt);
     if (l->dnn != nullptr) (void)cudnnDestroy(l->dnn);
@@ -161,13 +151,13 @@ void make_blas(StreamLibraries& l, Op op) {
     return {"cublasSetWorkspace", cublasSetWorkspace(h, workspace, kWorkspaceBytes)};
   };
   if (const auto [call, st] = configure(); st != CUBLAS_STATUS_SUCCESS) {
-    release_later(l.device, [h] { (void)cublasDestroy(h); });
+    encore::cuda::after_captures(l.device, [h] { (void)cublasDestroy(h); });
     encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, call, st);
   }
   cublasLtHandle_t lt = nullptr;
   if (const cublasStatus_t st = cublasLtCreate(&lt); st != CUBLAS_STATUS_SUCCESS) {
-    release_later(l.device, [h] { (void)cublasDestroy(h); });
+    encore::cuda::after_captures(l.device, [h] { (void)cublasDestroy(h); });
     encore::cuda::free_device_memory(l.device, workspace);
     fail_cublas(op, "cublasLtCreate(&lt)", st);
   }
@@ -186,7 +176,7 @@ void make_dnn(StreamLibraries& l, Op op) {
   ENCORE_CHECK(st == CUDNN_STATUS_SUCCESS, op_name(op),
                ": cuDNN error in cudnnCreate: ", cudnnGetErrorString(st));
   if (const cudnnStatus_t bound = cudnnSetStream(h, l.stream); bound != CUDNN_STATUS_SUCCESS) {
-    release_later(l.device, [h] { (void)cudnnDestroy(h); });
+    encore::cuda::after_captures(l.device, [h] { (void)cudnnDestroy(h); });
     fail(op_name(op), ": cuDNN error in cudnnSetStream: ", cudnnGetErrorString(bound));
   }
   l.dnn = h;
