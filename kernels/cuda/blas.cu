@@ -11,9 +11,7 @@
 // C^T = op(B)^T op(A)^T: one cuBLAS call with the operands swapped, n and m swapped, and each
 // operand keeping its own transpose flag and row length.
 #include <algorithm>
-#include <array>
 #include <climits>
-#include <utility>
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
@@ -26,42 +24,46 @@ void fail_cublas(Op op, const char* call, cublasStatus_t status) {
        cublasGetStatusString(status), ")");
 }
 
-void check_gemm_sizes(Op op, const GemmShape& g) {
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"its rows (m)", g.m},       {"its columns (n)", g.n},
-      {"its inner size (k)", g.k}, {"the first operand's row stride", g.lda},
-      {"the second's", g.ldb},     {"the result's", g.ldc},
-      {"its batches", g.batches}};
-  for (const auto& [what, v] : sizes)
-    ENCORE_CHECK(v <= INT_MAX, op_name(op), ": a product of [", g.m, ", ", g.k, "] by [", g.k, ", ",
-                 g.n, "] (", g.batches, " batches) is too large for cuBLAS: ", what, ", ", v,
-                 ", is more than ", INT_MAX);
-}
-
 namespace {
+
+// A GEMM call's failure names the product as the op saw it (row-major) and the call cuBLAS got.
+[[noreturn]] void fail_gemm(Op op, const char* call, cublasStatus_t status, const GemmShape& g) {
+  fail(op_name(op), ": cuBLAS error in ", call, " for a product of [", g.m, ", ", g.k, "]",
+       g.trans_a ? " (stored transposed)" : "", " by [", g.k, ", ", g.n, "]",
+       g.trans_b ? " (stored transposed)" : "", ", ", g.batches, " batch(es), row strides ", g.lda,
+       ", ", g.ldb, " and ", g.ldc, ": ", cublasGetStatusName(status), " (",
+       cublasGetStatusString(status), ")");
+}
 
 cublasOperation_t trans(bool t) {
   return t ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-// The column-major call for row-major g: (B, A) in that order, sizes (n, m, k).
-template <typename T, typename One, typename Batched>
-void gemm_impl(Op op, cublasHandle_t h, const GemmShape& g, const T* a, const T* b, T beta, T* c,
+// Whether every size of g fits an int: then the 32-bit entry points run it, else their 64-bit
+// forms (cuBLAS 12's `_64`), so that a product with more than 2^31 rows, columns or inner
+// elements runs as PyTorch's does, while every other product keeps the kernels it always had.
+bool fits_int(const GemmShape& g) {
+  return std::max({g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batches}) <= INT_MAX;
+}
+
+// The column-major call for row-major g: (B, A) in that order, sizes (n, m, k), each an Index.
+template <typename Index, typename T, typename One, typename Batched>
+void gemm_call(Op op, cublasHandle_t h, const GemmShape& g, const T* a, const T* b, T beta, T* c,
                One one, const char* one_name, Batched batched, const char* batched_name) {
   const T alpha = 1;
-  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
-  const int lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb),
-            ldc = static_cast<int>(g.ldc);
+  const auto m = static_cast<Index>(g.m), n = static_cast<Index>(g.n), k = static_cast<Index>(g.k);
+  const auto lda = static_cast<Index>(g.lda), ldb = static_cast<Index>(g.ldb),
+             ldc = static_cast<Index>(g.ldc);
   const cublasOperation_t op_b = trans(g.trans_b), op_a = trans(g.trans_a);
   if (g.batches == 1) {
     const cublasStatus_t s = one(h, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc);
-    if (s != CUBLAS_STATUS_SUCCESS) fail_cublas(op, one_name, s);
+    if (s != CUBLAS_STATUS_SUCCESS) fail_gemm(op, one_name, s, g);
   } else {
     const cublasStatus_t s =
         batched(h, op_b, op_a, n, m, k, &alpha, b, ldb, static_cast<long long>(g.stride_b), a, lda,
                 static_cast<long long>(g.stride_a), &beta, c, ldc,
-                static_cast<long long>(g.stride_c), static_cast<int>(g.batches));
-    if (s != CUBLAS_STATUS_SUCCESS) fail_cublas(op, batched_name, s);
+                static_cast<long long>(g.stride_c), static_cast<Index>(g.batches));
+    if (s != CUBLAS_STATUS_SUCCESS) fail_gemm(op, batched_name, s, g);
   }
 }
 
@@ -69,14 +71,22 @@ void gemm_impl(Op op, cublasHandle_t h, const GemmShape& g, const T* a, const T*
 
 void gemm(Op op, cublasHandle_t h, const GemmShape& g, const float* a, const float* b, float beta,
           float* c) {
-  gemm_impl(op, h, g, a, b, beta, c, cublasSgemm, "cublasSgemm", cublasSgemmStridedBatched,
-            "cublasSgemmStridedBatched");
+  if (fits_int(g))
+    gemm_call<int>(op, h, g, a, b, beta, c, cublasSgemm, "cublasSgemm", cublasSgemmStridedBatched,
+                   "cublasSgemmStridedBatched");
+  else
+    gemm_call<int64_t>(op, h, g, a, b, beta, c, cublasSgemm_64, "cublasSgemm_64",
+                       cublasSgemmStridedBatched_64, "cublasSgemmStridedBatched_64");
 }
 
 void gemm(Op op, cublasHandle_t h, const GemmShape& g, const double* a, const double* b,
           double beta, double* c) {
-  gemm_impl(op, h, g, a, b, beta, c, cublasDgemm, "cublasDgemm", cublasDgemmStridedBatched,
-            "cublasDgemmStridedBatched");
+  if (fits_int(g))
+    gemm_call<int>(op, h, g, a, b, beta, c, cublasDgemm, "cublasDgemm", cublasDgemmStridedBatched,
+                   "cublasDgemmStridedBatched");
+  else
+    gemm_call<int64_t>(op, h, g, a, b, beta, c, cublasDgemm_64, "cublasDgemm_64",
+                       cublasDgemmStridedBatched_64, "cublasDgemmStridedBatched_64");
 }
 
 namespace {
@@ -116,7 +126,6 @@ void matmul_into(const KernelArgs& args, Op op, Op act, double scalar, const Gem
       return small_gemm(op, kind, g, c.dtype, a.data, b.data, c.data, nullptr, act, scalar,
                         act_in != nullptr ? act_in->data : nullptr);
     } else {
-      check_gemm_sizes(op, g);
       gemm(op, cublas_handle(op), g, a.as<T>(), b.as<T>(), T(0), c.as<T>());
     }
     finish_apart(act, scalar, c, act_in);
@@ -136,7 +145,6 @@ void linear_into(const KernelArgs& args, Op op, Op act, double scalar) {
       if (const SmallGemm kind = cuda_small_gemm(g); kind != SmallGemm::kNone)
         return small_gemm(op, kind, g, y.dtype, x.data, w.data, py,
                           bias != nullptr ? bias->data : nullptr, act, scalar);
-      check_gemm_sizes(op, g);
       if (bias != nullptr &&
           linear_bias_lt(op, g, y.dtype, x.data, w.data, bias->data, py, args.state))
         return finish_apart(act, scalar, y, nullptr);

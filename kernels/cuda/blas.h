@@ -21,9 +21,6 @@ namespace encore::kernels::cuda {
 // Throws Error naming the op, the cuBLAS call and cuBLAS's status.
 [[noreturn]] void fail_cublas(Op op, const char* call, cublasStatus_t status);
 
-// Fails, naming `op`, unless every size fits cuBLAS's int.
-void check_gemm_sizes(Op op, const GemmShape& g);
-
 void gemm(Op op, cublasHandle_t h, const GemmShape& g, const float* a, const float* b, float beta,
           float* c);
 void gemm(Op op, cublasHandle_t h, const GemmShape& g, const double* a, const double* b,
@@ -32,7 +29,7 @@ void gemm(Op op, cublasHandle_t h, const GemmShape& g, const double* a, const do
 // Linear's y [m, n] = x [m, k] w^T + bias as one cuBLASLt call, the bias added by the GEMM's
 // epilogue (blas_lt.cc); `slot` is the step's KernelArgs::state (null when eager). False, with
 // nothing done, where cuBLASLt has no algorithm for it (or ENCORE_CUDA_LT=0): the caller fills y
-// with the bias and adds a GEMM. `g` is linear_shape's, with k > 0 and sizes checked.
+// with the bias and adds a GEMM. `g` is linear_shape's, with k > 0.
 bool linear_bias_lt(Op op, const GemmShape& g, DType dtype, const void* x, const void* w,
                     const void* bias, void* y, std::atomic<void*>* slot);
 
