@@ -14,6 +14,10 @@
 //   of GPU give the same bits (PyTorch's deterministic mode chooses the same way). Plans live as
 //   long as the process, found by key under a lock; a static plan's step keeps its plan in its
 //   KernelArgs::state, so a replay looks nothing up.
+// - cuDNN's descriptors count in int: where x or y has more elements than an int holds, the
+//   convolution runs as several calls over consecutive samples of the batch, each within int (a
+//   weight gradient adds the later calls' into the first's), as PyTorch splits it. One plan holds
+//   the descriptors of both call sizes, so a replay still looks nothing up.
 // - A stream's workspace grows (cudaMalloc, the caching allocator's cache emptied if the device
 //   is out of memory) when a plan needs more. A buffer it outgrows is kept, never freed: a
 //   captured CUDA graph may still point at it.
@@ -30,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -39,33 +44,56 @@
 namespace encore::kernels::cuda {
 namespace {
 
-// Names the op, the call and cuDNN's status, with cuDNN's own account of the failure where it
-// keeps one (cudnnGetLastErrorString: the thread's last error, e.g. which descriptor field it
-// refused).
-[[noreturn]] void fail_cudnn(Op op, const char* call, cudnnStatus_t s) {
-  char detail[512] = {};
-  cudnnGetLastErrorString(detail, sizeof detail);
-  fail(op_name(op), ": cuDNN error in ", call, ": ", cudnnGetErrorString(s), " (status ",
-       static_cast<int>(s), ")", detail[0] != '\0' ? ": " : "", detail);
+enum class Kind : int32_t { Forward, GradInput, GradWeight };
+
+// One convolution as its kernel sees it: the op, which of the three it is, the dtype, and the
+// shapes in the forward roles (for the gradients: gx's shape as x, gw's as w, gy's as y).
+struct Conv {
+  Op op;
+  Kind kind;
+  DType dtype;
+  const Shape &x, &w, &y;
+  const Conv2dAttrs& a;
+};
+
+// "x [2,3,8,8], weight [4,3,3,3], y [2,4,6,6], float32, stride 1x1, padding 0x0, dilation 1x1,
+// groups 1".
+std::string describe(const Conv& c) {
+  const Conv2dAttrs& a = c.a;
+  return cat("x ", c.x, ", weight ", c.w, ", y ", c.y, ", ", c.dtype, ", stride ", a.stride[0], "x",
+             a.stride[1], ", padding ", a.padding[0], "x", a.padding[1], ", dilation ",
+             a.dilation[0], "x", a.dilation[1], ", groups ", a.groups);
 }
 
-#define ENCORE_CUDNN_OK(op, call)                       \
+// Names the op, the call, the convolution and cuDNN's status, with cuDNN's own account of the
+// failure where it keeps one (cudnnGetLastErrorString: the thread's last error, e.g. which
+// descriptor field it refused).
+[[noreturn]] void fail_cudnn(const Conv& c, const char* call, cudnnStatus_t s) {
+  char detail[512] = {};
+  cudnnGetLastErrorString(detail, sizeof detail);
+  fail(op_name(c.op), ": cuDNN error in ", call, " for ", describe(c), ": ", cudnnGetErrorString(s),
+       " (status ", static_cast<int>(s), ")", detail[0] != '\0' ? ": " : "", detail);
+}
+
+#define ENCORE_CUDNN_OK(conv, call)                     \
   do {                                                  \
     const cudnnStatus_t encore_s_ = (call);             \
     if (encore_s_ != CUDNN_STATUS_SUCCESS) [[unlikely]] \
-      fail_cudnn((op), #call, encore_s_);               \
+      fail_cudnn((conv), #call, encore_s_);             \
   } while (0)
 
-enum class Kind : int32_t { Forward, GradInput, GradWeight };
-
-// The descriptors of one convolution and the algorithm chosen for it. x, w, y are the forward
-// roles (for the gradients: gx's shape, gw's shape, gy's shape).
+// The descriptors of one convolution and the algorithm chosen for it, for `batch` samples: all of
+// them, or (split) as many as keep x and y within an int, `rest` then holding the last call's
+// where `batch` does not divide the batch.
 struct Plan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = 0;          // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   size_t workspace = 0;  // bytes the algorithm needs
+  int64_t batch = 0;     // samples per call
+  std::unique_ptr<Plan> rest;
+  size_t reserve = 0;  // the largest workspace of this plan and rest
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -80,7 +108,7 @@ struct Plan {
 };
 
 // device, kind, dtype, x[4], w[4], y[4], stride[2], padding[2], dilation[2], groups.
-using Key = std::array<int32_t, 22>;
+using Key = std::array<int64_t, 22>;
 
 PlanCache<Key, Plan>& plans() {
   static auto* cache = new PlanCache<Key, Plan>;  // never destroyed (plan_cache.h)
@@ -91,8 +119,27 @@ cudnnDataType_t data_type(DType dt) {
   return dt == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
 }
 
-int32_t dim(const Shape& s, int i) {
-  return static_cast<int32_t>(s[i]);
+// A dimension of a shape whose element count fits an int (samples_per_call).
+int dim(const Shape& s, int i) {
+  return static_cast<int>(s[i]);
+}
+
+// s with n samples (its first dimension n).
+Shape with_batch(const Shape& s, int64_t n) {
+  Shape out = s;
+  out.set(0, n);
+  return out;
+}
+
+// How many samples one cuDNN call takes: all of them where x and y hold at most INT_MAX elements,
+// else as many as keep both within it. Fails where one sample, or the weight, has more.
+int64_t samples_per_call(const Conv& c) {
+  const int64_t n = c.x[0];
+  const int64_t per_sample = std::max({c.x.numel() / n, c.y.numel() / n, int64_t{1}});
+  if (per_sample > INT_MAX || c.w.numel() > INT_MAX)
+    fail(op_name(c.op), ": ", describe(c), ": one sample of x or y, or the weight, has more than ",
+         INT_MAX, " elements, more than cuDNN's descriptors count");
+  return std::min(n, INT_MAX / per_sample);
 }
 
 // The largest workspace an algorithm may ask for: a fixed bound, so that the choice depends on the
@@ -121,48 +168,54 @@ bool choose(const Perf* perf, int count, bool fp32, SizeFn&& workspace_size, Pla
   return false;
 }
 
-// Builds the descriptors of a convolution and chooses its algorithm (eager only).
-std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
-                                const Shape& ys, const Conv2dAttrs& a, StreamLibraries& libs) {
+// Builds the descriptors of a convolution of `batch` samples (a whole call's) and chooses its
+// algorithm (eager only).
+std::unique_ptr<Plan> make_call_plan(const Conv& whole, int64_t batch, StreamLibraries& libs) {
+  const Shape xs = with_batch(whole.x, batch), ys = with_batch(whole.y, batch);
+  const Shape& ws = whole.w;
+  const Conv c{whole.op, whole.kind, whole.dtype, xs, ws, ys, whole.a};
+  const Kind kind = c.kind;
+  const Conv2dAttrs& a = c.a;
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
+  p.batch = batch;
   const cudnnHandle_t h = libs.dnn;
-  const cudnnDataType_t dt = data_type(dtype);
-  ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.x));
-  ENCORE_CUDNN_OK(op, cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, dim(xs, 0), dim(xs, 1),
-                                                 dim(xs, 2), dim(xs, 3)));
-  ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.y));
-  ENCORE_CUDNN_OK(op, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, dim(ys, 0), dim(ys, 1),
-                                                 dim(ys, 2), dim(ys, 3)));
-  ENCORE_CUDNN_OK(op, cudnnCreateFilterDescriptor(&p.w));
-  ENCORE_CUDNN_OK(op, cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, dim(ws, 0), dim(ws, 1),
-                                                 dim(ws, 2), dim(ws, 3)));
+  const cudnnDataType_t dt = data_type(c.dtype);
+  ENCORE_CUDNN_OK(c, cudnnCreateTensorDescriptor(&p.x));
+  ENCORE_CUDNN_OK(c, cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, dim(xs, 0), dim(xs, 1),
+                                                dim(xs, 2), dim(xs, 3)));
+  ENCORE_CUDNN_OK(c, cudnnCreateTensorDescriptor(&p.y));
+  ENCORE_CUDNN_OK(c, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, dim(ys, 0), dim(ys, 1),
+                                                dim(ys, 2), dim(ys, 3)));
+  ENCORE_CUDNN_OK(c, cudnnCreateFilterDescriptor(&p.w));
+  ENCORE_CUDNN_OK(c, cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, dim(ws, 0), dim(ws, 1),
+                                                dim(ws, 2), dim(ws, 3)));
   if (kind == Kind::Forward) {
-    ENCORE_CUDNN_OK(op, cudnnCreateTensorDescriptor(&p.bias));
-    ENCORE_CUDNN_OK(op,
+    ENCORE_CUDNN_OK(c, cudnnCreateTensorDescriptor(&p.bias));
+    ENCORE_CUDNN_OK(c,
                     cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1, dim(ws, 0), 1, 1));
   }
-  ENCORE_CUDNN_OK(op, cudnnCreateConvolutionDescriptor(&p.conv));
-  ENCORE_CUDNN_OK(op, cudnnSetConvolution2dDescriptor(p.conv, a.padding[0], a.padding[1],
-                                                      a.stride[0], a.stride[1], a.dilation[0],
-                                                      a.dilation[1], CUDNN_CROSS_CORRELATION, dt));
-  ENCORE_CUDNN_OK(op, cudnnSetConvolutionGroupCount(p.conv, a.groups));
+  ENCORE_CUDNN_OK(c, cudnnCreateConvolutionDescriptor(&p.conv));
+  ENCORE_CUDNN_OK(c, cudnnSetConvolution2dDescriptor(p.conv, a.padding[0], a.padding[1],
+                                                     a.stride[0], a.stride[1], a.dilation[0],
+                                                     a.dilation[1], CUDNN_CROSS_CORRELATION, dt));
+  ENCORE_CUDNN_OK(c, cudnnSetConvolutionGroupCount(p.conv, a.groups));
   // float32 must not use TF32 tensor cores (10-bit mantissa products) so results stay close to
   // the CPU's. CUDNN_DEFAULT_MATH permits TF32 on sm_80 and newer; CUDNN_FMA_MATH restricts
   // cuDNN to FMA kernels (full float32). float64 keeps the default (float64 tensor cores, where
   // used, compute in full float64).
-  const bool fp32 = dtype == DType::Float32;
-  ENCORE_CUDNN_OK(op,
+  const bool fp32 = c.dtype == DType::Float32;
+  ENCORE_CUDNN_OK(c,
                   cudnnSetConvolutionMathType(p.conv, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
 
   int max = 0, got = 0;
   bool chosen = false;
   switch (kind) {
     case Kind::Forward: {
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max,
-                                                                 &got, perf.data()));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max, &got,
+                                                                perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
@@ -172,10 +225,10 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
       break;
     }
     case Kind::GradInput: {
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, max,
-                                                                      &got, perf.data()));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, max,
+                                                                     &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
@@ -186,10 +239,10 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
       break;
     }
     case Kind::GradWeight: {
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-      ENCORE_CUDNN_OK(op, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
-                                                                        max, &got, perf.data()));
+      ENCORE_CUDNN_OK(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
+                                                                       max, &got, perf.data()));
       chosen = choose(
           perf.data(), got, fp32,
           [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
@@ -201,77 +254,94 @@ std::unique_ptr<Plan> make_plan(Op op, Kind kind, DType dtype, const Shape& xs, 
     }
   }
   if (!chosen)
-    fail(op_name(op), ": cuDNN has no deterministic algorithm (of ", got,
-         " it proposes) with a workspace of at most ", kMaxConvWorkspace, " bytes for x ", xs,
-         ", weight ", ws, ", y ", ys, ", ", dtype);
-  // The algorithm is chosen whatever memory is free: one that cannot have its workspace fails,
-  // rather than another algorithm (other bits) running.
-  if (!reserve_cudnn_workspace(libs, p.workspace))
-    fail(op_name(op), ": no device memory for the ", p.workspace,
-         "-byte cuDNN workspace of the algorithm chosen for x ", xs, ", weight ", ws, ", y ", ys,
-         ", ", dtype, ", even after emptying the caching allocator's cache");
+    fail(op_name(c.op), ": cuDNN has no deterministic algorithm (of ", got,
+         " it proposes) with a workspace of at most ", kMaxConvWorkspace, " bytes for ",
+         describe(c));
+  return plan;
+}
+
+// The plan of a whole convolution: one call's, or (split) the full calls' with the last call's
+// as its rest. Its workspace is reserved now: the algorithm is chosen whatever memory is free,
+// and one that cannot have its workspace fails, rather than another algorithm (other bits)
+// running.
+std::unique_ptr<Plan> make_plan(const Conv& c, StreamLibraries& libs) {
+  const int64_t n = c.x[0], batch = samples_per_call(c);
+  std::unique_ptr<Plan> plan = make_call_plan(c, batch, libs);
+  plan->reserve = plan->workspace;
+  if (n % batch != 0) {
+    plan->rest = make_call_plan(c, n % batch, libs);
+    plan->reserve = std::max(plan->reserve, plan->rest->workspace);
+  }
+  if (!reserve_cudnn_workspace(libs, plan->reserve))
+    fail(op_name(c.op), ": no device memory for the ", plan->reserve,
+         "-byte cuDNN workspace of the algorithm chosen for ", describe(c),
+         ", even after emptying the caching allocator's cache");
   return plan;
 }
 
 // The plan of this convolution, made (its algorithm chosen) on its first call; a static plan's
-// step keeps it in `state`. x, w, y are the forward roles' shapes.
-const Plan& plan_for(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws,
-                     const Shape& ys, const Conv2dAttrs& a, std::atomic<void*>* state_slot) {
+// step keeps it in `state`.
+const Plan& plan_for(const Conv& c, std::atomic<void*>* state_slot) {
   if (state_slot != nullptr)
     if (const void* p = state_slot->load(std::memory_order_acquire); p != nullptr) [[likely]]
       return *static_cast<const Plan*>(p);
-  for (const Shape* s : {&xs, &ws, &ys})
-    if (s->numel() > INT_MAX)
-      fail(op_name(op), ": tensors of more than ", INT_MAX,
-           " elements are not supported on CUDA (x ", xs, ", weight ", ws, ", y ", ys, ")");
   const Key key{encore::cuda::current_device(),
-                static_cast<int32_t>(kind),
-                static_cast<int32_t>(dtype),
-                dim(xs, 0),
-                dim(xs, 1),
-                dim(xs, 2),
-                dim(xs, 3),
-                dim(ws, 0),
-                dim(ws, 1),
-                dim(ws, 2),
-                dim(ws, 3),
-                dim(ys, 0),
-                dim(ys, 1),
-                dim(ys, 2),
-                dim(ys, 3),
-                a.stride[0],
-                a.stride[1],
-                a.padding[0],
-                a.padding[1],
-                a.dilation[0],
-                a.dilation[1],
-                a.groups};
+                static_cast<int64_t>(c.kind),
+                static_cast<int64_t>(c.dtype),
+                c.x[0],
+                c.x[1],
+                c.x[2],
+                c.x[3],
+                c.w[0],
+                c.w[1],
+                c.w[2],
+                c.w[3],
+                c.y[0],
+                c.y[1],
+                c.y[2],
+                c.y[3],
+                c.a.stride[0],
+                c.a.stride[1],
+                c.a.padding[0],
+                c.a.padding[1],
+                c.a.dilation[0],
+                c.a.dilation[1],
+                c.a.groups};
   Plan& p = plans().find_or_make(key, [&] {
     if (encore::cuda::capturing())
-      throw encore::cuda::NotReadyForCapture(
-          cat(op_name(op), ": no cuDNN algorithm chosen yet for x ", xs, ", weight ", ws, ", y ",
-              ys, " (chosen outside a capture)"));
-    return make_plan(op, kind, dtype, xs, ws, ys, a, cudnn_libraries(op, 0));
+      throw encore::cuda::NotReadyForCapture(cat(op_name(c.op),
+                                                 ": no cuDNN algorithm chosen yet for ",
+                                                 describe(c), " (chosen outside a capture)"));
+    return make_plan(c, cudnn_libraries(c.op, 0));
   });
   if (state_slot != nullptr) state_slot->store(&p, std::memory_order_release);
   return p;
 }
 
-// Runs run(handle, plan, workspace) with the plan of this convolution and the current stream's
-// cuDNN handle and workspace.
+// Runs run(handle, call plan, workspace, first sample) for each cuDNN call of this convolution
+// (one unless it is split), in order of the samples, with the current stream's cuDNN handle and
+// workspace.
 template <typename F>
-void with_plan(Op op, Kind kind, DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
-               const Conv2dAttrs& a, std::atomic<void*>* state_slot, F&& run) {
-  const Plan& p = plan_for(op, kind, dtype, xs, ws, ys, a, state_slot);
-  StreamLibraries& libs = cudnn_libraries(op, p.workspace);
-  run(libs.dnn, p, libs.dnn_workspace);
+void with_plan(const Conv& c, std::atomic<void*>* state_slot, F&& run) {
+  const Plan& p = plan_for(c, state_slot);
+  StreamLibraries& libs = cudnn_libraries(c.op, p.reserve);
+  const int64_t n = c.x[0];
+  for (int64_t first = 0; first < n; first += p.batch)
+    run(libs.dnn, n - first >= p.batch ? p : *p.rest, libs.dnn_workspace, first);
+}
+
+// The address of sample `first` of a [N, ...] tensor's data.
+template <typename T>
+T* sample(const BufferView& t, int64_t first) {
+  return static_cast<T*>(t.data) + first * (t.numel() / t.shape[0]);
 }
 
 // x [N,C,H,W], w [O,C/g,kh,kw], optional bias [O] -> y [N,O,Ho,Wo].
 void conv2d(const KernelArgs& args) {
   const BufferView &x = args.in[0], &w = args.in[1], &y = args.out[0];
   const BufferView* bias = args.in.size() == 3 ? &args.in[2] : nullptr;
-  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  const Conv c{Op::Conv2d, Kind::Forward,           y.dtype, x.shape, w.shape,
+               y.shape,    args.attr<Conv2dAttrs>()};
   switch_floating(y.dtype, Op::Conv2d, [&]<typename T>(Type<T>) {
     if (y.numel() == 0) return;
     const T one = 1, zero = 0;
@@ -282,56 +352,55 @@ void conv2d(const KernelArgs& args) {
           cudaMemsetAsync(y.data, 0, static_cast<size_t>(y.numel()) * sizeof(T), stream()));
       if (bias == nullptr) return;
       if (y.numel() > INT_MAX)
-        fail(op_name(Op::Conv2d), ": y ", y.shape, " has more than ", INT_MAX, " elements");
+        fail(op_name(Op::Conv2d), ": ", describe(c), ": y has more than ", INT_MAX,
+             " elements, more than cuDNN's descriptors count");
       StreamLibraries& libs = cudnn_libraries(Op::Conv2d, 0);
       Plan p;  // descriptors only
       const cudnnDataType_t dt = data_type(y.dtype);
-      ENCORE_CUDNN_OK(Op::Conv2d, cudnnCreateTensorDescriptor(&p.y));
-      ENCORE_CUDNN_OK(Op::Conv2d, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt,
-                                                             dim(y.shape, 0), dim(y.shape, 1),
-                                                             dim(y.shape, 2), dim(y.shape, 3)));
-      ENCORE_CUDNN_OK(Op::Conv2d, cudnnCreateTensorDescriptor(&p.bias));
-      ENCORE_CUDNN_OK(Op::Conv2d, cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1,
-                                                             dim(y.shape, 1), 1, 1));
-      ENCORE_CUDNN_OK(Op::Conv2d,
-                      cudnnAddTensor(libs.dnn, &one, p.bias, bias->data, &one, p.y, y.data));
+      ENCORE_CUDNN_OK(c, cudnnCreateTensorDescriptor(&p.y));
+      ENCORE_CUDNN_OK(
+          c, cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, dim(y.shape, 0),
+                                        dim(y.shape, 1), dim(y.shape, 2), dim(y.shape, 3)));
+      ENCORE_CUDNN_OK(c, cudnnCreateTensorDescriptor(&p.bias));
+      ENCORE_CUDNN_OK(
+          c, cudnnSetTensor4dDescriptor(p.bias, CUDNN_TENSOR_NCHW, dt, 1, dim(y.shape, 1), 1, 1));
+      ENCORE_CUDNN_OK(c, cudnnAddTensor(libs.dnn, &one, p.bias, bias->data, &one, p.y, y.data));
       return;
     }
-    with_plan(Op::Conv2d, Kind::Forward, y.dtype, x.shape, w.shape, y.shape, a, args.state,
-              [&](cudnnHandle_t h, const Plan& p, void* workspace) {
-                ENCORE_CUDNN_OK(Op::Conv2d, cudnnConvolutionForward(
-                                                h, &one, p.x, x.data, p.w, w.data, p.conv,
-                                                static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
-                                                workspace, p.workspace, &zero, p.y, y.data));
-                if (bias != nullptr)
-                  ENCORE_CUDNN_OK(Op::Conv2d,
-                                  cudnnAddTensor(h, &one, p.bias, bias->data, &one, p.y, y.data));
-              });
+    with_plan(c, args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace, int64_t first) {
+      T* py = sample<T>(y, first);
+      ENCORE_CUDNN_OK(
+          c, cudnnConvolutionForward(h, &one, p.x, sample<T>(x, first), p.w, w.data, p.conv,
+                                     static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), workspace,
+                                     p.workspace, &zero, p.y, py));
+      if (bias != nullptr)
+        ENCORE_CUDNN_OK(c, cudnnAddTensor(h, &one, p.bias, bias->data, &one, p.y, py));
+    });
   });
 }
 
 // gy [N,O,Ho,Wo], w -> gx [N,C,H,W].
 void conv2d_grad_input(const KernelArgs& args) {
   const BufferView &gy = args.in[0], &w = args.in[1], &gx = args.out[0];
-  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  const Conv c{Op::Conv2dGradInput,     Kind::GradInput, gx.dtype, gx.shape, w.shape, gy.shape,
+               args.attr<Conv2dAttrs>()};
   switch_floating(gx.dtype, Op::Conv2dGradInput, [&]<typename T>(Type<T>) {
     if (gx.numel() == 0) return;  // else N > 0, so gy is not empty either
     const T one = 1, zero = 0;
-    with_plan(Op::Conv2dGradInput, Kind::GradInput, gx.dtype, gx.shape, w.shape, gy.shape, a,
-              args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace) {
-                ENCORE_CUDNN_OK(
-                    Op::Conv2dGradInput,
-                    cudnnConvolutionBackwardData(h, &one, p.w, w.data, p.y, gy.data, p.conv,
-                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
-                                                 workspace, p.workspace, &zero, p.x, gx.data));
-              });
+    with_plan(c, args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace, int64_t first) {
+      ENCORE_CUDNN_OK(c, cudnnConvolutionBackwardData(
+                             h, &one, p.w, w.data, p.y, sample<T>(gy, first), p.conv,
+                             static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), workspace,
+                             p.workspace, &zero, p.x, sample<T>(gx, first)));
+    });
   });
 }
 
-// x, gy -> gw [O,C/g,kh,kw].
+// x, gy -> gw [O,C/g,kh,kw]; a split convolution's later calls add into the first's.
 void conv2d_grad_weight(const KernelArgs& args) {
   const BufferView &x = args.in[0], &gy = args.in[1], &gw = args.out[0];
-  const Conv2dAttrs& a = args.attr<Conv2dAttrs>();
+  const Conv c{Op::Conv2dGradWeight,    Kind::GradWeight, gw.dtype, x.shape, gw.shape, gy.shape,
+               args.attr<Conv2dAttrs>()};
   switch_floating(gw.dtype, Op::Conv2dGradWeight, [&]<typename T>(Type<T>) {
     if (gw.numel() == 0) return;
     if (x.numel() == 0 || gy.numel() == 0) {  // an empty batch or image: a sum of nothing
@@ -341,14 +410,12 @@ void conv2d_grad_weight(const KernelArgs& args) {
       return;
     }
     const T one = 1, zero = 0;
-    with_plan(Op::Conv2dGradWeight, Kind::GradWeight, gw.dtype, x.shape, gw.shape, gy.shape, a,
-              args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace) {
-                ENCORE_CUDNN_OK(Op::Conv2dGradWeight,
-                                cudnnConvolutionBackwardFilter(
-                                    h, &one, p.x, x.data, p.y, gy.data, p.conv,
-                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), workspace,
-                                    p.workspace, &zero, p.w, gw.data));
-              });
+    with_plan(c, args.state, [&](cudnnHandle_t h, const Plan& p, void* workspace, int64_t first) {
+      ENCORE_CUDNN_OK(c, cudnnConvolutionBackwardFilter(
+                             h, &one, p.x, sample<T>(x, first), p.y, sample<T>(gy, first), p.conv,
+                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), workspace,
+                             p.workspace, first == 0 ? &zero : &one, p.w, gw.data));
+    });
   });
 }
 

@@ -88,12 +88,12 @@ kernels_per_step() {  # CASE...: the KernelSum breakdowns' kernels per step
 run_tests() {
   cuda_tests 300
   # The cases hidden from a plain run for the memory they take (about 40 GiB).
-  part cuda_tests_large 30 "$run/bin/encore_cuda_tests" "[large]" --durations yes
+  part cuda_tests_large 40 "$run/bin/encore_cuda_tests" "[large]" --durations yes
   local san
   san=$(sanitizer)
   [ -n "$san" ] || return 0
   # The random programs run 60 rather than 400 under the sanitizer (ENCORE_RANDOM_PROGRAMS).
-  ENCORE_RANDOM_PROGRAMS=60 part memcheck 150 "$san" --tool memcheck --print-limit 20 \
+  ENCORE_RANDOM_PROGRAMS=60 part memcheck 140 "$san" --tool memcheck --print-limit 20 \
     "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
   part racecheck 50 "$san" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
     "a failed CUDA-graph capture*" "Adam's hyper-parameters on a schedule on cuda*"
