@@ -96,37 +96,49 @@ std::vector<std::string> prepare(std::span<FusedProgram* const> programs, Device
   const int arch = 10 * major + minor;
   const encore::cuda::DeviceGuard on(device.index);  // the kernels load into its context
 
-  // Per process, by capability and kernel source (named kFusedKernelName in the key).
+  // Per process, by capability and kernel source (named kFusedKernelName in the key). Looked up
+  // under the lock, compiled and loaded outside it: another thread's plan need not wait for
+  // NVRTC, nor for a capture the load waits for. Two threads that compile one program at once
+  // each compile it; the first kept is the one both use (as plan_cache.h).
   static std::mutex mu;
   static absl::flat_hash_map<std::string, Compiled> cache;
-  const std::lock_guard<std::mutex> lock(mu);
   std::vector<std::string> keys(programs.size());
   std::vector<std::string> kernels, names, new_keys;
-  for (size_t k = 0; k < programs.size(); ++k) {
-    if (std::string reason = fused_unsupported(*programs[k]); !reason.empty()) {
-      why[k] = std::move(reason);
-      continue;
+  std::vector<Compiled> found(programs.size());
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = 0; k < programs.size(); ++k) {
+      if (std::string reason = fused_unsupported(*programs[k]); !reason.empty()) {
+        why[k] = std::move(reason);
+        continue;
+      }
+      keys[k] = cat(arch, "\n", fused_kernel_source(*programs[k], kFusedKernelName));
+      if (const auto it = cache.find(keys[k]); it != cache.end()) {
+        found[k] = it->second;
+        continue;
+      }
+      if (std::find(new_keys.begin(), new_keys.end(), keys[k]) != new_keys.end()) continue;
+      names.push_back(cat(kFusedKernelName, "_", kernels.size()));
+      kernels.push_back(fused_kernel_source(*programs[k], names.back()));
+      new_keys.push_back(keys[k]);
     }
-    keys[k] = cat(arch, "\n", fused_kernel_source(*programs[k], kFusedKernelName));
-    if (cache.contains(keys[k]) ||
-        std::find(new_keys.begin(), new_keys.end(), keys[k]) != new_keys.end())
-      continue;
-    names.push_back(cat(kFusedKernelName, "_", kernels.size()));
-    kernels.push_back(fused_kernel_source(*programs[k], names.back()));
-    new_keys.push_back(keys[k]);
   }
   std::vector<Compiled> compiled;
   if (!kernels.empty()) compiled = compile(kernels, names, arch);
-  for (size_t k = 0; k < compiled.size(); ++k)
-    if (compiled[k].lasting) cache.emplace(new_keys[k], compiled[k]);
-  auto compiled_for = [&](const std::string& key) -> const Compiled& {
-    if (const auto it = cache.find(key); it != cache.end()) return it->second;
-    return compiled[static_cast<size_t>(std::find(new_keys.begin(), new_keys.end(), key) -
-                                        new_keys.begin())];
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = 0; k < compiled.size(); ++k)
+      if (compiled[k].lasting)
+        compiled[k] = cache.try_emplace(new_keys[k], compiled[k]).first->second;
+  }
+  auto compiled_for = [&](size_t k) -> const Compiled& {
+    if (const auto it = std::find(new_keys.begin(), new_keys.end(), keys[k]); it != new_keys.end())
+      return compiled[static_cast<size_t>(it - new_keys.begin())];
+    return found[k];
   };
   for (size_t k = 0; k < programs.size(); ++k) {
     if (keys[k].empty()) continue;
-    const Compiled& c = compiled_for(keys[k]);
+    const Compiled& c = compiled_for(k);
     why[k] = c.error;
     if (c.kernel == nullptr) continue;
     // Loaded into this device's context now (a cached kernel too: another device may have loaded
