@@ -100,10 +100,39 @@ class StreamOrdered final : public Allocator {
   std::unique_ptr<Allocator> inner_;
 };
 
-}  // namespace
+// Whether any of `streams` is being captured into a CUDA graph (by any thread).
+bool any_capturing(std::span<void* const> streams) noexcept {
+  for (void* s : streams) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone)
+      return true;
+  }
+  (void)cudaGetLastError();
+  return false;
+}
 
-void free_after_streams(int device, std::span<void* const> streams, Allocator& allocator, void* p,
-                        size_t bytes) noexcept {
+void free_after(int device, std::span<void* const> streams, Allocator& allocator, void* p,
+                size_t bytes, bool put_off) noexcept {
+  // A stream being captured cannot take an event (it would join the capture, and never complete
+  // as an event of the stream): the free waits for the captures in progress to end
+  // (cuda::after_captures), then records as usual. A capture the runtime did not begin is not
+  // waited for that way; nor is one where the deferral cannot be had (no memory): the block is
+  // then given up, never reused, rather than reused while the stream may still read it.
+  if (any_capturing(streams)) {
+    if (!put_off) {
+      try {
+        std::vector<void*> kept(streams.begin(), streams.end());
+        after_captures(device, [device, kept = std::move(kept), &allocator, p, bytes] {
+          free_after(device, kept, allocator, p, bytes, true);
+        });
+        return;
+      } catch (...) {
+      }
+    }
+    (void)cudaGetLastError();
+    return;
+  }
   PendingFree f{{}, &allocator, p, bytes};
   int previous = 0;
   const bool switched =
@@ -141,6 +170,13 @@ void free_after_streams(int device, std::span<void* const> streams, Allocator& a
   for (void* s : streams) (void)cudaStreamSynchronize(static_cast<cudaStream_t>(s));
   (void)cudaGetLastError();
   allocator.deallocate(p, bytes);
+}
+
+}  // namespace
+
+void free_after_streams(int device, std::span<void* const> streams, Allocator& allocator, void* p,
+                        size_t bytes) noexcept {
+  free_after(device, streams, allocator, p, bytes, false);
 }
 
 std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {

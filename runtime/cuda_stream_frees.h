@@ -14,7 +14,9 @@ namespace encore::cuda {
 
 // Records an event on each of `streams` (cudaStream_t) of `device` and hands (p, bytes) back to
 // `allocator` once all have completed; where an event cannot be had, waits for the streams and
-// frees at once. Never throws (a storage's destructor calls it).
+// frees at once. Where one of them is being captured into a CUDA graph, all of this waits until
+// no capture is in progress (cuda::after_captures). Never throws (a storage's destructor calls
+// it).
 void free_after_streams(int device, std::span<void* const> streams, Allocator& allocator, void* p,
                         size_t bytes) noexcept;
 

@@ -2,7 +2,8 @@
 // thread's capture streams share their cuBLAS and cuDNN workspaces, so a launch from another
 // stream than the one they are bound to is queued there, in order with the caller's stream; a
 // device synchronisation another thread asks for during a capture waits for it to end, and device
-// memory freed meanwhile is freed after it, so the capture succeeds; a thread's capture streams
+// memory freed meanwhile is freed after it, so the capture succeeds (a tensor recorded on the
+// capturing stream too); a thread's capture streams
 // go to the next thread together; a capture is ended on its own thread only. The gate itself is
 // tested on the host (capture_gate_test.cc).
 #include <catch2/catch.hpp>
@@ -150,6 +151,47 @@ TEST_CASE("device memory freed during another thread's CUDA graph capture is fre
   INFO(failure);
   CHECK(captured);
   CHECK_FALSE(cuda::capture_gate().pending());  // freed when it ended
+}
+
+TEST_CASE(
+    "a tensor recorded on another thread's capturing stream and freed meanwhile is freed after "
+    "the capture",
+    "[cuda][runtime][graphs][threads]") {
+  const Tensor x = full({4096}, 2.0, DType::Float32, kCuda),
+               y = zeros({4096}, DType::Float32, kCuda);
+  cuda::synchronize(kDevice);
+  std::atomic<bool> capturing{false}, freed{false};
+  std::atomic<cuda::StreamHandle> stream{nullptr};
+  bool captured = false;
+  std::string failure;
+  std::thread capture([&] {
+    cuda::set_device(kDevice);
+    cuda::Graph g;
+    captured = capture_copy(g, y, x, [&] {
+      stream = cuda::capture_stream(kDevice);
+      capturing = true;
+      wait_for_flag(freed);
+    });
+    failure = g.failure();
+  });
+  wait_for_flag(capturing);
+  const int64_t n = int64_t{1} << 18;
+  Tensor t = zeros({n}, DType::Float32, kCuda);
+  cuda::synchronize(kDevice);
+  const void* block = t.raw_data();
+  t.record_stream(stream.load());
+  const int64_t deferred = cuda::capture_gate().deferred(), pending = cuda::pending_frees();
+  t = Tensor();  // its free waits for the capture: no event can be recorded on the stream now
+  CHECK(cuda::capture_gate().deferred() == deferred + 1);
+  CHECK(cuda::pending_frees() == pending);
+  // The block is not handed out again meanwhile.
+  const Tensor u = zeros({n}, DType::Float32, kCuda);
+  CHECK(u.raw_data() != block);
+  freed = true;
+  capture.join();
+  INFO(failure);
+  CHECK(captured);
+  CHECK_FALSE(cuda::capture_gate().pending());  // its free is recorded now
 }
 
 TEST_CASE("a thread's CUDA capture streams go to the next thread together",
