@@ -1,5 +1,6 @@
 // Embedding lookup and its weight gradient on CUDA (the semantics of kernels/cpu/embedding.cc);
 // the kernels and how they work are in embedding.cuh.
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -26,6 +27,10 @@ void embedding_grad(const KernelArgs& args) {
   const int64_t pad = args.attr<EmbeddingAttrs>().padding_idx;
   const int64_t rows = gw.shape[0], dim = gw.shape[1], n = ids.numel();
   if (rows * dim == 0) return;
+  // A thread per column, no loop over them: a grid that cannot hold them would leave columns
+  // unwritten.
+  ENCORE_CHECK((dim + kGradThreads - 1) / kGradThreads <= INT_MAX, op_name(Op::EmbeddingGrad),
+               ": rows of ", dim, " elements are more than one launch's blocks hold on CUDA");
   switch_integral(ids.dtype, Op::EmbeddingGrad, [&]<typename I>(Type<I>) {
     switch_floating(gw.dtype, Op::EmbeddingGrad, [&]<typename T>(Type<T>) {
       const EmbeddingGradGrid g = embedding_grad_grid(rows, dim);

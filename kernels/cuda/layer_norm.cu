@@ -1,5 +1,6 @@
 // Layer normalisation on CUDA (the semantics of kernels/cpu/layer_norm.cc); the kernels, their
 // grids and how they work are in layer_norm.cuh.
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -32,6 +33,10 @@ void layer_norm(const KernelArgs& args) {
 void layer_norm_grad(const KernelArgs& args) {
   const int64_t cols = args.attr<LayerNormAttrs>().cols, rows = args.in[1].numel();
   if (cols <= 0) return;
+  // A block per kParamCols columns of gamma's and beta's gradients, no loop over them: a grid
+  // that cannot hold them would leave columns unwritten.
+  ENCORE_CHECK((cols + kParamCols - 1) / kParamCols <= INT_MAX, op_name(Op::LayerNormGrad), ": ",
+               cols, " columns are more than one launch's blocks hold on CUDA");
   switch_floating(args.in[0].dtype, Op::LayerNormGrad, [&]<typename T>(Type<T>) {
     const T *x = args.in[0].as<T>(), *mean = args.in[1].as<T>(), *rstd = args.in[2].as<T>(),
             *gy = args.in[3].as<T>();
