@@ -19,10 +19,11 @@ run=/tmp/encore-gpu
 [ -x "$run/bin/encore_cuda_tests" ] || { mkdir -p "$run" && tar -xJf "$here/payload.tar.xz" -C "$run"; } || exit 1
 out=${GPU_OUT:-/tmp/gpu-out}; mkdir -p "$out"
 # The CUDA libraries wherever this machine has them (the CUDA toolkit, or PyTorch's nvidia-*
-# wheels): cuBLAS, cuDNN, NCCL, NVRTC (loaded with dlopen when a fused kernel is compiled).
+# wheels): cuBLAS, cuDNN, NCCL, NVRTC (loaded with dlopen when a fused kernel is compiled). Files
+# and links only: a tool's cache (perf's ~/.debug) keeps directories of those names.
 libdirs=$(find /usr/local /opt /usr/lib /root -maxdepth 10 \( -name 'libcublasLt.so.13*' -o -name 'libcublas.so.13*' \
   -o -name 'libcudnn.so.9*' -o -name 'libcudnn_*.so.9*' -o -name 'libnccl.so.2*' -o -name 'libnvrtc.so.13*' \) \
-  2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+  \( -type f -o -type l \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$run/lib:${libdirs}${LD_LIBRARY_PATH:-}"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
