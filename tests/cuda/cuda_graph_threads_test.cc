@@ -44,6 +44,46 @@ void wait_for_flag(const std::atomic<bool>& flag) {
   while (!flag.load()) std::this_thread::yield();
 }
 
+// Another thread capturing y = x on its capture stream, the capture held open (from the
+// constructor's return) until end().
+class HeldCapture {
+ public:
+  HeldCapture(const Tensor& y, const Tensor& x)
+      : thread_([this, y, x] {
+          cuda::set_device(kDevice);
+          cuda::Graph g;
+          captured_ = capture_copy(g, y, x, [&] {
+            stream_ = cuda::capture_stream(kDevice);
+            capturing_ = true;
+            wait_for_flag(released_);
+          });
+          failure_ = g.failure();
+        }) {
+    wait_for_flag(capturing_);
+  }
+  HeldCapture(const HeldCapture&) = delete;
+  HeldCapture& operator=(const HeldCapture&) = delete;
+  ~HeldCapture() {
+    if (thread_.joinable()) end();
+  }
+  // The stream being captured.
+  cuda::StreamHandle stream() const { return stream_; }
+  // Ends the capture; whether it succeeded (failure() says why not).
+  bool end() {
+    released_ = true;
+    thread_.join();
+    return captured_;
+  }
+  const std::string& failure() const { return failure_; }
+
+ private:
+  std::atomic<bool> capturing_{false}, released_{false};
+  std::atomic<cuda::StreamHandle> stream_{nullptr};
+  bool captured_ = false;
+  std::string failure_;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
 }  // namespace
 
 TEST_CASE("a CUDA graph launched from another stream runs in that stream's order",
@@ -125,30 +165,17 @@ TEST_CASE("device memory freed during another thread's CUDA graph capture is fre
                y = zeros({4096}, DType::Float32, kCuda);
   cuda::synchronize(kDevice);
   Allocator& memory = allocator_for(kCuda);
-  std::atomic<bool> capturing{false}, emptied{false};
-  bool captured = false;
-  std::string failure;
-  std::thread capture([&] {
-    cuda::set_device(kDevice);
-    cuda::Graph g;
-    captured = capture_copy(g, y, x, [&] {
-      capturing = true;
-      wait_for_flag(emptied);  // the other thread did not wait for this capture
-    });
-    failure = g.failure();
-  });
-  wait_for_flag(capturing);
+  HeldCapture capture(y, x);
   {
     const Tensor scratch = zeros({int64_t{1} << 20}, DType::Float32, kCuda);
     cuda::synchronize(kDevice);
   }
   const int64_t deferred = cuda::capture_gate().deferred();
-  memory.empty_cache();  // its cudaFree is put off until the capture ends
+  memory.empty_cache();  // returns at once: its cudaFree is put off until the capture ends
   CHECK(cuda::capture_gate().deferred() > deferred);
   CHECK(cuda::capture_gate().pending());
-  emptied = true;
-  capture.join();
-  INFO(failure);
+  const bool captured = capture.end();
+  INFO(capture.failure());
   CHECK(captured);
   CHECK_FALSE(cuda::capture_gate().pending());  // freed when it ended
 }
@@ -160,26 +187,12 @@ TEST_CASE(
   const Tensor x = full({4096}, 2.0, DType::Float32, kCuda),
                y = zeros({4096}, DType::Float32, kCuda);
   cuda::synchronize(kDevice);
-  std::atomic<bool> capturing{false}, freed{false};
-  std::atomic<cuda::StreamHandle> stream{nullptr};
-  bool captured = false;
-  std::string failure;
-  std::thread capture([&] {
-    cuda::set_device(kDevice);
-    cuda::Graph g;
-    captured = capture_copy(g, y, x, [&] {
-      stream = cuda::capture_stream(kDevice);
-      capturing = true;
-      wait_for_flag(freed);
-    });
-    failure = g.failure();
-  });
-  wait_for_flag(capturing);
+  HeldCapture capture(y, x);
   const int64_t n = int64_t{1} << 18;
   Tensor t = zeros({n}, DType::Float32, kCuda);
   cuda::synchronize(kDevice);
   const void* block = t.raw_data();
-  t.record_stream(stream.load());
+  t.record_stream(capture.stream());
   const int64_t deferred = cuda::capture_gate().deferred(), pending = cuda::pending_frees();
   t = Tensor();  // its free waits for the capture: no event can be recorded on the stream now
   CHECK(cuda::capture_gate().deferred() == deferred + 1);
@@ -187,9 +200,8 @@ TEST_CASE(
   // The block is not handed out again meanwhile.
   const Tensor u = zeros({n}, DType::Float32, kCuda);
   CHECK(u.raw_data() != block);
-  freed = true;
-  capture.join();
-  INFO(failure);
+  const bool captured = capture.end();
+  INFO(capture.failure());
   CHECK(captured);
   CHECK_FALSE(cuda::capture_gate().pending());  // its free is recorded now
 }
