@@ -112,27 +112,16 @@ bool any_capturing(std::span<void* const> streams) noexcept {
   return false;
 }
 
-void free_after(int device, std::span<void* const> streams, Allocator& allocator, void* p,
-                size_t bytes, bool put_off) noexcept {
+// Records an event on each stream and keeps the free pending (or waits for the streams and frees
+// now, where an event cannot be had). Runs through the capture gate (free_after_streams), so that
+// no capture the runtime begins starts between the check of the streams and the records.
+void free_now(int device, std::span<void* const> streams, Allocator& allocator, void* p,
+              size_t bytes) noexcept {
   // A stream being captured cannot take an event (it would join the capture, and never complete
-  // as an event of the stream): the free waits for the captures in progress to end
-  // (cuda::after_captures), then records as usual. A capture the runtime did not begin is not
-  // waited for that way; nor is one where the deferral cannot be had (no memory): the block is
-  // then given up, never reused, rather than reused while the stream may still read it.
-  if (any_capturing(streams)) {
-    if (!put_off) {
-      try {
-        std::vector<void*> kept(streams.begin(), streams.end());
-        after_captures(device, [device, kept = std::move(kept), &allocator, p, bytes] {
-          free_after(device, kept, allocator, p, bytes, true);
-        });
-        return;
-      } catch (...) {
-      }
-    }
-    (void)cudaGetLastError();
-    return;
-  }
+  // as an event of the stream). The gate puts this off until the runtime's captures end, so only
+  // a capture the runtime did not begin is met here: the block is then given up, never reused,
+  // rather than reused while the stream may still read it.
+  if (any_capturing(streams)) return;
   PendingFree f{{}, &allocator, p, bytes};
   int previous = 0;
   const bool switched =
@@ -176,7 +165,16 @@ void free_after(int device, std::span<void* const> streams, Allocator& allocator
 
 void free_after_streams(int device, std::span<void* const> streams, Allocator& allocator, void* p,
                         size_t bytes) noexcept {
-  free_after(device, streams, allocator, p, bytes, false);
+  // Now, with no capture beginning meanwhile, or once the captures in progress end.
+  try {
+    std::vector<void*> kept(streams.begin(), streams.end());
+    after_captures(device, [device, kept = std::move(kept), &allocator, p, bytes] {
+      free_now(device, kept, allocator, p, bytes);
+    });
+    return;
+  } catch (...) {  // no memory for the deferral: now, unguarded
+  }
+  free_now(device, streams, allocator, p, bytes);
 }
 
 std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {

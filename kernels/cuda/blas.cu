@@ -145,7 +145,8 @@ void linear_into(const KernelArgs& args, Op op, Op act, double scalar) {
       if (const SmallGemm kind = cuda_small_gemm(g); kind != SmallGemm::kNone)
         return small_gemm(op, kind, g, y.dtype, x.data, w.data, py,
                           bias != nullptr ? bias->data : nullptr, act, scalar);
-      if (bias != nullptr &&
+      // Past int, the fill and the 64-bit GEMM below (cuBLASLt's sizes there are untried).
+      if (bias != nullptr && fits_int(g) &&
           linear_bias_lt(op, g, y.dtype, x.data, w.data, bias->data, py, args.state))
         return finish_apart(act, scalar, y, nullptr);
     }

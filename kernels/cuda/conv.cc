@@ -15,8 +15,9 @@
 //   long as the process, found by key under a lock; a static plan's step keeps its plan in its
 //   KernelArgs::state, so a replay looks nothing up.
 // - cuDNN's descriptors count in int: where x or y has more elements than an int holds, the
-//   convolution runs as several calls over consecutive samples of the batch, each within int (a
-//   weight gradient adds the later calls' into the first's), as PyTorch splits it. One plan holds
+//   convolution runs as several calls over consecutive samples of the batch, each of at most
+//   2^28 elements where a sample allows (a weight gradient adds the later calls' into the
+//   first's), as PyTorch splits it. One plan holds
 //   the descriptors of both call sizes, so a replay still looks nothing up.
 // - A stream's workspace grows (cudaMalloc, the caching allocator's cache emptied if the device
 //   is out of memory) when a plan needs more. A buffer it outgrows is kept, never freed: a
@@ -131,15 +132,22 @@ Shape with_batch(const Shape& s, int64_t n) {
   return out;
 }
 
+// The elements of x or y a call of a split convolution takes at most (PyTorch's bound): well
+// within int, and a part whose deterministic algorithms' workspaces stay near an unsplit
+// convolution's.
+constexpr int64_t kSplitCallElements = int64_t{1} << 28;
+
 // How many samples one cuDNN call takes: all of them where x and y hold at most INT_MAX elements,
-// else as many as keep both within it. Fails where one sample, or the weight, has more.
+// else as many as keep both within kSplitCallElements (at least one). Fails where one sample, or
+// the weight, has more than INT_MAX.
 int64_t samples_per_call(const Conv& c) {
   const int64_t n = c.x[0];
+  if (std::max(c.x.numel(), c.y.numel()) <= INT_MAX && c.w.numel() <= INT_MAX) return n;
   const int64_t per_sample = std::max({c.x.numel() / n, c.y.numel() / n, int64_t{1}});
   if (per_sample > INT_MAX || c.w.numel() > INT_MAX)
     fail(op_name(c.op), ": ", describe(c), ": one sample of x or y, or the weight, has more than ",
          INT_MAX, " elements, more than cuDNN's descriptors count");
-  return std::min(n, INT_MAX / per_sample);
+  return std::clamp<int64_t>(kSplitCallElements / per_sample, 1, n);
 }
 
 // The largest workspace an algorithm may ask for: a fixed bound, so that the choice depends on the

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,14 +51,19 @@ class HeldCapture {
  public:
   HeldCapture(const Tensor& y, const Tensor& x)
       : thread_([this, y, x] {
-          cuda::set_device(kDevice);
-          cuda::Graph g;
-          captured_ = capture_copy(g, y, x, [&] {
-            stream_ = cuda::capture_stream(kDevice);
+          try {
+            cuda::set_device(kDevice);
+            cuda::Graph g;
+            captured_ = capture_copy(g, y, x, [&] {
+              stream_ = cuda::capture_stream(kDevice);
+              capturing_ = true;
+              wait_for_flag(released_);
+            });
+            failure_ = g.failure();
+          } catch (const std::exception& e) {  // a capture that could not begin: the test fails
+            failure_ = e.what();
             capturing_ = true;
-            wait_for_flag(released_);
-          });
-          failure_ = g.failure();
+          }
         }) {
     wait_for_flag(capturing_);
   }
