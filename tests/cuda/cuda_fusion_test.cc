@@ -57,6 +57,33 @@ void check_replays(Body& body, Fresh& fresh, Fn& fn, bool fuse) {
   }
 }
 
+// Attention's scale, causal mask and softmax over scores s [B, H, T, T] with a position tile
+// [T, T] added: a [T, T] tile of the scores.
+Tensor masked_softmax(const Tensor& s, const Tensor& pos) {
+  const int64_t t = s.shape()[3];
+  const Tensor scaled = F::mul(F::add(s, pos), 0.125);
+  return F::softmax(
+      F::masked_fill(scaled, causal_mask(t, s), -std::numeric_limits<double>::infinity()), -1);
+}
+
+// Fresh scores [2, 3, T, T] and a position tile for masked_softmax.
+Args<2> scores_and_tile(DType dtype, int64_t t) {
+  return Args<2>{rand({2, 3, t, t}, dtype, kCuda, -2, 2), rand({t, t}, dtype, kCuda, -1, 1)};
+}
+
+// 2 layer_norm(x + y) over rows of `cols`, with its own gamma and beta.
+struct AddNorm {
+  Tensor gamma, beta;
+  AddNorm(int64_t cols, DType dtype)
+      : gamma(rand({cols}, dtype, kCuda, 0.5, 1.5)), beta(rand({cols}, dtype, kCuda, -1, 1)) {}
+  Tensor operator()(const Tensor& x, const Tensor& y) const {
+    return F::mul(F::layer_norm(F::add(x, y), {gamma.shape()[0]}, gamma, beta), 2.0);
+  }
+};
+
+// The row lengths of the row-op cases: within a warp's row and past it (kMaxCudaRow).
+constexpr int64_t kRowLengths[] = {16, 100, 512, 1024, 1500};
+
 }  // namespace
 
 TEST_CASE("fused runs on cuda are compiled kernels that replay eager's bits for every fusable op",
@@ -101,26 +128,15 @@ TEST_CASE("verify mode checks each fused cuda output against the eager step it s
 // a position embedding [T, C] added to [B, T, C]; a condition of the run's shape choosing a value
 // of the run and one per row.
 TEST_CASE("where and tiled operands fuse into compiled kernels on cuda", "[cuda][static][fusion]") {
-  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
     for (DType dtype : {DType::Float32, DType::Float64}) {
       for (int64_t t : {int64_t{8}, int64_t{64}}) {
         INFO(name(dtype) << ", T " << t);
         manual_seed(static_cast<uint64_t>(t));
-        auto body = [t](const Tensor& s, const Tensor& pos) {
-          const Tensor scaled = F::mul(F::add(s, pos), 0.125);
-          return F::softmax(F::masked_fill(scaled, causal_mask(t, s), kMinusInf), -1);
-        };
-        auto fresh = [&] {
-          return Args<2>{rand({2, 3, t, t}, dtype, kCuda, -2, 2),
-                         rand({t, t}, dtype, kCuda, -1, 1)};
-        };
-        auto fused = static_graph(body, {.name = "masked"});
-        auto verified = static_graph(body, {.name = "masked_verified", .verify_every = 1});
-        check_replays(body, fresh, fused, true);
-        check_replays(body, fresh, verified, true);
-        CHECK(verified.stats().verifications >= 2);
+        auto fresh = [&] { return scores_and_tile(dtype, t); };
+        auto fused = static_graph(masked_softmax, {.name = "masked"});
+        check_replays(masked_softmax, fresh, fused, true);
         const std::string text = fused.schedule_text();
         INFO(text);
         CHECK_THAT(text, !Catch::Contains("left unfused"));
@@ -157,16 +173,12 @@ TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fus
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
     for (DType dtype : {DType::Float32, DType::Float64}) {
-      for (int64_t c : {int64_t{16}, int64_t{100}, int64_t{512}, int64_t{1024}, int64_t{1500}}) {
+      for (const int64_t c : kRowLengths) {
         INFO(name(dtype) << ", rows of " << c);
         manual_seed(static_cast<uint64_t>(c));
-        const Tensor gamma = rand({c}, dtype, kCuda, 0.5, 1.5);
-        const Tensor beta = rand({c}, dtype, kCuda, -1, 1);
+        const AddNorm norm(c, dtype);
         auto softmaxes = [](const Tensor& x, const Tensor& t) {
           return F::mul(F::softmax(F::mul(x, 0.125), -1), F::log_softmax(F::add(x, t), -1));
-        };
-        auto norm = [&](const Tensor& x, const Tensor& y) {
-          return F::mul(F::layer_norm(F::add(x, y), {c}, gamma, beta), 2.0);
         };
         // x centred by its row mean, scaled by 2 max(w) over 1 + its row's mean square: the
         // reductions and what reads x and w in one run, the division over [6, 1] apart.
@@ -188,11 +200,8 @@ TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fus
         CHECK(count_of(reduced, R"(= max\()") == (c <= kMaxCudaReduceRow ? 1 : 0));
         auto f = static_graph(softmaxes, {.name = "softmaxes"});
         auto g = static_graph(norm, {.name = "norm"});
-        auto verified = static_graph(norm, {.name = "norm_verified", .verify_every = 1});
         check_replays(softmaxes, fresh, f, true);
         check_replays(norm, fresh, g, true);
-        check_replays(norm, fresh, verified, true);
-        CHECK(verified.stats().verifications >= 2);
         const std::string text = f.schedule_text() + g.schedule_text();
         INFO(text);
         CHECK_THAT(text, !Catch::Contains("left unfused"));
@@ -204,4 +213,32 @@ TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fus
       }
     }
   });
+}
+
+// Verify mode, which replays on the stream (apart from the graphs' check above), over runs that
+// hold where and a tiled operand, and layer_norm as a row op.
+TEST_CASE("verify mode checks fused cuda runs holding where, tiled operands and row ops",
+          "[cuda][static][fusion]") {
+  StaticEnabled on;
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (int64_t t : {int64_t{8}, int64_t{64}}) {
+      INFO(name(dtype) << ", T " << t);
+      manual_seed(static_cast<uint64_t>(t));
+      auto fresh = [&] { return scores_and_tile(dtype, t); };
+      auto verified = static_graph(masked_softmax, {.name = "masked_verified", .verify_every = 1});
+      check_replays(masked_softmax, fresh, verified, true);
+      CHECK(verified.stats().verifications >= 2);
+    }
+    for (const int64_t c : kRowLengths) {
+      INFO(name(dtype) << ", rows of " << c);
+      manual_seed(static_cast<uint64_t>(c));
+      const AddNorm norm(c, dtype);
+      auto fresh = [&] {
+        return Args<2>{rand({6, c}, dtype, kCuda, -2, 2), rand({6, c}, dtype, kCuda, -2, 2)};
+      };
+      auto verified = static_graph(norm, {.name = "norm_verified", .verify_every = 1});
+      check_replays(norm, fresh, verified, true);
+      CHECK(verified.stats().verifications >= 2);
+    }
+  }
 }

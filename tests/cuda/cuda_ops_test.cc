@@ -453,9 +453,10 @@ TEST_CASE(
     "[cuda][ops][linear]") {
   // A small product runs on encore's kernel (runtime/small_gemm.h), a larger one as one cuBLASLt
   // call whose epilogue adds the bias, its algorithm chosen per alignment: operands at the
-  // allocator's 256 bytes and at 1, 2 and 4 elements (4, 8, 16 bytes) into their storages, in
-  // float32 and float64. A graph replay reads its arguments from staging copies, which keep the
-  // arguments' alignment: a graph per alignment, each running eager's algorithm.
+  // allocator's 256 bytes and at 1, 2 and 4 elements (4, 8, 16 bytes in float32; 8, 16, 32 in
+  // float64) into their storages, in float32 and float64. A graph replay reads its arguments from
+  // staging copies, which keep the arguments' alignment: a graph per alignment, each running
+  // eager's algorithm.
   const DType dtype = GENERATE(DType::Float32, DType::Float64);
   const auto [m, k, n] = GENERATE(std::tuple<int64_t, int64_t, int64_t>{33, 70, 29},
                                   std::tuple<int64_t, int64_t, int64_t>{257, 700, 65});

@@ -224,62 +224,74 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
   CHECK_THAT(text, Contains("matmul and sum in one"));
 }
 
+namespace {
+
+// sum(tanh(x w^T + b)) and its gradients over rows k of x and outputs m: the weight gradient
+// gy^T x runs on the small kernel for k <= 512, whose blocks past the product's sum gy's columns
+// in the order of CUDA's column sum: split over 1 thread row (k < 32), 2 (32), 4 (64, 100), 8
+// (128, 200), 16 (256) and 32 (512) thread rows; one output per thread, or four (130 x 200). A
+// sum over one row (k = 1) is a copy, over one column (m = 1) a row reduction, and k = 513 is
+// cuBLAS's: those stay apart.
+struct BiasCase {
+  int64_t k, m, n;
+  bool folds;
+};
+constexpr BiasCase kBiasCases[] = {{2, 5, 7, true},    {31, 33, 20, true},    {32, 10, 100, true},
+                                   {64, 2, 3, true},   {100, 130, 200, true}, {128, 17, 20, true},
+                                   {200, 6, 40, true}, {256, 9, 5, true},     {512, 12, 9, true},
+                                   {1, 16, 24, false}, {40, 1, 24, false},    {513, 8, 8, false}};
+
+// Each case in float32 and float64: a static function's replays (verify mode every second one
+// where `verify`) give eager's bits, and its plan folds the bias gradient where the case says.
+void check_bias_grad_folds(bool verify) {
+  StaticEnabled on;
+  const StaticFoldActivations fold(true);
+  for (const DType dtype : {DType::Float32, DType::Float64})
+    for (const BiasCase& c : kBiasCases) {
+      INFO(name(dtype) << ", k " << c.k << ", m " << c.m << ", n " << c.n);
+      REQUIRE(
+          cuda_small_gemm_sums_columns(GemmShape{
+              .trans_a = true, .m = c.m, .n = c.n, .k = c.k, .lda = c.m, .ldb = c.n, .ldc = c.n}) ==
+          c.folds);
+      manual_seed(14);
+      Tensor w = randn({c.m, c.n}, dtype).to(kCuda).set_requires_grad();
+      Tensor b = randn({c.m}, dtype).to(kCuda).set_requires_grad();
+      auto body = [&](const Tensor& x) {
+        const Tensor loss = F::sum(F::tanh(F::linear(x, w, b)));
+        loss.backward();
+        return std::vector<Tensor>{loss, w.grad(), b.grad()};
+      };
+      auto f = static_graph(body, {.name = "bias_grad", .verify_every = verify ? 2 : 0});
+      for (int call = 0; call < 4; ++call) {
+        const Tensor x = randn({c.k, c.n}, dtype).to(kCuda);
+        w.set_grad(Tensor());
+        b.set_grad(Tensor());
+        const std::vector<Tensor> want = body(x);
+        w.set_grad(Tensor());
+        b.set_grad(Tensor());
+        const std::vector<Tensor> got = f(x);
+        for (size_t i = 0; i < want.size(); ++i) CHECK(bit_diff(got[i], want[i]) == "");
+      }
+      CHECK((f.stats().verifications > 0) == verify);
+      const std::string text = f.schedule_text();
+      INFO(text);
+      CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one)") == c.folds);
+    }
+}
+
+}  // namespace
+
 TEST_CASE(
     "a linear's bias gradient is summed by its weight gradient's kernel on cuda, with "
     "eager's bits",
     "[cuda][static][small_gemm]") {
-  // sum(tanh(x w^T + b)) and its gradients over rows k of x and outputs m: the weight gradient
-  // gy^T x runs on the small kernel for k <= 512, whose blocks past the product's sum gy's
-  // columns in the order of CUDA's column sum: split over 1 thread row (k < 32), 2 (32), 4 (64,
-  // 100), 8 (128, 200), 16 (256) and 32 (512) thread rows; one output per thread, or four (130 x
-  // 200). A sum over one row (k = 1) is a copy, over one column (m = 1) a row reduction, and k =
-  // 513 is cuBLAS's: those stay apart.
-  StaticEnabled on;
-  const StaticFoldActivations fold(true);
-  struct Case {
-    int64_t k, m, n;
-    bool folds;
-  };
-  const Case cases[] = {{2, 5, 7, true},    {31, 33, 20, true},    {32, 10, 100, true},
-                        {64, 2, 3, true},   {100, 130, 200, true}, {128, 17, 20, true},
-                        {200, 6, 40, true}, {256, 9, 5, true},     {512, 12, 9, true},
-                        {1, 16, 24, false}, {40, 1, 24, false},    {513, 8, 8, false}};
-  with_graphs_on_and_off([&](bool) {
-    for (const DType dtype : {DType::Float32, DType::Float64})
-      for (const Case& c : cases) {
-        INFO(name(dtype) << ", k " << c.k << ", m " << c.m << ", n " << c.n);
-        REQUIRE(cuda_small_gemm_sums_columns(GemmShape{.trans_a = true,
-                                                       .m = c.m,
-                                                       .n = c.n,
-                                                       .k = c.k,
-                                                       .lda = c.m,
-                                                       .ldb = c.n,
-                                                       .ldc = c.n}) == c.folds);
-        manual_seed(14);
-        Tensor w = randn({c.m, c.n}, dtype).to(kCuda).set_requires_grad();
-        Tensor b = randn({c.m}, dtype).to(kCuda).set_requires_grad();
-        auto body = [&](const Tensor& x) {
-          const Tensor loss = F::sum(F::tanh(F::linear(x, w, b)));
-          loss.backward();
-          return std::vector<Tensor>{loss, w.grad(), b.grad()};
-        };
-        auto f = static_graph(body, {.name = "bias_grad", .verify_every = 2});
-        for (int call = 0; call < 4; ++call) {
-          const Tensor x = randn({c.k, c.n}, dtype).to(kCuda);
-          w.set_grad(Tensor());
-          b.set_grad(Tensor());
-          const std::vector<Tensor> want = body(x);
-          w.set_grad(Tensor());
-          b.set_grad(Tensor());
-          const std::vector<Tensor> got = f(x);
-          for (size_t i = 0; i < want.size(); ++i) CHECK(bit_diff(got[i], want[i]) == "");
-        }
-        CHECK(f.stats().verifications > 0);
-        const std::string text = f.schedule_text();
-        INFO(text);
-        CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one)") == c.folds);
-      }
-  });
+  with_graphs_on_and_off([](bool) { check_bias_grad_folds(false); });
+}
+
+// Verify mode replays on the stream, never as a graph: apart from the graphs' check.
+TEST_CASE("a linear's folded bias gradient passes verify mode on cuda",
+          "[cuda][static][small_gemm]") {
+  check_bias_grad_folds(true);
 }
 
 TEST_CASE("a folded relu on cuda passes NaN; gelu and leaky_relu fold without a backward",
