@@ -116,7 +116,7 @@ run_bench() {
   # Where eager steps and stream replays spend their time, op by op (the profiler's table: an
   # eager op's dispatch on the host, a replayed step's device time).
   mkdir -p /tmp/encore-profiles
-  for c in SeedCnn/eager/cuda SeedCnn/static_nograph/cuda TinyGpt/eager/cuda; do
+  for c in TinyGpt/static_nograph/cuda TinyGpt/eager/cuda MlpSmall/static_nograph/cuda; do
     local f=${c//\//_}
     TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
       --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
