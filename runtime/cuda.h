@@ -249,6 +249,9 @@ class Graph {
   // Ends a capture abandoned because the enqueued work threw (no graph results).
   void abort_capture() noexcept;
   const std::string& failure() const { return failure_; }  // of the last end_capture or launch
+  // Whether the captured work forks (two or more roots, or a node with two or more dependents:
+  // work of branches beside each other), not counting the first copies.
+  bool forks() const { return forks_; }
   // Replays the graph on `stream`. `copies`: end_capture's, in its order and with its
   // destinations and sizes, and this launch's sources (a source that differs from the last
   // launch's is set in the executable graph first; launches already queued keep theirs). False,
@@ -283,6 +286,7 @@ class Graph {
   std::vector<void*> copy_nodes_;       // cudaGraphNode_t, per copy of end_capture
   std::vector<const void*> copy_from_;  // per copy, the source the executable graph has
   bool capturing_ = false;
+  bool forks_ = false;
   std::string failure_;
 };
 

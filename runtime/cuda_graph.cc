@@ -98,6 +98,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     copy_nodes_ = std::move(o.copy_nodes_);
     copy_from_ = std::move(o.copy_from_);
     capturing_ = std::exchange(o.capturing_, false);
+    forks_ = o.forks_;
     failure_ = std::move(o.failure_);
   }
   return *this;
@@ -110,6 +111,7 @@ void Graph::reset() noexcept {
   exec_ = nullptr;
   graph_ = nullptr;
   binding_ = nullptr;
+  forks_ = false;
   copy_nodes_.clear();
   copy_from_.clear();
 }
@@ -313,6 +315,25 @@ cudaError_t add_first_copies(cudaGraph_t g, std::span<const GraphCopy> copies,
   return e;
 }
 
+// Whether g has two or more roots, or a node with two or more dependents (false where CUDA will
+// not say).
+bool has_fork(cudaGraph_t g) {
+  size_t roots = 0, n = 0;
+  if (cudaGraphGetRootNodes(g, nullptr, &roots) == cudaSuccess && roots >= 2) return true;
+  if (cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  if (n == 0 || cudaGraphGetEdges(g, from.data(), to.data(), nullptr, &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  from.resize(n);
+  std::sort(from.begin(), from.end());
+  return std::adjacent_find(from.begin(), from.end()) != from.end();
+}
+
 }  // namespace
 
 bool Graph::end_capture(std::span<const GraphCopy> first) {
@@ -341,6 +362,7 @@ bool Graph::end_capture(std::span<const GraphCopy> first) {
   // Owned from here (reset() destroys it), and kept: the copy nodes are set per launch through
   // the graph they were made in.
   graph_ = g;
+  forks_ = has_fork(g);
   if (const cudaError_t ce = add_first_copies(g, first, copy_nodes_); ce != cudaSuccess)
     return fail("adding the graph's first copies failed: ", ce);
   for (const GraphCopy& c : first) copy_from_.push_back(c.src);

@@ -83,7 +83,7 @@ namespace {
 std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
 // The plans' counts summed over the process, and the failed captures.
 std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0},
-    g_deferred_captures{0};
+    g_deferred_captures{0}, g_forked_captures{0};
 }  // namespace
 
 void fail_next_graph_captures(int n) {
@@ -91,10 +91,12 @@ void fail_next_graph_captures(int n) {
 }
 
 GraphUseCounts graph_use_counts() {
-  return {g_launches.load(std::memory_order_relaxed), g_captures.load(std::memory_order_relaxed),
+  return {g_launches.load(std::memory_order_relaxed),
+          g_captures.load(std::memory_order_relaxed),
           g_stream_replays.load(std::memory_order_relaxed),
           g_failed_captures.load(std::memory_order_relaxed),
-          g_deferred_captures.load(std::memory_order_relaxed)};
+          g_deferred_captures.load(std::memory_order_relaxed),
+          g_forked_captures.load(std::memory_order_relaxed)};
 }
 
 void Plan::count_launch() {
@@ -318,6 +320,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     return;
   }
   count_capture();
+  if (fresh.graph.forks()) g_forked_captures.fetch_add(1, std::memory_order_relaxed);
   CapturedGraph* g = nullptr;
   if (graphs.size() < kMaxGraphsPerPhase) {
     g = &graphs.emplace_back(std::move(fresh));

@@ -169,6 +169,7 @@ bool set_early_updates_enabled(bool on);
 // that plan replays on the stream). Tests take the difference around a scenario.
 struct GraphUseCounts {
   int64_t launches = 0, captures = 0, stream_replays = 0, fallbacks = 0, deferred = 0;
+  int64_t forked = 0;  // captures whose graph forks (a phase's lanes on several streams)
 };
 GraphUseCounts graph_use_counts();
 // For tests: the next `n` CUDA-graph captures of the process fail (after capturing, as one that

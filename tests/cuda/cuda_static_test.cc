@@ -83,8 +83,11 @@ TEST_CASE("a training step's CUDA graph runs its lanes on several streams with e
                           Setting{true, 1}}) {
     const SwitchScope<set_static_lanes_enabled> lanes(s.lanes);
     const GraphStreams streams_scope(s.streams);
+    const int64_t forked = schedule::graph_use_counts().forked;
     const StaticRun run = check_mlp_function_form(kCuda);
     check_graph_use(run.stats.cache[0], /*graphs=*/true, 19);
+    // The captured graphs themselves fork where the schedule says its phases are on streams.
+    CHECK((schedule::graph_use_counts().forked > forked) == (s.lanes && s.streams > 1));
     INFO("lanes " << s.lanes << ", streams " << s.streams << "\n" << run.schedule);
     // Per phase on several streams: its steps on each stream and the marks between them.
     const std::regex header(R"(([0-9]) streams \(captured so in its CUDA graphs\): ([^\n]*), )"
