@@ -183,7 +183,8 @@ inline constexpr OpTraits kOpTraits[] = {
      0},
     {Op::WeightBiasGrad, "weight_bias_grad", OpKind::Compute, 2, 2, -1, AttrType::WeightBiasGrad, 0,
      kSplits},
-    {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, 1, AttrType::StridedCopy, 0, 0},
+    {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, kAnyOutputs, AttrType::StridedCopy, 0,
+     0},
     {Op::AllReduceStart, "all_reduce_start", OpKind::Compute, 1, 1, 1, AttrType::Collective, 0,
      kCollective},
     // Writes the buffer (inputs: buffer, handle).

@@ -5,12 +5,14 @@
 // elements where the permute would have put them. Elements are moved, never looked at, so the
 // step writes exactly what the chain wrote.
 //
-// The output is written piece by piece: piece p copies dims[0] x ... x dims[rank-1] elements of
-// input `input`, element (i_0, ...) read at in_offset + sum(i_d * in_strides[d]) and written at
-// out_offset + sum(i_d * out_strides[d]) of the output (offsets and strides in elements). The
-// pieces cover the output, each element once. Size-1 dimensions are dropped and dimensions walked
-// contiguously in both buffers merged when the plan makes the piece, so a piece has as few
-// dimensions as it can and a kernel walks them as they are.
+// The outputs are written piece by piece: piece p copies dims[0] x ... x dims[rank-1] elements
+// of input `input`, element (i_0, ...) read at in_offset + sum(i_d * in_strides[d]) and written at
+// out_offset + sum(i_d * out_strides[d]) of output `output` (offsets and strides in elements).
+// The pieces cover the outputs, each element once. A step of several outputs is several chains
+// from one buffer side by side (attention's q, k and v from the projection), one launch on CUDA.
+// Size-1 dimensions are dropped and dimensions walked contiguously in both buffers merged when the
+// plan makes the piece, so a piece has as few dimensions as it can and a kernel walks them as they
+// are.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ namespace encore {
 struct StridedPiece {
   static constexpr int kMaxRank = Shape::kMaxRank;
   int input = 0;
+  int output = 0;
   int rank = 1;
   int64_t in_offset = 0, out_offset = 0;
   int64_t dims[kMaxRank] = {1};
@@ -46,9 +49,14 @@ struct StridedPiece {
 
 struct StridedCopyProgram {
   std::vector<StridedPiece> pieces;
-  // Which output of its recorded step the step writes (verify mode compares it with that
-  // output's eager bytes): one part of a split; -1: the recorded step's only output.
-  int output = -1;
+  // Per output of the step, the recorded step it stands for and which of that step's outputs
+  // (verify mode compares it with that output's eager bytes): one part of a split; -1: the
+  // recorded step's only output.
+  struct Recorded {
+    int step = -1;
+    int output = -1;
+  };
+  std::vector<Recorded> recorded;
 };
 
 }  // namespace encore

@@ -366,10 +366,11 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
         keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), out[0]);
         const int sum = s.attrs.as<WeightBiasGradAttrs>().sum_index;
         if (sum >= 0) keep(snapshots->emplace_back(StepSnapshot{sum, {}}), out[1]);
-      } else if (s.op == Op::StridedCopy) {  // one output of its recorded step (a split's part)
-        keep(snapshots->emplace_back(StepSnapshot{
-                 s.trace_index, {}, s.attrs.as<StridedCopyAttrs>().program->output}),
-             out[0]);
+      } else if (s.op == Op::StridedCopy) {  // per output, its recorded step's (a split's part)
+        const StridedCopyProgram& p = *s.attrs.as<StridedCopyAttrs>().program;
+        for (uint32_t k = 0; k < s.n_out; ++k)
+          keep(snapshots->emplace_back(StepSnapshot{p.recorded[k].step, {}, p.recorded[k].output}),
+               out[k]);
       } else if (const Conv2dAttrs* conv = conv_attrs(s.attrs);
                  conv != nullptr && (conv->layout & kConvPaddedOutput) != 0) {
         // A padded output: its values, as eager's dense buffer holds them.

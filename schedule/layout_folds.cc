@@ -2,10 +2,10 @@
 // copy) writes and that only other layout steps read is not written at all; its readers read its
 // elements where it read them. A chain of layout steps becomes one StridedCopy step
 // (runtime/strided_copy.h): the head split of attention, a split of q, k and v followed by a
-// permute of each, is three copies from the projection instead of four; the gradient's three
-// permutes and the concat of their results are one copy into the concat's output. Each value is
-// a view of the buffer the chain starts from (an offset and strides), so a fold moves the same
-// elements to the same places and the bits are eager's.
+// permute of each, is three copies from the projection, in one step, instead of four steps; the
+// gradient's three permutes and the concat of their results are one copy into the concat's output.
+// Each value is a view of the buffer the chain starts from (an offset and strides), so a fold moves
+// the same elements to the same places and the bits are eager's.
 //
 // A folded value's readers must all be layout steps of its phase, nothing may write the chain's
 // first buffer between its first reader and the step that now reads it in its place, and each
@@ -369,6 +369,7 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
     }
   }
 
+  std::vector<StridedCopyProgram*> single(n, nullptr);  // the program of t's only copy
   for (int t = 0; t < n; ++t) {
     if (!layout_step(t) || !moved[t]) continue;
     const Step& s = steps_[t];
@@ -391,7 +392,7 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
       const Operand& o = s.out[k];
       if (folded[o.buf] || !needed(o)) continue;
       auto program = std::make_unique<StridedCopyProgram>();
-      program->output = s.out.size() > 1 ? static_cast<int>(k) : -1;
+      program->recorded.push_back({s.index, s.out.size() > 1 ? static_cast<int>(k) : -1});
       Step copy{Op::StridedCopy, AttrBlob::of(StridedCopyAttrs{program.get()}), s.index, {}, {o}};
       std::vector<int> through;
       if (s.op == Op::Concat) {
@@ -415,8 +416,42 @@ void Rewriter::fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& pr
       programs.push_back(std::move(program));
       made.push_back(std::move(copy));
     }
+    if (made.size() == 1) single[t] = programs.back().get();
     steps_[t] = std::move(made[0]);
     for (size_t k = 1; k < made.size(); ++k) after_[t].push_back(std::move(made[k]));
+  }
+  merge_side_by_side(single);
+}
+
+// Copies from one buffer side by side (the q, k and v of attention's head split, each a chain
+// from the projection) become one step writing all their outputs, one launch on CUDA: copies of
+// one phase with nothing between them but dropped steps, each reading that buffer (the same
+// view) as its only input, up to kMaxOpOutputs. The steps between run nothing, so each copy
+// moving up to the first changes no value.
+void Rewriter::merge_side_by_side(const std::vector<StridedCopyProgram*>& single) {
+  const int n = static_cast<int>(steps_.size());
+  for (int t = 0; t < n; ++t) {
+    if (single[t] == nullptr || drop_[t] || steps_[t].in.size() != 1) continue;
+    Step& head = steps_[t];
+    const Operand& root = head.in[0];
+    int merged = 1;
+    for (int u = t + 1; u < n && head.out.size() < static_cast<size_t>(kMaxOpOutputs); ++u) {
+      if (drop_[u] && after_[u].empty()) continue;  // runs nothing
+      const Step& next = steps_[u];
+      if (single[u] == nullptr || drop_[u] || !same_phase(t, u) || next.in.size() != 1 ||
+          next.in[0].buf != root.buf || next.in[0].nbytes() != root.nbytes())
+        break;
+      StridedCopyProgram& into = *single[t];
+      for (StridedPiece p : single[u]->pieces) {
+        p.output = static_cast<int>(head.out.size());
+        into.pieces.push_back(p);
+      }
+      into.recorded.push_back(single[u]->recorded[0]);
+      head.out.push_back(next.out[0]);
+      drop_[u] = 1;
+      ++merged;
+    }
+    if (merged > 1) note(head.out[0].buf, cat(merged, " copies from one buffer in one step"));
   }
 }
 

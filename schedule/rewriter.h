@@ -52,6 +52,9 @@ class Rewriter {
   void finish();
 
  private:
+  // fold_layouts' copies side by side from one buffer as one step (`single`: per step, the
+  // program of the one copy fold_layouts made it, or null).
+  void merge_side_by_side(const std::vector<StridedCopyProgram*>& single);
   // A temporary of the call that nothing outside it sees, written by step t alone.
   // (A buffer this pass made is none: its readers and writers are not listed.)
   bool private_value(const Operand& o, int t) const {

@@ -168,11 +168,10 @@ void slice_grad_kernel(const KernelArgs& args) {
 // Each piece of the program (runtime/strided_copy.h): a gather where it writes its part of the
 // output contiguously (a transpose tiled as permute's), else row by row.
 void strided_copy_kernel(const KernelArgs& args) {
-  const BufferView& out = args.out[0];
-  switch_itemsize(out.dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
+  switch_itemsize(args.out[0].dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
     for (const StridedPiece& p : args.attr<StridedCopyAttrs>().program->pieces) {
       const StridedLoop<2> loop = piece_loop(p);
-      U* to = out.as<U>() + p.out_offset;
+      U* to = args.out[p.output].as<U>() + p.out_offset;
       const U* from = args.in[p.input].as<U>() + p.in_offset;
       if (p.contiguous_output()) {
         gather(to, from, loop);

@@ -172,17 +172,16 @@ void split_kernel(const KernelArgs& args) {
 // ---- strided_copy (runtime/strided_copy.h) --------------------------------------------------
 
 void strided_copy_kernel(const KernelArgs& args) {
-  const BufferView& out = args.out[0];
-  switch_itemsize(out.dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
+  switch_itemsize(args.out[0].dtype, Op::StridedCopy, [&]<typename U>(Type<U>) {
     for_each_copy_launch(
-        args.attr<StridedCopyAttrs>().program->pieces, args.in, out.numel(),
-        [&](const StridedPiece& p, const BufferView& in) {
+        args.attr<StridedCopyAttrs>().program->pieces, args.in, args.out,
+        [&](const StridedPiece& p, const BufferView& in, const BufferView& out) {
           gather(Op::StridedCopy, out.as<U>() + p.out_offset, in.as<U>() + p.in_offset,
                  piece_loop(p), p.numel(), in.numel());
         },
         [&](const CopyPieces& batch, int64_t n, int64_t largest) {
           with_index_type(largest, [&]<typename I>(Type<I>) {
-            pieces_kernel<I><<<blocks_for(n), kThreads, 0, stream()>>>(n, batch, out.as<U>());
+            pieces_kernel<I, U><<<blocks_for(n), kThreads, 0, stream()>>>(n, batch);
             ENCORE_CUDA_LAUNCHED(Op::StridedCopy);
           });
         });

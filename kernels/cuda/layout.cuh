@@ -184,19 +184,20 @@ __global__ void parts_copy_kernel(int64_t n, PartGroup<I> g, I whole_row, I colu
   }
 }
 
-// Pieces of a strided copy that write their part of the output at strides (a concat's parts),
-// up to kPiecesPerLaunch in one launch: element i belongs to the first piece whose running
-// element count `end` exceeds it.
+// Pieces of a strided copy that write their part of an output at strides (a concat's parts), or
+// of a step of several outputs, up to kPiecesPerLaunch in one launch: element i belongs to the
+// first piece whose running element count `end` exceeds it.
 inline constexpr int kPiecesPerLaunch = 8;
 struct CopyPieces {
   int count = 0;
   int64_t end[kPiecesPerLaunch] = {};
   const void* in[kPiecesPerLaunch] = {};  // each piece's input
+  void* out[kPiecesPerLaunch] = {};       // and output
   StridedPiece piece[kPiecesPerLaunch];
 };
 
 template <typename I, typename U>
-__global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces pieces, U* out) {
+__global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces pieces) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -214,37 +215,41 @@ __global__ void pieces_kernel(int64_t n, const __grid_constant__ CopyPieces piec
     }
     in += j * static_cast<I>(p.in_strides[0]);
     to += j * static_cast<I>(p.out_strides[0]);
-    out[p.out_offset + to] = static_cast<const U*>(pieces.in[k])[p.in_offset + in];
+    static_cast<U*>(pieces.out[k])[p.out_offset + to] =
+        static_cast<const U*>(pieces.in[k])[p.in_offset + in];
   }
 }
 
-// The pieces of a strided copy into `out`, in launches: gather(piece, input) for each piece
-// writing its part of the output contiguously (a plain copy, or a tiled transpose), and
-// launch(batch, n, largest) for up to kPiecesPerLaunch others at a time (n: their elements;
-// largest: the most elements of the output and their inputs, which decides the index type).
+// The pieces of a strided copy into `out`, in launches: gather(piece, input, output) for each
+// piece writing its part of an output contiguously (a plain copy, or a tiled transpose) where the
+// step has one output, and launch(batch, n, largest) for up to kPiecesPerLaunch others at a time
+// (n: their elements; largest: the most elements of their outputs and inputs, which decides the
+// index type). A step of several outputs (side by side chains from one buffer) runs every piece
+// in those launches: one launch for up to kPiecesPerLaunch of them.
 template <typename Gathered, typename Launch>
 void for_each_copy_launch(std::span<const StridedPiece> pieces, std::span<const BufferView> in,
-                          int64_t out_numel, Gathered&& gather, Launch&& launch) {
+                          std::span<const BufferView> out, Gathered&& gather, Launch&& launch) {
   CopyPieces batch;
-  int64_t n = 0, largest = out_numel;
+  int64_t n = 0, largest = 0;
   auto flush = [&] {
     if (n > 0) launch(batch, n, largest);
     batch = CopyPieces{};
     n = 0;
-    largest = out_numel;
+    largest = 0;
   };
   for (const StridedPiece& p : pieces) {
-    const BufferView& input = in[p.input];
+    const BufferView &input = in[p.input], &output = out[p.output];
     if (p.numel() == 0) continue;
-    if (p.contiguous_output()) {
-      gather(p, input);
+    if (out.size() == 1 && p.contiguous_output()) {
+      gather(p, input, output);
       continue;
     }
     batch.in[batch.count] = input.data;
+    batch.out[batch.count] = output.data;
     batch.piece[batch.count] = p;
     n += p.numel();
     batch.end[batch.count++] = n;
-    largest = std::max(largest, input.numel());
+    largest = std::max({largest, input.numel(), output.numel()});
     if (batch.count == kPiecesPerLaunch) flush();
   }
   flush();

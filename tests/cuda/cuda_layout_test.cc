@@ -51,7 +51,8 @@ TEST_CASE("attention's step on cuda folds its head split and gradient concat, bi
     const StaticFoldLayouts folds(true);
     const auto [text, entry] = check_attention_steps(32, 4, {3, 7, 32}, kCuda, 4);
     INFO(text);
-    CHECK(count_of(text, "split and permute in one") == 3);
+    CHECK(count_of(text, "split and permute in one") == 1);
+    CHECK(count_of(text, "3 copies from one buffer in one step") == 1);
     CHECK(count_of(text, "permute, permute, permute and concat in one") == 1);
     check_graph_use(entry, graphs, 3);
   });

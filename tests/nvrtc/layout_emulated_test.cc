@@ -57,19 +57,21 @@ extern "C" int permute_u32(unsigned* out, const unsigned* in, const StridedLoop<
 // layout.cu's strided_copy of 4-byte elements; returns the launches of pieces at strides, and
 // the largest element count each was given.
 extern "C" int strided_copy_u32(const StridedPiece* pieces, int count, const BufferView* in,
-                                int inputs, unsigned* out, long long out_numel,
+                                int inputs, const BufferView* out, int outputs,
                                 long long* largest) {
   int launches = 0;
   for_each_copy_launch(
       std::span<const StridedPiece>(pieces, count), std::span<const BufferView>(in, inputs),
-      out_numel,
-      [&](const StridedPiece& p, const BufferView& input) {
-        gather_u32(out + p.out_offset, static_cast<const unsigned*>(input.data) + p.in_offset,
-                   piece_loop(p), p.numel());
+      std::span<const BufferView>(out, outputs),
+      [&](const StridedPiece& p, const BufferView& input, const BufferView& output) {
+        gather_u32(static_cast<unsigned*>(output.data) + p.out_offset,
+                   static_cast<const unsigned*>(input.data) + p.in_offset, piece_loop(p),
+                   p.numel());
       },
       [&](const CopyPieces& batch, long long n, long long most) {
         largest[launches++] = most;
-        emulate_launch(blocks_for(n), kThreads, [&] { pieces_kernel<unsigned>(n, batch, out); });
+        emulate_launch(blocks_for(n), kThreads,
+                       [&] { pieces_kernel<unsigned, unsigned>(n, batch); });
       });
   return launches;
 }
@@ -77,7 +79,7 @@ extern "C" int strided_copy_u32(const StridedPiece* pieces, int count, const Buf
 
 using Permute = int (*)(unsigned*, const unsigned*, const kernels::StridedLoop<2>*, long long,
                         bool);
-using Copy = int (*)(const StridedPiece*, int, const BufferView*, int, unsigned*, long long,
+using Copy = int (*)(const StridedPiece*, int, const BufferView*, int, const BufferView*, int,
                      long long*);
 
 const testing::HostObject& layout_kernels() {
@@ -207,13 +209,50 @@ TEST_CASE("a strided copy's pieces run as gathers and in launches of eight (emul
       views.push_back({v.data(), Shape{static_cast<int64_t>(v.size())}, DType::Int32});
     const int64_t out_numel = concat + B * T * H * D;
     std::vector<unsigned> out(out_numel, ~0u), want(out_numel, ~0u);
+    const BufferView out_view{out.data(), Shape{out_numel}, DType::Int32};
     long long largest[2] = {0, 0};
     CHECK(copy(pieces.data(), static_cast<int>(pieces.size()), views.data(),
-               static_cast<int>(views.size()), out.data(), out_numel, largest) == (parts + 7) / 8);
+               static_cast<int>(views.size()), &out_view, 1, largest) == (parts + 7) / 8);
     CHECK(largest[0] == out_numel);  // the index type's bound: the output, larger than any input
     if (parts > 8) CHECK(largest[1] == out_numel);
     for (const StridedPiece& p : pieces) copy_piece(p, inputs[p.input], want);
     CHECK(std::count(want.begin(), want.end(), ~0u) == 0);  // the pieces cover the output
     CHECK(out == want);
+  }
+}
+
+TEST_CASE("a strided copy of several outputs runs its contiguous pieces in one launch (emulated)",
+          "[nvrtc][emulated]") {
+  const auto copy = layout_kernels().function<Copy>("strided_copy_u32");
+  // Attention's head split: q, k and v [B, H, T, D] out of the projection [B, T, 3 H D], three
+  // outputs each written contiguously by its piece: one launch, not a gather each.
+  const int64_t B = 2, H = 3, T = 9, D = 5, part = B * H * T * D;
+  std::vector<unsigned> projection = iota(3 * part);
+  std::vector<StridedPiece> pieces;
+  for (int k = 0; k < 3; ++k) {
+    StridedPiece p;
+    p.output = k;
+    p.rank = 4;
+    const int64_t dims[4] = {B, H, T, D}, in_s[4] = {T * 3 * H * D, D, 3 * H * D, 1},
+                  out_s[4] = {H * T * D, T * D, D, 1};
+    for (int d = 0; d < 4; ++d)
+      p.dims[d] = dims[d], p.in_strides[d] = in_s[d], p.out_strides[d] = out_s[d];
+    p.in_offset = k * H * D;
+    REQUIRE(p.contiguous_output());
+    pieces.push_back(p);
+  }
+  const BufferView in{projection.data(), Shape{3 * part}, DType::Int32};
+  std::vector<std::vector<unsigned>> outs(3, std::vector<unsigned>(part, ~0u));
+  std::vector<BufferView> views;
+  for (std::vector<unsigned>& o : outs) views.push_back({o.data(), Shape{part}, DType::Int32});
+  long long largest[1] = {0};
+  CHECK(copy(pieces.data(), 3, &in, 1, views.data(), 3, largest) == 1);
+  CHECK(largest[0] == 3 * part);  // the index type's bound: the input, larger than each output
+  for (int k = 0; k < 3; ++k) {
+    INFO("output " << k);
+    std::vector<unsigned> want(part, ~0u);
+    copy_piece(pieces[k], projection, want);
+    CHECK(std::count(want.begin(), want.end(), ~0u) == 0);
+    CHECK(outs[k] == want);
   }
 }
