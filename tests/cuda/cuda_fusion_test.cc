@@ -66,9 +66,20 @@ Tensor masked_softmax(const Tensor& s, const Tensor& pos) {
       F::masked_fill(scaled, causal_mask(t, s), -std::numeric_limits<double>::infinity()), -1);
 }
 
-// Fresh scores [2, 3, T, T] and a position tile for masked_softmax.
-Args<2> scores_and_tile(DType dtype, int64_t t) {
-  return Args<2>{rand({2, 3, t, t}, dtype, kCuda, -2, 2), rand({t, t}, dtype, kCuda, -1, 1)};
+// check(fresh, dtype, t) for float32 and float64 and T of 8 and 64, fresh() new scores
+// [2, 3, T, T] and a position tile for masked_softmax.
+template <typename Check>
+void for_each_scores(Check&& check) {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (int64_t t : {int64_t{8}, int64_t{64}}) {
+      INFO(name(dtype) << ", T " << t);
+      manual_seed(static_cast<uint64_t>(t));
+      auto fresh = [&] {
+        return Args<2>{rand({2, 3, t, t}, dtype, kCuda, -2, 2), rand({t, t}, dtype, kCuda, -1, 1)};
+      };
+      check(fresh, dtype, t);
+    }
+  }
 }
 
 // 2 layer_norm(x + y) over rows of `cols`, with its own gamma and beta.
@@ -130,37 +141,31 @@ TEST_CASE("verify mode checks each fused cuda output against the eager step it s
 TEST_CASE("where and tiled operands fuse into compiled kernels on cuda", "[cuda][static][fusion]") {
   with_graphs_on_and_off([](bool) {
     StaticEnabled on;
-    for (DType dtype : {DType::Float32, DType::Float64}) {
-      for (int64_t t : {int64_t{8}, int64_t{64}}) {
-        INFO(name(dtype) << ", T " << t);
-        manual_seed(static_cast<uint64_t>(t));
-        auto fresh = [&] { return scores_and_tile(dtype, t); };
-        auto fused = static_graph(masked_softmax, {.name = "masked"});
-        check_replays(masked_softmax, fresh, fused, true);
-        const std::string text = fused.schedule_text();
-        INFO(text);
-        CHECK_THAT(text, !Catch::Contains("left unfused"));
-        CHECK(count_of(text, cat(R"(= where\(in \d+ \(a tile of )", t * t, R"(\), in \d+, )")) ==
-              2);
-        CHECK(count_of(text, cat(R"(= add\(in \d+, in \d+ \(a tile of )", t * t, R"(\)\))")) == 1);
-        CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
-              2);
+    for_each_scores([](auto& fresh, DType dtype, int64_t t) {
+      auto fused = static_graph(masked_softmax, {.name = "masked"});
+      check_replays(masked_softmax, fresh, fused, true);
+      const std::string text = fused.schedule_text();
+      INFO(text);
+      CHECK_THAT(text, !Catch::Contains("left unfused"));
+      CHECK(count_of(text, cat(R"(= where\(in \d+ \(a tile of )", t * t, R"(\), in \d+, )")) == 2);
+      CHECK(count_of(text, cat(R"(= add\(in \d+, in \d+ \(a tile of )", t * t, R"(\)\))")) == 1);
+      CHECK(count_of(text, R"(fused_elementwise\s+\[fuses \d+ steps into one compiled kernel)") >=
+            2);
 
-        auto choose = [](const Tensor& x, const Tensor& c) {
-          const Tensor cond = F::greater(x, F::mul(x, 0.5));
-          const Tensor y = F::mul(x, 3.0);
-          return F::tanh(F::where(cond, y, c));
-        };
-        auto values = [&] {
-          return Args<2>{rand({t, 48}, dtype, kCuda, -2, 2), rand({t, 1}, dtype, kCuda, -1, 1)};
-        };
-        auto g = static_graph(choose, {.name = "choose"});
-        check_replays(choose, values, g, true);
-        INFO(g.schedule_text());
-        CHECK(count_of(g.schedule_text(),
-                       R"(= where\(in \d+, scratch \d+, in \d+ \(one per row\)\))") == 1);
-      }
-    }
+      auto choose = [](const Tensor& x, const Tensor& c) {
+        const Tensor cond = F::greater(x, F::mul(x, 0.5));
+        const Tensor y = F::mul(x, 3.0);
+        return F::tanh(F::where(cond, y, c));
+      };
+      auto values = [&] {
+        return Args<2>{rand({t, 48}, dtype, kCuda, -2, 2), rand({t, 1}, dtype, kCuda, -1, 1)};
+      };
+      auto g = static_graph(choose, {.name = "choose"});
+      check_replays(choose, values, g, true);
+      INFO(g.schedule_text());
+      CHECK(count_of(g.schedule_text(),
+                     R"(= where\(in \d+, scratch \d+, in \d+ \(one per row\)\))") == 1);
+    });
   });
 }
 
@@ -220,15 +225,12 @@ TEST_CASE("row ops join fused runs on cuda, a warp per row", "[cuda][static][fus
 TEST_CASE("verify mode checks fused cuda runs holding where, tiled operands and row ops",
           "[cuda][static][fusion]") {
   StaticEnabled on;
+  for_each_scores([](auto& fresh, DType, int64_t) {
+    auto verified = static_graph(masked_softmax, {.name = "masked_verified", .verify_every = 1});
+    check_replays(masked_softmax, fresh, verified, true);
+    CHECK(verified.stats().verifications >= 2);
+  });
   for (DType dtype : {DType::Float32, DType::Float64}) {
-    for (int64_t t : {int64_t{8}, int64_t{64}}) {
-      INFO(name(dtype) << ", T " << t);
-      manual_seed(static_cast<uint64_t>(t));
-      auto fresh = [&] { return scores_and_tile(dtype, t); };
-      auto verified = static_graph(masked_softmax, {.name = "masked_verified", .verify_every = 1});
-      check_replays(masked_softmax, fresh, verified, true);
-      CHECK(verified.stats().verifications >= 2);
-    }
     for (const int64_t c : kRowLengths) {
       INFO(name(dtype) << ", rows of " << c);
       manual_seed(static_cast<uint64_t>(c));
