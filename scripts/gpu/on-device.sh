@@ -95,7 +95,7 @@ run_tests() {
     ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$san" --tool memcheck --print-limit 20 \
       "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
     part racecheck 60 "$san" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
-      "a failed CUDA-graph capture*" "Adam's hyper-parameters on a schedule on cuda*"
+      "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
   fi
   # Last, the cases hidden from a plain run for the memory they take (up to about 40 GiB each).
   part cuda_tests_large 40 "$run/bin/encore_cuda_tests" "[large]" --durations yes
@@ -143,10 +143,33 @@ run_quick() {
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs]"
   peers 90 0.1
 }
+# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 3 x 30 s): the [large]
+# cases, racecheck on the graph cases, TinyGpt's kernels per step, and the op-by-op profiles of
+# the stream replays whose targets are open.
+run_rest() {
+  part cuda_tests_large 60 "$run/bin/encore_cuda_tests" "[large]" --durations yes
+  local san
+  san=$(sanitizer)
+  [ -n "$san" ] && part racecheck 60 "$san" --tool racecheck --print-limit 20 \
+    "$run/bin/encore_cuda_tests" "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
+  mkdir -p "$out/breakdown"
+  TAIL=0 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part kernelsum_tinygpt 45 "$run/bin/encore_bench" \
+    --benchmark_filter='^KernelSum/TinyGpt/cuda' --benchmark_min_time=0.2
+  cp "$out/breakdown/KernelSum_TinyGpt_cuda.txt" "$out/kernels_TinyGpt.txt" 2>/dev/null
+  rm -rf "$out/breakdown"
+  mkdir -p /tmp/encore-profiles
+  for c in TinyGpt/static_nograph/cuda TinyGpt/eager/cuda MlpSmall/static_nograph/cuda; do
+    local f=${c//\//_}
+    TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
+      --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
+    cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -30 "$out/profile_$f.txt"
+  done
+}
 case "$what" in
   quick) run_quick ;;
+  rest) run_rest ;;
   tests) run_tests ;;
   bench) run_bench ;;
   all) run_tests; run_bench ;;
-  *) echo "usage: on-device.sh quick|tests|bench|all"; exit 2 ;;
+  *) echo "usage: on-device.sh quick|rest|tests|bench|all"; exit 2 ;;
 esac

@@ -21,20 +21,23 @@ namespace {
 
 constexpr int64_t kRows = int64_t{INT_MAX} + 34;  // [kRows, 1]: m past cuBLAS's int
 
-// The element of x at `index` (one per dimension), a view to fill.
-Tensor element(const Tensor& x, std::initializer_list<int64_t> index) {
+// The element of x at `index` (one per dimension).
+float at(const Tensor& x, std::initializer_list<int64_t> index) {
   Tensor v = x;
   int axis = 0;
   for (int64_t i : index) {
     v = F::slice(v, axis, i, i + 1);
     ++axis;
   }
-  return v;
+  return v.item<float>();
 }
 
-// Its value.
-float at(const Tensor& x, std::initializer_list<int64_t> index) {
-  return element(x, index).item<float>();
+// A float32 tensor of `shape` on cuda:0, zeros but `values` at flat indices (made on the host:
+// slice is a copy, so a fill of a slice would not reach the tensor).
+Tensor sparse(const Shape& shape, std::initializer_list<std::pair<int64_t, float>> values) {
+  Tensor host = zeros(shape, DType::Float32);
+  for (const auto& [i, v] : values) host.data<float>()[i] = v;
+  return host.to(kCuda);
 }
 
 // The largest and the smallest value of x.
@@ -49,11 +52,7 @@ struct EmptiesCache {
 
 // a [kRows, 1]: zeros but -2 in the first row, 1 in the middle one and 5 in the last.
 Tensor sparse_column() {
-  Tensor a = zeros({kRows, 1}, DType::Float32, kCuda);
-  fill_(element(a, {0, 0}), -2);
-  fill_(element(a, {kRows / 2, 0}), 1);
-  fill_(element(a, {kRows - 1, 0}), 5);
-  return a;
+  return sparse({kRows, 1}, {{0, -2.0f}, {kRows / 2, 1.0f}, {kRows - 1, 5.0f}});
 }
 
 TEST_CASE("a matmul of more than 2^31 rows runs on cuda, forward and backward",
@@ -103,9 +102,8 @@ TEST_CASE("a convolution of more than 2^31 input elements runs on cuda, forward 
   // last one alone): zeros but 1 at (0, 2, 5, 7) and -2 at (16, 7, 4095, 4095).
   constexpr int64_t kN = 17, kC = 8, kH = 4096, kW = 4096;
   static_assert(kN * kC * kH * kW > INT_MAX);
-  Tensor x = zeros({kN, kC, kH, kW}, DType::Float32, kCuda);
-  fill_(element(x, {0, 2, 5, 7}), 1);
-  fill_(element(x, {kN - 1, 7, kH - 1, kW - 1}), -2);
+  constexpr int64_t kSample = kC * kH * kW;
+  Tensor x = sparse({kN, kC, kH, kW}, {{(2 * kH + 5) * kW + 7, 1.0f}, {kN * kSample - 1, -2.0f}});
   x.set_requires_grad();
   // A 1x1 convolution to one channel: y = sum over c of (c + 1) x[c], plus 0.5.
   Tensor w = tensor({1, 2, 3, 4, 5, 6, 7, 8}, {1, kC, 1, 1}).to(kCuda).set_requires_grad();
