@@ -4,6 +4,8 @@
 #                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only and
 #                                  # stream-copies A/Bs, memcheck over the newest kernels,
 #                                  # PyTorch side by side
+#   bash .gpu/on-device.sh rest    # after quick (under 5 minutes): the [large] cases, racecheck,
+#                                  # TinyGpt's kernels and op-by-op profiles
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
 #                                  # per KernelSum case), PyTorch side by side, the GPU demo
