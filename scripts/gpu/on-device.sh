@@ -87,7 +87,23 @@ kernels_per_step() {  # CASE...: the KernelSum breakdowns' kernels per step
     [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
   done
 }
-
+large_tests() {  # CAP: the cases hidden from a plain run for their memory (up to about 40 GiB)
+  part cuda_tests_large "$1" "$run/bin/encore_cuda_tests" "[large]" --durations yes
+}
+racecheck_graphs() {  # SANITIZER: racecheck over a failed capture and a graph per set of values
+  part racecheck 60 "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
+    "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
+}
+profiles() {  # where eager steps and stream replays spend their time, op by op (the profiler's
+  # table: an eager op's dispatch on the host, a replayed step's device time)
+  mkdir -p /tmp/encore-profiles
+  for c in TinyGpt/static_nograph/cuda TinyGpt/eager/cuda MlpSmall/static_nograph/cuda; do
+    local f=${c//\//_}
+    TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
+      --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
+    cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -30 "$out/profile_$f.txt"
+  done
+}
 run_tests() {
   cuda_tests 300
   local san
@@ -96,11 +112,9 @@ run_tests() {
     # The random programs run 60 rather than 400 under the sanitizer (ENCORE_RANDOM_PROGRAMS).
     ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$san" --tool memcheck --print-limit 20 \
       "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
-    part racecheck 60 "$san" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
-      "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
+    racecheck_graphs "$san"
   fi
-  # Last, the cases hidden from a plain run for the memory they take (up to about 40 GiB each).
-  part cuda_tests_large 40 "$run/bin/encore_cuda_tests" "[large]" --durations yes
+  large_tests 40  # last: they take the most memory
 }
 run_bench() {
   bench_cuda 200 0.2
@@ -115,15 +129,7 @@ run_bench() {
       --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
   done
   kernels_per_step MlpSmall TinyGpt
-  # Where eager steps and stream replays spend their time, op by op (the profiler's table: an
-  # eager op's dispatch on the host, a replayed step's device time).
-  mkdir -p /tmp/encore-profiles
-  for c in TinyGpt/static_nograph/cuda TinyGpt/eager/cuda MlpSmall/static_nograph/cuda; do
-    local f=${c//\//_}
-    TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
-      --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
-    cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -20 "$out/profile_$f.txt"
-  done
+  profiles
   peers 220 0.2
   if [ -d "$here/data" ]; then
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
@@ -149,23 +155,16 @@ run_quick() {
 # cases, racecheck on the graph cases, TinyGpt's kernels per step, and the op-by-op profiles of
 # the stream replays whose targets are open.
 run_rest() {
-  part cuda_tests_large 60 "$run/bin/encore_cuda_tests" "[large]" --durations yes
+  large_tests 60
   local san
   san=$(sanitizer)
-  [ -n "$san" ] && part racecheck 60 "$san" --tool racecheck --print-limit 20 \
-    "$run/bin/encore_cuda_tests" "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
+  [ -n "$san" ] && racecheck_graphs "$san"
   mkdir -p "$out/breakdown"
   TAIL=0 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part kernelsum_tinygpt 45 "$run/bin/encore_bench" \
     --benchmark_filter='^KernelSum/TinyGpt/cuda' --benchmark_min_time=0.2
   cp "$out/breakdown/KernelSum_TinyGpt_cuda.txt" "$out/kernels_TinyGpt.txt" 2>/dev/null
   rm -rf "$out/breakdown"
-  mkdir -p /tmp/encore-profiles
-  for c in TinyGpt/static_nograph/cuda TinyGpt/eager/cuda MlpSmall/static_nograph/cuda; do
-    local f=${c//\//_}
-    TAIL=0 ENCORE_PROFILE="/tmp/encore-profiles/$f.json" part "profile_$f" 30 "$run/bin/encore_bench" \
-      --benchmark_filter="^$c(/|\$)" --benchmark_min_time=0.3
-    cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -30 "$out/profile_$f.txt"
-  done
+  profiles
 }
 case "$what" in
   quick) run_quick ;;
