@@ -102,14 +102,15 @@ class StreamOrdered final : public Allocator {
 
 // Whether any of `streams` is being captured into a CUDA graph (by any thread).
 bool any_capturing(std::span<void* const> streams) noexcept {
+  bool capturing = false;
   for (void* s : streams) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) == cudaSuccess &&
-        status != cudaStreamCaptureStatusNone)
-      return true;
+    capturing =
+        capturing || (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) == cudaSuccess &&
+                      status != cudaStreamCaptureStatusNone);
   }
-  (void)cudaGetLastError();
-  return false;
+  (void)cudaGetLastError();  // a stream that could not say is not counted as capturing
+  return capturing;
 }
 
 // Records an event on each stream and keeps the free pending (or waits for the streams and frees
