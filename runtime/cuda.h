@@ -162,6 +162,14 @@ void check_device_errors(int device);
 // Storages freed while streams they were recorded on (Tensor::record_stream) had not yet passed
 // the free, whose blocks the allocator has not taken back yet.
 int64_t pending_frees();
+// Storages freed while a stream they were recorded on was being captured into a CUDA graph that
+// the runtime did not begin (a capture of the user's own): no event can be recorded on such a
+// stream and the runtime cannot wait for the capture to end, so their blocks are given up, never
+// reused (nor returned to the device) while the process lasts. Counted since the process began.
+struct LostFrees {
+  int64_t blocks = 0, bytes = 0;
+};
+LostFrees lost_frees();
 
 // Page-locked host memory (cudaHostAlloc), cached like the other allocators. Tensors on it are
 // cpu tensors whose copies to a device can be asynchronous (Tensor::pin_memory).

@@ -26,6 +26,9 @@ std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {
 int64_t pending_frees() {
   return 0;
 }
+LostFrees lost_frees() {
+  return {};
+}
 
 #else
 
@@ -41,6 +44,7 @@ struct PendingFree {
 std::mutex g_mu;
 std::vector<PendingFree>* g_pending = new std::vector<PendingFree>;  // never destroyed
 std::atomic<int64_t> g_count{0};
+std::atomic<int64_t> g_lost_blocks{0}, g_lost_bytes{0};  // lost_frees()
 
 // Returns to their allocators the pending frees whose events have completed (every one, waiting
 // for them, when `wait`). An event that reports an error counts as completed: the device has
@@ -122,7 +126,11 @@ void free_now(int device, std::span<void* const> streams, Allocator& allocator, 
   // as an event of the stream). The gate puts this off until the runtime's captures end, so only
   // a capture the runtime did not begin is met here: the block is then given up, never reused,
   // rather than reused while the stream may still read it.
-  if (any_capturing(streams)) return;
+  if (any_capturing(streams)) {
+    g_lost_blocks.fetch_add(1, std::memory_order_relaxed);
+    g_lost_bytes.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    return;
+  }
   PendingFree f{{}, &allocator, p, bytes};
   int previous = 0;
   const bool switched =
@@ -184,6 +192,11 @@ std::unique_ptr<Allocator> stream_ordered(std::unique_ptr<Allocator> inner) {
 
 int64_t pending_frees() {
   return g_count.load(std::memory_order_relaxed);
+}
+
+LostFrees lost_frees() {
+  return {g_lost_blocks.load(std::memory_order_relaxed),
+          g_lost_bytes.load(std::memory_order_relaxed)};
 }
 
 #endif

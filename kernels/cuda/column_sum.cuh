@@ -20,20 +20,40 @@ __host__ __device__ constexpr int column_split(int64_t n) {
   return split;
 }
 
-// The fold of column elements t, t + kSplit, ... (a thread row's part) when kStride == kSplit;
-// else the tree's join of the parts t and t + kStride below it. column_tree<kSplit, 1>(.., 0) is
-// reduce_columns' tree (rows split / 2 apart joined first, so part 0's partner is part split / 2,
-// ...), each node computed from its children alone: no array of parts, nothing in local memory.
-template <int kSplit, int kStride, typename T>
-__device__ __forceinline__ T column_tree(const T* p, int64_t stride, int64_t n, int t) {
-  if constexpr (kStride == kSplit) {
-    T acc = SumOp::identity<T>();
-    for (int64_t r = t; r < n; r += kSplit) acc = SumOp::combine(acc, p[r * stride]);
-    return acc;
-  } else {
-    const T left = column_tree<kSplit, kStride * 2>(p, stride, n, t);
-    return SumOp::combine(left, column_tree<kSplit, kStride * 2>(p, stride, n, t + kStride));
+// Elements column_sum_in_order loads at a time: a multiple of every split.
+inline constexpr int kSumBatch = 32;
+
+// The tree's levels from kHalf down: part[t] joins part[t + kHalf] for t < kHalf, then kHalf / 2.
+template <int kHalf, typename T, int kSplit>
+__device__ __forceinline__ void join_parts(T (&part)[kSplit]) {
+  if constexpr (kHalf > 0) {
+#pragma unroll
+    for (int t = 0; t < kHalf; ++t) part[t] = SumOp::combine(part[t], part[t + kHalf]);
+    join_parts<kHalf / 2>(part);
   }
+}
+// p[0] + p[stride] + ... + p[(n - 1) stride] as reduce_columns adds them, kSplit =
+// column_split(n): part t folds elements t, t + kSplit, ... from +0, then the tree joins part t
+// with part t + s for s = kSplit / 2, kSplit / 4, ..., 1. The elements are loaded kSumBatch at a
+// time, all in flight, before they are folded (one round trip to memory per batch, not one per
+// element): the folds keep their order, so the bits are those of the plain loop.
+template <int kSplit, typename T>
+__device__ __forceinline__ T column_sum_split(const T* p, int64_t stride, int64_t n) {
+  static_assert(kSumBatch % kSplit == 0);
+  T part[kSplit];
+#pragma unroll
+  for (int t = 0; t < kSplit; ++t) part[t] = SumOp::identity<T>();
+  for (int64_t base = 0; base < n; base += kSumBatch) {
+    T v[kSumBatch];
+#pragma unroll
+    for (int q = 0; q < kSumBatch; ++q)
+      v[q] = base + q < n ? p[(base + q) * stride] : SumOp::identity<T>();
+#pragma unroll
+    for (int q = 0; q < kSumBatch; ++q)
+      if (base + q < n) part[q % kSplit] = SumOp::combine(part[q % kSplit], v[q]);
+  }
+  join_parts<kSplit / 2>(part);
+  return part[0];
 }
 
 // p[0] + p[stride] + ... + p[(n - 1) stride] as reduce_columns adds them.
@@ -42,17 +62,17 @@ __device__ T column_sum_in_order(const T* p, int64_t stride, int64_t n) {
   static_assert(kMaxColumnSplit == 32);
   switch (column_split(n)) {
     case 1:
-      return column_tree<1, 1>(p, stride, n, 0);
+      return column_sum_split<1>(p, stride, n);
     case 2:
-      return column_tree<2, 1>(p, stride, n, 0);
+      return column_sum_split<2>(p, stride, n);
     case 4:
-      return column_tree<4, 1>(p, stride, n, 0);
+      return column_sum_split<4>(p, stride, n);
     case 8:
-      return column_tree<8, 1>(p, stride, n, 0);
+      return column_sum_split<8>(p, stride, n);
     case 16:
-      return column_tree<16, 1>(p, stride, n, 0);
+      return column_sum_split<16>(p, stride, n);
     default:
-      return column_tree<32, 1>(p, stride, n, 0);
+      return column_sum_split<32>(p, stride, n);
   }
 }
 

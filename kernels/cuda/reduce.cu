@@ -45,8 +45,9 @@ void reduce_kernel(const KernelArgs& args) {
       });
       return;
     }
-    const dim3 block(32, static_cast<unsigned>(column_split(count)));
-    reduce_columns<R, kMean><<<blocks_for(outputs, 32), block, 0, stream()>>>(
+    const int width = column_width(outputs);
+    const dim3 block(width, static_cast<unsigned>(column_split(count)));
+    reduce_columns<R, kMean><<<blocks_for(outputs, width), block, 0, stream()>>>(
         px, py, p.kept, p.reduced, outputs, count);
     ENCORE_CUDA_LAUNCHED(kOp);
   };

@@ -107,16 +107,26 @@ __device__ __forceinline__ T finish(T v, int64_t count) {
 }
 
 // acc folded with px[offset_of(s, r)] for r = first, first + step, ... below n, in that order. A
-// one-group space (the common case: a bias gradient's rows, a row's contiguous elements) takes
-// an unrolled loop with no index division, so that several loads are in flight before their
-// combines; the combines keep their order, so the bits are those of the plain loop.
+// one-group space (the common case: a bias gradient's rows, a row's contiguous elements) loads
+// kFoldBatch elements at a time, all in flight before their combines, with no index division
+// (none loaded past n); the combines keep their order, so the bits are those of the plain loop.
+inline constexpr int kFoldBatch = 16;
 template <typename R, typename T>
 __device__ __forceinline__ T fold(T acc, const T* __restrict__ px, const Space& s, int64_t first,
                                   int64_t n, int64_t step) {
   if (s.rank == 1) {
     const int64_t stride = s.stride[0];
-#pragma unroll 8
-    for (int64_t r = first; r < n; r += step) acc = R::combine(acc, px[r * stride]);
+    for (int64_t r = first; r < n; r += kFoldBatch * step) {
+      T v[kFoldBatch];
+#pragma unroll
+      for (int q = 0; q < kFoldBatch; ++q) {
+        const int64_t i = r + q * step;
+        v[q] = i < n ? px[i * stride] : R::template identity<T>();
+      }
+#pragma unroll
+      for (int q = 0; q < kFoldBatch; ++q)
+        if (r + q * step < n) acc = R::combine(acc, v[q]);
+    }
     return acc;
   }
   for (int64_t r = first; r < n; r += step) acc = R::combine(acc, px[offset_of(s, r)]);
@@ -137,18 +147,18 @@ __global__ void __launch_bounds__(kBlockThreads<kGroup>)
   });
 }
 
-// Block (32, split): thread (tx, ty) folds reduced elements ty, ty + split, ... of output
-// tile * 32 + tx; a tree over ty joins them (split = column_split(n): column_sum_in_order's
-// order).
+// Block (width, split), width column_width(outputs): thread (tx, ty) folds reduced elements ty,
+// ty + split, ... of output tile * width + tx; a tree over ty joins them (split =
+// column_split(n): column_sum_in_order's order).
 template <typename R, bool kMean, typename T>
 __global__ void __launch_bounds__(32 * kMaxColumnSplit)
     reduce_columns(const T* __restrict__ x, T* __restrict__ y, Space kept, Space reduced,
                    int64_t outputs, int64_t n) {
   __shared__ T sh[kMaxColumnSplit][32];
-  const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
-  const int64_t tiles = (outputs + 31) / 32;
+  const int tx = threadIdx.x, ty = threadIdx.y, width = blockDim.x, split = blockDim.y;
+  const int64_t tiles = (outputs + width - 1) / width;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform over the block
-    const int64_t o = tile * 32 + tx;
+    const int64_t o = tile * width + tx;
     T acc = R::template identity<T>();
     if (o < outputs) {
       acc = fold<R>(acc, x + offset_of(kept, o), reduced, ty, n, split);
@@ -162,6 +172,13 @@ __global__ void __launch_bounds__(32 * kMaxColumnSplit)
     if (ty == 0 && o < outputs) y[o] = finish<kMean>(sh[0][tx], n);
     __syncthreads();  // the tile's result is read before the next tile writes sh
   }
+}
+
+// The outputs per block of reduce_columns: 32 (a warp's 128-byte rows of floats), or 8 (32-byte
+// rows, one sector of L2) where 32 would leave most of the GPU idle: a bias gradient's hundreds of
+// columns over a thousand rows would be a few blocks, each reading a thousand rows alone.
+inline int column_width(int64_t outputs) {
+  return outputs >= 32 * 512 ? 32 : 8;
 }
 
 template <typename T>

@@ -47,15 +47,16 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
                  g.trans_a ? g.m : g.k, "]", g.trans_a ? "" : " (not transposed)");
     const bool dot = kind == SmallGemm::kDot;
     const GemmLaunch l = small_gemm_launch(dot, g.m, g.n, sums != nullptr);
+    const bool vectors_b = stages_vectors(pb, g.ldb);
     if (dot) {
-      gemm_dot_kernel<T>
-          <<<l.blocks, l.threads, 0, stream()>>>(g.m, g.n, g.k, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
+      gemm_dot_kernel<T><<<l.blocks, l.threads, 0, stream()>>>(
+          g.m, g.n, g.k, pa, g.lda, stages_vectors(pa, g.lda), pb, g.ldb, vectors_b, pc, g.ldc, f);
     } else if (l.rows == 1) {
       gemm_serial_k_kernel<T, 1><<<l.blocks, l.threads, 0, stream()>>>(
-          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
+          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     } else {
       gemm_serial_k_kernel<T, kSerialRows><<<l.blocks, l.threads, 0, stream()>>>(
-          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, pc, g.ldc, f);
+          g.m, g.n, g.k, g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     }
     ENCORE_CUDA_LAUNCHED(op);
   });

@@ -3,18 +3,23 @@
 // order of operations depends on the shape alone, each output finished by a GemmFinish (a
 // linear's bias, an activation, an activation gradient) before it is stored.
 //
-// - kDot (a [m, k], b stored [n, k]: a linear's forward): a warp computes a kDotTile x kDotTile
-//   tile of c. Lane l multiplies and adds the products of k = l, l + 32, ... in that order (the
-//   warp's loads are 32 adjacent elements of a row), then the lanes' sums meet in a shuffle
-//   butterfly (xor 16, 8, 4, 2, 1), after which every lane holds the same sum; lane i*4 + j
-//   stores output (i, j) of the tile.
+// These products wait on memory, not arithmetic: a few thousand outputs over a k of tens to
+// hundreds, their operands in L2. So a block first copies its operands' part of a chunk of k into
+// shared memory, every thread issuing all of its loads at once (16-byte vectors where the rows
+// allow), one round trip to memory per chunk, then computes from there; the chunks follow one
+// another along k, so each output's operations keep their order.
+//
+// - kDot (a [m, k], b stored [n, k]: a linear's forward): a block computes a kDotTile x kDotCols
+//   strip of c, its warp w the kDotTile x kDotTile tile at columns w * kDotTile on. Lane l
+//   multiplies and adds the products of k = l, l + 32, ... in that order, then the lanes' sums
+//   meet in a shuffle butterfly (xor 16, 8, 4, 2, 1), after which every lane holds the same sum;
+//   lane i*4 + j stores output (i, j) of the tile.
 // - kSerialK (b stored [k, n], a [m, k] or stored [k, m]: a product's backward): a thread
 //   computes kSerialRows outputs of one column of c (one, when c is small), multiplying and adding
-//   over k = 0, 1, ... in order; a block's threads take adjacent columns (coalesced loads of b;
-//   a's element is the same for the whole warp). With a stored [k, m] it can also sum a's columns
-//   (a linear's bias gradient beside its weight gradient): blocks after the product's take a
-//   column of a per thread (coalesced loads) and add it up in the order of CUDA's column sum
-//   (column_sum.cuh), beside the product's blocks.
+//   over k = 0, 1, ... in order; a block's threads take adjacent columns. With a stored [k, m] it
+//   can also sum a's columns (a linear's bias gradient beside its weight gradient): blocks after
+//   the product's take a column of a per thread (coalesced loads) and add it up in the order of
+//   CUDA's column sum (column_sum.cuh), beside the product's blocks.
 //
 // Each multiply-add is one fused multiply-add (fma_of); the file is compiled without contraction
 // (nvcc -fmad=false), so everything else rounds as the unfused kernels do, and an activation
@@ -34,14 +39,23 @@
 
 namespace encore::kernels::cuda {
 
-inline constexpr int kDotTile = 4;   // kDot: a warp's tile of c is kDotTile x kDotTile
-inline constexpr int kDotWarps = 4;  // kDot: warps per block (few: a small c has few tiles)
+inline constexpr int kSmallGemmThreads = 128;  // a block of either kernel: 4 warps
+inline constexpr int kDotTile = 4;             // kDot: a warp's tile of c is kDotTile x kDotTile
+inline constexpr int kDotCols = kSmallGemmThreads / 32 * kDotTile;  // kDot: a block's columns
 // kSerialK: a thread computes kSerialRows outputs down a column, or one where c has fewer than
-// kSerialFewOutputs outputs (more threads, each waiting on fewer loads); a block's threads take
-// up to kSerialThreads adjacent columns, a multiple of 32.
+// kSerialFewOutputs outputs (more blocks, each staging fewer rows of a); a block's threads take
+// kSmallGemmThreads adjacent columns (those past c's edge only stage).
 inline constexpr int kSerialRows = 4;
 inline constexpr int64_t kSerialFewOutputs = 16384;
-inline constexpr int kSerialThreads = 128;
+// The chunk of k staged at a time: kDot, kDotChunkBytes of each of the block's kDotTile rows of a
+// and kDotCols rows of b (40 KiB of shared memory); kSerialK, kSerialChunkBytes of b's rows
+// (32 KiB) and the block's rows of a. Both are multiples of 32 elements (kDot's lanes).
+inline constexpr int kDotChunkBytes = 2048;
+inline constexpr int kSerialChunkBytes = 32768 / kSmallGemmThreads;
+template <typename T>
+inline constexpr int kDotChunk = kDotChunkBytes / static_cast<int>(sizeof(T));
+template <typename T>
+inline constexpr int kSerialChunk = kSerialChunkBytes / static_cast<int>(sizeof(T));
 
 // The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of `threads`, and
 // for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks summing a's m columns
@@ -52,14 +66,22 @@ struct GemmLaunch {
 };
 inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n, bool sums = false) {
   if (dot) {
-    const int64_t tiles = (m + kDotTile - 1) / kDotTile * ((n + kDotTile - 1) / kDotTile);
-    return {static_cast<unsigned>((tiles + kDotWarps - 1) / kDotWarps), kDotWarps * 32, 1};
+    const int64_t blocks = (m + kDotTile - 1) / kDotTile * ((n + kDotCols - 1) / kDotCols);
+    return {static_cast<unsigned>(blocks), kSmallGemmThreads, 1};
   }
   const int rows = m * n < kSerialFewOutputs ? 1 : kSerialRows;
-  const int64_t threads = std::min<int64_t>(kSerialThreads, (n + 31) / 32 * 32);
-  const int64_t blocks = (m + rows - 1) / rows * ((n + threads - 1) / threads) +
-                         (sums ? (m + threads - 1) / threads : 0);
-  return {static_cast<unsigned>(blocks), static_cast<unsigned>(threads), rows};
+  constexpr int64_t kWidth = kSmallGemmThreads;
+  const int64_t blocks =
+      (m + rows - 1) / rows * ((n + kWidth - 1) / kWidth) + (sums ? (m + kWidth - 1) / kWidth : 0);
+  return {static_cast<unsigned>(blocks), kSmallGemmThreads, rows};
+}
+
+// Whether the rows of a matrix at p, ld elements apart, can be staged in 16-byte vectors: p
+// aligned to 16 bytes and ld a multiple of a vector (the chunks start at multiples of one).
+template <typename T>
+bool stages_vectors(const T* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 &&
+         ld % (16 / static_cast<int64_t>(sizeof(T))) == 0;
 }
 
 // How each output v of the product is finished before it is stored at c[at] (row r, column j):
@@ -117,43 +139,102 @@ __device__ __forceinline__ T finish(const GemmFinish<T>& f, T v, int64_t at, int
   }
 }
 
-__device__ __forceinline__ int64_t clamp_index(int64_t i, int64_t size) {
-  return i < size ? i : size - 1;
+// min(limit, left) as an int (limit is one).
+__device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
+  return static_cast<int>(left < limit ? left : limit);
 }
 
-// kDot, launched as small_gemm_launch says: warp w of block b computes tile b * kDotWarps + w of
-// the ceil(m / kDotTile) x ceil(n / kDotTile) tiles, row by row. A tile past c's edge reads c's
-// last row or column in its place and stores nothing there.
+// 16 bytes of T: one vector load or store.
 template <typename T>
-__global__ void __launch_bounds__(kDotWarps * 32)
-    gemm_dot_kernel(int64_t m, int64_t n, int64_t k, const T* __restrict__ a, int64_t lda,
-                    const T* __restrict__ b, int64_t ldb, T* __restrict__ c, int64_t ldc,
-                    GemmFinish<T> f) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t tiles_n = (n + kDotTile - 1) / kDotTile;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32;
-  if (tile >= tiles_n * ((m + kDotTile - 1) / kDotTile)) return;  // the whole warp
-  const int64_t r0 = tile / tiles_n * kDotTile, j0 = tile % tiles_n * kDotTile;
-  const T* ar[kDotTile];
-  const T* br[kDotTile];
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+// A kRows x kCols block of a matrix on its way to shared memory (row-major there): element
+// (i, p) is src[i * ld + p] for i < rows and p < cols, 0 past them (not loaded). Each of the
+// block's kSmallGemmThreads threads loads its part into registers (load), then stores it (store):
+// a block that loads all of its operands before it stores any waits for one round trip to memory.
+// `vectors`: src and ld allow 16-byte loads (stages_vectors); the last vector of a row that ends
+// inside it is loaded element by element.
+template <int kRows, int kCols, typename T>
+struct Staged {
+  using V = Vec16<T>;
+  static constexpr int kRowVectors = kCols / V::kSize, kVectors = kRows * kRowVectors;
+  static constexpr int kPerThread = (kVectors + kSmallGemmThreads - 1) / kSmallGemmThreads;
+  static_assert(kCols % V::kSize == 0);
+  V v[kPerThread];
+
+  __device__ __forceinline__ void load(const T* __restrict__ src, int64_t ld, int rows, int cols,
+                                       bool vectors) {
 #pragma unroll
-  for (int i = 0; i < kDotTile; ++i) {
-    ar[i] = a + clamp_index(r0 + i, m) * lda;
-    br[i] = b + clamp_index(j0 + i, n) * ldb;
-  }
-  T acc[kDotTile][kDotTile] = {};
-#pragma unroll(sizeof(T) == 4 ? 4 : 2)  // loads in flight
-  for (int64_t p = lane; p < k; p += 32) {
-    T av[kDotTile], bv[kDotTile];
+    for (int s = 0; s < kPerThread; ++s) {
+      const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
+      const int i = slot / kRowVectors, p = slot % kRowVectors * V::kSize;
+      const bool row = slot < kVectors && i < rows;
+      if (row && vectors && p + V::kSize <= cols) {
+        v[s] = *reinterpret_cast<const V*>(src + i * ld + p);
+      } else {
 #pragma unroll
-    for (int i = 0; i < kDotTile; ++i) {
-      av[i] = ar[i][p];
-      bv[i] = br[i][p];
+        for (int e = 0; e < V::kSize; ++e)
+          v[s].v[e] = row && p + e < cols ? src[i * ld + p + e] : T(0);
+      }
     }
+  }
+  __device__ __forceinline__ void store(T* __restrict__ dst) const {
 #pragma unroll
-    for (int i = 0; i < kDotTile; ++i)
+    for (int s = 0; s < kPerThread; ++s) {
+      const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
+      if (slot < kVectors) *reinterpret_cast<V*>(dst + slot * V::kSize) = v[s];
+    }
+  }
+};
+
+// kDot, launched as small_gemm_launch says: block b computes rows b / col_blocks * kDotTile on,
+// columns b % col_blocks * kDotCols on; its warp w the tile at columns w * kDotTile on. Staged per
+// chunk of k: the strip's kDotTile rows of a and kDotCols rows of b. Rows past c's edge are staged
+// as 0 and store nothing. vectors_a, vectors_b: stages_vectors(a, lda), stages_vectors(b, ldb).
+template <typename T>
+__global__ void __launch_bounds__(kSmallGemmThreads)
+    gemm_dot_kernel(int64_t m, int64_t n, int64_t k, const T* __restrict__ a, int64_t lda,
+                    bool vectors_a, const T* __restrict__ b, int64_t ldb, bool vectors_b,
+                    T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+  constexpr int kChunk = kDotChunk<T>;
+  // Shared memory in vectors, for their alignment; read as kDotTile and kDotCols rows of kChunk.
+  __shared__ Vec16<T> as_v[kDotTile * kChunk / Vec16<T>::kSize];
+  __shared__ Vec16<T> bs_v[kDotCols * kChunk / Vec16<T>::kSize];
+  T* as = reinterpret_cast<T*>(as_v);
+  T* bs = reinterpret_cast<T*>(bs_v);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t col_blocks = (n + kDotCols - 1) / kDotCols;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kDotTile;
+  const int64_t jb = static_cast<int64_t>(blockIdx.x) % col_blocks * kDotCols;
+  const int rows = smaller(kDotTile, m - r0);
+  const int cols = smaller(kDotCols, n - jb);
+  T acc[kDotTile][kDotTile] = {};
+  for (int64_t base = 0; base < k; base += kChunk) {
+    const int kc = smaller(kChunk, k - base);
+    if (base > 0) __syncthreads();  // every warp is done with the last chunk
+    Staged<kDotTile, kChunk, T> sa;
+    Staged<kDotCols, kChunk, T> sb;
+    sa.load(a + r0 * lda + base, lda, rows, kc, vectors_a);
+    sb.load(b + jb * ldb + base, ldb, cols, kc, vectors_b);
+    sa.store(as);
+    sb.store(bs);
+    __syncthreads();
+#pragma unroll 4
+    for (int p = lane; p < kc; p += 32) {
+      T av[kDotTile], bv[kDotTile];
 #pragma unroll
-      for (int j = 0; j < kDotTile; ++j) acc[i][j] = fma_of(av[i], bv[j], acc[i][j]);
+      for (int i = 0; i < kDotTile; ++i) {
+        av[i] = as[i * kChunk + p];
+        bv[i] = bs[(warp * kDotTile + i) * kChunk + p];
+      }
+#pragma unroll
+      for (int i = 0; i < kDotTile; ++i)
+#pragma unroll
+        for (int j = 0; j < kDotTile; ++j) acc[i][j] = fma_of(av[i], bv[j], acc[i][j]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kDotTile; ++i)
@@ -162,6 +243,7 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 #pragma unroll
       for (int o = 16; o > 0; o /= 2)
         acc[i][j] = el::add(acc[i][j], __shfl_xor_sync(0xffffffffu, acc[i][j], o));
+  const int64_t j0 = jb + warp * kDotTile;
 #pragma unroll
   for (int i = 0; i < kDotTile; ++i)
 #pragma unroll
@@ -173,36 +255,62 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 }
 
 // kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
-// b / col_blocks * kRows on, in the blockDim.x columns from b % col_blocks * blockDim.x on. a's
-// element (row r, p) is a[r * lda + p], or a[p * lda + r] when trans_a (a stored [k, m]). A
-// thread past c's edge reads c's last row or column in its place and stores nothing there. With
-// f.sums (trans_a), the blocks after those store a's column sums, thread r of them column r.
+// b / col_blocks * kRows on, in the kSmallGemmThreads columns from b % col_blocks *
+// kSmallGemmThreads on, thread t column t of them. a's element (row r, p) is a[r * lda + p], or
+// a[p * lda + r] when trans_a (a stored [k, m]). Staged per chunk of k: those rows of b, the
+// block's rows of a; past c's edge, 0, and nothing is stored there. vectors_b:
+// stages_vectors(b, ldb). With f.sums (trans_a), the blocks after those store a's column sums,
+// thread r of them column r.
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kSerialThreads)
+__global__ void __launch_bounds__(kSmallGemmThreads)
     gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
-                         int64_t lda, const T* __restrict__ b, int64_t ldb, T* __restrict__ c,
-                         int64_t ldc, GemmFinish<T> f) {
-  const int64_t width = blockDim.x, col_blocks = (n + width - 1) / width;
+                         int64_t lda, const T* __restrict__ b, int64_t ldb, bool vectors_b,
+                         T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+  constexpr int kWidth = kSmallGemmThreads, kChunk = kSerialChunk<T>;
+  constexpr int kAPerThread = (kRows * kChunk + kWidth - 1) / kWidth;
+  const int64_t col_blocks = (n + kWidth - 1) / kWidth;
   const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
   if (static_cast<int64_t>(blockIdx.x) >= product_blocks) {  // a's column sums (f.sums set)
-    const int64_t r = (blockIdx.x - product_blocks) * width + threadIdx.x;
+    const int64_t r = (blockIdx.x - product_blocks) * kWidth + threadIdx.x;
     if (r < m) f.sums[r] = column_sum_in_order(a + r, lda, k);
     return;
   }
+  // Shared memory in vectors, for their alignment; read as kChunk rows of kWidth.
+  __shared__ Vec16<T> bs_v[kChunk * kWidth / Vec16<T>::kSize];
+  __shared__ T as[kRows][kChunk];
+  T* bs = reinterpret_cast<T*>(bs_v);
+  const int t = static_cast<int>(threadIdx.x);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) % col_blocks * width + threadIdx.x;
-  const int64_t jb = clamp_index(j, n);
-  const int64_t step = trans_a ? lda : 1;  // from a's element (r, p) to (r, p + 1)
-  const T* ar[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) ar[i] = a + clamp_index(r0 + i, m) * (trans_a ? 1 : lda);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
+  const int cols = smaller(kWidth, n - j0);
   T acc[kRows] = {};
-#pragma unroll 8  // loads in flight
-  for (int64_t p = 0; p < k; ++p) {
-    const T bv = b[p * ldb + jb];
+  for (int64_t base = 0; base < k; base += kChunk) {
+    const int kc = smaller(kChunk, k - base);
+    if (base > 0) __syncthreads();  // every thread is done with the last chunk
+    T av[kAPerThread];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) acc[i] = fma_of(ar[i][p * step], bv, acc[i]);
+    for (int s = 0; s < kAPerThread; ++s) {  // a's rows: loads in flight with b's
+      const int e = s * kWidth + t, i = e / kChunk, p = e % kChunk;
+      const int64_t r = r0 + i, q = base + p;
+      av[s] = e < kRows * kChunk && r < m && p < kc ? a[trans_a ? q * lda + r : r * lda + q] : T(0);
+    }
+    Staged<kChunk, kWidth, T> sb;
+    sb.load(b + base * ldb + j0, ldb, kc, cols, vectors_b);
+    sb.store(bs);
+#pragma unroll
+    for (int s = 0; s < kAPerThread; ++s) {
+      const int e = s * kWidth + t;
+      if (e < kRows * kChunk) as[e / kChunk][e % kChunk] = av[s];
+    }
+    __syncthreads();
+#pragma unroll 16
+    for (int p = 0; p < kc; ++p) {
+      const T bv = bs[p * kWidth + t];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i][p], bv, acc[i]);
+    }
   }
+  const int64_t j = j0 + t;
   if (j >= n) return;
 #pragma unroll
   for (int i = 0; i < kRows; ++i)

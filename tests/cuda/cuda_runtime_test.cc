@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "encore/encore.h"
 #include "encore/static_graph.h"
 #include "runtime/allocator.h"
@@ -216,6 +218,36 @@ TEST_CASE("a block recorded on another stream is reused only once that stream ha
   }
   cuda::destroy_stream(side);
   CHECK_THROWS_WITH(rand({2}).record_stream(side), Contains("record_stream") && Contains("cpu"));
+}
+
+TEST_CASE("a block recorded on a stream the user is capturing is given up when freed, and counted",
+          "[cuda][runtime][graphs]") {
+  // The user's own capture, which the runtime neither began nor can wait for: no event can be
+  // recorded on the stream, so the block must never be handed out again.
+  const cuda::StreamHandle side = cuda::create_stream(0);
+  const int64_t n = int64_t{1} << 18;
+  Tensor t = zeros({n}, DType::Float32, kCuda);
+  cuda::synchronize(0);
+  const void* block = t.raw_data();
+  t.record_stream(side);
+  const auto stream = static_cast<cudaStream_t>(side);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  const cuda::LostFrees before = cuda::lost_frees();
+  const int64_t pending = cuda::pending_frees();
+  t = Tensor();
+  const cuda::LostFrees after = cuda::lost_frees();
+  const Tensor u = zeros({n}, DType::Float32, kCuda);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  CHECK(after.blocks == before.blocks + 1);
+  CHECK(after.bytes == before.bytes + n * 4);
+  CHECK(cuda::pending_frees() == pending);
+  CHECK(u.raw_data() != block);
+  cuda::synchronize(0);
+  const Tensor w = zeros({n}, DType::Float32, kCuda);  // nor after the capture
+  CHECK(w.raw_data() != block);
+  cuda::destroy_stream(side);
 }
 
 TEST_CASE("a static call on another stream than its arena's last call waits for that call",

@@ -83,6 +83,14 @@ std::pair<double, double> difference(const Tensor& a, const Tensor& b) {
 TEST_CASE("small products on cuda give the cpu's values and gradients, eagerly, at every layout",
           "[cuda][small_gemm]") {
   REQUIRE(cuda_small_gemm_enabled());
+  // The products below, on the kernels each is meant to run (the rule is the shape's alone).
+  REQUIRE(cuda_small_gemm(false, true, 33, 129, 70, 1) == SmallGemm::kDot);       // x w^T
+  REQUIRE(cuda_small_gemm(false, false, 33, 70, 129, 1) == SmallGemm::kSerialK);  // g w
+  REQUIRE(cuda_small_gemm(true, false, 129, 70, 33, 1) == SmallGemm::kSerialK);   // g^T x
+  REQUIRE(cuda_small_gemm(false, false, 33, 129, 70, 1) == SmallGemm::kSerialK);  // x v
+  REQUIRE(cuda_small_gemm(false, true, 33, 70, 129, 1) == SmallGemm::kDot);       // g v^T
+  REQUIRE(cuda_small_gemm(true, false, 70, 129, 33, 1) == SmallGemm::kSerialK);   // x^T g
+  REQUIRE(cuda_small_gemm(false, true, 300, 300, 700, 1) == SmallGemm::kNone);    // big big^T
   manual_seed(8);
   for (const DType dtype : {DType::Float32, DType::Float64}) {
     const double tol = dtype == DType::Float32 ? 1e-5 : 1e-12;

@@ -34,15 +34,18 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   const T* pa = static_cast<const T*>(a);
   const T* pb = static_cast<const T*>(b);
   T* pc = static_cast<T*>(c);
+  const bool vectors_b = stages_vectors(pb, ldb);
   if (dot)
-    emulate_launch(l.blocks, l.threads, [&] { gemm_dot_kernel<T>(m, n, k, pa, lda, pb, ldb, pc, ldc, f); });
+    emulate_launch(l.blocks, l.threads, [&] {
+      gemm_dot_kernel<T>(m, n, k, pa, lda, stages_vectors(pa, lda), pb, ldb, vectors_b, pc, ldc, f);
+    });
   else if (l.rows == 1)
     emulate_launch(l.blocks, l.threads, [&] {
-      gemm_serial_k_kernel<T, 1>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
+      gemm_serial_k_kernel<T, 1>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
     });
   else
     emulate_launch(l.blocks, l.threads, [&] {
-      gemm_serial_k_kernel<T, kSerialRows>(m, n, k, trans_a, pa, lda, pb, ldb, pc, ldc, f);
+      gemm_serial_k_kernel<T, kSerialRows>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
     });
 }
 #define ENTRY(name, T)                                                                        \
@@ -197,7 +200,8 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
           "[nvrtc][emulated][small_gemm]") {
   // Tiles and columns that end inside c and past it, k below and above a warp's 32 lanes and not
   // a multiple of them, a single output; a, b and c with longer rows than they use; serial k with
-  // one output per thread (a small c) and four (c of 16,384 outputs or more).
+  // one output per thread (a small c) and four (c of 16,384 outputs or more). std::vector's
+  // storage is 16-byte aligned: rows of a multiple of 16 bytes are staged in vectors.
   const std::vector<Case> cases = {
       {true, 1, 1, 1},
       {true, 5, 7, 33},
@@ -210,6 +214,18 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 4, 128, 3, false, 1},
       {false, 130, 130, 5, true, 1},
       {false, 129, 131, 9},
+      // k over several staged chunks (kDot: 512 floats or 256 doubles; kSerialK: 64 or 32), the
+      // chunks' rows in 16-byte vectors (a row length of a multiple of 4 floats or 2 doubles) or
+      // element by element, a row that ends inside its last vector.
+      {true, 5, 21, 700},
+      {true, 3, 17, 701, false, 3},
+      {true, 9, 40, 1024, false, 1},
+      {false, 9, 130, 150},
+      {false, 9, 132, 150},
+      {false, 6, 45, 70, true},
+      {false, 6, 44, 70, true},
+      {false, 140, 150, 70, true, 2},
+      {false, 33, 260, 200, false, 4},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& cs = cases[i];
