@@ -45,8 +45,8 @@ void reduce_kernel(const KernelArgs& args) {
       });
       return;
     }
-    const int width = column_width(outputs);
-    const dim3 block(width, static_cast<unsigned>(column_split(count)));
+    const int split = column_split(count), width = column_width(outputs, split);
+    const dim3 block(width, static_cast<unsigned>(split));
     reduce_columns<R, kMean><<<blocks_for(outputs, width), block, 0, stream()>>>(
         px, py, p.kept, p.reduced, outputs, count);
     ENCORE_CUDA_LAUNCHED(kOp);

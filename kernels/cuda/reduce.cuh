@@ -174,11 +174,13 @@ __global__ void __launch_bounds__(32 * kMaxColumnSplit)
   }
 }
 
-// The outputs per block of reduce_columns: 32 (a warp's 128-byte rows of floats), or 8 (32-byte
-// rows, one sector of L2) where 32 would leave most of the GPU idle: a bias gradient's hundreds of
-// columns over a thousand rows would be a few blocks, each reading a thousand rows alone.
-inline int column_width(int64_t outputs) {
-  return outputs >= 32 * 512 ? 32 : 8;
+// The outputs per block of reduce_columns whose columns have `split` thread rows: 32 (a warp's
+// 128-byte rows of floats), or where that would leave most of the GPU idle (a bias gradient's
+// hundreds of columns over a thousand rows would be a few blocks, each reading the rows alone) 8
+// (32-byte rows, a sector of L2), and never a block of fewer than 32 threads.
+inline int column_width(int64_t outputs, int split) {
+  if (outputs >= 32 * 512) return 32;
+  return split >= 4 ? 8 : 32 / split;
 }
 
 template <typename T>

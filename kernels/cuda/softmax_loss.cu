@@ -4,9 +4,12 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/softmax_loss.cuh"
+#include "kernels/cuda/stream_libraries.h"
 
 namespace encore::kernels::cuda {
 namespace {
+
+static_assert(sizeof(LossParts) <= kScratchBytes);
 
 template <bool kLog>
 void softmax(const KernelArgs& args) {
@@ -61,8 +64,11 @@ void cross_entropy(const KernelArgs& args) {
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
-      cross_entropy_kernel<<<1, kLossThreads, 0, stream()>>>(
-          logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, error_slot(), kind);
+      const unsigned blocks = cross_entropy_blocks(rows);
+      auto* parts = blocks > 1 ? static_cast<LossParts*>(stream_scratch(kOp)) : nullptr;
+      cross_entropy_kernel<<<blocks, kCrossEntropyThreads, 0, stream()>>>(
+          logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, parts, error_slot(),
+          kind);
       ENCORE_CUDA_LAUNCHED(kOp);
     });
   });

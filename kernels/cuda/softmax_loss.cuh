@@ -5,8 +5,11 @@
 // adjacent threads read adjacent elements), a warp, or a block, whose threads join their partial
 // max and sums with a fixed shuffle/shared-memory tree.
 //
-// The scalar losses run in one block of 1024 threads, a warp per sample, joined in a fixed
-// order; sums over samples are in double as on the CPU. The cross-entropy gradient recounts the
+// The cross-entropy loss runs a warp per sample over as many blocks as its rows fill (up to
+// kCrossEntropyMaxBlocks), each block's sums stored in its stream's scratch and joined by the
+// block that finishes last, in the blocks' order whichever that is; the other scalar losses run
+// in one block of 1024 threads, a warp per sample. All join their parts in a fixed order; sums
+// over samples are in double as on the CPU. The cross-entropy gradient recounts the
 // non-ignored labels in each of its blocks rather than keeping the count in a scratch buffer.
 // A label outside [0, C) (other than the ignore label) cannot throw here without a host sync:
 // it makes the loss (or accuracy) NaN and its gradient row NaN, and is reported to the host
@@ -174,13 +177,13 @@ __device__ __forceinline__ int64_t warp_first_argmax(const T* row, int64_t n, in
 
 inline constexpr int kRowsPerPass = 4;
 
-// Each warp's a, b and c (its lane 0's) summed over the block's kLossWarps warps by warp 0's
-// fixed tree; true in warp 0, whose lanes all hold the sums.
-template <typename A, typename B, typename C>
+// Each warp's a, b and c (its lane 0's) summed over the block's kWarps warps by warp 0's fixed
+// tree; true in warp 0, whose lanes all hold the sums.
+template <int kWarps, typename A, typename B, typename C>
 __device__ __forceinline__ bool block_sums(A& a, B& b, C& c) {
-  __shared__ A sh_a[kLossWarps];
-  __shared__ B sh_b[kLossWarps];
-  __shared__ C sh_c[kLossWarps];
+  __shared__ A sh_a[kWarps];
+  __shared__ B sh_b[kWarps];
+  __shared__ C sh_c[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) {
     sh_a[warp] = a;
@@ -189,32 +192,59 @@ __device__ __forceinline__ bool block_sums(A& a, B& b, C& c) {
   }
   __syncthreads();
   if (warp != 0) return false;
-  a = warp_reduce<SumOp>(lane < kLossWarps ? sh_a[lane] : A(0));
-  b = warp_reduce<SumOp>(lane < kLossWarps ? sh_b[lane] : B(0));
-  c = warp_reduce<SumOp>(lane < kLossWarps ? sh_c[lane] : C(0));
+  a = warp_reduce<SumOp>(lane < kWarps ? sh_a[lane] : A(0));
+  b = warp_reduce<SumOp>(lane < kWarps ? sh_b[lane] : B(0));
+  c = warp_reduce<SumOp>(lane < kWarps ? sh_c[lane] : C(0));
   return true;
 }
 
-// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. A warp
-// takes rows warp, warp + kLossWarps, ... and works on kRowsPerPass of them at once, so that their
-// loads are in flight together (one block runs this: a row at a time left the block waiting on
-// memory for every row); each row's terms are those the gradient kernel computes for it alone
-// (warp_rows_exp_sums), and the sum adds the rows in the same order.
+// The cross-entropy loss: blocks of kCrossEntropyThreads, a block for each
+// kCrossEntropyWarps * kRowsPerPass rows up to kCrossEntropyMaxBlocks (one SM's issue rate was
+// the bound of a loss over a thousand rows in one block).
+inline constexpr int kCrossEntropyThreads = 256;
+inline constexpr int kCrossEntropyWarps = kCrossEntropyThreads / 32;
+inline constexpr int kCrossEntropyMaxBlocks = 128;
+inline unsigned cross_entropy_blocks(int64_t rows) {
+  constexpr int64_t kRows = kCrossEntropyWarps * kRowsPerPass;
+  const int64_t blocks = (rows + kRows - 1) / kRows;
+  return static_cast<unsigned>(blocks < 1                        ? 1
+                               : blocks > kCrossEntropyMaxBlocks ? kCrossEntropyMaxBlocks
+                                                                 : blocks);
+}
+
+// What a cross-entropy loss over several blocks keeps in its stream's scratch
+// (stream_libraries.h): each block's sums, and how many blocks have stored theirs. `done` is 0
+// between launches (the scratch starts as zeros, and the last block sets it back).
+struct LossParts {
+  unsigned done;
+  double total[kCrossEntropyMaxBlocks];
+  int64_t count[kCrossEntropyMaxBlocks], bad[kCrossEntropyMaxBlocks];
+};
+
+// Mean over non-ignored samples of logsumexp(row) - row[label]; 0 when all are ignored. Warp w of
+// the W warps of the grid takes rows w, w + W, ... and works on kRowsPerPass of them at once, so
+// that their loads are in flight together; each row's terms are those the gradient kernel
+// computes for it alone (warp_rows_exp_sums), and the sum adds the rows in a fixed order: each
+// warp's in turn, the block's warps by block_sums, then the blocks' sums (`parts`, used where
+// there are several blocks) by the last block to finish, lane l those of blocks l, l + 32, ...,
+// then the warp's tree.
 template <typename T, typename L>
-__global__ void __launch_bounds__(kLossThreads)
+__global__ void __launch_bounds__(kCrossEntropyThreads)
     cross_entropy_kernel(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ out,
-                         int64_t rows, int64_t classes, int64_t ignore,
+                         int64_t rows, int64_t classes, int64_t ignore, LossParts* parts,
                          encore::cuda::DeviceErrorSlot errors, encore::cuda::DeviceErrorKind kind) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kCrossEntropyWarps;
   double total = 0;
   int64_t count = 0, bad = 0;
-  for (int64_t first = warp; first < rows; first += kLossWarps * kRowsPerPass) {
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kCrossEntropyWarps + warp; first < rows;
+       first += warps * kRowsPerPass) {
     const T* row[kRowsPerPass];
     int64_t label[kRowsPerPass];
     bool live[kRowsPerPass];  // uniform over the warp
 #pragma unroll
     for (int k = 0; k < kRowsPerPass; ++k) {
-      const int64_t i = first + k * kLossWarps;
+      const int64_t i = first + k * warps;
       row[k] = x + i * classes;
       label[k] = i < rows ? static_cast<int64_t>(labels[i]) : ignore;
       live[k] = i < rows && label[k] != ignore;
@@ -236,7 +266,33 @@ __global__ void __launch_bounds__(kLossThreads)
       total += static_cast<double>(log_sum_exp - row[k][label[k]]);
     }
   }
-  if (block_sums(total, count, bad) && lane == 0) {
+  if (!block_sums<kCrossEntropyWarps>(total, count, bad)) return;  // warp 0 goes on
+  if (gridDim.x > 1) {
+    unsigned ticket = 0;
+    if (lane == 0) {
+      parts->total[blockIdx.x] = total;
+      parts->count[blockIdx.x] = count;
+      parts->bad[blockIdx.x] = bad;
+      __threadfence();  // the sums are seen by whichever block counts the last ticket
+      ticket = atomicAdd(&parts->done, 1u);
+    }
+    if (__shfl_sync(kFullMask, ticket, 0) != gridDim.x - 1) return;
+    __threadfence();
+    const volatile LossParts* p = parts;
+    total = 0;
+    count = 0;
+    bad = 0;
+    for (unsigned b = lane; b < gridDim.x; b += 32) {
+      total += p->total[b];
+      count += p->count[b];
+      bad += p->bad[b];
+    }
+    total = warp_reduce<SumOp>(total);
+    count = warp_reduce<SumOp>(count);
+    bad = warp_reduce<SumOp>(bad);
+    if (lane == 0) parts->done = 0;
+  }
+  if (lane == 0) {
     *out = bad > 0      ? nan_of<T>()
            : count == 0 ? T(0)
                         : static_cast<T>(total / static_cast<double>(count));
@@ -332,7 +388,7 @@ __global__ void __launch_bounds__(kLossThreads)
     }
     correct += warp_first_argmax(x + i * classes, classes, lane) == label ? 1 : 0;
   }
-  if (block_sums(count, correct, bad) && lane == 0) {
+  if (block_sums<kLossWarps>(count, correct, bad) && lane == 0) {
     *out = bad > 0      ? nan_of<T>()
            : count == 0 ? T(0)
                         : static_cast<T>(static_cast<double>(correct) / static_cast<double>(count));

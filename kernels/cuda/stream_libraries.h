@@ -16,6 +16,7 @@
 //   runtime/cuda_capture_streams.h): a thread that finds a stream it cached destroyed
 //   (runtime/cuda.h: stream_serial) frees that stream's handles and workspaces, once no graph
 //   capture is in progress (runtime/cuda.h: after_captures).
+// - A scratch of kScratchBytes per stream for our own kernels, made and kept as the workspaces.
 // - cuBLAS: pointer mode host, default math (no TF32), the fixed workspace kWorkspaceBytes, so
 //   eager calls and graph replays pick the same algorithms and give the same bits. cuBLASLt
 //   (blas_lt.cc) has a handle of its own beside it and uses the same workspace (its calls are
@@ -49,6 +50,7 @@ struct StreamLibraries {
   void* dnn_workspace = nullptr;
   size_t dnn_workspace_bytes = 0;
   std::vector<void*> retired;  // outgrown cuDNN workspaces, kept for graphs that name them
+  void* scratch = nullptr;     // kScratchBytes (stream_scratch)
 };
 
 // This thread's libraries for the current stream of the current device (handles not yet made).
@@ -63,6 +65,16 @@ StreamLibraries& cublas_libraries(Op op);
 // The cuDNN handle of the current stream, made on first use, with a workspace of at least
 // `bytes`; a workspace it outgrows is kept, not freed. Error naming `op` when it cannot be had.
 StreamLibraries& cudnn_libraries(Op op, size_t bytes);
+
+// The bytes of a stream's scratch.
+inline constexpr size_t kScratchBytes = 4096;
+
+// The current stream's scratch: kScratchBytes of device memory, zeros when made (on first use,
+// never during graph capture: a capture stream gets one first where any stream has one), for a
+// kernel whose blocks join their results there (softmax_loss.cuh's cross-entropy loss). Kernels
+// on one stream run one after another, so each has it alone; each leaves it as it found it where
+// the next one relies on that.
+void* stream_scratch(Op op);
 
 // Grows the cuDNN workspace of `libs` to at least `bytes` (outside capture only); false when the
 // device has no memory for it, even after emptying the caching allocator's cache.

@@ -378,6 +378,34 @@ TEST_CASE("a bad label in a replayed static step on cuda raises the Error at the
   });
 }
 
+TEST_CASE("a cross-entropy loss over many blocks replays with eager's bits, call after call",
+          "[cuda][runtime][static]") {
+  // 1,000 rows: the loss's blocks join their sums in their stream's scratch, which each launch
+  // must leave as it found it for the next (a replayed graph, a stream replay, eager calls).
+  const int64_t rows = 1000, classes = 96;
+  std::vector<double> ids(rows);
+  for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<double>((i * 31 + 7) % classes);
+  const Tensor labels = tensor(ids, {rows}, DType::Int64, kCuda);
+  with_graphs_on_and_off([&](bool) {
+    StaticEnabled on;
+    auto loss_of = static_graph(
+        [](const Tensor& x, const Tensor& t) { return F::softmax_cross_entropy(x, t); },
+        {.name = "wide_loss"});
+    manual_seed(41);
+    for (int call = 0; call < 4; ++call) {
+      INFO("call " << call);
+      const Tensor x = randn({rows, classes});
+      const Tensor logits = x.to(kCuda);
+      const float eager = F::softmax_cross_entropy(logits, labels).item<float>();
+      const float replayed = loss_of(logits, labels).item<float>();
+      CHECK(replayed == eager);
+      const float cpu = F::softmax_cross_entropy(x, labels.to(Device::cpu())).item<float>();
+      CHECK(std::abs(eager - cpu) <= 1e-5f * std::abs(cpu));
+    }
+    CHECK(loss_of.stats().traces == 1);
+  });
+}
+
 TEST_CASE("a verified replay on cuda that fails in the middle leaves the next call right",
           "[cuda][runtime][static]") {
   StaticEnabled on;

@@ -103,6 +103,7 @@ inline void __syncthreads(std::source_location at = std::source_location::curren
   emulated_block->meet(at);
 }
 inline void __threadfence_system() {}
+inline void __threadfence() {}
 // Every lane's v, gathered: v of lane l lands in all[l].
 template <typename T>
 void emulated_gather(T v, T (&all)[32], const std::source_location& at) {
@@ -137,6 +138,11 @@ inline unsigned __ballot_sync(unsigned, int predicate,
   return bits;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   const unsigned long long old = *p;
   *p = old + v;

@@ -46,9 +46,9 @@ int reduce(const T* x, const long long* shape, int rank, unsigned mask, T* y, bo
     });
     return used;
   }
-  const int width = column_width(outputs);
+  const int split = column_split(count), width = column_width(outputs, split);
   emulate_launch(EmulatedDim3{one_block ? 1 : blocks_for(outputs, width), 1, 1},
-                 EmulatedDim3{static_cast<unsigned>(width), static_cast<unsigned>(column_split(count)), 1},
+                 EmulatedDim3{static_cast<unsigned>(width), static_cast<unsigned>(split), 1},
                  [&] { reduce_columns<R, kMean>(x, y, p.kept, p.reduced, outputs, count); });
   return 0;
 }
@@ -121,7 +121,8 @@ const Case kCases[] = {
     {{4, 5, 6}, 0b010, 0},            // a kept space of two groups
     {{2, 1, 3, 1, 70}, 0b11101, 32},  // size-1 axes dropped
     {{2, 40000}, 0b10, 1024},         // rows of 40,000: 3 batches of loads per thread
-    {{3, 16400}, 0b01, 0},            // 16,400 columns: tiles of 32 (8 below 16,384)
+    {{3, 16400}, 0b01, 0},            // 16,400 columns: tiles of 32
+    {{100, 300}, 0b01, 0},            // split 4: tiles of 8
 };
 
 }  // namespace

@@ -2,8 +2,9 @@
 // (emulated_kernel.h: each CUDA thread a fiber, blocks one after another, shared memory,
 // __syncthreads and the warp shuffles) on softmax_loss.cu's grids, against references computed
 // here in double: softmax and log-softmax and their gradients on each thread group (a thread, a
-// warp, a block, 1,024 threads per lane); the cross-entropy loss (a warp on four rows at once)
-// and its gradient, with ignored rows and an out-of-range label (NaN, reported); accuracy's
+// warp, a block, 1,024 threads per lane); the cross-entropy loss (a warp on four rows at once,
+// over one block or several that join their sums in a scratch they leave as zeros) and its
+// gradient, with ignored rows and an out-of-range label (NaN, reported); accuracy's
 // first maximum (ties, NaN); the mean squared error. The [cuda] tests check the device's bits.
 #include <catch2/catch.hpp>
 
@@ -48,11 +49,15 @@ int softmax(bool log, bool grad, const T* y, const T* gy, T* out, long long oute
   });
   return used;
 }
+// Returns what the loss left in its scratch's count of finished blocks (0: as it found it).
 template <typename T>
-void losses(const T* x, const long long* labels, const T* gy, T* loss, T* gx, T* accuracy,
+unsigned losses(const T* x, const long long* labels, const T* gy, T* loss, T* gx, T* accuracy,
             long long rows, long long classes, long long ignore, DeviceErrorSlot errors) {
-  emulate_launch(1, kLossThreads, [&] {
-    cross_entropy_kernel<T, long long>(x, labels, loss, rows, classes, ignore, errors,
+  LossParts parts{};  // a stream's scratch: zeros
+  const unsigned blocks = cross_entropy_blocks(rows);
+  emulate_launch(blocks, kCrossEntropyThreads, [&] {
+    cross_entropy_kernel<T, long long>(x, labels, loss, rows, classes, ignore,
+                                       blocks > 1 ? &parts : nullptr, errors,
                                        DeviceErrorKind::Label);
   });
   emulate_launch(cross_entropy_grad_blocks(rows), kThreads, [&] {
@@ -62,6 +67,7 @@ void losses(const T* x, const long long* labels, const T* gy, T* loss, T* gx, T*
   emulate_launch(1, kLossThreads, [&] {
     accuracy_kernel<T, long long>(x, labels, accuracy, rows, classes, ignore, errors);
   });
+  return parts.done;
 }
 template <typename T>
 void mse(const T* a, const T* b, T* out, long long n) {
@@ -72,10 +78,10 @@ void mse(const T* a, const T* b, T* out, long long n) {
                              long long outer, long long n, long long inner) {                 \
     return softmax<T>(log, grad, y, gy, out, outer, n, inner);                                \
   }                                                                                            \
-  extern "C" void losses_##s(const T* x, const long long* labels, const T* gy, T* loss, T* gx, \
+  extern "C" unsigned losses_##s(const T* x, const long long* labels, const T* gy, T* loss, T* gx, \
                              T* accuracy, long long rows, long long classes, long long ignore, \
                              DeviceErrorSlot errors) {                                         \
-    losses<T>(x, labels, gy, loss, gx, accuracy, rows, classes, ignore, errors);               \
+    return losses<T>(x, labels, gy, loss, gx, accuracy, rows, classes, ignore, errors);               \
   }                                                                                            \
   extern "C" void mse_##s(const T* a, const T* b, T* out, long long n) { mse<T>(a, b, out, n); }
 ENTRIES(float, f32)
@@ -90,8 +96,8 @@ const testing::HostObject& softmax_loss_kernels() {
 template <typename T>
 struct Entries {
   using Softmax = int (*)(bool, bool, const T*, const T*, T*, long long, long long, long long);
-  using Losses = void (*)(const T*, const long long*, const T*, T*, T*, T*, long long, long long,
-                          long long, cuda::DeviceErrorSlot);
+  using Losses = unsigned (*)(const T*, const long long*, const T*, T*, T*, T*, long long,
+                              long long, long long, cuda::DeviceErrorSlot);
   using Mse = void (*)(const T*, const T*, T*, long long);
   Softmax softmax = softmax_loss_kernels().function<Softmax>(testing::typed_name<T>("softmax"));
   Losses losses = softmax_loss_kernels().function<Losses>(testing::typed_name<T>("losses"));
@@ -163,9 +169,10 @@ void check_losses(int64_t rows, int64_t classes, std::mt19937& rng) {
   T loss = 0, accuracy = 0;
   std::vector<T> gx(rows * classes);
   testing::HostErrorSlot errors;
-  k.losses(x.data(), labels.data(), &gy, &loss, gx.data(), &accuracy, rows, classes, ignore,
-           errors.slot());
+  const unsigned done = k.losses(x.data(), labels.data(), &gy, &loss, gx.data(), &accuracy, rows,
+                                 classes, ignore, errors.slot());
   CHECK(errors.claim == 0);
+  CHECK(done == 0);
 
   // The first maximum of a row (a NaN before any number, as torch.argmax).
   auto first_max = [&](const std::vector<T>& v, int64_t i) {
@@ -259,14 +266,15 @@ TEST_CASE("softmax and log-softmax and their gradients on each thread group (emu
 TEST_CASE("cross-entropy, its gradient and accuracy over ignored and bad labels (emulated)",
           "[nvrtc][emulated]") {
   std::mt19937 rng(17);
-  // 300 rows: three passes of a block's 32 warps over four rows each, the last partly idle;
-  // 96 classes (three elements a lane), 5 (most lanes idle), 1.
+  // The loss: 300 rows, ten blocks of 8 warps over four rows each, the last partly idle; 9 and 3,
+  // one block (no scratch); 96 classes (three elements a lane), 5 (most lanes idle), 1.
   for (const auto& [rows, classes] :
        std::vector<std::pair<int64_t, int64_t>>{{300, 96}, {300, 5}, {9, 40}, {3, 1}}) {
     check_losses<float>(rows, classes, rng);
     check_losses<double>(rows, classes, rng);
   }
   check_losses<float>(1100, 3, rng);  // the gradient's 128 blocks (its cap) take rows twice
+  check_losses<float>(4200, 3, rng);  // the loss's 128 blocks (its cap) take rows twice
 }
 
 TEST_CASE("the mean squared error sums in double over one block (emulated)", "[nvrtc][emulated]") {
