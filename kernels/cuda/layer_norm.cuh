@@ -94,14 +94,19 @@ __device__ __forceinline__ void grad_x_row(const T* x, const T* mean, const T* r
   }
 }
 
-inline constexpr int kParamCols = 32;   // columns of a block of the gamma/beta gradient (a warp)
+// Columns of a block of the gamma/beta gradient: 8, a 32-byte sector of each row of floats (a
+// warp's 32 columns made a block of few hundred columns over a thousand rows a few blocks, each
+// walking every row alone).
+inline constexpr int kParamCols = 8;
 inline constexpr int kParamLanes = 32;  // threads per column, each over every kParamLanes-th row
 inline constexpr int kParamThreads = kParamCols * kParamLanes;
+inline constexpr int kParamBatch = 8;  // rows a thread loads at a time, all in flight
 
 // ggamma[c] = sum_r gy xhat, gbeta[c] = sum_r gy over the kParamCols columns from
 // `block` * kParamCols, by a block of kParamThreads threads: thread (ty, tx) = (t / kParamCols,
-// t % kParamCols) adds rows ty, ty + kParamLanes, ... of column tx in row order, then a fixed tree
-// over ty joins the lanes of each column.
+// t % kParamCols) adds rows ty, ty + kParamLanes, ... of column tx in row order (loading
+// kParamBatch of them before adding them), then a fixed tree over ty joins the lanes of each
+// column.
 template <typename T>
 __device__ __forceinline__ void grad_params_block(const T* x, const T* mean, const T* rstd,
                                                   const T* gy, T* ggamma, T* gbeta, int64_t rows,
@@ -113,11 +118,21 @@ __device__ __forceinline__ void grad_params_block(const T* x, const T* mean, con
   const int64_t c = block * kParamCols + tx;
   double sgh = 0, sg = 0;
   if (c < cols) {
-#pragma unroll 4  // loads of four rows in flight; each sum still adds its rows in order
-    for (int64_t r = ty; r < rows; r += kParamLanes) {
-      const double g = static_cast<double>(gy[r * cols + c]);
-      sgh += g * static_cast<double>((x[r * cols + c] - mean[r]) * rstd[r]);
-      sg += g;
+    for (int64_t r0 = ty; r0 < rows; r0 += kParamBatch * kParamLanes) {
+      T gv[kParamBatch], xh[kParamBatch];
+#pragma unroll
+      for (int q = 0; q < kParamBatch; ++q) {
+        const int64_t r = r0 + q * kParamLanes;
+        gv[q] = r < rows ? gy[r * cols + c] : T(0);
+        xh[q] = r < rows ? (x[r * cols + c] - mean[r]) * rstd[r] : T(0);
+      }
+#pragma unroll
+      for (int q = 0; q < kParamBatch; ++q) {
+        if (r0 + q * kParamLanes >= rows) break;
+        const double g = static_cast<double>(gv[q]);
+        sgh += g * static_cast<double>(xh[q]);
+        sg += g;
+      }
     }
   }
   sh_gh[ty][tx] = sgh;
@@ -155,8 +170,8 @@ __global__ void __launch_bounds__(kParamThreads)
 }
 
 // Up to this many rows of up to kMaxCudaRow, both gradients are one launch of kParamThreads-thread
-// blocks (one fits an SM at the registers it takes): 128 blocks of rows, about one per SM. More
-// rows take the two launches, whose input-gradient blocks of kThreads keep more warps per SM.
+// blocks, a warp per row. More rows take the two launches, whose input-gradient blocks of kThreads
+// keep more warps per SM.
 inline constexpr int64_t kOneLaunchRows = 4096;
 inline constexpr int kOneLaunchRowsPerBlock = kParamThreads / 32;  // a warp per row
 

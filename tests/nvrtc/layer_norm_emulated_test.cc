@@ -175,9 +175,10 @@ TEST_CASE("layer norm and its gradients compute each row and column (emulated)",
   std::mt19937 rng(5);
   // Rows of 5 (most lanes idle), 100 (lanes take 3 or 4 elements), 1,024 (a warp's most) and
   // 1,100 (a block per row); 1 to 70 rows (the one-launch gradient's warps and column blocks
-  // partly idle, its rows past one block's 32).
-  for (const auto& [rows, cols] :
-       std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {37, 5}, {70, 100}, {3, 1024}, {4, 1100}})
+  // partly idle, its rows past one block's 8), 600 (gamma's and beta's lanes load their rows in
+  // three batches, the last partly past the rows).
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 5}, {37, 5}, {70, 100}, {3, 1024}, {4, 1100}, {600, 13}})
     for (const bool affine : {true, false}) {
       check_layer_norm<float>(rows, cols, affine, rng);
       check_layer_norm<double>(rows, cols, affine, rng);
