@@ -128,14 +128,21 @@ StreamLibraries& libraries_for(Op op, int device, cudaStream_t s) {
   return *(last = l);
 }
 
+// `bytes` of device memory for l's `what`, never during graph capture (a capture stream gets its
+// own before its capture: prepare_for_capture); Error naming `op` where it cannot be had.
+void* allocate_for(StreamLibraries& l, Op op, size_t bytes, const char* what) {
+  ENCORE_CHECK(!encore::cuda::capturing(), op_name(op), ": the ", what, " of a stream of CUDA ",
+               "device ", l.device, " would be made during CUDA graph capture; run the op on the ",
+               "stream eagerly first");
+  void* p = encore::cuda::malloc_workspace(bytes);
+  ENCORE_CHECK(p != nullptr, op_name(op), ": no device memory for the ", what, " (", bytes,
+               " bytes on CUDA device ", l.device, "), even after emptying the caching ",
+               "allocator's cache");
+  return p;
+}
+
 void make_blas(StreamLibraries& l, Op op) {
-  ENCORE_CHECK(!encore::cuda::capturing(), op_name(op), ": the cuBLAS handle of a stream of CUDA ",
-               "device ", l.device, " would be created during CUDA graph capture; run a GEMM on ",
-               "the stream eagerly first");
-  void* workspace = encore::cuda::malloc_workspace(kWorkspaceBytes);
-  ENCORE_CHECK(workspace != nullptr, op_name(op), ": no device memory for the cuBLAS workspace (",
-               kWorkspaceBytes, " bytes on CUDA device ", l.device, "), even after emptying the ",
-               "caching allocator's cache");
+  void* workspace = allocate_for(l, op, kWorkspaceBytes, "cuBLAS workspace");
   cublasHandle_t h = nullptr;
   if (const cublasStatus_t st = cublasCreate(&h); st != CUBLAS_STATUS_SUCCESS) {
     encore::cuda::free_device_memory(l.device, workspace);
@@ -186,12 +193,7 @@ void make_dnn(StreamLibraries& l, Op op) {
 
 // l's scratch (stream_scratch), zeros.
 void make_scratch(StreamLibraries& l, Op op) {
-  ENCORE_CHECK(!encore::cuda::capturing(), op_name(op), ": the scratch of a stream of CUDA ",
-               "device ", l.device, " cannot be made while a CUDA graph is captured (run the op ",
-               "eagerly first)");
-  void* p = encore::cuda::malloc_workspace(kScratchBytes);
-  ENCORE_CHECK(p != nullptr, op_name(op), ": no device memory for a stream's scratch (",
-               kScratchBytes, " bytes on CUDA device ", l.device, ")");
+  void* p = allocate_for(l, op, kScratchBytes, "scratch");
   // Zeros before anything on any stream reads it (a graph captured on this stream may be launched
   // on another).
   if (cudaMemsetAsync(p, 0, kScratchBytes, l.stream) != cudaSuccess ||
