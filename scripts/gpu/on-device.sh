@@ -135,10 +135,10 @@ run_bench() {
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
 }
-# The most wanted parts of both within one call (caps 225 + 150 + 25 + 15 + 55 + 90 s): the
+# The most wanted parts of both within one call (caps 225 + 150 + 25 + 15 + 70 + 90 s): the
 # tests, the benchmarks, the cuBLAS-only and stream-copies A/Bs, memcheck over the newest kernels
-# (small GEMMs with their folds, layer_norm, the optimizers) and the graphs' staging copies, then
-# PyTorch side by side.
+# (small GEMMs with their folds, layer_norm, the optimizers, the column sums, the cross-entropy
+# loss over blocks) and the graphs' staging copies, then PyTorch side by side.
 run_quick() {
   cuda_tests 225
   bench_cuda 150 0.1
@@ -147,8 +147,8 @@ run_quick() {
   kernels_per_step MlpSmall TinyGpt
   local san
   san=$(sanitizer)
-  [ -n "$san" ] && part memcheck 55 "$san" --tool memcheck --print-limit 20 \
-    "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs]"
+  [ -n "$san" ] && part memcheck 70 "$san" --tool memcheck --print-limit 20 \
+    "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
   peers 90 0.1
 }
 # After quick, in what is left of a short budget (caps 60 + 60 + 45 + 3 x 30 s): the [large]

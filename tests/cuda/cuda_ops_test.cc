@@ -70,7 +70,7 @@ TEST_CASE("elementwise unary ops and clone", "[cuda][ops]") {
 TEST_CASE("matmul and linear", "[cuda][ops]") {
   check_ops_against_cpu(widened(linalg_cases()), kCuda);
 }
-TEST_CASE("sum, mean, max and sum_to", "[cuda][ops]") {
+TEST_CASE("sum, mean, max and sum_to", "[cuda][ops][reduce]") {
   check_ops_against_cpu(reduction_cases(), kCuda);
 }
 TEST_CASE("reshape, flatten, permute, transpose, broadcast_to, concat, slice", "[cuda][ops]") {

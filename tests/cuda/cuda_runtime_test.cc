@@ -379,7 +379,7 @@ TEST_CASE("a bad label in a replayed static step on cuda raises the Error at the
 }
 
 TEST_CASE("a cross-entropy loss over many blocks replays with eager's bits, call after call",
-          "[cuda][runtime][static]") {
+          "[cuda][runtime][static][cross_entropy]") {
   // 1,000 rows: the loss's blocks join their sums in their stream's scratch, which each launch
   // must leave as it found it for the next (a replayed graph, a stream replay, eager calls).
   const int64_t rows = 1000, classes = 96;
