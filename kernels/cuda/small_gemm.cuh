@@ -290,7 +290,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     T av[kAPerThread];
 #pragma unroll
     for (int s = 0; s < kAPerThread; ++s) {  // a's rows: loads in flight with b's
-      const int e = s * kWidth + t, i = e / kChunk, p = e % kChunk;
+      // Adjacent threads read adjacent elements: along a row of a, or of a stored [k, m].
+      const int e = s * kWidth + t, i = trans_a ? e % kRows : e / kChunk,
+                p = trans_a ? e / kRows : e % kChunk;
       const int64_t r = r0 + i, q = base + p;
       av[s] = e < kRows * kChunk && r < m && p < kc ? a[trans_a ? q * lda + r : r * lda + q] : T(0);
     }
@@ -300,7 +302,13 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
 #pragma unroll
     for (int s = 0; s < kAPerThread; ++s) {
       const int e = s * kWidth + t;
-      if (e < kRows * kChunk) as[e / kChunk][e % kChunk] = av[s];
+      if (e < kRows * kChunk) {
+        if (trans_a) {
+          as[e % kRows][e / kRows] = av[s];
+        } else {
+          as[e / kChunk][e % kChunk] = av[s];
+        }
+      }
     }
     __syncthreads();
 #pragma unroll 16

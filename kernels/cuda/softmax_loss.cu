@@ -65,7 +65,11 @@ void cross_entropy(const KernelArgs& args) {
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
       const unsigned blocks = cross_entropy_blocks(rows);
-      auto* parts = blocks > 1 ? static_cast<LossParts*>(stream_scratch(kOp)) : nullptr;
+      LossParts* parts = nullptr;
+      if (blocks > 1) {
+        parts = static_cast<LossParts*>(stream_scratch(kOp));
+        ENCORE_CUDA_OK(kOp, cudaMemsetAsync(&parts->done, 0, sizeof(parts->done), stream()));
+      }
       cross_entropy_kernel<<<blocks, kCrossEntropyThreads, 0, stream()>>>(
           logits.as<T>(), labels.as<L>(), out.as<T>(), rows, classes, ignore, parts, error_slot(),
           kind);

@@ -213,8 +213,9 @@ inline unsigned cross_entropy_blocks(int64_t rows) {
 }
 
 // What a cross-entropy loss over several blocks keeps in its stream's scratch
-// (stream_libraries.h): each block's sums, and how many blocks have stored theirs. `done` is 0
-// between launches (the scratch starts as zeros, and the last block sets it back).
+// (stream_libraries.h): each block's sums, and how many blocks have stored theirs. The launch sets
+// `done` to 0 on its stream first (a memset before the kernel), so that a launch depends on no
+// earlier one having left it right.
 struct LossParts {
   unsigned done;
   double total[kCrossEntropyMaxBlocks];
@@ -276,7 +277,9 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
       __threadfence();  // the sums are seen by whichever block counts the last ticket
       ticket = atomicAdd(&parts->done, 1u);
     }
-    if (__shfl_sync(kFullMask, ticket, 0) != gridDim.x - 1) return;
+    ticket = __shfl_sync(kFullMask, ticket, 0);
+    __syncwarp();  // every lane's reads below come after lane 0's ticket
+    if (ticket != gridDim.x - 1) return;
     __threadfence();
     const volatile LossParts* p = parts;
     total = 0;
@@ -290,7 +293,6 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
     total = warp_reduce<SumOp>(total);
     count = warp_reduce<SumOp>(count);
     bad = warp_reduce<SumOp>(bad);
-    if (lane == 0) parts->done = 0;
   }
   if (lane == 0) {
     *out = bad > 0      ? nan_of<T>()

@@ -60,9 +60,9 @@ StreamLibraries* adopt(int device, cudaStream_t s, uint64_t serial) {
   return found;
 }
 
-// Whether any stream has a cuBLAS or cuDNN handle or a scratch yet, and the largest cuDNN
-// workspace asked for: what a stream about to be captured needs made first.
-std::atomic<bool> g_blas_used{false}, g_dnn_used{false}, g_scratch_used{false};
+// Whether any stream has a cuBLAS or cuDNN handle yet, and the largest cuDNN workspace asked
+// for: what a stream about to be captured needs made first.
+std::atomic<bool> g_blas_used{false}, g_dnn_used{false};
 std::atomic<size_t> g_dnn_bytes{0};
 
 // Destroying a handle and freeing a workspace wait for the device, which another thread's capture
@@ -191,30 +191,14 @@ void make_dnn(StreamLibraries& l, Op op) {
   g_dnn_used.store(true, std::memory_order_relaxed);
 }
 
-// l's scratch (stream_scratch), zeros.
-void make_scratch(StreamLibraries& l, Op op) {
-  void* p = allocate_for(l, op, kScratchBytes, "scratch");
-  // Zeros before anything on any stream reads it (a graph captured on this stream may be launched
-  // on another).
-  if (cudaMemsetAsync(p, 0, kScratchBytes, l.stream) != cudaSuccess ||
-      cudaStreamSynchronize(l.stream) != cudaSuccess) {
-    (void)cudaGetLastError();
-    encore::cuda::free_device_memory(l.device, p);
-    fail(op_name(op), ": could not clear a stream's scratch on CUDA device ", l.device);
-  }
-  l.scratch = p;
-  g_scratch_used.store(true, std::memory_order_relaxed);
-}
-
-// Before a capture on `stream` (its device current): its handles, its scratch, and a cuDNN
+// Before a capture on `stream` (its device current): its scratch; its handles, and a cuDNN
 // workspace as large as any asked for, where any stream has used them (a process that never did
 // makes none).
 void prepare_for_capture(encore::cuda::StreamHandle stream) {
   StreamLibraries& l =
       libraries_for(Op::Matmul, encore::cuda::current_device(), static_cast<cudaStream_t>(stream));
   if (g_blas_used.load(std::memory_order_relaxed) && l.blas == nullptr) make_blas(l, Op::Matmul);
-  if (g_scratch_used.load(std::memory_order_relaxed) && l.scratch == nullptr)
-    make_scratch(l, Op::SoftmaxCrossEntropy);
+  if (l.scratch == nullptr) l.scratch = allocate_for(l, Op::Matmul, kScratchBytes, "scratch");
   if (g_dnn_used.load(std::memory_order_relaxed)) {
     if (l.dnn == nullptr) make_dnn(l, Op::Conv2d);
     ENCORE_CHECK(reserve_cudnn_workspace(l, g_dnn_bytes.load(std::memory_order_relaxed)),
@@ -247,7 +231,7 @@ cublasHandle_t cublas_handle(Op op) {
 void* stream_scratch(Op op) {
   StreamLibraries& l = stream_libraries(op);
   if (l.scratch == nullptr) [[unlikely]]
-    make_scratch(l, op);
+    l.scratch = allocate_for(l, op, kScratchBytes, "scratch");
   return l.scratch;
 }
 

@@ -69,11 +69,11 @@ StreamLibraries& cudnn_libraries(Op op, size_t bytes);
 // The bytes of a stream's scratch.
 inline constexpr size_t kScratchBytes = 4096;
 
-// The current stream's scratch: kScratchBytes of device memory, zeros when made (on first use,
-// never during graph capture: a capture stream gets one first where any stream has one), for a
-// kernel whose blocks join their results there (softmax_loss.cuh's cross-entropy loss). Kernels
-// on one stream run one after another, so each has it alone; each leaves it as it found it where
-// the next one relies on that.
+// The current stream's scratch: kScratchBytes of device memory (made on first use, never during
+// graph capture: a capture stream gets one before its capture), for a kernel whose blocks join
+// their results there (softmax_loss.cuh's cross-entropy loss). Kernels on one stream run one
+// after another, so each has it alone; what it holds at a launch is undefined (a launch sets what
+// it needs first, on the stream), as in a workspace.
 void* stream_scratch(Op op);
 
 // Grows the cuDNN workspace of `libs` to at least `bytes` (outside capture only); false when the

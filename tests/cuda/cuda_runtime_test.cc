@@ -179,6 +179,13 @@ TEST_CASE("to() is differentiable: the gradient goes back to the source device",
 // ---- Streams and memory ----------------------------------------------------------------------
 
 namespace {
+// `rows` int64 labels on cuda, (i * 31 + 7) % classes for sample i.
+Tensor spread_labels(int64_t rows, int64_t classes) {
+  std::vector<double> ids(rows);
+  for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<double>((i * 31 + 7) % classes);
+  return tensor(ids, {rows}, DType::Int64, kCuda);
+}
+
 // A host function that holds its stream until `*go` is set.
 void hold_stream(void* go) {
   while (!static_cast<std::atomic<bool>*>(go)->load()) {
@@ -381,11 +388,9 @@ TEST_CASE("a bad label in a replayed static step on cuda raises the Error at the
 TEST_CASE("a cross-entropy loss over many blocks replays with eager's bits, call after call",
           "[cuda][runtime][static][cross_entropy]") {
   // 1,000 rows: the loss's blocks join their sums in their stream's scratch, which each launch
-  // must leave as it found it for the next (a replayed graph, a stream replay, eager calls).
+  // sets up anew (a replayed graph, a stream replay, eager calls).
   const int64_t rows = 1000, classes = 96;
-  std::vector<double> ids(rows);
-  for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<double>((i * 31 + 7) % classes);
-  const Tensor labels = tensor(ids, {rows}, DType::Int64, kCuda);
+  const Tensor labels = spread_labels(rows, classes);
   with_graphs_on_and_off([&](bool) {
     StaticEnabled on;
     auto loss_of = static_graph(
@@ -404,6 +409,36 @@ TEST_CASE("a cross-entropy loss over many blocks replays with eager's bits, call
     }
     CHECK(loss_of.stats().traces == 1);
   });
+}
+
+TEST_CASE("cross-entropy losses over many blocks on two threads and streams at once",
+          "[cuda][runtime][cross_entropy]") {
+  // Each (thread, stream) has its own scratch: the losses neither wait for nor disturb each other.
+  const int64_t rows = 1000, classes = 96;
+  const Tensor labels = spread_labels(rows, classes);
+  manual_seed(43);
+  const Tensor logits[2] = {randn({rows, classes}).to(kCuda), randn({rows, classes}).to(kCuda)};
+  const float want[2] = {F::softmax_cross_entropy(logits[0], labels).item<float>(),
+                         F::softmax_cross_entropy(logits[1], labels).item<float>()};
+  int wrong[2] = {0, 0};
+  auto work = [&](int k) {
+    cuda::set_device(0);
+    const cuda::StreamHandle s = cuda::create_stream(0);
+    {
+      cuda::StreamGuard on(0, s);
+      for (int i = 0; i < 200; ++i) {
+        const Tensor loss = F::softmax_cross_entropy(logits[k], labels);
+        if (i % 50 == 49 && loss.item<float>() != want[k]) ++wrong[k];
+      }
+      cuda::synchronize(0);
+    }
+    cuda::destroy_stream(s);
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  CHECK(wrong[0] == 0);
+  CHECK(wrong[1] == 0);
 }
 
 TEST_CASE("a verified replay on cuda that fails in the middle leaves the next call right",

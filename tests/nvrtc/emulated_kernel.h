@@ -4,7 +4,8 @@
 // (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
 // ballots, the atomics and fences the kernels use, the bit casts), and launched on one host
 // thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
-// waits at a barrier (a warp's at each shuffle or ballot, a block's at each __syncthreads); the
+// waits at a barrier (a warp's at each shuffle, ballot or __syncwarp, a block's at each
+// __syncthreads); the
 // schedule and the poisoned shared memory (emulate_launch, __shared__) make a missing barrier
 // show. It checks what a kernel computes where (indices, layouts, folds, the warp tree, which
 // lane writes, what a barrier orders), not the device's rounding: the host's libm stands in for
@@ -102,6 +103,10 @@ static EmulatedBarrier* emulated_block = nullptr;
 inline void __syncthreads(std::source_location at = std::source_location::current()) {
   emulated_block->meet(at);
 }
+inline void __syncwarp(unsigned = 0xffffffffu,
+                       std::source_location at = std::source_location::current()) {
+  emulated_warp->meet(at);
+}
 inline void __threadfence_system() {}
 inline void __threadfence() {}
 // Every lane's v, gathered: v of lane l lands in all[l].
@@ -167,7 +172,9 @@ static void emulated_thread() {
   *emulated_finished = 1;
   ++emulated_progress;
 }  // then uc_link: back to the scheduler
-// Runs kernel() on a grid of blocks of threads (x fastest), one block after another. A block's
+// Runs kernel() on a grid of blocks of threads, one block after another, the last first (x
+// fastest, downwards: a kernel that takes the last block to finish for the last block of the grid
+// shows, as does one that needs blocks to run in order, which a GPU does not promise). A block's
 // threads are fibers, resumed in turn, each running until it waits at a barrier or ends; a
 // warp is 32 consecutive threads (x fastest). Each warp in turn runs as far as it can (its lanes
 // meeting at its shuffles) before the next one starts, the warps and their lanes taken up and
@@ -184,9 +191,9 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
   const std::unique_ptr<char[]> stacks(new char[threads * kStack]);  // untouched until used
   std::vector<ucontext_t> contexts(threads);
   std::vector<unsigned char> finished(threads);
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
+  for (unsigned bz = grid.z; bz-- > 0;)
+    for (unsigned by = grid.y; by-- > 0;)
+      for (unsigned bx = grid.x; bx-- > 0;) {
         blockIdx = {bx, by, bz};
         EmulatedBarrier barrier;
         barrier.count = threads;

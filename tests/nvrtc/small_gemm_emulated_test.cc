@@ -1,13 +1,15 @@
 // The small GEMM kernels (kernels/cuda/small_gemm.cuh) run on the host (emulated_kernel.h: each
 // CUDA thread a fiber, the warp's shuffles at barriers) against a reference computed here in
 // double: both layouts, over tiles and columns that run past c's edge, operands with row lengths
-// longer than their rows, and every way an output is finished (a bias, each activation, each
-// activation gradient). Nothing past c's outputs may be written; relu passes a NaN as
-// element_ops.cuh's relu does. With a stored [k, m], the sums of a's columns (a bias gradient)
-// come out with the bits of CUDA's column sum's order, restated here. The [cuda] tests check the
-// device's bits against eager.
+// longer than their rows or not aligned to 16 bytes, and every way an output is finished (a bias,
+// each activation, each activation gradient). A product (and its bias) must have the bits of the
+// kernels' order of operations, restated here; nothing past c's outputs may be written; relu
+// passes a NaN as element_ops.cuh's relu does. With a stored [k, m], the sums of a's columns (a
+// bias gradient) come out with the bits of CUDA's column sum's order, restated here too. The
+// [cuda] tests check the device's bits against eager.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -118,13 +120,40 @@ struct Case {
   Op act = Op::Matmul;
   double scalar = 0;
   bool sums = false;  // serial k with a transposed: a's column sums too
+  int64_t offset = 0;  // a and b this many elements into their storage (1: not 16-byte aligned)
 };
+
+// Output (i, j) with the kernels' order of operations, in T: kDot's lane l multiplies and adds
+// k = l, l + 32, ... in order, then the lanes meet in the butterfly (xor 16, 8, 4, 2, 1; a sum
+// does not depend on the order of its two terms, so every lane ends with the same bits);
+// kSerialK multiplies and adds k = 0, 1, ... in order. Then a bias. `x(p)` and `y(p)` are the
+// operands' elements of the product k = p.
+template <typename T, typename X, typename Y>
+T in_kernel_order(bool dot, int64_t k, X x, Y y, const T* bias) {
+  T v = T(0);
+  if (dot) {
+    T lane[32];
+    for (int l = 0; l < 32; ++l) {
+      lane[l] = T(0);
+      for (int64_t p = l; p < k; p += 32) lane[l] = std::fma(x(p), y(p), lane[l]);
+    }
+    for (int o = 16; o > 0; o /= 2) {
+      T next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ o];
+      std::copy(next, next + 32, lane);
+    }
+    v = lane[0];
+  } else {
+    for (int64_t p = 0; p < k; ++p) v = std::fma(x(p), y(p), v);
+  }
+  return bias != nullptr ? v + *bias : v;
+}
 
 // Column r of a stored [k, m] (rows lda apart) summed as reduce.cuh's reduce_columns sums it:
 // `split` thread rows (about 16 elements each, a power of two up to 32), row t folding elements
 // t, t + split, ... from +0, then a tree joining rows split / 2 apart, then split / 4, ...
 template <typename T>
-T column_sum_as_cuda(const std::vector<T>& a, int64_t lda, int64_t r, int64_t k) {
+T column_sum_as_cuda(const T* a, int64_t lda, int64_t r, int64_t k) {
   int split = 1;
   while (split < 32 && split * 2 * 16 <= k) split *= 2;
   std::vector<T> part(split, T(0));
@@ -146,26 +175,33 @@ void check(const Case& cs, uint32_t seed) {
   const int64_t lda = a_cols + cs.pad, ldb = b_cols + cs.pad, ldc = n + cs.pad;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<T> a(a_rows * lda), b(b_rows * ldb), bias(n), in(m * ldc);
-  for (T& v : a) v = static_cast<T>(u(rng));
-  for (T& v : b) v = static_cast<T>(u(rng));
+  std::vector<T> a_storage(a_rows * lda + cs.offset), b_storage(b_rows * ldb + cs.offset);
+  std::vector<T> bias(n), in(m * ldc);
+  T* const a = a_storage.data() + cs.offset;
+  T* const b = b_storage.data() + cs.offset;
+  for (T& v : a_storage) v = static_cast<T>(u(rng));
+  for (T& v : b_storage) v = static_cast<T>(u(rng));
   for (T& v : bias) v = static_cast<T>(u(rng));
   for (T& v : in) v = static_cast<T>(u(rng));
   const T sentinel = static_cast<T>(12345);
   // Room for whatever a tile or a thread past c's edge would store, to see that none does.
   std::vector<T> c((m + 4) * ldc + 16, sentinel), sums(m + 8, sentinel);
   const Entry run = gemm_kernels().function<Entry>(testing::typed_name<T>("small_gemm"));
-  run(cs.dot, m, n, k, cs.trans_a, a.data(), lda, b.data(), ldb, c.data(), ldc,
-      cs.bias ? bias.data() : nullptr, static_cast<int>(cs.act), cs.scalar,
-      is_grad(cs.act) ? in.data() : nullptr, cs.sums ? sums.data() : nullptr);
+  run(cs.dot, m, n, k, cs.trans_a, a, lda, b, ldb, c.data(), ldc, cs.bias ? bias.data() : nullptr,
+      static_cast<int>(cs.act), cs.scalar, is_grad(cs.act) ? in.data() : nullptr,
+      cs.sums ? sums.data() : nullptr);
   const double eps = std::numeric_limits<T>::epsilon();
+  // The operands' elements of output (i, j)'s product k = p.
+  auto x_of = [&](int64_t i, int64_t p) {
+    return cs.dot || !cs.trans_a ? a[i * lda + p] : a[p * lda + i];
+  };
+  auto y_of = [&](int64_t j, int64_t p) { return cs.dot ? b[j * ldb + p] : b[p * ldb + j]; };
   int wrong = 0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double v = 0, scale = 0;
       for (int64_t p = 0; p < k; ++p) {
-        const double x = cs.dot || !cs.trans_a ? a[i * lda + p] : a[p * lda + i];
-        const double y = cs.dot ? b[j * ldb + p] : b[p * ldb + j];
+        const double x = x_of(i, p), y = y_of(j, p);
         v += x * y;
         scale += std::abs(x * y);
       }
@@ -174,6 +210,12 @@ void check(const Case& cs, uint32_t seed) {
       const double got = c[i * ldc + j];
       if (!(std::abs(got - want) <= 16 * eps * (scale + std::abs(want) + 1e-30)) && wrong++ < 5)
         FAIL_CHECK("c[" << i << "," << j << "] = " << got << ", want " << want);
+      if (cs.act != Op::Matmul) continue;  // the host's libm is not CUDA's: values only
+      const T bits = in_kernel_order<T>(
+          cs.dot, k, [&](int64_t p) { return x_of(i, p); }, [&](int64_t p) { return y_of(j, p); },
+          cs.bias ? &bias[j] : nullptr);
+      if (std::memcmp(&c[i * ldc + j], &bits, sizeof(T)) != 0 && wrong++ < 5)
+        FAIL_CHECK("c[" << i << "," << j << "] = " << got << ", not the kernels' order's " << bits);
     }
   for (int64_t at = 0; at < static_cast<int64_t>(c.size()); ++at)
     if ((at >= m * ldc || at % ldc >= n) && c[at] != sentinel && wrong++ < 5)
@@ -226,6 +268,12 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 6, 44, 70, true},
       {false, 140, 150, 70, true, 2},
       {false, 33, 260, 200, false, 4},
+      {false, 140, 150, 100},  // four rows a thread, a not transposed, two chunks
+      // a and b one element into their storage: rows of a multiple of 16 bytes, not aligned to
+      // them (element by element).
+      {true, 6, 20, 600, false, 0, false, Op::Matmul, 0, false, 1},
+      {false, 9, 132, 150, false, 0, false, Op::Matmul, 0, false, 1},
+      {false, 6, 44, 70, true, 0, false, Op::Matmul, 0, false, 1},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& cs = cases[i];

@@ -5,6 +5,7 @@
 // first block to arrive. The [cuda] optimizer tests check the updates against the CPU on a device.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -70,6 +71,7 @@ TEST_CASE("a negative step count is seen by the first block to arrive (emulated)
       long long counter = bad;
       std::vector<long long> seen(blocks, 0);
       run(&counter, &blocks, 1, seen.data());
-      CHECK(seen[0] == -1);
+      // Whichever block arrives first (the emulator runs the last first).
+      CHECK(std::find(seen.begin(), seen.end(), -1) != seen.end());
     }
 }
