@@ -139,6 +139,18 @@ __device__ __forceinline__ T finish(const GemmFinish<T>& f, T v, int64_t at, int
   }
 }
 
+// The start of a kernel that may be launched as a programmatic dependent (small_gemm.cu: sm_90,
+// ENCORE_CUDA_PDL=1): lets the next kernel on the stream launch at once, so that its launch
+// overlaps this one's work, then waits until the kernels before this one have finished and their
+// writes are seen, before this one reads or writes anything. Launched the usual way (or on a GPU
+// before sm_90, or on the host), both do nothing.
+__device__ __forceinline__ void dependent_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // min(limit, left) as an int (limit is one).
 __device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
   return static_cast<int>(left < limit ? left : limit);
@@ -199,6 +211,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     gemm_dot_kernel(int64_t m, int64_t n, int64_t k, const T* __restrict__ a, int64_t lda,
                     bool vectors_a, const T* __restrict__ b, int64_t ldb, bool vectors_b,
                     T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+  dependent_launch_start();
   constexpr int kChunk = kDotChunk<T>;
   // Shared memory in vectors, for their alignment; read as kDotTile and kDotCols rows of kChunk.
   __shared__ Vec16<T> as_v[kDotTile * kChunk / Vec16<T>::kSize];
@@ -266,6 +279,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
                          int64_t lda, const T* __restrict__ b, int64_t ldb, bool vectors_b,
                          T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+  dependent_launch_start();
   constexpr int kWidth = kSmallGemmThreads, kChunk = kSerialChunk<T>;
   constexpr int kAPerThread = (kRows * kChunk + kWidth - 1) / kWidth;
   const int64_t col_blocks = (n + kWidth - 1) / kWidth;

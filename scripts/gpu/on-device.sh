@@ -4,8 +4,8 @@
 #                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only and
 #                                  # stream-copies A/Bs, memcheck over the newest kernels,
 #                                  # PyTorch side by side
-#   bash .gpu/on-device.sh rest    # after quick (under 5 minutes): the [large] cases, racecheck,
-#                                  # TinyGpt's kernels and op-by-op profiles
+#   bash .gpu/on-device.sh rest    # after quick (under 6 minutes): the [large] cases, racecheck,
+#                                  # TinyGpt's kernels, the ENCORE_CUDA_PDL=1 A/B, op-by-op profiles
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
 #                                  # per KernelSum case), PyTorch side by side, the GPU demo
@@ -75,6 +75,14 @@ bench_stream_copies() {  # CAP MIN_TIME
     --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
+# The small GEMMs launched as programmatic dependents (ENCORE_CUDA_PDL=1): their tests, then the
+# steps they run in, beside bench_cuda's.
+pdl() {  # CAP MIN_TIME
+  TAIL=12 ENCORE_CUDA_PDL=1 part cuda_tests_pdl "$1" "$run/bin/encore_cuda_tests" "[small_gemm]"
+  TAIL=20 ENCORE_CUDA_PDL=1 part bench_pdl "$1" "$run/bin/encore_bench" \
+    --benchmark_filter='^(MlpSmall|MlpLarge|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
 peers() {  # CAP MIN_TIME: PyTorch eager, CUDA graph and torch.compile beside bench_cuda's figures
   if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
     TAIL=30 part peers "$1" python3 "$here/peers/compare.py" --cuda --torch-python python3 \
@@ -129,6 +137,7 @@ run_bench() {
       --benchmark_min_time=0.2 --benchmark_report_aggregates_only=true
   done
   kernels_per_step MlpSmall TinyGpt
+  pdl 40 0.2
   profiles
   peers 220 0.2
   if [ -d "$here/data" ]; then
@@ -151,9 +160,10 @@ run_quick() {
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
   peers 90 0.1
 }
-# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 3 x 30 s): the [large]
-# cases, racecheck on the graph cases, TinyGpt's kernels per step, and the op-by-op profiles of
-# the stream replays whose targets are open.
+# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 2 x 40 + 3 x 30 s): the
+# [large] cases, racecheck on the graph cases, TinyGpt's kernels per step, the small GEMMs as
+# programmatic dependents (tests and an A/B), and the op-by-op profiles of the stream replays whose
+# targets are open.
 run_rest() {
   large_tests 60
   local san
@@ -164,6 +174,7 @@ run_rest() {
     --benchmark_filter='^KernelSum/TinyGpt/cuda' --benchmark_min_time=0.2
   cp "$out/breakdown/KernelSum_TinyGpt_cuda.txt" "$out/kernels_TinyGpt.txt" 2>/dev/null
   rm -rf "$out/breakdown"
+  pdl 40 0.1
   profiles
 }
 case "$what" in
