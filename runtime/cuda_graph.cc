@@ -324,8 +324,11 @@ bool has_fork(cudaGraph_t g) {
     (void)cudaGetLastError();
     return false;
   }
+  // With the edges' data: a graph with a programmatic edge (a programmatic dependent launch)
+  // answers a query without it with cudaErrorLossyQuery.
   std::vector<cudaGraphNode_t> from(n), to(n);
-  if (n == 0 || cudaGraphGetEdges(g, from.data(), to.data(), nullptr, &n) != cudaSuccess) {
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n == 0 || cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }

@@ -75,10 +75,11 @@ bench_stream_copies() {  # CAP MIN_TIME
     --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
-# The small GEMMs launched as programmatic dependents (ENCORE_CUDA_PDL=1): their tests, then the
-# steps they run in, beside bench_cuda's.
+# The small GEMMs launched as programmatic dependents (ENCORE_CUDA_PDL=1): their tests and the
+# static ones (captures with programmatic edges), then the steps they run in, beside bench_cuda's.
 pdl() {  # CAP MIN_TIME
-  TAIL=12 ENCORE_CUDA_PDL=1 part cuda_tests_pdl "$1" "$run/bin/encore_cuda_tests" "[small_gemm]"
+  TAIL=12 ENCORE_CUDA_PDL=1 ENCORE_RANDOM_PROGRAMS=60 part cuda_tests_pdl "$((2 * $1))" \
+    "$run/bin/encore_cuda_tests" "[small_gemm],[graphs],[static]"
   TAIL=20 ENCORE_CUDA_PDL=1 part bench_pdl "$1" "$run/bin/encore_bench" \
     --benchmark_filter='^(MlpSmall|MlpLarge|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
@@ -160,7 +161,7 @@ run_quick() {
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
   peers 90 0.1
 }
-# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 2 x 40 + 3 x 30 s): the
+# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 80 + 40 + 3 x 30 s): the
 # [large] cases, racecheck on the graph cases, TinyGpt's kernels per step, the small GEMMs as
 # programmatic dependents (tests and an A/B), and the op-by-op profiles of the stream replays whose
 # targets are open.
