@@ -21,6 +21,7 @@
 
 #include <cmath>  // the math functions element_ops.cuh calls (it includes nothing: NVRTC reads it)
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
@@ -61,6 +62,13 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
        cudaGetErrorString(e), ")");
 }
 
+// Whether launches on `device` may be programmatic dependents (dependent_launch.cuh):
+// ENCORE_CUDA_PDL=1 (read once; off by default until timed) and compute capability 9.0 or later.
+bool programmatic_device(int device);
+// Whether `kernel`'s code was compiled from compute_90 PTX or later: code for older GPUs does not
+// wait in dependent_launch_start, and must not be launched as a dependent.
+bool waits_as_dependent(const void* kernel);
+
 }  // namespace encore::kernels::cuda
 
 #define ENCORE_CUDA_OK(op, call)                                  \
@@ -72,6 +80,30 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
 
 // After a <<<...>>> launch: a bad configuration becomes an Error naming the op.
 #define ENCORE_CUDA_LAUNCHED(op) ENCORE_CUDA_OK(op, cudaGetLastError())
+
+namespace encore::kernels::cuda {
+
+// kKernel<<<grid, block, 0, stream()>>>(args...), as a programmatic dependent of the kernel
+// before it on the stream where programmatic_device and waits_as_dependent allow it (kKernel
+// begins with dependent_launch_start); a failed launch is an Error naming `op`.
+template <auto kKernel, typename... Args>
+void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
+  static const bool waits = waits_as_dependent(reinterpret_cast<const void*>(kKernel));
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream();
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (waits && programmatic_device(encore::cuda::current_device())) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ENCORE_CUDA_OK(op, cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...));
+}
+
+}  // namespace encore::kernels::cuda
 
 // Registers a CUDA kernel at static-initialisation time.
 #define ENCORE_REGISTER_CUDA(op, fn) ENCORE_REGISTER_CUDA_I(op, fn, __COUNTER__)

@@ -12,9 +12,9 @@ void sgd(const KernelArgs& args) {
     for_each_launch<Op::SgdUpdate>(
         args.in, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
           if (blocks == 0) return;
-          sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-              tab, static_cast<T>(a.lr), static_cast<T>(a.weight_decay), a.weight_decay != 0);
-          ENCORE_CUDA_LAUNCHED(Op::SgdUpdate);
+          launch_dependent<sgd_kernel<T>>(Op::SgdUpdate, blocks, kThreads, tab,
+                                          static_cast<T>(a.lr), static_cast<T>(a.weight_decay),
+                                          a.weight_decay != 0);
         });
   });
 }
@@ -25,9 +25,9 @@ void momentum_sgd(const KernelArgs& args) {
     for_each_launch<Op::MomentumSgdUpdate>(args.in, [&](const TensorTable<3>& tab, const Counters&,
                                                         unsigned blocks) {
       if (blocks == 0) return;
-      momentum_sgd_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-          tab, static_cast<T>(a.lr), static_cast<T>(a.momentum), static_cast<T>(a.weight_decay));
-      ENCORE_CUDA_LAUNCHED(Op::MomentumSgdUpdate);
+      launch_dependent<momentum_sgd_kernel<T>>(Op::MomentumSgdUpdate, blocks, kThreads, tab,
+                                               static_cast<T>(a.lr), static_cast<T>(a.momentum),
+                                               static_cast<T>(a.weight_decay));
     });
   });
 }
@@ -40,8 +40,8 @@ void adam(const KernelArgs& args) {
     const AdamStep<T> step = adam_step<T>(a);
     for_each_launch<Op::AdamUpdate>(
         args.in, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
-          adam_kernel<T><<<blocks, kThreads, 0, stream()>>>(tab, c, step, error_slot());
-          ENCORE_CUDA_LAUNCHED(Op::AdamUpdate);
+          launch_dependent<adam_kernel<T>>(Op::AdamUpdate, blocks, kThreads, tab, c, step,
+                                           error_slot());
         });
   });
 }

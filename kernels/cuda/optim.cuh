@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_error.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
@@ -71,6 +72,7 @@ __device__ T* array(const TensorTable<kArrays>& tab, int a, int k) {
 // p -= lr * (g + wd * p) (p -= lr * g without weight decay).
 template <typename T>
 __global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
+  dependent_launch_start();
   const BlockRange r = block_range(tab);
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);
@@ -86,6 +88,7 @@ __global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
 // v = momentum * v - lr * (g + wd * p); p += v.
 template <typename T>
 __global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
+  dependent_launch_start();
   const BlockRange r = block_range(tab);
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);
@@ -132,6 +135,7 @@ static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
                             encore::cuda::DeviceErrorSlot errors) {
+  dependent_launch_start();
   const BlockRange r = block_range(tab);
   __shared__ T shared_step_size, shared_inv_sqrt_bc2;
   if (threadIdx.x == 0) {

@@ -26,14 +26,15 @@
 // applied here gives the bits of the elementwise kernel applying it to the stored product.
 //
 // The host compiles this file too, against stand-ins for the CUDA built-ins (the tests run the
-// kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh and
-// column_sum.cuh and runtime/ops.h only.
+// kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh,
+// column_sum.cuh, dependent_launch.cuh and runtime/ops.h only.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/column_sum.cuh"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "runtime/ops.h"
 
@@ -137,18 +138,6 @@ __device__ __forceinline__ T finish(const GemmFinish<T>& f, T v, int64_t at, int
     default:
       return v;
   }
-}
-
-// The start of a kernel that may be launched as a programmatic dependent (small_gemm.cu: sm_90,
-// ENCORE_CUDA_PDL=1): lets the next kernel on the stream launch at once, so that its launch
-// overlaps this one's work, then waits until the kernels before this one have finished and their
-// writes are seen, before this one reads or writes anything. Launched the usual way (or on a GPU
-// before sm_90, or on the host), both do nothing.
-__device__ __forceinline__ void dependent_launch_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // min(limit, left) as an int (limit is one).

@@ -88,10 +88,9 @@ void cross_entropy_grad(const KernelArgs& args) {
   switch_floating(logits.dtype, kOp, [&]<typename T>(Type<T>) {
     switch_integral(labels.dtype, kOp, [&]<typename L>(Type<L>) {
       if (gx.numel() == 0) return;
-      cross_entropy_grad_kernel<<<cross_entropy_grad_blocks(rows), kThreads, 0, stream()>>>(
-          logits.as<T>(), labels.as<L>(), gy.as<T>(), gx.as<T>(), rows, classes, ignore,
-          error_slot(), kind);
-      ENCORE_CUDA_LAUNCHED(kOp);
+      launch_dependent<cross_entropy_grad_kernel<T, L>>(
+          kOp, cross_entropy_grad_blocks(rows), kThreads, logits.as<T>(), labels.as<L>(),
+          gy.as<T>(), gx.as<T>(), rows, classes, ignore, error_slot(), kind);
     });
   });
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_error.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
@@ -316,6 +317,7 @@ __global__ void __launch_bounds__(kThreads)
                               const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
                               int64_t classes, int64_t ignore, encore::cuda::DeviceErrorSlot errors,
                               encore::cuda::DeviceErrorKind kind) {
+  dependent_launch_start();
   __shared__ int64_t sh[32];
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kThreads)
