@@ -88,7 +88,6 @@ namespace encore::kernels::cuda {
 // begins with dependent_launch_start); a failed launch is an Error naming `op`.
 template <auto kKernel, typename... Args>
 void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
-  static const bool waits = waits_as_dependent(reinterpret_cast<const void*>(kKernel));
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -96,9 +95,12 @@ void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (waits && programmatic_device(encore::cuda::current_device())) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+  if (programmatic_device(encore::cuda::current_device())) {  // (false unless asked for)
+    static const bool waits = waits_as_dependent(reinterpret_cast<const void*>(kKernel));
+    if (waits) {
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+    }
   }
   ENCORE_CUDA_OK(op, cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...));
 }

@@ -75,11 +75,12 @@ bench_stream_copies() {  # CAP MIN_TIME
     --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
-# The small GEMMs launched as programmatic dependents (ENCORE_CUDA_PDL=1): their tests and the
-# static ones (captures with programmatic edges), then the steps they run in, beside bench_cuda's.
+# The small GEMMs, the loss gradient and the optimizer updates launched as programmatic
+# dependents (ENCORE_CUDA_PDL=1): their tests and the static ones (captures with programmatic
+# edges), then the steps they run in, beside bench_cuda's.
 pdl() {  # CAP MIN_TIME
   TAIL=12 ENCORE_CUDA_PDL=1 ENCORE_RANDOM_PROGRAMS=60 part cuda_tests_pdl "$((2 * $1))" \
-    "$run/bin/encore_cuda_tests" "[small_gemm],[graphs],[static]"
+    "$run/bin/encore_cuda_tests" "[small_gemm],[optim],[cross_entropy],[graphs],[static]"
   TAIL=20 ENCORE_CUDA_PDL=1 part bench_pdl "$1" "$run/bin/encore_bench" \
     --benchmark_filter='^(MlpSmall|MlpLarge|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
