@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/cuda/dependent_launch.h"
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
 #ifdef __CUDACC__
@@ -61,13 +62,6 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
   fail(op_name(op), ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (",
        cudaGetErrorString(e), ")");
 }
-
-// Whether launches on `device` may be programmatic dependents (dependent_launch.cuh):
-// ENCORE_CUDA_PDL=1 (read once; off by default until timed) and compute capability 9.0 or later.
-bool programmatic_device(int device);
-// Whether `kernel`'s code was compiled from compute_90 PTX or later: code for older GPUs does not
-// wait in dependent_launch_start, and must not be launched as a dependent.
-bool waits_as_dependent(const void* kernel);
 
 }  // namespace encore::kernels::cuda
 

@@ -1,4 +1,6 @@
-// Which launches are programmatic dependents (common.cuh: launch_dependent).
+// Which launches may be programmatic dependents (dependent_launch.h).
+#include "kernels/cuda/dependent_launch.h"
+
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -7,10 +9,6 @@
 #include "runtime/env.h"
 
 namespace encore::kernels::cuda {
-
-// Declared in common.cuh.
-bool programmatic_device(int device);
-bool waits_as_dependent(const void* kernel);
 
 bool programmatic_device(int device) {
   static const bool on = env::flag("ENCORE_CUDA_PDL", false);
