@@ -434,6 +434,7 @@ void Rewriter::merge_side_by_side(const std::vector<StridedCopyProgram*>& single
     if (single[t] == nullptr || drop_[t] || steps_[t].in.size() != 1) continue;
     Step& head = steps_[t];
     const Operand& root = head.in[0];
+    StridedCopyProgram& into = *single[t];
     int merged = 1;
     for (int u = t + 1; u < n && head.out.size() < static_cast<size_t>(kMaxOpOutputs); ++u) {
       if (drop_[u] && after_[u].empty()) continue;  // runs nothing
@@ -441,7 +442,6 @@ void Rewriter::merge_side_by_side(const std::vector<StridedCopyProgram*>& single
       if (single[u] == nullptr || drop_[u] || !same_phase(t, u) || next.in.size() != 1 ||
           next.in[0].buf != root.buf || next.in[0].nbytes() != root.nbytes())
         break;
-      StridedCopyProgram& into = *single[t];
       for (StridedPiece p : single[u]->pieces) {
         p.output = static_cast<int>(head.out.size());
         into.pieces.push_back(p);

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/strided_loop.h"
 #include "runtime/convert.h"
 #include "runtime/ops.h"
@@ -30,11 +31,6 @@
 namespace encore::kernels::cuda {
 
 // ---- Same-shape map: out[i] = f(in[i]...) -------------------------------------------------
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 // The packs by value: each is one vector load.
 template <int V, typename R, typename F, typename... Ps>
@@ -55,11 +51,6 @@ __global__ void map_kernel(F f, int64_t n, R* out, const Ts*... in) {
     reinterpret_cast<Pack<R, V>*>(out)[p] = o;
   }
   for (int64_t i = packs * V + first; i < n; i += stride) out[i] = f(in[i]...);
-}
-
-template <typename T, int V>
-bool aligned_for(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
 
 // Calls launch(std::integral_constant<int, V>{}) with map_kernel's elements per operand and

@@ -27,7 +27,7 @@
 //
 // The host compiles this file too, against stand-ins for the CUDA built-ins (the tests run the
 // kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh,
-// column_sum.cuh, dependent_launch.cuh and runtime/ops.h only.
+// column_sum.cuh, dependent_launch.cuh, pack.cuh and runtime/ops.h only.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +36,7 @@
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/element_ops.cuh"
+#include "kernels/cuda/pack.cuh"
 #include "runtime/ops.h"
 
 namespace encore::kernels::cuda {
@@ -58,31 +59,35 @@ inline constexpr int kDotChunk = kDotChunkBytes / static_cast<int>(sizeof(T));
 template <typename T>
 inline constexpr int kSerialChunk = kSerialChunkBytes / static_cast<int>(sizeof(T));
 
-// The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of `threads`, and
-// for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks summing a's m columns
-// follow the product's. How the work is cut changes no output's order of operations.
+// The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of
+// kSmallGemmThreads, and for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks
+// summing a's m columns follow the product's. How the work is cut changes no output's order of
+// operations.
 struct GemmLaunch {
-  unsigned blocks, threads;
+  unsigned blocks;
   int rows;
 };
 inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n, bool sums = false) {
   if (dot) {
     const int64_t blocks = (m + kDotTile - 1) / kDotTile * ((n + kDotCols - 1) / kDotCols);
-    return {static_cast<unsigned>(blocks), kSmallGemmThreads, 1};
+    return {static_cast<unsigned>(blocks), 1};
   }
   const int rows = m * n < kSerialFewOutputs ? 1 : kSerialRows;
   constexpr int64_t kWidth = kSmallGemmThreads;
   const int64_t blocks =
       (m + rows - 1) / rows * ((n + kWidth - 1) / kWidth) + (sums ? (m + kWidth - 1) / kWidth : 0);
-  return {static_cast<unsigned>(blocks), kSmallGemmThreads, rows};
+  return {static_cast<unsigned>(blocks), rows};
 }
 
+// The elements of T in a 16-byte vector: what Staged loads and stores at a time.
+template <typename T>
+inline constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
+
 // Whether the rows of a matrix at p, ld elements apart, can be staged in 16-byte vectors: p
-// aligned to 16 bytes and ld a multiple of a vector (the chunks start at multiples of one).
+// aligned for them and ld a multiple of one (the chunks start at multiples of one).
 template <typename T>
 bool stages_vectors(const T* p, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 &&
-         ld % (16 / static_cast<int64_t>(sizeof(T))) == 0;
+  return aligned_for<T, kVec16<T>>(p) && ld % kVec16<T> == 0;
 }
 
 // How each output v of the product is finished before it is stored at c[at] (row r, column j):
@@ -145,13 +150,6 @@ __device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
   return static_cast<int>(left < limit ? left : limit);
 }
 
-// 16 bytes of T: one vector load or store.
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
-  T v[kSize];
-};
-
 // A kRows x kCols block of a matrix on its way to shared memory (row-major there): element
 // (i, p) is src[i * ld + p] for i < rows and p < cols, 0 past them (not loaded). Each of the
 // block's kSmallGemmThreads threads loads its part into registers (load), then stores it (store):
@@ -160,10 +158,11 @@ struct alignas(16) Vec16 {
 // inside it is loaded element by element.
 template <int kRows, int kCols, typename T>
 struct Staged {
-  using V = Vec16<T>;
-  static constexpr int kRowVectors = kCols / V::kSize, kVectors = kRows * kRowVectors;
+  static constexpr int kSize = kVec16<T>;
+  using V = Pack<T, kSize>;
+  static constexpr int kRowVectors = kCols / kSize, kVectors = kRows * kRowVectors;
   static constexpr int kPerThread = (kVectors + kSmallGemmThreads - 1) / kSmallGemmThreads;
-  static_assert(kCols % V::kSize == 0);
+  static_assert(kCols % kSize == 0);
   V v[kPerThread];
 
   __device__ __forceinline__ void load(const T* __restrict__ src, int64_t ld, int rows, int cols,
@@ -171,13 +170,13 @@ struct Staged {
 #pragma unroll
     for (int s = 0; s < kPerThread; ++s) {
       const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
-      const int i = slot / kRowVectors, p = slot % kRowVectors * V::kSize;
+      const int i = slot / kRowVectors, p = slot % kRowVectors * kSize;
       const bool row = slot < kVectors && i < rows;
-      if (row && vectors && p + V::kSize <= cols) {
+      if (row && vectors && p + kSize <= cols) {
         v[s] = *reinterpret_cast<const V*>(src + i * ld + p);
       } else {
 #pragma unroll
-        for (int e = 0; e < V::kSize; ++e)
+        for (int e = 0; e < kSize; ++e)
           v[s].v[e] = row && p + e < cols ? src[i * ld + p + e] : T(0);
       }
     }
@@ -186,7 +185,7 @@ struct Staged {
 #pragma unroll
     for (int s = 0; s < kPerThread; ++s) {
       const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
-      if (slot < kVectors) *reinterpret_cast<V*>(dst + slot * V::kSize) = v[s];
+      if (slot < kVectors) *reinterpret_cast<V*>(dst + slot * kSize) = v[s];
     }
   }
 };
@@ -203,8 +202,8 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   dependent_launch_start();
   constexpr int kChunk = kDotChunk<T>;
   // Shared memory in vectors, for their alignment; read as kDotTile and kDotCols rows of kChunk.
-  __shared__ Vec16<T> as_v[kDotTile * kChunk / Vec16<T>::kSize];
-  __shared__ Vec16<T> bs_v[kDotCols * kChunk / Vec16<T>::kSize];
+  __shared__ Pack<T, kVec16<T>> as_v[kDotTile * kChunk / kVec16<T>];
+  __shared__ Pack<T, kVec16<T>> bs_v[kDotCols * kChunk / kVec16<T>];
   T* as = reinterpret_cast<T*>(as_v);
   T* bs = reinterpret_cast<T*>(bs_v);
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -279,7 +278,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     return;
   }
   // Shared memory in vectors, for their alignment; read as kChunk rows of kWidth.
-  __shared__ Vec16<T> bs_v[kChunk * kWidth / Vec16<T>::kSize];
+  __shared__ Pack<T, kVec16<T>> bs_v[kChunk * kWidth / kVec16<T>];
   __shared__ T as[kRows][kChunk];
   T* bs = reinterpret_cast<T*>(bs_v);
   const int t = static_cast<int>(threadIdx.x);

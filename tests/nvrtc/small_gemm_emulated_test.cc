@@ -38,15 +38,15 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   T* pc = static_cast<T*>(c);
   const bool vectors_b = stages_vectors(pb, ldb);
   if (dot)
-    emulate_launch(l.blocks, l.threads, [&] {
+    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
       gemm_dot_kernel<T>(m, n, k, pa, lda, stages_vectors(pa, lda), pb, ldb, vectors_b, pc, ldc, f);
     });
   else if (l.rows == 1)
-    emulate_launch(l.blocks, l.threads, [&] {
+    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
       gemm_serial_k_kernel<T, 1>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
     });
   else
-    emulate_launch(l.blocks, l.threads, [&] {
+    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
       gemm_serial_k_kernel<T, kSerialRows>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
     });
 }
