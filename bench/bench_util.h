@@ -253,10 +253,11 @@ inline std::string& running_cuda_case() {
 
 // ENCORE_BENCH_BREAKDOWN=DIR: each KernelSum case writes where its device time goes to
 // DIR/<case, '/' as '_'>.txt: the profiler's table of the replayed steps (each op's device time,
-// over all `iterations`) and, with CUPTI, the kernels by name per step. On a GPU machine this is
-// what ncu would be run for, in the benchmark run itself.
+// over all `iterations`) and, with CUPTI, the kernels by name per step and the timeline of the
+// graph launch of median span (`median`, or null). On a GPU machine this is what ncu and nsys
+// would be run for, in the benchmark run itself.
 inline void write_breakdown(const profiler::Profile& profile, const DeviceActivity& activity,
-                            int64_t iterations) {
+                            const LaunchTimeline* median, int64_t iterations) {
   const char* dir = std::getenv("ENCORE_BENCH_BREAKDOWN");
   if (dir == nullptr || *dir == '\0' || iterations <= 0) return;
   std::string file = running_cuda_case();
@@ -267,6 +268,10 @@ inline void write_breakdown(const profiler::Profile& profile, const DeviceActivi
   const std::string kernels = kernel_table(activity, iterations);
   out << "\nKernels per step (CUPTI, unprofiled replay):\n"
       << (kernels.empty() ? "none recorded (no CUPTI in this build, or no kernel ran)\n" : kernels);
+  if (median != nullptr)
+    out << "\nThe graph launch of median span (CUPTI, unprofiled replay; idle: the device ran "
+           "none of its kernels, copies or fills):\n"
+        << timeline_table(*median, activity.names);
 }
 
 // KernelSum/<case>/cuda: the summed device time of the kernels of one replayed step, the bound
@@ -285,7 +290,11 @@ inline void write_breakdown(const profiler::Profile& profile, const DeviceActivi
 //   device_us:  the summed device time of its kernels, copies and fills, each as the device ran
 //               it (no event between kernels; the kernel nodes of graph launches included);
 //   device_kernels, device_copies: how many ran per step;
-//   replay_over_device: replay_us / device_us (MlpSmall's target: at most 1.2).
+//   replay_over_device: replay_us / device_us (MlpSmall's target: at most 1.2);
+//   launch_span_us, launch_idle_us: of the graph launch of median span (bench/device_timeline.h),
+//               from its first start to its last end on the device, and how much of that the
+//               device ran none of its kernels, copies or fills (waits between dependent kernels);
+//   graph_launches: graph launches per step (where no span was left out).
 template <typename ReplayFn>
 void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) {
   profiler::Options options;
@@ -343,7 +352,15 @@ void kernel_sum_loop(benchmark::State& state, Device device, ReplayFn&& replay) 
   } else {
     state.SetLabel("no device_us: " + why);
   }
-  write_breakdown(profile, a, iterations);
+  const std::vector<LaunchTimeline> launches = graph_launches(a.spans);
+  const int median = median_launch(launches);
+  if (median >= 0) {
+    state.counters["launch_span_us"] = static_cast<double>(launches[median].span_ns) * 1e-3;
+    state.counters["launch_idle_us"] = static_cast<double>(launches[median].idle_ns()) * 1e-3;
+    if (a.spans_left_out == 0)
+      state.counters["graph_launches"] = static_cast<double>(launches.size()) / iters;
+  }
+  write_breakdown(profile, a, median >= 0 ? &launches[median] : nullptr, iterations);
 }
 
 // A training step's measurement: `warmup` untimed calls of run(), then run() per iteration

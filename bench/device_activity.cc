@@ -1,5 +1,6 @@
 // CUPTI's activity API (device_activity.h): buffers handed to CUPTI on request, their kernel,
-// memcpy and memset records summed as CUPTI completes them, the kernels also by name.
+// memcpy and memset records summed as CUPTI completes them, the kernels also by name, and each
+// record's span kept (up to kMaxSpans) for the graph launches' timelines.
 #include "bench/device_activity.h"
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <utility>
 #endif
 
 namespace encore::bench {
@@ -43,8 +45,9 @@ constexpr size_t kBufferBytes = size_t{8} << 20;
 constexpr size_t kAlign = 8;  // CUPTI's activity buffers must be 8-byte aligned
 
 std::mutex g_mu;  // CUPTI completes buffers on its own thread
-DeviceActivity g_sum;
+DeviceActivity g_sum;                          // its names mangled until stop_device_activity()
 std::map<std::string, KernelTotal> g_by_name;  // under g_mu
+std::map<std::string, int> g_name_index;       // under g_mu: into g_sum.names
 
 // A kernel's name as a reader wants it: demangled, without "void " and its parameter list.
 std::string kernel_name(const char* mangled) {
@@ -82,6 +85,12 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
                                size_t valid) {
   DeviceActivity part;
   std::map<std::string, KernelTotal> by_name;
+  std::vector<const char*> span_names;  // per span of `part`, its kernel's mangled name or null
+  auto keep = [&](uint64_t start, uint64_t end, uint32_t stream, uint32_t correlation,
+                  uint32_t graph, const char* name) {
+    part.spans.push_back({start, end, stream, correlation, graph, -1});
+    span_names.push_back(name);
+  };
   // A record without both timestamps (one a forced flush cut short) is counted as dropped;
   // returns whether it was added.
   auto add = [&part](uint64_t start, uint64_t end, int64_t& ns, int64_t& count) {
@@ -101,20 +110,24 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
         if (add(k->start, k->end, part.kernel_ns, part.kernels)) {
-          KernelTotal& total = by_name[k->name != nullptr ? k->name : "?"];
+          const char* name = k->name != nullptr ? k->name : "?";
+          KernelTotal& total = by_name[name];
           ++total.calls;
           total.ns += static_cast<int64_t>(k->end - k->start);
+          keep(k->start, k->end, k->streamId, k->correlationId, k->graphId, name);
         }
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        add(c->start, c->end, part.copy_ns, part.copies);
+        if (add(c->start, c->end, part.copy_ns, part.copies))
+          keep(c->start, c->end, c->streamId, c->correlationId, c->graphId, nullptr);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        add(m->start, m->end, part.copy_ns, part.copies);
+        if (add(m->start, m->end, part.copy_ns, part.copies))
+          keep(m->start, m->end, m->streamId, m->correlationId, m->graphId, nullptr);
         break;
       }
       default:
@@ -138,6 +151,19 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
     into.calls += total.calls;
     into.ns += total.ns;
   }
+  for (size_t i = 0; i < part.spans.size(); ++i) {
+    if (g_sum.spans.size() == kMaxSpans) {
+      g_sum.spans_left_out += static_cast<int64_t>(part.spans.size() - i);
+      break;
+    }
+    DeviceSpan& span = g_sum.spans.emplace_back(part.spans[i]);
+    if (span_names[i] != nullptr) {
+      const auto [at, added] =
+          g_name_index.try_emplace(span_names[i], static_cast<int>(g_sum.names.size()));
+      if (added) g_sum.names.emplace_back(span_names[i]);
+      span.name = at->second;
+    }
+  }
 }
 
 std::string failed(const char* call, CUptiResult r) {
@@ -158,6 +184,8 @@ std::string start_device_activity() {
     std::lock_guard<std::mutex> lock(g_mu);
     g_sum = {};
     g_by_name.clear();
+    g_name_index.clear();
+    g_sum.spans.reserve(kMaxSpans);
   }
   for (const CUpti_ActivityKind kind : kKinds) {
     if (const CUptiResult r = cuptiActivityEnable(kind); r != CUPTI_SUCCESS) {
@@ -177,7 +205,10 @@ DeviceActivity stop_device_activity() {
   cuptiActivityFlushAll(0);  // the completed records, then any left
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(g_mu);
-  DeviceActivity result = g_sum;
+  DeviceActivity result = std::move(g_sum);
+  g_sum = {};
+  g_name_index.clear();
+  for (std::string& name : result.names) name = kernel_name(name.c_str());
   // Kernels whose demangled names agree (instances differing only in their parameter lists) are
   // one row.
   std::map<std::string, KernelTotal> by_short_name;

@@ -1,12 +1,15 @@
 // The device time of the kernels, copies and fills a stretch of work ran, from CUPTI's activity
 // records (CUDA builds with CUPTI): each kernel's own start and end on the device, with nothing
 // inserted between kernels (the profiler's events are), for the kernel nodes of CUDA graph
-// launches too. KernelSum/<case>/cuda sets a replayed step's wall time beside this sum.
+// launches too. KernelSum/<case>/cuda sets a replayed step's wall time beside this sum, and the
+// graph launches' timelines (bench/device_timeline.h) beside it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "bench/device_timeline.h"
 
 namespace encore::bench {
 
@@ -21,7 +24,14 @@ struct DeviceActivity {
   int64_t copy_ns = 0, copies = 0;     // memcpy and memset
   int64_t dropped = 0;  // records CUPTI could not keep or complete (the sums miss them)
   std::vector<KernelTotal> by_kernel;  // the kernels by name, largest total first
+  // Each kernel, copy and fill, up to kMaxSpans of them in the order CUPTI completed them (a
+  // kernel's `name` indexes `names`), and how many more were left out.
+  std::vector<DeviceSpan> spans;
+  std::vector<std::string> names;
+  int64_t spans_left_out = 0;
 };
+
+inline constexpr size_t kMaxSpans = size_t{1} << 17;
 
 // The kernels of `activity` as a table, `iterations` steps' worth: per step calls and
 // microseconds, share of the kernel time, name.

@@ -91,10 +91,13 @@ peers() {  # CAP MIN_TIME: PyTorch eager, CUDA graph and torch.compile beside be
       --repetitions 3 --min-time "$2" --encore-json "$out/bench_cuda.json" --json-out "$out/peers.json"
   fi
 }
-kernels_per_step() {  # CASE...: the KernelSum breakdowns' kernels per step
+kernels_per_step() {  # CASE...: the KernelSum breakdowns' kernels per step, and the start of the
+  # timeline of their graph launch of median span with its span, busy and idle times
   for c in "$@"; do
     local f="$out/breakdown/KernelSum_${c}_cuda.txt"
-    [ -f "$f" ] && sed -n '/^Kernels per step/,$p' "$f" | head -25
+    [ -f "$f" ] || continue
+    sed -n '/^Kernels per step/,/^$/p' "$f" | head -25
+    sed -n '/^The graph launch of median span/,$p' "$f" | awk 'NR <= 32 || /^span /'
   done
 }
 large_tests() {  # CAP: the cases hidden from a plain run for their memory (up to about 40 GiB)
