@@ -130,36 +130,52 @@ static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double
 
 // Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
 // thread per block counts the step (count_step: t after it, the last block storing it) and
-// computes its parameter's corrections (in double, as the CPU), shared through shared memory. A
-// count it cannot keep is reported to the host (DeviceErrorKind::StepCount).
+// computes its parameter's corrections (in double, as the CPU; the two powers on two lanes at
+// once), shared through shared memory, while every thread loads its first element (a grid usually
+// gives each thread one): the atomic's round trip and the loads' overlap. A count it cannot keep is
+// reported to the host (DeviceErrorKind::StepCount).
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
                             encore::cuda::DeviceErrorSlot errors) {
   dependent_launch_start();
   const BlockRange r = block_range(tab);
-  __shared__ T shared_step_size, shared_inv_sqrt_bc2;
-  if (threadIdx.x == 0) {
-    const int64_t count = count_step(c.t[r.k], r.blocks);
-    if (count < 0)
-      report_device_error(errors, encore::cuda::DeviceErrorKind::StepCount, Op::AdamUpdate, count,
-                          tab.first + r.k, int64_t{1} << kArrivalShift);
-    const double steps = static_cast<double>(count);
-    const double bc1 = 1 - pow(s.beta1, steps);
-    const double bc2 = 1 - pow(s.beta2, steps);
-    shared_step_size = static_cast<T>(s.lr / bc1);
-    shared_inv_sqrt_bc2 = static_cast<T>(1 / sqrt(bc2));
-  }
-  __syncthreads();
-  const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);
   T* __restrict__ m = array<T>(tab, 2, r.k);
   T* __restrict__ v = array<T>(tab, 3, r.k);
+  T pi{}, gi{}, mi{}, vi{};  // element i's, i from r.begin
+  if (r.begin < r.n) {
+    pi = p[r.begin];
+    gi = g[r.begin];
+    mi = m[r.begin];
+    vi = v[r.begin];
+  }
+  __shared__ T shared_step_size, shared_inv_sqrt_bc2;
+  if (threadIdx.x < 32) {  // the first warp: lane 0 counts, lanes 0 and 1 correct at once
+    int64_t count = 0;
+    if (threadIdx.x == 0) {
+      count = count_step(c.t[r.k], r.blocks);
+      if (count < 0)
+        report_device_error(errors, encore::cuda::DeviceErrorKind::StepCount, Op::AdamUpdate, count,
+                            tab.first + r.k, int64_t{1} << kArrivalShift);
+    }
+    count = __shfl_sync(0xffffffffu, count, 0);
+    const double bc = 1 - pow(threadIdx.x == 0 ? s.beta1 : s.beta2, static_cast<double>(count));
+    if (threadIdx.x == 0) shared_step_size = static_cast<T>(s.lr / bc);
+    if (threadIdx.x == 1) shared_inv_sqrt_bc2 = static_cast<T>(1 / sqrt(bc));
+  }
+  __syncthreads();
+  const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
   for (int64_t i = r.begin; i < r.n; i += r.stride) {
-    const T pi = p[i];
-    const T gi = g[i] + s.wd * pi;
-    const T mi = s.b1 * m[i] + s.c1 * gi;
-    const T vi = s.b2 * v[i] + s.c2 * gi * gi;
+    if (i != r.begin) {
+      pi = p[i];
+      gi = g[i];
+      mi = m[i];
+      vi = v[i];
+    }
+    const T gd = gi + s.wd * pi;
+    mi = s.b1 * mi + s.c1 * gd;
+    vi = s.b2 * vi + s.c2 * gd * gd;
     m[i] = mi;
     v[i] = vi;
     p[i] = pi * s.decay - step_size * mi / (dev_sqrt(vi) * inv_sqrt_bc2 + s.eps);

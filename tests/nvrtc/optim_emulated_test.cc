@@ -2,9 +2,11 @@
 // CUDA thread a fiber, blocks one after another) over optim.cu's launch tables, against the
 // update computed here in double: 50 parameters of a dtype, so two launches (48 a launch), empty
 // ones among them, others over many blocks; SGD with and without weight decay, momentum, Adam and
-// AdamW from several step counts. Every parameter moves exactly once and its step count by one;
-// a negative count is reported with the parameter's index in the call. The [cuda] optimizer tests
-// check the updates against the CPU's on a device.
+// AdamW from several step counts; the grids launched with blocks of 256 threads, as optim.cu does,
+// and of 32 (the same blocks, so each thread takes several elements of its grid-stride loop). Every
+// parameter moves exactly once and its step count by one; a negative count is reported with the
+// parameter's index in the call. The [cuda] optimizer tests check the updates against the CPU's on
+// a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -27,23 +29,24 @@ constexpr const char* kSource = R"cuda(
 #include "kernels/cuda/optim.cuh"
 using namespace encore;
 using namespace encore::kernels::cuda;
-// optim.cu's launches over the groups of `in` (n buffers); returns the launches.
+// optim.cu's launches over the groups of `in` (n buffers), with blocks of `threads`; returns the
+// launches.
 template <typename T>
 int update(Op op, const BufferView* in, long long n, const SgdAttrs& sgd, const AdamAttrs& adam,
-           encore::cuda::DeviceErrorSlot errors) {
+           encore::cuda::DeviceErrorSlot errors, int threads) {
   const std::span<const BufferView> args(in, n);
   int launches = 0;
   if (op == Op::SgdUpdate)
     for_each_launch<Op::SgdUpdate>(args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, kThreads, [&] {
+      emulate_launch(blocks, threads, [&] {
         sgd_kernel<T>(tab, static_cast<T>(sgd.lr), static_cast<T>(sgd.weight_decay), sgd.weight_decay != 0);
       });
     });
   if (op == Op::MomentumSgdUpdate)
     for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, kThreads, [&] {
+      emulate_launch(blocks, threads, [&] {
         momentum_sgd_kernel<T>(tab, static_cast<T>(sgd.lr), static_cast<T>(sgd.momentum),
                                static_cast<T>(sgd.weight_decay));
       });
@@ -52,23 +55,26 @@ int update(Op op, const BufferView* in, long long n, const SgdAttrs& sgd, const 
     const AdamStep<T> step = adam_step<T>(adam);
     for_each_launch<Op::AdamUpdate>(args, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, kThreads, [&] { adam_kernel<T>(tab, c, step, errors); });
+      emulate_launch(blocks, threads, [&] { adam_kernel<T>(tab, c, step, errors); });
     });
   }
   return launches;
 }
 extern "C" int update_f32(int op, const BufferView* in, long long n, const SgdAttrs* sgd,
-                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors) {
-  return update<float>(static_cast<Op>(op), in, n, *sgd, *adam, errors);
+                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors, int threads) {
+  return update<float>(static_cast<Op>(op), in, n, *sgd, *adam, errors, threads);
 }
 extern "C" int update_f64(int op, const BufferView* in, long long n, const SgdAttrs* sgd,
-                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors) {
-  return update<double>(static_cast<Op>(op), in, n, *sgd, *adam, errors);
+                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors, int threads) {
+  return update<double>(static_cast<Op>(op), in, n, *sgd, *adam, errors, threads);
 }
 )cuda";
 
 using Update = int (*)(int, const BufferView*, long long, const SgdAttrs*, const AdamAttrs*,
-                       cuda::DeviceErrorSlot);
+                       cuda::DeviceErrorSlot, int);
+
+// Threads per block: optim.cu's, and fewer (each thread then updates several elements).
+constexpr int kLaunchThreads = 256, kFewThreads = 32;
 
 template <typename T>
 Update update_entry() {
@@ -124,9 +130,9 @@ bool near(double got, double want, double magnitude) {
 }
 
 template <typename T>
-void check_sgd(bool momentum, double wd, std::mt19937& rng) {
-  INFO((momentum ? "momentum SGD" : "SGD")
-       << ", weight decay " << wd << ", " << sizeof(T) * 8 << "-bit");
+void check_sgd(bool momentum, double wd, int threads, std::mt19937& rng) {
+  INFO((momentum ? "momentum SGD" : "SGD") << ", weight decay " << wd << ", " << sizeof(T) * 8
+                                           << "-bit, " << threads << " threads a block");
   std::vector<Param<T>> params = make_params<T>(momentum ? 3 : 2, rng);
   const std::vector<Param<T>> before = params;
   const SgdAttrs sgd{0.1, momentum ? 0.9 : 0.0, wd};
@@ -135,7 +141,7 @@ void check_sgd(bool momentum, double wd, std::mt19937& rng) {
   testing::HostErrorSlot errors;
   const Op op = momentum ? Op::MomentumSgdUpdate : Op::SgdUpdate;
   CHECK(update_entry<T>()(static_cast<int>(op), in.data(), static_cast<long long>(in.size()), &sgd,
-                          &adam, errors.slot()) == 2);
+                          &adam, errors.slot(), threads) == 2);
   int64_t wrong = 0;
   for (int k = 0; k < kParams; ++k)
     for (int64_t i = 0; i < size_of(k); ++i) {
@@ -152,8 +158,9 @@ void check_sgd(bool momentum, double wd, std::mt19937& rng) {
 }
 
 template <typename T>
-void check_adam(bool decoupled, std::mt19937& rng) {
-  INFO((decoupled ? "AdamW" : "Adam") << ", " << sizeof(T) * 8 << "-bit");
+void check_adam(bool decoupled, int threads, std::mt19937& rng) {
+  INFO((decoupled ? "AdamW" : "Adam")
+       << ", " << sizeof(T) * 8 << "-bit, " << threads << " threads a block");
   std::vector<Param<T>> params = make_params<T>(4, rng);
   const std::vector<Param<T>> before = params;
   const SgdAttrs sgd;
@@ -164,7 +171,8 @@ void check_adam(bool decoupled, std::mt19937& rng) {
   std::vector<BufferView> in = views(params, true);
   testing::HostErrorSlot errors;
   CHECK(update_entry<T>()(static_cast<int>(Op::AdamUpdate), in.data(),
-                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot()) == 2);
+                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot(),
+                          threads) == 2);
   CHECK(errors.claim == 0);
   int64_t wrong = 0;
   for (int k = 0; k < kParams; ++k) {
@@ -191,19 +199,21 @@ void check_adam(bool decoupled, std::mt19937& rng) {
 TEST_CASE("SGD and momentum update every parameter of two launches once (emulated)",
           "[nvrtc][emulated]") {
   std::mt19937 rng(31);
-  for (const double wd : {0.0, 0.01}) {
-    check_sgd<float>(false, wd, rng);
-    check_sgd<double>(true, wd, rng);
-  }
+  for (const int threads : {kLaunchThreads, kFewThreads})
+    for (const double wd : {0.0, 0.01}) {
+      check_sgd<float>(false, wd, threads, rng);
+      check_sgd<double>(true, wd, threads, rng);
+    }
 }
 
 TEST_CASE("Adam and AdamW count each parameter's step once and update it with it (emulated)",
           "[nvrtc][emulated]") {
   std::mt19937 rng(37);
-  for (const bool decoupled : {false, true}) {
-    check_adam<float>(decoupled, rng);
-    check_adam<double>(decoupled, rng);
-  }
+  for (const int threads : {kLaunchThreads, kFewThreads})
+    for (const bool decoupled : {false, true}) {
+      check_adam<float>(decoupled, threads, rng);
+      check_adam<double>(decoupled, threads, rng);
+    }
 }
 
 TEST_CASE("a negative Adam step count is reported with its parameter's index (emulated)",
@@ -218,7 +228,8 @@ TEST_CASE("a negative Adam step count is reported with its parameter's index (em
     const AdamAttrs adam;
     testing::HostErrorSlot errors;
     update_entry<float>()(static_cast<int>(Op::AdamUpdate), in.data(),
-                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot());
+                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot(),
+                          kLaunchThreads);
     CHECK(errors.claim == 1);
     CHECK(errors.kind() == static_cast<long long>(cuda::DeviceErrorKind::StepCount));
     CHECK(errors.op() == static_cast<long long>(Op::AdamUpdate));
