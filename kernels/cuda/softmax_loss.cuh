@@ -310,7 +310,8 @@ inline unsigned cross_entropy_grad_blocks(int64_t rows) {
   return blocks < kGradMaxBlocks ? blocks : kGradMaxBlocks;
 }
 
-// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows. gy and
+// each warp's first label are loaded with the labels counted, not after their count.
 template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
@@ -318,18 +319,20 @@ __global__ void __launch_bounds__(kThreads)
                               int64_t classes, int64_t ignore, encore::cuda::DeviceErrorSlot errors,
                               encore::cuda::DeviceErrorKind kind) {
   dependent_launch_start();
+  constexpr int kPerBlock = kThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / 32;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
+  const T g = *gy;
+  int64_t label = first < rows ? static_cast<int64_t>(labels[first]) : 0;  // row i's, i from first
   __shared__ int64_t sh[32];
   int64_t count = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kThreads)
     count += static_cast<int64_t>(labels[i]) != ignore ? 1 : 0;
   count = group_reduce<SumOp, kThreads>(count, sh);
-  const T scale = count == 0 ? T(0) : *gy / static_cast<T>(count);
-  constexpr int kPerBlock = kThreads / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kPerBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kPerBlock + threadIdx.x / 32; i < rows;
-       i += step) {  // uniform over each warp
-    const int64_t label = static_cast<int64_t>(labels[i]);
+  const T scale = count == 0 ? T(0) : g / static_cast<T>(count);
+  for (int64_t i = first; i < rows; i += step) {  // uniform over each warp
+    if (i != first) label = static_cast<int64_t>(labels[i]);
     const T* row = x + i * classes;
     T* grow = gx + i * classes;
     if (label == ignore) {
