@@ -7,7 +7,9 @@
 // hundreds, their operands in L2. So a block first copies its operands' part of a chunk of k into
 // shared memory, every thread issuing all of its loads at once (16-byte vectors where the rows
 // allow), one round trip to memory per chunk, then computes from there; the chunks follow one
-// another along k, so each output's operations keep their order.
+// another along k, so each output's operations keep their order. What an output's finish reads
+// (its bias, the activation gradient's input) is loaded with the first chunk, not after the
+// product.
 //
 // - kDot (a [m, k], b stored [n, k]: a linear's forward): a block computes a kDotTile x kDotCols
 //   strip of c, its warp w the kDotTile x kDotTile tile at columns w * kDotTile on. Lane l
@@ -116,9 +118,36 @@ __device__ __forceinline__ double fma_of(double a, double b, double c) {
   return ::fma(a, b, c);
 }
 
+// What the finish of output c[at] (column j) reads besides the product: the bias element and
+// the activation gradient's input, loaded when a kernel starts, with its first operands, rather
+// than after its product (one round trip to memory fewer before the store).
 template <typename T>
-__device__ __forceinline__ T finish(const GemmFinish<T>& f, T v, int64_t at, int64_t j) {
-  if (f.bias != nullptr) v = el::add(v, f.bias[j]);
+struct FinishInputs {
+  T bias = 0, act_in = 0;
+};
+
+template <typename T>
+__device__ __forceinline__ FinishInputs<T> finish_inputs(const GemmFinish<T>& f, int64_t at,
+                                                         int64_t j) {
+  FinishInputs<T> in;
+  if (f.bias != nullptr) in.bias = f.bias[j];
+  switch (f.act) {
+    case Op::ReluGrad:
+    case Op::LeakyReluGrad:
+    case Op::SigmoidGrad:
+    case Op::TanhGrad:
+    case Op::GeluGrad:
+      in.act_in = f.act_in[at];
+      break;
+    default:
+      break;
+  }
+  return in;
+}
+
+template <typename T>
+__device__ __forceinline__ T finish(const GemmFinish<T>& f, const FinishInputs<T>& in, T v) {
+  if (f.bias != nullptr) v = el::add(v, in.bias);
   switch (f.act) {
     case Op::Relu:
       return el::relu(v);
@@ -131,15 +160,15 @@ __device__ __forceinline__ T finish(const GemmFinish<T>& f, T v, int64_t at, int
     case Op::Gelu:
       return el::gelu(v, f.scalar);
     case Op::ReluGrad:
-      return el::relu_grad(f.act_in[at], v, f.scalar);
+      return el::relu_grad(in.act_in, v, f.scalar);
     case Op::LeakyReluGrad:
-      return el::leaky_relu_grad(f.act_in[at], v, f.scalar);
+      return el::leaky_relu_grad(in.act_in, v, f.scalar);
     case Op::SigmoidGrad:
-      return el::sigmoid_grad(f.act_in[at], v, f.scalar);
+      return el::sigmoid_grad(in.act_in, v, f.scalar);
     case Op::TanhGrad:
-      return el::tanh_grad(f.act_in[at], v, f.scalar);
+      return el::tanh_grad(in.act_in, v, f.scalar);
     case Op::GeluGrad:
-      return el::gelu_grad(f.act_in[at], v, f.scalar);
+      return el::gelu_grad(in.act_in, v, f.scalar);
     default:
       return v;
   }
@@ -212,6 +241,12 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int64_t jb = static_cast<int64_t>(blockIdx.x) % col_blocks * kDotCols;
   const int rows = smaller(kDotTile, m - r0);
   const int cols = smaller(kDotCols, n - jb);
+  // Lane i * kDotTile + j stores output (i, j) of the warp's tile, if inside c.
+  const int64_t j0 = jb + warp * kDotTile;
+  const int64_t out_r = r0 + lane / kDotTile, out_j = j0 + lane % kDotTile;
+  const bool stores = lane < kDotTile * kDotTile && out_r < m && out_j < n;
+  const int64_t at = out_r * ldc + out_j;
+  const FinishInputs<T> in = stores ? finish_inputs(f, at, out_j) : FinishInputs<T>{};
   T acc[kDotTile][kDotTile] = {};
   for (int64_t base = 0; base < k; base += kChunk) {
     const int kc = smaller(kChunk, k - base);
@@ -244,15 +279,11 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
 #pragma unroll
       for (int o = 16; o > 0; o /= 2)
         acc[i][j] = el::add(acc[i][j], __shfl_xor_sync(0xffffffffu, acc[i][j], o));
-  const int64_t j0 = jb + warp * kDotTile;
 #pragma unroll
   for (int i = 0; i < kDotTile; ++i)
 #pragma unroll
     for (int j = 0; j < kDotTile; ++j)
-      if (lane == i * kDotTile + j && r0 + i < m && j0 + j < n) {
-        const int64_t at = (r0 + i) * ldc + j0 + j;
-        c[at] = finish(f, acc[i][j], at, j0 + j);
-      }
+      if (lane == i * kDotTile + j && stores) c[at] = finish(f, in, acc[i][j]);
 }
 
 // kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
@@ -285,6 +316,11 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
   const int cols = smaller(kWidth, n - j0);
+  const int64_t j = j0 + t;
+  FinishInputs<T> in[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (j < n && r0 + i < m) in[i] = finish_inputs(f, (r0 + i) * ldc + j, j);
   T acc[kRows] = {};
   for (int64_t base = 0; base < k; base += kChunk) {
     const int kc = smaller(kChunk, k - base);
@@ -320,14 +356,10 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
       for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i][p], bv, acc[i]);
     }
   }
-  const int64_t j = j0 + t;
   if (j >= n) return;
 #pragma unroll
   for (int i = 0; i < kRows; ++i)
-    if (r0 + i < m) {
-      const int64_t at = (r0 + i) * ldc + j;
-      c[at] = finish(f, acc[i], at, j);
-    }
+    if (r0 + i < m) c[(r0 + i) * ldc + j] = finish(f, in[i], acc[i]);
 }
 
 }  // namespace encore::kernels::cuda
