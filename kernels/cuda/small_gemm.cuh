@@ -5,8 +5,9 @@
 //
 // These products wait on memory, not arithmetic: a few thousand outputs over a k of tens to
 // hundreds, their operands in L2. So a block first copies its operands' part of a chunk of k into
-// shared memory, every thread issuing all of its loads at once (16-byte vectors where the rows
-// allow), one round trip to memory per chunk, then computes from there; the chunks follow one
+// shared memory, every thread issuing all of its copies at once (asynchronous copies that hold no
+// registers, async_copy.cuh; 16-byte vectors where the rows allow), one round trip to memory per
+// chunk, then computes from there; the chunks follow one
 // another along k, so each output's operations keep their order. What an output's finish reads
 // (its bias, the activation gradient's input) is loaded with the first chunk, not after the
 // product.
@@ -29,12 +30,13 @@
 //
 // The host compiles this file too, against stand-ins for the CUDA built-ins (the tests run the
 // kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh,
-// column_sum.cuh, dependent_launch.cuh, pack.cuh and runtime/ops.h only.
+// async_copy.cuh, column_sum.cuh, dependent_launch.cuh, pack.cuh and runtime/ops.h only.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/element_ops.cuh"
@@ -81,7 +83,7 @@ inline GemmLaunch small_gemm_launch(bool dot, int64_t m, int64_t n, bool sums = 
   return {static_cast<unsigned>(blocks), rows};
 }
 
-// The elements of T in a 16-byte vector: what Staged loads and stores at a time.
+// The elements of T in a 16-byte vector: what stage() copies at a time.
 template <typename T>
 inline constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
 
@@ -179,45 +181,37 @@ __device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
   return static_cast<int>(left < limit ? left : limit);
 }
 
-// A kRows x kCols block of a matrix on its way to shared memory (row-major there): element
-// (i, p) is src[i * ld + p] for i < rows and p < cols, 0 past them (not loaded). Each of the
-// block's kSmallGemmThreads threads loads its part into registers (load), then stores it (store):
-// a block that loads all of its operands before it stores any waits for one round trip to memory.
-// `vectors`: src and ld allow 16-byte loads (stages_vectors); the last vector of a row that ends
-// inside it is loaded element by element.
+// Copies a kRows x kCols block of a matrix into shared memory at dst (row-major there): element
+// (i, p) is src[i * ld + p] for i < rows and p < cols, 0 past them (not read). The block's
+// kSmallGemmThreads threads share the copies (async_copy.cuh), 16-byte vectors where `vectors`
+// (src and ld allow them: stages_vectors), element by element in the last vector of a row that
+// ends inside it; the caller waits for them (wait_async_copies) before its barrier.
 template <int kRows, int kCols, typename T>
-struct Staged {
-  static constexpr int kSize = kVec16<T>;
-  using V = Pack<T, kSize>;
-  static constexpr int kRowVectors = kCols / kSize, kVectors = kRows * kRowVectors;
-  static constexpr int kPerThread = (kVectors + kSmallGemmThreads - 1) / kSmallGemmThreads;
+__device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__ src, int64_t ld,
+                                      int rows, int cols, bool vectors) {
+  constexpr int kSize = kVec16<T>, kRowVectors = kCols / kSize, kVectors = kRows * kRowVectors;
   static_assert(kCols % kSize == 0);
-  V v[kPerThread];
-
-  __device__ __forceinline__ void load(const T* __restrict__ src, int64_t ld, int rows, int cols,
-                                       bool vectors) {
 #pragma unroll
-    for (int s = 0; s < kPerThread; ++s) {
-      const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
-      const int i = slot / kRowVectors, p = slot % kRowVectors * kSize;
-      const bool row = slot < kVectors && i < rows;
-      if (row && vectors && p + kSize <= cols) {
-        v[s] = *reinterpret_cast<const V*>(src + i * ld + p);
-      } else {
+  for (int s = 0; s < (kVectors + kSmallGemmThreads - 1) / kSmallGemmThreads; ++s) {
+    const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
+    if (slot >= kVectors) break;
+    const int i = slot / kRowVectors, p = slot % kRowVectors * kSize;
+    T* to = dst + slot * kSize;
+    const T* from = src + i * ld + p;
+    if (i < rows && vectors && p + kSize <= cols) {
+      copy_async<16>(to, from);
+    } else {
 #pragma unroll
-        for (int e = 0; e < kSize; ++e)
-          v[s].v[e] = row && p + e < cols ? src[i * ld + p + e] : T(0);
+      for (int e = 0; e < kSize; ++e) {
+        if (i < rows && p + e < cols) {
+          copy_async<sizeof(T)>(to + e, from + e);
+        } else {
+          to[e] = T(0);
+        }
       }
     }
   }
-  __device__ __forceinline__ void store(T* __restrict__ dst) const {
-#pragma unroll
-    for (int s = 0; s < kPerThread; ++s) {
-      const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
-      if (slot < kVectors) *reinterpret_cast<V*>(dst + slot * kSize) = v[s];
-    }
-  }
-};
+}
 
 // kDot, launched as small_gemm_launch says: block b computes rows b / col_blocks * kDotTile on,
 // columns b % col_blocks * kDotCols on; its warp w the tile at columns w * kDotTile on. Staged per
@@ -251,12 +245,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   for (int64_t base = 0; base < k; base += kChunk) {
     const int kc = smaller(kChunk, k - base);
     if (base > 0) __syncthreads();  // every warp is done with the last chunk
-    Staged<kDotTile, kChunk, T> sa;
-    Staged<kDotCols, kChunk, T> sb;
-    sa.load(a + r0 * lda + base, lda, rows, kc, vectors_a);
-    sb.load(b + jb * ldb + base, ldb, cols, kc, vectors_b);
-    sa.store(as);
-    sb.store(bs);
+    stage<kDotTile, kChunk>(as, a + r0 * lda + base, lda, rows, kc, vectors_a);
+    stage<kDotCols, kChunk>(bs, b + jb * ldb + base, ldb, cols, kc, vectors_b);
+    wait_async_copies();
     __syncthreads();
 #pragma unroll 4
     for (int p = lane; p < kc; p += 32) {
@@ -325,29 +316,21 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   for (int64_t base = 0; base < k; base += kChunk) {
     const int kc = smaller(kChunk, k - base);
     if (base > 0) __syncthreads();  // every thread is done with the last chunk
-    T av[kAPerThread];
 #pragma unroll
-    for (int s = 0; s < kAPerThread; ++s) {  // a's rows: loads in flight with b's
+    for (int s = 0; s < kAPerThread; ++s) {  // a's rows, copied with b's
       // Adjacent threads read adjacent elements: along a row of a, or of a stored [k, m].
       const int e = s * kWidth + t, i = trans_a ? e % kRows : e / kChunk,
                 p = trans_a ? e / kRows : e % kChunk;
+      if (e >= kRows * kChunk) break;
       const int64_t r = r0 + i, q = base + p;
-      av[s] = e < kRows * kChunk && r < m && p < kc ? a[trans_a ? q * lda + r : r * lda + q] : T(0);
-    }
-    Staged<kChunk, kWidth, T> sb;
-    sb.load(b + base * ldb + j0, ldb, kc, cols, vectors_b);
-    sb.store(bs);
-#pragma unroll
-    for (int s = 0; s < kAPerThread; ++s) {
-      const int e = s * kWidth + t;
-      if (e < kRows * kChunk) {
-        if (trans_a) {
-          as[e % kRows][e / kRows] = av[s];
-        } else {
-          as[e / kChunk][e % kChunk] = av[s];
-        }
+      if (r < m && p < kc) {
+        copy_async<sizeof(T)>(&as[i][p], a + (trans_a ? q * lda + r : r * lda + q));
+      } else {
+        as[i][p] = T(0);
       }
     }
+    stage<kChunk, kWidth>(bs, b + base * ldb + j0, ldb, kc, cols, vectors_b);
+    wait_async_copies();
     __syncthreads();
 #pragma unroll 16
     for (int p = 0; p < kc; ++p) {
