@@ -1,9 +1,9 @@
 // Copies from global to shared memory that do not pass through registers (cp.async, sm_80 and
 // later): a thread issues all of its copies, then waits for them (wait_async_copies) before the
 // block's barrier, so a block stages a whole chunk of its operands with every copy in flight at
-// once, at the register cost of the addresses alone. Elsewhere (an older GPU, the host's
-// emulation in tests/nvrtc/) each copy is a plain load and store, done when it returns.
-// Host-compilable.
+// once, at the register cost of the addresses alone. On an older GPU each copy is a plain load
+// and store, done when it returns. Host-compilable: the emulated kernel tests (tests/nvrtc/) make
+// a thread's copies when it waits, so a missing wait shows.
 #pragma once
 
 #include <cstring>
@@ -23,6 +23,8 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes)
                  : "memory");
   }
+#elif defined(ENCORE_EMULATED_ASYNC_COPIES)
+  emulated_copy_async(dst, src, kBytes);  // lands at the wait (tests/nvrtc/emulated_kernel.h)
 #else
   std::memcpy(dst, src, kBytes);
 #endif
@@ -33,6 +35,8 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
 __device__ __forceinline__ void wait_async_copies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");
+#elif defined(ENCORE_EMULATED_ASYNC_COPIES)
+  emulated_wait_async_copies();
 #endif
 }
 

@@ -2,7 +2,8 @@
 // element_ops.cuh, or a kernel header of our own (HostObject: small_gemm.cuh, embedding.cuh, ...),
 // compiled by the host's C++ compiler against a header that stands in for the CUDA built-ins
 // (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
-// ballots, the atomics and fences the kernels use, the bit casts), and launched on one host
+// ballots, the atomics and fences the kernels use, the bit casts, the asynchronous copies to
+// shared memory, which land only when their thread waits for them), and launched on one host
 // thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
 // waits at a barrier (a warp's at each shuffle, ballot or __syncwarp, a block's at each
 // __syncthreads); the
@@ -165,6 +166,24 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+// Asynchronous copies (kernels/cuda/async_copy.cuh): a thread's copies land when it waits for
+// them (wait_async_copies), not before, so shared memory read after a barrier that no wait
+// preceded is still poisoned; a thread that ends with copies it never waited for aborts the
+// process.
+#define ENCORE_EMULATED_ASYNC_COPIES 1
+struct EmulatedCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+static std::vector<EmulatedCopy>* emulated_copies = nullptr;  // the running thread's, pending
+inline void emulated_copy_async(void* dst, const void* src, int bytes) {
+  emulated_copies->push_back({dst, src, bytes});
+}
+inline void emulated_wait_async_copies() {
+  for (const EmulatedCopy& c : *emulated_copies) std::memcpy(c.dst, c.src, c.bytes);
+  emulated_copies->clear();
+}
 static const std::function<void()>* emulated_kernel = nullptr;
 static unsigned char* emulated_finished = nullptr;
 static void emulated_thread() {
@@ -191,6 +210,7 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
   const std::unique_ptr<char[]> stacks(new char[threads * kStack]);  // untouched until used
   std::vector<ucontext_t> contexts(threads);
   std::vector<unsigned char> finished(threads);
+  std::vector<std::vector<EmulatedCopy>> copies(threads);
   for (unsigned bz = grid.z; bz-- > 0;)
     for (unsigned by = grid.y; by-- > 0;)
       for (unsigned bx = grid.x; bx-- > 0;) {
@@ -229,8 +249,16 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
                 emulated_lane = t % 32;
                 emulated_running = &contexts[t];
                 emulated_finished = &finished[t];
+                emulated_copies = &copies[t];
                 swapcontext(&emulated_scheduler, &contexts[t]);
-                if (finished[t]) --left;
+                if (finished[t]) {
+                  --left;
+                  if (!copies[t].empty()) {
+                    std::fprintf(stderr, "emulated kernel: thread %u of block (%u, %u, %u) ended "
+                                 "with asynchronous copies it never waited for\n", t, bx, by, bz);
+                    std::abort();
+                  }
+                }
               }
               if (emulated_progress == warp_before) break;
             }
