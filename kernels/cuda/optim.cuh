@@ -131,9 +131,11 @@ static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double
 // Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
 // thread per block counts the step (count_step: t after it, the last block storing it) and
 // computes its parameter's corrections (in double, as the CPU; the two powers on two lanes at
-// once), shared through shared memory, while every thread loads its first element (a grid usually
-// gives each thread one): the atomic's round trip and the loads' overlap. A count it cannot keep is
-// reported to the host (DeviceErrorKind::StepCount).
+// once), shared through shared memory. Every thread loads its first element (a grid usually
+// gives each thread one) before that, so the loads are in flight while the step is counted. Each
+// element is updated by the same code (update), so the compiler contracts it the same way
+// wherever the element falls in the loop. A count it cannot keep is reported to the host
+// (DeviceErrorKind::StepCount).
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
                             encore::cuda::DeviceErrorSlot errors) {
@@ -143,12 +145,12 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
   const T* __restrict__ g = array<T>(tab, 1, r.k);
   T* __restrict__ m = array<T>(tab, 2, r.k);
   T* __restrict__ v = array<T>(tab, 3, r.k);
-  T pi{}, gi{}, mi{}, vi{};  // element i's, i from r.begin
+  T p0{}, g0{}, m0{}, v0{};  // the thread's first element's
   if (r.begin < r.n) {
-    pi = p[r.begin];
-    gi = g[r.begin];
-    mi = m[r.begin];
-    vi = v[r.begin];
+    p0 = p[r.begin];
+    g0 = g[r.begin];
+    m0 = m[r.begin];
+    v0 = v[r.begin];
   }
   __shared__ T shared_step_size, shared_inv_sqrt_bc2;
   if (threadIdx.x < 32) {  // the first warp: lane 0 counts, lanes 0 and 1 correct at once
@@ -166,20 +168,16 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
   }
   __syncthreads();
   const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
-  for (int64_t i = r.begin; i < r.n; i += r.stride) {
-    if (i != r.begin) {
-      pi = p[i];
-      gi = g[i];
-      mi = m[i];
-      vi = v[i];
-    }
-    const T gd = gi + s.wd * pi;
-    mi = s.b1 * mi + s.c1 * gd;
-    vi = s.b2 * vi + s.c2 * gd * gd;
+  auto update = [&](int64_t i, T pi, T gi, T mi, T vi) {
+    gi = gi + s.wd * pi;
+    mi = s.b1 * mi + s.c1 * gi;
+    vi = s.b2 * vi + s.c2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] = pi * s.decay - step_size * mi / (dev_sqrt(vi) * inv_sqrt_bc2 + s.eps);
-  }
+  };
+  if (r.begin < r.n) update(r.begin, p0, g0, m0, v0);
+  for (int64_t i = r.begin + r.stride; i < r.n; i += r.stride) update(i, p[i], g[i], m[i], v[i]);
 }
 
 // Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op
