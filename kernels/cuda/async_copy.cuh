@@ -6,6 +6,7 @@
 // a thread's copies when it waits, so a missing wait shows.
 #pragma once
 
+#include <cstddef>
 #include <cstring>
 
 namespace encore::kernels::cuda {
@@ -17,10 +18,11 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const size_t from = __cvta_generic_to_global(src);
   if constexpr (kBytes == 16) {  // .cg: through L2 alone (the operands are read once per block)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from) : "memory");
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(from), "n"(kBytes)
                  : "memory");
   }
 #elif defined(ENCORE_EMULATED_ASYNC_COPIES)

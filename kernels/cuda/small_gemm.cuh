@@ -128,22 +128,18 @@ struct FinishInputs {
   T bias = 0, act_in = 0;
 };
 
+// Whether `act` is an activation gradient, which reads act_in.
+__device__ __forceinline__ bool reads_act_in(Op act) {
+  return act == Op::ReluGrad || act == Op::LeakyReluGrad || act == Op::SigmoidGrad ||
+         act == Op::TanhGrad || act == Op::GeluGrad;
+}
+
 template <typename T>
 __device__ __forceinline__ FinishInputs<T> finish_inputs(const GemmFinish<T>& f, int64_t at,
                                                          int64_t j) {
   FinishInputs<T> in;
   if (f.bias != nullptr) in.bias = f.bias[j];
-  switch (f.act) {
-    case Op::ReluGrad:
-    case Op::LeakyReluGrad:
-    case Op::SigmoidGrad:
-    case Op::TanhGrad:
-    case Op::GeluGrad:
-      in.act_in = f.act_in[at];
-      break;
-    default:
-      break;
-  }
+  if (reads_act_in(f.act)) in.act_in = f.act_in[at];
   return in;
 }
 
@@ -270,11 +266,13 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
 #pragma unroll
       for (int o = 16; o > 0; o /= 2)
         acc[i][j] = el::add(acc[i][j], __shfl_xor_sync(0xffffffffu, acc[i][j], o));
+  T v = acc[0][0];  // this lane's output
 #pragma unroll
   for (int i = 0; i < kDotTile; ++i)
 #pragma unroll
     for (int j = 0; j < kDotTile; ++j)
-      if (lane == i * kDotTile + j && stores) c[at] = finish(f, in, acc[i][j]);
+      if (lane == i * kDotTile + j) v = acc[i][j];
+  if (stores) c[at] = finish(f, in, v);
 }
 
 // kSerialK, launched as small_gemm_launch says: block b computes kRows rows from

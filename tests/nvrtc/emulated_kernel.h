@@ -40,6 +40,7 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #pragma once
 #include <ucontext.h>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,10 +167,10 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
-// Asynchronous copies (kernels/cuda/async_copy.cuh): a thread's copies land when it waits for
-// them (wait_async_copies), not before, so shared memory read after a barrier that no wait
-// preceded is still poisoned; a thread that ends with copies it never waited for aborts the
-// process.
+// Asynchronous copies (kernels/cuda/async_copy.cuh): a copy poisons its destination when it is
+// issued and lands when its thread waits for it (wait_async_copies), so shared memory read after
+// a barrier that no wait preceded is poisoned, in a chunk after the first too. A copy not aligned
+// to its size, or a thread that ends with copies it never waited for, aborts the process.
 #define ENCORE_EMULATED_ASYNC_COPIES 1
 struct EmulatedCopy {
   void* dst;
@@ -178,6 +179,12 @@ struct EmulatedCopy {
 };
 static std::vector<EmulatedCopy>* emulated_copies = nullptr;  // the running thread's, pending
 inline void emulated_copy_async(void* dst, const void* src, int bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    std::fprintf(stderr, "emulated kernel: an asynchronous copy of %d bytes from %p to %p is not "
+                 "aligned to its size\n", bytes, src, dst);
+    std::abort();
+  }
+  std::memset(dst, 0xff, bytes);
   emulated_copies->push_back({dst, src, bytes});
 }
 inline void emulated_wait_async_copies() {
