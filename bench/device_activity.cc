@@ -86,9 +86,9 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   DeviceActivity part;
   std::map<std::string, KernelTotal> by_name;
   std::vector<const char*> span_names;  // per span of `part`, its kernel's mangled name or null
-  auto keep = [&](uint64_t start, uint64_t end, uint32_t stream, uint32_t correlation,
-                  uint32_t graph, const char* name) {
-    part.spans.push_back({start, end, stream, correlation, graph, -1});
+  auto keep = [&](uint64_t start, uint64_t end, uint32_t stream, uint32_t graph, uint64_t node,
+                  const char* name) {
+    part.spans.push_back({start, end, stream, graph, node, -1});
     span_names.push_back(name);
   };
   // A record without both timestamps (one a forced flush cut short) is counted as dropped;
@@ -114,20 +114,20 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
           KernelTotal& total = by_name[name];
           ++total.calls;
           total.ns += static_cast<int64_t>(k->end - k->start);
-          keep(k->start, k->end, k->streamId, k->correlationId, k->graphId, name);
+          keep(k->start, k->end, k->streamId, k->graphId, k->graphNodeId, name);
         }
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         if (add(c->start, c->end, part.copy_ns, part.copies))
-          keep(c->start, c->end, c->streamId, c->correlationId, c->graphId, nullptr);
+          keep(c->start, c->end, c->streamId, c->graphId, c->graphNodeId, nullptr);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
         if (add(m->start, m->end, part.copy_ns, part.copies))
-          keep(m->start, m->end, m->streamId, m->correlationId, m->graphId, nullptr);
+          keep(m->start, m->end, m->streamId, m->graphId, m->graphNodeId, nullptr);
         break;
       }
       default:
@@ -139,7 +139,6 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   size_t dropped = 0;  // since the last call, which resets the count
   if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS)
     part.dropped += static_cast<int64_t>(dropped);
-  std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mu);
   g_sum.kernel_ns += part.kernel_ns;
   g_sum.kernels += part.kernels;
@@ -164,6 +163,7 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       span.name = at->second;
     }
   }
+  std::free(buffer);  // after the last use of a name pointer its records held
 }
 
 std::string failed(const char* call, CUptiResult r) {

@@ -4,33 +4,44 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 
 namespace encore::bench {
+
+namespace {
+
+// Fills in a launch's span and busy time from its spans (by start).
+void measure(LaunchTimeline& l) {
+  // The union grows by whatever of each span lies past the latest end so far.
+  uint64_t reached = l.spans.front().start;
+  for (const DeviceSpan& s : l.spans) {
+    const uint64_t from = std::max(s.start, reached);
+    if (s.end > from) l.busy_ns += static_cast<int64_t>(s.end - from);
+    reached = std::max(reached, s.end);
+  }
+  l.span_ns = static_cast<int64_t>(reached - l.spans.front().start);
+}
+
+}  // namespace
 
 std::vector<LaunchTimeline> graph_launches(std::vector<DeviceSpan> spans) {
   std::erase_if(spans, [](const DeviceSpan& s) { return s.graph == 0 || s.end < s.start; });
   std::sort(spans.begin(), spans.end(), [](const DeviceSpan& a, const DeviceSpan& b) {
-    if (a.correlation != b.correlation) return a.correlation < b.correlation;
+    if (a.graph != b.graph) return a.graph < b.graph;
     return a.start != b.start ? a.start < b.start : a.end < b.end;
   });
   std::vector<LaunchTimeline> launches;
-  for (size_t i = 0; i < spans.size();) {
-    LaunchTimeline& l = launches.emplace_back();
-    size_t j = i;
-    while (j < spans.size() && spans[j].correlation == spans[i].correlation) ++j;
-    l.spans.assign(spans.begin() + static_cast<std::ptrdiff_t>(i),
-                   spans.begin() + static_cast<std::ptrdiff_t>(j));
-    // Spans by start: the union grows by whatever of each lies past the latest end so far.
-    uint64_t reached = l.spans.front().start, last_end = reached;
-    for (const DeviceSpan& s : l.spans) {
-      const uint64_t from = std::max(s.start, reached);
-      if (s.end > from) l.busy_ns += static_cast<int64_t>(s.end - from);
-      reached = std::max(reached, s.end);
-      last_end = std::max(last_end, s.end);
+  std::set<uint64_t> nodes;  // of the launch being filled
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const DeviceSpan& s = spans[i];
+    if (i == 0 || s.graph != spans[i - 1].graph || nodes.contains(s.node)) {
+      launches.emplace_back();
+      nodes.clear();
     }
-    l.span_ns = static_cast<int64_t>(last_end - l.spans.front().start);
-    i = j;
+    launches.back().spans.push_back(s);
+    nodes.insert(s.node);
   }
+  for (LaunchTimeline& l : launches) measure(l);
   std::sort(launches.begin(), launches.end(), [](const LaunchTimeline& a, const LaunchTimeline& b) {
     return a.spans.front().start < b.spans.front().start;
   });
@@ -38,13 +49,21 @@ std::vector<LaunchTimeline> graph_launches(std::vector<DeviceSpan> spans) {
 }
 
 int median_launch(const std::vector<LaunchTimeline>& launches) {
-  if (launches.empty()) return -1;
-  std::vector<int> order(launches.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  const size_t mid = (order.size() - 1) / 2;
-  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(mid), order.end(),
+  std::map<uint32_t, size_t> most;  // spans of a graph's fullest launch
+  for (const LaunchTimeline& l : launches) {
+    size_t& m = most[l.spans.front().graph];
+    m = std::max(m, l.spans.size());
+  }
+  std::vector<int> complete;
+  for (size_t i = 0; i < launches.size(); ++i)
+    if (launches[i].spans.size() == most[launches[i].spans.front().graph])
+      complete.push_back(static_cast<int>(i));
+  if (complete.empty()) return -1;
+  const size_t mid = (complete.size() - 1) / 2;
+  std::nth_element(complete.begin(), complete.begin() + static_cast<std::ptrdiff_t>(mid),
+                   complete.end(),
                    [&](int a, int b) { return launches[a].span_ns < launches[b].span_ns; });
-  return order[mid];
+  return complete[mid];
 }
 
 std::string timeline_table(const LaunchTimeline& launch, const std::vector<std::string>& names) {

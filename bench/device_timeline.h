@@ -19,8 +19,8 @@ namespace encore::bench {
 struct DeviceSpan {
   uint64_t start = 0, end = 0;  // ns on the device's clock, end >= start
   uint32_t stream = 0;          // CUPTI's stream id
-  uint32_t correlation = 0;     // the API call that launched it: a graph launch's for every node
   uint32_t graph = 0;           // the graph it ran in (0: not a graph's node)
+  uint64_t node = 0;            // its node in that graph
   int name = -1;                // an index into the names of its kernels; -1 for a copy or fill
 };
 
@@ -32,12 +32,17 @@ struct LaunchTimeline {
   int64_t idle_ns() const { return span_ns - busy_ns; }
 };
 
-// The graph launches among `spans` (spans with the same correlation and a graph), by their first
-// start. Spans outside graphs (eager kernels, copies on the stream) are left out.
+// The graph launches among `spans`, by their first start: a graph's spans by start, a launch
+// ending where a node comes again (the launches of one graph run one after another, on the
+// stream they were launched on; CUPTI's correlation ids, which should tell them apart, are
+// wrong for graph launches after the first profiling session in CUDA 13.0's CUPTI). Spans
+// outside graphs (eager kernels, copies on the stream) are left out.
 std::vector<LaunchTimeline> graph_launches(std::vector<DeviceSpan> spans);
 
-// The index of the launch whose span is the median of `launches` (the lower one of an even
-// count); -1 when there is none.
+// The index of the launch whose span is the median of the complete ones among `launches` (the
+// lower one of an even count): those with as many spans as the most any launch of their graph
+// has, so a launch cut short by the end of a recording (or by records CUPTI dropped) is not
+// counted. -1 when there is none.
 int median_launch(const std::vector<LaunchTimeline>& launches);
 
 // One launch, a line per span in start order: its start after the launch's first, its duration,
