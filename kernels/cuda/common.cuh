@@ -19,7 +19,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>  // the math functions element_ops.cuh calls (it includes nothing: NVRTC reads it)
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -77,14 +79,33 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
 
 namespace encore::kernels::cuda {
 
-// kKernel<<<grid, block, 0, stream()>>>(args...), as a programmatic dependent of the kernel
-// before it on the stream where programmatic_device and waits_as_dependent allow it (kKernel
-// begins with dependent_launch_start); a failed launch is an Error naming `op`.
+// Lets kKernel launch with `bytes` of dynamic shared memory on the current device, where that is
+// more than the 48 KiB every kernel may have (once per device); an Error naming `op` where the
+// device does not allow so much.
+template <auto kKernel>
+void allow_dynamic_shared(Op op, size_t bytes) {
+  constexpr size_t kDefault = 48 * 1024;
+  if (bytes <= kDefault) return;
+  static std::atomic<uint64_t> allowed{0};  // a bit per device, 0 to 63
+  const int device = encore::cuda::current_device();
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if ((allowed.load(std::memory_order_acquire) & bit) != 0) [[likely]]
+    return;
+  ENCORE_CUDA_OK(op, cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+  allowed.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+// kKernel<<<grid, block, shared_bytes, stream()>>>(args...), as a programmatic dependent of the
+// kernel before it on the stream where programmatic_device and waits_as_dependent allow it
+// (kKernel begins with dependent_launch_start); a failed launch is an Error naming `op`.
 template <auto kKernel, typename... Args>
-void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
+void launch_dependent_shared(Op op, dim3 grid, dim3 block, size_t shared_bytes, Args&&... args) {
+  allow_dynamic_shared<kKernel>(op, shared_bytes);
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream();
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -97,6 +118,12 @@ void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
     }
   }
   ENCORE_CUDA_OK(op, cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...));
+}
+
+// The same without dynamic shared memory.
+template <auto kKernel, typename... Args>
+void launch_dependent(Op op, dim3 grid, dim3 block, Args&&... args) {
+  launch_dependent_shared<kKernel>(op, grid, block, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace encore::kernels::cuda

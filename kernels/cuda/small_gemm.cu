@@ -49,17 +49,17 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
     const GemmLaunch l = small_gemm_launch(dot, g.m, g.n, sums != nullptr);
     const bool vectors_b = stages_vectors(pb, g.ldb);
     if (dot) {
-      launch_dependent<gemm_dot_kernel<T>>(op, l.blocks, kSmallGemmThreads, g.m, g.n, g.k, pa,
-                                           g.lda, stages_vectors(pa, g.lda), pb, g.ldb, vectors_b,
-                                           pc, g.ldc, f);
+      launch_dependent_shared<gemm_dot_kernel<T>>(
+          op, l.blocks, kSmallGemmThreads, kDotSharedBytes<T>, g.m, g.n, g.k, pa, g.lda,
+          stages_vectors(pa, g.lda), pb, g.ldb, vectors_b, pc, g.ldc, f);
     } else if (l.rows == 1) {
-      launch_dependent<gemm_serial_k_kernel<T, 1>>(op, l.blocks, kSmallGemmThreads, g.m, g.n, g.k,
-                                                   g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc,
-                                                   g.ldc, f);
+      launch_dependent_shared<gemm_serial_k_kernel<T, 1>>(
+          op, l.blocks, kSmallGemmThreads, kSerialSharedBytes<T, 1>, g.m, g.n, g.k, g.trans_a, pa,
+          g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     } else {
-      launch_dependent<gemm_serial_k_kernel<T, kSerialRows>>(op, l.blocks, kSmallGemmThreads, g.m,
-                                                             g.n, g.k, g.trans_a, pa, g.lda, pb,
-                                                             g.ldb, vectors_b, pc, g.ldc, f);
+      launch_dependent_shared<gemm_serial_k_kernel<T, kSerialRows>>(
+          op, l.blocks, kSmallGemmThreads, kSerialSharedBytes<T, kSerialRows>, g.m, g.n, g.k,
+          g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     }
     ENCORE_CUDA_LAUNCHED(op);
   });

@@ -30,7 +30,8 @@
 //
 // The host compiles this file too, against stand-ins for the CUDA built-ins (the tests run the
 // kernels on the host: tests/nvrtc/small_gemm_emulated_test.cc); it includes element_ops.cuh,
-// async_copy.cuh, column_sum.cuh, dependent_launch.cuh, pack.cuh and runtime/ops.h only.
+// async_copy.cuh, column_sum.cuh, dependent_launch.cuh, dynamic_shared.cuh, pack.cuh and
+// runtime/ops.h only.
 #pragma once
 
 #include <algorithm>
@@ -39,6 +40,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/dynamic_shared.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/pack.cuh"
 #include "runtime/ops.h"
@@ -53,15 +55,27 @@ inline constexpr int kDotCols = kSmallGemmThreads / 32 * kDotTile;  // kDot: a b
 // kSmallGemmThreads adjacent columns (those past c's edge only stage).
 inline constexpr int kSerialRows = 4;
 inline constexpr int64_t kSerialFewOutputs = 16384;
-// The chunk of k staged at a time: kDot, kDotChunkBytes of each of the block's kDotTile rows of a
-// and kDotCols rows of b (40 KiB of shared memory); kSerialK, kSerialChunkBytes of b's rows
-// (32 KiB) and the block's rows of a. Both are multiples of 32 elements (kDot's lanes).
-inline constexpr int kDotChunkBytes = 2048;
-inline constexpr int kSerialChunkBytes = 32768 / kSmallGemmThreads;
+// The chunk of k staged at a time, as much as kMaxDynamicSharedBytes (64 KiB of dynamic shared
+// memory, dynamic_shared.cuh) holds: kDot, of each of the block's kDotTile rows of a and kDotCols
+// rows of b, a multiple of 32 elements (kDot's lanes; 800 floats or 384 doubles: a linear's k
+// of up to 800 floats in one round trip); kSerialK, of b's rows of kSmallGemmThreads columns and
+// the block's kRows rows of a (124 floats or 62 doubles at kRows = 4, 126 or 63 at 1).
 template <typename T>
-inline constexpr int kDotChunk = kDotChunkBytes / static_cast<int>(sizeof(T));
+inline constexpr int kDotChunk = kMaxDynamicSharedBytes /
+                                 ((kDotTile + kDotCols) * static_cast<int>(sizeof(T))) / 32 * 32;
+template <typename T, int kRows>
+inline constexpr int kSerialChunk = kMaxDynamicSharedBytes /
+                                    ((kSmallGemmThreads + kRows) * static_cast<int>(sizeof(T)));
+
+// The dynamic shared memory of a launch of either kernel.
 template <typename T>
-inline constexpr int kSerialChunk = kSerialChunkBytes / static_cast<int>(sizeof(T));
+inline constexpr size_t kDotSharedBytes = (kDotTile + kDotCols) * kDotChunk<T> * sizeof(T);
+template <typename T, int kRows>
+inline constexpr size_t kSerialSharedBytes = (kSmallGemmThreads + kRows) * kSerialChunk<T, kRows> *
+                                             sizeof(T);
+static_assert(kDotSharedBytes<float> <= kMaxDynamicSharedBytes &&
+              kDotSharedBytes<double> <= kMaxDynamicSharedBytes &&
+              kSerialSharedBytes<double, kSerialRows> <= kMaxDynamicSharedBytes);
 
 // The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of
 // kSmallGemmThreads, and for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks
@@ -221,10 +235,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   dependent_launch_start();
   constexpr int kChunk = kDotChunk<T>;
   // Shared memory in vectors, for their alignment; read as kDotTile and kDotCols rows of kChunk.
-  __shared__ Pack<T, kVec16<T>> as_v[kDotTile * kChunk / kVec16<T>];
-  __shared__ Pack<T, kVec16<T>> bs_v[kDotCols * kChunk / kVec16<T>];
-  T* as = reinterpret_cast<T*>(as_v);
-  T* bs = reinterpret_cast<T*>(bs_v);
+  // kDotTile rows of kChunk (a's), then kDotCols (b's): kDotSharedBytes<T>, 16-byte aligned rows.
+  T* as = reinterpret_cast<T*>(dynamic_shared());
+  T* bs = as + kDotTile * kChunk;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t col_blocks = (n + kDotCols - 1) / kDotCols;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kDotTile;
@@ -288,7 +301,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
                          int64_t lda, const T* __restrict__ b, int64_t ldb, bool vectors_b,
                          T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
   dependent_launch_start();
-  constexpr int kWidth = kSmallGemmThreads, kChunk = kSerialChunk<T>;
+  constexpr int kWidth = kSmallGemmThreads, kChunk = kSerialChunk<T, kRows>;
   constexpr int kAPerThread = (kRows * kChunk + kWidth - 1) / kWidth;
   const int64_t col_blocks = (n + kWidth - 1) / kWidth;
   const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
@@ -298,9 +311,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     return;
   }
   // Shared memory in vectors, for their alignment; read as kChunk rows of kWidth.
-  __shared__ Pack<T, kVec16<T>> bs_v[kChunk * kWidth / kVec16<T>];
-  __shared__ T as[kRows][kChunk];
-  T* bs = reinterpret_cast<T*>(bs_v);
+  // kChunk rows of kWidth (b's), then kRows rows of kChunk (a's): kSerialSharedBytes<T, kRows>.
+  T* bs = reinterpret_cast<T*>(dynamic_shared());
+  T* as = bs + kChunk * kWidth;
   const int t = static_cast<int>(threadIdx.x);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
@@ -322,9 +335,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
       if (e >= kRows * kChunk) break;
       const int64_t r = r0 + i, q = base + p;
       if (r < m && p < kc) {
-        copy_async<sizeof(T)>(&as[i][p], a + (trans_a ? q * lda + r : r * lda + q));
+        copy_async<sizeof(T)>(&as[i * kChunk + p], a + (trans_a ? q * lda + r : r * lda + q));
       } else {
-        as[i][p] = T(0);
+        as[i * kChunk + p] = T(0);
       }
     }
     stage<kChunk, kWidth>(bs, b + base * ldb + j0, ldb, kc, cols, vectors_b);
@@ -334,7 +347,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     for (int p = 0; p < kc; ++p) {
       const T bv = bs[p * kWidth + t];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i][p], bv, acc[i]);
+      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i * kChunk + p], bv, acc[i]);
     }
   }
   if (j >= n) return;

@@ -3,7 +3,8 @@
 // compiled by the host's C++ compiler against a header that stands in for the CUDA built-ins
 // (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
 // ballots, the atomics and fences the kernels use, the bit casts, the asynchronous copies to
-// shared memory, which land only when their thread waits for them), and launched on one host
+// shared memory, which land only when their thread waits for them, dynamic shared memory), and
+// launched on one host
 // thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
 // waits at a barrier (a warp's at each shuffle, ballot or __syncwarp, a block's at each
 // __syncthreads); the
@@ -62,6 +63,18 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 #define __shared__ static __attribute__((section("encore_shared")))
 extern "C" char __start_encore_shared[] __attribute__((weak));
 extern "C" char __stop_encore_shared[] __attribute__((weak));
+// Dynamic shared memory (kernels/cuda/dynamic_shared.cuh): as much as any GPU gives a block,
+// poisoned as the static arrays are, when a block first asks for it.
+#define ENCORE_EMULATED_DYNAMIC_SHARED 1
+alignas(16) static unsigned char emulated_dynamic_bytes[227 * 1024];
+static bool emulated_dynamic_poisoned = false;  // in the running block
+inline unsigned char* emulated_dynamic_shared() {
+  if (!emulated_dynamic_poisoned) {
+    std::memset(emulated_dynamic_bytes, 0xff, sizeof emulated_dynamic_bytes);
+    emulated_dynamic_poisoned = true;
+  }
+  return emulated_dynamic_bytes;
+}
 struct EmulatedDim3 { unsigned x = 0, y = 0, z = 0; };
 // Internal linkage: each kernel's shared object has its own. One host thread runs a launch: the
 // CUDA threads of a block are fibers on it, and these are the running fiber's.
@@ -229,6 +242,7 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
           warps[w].count = threads - 32 * w < 32 ? threads - 32 * w : 32;
         if (__start_encore_shared != nullptr)
           std::memset(__start_encore_shared, 0xff, __stop_encore_shared - __start_encore_shared);
+        emulated_dynamic_poisoned = false;
         for (unsigned t = 0; t < threads; ++t) {
           getcontext(&contexts[t]);
           contexts[t].uc_stack.ss_sp = stacks.get() + t * kStack;

@@ -256,24 +256,25 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 4, 128, 3, false, 1},
       {false, 130, 130, 5, true, 1},
       {false, 129, 131, 9},
-      // k over several staged chunks (kDot: 512 floats or 256 doubles; kSerialK: 64 or 32), the
+      // k over several staged chunks (kDot: 800 floats or 384 doubles; kSerialK: 126 floats or 63
+      // doubles a chunk at one output a thread, 124 or 62 at four), the
       // chunks' rows in 16-byte vectors (a row length of a multiple of 4 floats or 2 doubles) or
       // element by element, a row that ends inside its last vector.
-      {true, 5, 21, 700},
-      {true, 3, 17, 701, false, 3},
+      {true, 5, 21, 900},
+      {true, 3, 17, 901, false, 3},
       {true, 9, 40, 1024, false, 1},
       {false, 9, 130, 150},
       {false, 9, 132, 150},
-      {false, 6, 45, 70, true},
-      {false, 6, 44, 70, true},
-      {false, 140, 150, 70, true, 2},
+      {false, 6, 45, 130, true},
+      {false, 6, 44, 130, true},
+      {false, 140, 150, 130, true, 2},
       {false, 33, 260, 200, false, 4},
-      {false, 140, 150, 100},  // four rows a thread, a not transposed, two chunks
+      {false, 140, 150, 130},  // four rows a thread, a not transposed, two chunks
       // a and b one element into their storage: rows of a multiple of 16 bytes, not aligned to
       // them (element by element).
-      {true, 6, 20, 600, false, 0, false, Op::Matmul, 0, false, 1},
+      {true, 6, 20, 900, false, 0, false, Op::Matmul, 0, false, 1},
       {false, 9, 132, 150, false, 0, false, Op::Matmul, 0, false, 1},
-      {false, 6, 44, 70, true, 0, false, Op::Matmul, 0, false, 1},
+      {false, 6, 44, 130, true, 0, false, Op::Matmul, 0, false, 1},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& cs = cases[i];
