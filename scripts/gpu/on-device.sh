@@ -4,7 +4,7 @@
 #                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only and
 #                                  # stream-copies A/Bs, memcheck over the newest kernels,
 #                                  # PyTorch side by side
-#   bash .gpu/on-device.sh rest    # after quick (under 6 minutes): the [large] cases, racecheck,
+#   bash .gpu/on-device.sh rest    # after quick (under 7.5 minutes): the [large] cases, racecheck,
 #                                  # TinyGpt's kernels, the ENCORE_CUDA_PDL=1 A/B, op-by-op profiles
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
@@ -107,6 +107,11 @@ racecheck_graphs() {  # SANITIZER: racecheck over a failed capture and a graph p
   part racecheck 60 "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
     "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
 }
+racecheck_shared() {  # SANITIZER CAP: racecheck (shared memory hazards) over the kernels that
+  # stage chunks in shared memory with asynchronous copies (the small GEMMs) or join in it
+  part racecheck_shared "$2" "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
+    "[small_gemm],[layer_norm],[cross_entropy]"
+}
 profiles() {  # where eager steps and stream replays spend their time, op by op (the profiler's
   # table: an eager op's dispatch on the host, a replayed step's device time)
   mkdir -p /tmp/encore-profiles
@@ -117,8 +122,8 @@ profiles() {  # where eager steps and stream replays spend their time, op by op 
     cp "/tmp/encore-profiles/$f.json.txt" "$out/profile_$f.txt" 2>/dev/null && head -30 "$out/profile_$f.txt"
   done
 }
-run_tests() {
-  cuda_tests 300
+run_tests() {  # caps 260 + 170 + 60 + 40 + 40 s
+  cuda_tests 260
   local san
   san=$(sanitizer)
   if [ -n "$san" ]; then
@@ -126,6 +131,7 @@ run_tests() {
     ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$san" --tool memcheck --print-limit 20 \
       "$run/bin/encore_cuda_tests" "[static],[runtime],[models],[checkpoint],[linear]"
     racecheck_graphs "$san"
+    racecheck_shared "$san" 40
   fi
   large_tests 40  # last: they take the most memory
 }
@@ -165,15 +171,19 @@ run_quick() {
     "$run/bin/encore_cuda_tests" "[small_gemm],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
   peers 90 0.1
 }
-# After quick, in what is left of a short budget (caps 60 + 60 + 45 + 80 + 40 + 3 x 30 s): the
-# [large] cases, racecheck on the graph cases, TinyGpt's kernels per step, the small GEMMs as
+# After quick, in what is left of a short budget (caps 60 + 60 + 60 + 45 + 80 + 40 + 3 x 30 s):
+# the [large] cases, racecheck on the graph cases and the kernels that stage in shared memory,
+# TinyGpt's kernels per step, the small GEMMs as
 # programmatic dependents (tests and an A/B), and the op-by-op profiles of the stream replays whose
 # targets are open.
 run_rest() {
   large_tests 60
   local san
   san=$(sanitizer)
-  [ -n "$san" ] && racecheck_graphs "$san"
+  if [ -n "$san" ]; then
+    racecheck_graphs "$san"
+    racecheck_shared "$san" 60
+  fi
   mkdir -p "$out/breakdown"
   TAIL=0 ENCORE_BENCH_BREAKDOWN="$out/breakdown" part kernelsum_tinygpt 45 "$run/bin/encore_bench" \
     --benchmark_filter='^KernelSum/TinyGpt/cuda' --benchmark_min_time=0.2
