@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "kernels/cuda/dependent_launch.h"
+#include "kernels/cuda/dynamic_shared.cuh"
 #include "kernels/cuda/element_ops.cuh"
 #include "kernels/cuda/grid.h"
 #ifdef __CUDACC__
@@ -80,19 +81,23 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
 namespace encore::kernels::cuda {
 
 // Lets kKernel launch with `bytes` of dynamic shared memory on the current device, where that is
-// more than the 48 KiB every kernel may have (once per device); an Error naming `op` where the
-// device does not allow so much.
+// more than the 48 KiB every kernel may have: allows it kMaxDynamicSharedBytes, once per device,
+// so any launch of it up to that then runs. An Error naming `op` where `bytes` is more.
 template <auto kKernel>
 void allow_dynamic_shared(Op op, size_t bytes) {
   constexpr size_t kDefault = 48 * 1024;
   if (bytes <= kDefault) return;
+  if (bytes > static_cast<size_t>(kMaxDynamicSharedBytes))
+    fail(op_name(op), ": a kernel launch asks for ", bytes,
+         " bytes of dynamic shared memory, more ", "than the ", kMaxDynamicSharedBytes,
+         " encore allows a block");
   static std::atomic<uint64_t> allowed{0};  // a bit per device, 0 to 63
   const int device = encore::cuda::current_device();
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if ((allowed.load(std::memory_order_acquire) & bit) != 0) [[likely]]
     return;
   ENCORE_CUDA_OK(op, cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
+                                          kMaxDynamicSharedBytes));
   allowed.fetch_or(bit, std::memory_order_acq_rel);
 }
 

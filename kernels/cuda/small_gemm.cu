@@ -49,17 +49,20 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
     const GemmLaunch l = small_gemm_launch(dot, g.m, g.n, sums != nullptr);
     const bool vectors_b = stages_vectors(pb, g.ldb);
     if (dot) {
+      const int chunk = dot_chunk<T>(g.k);
       launch_dependent_shared<gemm_dot_kernel<T>>(
-          op, l.blocks, kSmallGemmThreads, kDotSharedBytes<T>, g.m, g.n, g.k, pa, g.lda,
-          stages_vectors(pa, g.lda), pb, g.ldb, vectors_b, pc, g.ldc, f);
+          op, l.blocks, kSmallGemmThreads, dot_shared_bytes<T>(chunk), g.m, g.n, g.k, chunk, pa,
+          g.lda, stages_vectors(pa, g.lda), pb, g.ldb, vectors_b, pc, g.ldc, f);
     } else if (l.rows == 1) {
+      const int chunk = serial_chunk<T, 1>(g.k);
       launch_dependent_shared<gemm_serial_k_kernel<T, 1>>(
-          op, l.blocks, kSmallGemmThreads, kSerialSharedBytes<T, 1>, g.m, g.n, g.k, g.trans_a, pa,
-          g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
-    } else {
-      launch_dependent_shared<gemm_serial_k_kernel<T, kSerialRows>>(
-          op, l.blocks, kSmallGemmThreads, kSerialSharedBytes<T, kSerialRows>, g.m, g.n, g.k,
+          op, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, 1>(chunk), g.m, g.n, g.k, chunk,
           g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
+    } else {
+      const int chunk = serial_chunk<T, kSerialRows>(g.k);
+      launch_dependent_shared<gemm_serial_k_kernel<T, kSerialRows>>(
+          op, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kSerialRows>(chunk), g.m, g.n,
+          g.k, chunk, g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     }
     ENCORE_CUDA_LAUNCHED(op);
   });

@@ -55,27 +55,41 @@ inline constexpr int kDotCols = kSmallGemmThreads / 32 * kDotTile;  // kDot: a b
 // kSmallGemmThreads adjacent columns (those past c's edge only stage).
 inline constexpr int kSerialRows = 4;
 inline constexpr int64_t kSerialFewOutputs = 16384;
-// The chunk of k staged at a time, as much as kMaxDynamicSharedBytes (64 KiB of dynamic shared
-// memory, dynamic_shared.cuh) holds: kDot, of each of the block's kDotTile rows of a and kDotCols
-// rows of b, a multiple of 32 elements (kDot's lanes; 800 floats or 384 doubles: a linear's k
-// of up to 800 floats in one round trip); kSerialK, of b's rows of kSmallGemmThreads columns and
-// the block's kRows rows of a (124 floats or 62 doubles at kRows = 4, 126 or 63 at 1).
+// The chunk of k staged at a time: all of k, rounded up to 32 elements (kDot's lanes), where it
+// fits, so that a short k reserves little shared memory (more blocks fit on an SM); at most as
+// much as kMaxDynamicSharedBytes (64 KiB of dynamic shared memory, dynamic_shared.cuh) holds.
+// kDot stages that much of each of the block's kDotTile rows of a and kDotCols rows of b (at most
+// 800 floats or 384 doubles: a linear's k of up to 800 floats in one round trip); kSerialK, that
+// many rows of b's kSmallGemmThreads columns and of the block's kRows rows of a (at most 124
+// floats or 62 doubles at kRows = 4, 127 or 63 at 1).
 template <typename T>
-inline constexpr int kDotChunk = kMaxDynamicSharedBytes /
-                                 ((kDotTile + kDotCols) * static_cast<int>(sizeof(T))) / 32 * 32;
+inline constexpr int kDotMaxChunk = kMaxDynamicSharedBytes /
+                                    ((kDotTile + kDotCols) * static_cast<int>(sizeof(T))) / 32 * 32;
 template <typename T, int kRows>
-inline constexpr int kSerialChunk = kMaxDynamicSharedBytes /
-                                    ((kSmallGemmThreads + kRows) * static_cast<int>(sizeof(T)));
+inline constexpr int kSerialMaxChunk = kMaxDynamicSharedBytes /
+                                       ((kSmallGemmThreads + kRows) * static_cast<int>(sizeof(T)));
+inline int chunk_of(int64_t k, int most) {
+  const int64_t rounded = (std::max<int64_t>(k, 1) + 31) / 32 * 32;
+  return static_cast<int>(std::min<int64_t>(rounded, most));
+}
+template <typename T>
+int dot_chunk(int64_t k) {
+  return chunk_of(k, kDotMaxChunk<T>);
+}
+template <typename T, int kRows>
+int serial_chunk(int64_t k) {
+  return chunk_of(k, kSerialMaxChunk<T, kRows>);
+}
 
-// The dynamic shared memory of a launch of either kernel.
+// The dynamic shared memory of a launch of either kernel staging `chunk` of k at a time.
 template <typename T>
-inline constexpr size_t kDotSharedBytes = (kDotTile + kDotCols) * kDotChunk<T> * sizeof(T);
+size_t dot_shared_bytes(int chunk) {
+  return static_cast<size_t>(kDotTile + kDotCols) * static_cast<size_t>(chunk) * sizeof(T);
+}
 template <typename T, int kRows>
-inline constexpr size_t kSerialSharedBytes = (kSmallGemmThreads + kRows) * kSerialChunk<T, kRows> *
-                                             sizeof(T);
-static_assert(kDotSharedBytes<float> <= kMaxDynamicSharedBytes &&
-              kDotSharedBytes<double> <= kMaxDynamicSharedBytes &&
-              kSerialSharedBytes<double, kSerialRows> <= kMaxDynamicSharedBytes);
+size_t serial_shared_bytes(int chunk) {
+  return static_cast<size_t>(kSmallGemmThreads + kRows) * static_cast<size_t>(chunk) * sizeof(T);
+}
 
 // The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of
 // kSmallGemmThreads, and for kSerialK the outputs per thread; with `sums` (kSerialK), the blocks
@@ -191,22 +205,32 @@ __device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
   return static_cast<int>(left < limit ? left : limit);
 }
 
-// Copies a kRows x kCols block of a matrix into shared memory at dst (row-major there): element
-// (i, p) is src[i * ld + p] for i < rows and p < cols, 0 past them (not read). The block's
-// kSmallGemmThreads threads share the copies (async_copy.cuh), 16-byte vectors where `vectors`
-// (src and ld allow them: stages_vectors), element by element in the last vector of a row that
-// ends inside it; the caller waits for them (wait_async_copies) before its barrier.
-template <int kRows, int kCols, typename T>
+// Copies a block of a matrix into shared memory at dst, `shape_rows` rows of `row_len` elements
+// (a multiple of kVec16<T>) there: element (i, p) is src[i * ld + p] for i < rows and p < cols,
+// 0 past them (not read). The block's kSmallGemmThreads threads share the copies
+// (async_copy.cuh), 16-byte vectors where `vectors` (src and ld allow them: stages_vectors),
+// element by element in the last vector of a row that ends inside it; the caller waits for them
+// (wait_async_copies) before its barrier.
+template <typename T>
 __device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__ src, int64_t ld,
-                                      int rows, int cols, bool vectors) {
-  constexpr int kSize = kVec16<T>, kRowVectors = kCols / kSize, kVectors = kRows * kRowVectors;
-  static_assert(kCols % kSize == 0);
-#pragma unroll
-  for (int s = 0; s < (kVectors + kSmallGemmThreads - 1) / kSmallGemmThreads; ++s) {
-    const int slot = s * kSmallGemmThreads + static_cast<int>(threadIdx.x);
-    if (slot >= kVectors) break;
-    const int i = slot / kRowVectors, p = slot % kRowVectors * kSize;
-    T* to = dst + slot * kSize;
+                                      int shape_rows, int row_len, int rows, int cols,
+                                      bool vectors) {
+  constexpr int kSize = kVec16<T>;
+  const int row_vectors = row_len / kSize;
+  // Thread t copies vectors t, t + kSmallGemmThreads, ...: (row i, vector v of it), stepping on
+  // without dividing.
+  const int step_rows = kSmallGemmThreads / row_vectors,
+            step_vectors = kSmallGemmThreads % row_vectors;
+  int i = static_cast<int>(threadIdx.x) / row_vectors,
+      v = static_cast<int>(threadIdx.x) % row_vectors;
+#pragma unroll 4
+  for (; i < shape_rows; i += step_rows, v += step_vectors) {
+    if (v >= row_vectors) {
+      v -= row_vectors;
+      if (++i >= shape_rows) break;
+    }
+    const int p = v * kSize;
+    T* to = dst + i * row_len + p;
     const T* from = src + i * ld + p;
     if (i < rows && vectors && p + kSize <= cols) {
       copy_async<16>(to, from);
@@ -223,21 +247,21 @@ __device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__
   }
 }
 
-// kDot, launched as small_gemm_launch says: block b computes rows b / col_blocks * kDotTile on,
-// columns b % col_blocks * kDotCols on; its warp w the tile at columns w * kDotTile on. Staged per
-// chunk of k: the strip's kDotTile rows of a and kDotCols rows of b. Rows past c's edge are staged
-// as 0 and store nothing. vectors_a, vectors_b: stages_vectors(a, lda), stages_vectors(b, ldb).
+// kDot, launched as small_gemm_launch says, with dot_shared_bytes<T>(chunk) of dynamic shared
+// memory, chunk = dot_chunk<T>(k): block b computes rows b / col_blocks * kDotTile on, columns
+// b % col_blocks * kDotCols on; its warp w the tile at columns w * kDotTile on. Staged per chunk of
+// k: the strip's kDotTile rows of a and kDotCols rows of b. Rows past c's edge are staged as 0 and
+// store nothing. vectors_a, vectors_b: stages_vectors(a, lda), stages_vectors(b, ldb).
 template <typename T>
 __global__ void __launch_bounds__(kSmallGemmThreads)
-    gemm_dot_kernel(int64_t m, int64_t n, int64_t k, const T* __restrict__ a, int64_t lda,
-                    bool vectors_a, const T* __restrict__ b, int64_t ldb, bool vectors_b,
-                    T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+    gemm_dot_kernel(int64_t m, int64_t n, int64_t k, int chunk, const T* __restrict__ a,
+                    int64_t lda, bool vectors_a, const T* __restrict__ b, int64_t ldb,
+                    bool vectors_b, T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
   dependent_launch_start();
-  constexpr int kChunk = kDotChunk<T>;
-  // Shared memory in vectors, for their alignment; read as kDotTile and kDotCols rows of kChunk.
-  // kDotTile rows of kChunk (a's), then kDotCols (b's): kDotSharedBytes<T>, 16-byte aligned rows.
+  // kDotTile rows of `chunk` (a's), then kDotCols (b's); chunk is a multiple of 32 elements, so
+  // every row starts 16-byte aligned.
   T* as = reinterpret_cast<T*>(dynamic_shared());
-  T* bs = as + kDotTile * kChunk;
+  T* bs = as + kDotTile * chunk;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t col_blocks = (n + kDotCols - 1) / kDotCols;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kDotTile;
@@ -251,11 +275,11 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int64_t at = out_r * ldc + out_j;
   const FinishInputs<T> in = stores ? finish_inputs(f, at, out_j) : FinishInputs<T>{};
   T acc[kDotTile][kDotTile] = {};
-  for (int64_t base = 0; base < k; base += kChunk) {
-    const int kc = smaller(kChunk, k - base);
+  for (int64_t base = 0; base < k; base += chunk) {
+    const int kc = smaller(chunk, k - base);
     if (base > 0) __syncthreads();  // every warp is done with the last chunk
-    stage<kDotTile, kChunk>(as, a + r0 * lda + base, lda, rows, kc, vectors_a);
-    stage<kDotCols, kChunk>(bs, b + jb * ldb + base, ldb, cols, kc, vectors_b);
+    stage(as, a + r0 * lda + base, lda, kDotTile, chunk, rows, kc, vectors_a);
+    stage(bs, b + jb * ldb + base, ldb, kDotCols, chunk, cols, kc, vectors_b);
     wait_async_copies();
     __syncthreads();
 #pragma unroll 4
@@ -263,8 +287,8 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
       T av[kDotTile], bv[kDotTile];
 #pragma unroll
       for (int i = 0; i < kDotTile; ++i) {
-        av[i] = as[i * kChunk + p];
-        bv[i] = bs[(warp * kDotTile + i) * kChunk + p];
+        av[i] = as[i * chunk + p];
+        bv[i] = bs[(warp * kDotTile + i) * chunk + p];
       }
 #pragma unroll
       for (int i = 0; i < kDotTile; ++i)
@@ -288,7 +312,8 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   if (stores) c[at] = finish(f, in, v);
 }
 
-// kSerialK, launched as small_gemm_launch says: block b computes kRows rows from
+// kSerialK, launched as small_gemm_launch says, with serial_shared_bytes<T, kRows>(chunk) of
+// dynamic shared memory, chunk = serial_chunk<T, kRows>(k): block b computes kRows rows from
 // b / col_blocks * kRows on, in the kSmallGemmThreads columns from b % col_blocks *
 // kSmallGemmThreads on, thread t column t of them. a's element (row r, p) is a[r * lda + p], or
 // a[p * lda + r] when trans_a (a stored [k, m]). Staged per chunk of k: those rows of b, the
@@ -297,12 +322,11 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
 // thread r of them column r.
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kSmallGemmThreads)
-    gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, bool trans_a, const T* __restrict__ a,
-                         int64_t lda, const T* __restrict__ b, int64_t ldb, bool vectors_b,
-                         T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+    gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, int chunk, bool trans_a,
+                         const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
+                         bool vectors_b, T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
   dependent_launch_start();
-  constexpr int kWidth = kSmallGemmThreads, kChunk = kSerialChunk<T, kRows>;
-  constexpr int kAPerThread = (kRows * kChunk + kWidth - 1) / kWidth;
+  constexpr int kWidth = kSmallGemmThreads;
   const int64_t col_blocks = (n + kWidth - 1) / kWidth;
   const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
   if (static_cast<int64_t>(blockIdx.x) >= product_blocks) {  // a's column sums (f.sums set)
@@ -310,10 +334,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     if (r < m) f.sums[r] = column_sum_in_order(a + r, lda, k);
     return;
   }
-  // Shared memory in vectors, for their alignment; read as kChunk rows of kWidth.
-  // kChunk rows of kWidth (b's), then kRows rows of kChunk (a's): kSerialSharedBytes<T, kRows>.
+  // `chunk` rows of kWidth (b's, 16-byte aligned), then kRows rows of `chunk` (a's).
   T* bs = reinterpret_cast<T*>(dynamic_shared());
-  T* as = bs + kChunk * kWidth;
+  T* as = bs + chunk * kWidth;
   const int t = static_cast<int>(threadIdx.x);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
@@ -324,30 +347,28 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   for (int i = 0; i < kRows; ++i)
     if (j < n && r0 + i < m) in[i] = finish_inputs(f, (r0 + i) * ldc + j, j);
   T acc[kRows] = {};
-  for (int64_t base = 0; base < k; base += kChunk) {
-    const int kc = smaller(kChunk, k - base);
+  for (int64_t base = 0; base < k; base += chunk) {
+    const int kc = smaller(chunk, k - base);
     if (base > 0) __syncthreads();  // every thread is done with the last chunk
-#pragma unroll
-    for (int s = 0; s < kAPerThread; ++s) {  // a's rows, copied with b's
+    // The kc rows of b and columns of a's rows the chunk reads (what lies past them is not).
+    for (int e = t; e < kRows * kc; e += kWidth) {  // a's rows, copied with b's
       // Adjacent threads read adjacent elements: along a row of a, or of a stored [k, m].
-      const int e = s * kWidth + t, i = trans_a ? e % kRows : e / kChunk,
-                p = trans_a ? e / kRows : e % kChunk;
-      if (e >= kRows * kChunk) break;
+      const int i = trans_a ? e % kRows : e / kc, p = trans_a ? e / kRows : e % kc;
       const int64_t r = r0 + i, q = base + p;
-      if (r < m && p < kc) {
-        copy_async<sizeof(T)>(&as[i * kChunk + p], a + (trans_a ? q * lda + r : r * lda + q));
+      if (r < m) {
+        copy_async<sizeof(T)>(&as[i * chunk + p], a + (trans_a ? q * lda + r : r * lda + q));
       } else {
-        as[i * kChunk + p] = T(0);
+        as[i * chunk + p] = T(0);
       }
     }
-    stage<kChunk, kWidth>(bs, b + base * ldb + j0, ldb, kc, cols, vectors_b);
+    stage(bs, b + base * ldb + j0, ldb, kc, kWidth, kc, cols, vectors_b);
     wait_async_copies();
     __syncthreads();
 #pragma unroll 16
     for (int p = 0; p < kc; ++p) {
       const T bv = bs[p * kWidth + t];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i * kChunk + p], bv, acc[i]);
+      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i * chunk + p], bv, acc[i]);
     }
   }
   if (j >= n) return;

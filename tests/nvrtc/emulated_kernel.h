@@ -4,14 +4,12 @@
 // (threadIdx, blockIdx, gridDim, blockDim, shared memory, __syncthreads, the warp shuffles and
 // ballots, the atomics and fences the kernels use, the bit casts, the asynchronous copies to
 // shared memory, which land only when their thread waits for them, dynamic shared memory), and
-// launched on one host
-// thread as a grid of blocks, one after another, each CUDA thread a fiber that runs until it
-// waits at a barrier (a warp's at each shuffle, ballot or __syncwarp, a block's at each
-// __syncthreads); the
-// schedule and the poisoned shared memory (emulate_launch, __shared__) make a missing barrier
-// show. It checks what a kernel computes where (indices, layouts, folds, the warp tree, which
-// lane writes, what a barrier orders), not the device's rounding: the host's libm stands in for
-// CUDA's.
+// launched on one host thread as a grid of blocks, one after another, each CUDA thread a fiber
+// that runs until it waits at a barrier (a warp's at each shuffle, ballot or __syncwarp, a
+// block's at each __syncthreads); the schedule and the poisoned shared memory (emulate_launch,
+// __shared__) make a missing barrier show. It checks what a kernel computes where (indices,
+// layouts, folds, the warp tree, which lane writes, what a barrier orders), not the device's
+// rounding: the host's libm stands in for CUDA's.
 #pragma once
 
 #include <dlfcn.h>
@@ -64,7 +62,8 @@ inline constexpr const char* kCudaOnHost = R"cuda(
 extern "C" char __start_encore_shared[] __attribute__((weak));
 extern "C" char __stop_encore_shared[] __attribute__((weak));
 // Dynamic shared memory (kernels/cuda/dynamic_shared.cuh): as much as any GPU gives a block,
-// poisoned as the static arrays are, when a block first asks for it.
+// poisoned as the static arrays are, when a block first asks for it; a block that writes past
+// what its launch gave it (emulate_launch's dynamic_bytes) aborts the process.
 #define ENCORE_EMULATED_DYNAMIC_SHARED 1
 alignas(16) static unsigned char emulated_dynamic_bytes[227 * 1024];
 static bool emulated_dynamic_poisoned = false;  // in the running block
@@ -221,7 +220,8 @@ static void emulated_thread() {
 // reads with no barrier between them (a missing __syncthreads) is read before it is written, or
 // after it is written again, in some block. A turn in which no thread arrives at a barrier or ends is a deadlock (a
 // shuffle in divergent code, a __syncthreads some threads skip): the process aborts, saying so.
-inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<void()> kernel) {
+inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, size_t dynamic_bytes,
+                           std::function<void()> kernel) {
   constexpr size_t kStack = 64 * 1024;
   gridDim = grid;
   blockDim = block;
@@ -290,14 +290,28 @@ inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<
             std::abort();
           }
         }
+        for (size_t i = dynamic_bytes; emulated_dynamic_poisoned && i < sizeof emulated_dynamic_bytes; ++i)
+          if (emulated_dynamic_bytes[i] != 0xff) {
+            std::fprintf(stderr, "emulated kernel: block (%u, %u, %u) wrote byte %zu of dynamic "
+                         "shared memory; its launch gave it %zu\n", bx, by, bz, i, dynamic_bytes);
+            std::abort();
+          }
       }
 }
+inline void emulate_launch(EmulatedDim3 grid, EmulatedDim3 block, std::function<void()> kernel) {
+  emulate_launch(grid, block, 0, std::move(kernel));
+}
+inline void emulate_launch(unsigned blocks, unsigned threads, size_t dynamic_bytes,
+                           std::function<void()> kernel) {
+  emulate_launch(EmulatedDim3{blocks, 1, 1}, EmulatedDim3{threads, 1, 1}, dynamic_bytes,
+                 std::move(kernel));
+}
 inline void emulate_launch(unsigned blocks, unsigned threads, std::function<void()> kernel) {
-  emulate_launch(EmulatedDim3{blocks, 1, 1}, EmulatedDim3{threads, 1, 1}, std::move(kernel));
+  emulate_launch(blocks, threads, 0, std::move(kernel));
 }
 // Grids as launch plans spell them (CUDA's dim3, from the toolkit's vector_types.h).
 inline void emulate_launch(dim3 grid, dim3 block, std::function<void()> kernel) {
-  emulate_launch(EmulatedDim3{grid.x, grid.y, grid.z}, EmulatedDim3{block.x, block.y, block.z},
+  emulate_launch(EmulatedDim3{grid.x, grid.y, grid.z}, EmulatedDim3{block.x, block.y, block.z}, 0,
                  std::move(kernel));
 }
 )cuda";

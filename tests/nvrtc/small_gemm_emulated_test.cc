@@ -37,18 +37,26 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   const T* pb = static_cast<const T*>(b);
   T* pc = static_cast<T*>(c);
   const bool vectors_b = stages_vectors(pb, ldb);
-  if (dot)
-    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
-      gemm_dot_kernel<T>(m, n, k, pa, lda, stages_vectors(pa, lda), pb, ldb, vectors_b, pc, ldc, f);
+  // With the dynamic shared memory small_gemm.cu gives each launch: a kernel that used more
+  // aborts (emulate_launch).
+  if (dot) {
+    const int chunk = dot_chunk<T>(k);
+    emulate_launch(l.blocks, kSmallGemmThreads, dot_shared_bytes<T>(chunk), [&] {
+      gemm_dot_kernel<T>(m, n, k, chunk, pa, lda, stages_vectors(pa, lda), pb, ldb, vectors_b, pc,
+                         ldc, f);
     });
-  else if (l.rows == 1)
-    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
-      gemm_serial_k_kernel<T, 1>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
+  } else if (l.rows == 1) {
+    const int chunk = serial_chunk<T, 1>(k);
+    emulate_launch(l.blocks, kSmallGemmThreads, serial_shared_bytes<T, 1>(chunk), [&] {
+      gemm_serial_k_kernel<T, 1>(m, n, k, chunk, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
     });
-  else
-    emulate_launch(l.blocks, kSmallGemmThreads, [&] {
-      gemm_serial_k_kernel<T, kSerialRows>(m, n, k, trans_a, pa, lda, pb, ldb, vectors_b, pc, ldc, f);
+  } else {
+    const int chunk = serial_chunk<T, kSerialRows>(k);
+    emulate_launch(l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kSerialRows>(chunk), [&] {
+      gemm_serial_k_kernel<T, kSerialRows>(m, n, k, chunk, trans_a, pa, lda, pb, ldb, vectors_b, pc,
+                                           ldc, f);
     });
+  }
 }
 #define ENTRY(name, T)                                                                        \
   extern "C" void name(bool dot, long long m, long long n, long long k, bool trans_a,          \
@@ -256,7 +264,7 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 4, 128, 3, false, 1},
       {false, 130, 130, 5, true, 1},
       {false, 129, 131, 9},
-      // k over several staged chunks (kDot: 800 floats or 384 doubles; kSerialK: 126 floats or 63
+      // k over several staged chunks (kDot: 800 floats or 384 doubles; kSerialK: 127 floats or 63
       // doubles a chunk at one output a thread, 124 or 62 at four), the
       // chunks' rows in 16-byte vectors (a row length of a multiple of 4 floats or 2 doubles) or
       // element by element, a row that ends inside its last vector.
