@@ -7,10 +7,9 @@
 // hundreds, their operands in L2. So a block first copies its operands' part of a chunk of k into
 // shared memory, every thread issuing all of its copies at once (asynchronous copies that hold no
 // registers, async_copy.cuh; 16-byte vectors where the rows allow), one round trip to memory per
-// chunk, then computes from there; the chunks follow one
-// another along k, so each output's operations keep their order. What an output's finish reads
-// (its bias, the activation gradient's input) is loaded with the first chunk, not after the
-// product.
+// chunk, then computes from there; the chunks follow one another along k, so each output's
+// operations keep their order. What an output's finish reads (its bias, the activation
+// gradient's input) is loaded with the first chunk, not after the product.
 //
 // - kDot (a [m, k], b stored [n, k]: a linear's forward): a block computes a kDotTile x kDotCols
 //   strip of c, its warp w the kDotTile x kDotTile tile at columns w * kDotTile on. Lane l

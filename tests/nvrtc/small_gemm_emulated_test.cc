@@ -271,6 +271,10 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {true, 5, 21, 900},
       {true, 3, 17, 901, false, 3},
       {true, 9, 40, 1024, false, 1},
+      // kDot chunks of 96 and 160 elements: rows of 24 or 40 vectors of floats (48 or 80 of
+      // doubles), which a block's 128 threads step through a row and more at a time.
+      {true, 7, 19, 90},
+      {true, 6, 33, 150, false, 2},
       {false, 9, 130, 150},
       {false, 9, 132, 150},
       {false, 6, 45, 130, true},
