@@ -14,8 +14,10 @@
 // - kDot (a [m, k], b stored [n, k]: a linear's forward): a block computes a kDotTile x kDotCols
 //   strip of c, its warp w the kDotTile x kDotTile tile at columns w * kDotTile on. Lane l
 //   multiplies and adds the products of k = l, l + 32, ... in that order, then the lanes' sums
-//   meet in a shuffle butterfly (xor 16, 8, 4, 2, 1), after which every lane holds the same sum;
-//   lane i*4 + j stores output (i, j) of the tile.
+//   meet in a shuffle butterfly (xor 16, 8, 4, 2, 1), each lane keeping half of the sums it
+//   holds at each level but the last (16 shuffles, not 80), so that lanes 2q and 2q + 1 end with
+//   sum q = i*4 + j of the tile, which lane 2q stores. Each sum is the butterfly's: at each level
+//   the two partial sums of the lanes that differ in that bit, whichever lane adds them.
 // - kSerialK (b stored [k, n], a [m, k] or stored [k, m]: a product's backward): a thread
 //   computes kSerialRows outputs of one column of c (one, when c is small), multiplying and adding
 //   over k = 0, 1, ... in order; a block's threads take adjacent columns. With a stored [k, m] it
@@ -246,6 +248,25 @@ __device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__
   }
 }
 
+// Level kO (16, 8, 4, 2) of kDot's butterfly and those below it, on the kO sums lane `lane` holds
+// in v[0, kO): it keeps the upper half where it has bit kO, the lower half where not, and adds to
+// each the partial sum of the same output from lane ^ kO (which keeps the other half); the sums
+// kept move to v[0, kO / 2). Levels as template arguments, so every index is a constant (the
+// sums stay in registers).
+static_assert(kDotTile * kDotTile == 16);
+template <int kO, typename T>
+__device__ __forceinline__ void halve_sums(T (&v)[kDotTile * kDotTile], int lane) {
+  if constexpr (kO > 1) {
+    const bool upper = (lane & kO) != 0;
+#pragma unroll
+    for (int s = 0; s < kO / 2; ++s) {
+      const T keep = upper ? v[kO / 2 + s] : v[s], give = upper ? v[s] : v[kO / 2 + s];
+      v[s] = el::add(keep, __shfl_xor_sync(0xffffffffu, give, kO));
+    }
+    halve_sums<kO / 2>(v, lane);
+  }
+}
+
 // kDot, launched as small_gemm_launch says, with dot_shared_bytes<T>(chunk) of dynamic shared
 // memory, chunk = dot_chunk<T>(k): block b computes rows b / col_blocks * kDotTile on, columns
 // b % col_blocks * kDotCols on; its warp w the tile at columns w * kDotTile on. Staged per chunk of
@@ -267,10 +288,11 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int64_t jb = static_cast<int64_t>(blockIdx.x) % col_blocks * kDotCols;
   const int rows = smaller(kDotTile, m - r0);
   const int cols = smaller(kDotCols, n - jb);
-  // Lane i * kDotTile + j stores output (i, j) of the warp's tile, if inside c.
+  // Lane 2q stores output q = i * kDotTile + j of the warp's tile ((i, j)), if inside c.
   const int64_t j0 = jb + warp * kDotTile;
-  const int64_t out_r = r0 + lane / kDotTile, out_j = j0 + lane % kDotTile;
-  const bool stores = lane < kDotTile * kDotTile && out_r < m && out_j < n;
+  const int q = lane / 2;
+  const int64_t out_r = r0 + q / kDotTile, out_j = j0 + q % kDotTile;
+  const bool stores = lane % 2 == 0 && out_r < m && out_j < n;
   const int64_t at = out_r * ldc + out_j;
   const FinishInputs<T> in = stores ? finish_inputs(f, at, out_j) : FinishInputs<T>{};
   T acc[kDotTile][kDotTile] = {};
@@ -295,20 +317,17 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
         for (int j = 0; j < kDotTile; ++j) acc[i][j] = fma_of(av[i], bv[j], acc[i][j]);
     }
   }
+  // The butterfly over the 32 lanes' partial sums, halving what a lane holds (halve_sums); at
+  // level 1 both lanes of a pair hold output q = lane / 2 (its bits are the lane's bits 4 to 1:
+  // the halves each level kept).
+  T v[kDotTile * kDotTile];
 #pragma unroll
   for (int i = 0; i < kDotTile; ++i)
 #pragma unroll
-    for (int j = 0; j < kDotTile; ++j)
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2)
-        acc[i][j] = el::add(acc[i][j], __shfl_xor_sync(0xffffffffu, acc[i][j], o));
-  T v = acc[0][0];  // this lane's output
-#pragma unroll
-  for (int i = 0; i < kDotTile; ++i)
-#pragma unroll
-    for (int j = 0; j < kDotTile; ++j)
-      if (lane == i * kDotTile + j) v = acc[i][j];
-  if (stores) c[at] = finish(f, in, v);
+    for (int j = 0; j < kDotTile; ++j) v[i * kDotTile + j] = acc[i][j];
+  halve_sums<16>(v, lane);
+  v[0] = el::add(v[0], __shfl_xor_sync(0xffffffffu, v[0], 1));
+  if (stores) c[at] = finish(f, in, v[0]);
 }
 
 // kSerialK, launched as small_gemm_launch says, with serial_shared_bytes<T, kRows>(chunk) of
