@@ -89,7 +89,7 @@ void allow_dynamic_shared(Op op, size_t bytes) {
   if (bytes <= kDefault) return;
   if (bytes > static_cast<size_t>(kMaxDynamicSharedBytes))
     fail(op_name(op), ": a kernel launch asks for ", bytes,
-         " bytes of dynamic shared memory, more ", "than the ", kMaxDynamicSharedBytes,
+         " bytes of dynamic shared memory, more than the ", kMaxDynamicSharedBytes,
          " encore allows a block");
   static std::atomic<uint64_t> allowed{0};  // a bit per device, 0 to 63
   const int device = encore::cuda::current_device();
