@@ -56,10 +56,10 @@ inline constexpr int kDotCols = kSmallGemmThreads / 32 * kDotTile;  // kDot: a b
 // kSmallGemmThreads adjacent columns (those past c's edge only stage).
 inline constexpr int kSerialRows = 4;
 inline constexpr int64_t kSerialFewOutputs = 16384;
-// The chunk of k staged at a time: all of k, rounded up to 32 elements (kDot's lanes), where it
-// fits, so that a short k reserves little shared memory (more blocks fit on an SM); at most as
-// much as kMaxDynamicSharedBytes (64 KiB of dynamic shared memory, dynamic_shared.cuh) holds.
-// kDot stages that much of each of the block's kDotTile rows of a and kDotCols rows of b (at most
+// The chunk of k staged at a time: all of k where it fits, so that a short k reserves little
+// shared memory (more blocks fit on an SM), at most as much as kMaxDynamicSharedBytes (64 KiB of
+// dynamic shared memory, dynamic_shared.cuh) holds. kDot stages that much, rounded up to 32
+// elements (its lanes), of each of the block's kDotTile rows of a and kDotCols rows of b (at most
 // 800 floats or 384 doubles: a linear's k of up to 800 floats in one round trip); kSerialK, that
 // many rows of b's kSmallGemmThreads columns and of the block's kRows rows of a (at most 124
 // floats or 62 doubles at kRows = 4, 127 or 63 at 1).
@@ -69,17 +69,15 @@ inline constexpr int kDotMaxChunk = kMaxDynamicSharedBytes /
 template <typename T, int kRows>
 inline constexpr int kSerialMaxChunk = kMaxDynamicSharedBytes /
                                        ((kSmallGemmThreads + kRows) * static_cast<int>(sizeof(T)));
-inline int chunk_of(int64_t k, int most) {
-  const int64_t rounded = (std::max<int64_t>(k, 1) + 31) / 32 * 32;
-  return static_cast<int>(std::min<int64_t>(rounded, most));
-}
+static_assert(kDotMaxChunk<double> >= 32 && kSerialMaxChunk<double, kSerialRows> >= 1);
 template <typename T>
 int dot_chunk(int64_t k) {
-  return chunk_of(k, kDotMaxChunk<T>);
+  const int64_t rounded = (std::max<int64_t>(k, 1) + 31) / 32 * 32;
+  return static_cast<int>(std::min<int64_t>(rounded, kDotMaxChunk<T>));
 }
 template <typename T, int kRows>
 int serial_chunk(int64_t k) {
-  return chunk_of(k, kSerialMaxChunk<T, kRows>);
+  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(k, 1), kSerialMaxChunk<T, kRows>));
 }
 
 // The dynamic shared memory of a launch of either kernel staging `chunk` of k at a time.
@@ -206,18 +204,19 @@ __device__ __forceinline__ int smaller(int64_t limit, int64_t left) {
   return static_cast<int>(left < limit ? left : limit);
 }
 
-// Copies a block of a matrix into shared memory at dst, `shape_rows` rows of `row_len` elements
-// (a multiple of kVec16<T>) there: element (i, p) is src[i * ld + p] for i < rows and p < cols,
-// 0 past them (not read). The block's kSmallGemmThreads threads share the copies
-// (async_copy.cuh), 16-byte vectors where `vectors` (src and ld allow them: stages_vectors),
-// element by element in the last vector of a row that ends inside it; the caller waits for them
-// (wait_async_copies) before its barrier.
+// Copies a block of a matrix into shared memory at dst: `dst_rows` rows there, `dst_ld` elements
+// apart, of which the first `width` (a multiple of kVec16<T>, at most dst_ld) are written;
+// element (i, p) is src[i * ld + p] for i < src_rows and p < src_cols, 0 past them (not read).
+// The block's kSmallGemmThreads threads (its blockDim.x) share the copies (async_copy.cuh),
+// 16-byte vectors where `vectors` (src and ld allow them: stages_vectors), element by element in
+// the last vector of a row that ends inside it; the caller waits for them (wait_async_copies)
+// before its barrier.
 template <typename T>
 __device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__ src, int64_t ld,
-                                      int shape_rows, int row_len, int rows, int cols,
-                                      bool vectors) {
+                                      int dst_rows, int dst_ld, int width, int src_rows,
+                                      int src_cols, bool vectors) {
   constexpr int kSize = kVec16<T>;
-  const int row_vectors = row_len / kSize;
+  const int row_vectors = width / kSize;
   // Thread t copies vectors t, t + kSmallGemmThreads, ...: (row i, vector v of it), stepping on
   // without dividing.
   const int step_rows = kSmallGemmThreads / row_vectors,
@@ -225,20 +224,20 @@ __device__ __forceinline__ void stage(T* __restrict__ dst, const T* __restrict__
   int i = static_cast<int>(threadIdx.x) / row_vectors,
       v = static_cast<int>(threadIdx.x) % row_vectors;
 #pragma unroll 4
-  for (; i < shape_rows; i += step_rows, v += step_vectors) {
+  for (; i < dst_rows; i += step_rows, v += step_vectors) {
     if (v >= row_vectors) {
       v -= row_vectors;
-      if (++i >= shape_rows) break;
+      if (++i >= dst_rows) break;
     }
     const int p = v * kSize;
-    T* to = dst + i * row_len + p;
+    T* to = dst + i * dst_ld + p;
     const T* from = src + i * ld + p;
-    if (i < rows && vectors && p + kSize <= cols) {
+    if (i < src_rows && vectors && p + kSize <= src_cols) {
       copy_async<16>(to, from);
     } else {
 #pragma unroll
       for (int e = 0; e < kSize; ++e) {
-        if (i < rows && p + e < cols) {
+        if (i < src_rows && p + e < src_cols) {
           copy_async<sizeof(T)>(to + e, from + e);
         } else {
           to[e] = T(0);
@@ -299,8 +298,10 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   for (int64_t base = 0; base < k; base += chunk) {
     const int kc = smaller(chunk, k - base);
     if (base > 0) __syncthreads();  // every warp is done with the last chunk
-    stage(as, a + r0 * lda + base, lda, kDotTile, chunk, rows, kc, vectors_a);
-    stage(bs, b + jb * ldb + base, ldb, kDotCols, chunk, cols, kc, vectors_b);
+    // The kc columns the chunk reads, to a whole vector (what lies past them is not read).
+    const int width = (kc + kVec16<T> - 1) / kVec16<T> * kVec16<T>;
+    stage(as, a + r0 * lda + base, lda, kDotTile, chunk, width, rows, kc, vectors_a);
+    stage(bs, b + jb * ldb + base, ldb, kDotCols, chunk, width, cols, kc, vectors_b);
     wait_async_copies();
     __syncthreads();
 #pragma unroll 4
@@ -369,17 +370,29 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     const int kc = smaller(chunk, k - base);
     if (base > 0) __syncthreads();  // every thread is done with the last chunk
     // The kc rows of b and columns of a's rows the chunk reads (what lies past them is not).
-    for (int e = t; e < kRows * kc; e += kWidth) {  // a's rows, copied with b's
-      // Adjacent threads read adjacent elements: along a row of a, or of a stored [k, m].
-      const int i = trans_a ? e % kRows : e / kc, p = trans_a ? e / kRows : e % kc;
+    // a's rows are copied with b's, adjacent threads on adjacent elements: along a row of a
+    // (row i, column p, stepping on without dividing), or of a stored [k, m].
+    auto copy_a = [&](int i, int p) {
       const int64_t r = r0 + i, q = base + p;
       if (r < m) {
         copy_async<sizeof(T)>(&as[i * chunk + p], a + (trans_a ? q * lda + r : r * lda + q));
       } else {
         as[i * chunk + p] = T(0);
       }
+    };
+    if (trans_a) {
+      for (int e = t; e < kRows * kc; e += kWidth) copy_a(e % kRows, e / kRows);
+    } else {
+      const int step_rows = kWidth / kc, step_cols = kWidth % kc;
+      for (int i = t / kc, p = t % kc; i < kRows; i += step_rows, p += step_cols) {
+        if (p >= kc) {
+          p -= kc;
+          if (++i >= kRows) break;
+        }
+        copy_a(i, p);
+      }
     }
-    stage(bs, b + base * ldb + j0, ldb, kc, kWidth, kc, cols, vectors_b);
+    stage(bs, b + base * ldb + j0, ldb, kc, kWidth, kWidth, kc, cols, vectors_b);
     wait_async_copies();
     __syncthreads();
 #pragma unroll 16

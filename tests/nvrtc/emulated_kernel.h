@@ -63,7 +63,8 @@ extern "C" char __start_encore_shared[] __attribute__((weak));
 extern "C" char __stop_encore_shared[] __attribute__((weak));
 // Dynamic shared memory (kernels/cuda/dynamic_shared.cuh): as much as any GPU gives a block,
 // poisoned as the static arrays are, when a block first asks for it; a block that writes past
-// what its launch gave it (emulate_launch's dynamic_bytes) aborts the process.
+// what its launch gave it (emulate_launch's dynamic_bytes; none where a launch does not say)
+// aborts the process, unless what it wrote there is 0xff bytes, the poison.
 #define ENCORE_EMULATED_DYNAMIC_SHARED 1
 alignas(16) static unsigned char emulated_dynamic_bytes[227 * 1024];
 static bool emulated_dynamic_poisoned = false;  // in the running block
