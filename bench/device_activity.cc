@@ -86,20 +86,18 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   DeviceActivity part;
   std::map<std::string, KernelTotal> by_name;
   std::vector<const char*> span_names;  // per span of `part`, its kernel's mangled name or null
-  auto keep = [&](uint64_t start, uint64_t end, uint32_t stream, uint32_t graph, uint64_t node,
-                  const char* name) {
-    part.spans.push_back({start, end, stream, graph, node, -1});
-    span_names.push_back(name);
-  };
-  // A record without both timestamps (one a forced flush cut short) is counted as dropped;
-  // returns whether it was added.
-  auto add = [&part](uint64_t start, uint64_t end, int64_t& ns, int64_t& count) {
-    if (start == 0 || end < start) {
+  // A kernel, memcpy or memset record r: one without both timestamps (a forced flush cut short)
+  // is counted as dropped; the others are added to `ns` and `count` and kept as spans (`name`: a
+  // kernel's). Returns whether it was added.
+  auto add = [&](const auto* r, int64_t& ns, int64_t& count, const char* name) {
+    if (r->start == 0 || r->end < r->start) {
       ++part.dropped;
       return false;
     }
-    ns += static_cast<int64_t>(end - start);
+    ns += static_cast<int64_t>(r->end - r->start);
     ++count;
+    part.spans.push_back({r->start, r->end, r->streamId, r->graphId, r->graphNodeId, -1});
+    span_names.push_back(name);
     return true;
   };
   CUpti_Activity* record = nullptr;
@@ -109,27 +107,22 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        if (add(k->start, k->end, part.kernel_ns, part.kernels)) {
-          const char* name = k->name != nullptr ? k->name : "?";
+        const char* name = k->name != nullptr ? k->name : "?";
+        if (add(k, part.kernel_ns, part.kernels, name)) {
           KernelTotal& total = by_name[name];
           ++total.calls;
           total.ns += static_cast<int64_t>(k->end - k->start);
-          keep(k->start, k->end, k->streamId, k->graphId, k->graphNodeId, name);
         }
         break;
       }
-      case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        if (add(c->start, c->end, part.copy_ns, part.copies))
-          keep(c->start, c->end, c->streamId, c->graphId, c->graphNodeId, nullptr);
+      case CUPTI_ACTIVITY_KIND_MEMCPY:
+        add(reinterpret_cast<const CUpti_ActivityMemcpy6*>(record), part.copy_ns, part.copies,
+            nullptr);
         break;
-      }
-      case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        if (add(m->start, m->end, part.copy_ns, part.copies))
-          keep(m->start, m->end, m->streamId, m->graphId, m->graphNodeId, nullptr);
+      case CUPTI_ACTIVITY_KIND_MEMSET:
+        add(reinterpret_cast<const CUpti_ActivityMemset4*>(record), part.copy_ns, part.copies,
+            nullptr);
         break;
-      }
       default:
         break;
     }

@@ -1,5 +1,6 @@
 // V elements of T moved as one vector (a load or store of sizeof(T) * V bytes): the elementwise
-// map's 16-byte steps (elementwise.cuh) and the small GEMMs' staging (small_gemm.cuh).
+// map's 16-byte steps (elementwise.cuh); aligned_for also says where the small GEMMs may stage
+// 16-byte vectors (small_gemm.cuh).
 // Host-compilable (the emulated kernel tests).
 #pragma once
 

@@ -9,22 +9,8 @@ namespace {
 // Whether finish() (small_gemm.cuh) applies `act`: Op::Matmul (nothing), or an activation or
 // activation gradient it has a case for.
 bool finishes(Op act) {
-  switch (act) {
-    case Op::Matmul:
-    case Op::Relu:
-    case Op::LeakyRelu:
-    case Op::Sigmoid:
-    case Op::Tanh:
-    case Op::Gelu:
-    case Op::ReluGrad:
-    case Op::LeakyReluGrad:
-    case Op::SigmoidGrad:
-    case Op::TanhGrad:
-    case Op::GeluGrad:
-      return true;
-    default:
-      return false;
-  }
+  return act == Op::Matmul || act == Op::Relu || act == Op::LeakyRelu || act == Op::Sigmoid ||
+         act == Op::Tanh || act == Op::Gelu || reads_act_in(act);
 }
 
 }  // namespace

@@ -156,7 +156,7 @@ struct FinishInputs {
 };
 
 // Whether `act` is an activation gradient, which reads act_in.
-__device__ __forceinline__ bool reads_act_in(Op act) {
+__host__ __device__ constexpr bool reads_act_in(Op act) {
   return act == Op::ReluGrad || act == Op::LeakyReluGrad || act == Op::SigmoidGrad ||
          act == Op::TanhGrad || act == Op::GeluGrad;
 }
