@@ -183,6 +183,8 @@ inline constexpr OpTraits kOpTraits[] = {
      0},
     {Op::WeightBiasGrad, "weight_bias_grad", OpKind::Compute, 2, 2, -1, AttrType::WeightBiasGrad, 0,
      kSplits},
+    {Op::LossGradMatmul, "loss_grad_matmul", OpKind::Compute, 4, 5, -1, AttrType::LossGradMatmul, 0,
+     kSplits},
     {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, kAnyOutputs, AttrType::StridedCopy, 0,
      0},
     {Op::AllReduceStart, "all_reduce_start", OpKind::Compute, 1, 1, 1, AttrType::Collective, 0,
@@ -282,12 +284,12 @@ constexpr bool op_reads_two(Op op) {
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
   constexpr std::string_view kNames[] = {
-      "NoAttrs",        "ScalarAttrs",     "MatmulAttrs",         "ReduceAttrs",
-      "PermuteAttrs",   "AxisAttrs",       "SliceAttrs",          "CrossEntropyAttrs",
-      "Conv2dAttrs",    "Pool2dAttrs",     "BatchNormAttrs",      "RandomAttrs",
-      "FusedAttrs",     "SgdAttrs",        "AdamAttrs",           "ActAttrs",
-      "Conv2dActAttrs", "MatmulActAttrs",  "WeightBiasGradAttrs", "EmbeddingAttrs",
-      "LayerNormAttrs", "CollectiveAttrs", "StridedCopyAttrs"};
+      "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",         "ReduceAttrs",
+      "PermuteAttrs",   "AxisAttrs",      "SliceAttrs",          "CrossEntropyAttrs",
+      "Conv2dAttrs",    "Pool2dAttrs",    "BatchNormAttrs",      "RandomAttrs",
+      "FusedAttrs",     "SgdAttrs",       "AdamAttrs",           "ActAttrs",
+      "Conv2dActAttrs", "MatmulActAttrs", "WeightBiasGradAttrs", "LossGradMatmulAttrs",
+      "EmbeddingAttrs", "LayerNormAttrs", "CollectiveAttrs",     "StridedCopyAttrs"};
   static_assert(std::size(kNames) == static_cast<size_t>(AttrType::StridedCopy) + 1);
   return kNames[static_cast<int>(t)];
 }

@@ -116,6 +116,11 @@ enum class Op : uint16_t {
   // weight and bias gradients (gy^T x, sum(gy, 0)) in one step, each with the bits its own op
   // gives (schedule/rewrites.cc).
   WeightBiasGrad,
+  // logits [m, k], labels [m], gy [], b, optional y -> the product of the cross-entropy gradient
+  // g [m, k] and b (then MatmulActAttrs' activation gradient, y what it reads), and g itself
+  // (LossGradMatmulAttrs): a loss's gradient and the input gradient of the linear before it in one
+  // step, each with the bits its own op gives (schedule/rewrites.cc).
+  LossGradMatmul,
   // Made by the planner for every device (schedule/layout_folds.cc), never dispatched: a chain
   // of layout steps (permute, slice, split, concat, copy) as one copy of its inputs' elements
   // into its output (StridedCopyAttrs; runtime/strided_copy.h).
@@ -165,6 +170,7 @@ enum class AttrType : uint8_t {
   Conv2dAct,
   MatmulAct,
   WeightBiasGrad,
+  LossGradMatmul,
   Embedding,
   LayerNorm,
   Collective,
@@ -333,6 +339,15 @@ struct WeightBiasGradAttrs {
   int32_t sum_index = -1;
 };
 
+// LossGradMatmul: the product (act.op Op::Matmul for none), the loss's attributes, and the
+// recorded step whose value its second output (the loss gradient) holds, for verify mode.
+struct LossGradMatmulAttrs {
+  MatmulActAttrs product;
+  CrossEntropyAttrs loss;
+  int32_t grad_index = -1;
+  int32_t unused = 0;
+};
+
 // How a collective combines the ranks' values.
 enum class ReduceOp : uint8_t { Sum, Max, Min };
 
@@ -390,6 +405,8 @@ template <>
 struct AttrTypeOf<MatmulActAttrs> : AttrTag<AttrType::MatmulAct> {};
 template <>
 struct AttrTypeOf<WeightBiasGradAttrs> : AttrTag<AttrType::WeightBiasGrad> {};
+template <>
+struct AttrTypeOf<LossGradMatmulAttrs> : AttrTag<AttrType::LossGradMatmul> {};
 template <>
 struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
 template <>

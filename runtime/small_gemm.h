@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/env.h"
 #include "runtime/gemm_shape.h"
 
@@ -60,6 +61,22 @@ inline SmallGemm cuda_small_gemm(const GemmShape& g) {
 // column runs as a row). The planner folds such a pair into one WeightBiasGrad step.
 inline bool cuda_small_gemm_sums_columns(const GemmShape& g) {
   return g.trans_a && g.m >= 2 && g.k >= 2 && cuda_small_gemm(g) == SmallGemm::kSerialK;
+}
+
+// The longest k (a loss's classes) whose a a kSerialK kernel computes itself as rows of the
+// cross-entropy gradient rather than reading them: all of k staged at once beside b's rows
+// (kernels/cuda/loss_grad_gemm.cuh checks that its shared memory holds them).
+inline constexpr int64_t kMaxLossGradClasses32 = 124, kMaxLossGradClasses64 = 62;
+
+// Whether the kernel of c = g b, with g [m, k] (not transposed) the cross-entropy gradient of
+// logits [m, k] (a linear's input gradient right after the loss), computes g's rows itself, with
+// the gradient kernel's bits, and stores them beside c: a kSerialK product of float32 or float64
+// whose k fits one chunk. The planner folds such a pair into one LossGradMatmul step.
+inline bool cuda_small_gemm_computes_loss_grad(const GemmShape& g, DType dtype) {
+  const int64_t most = dtype == DType::Float32   ? kMaxLossGradClasses32
+                       : dtype == DType::Float64 ? kMaxLossGradClasses64
+                                                 : 0;
+  return !g.trans_a && g.k <= most && cuda_small_gemm(g) == SmallGemm::kSerialK;
 }
 
 }  // namespace encore

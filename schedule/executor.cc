@@ -366,6 +366,10 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
         keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), out[0]);
         const int sum = s.attrs.as<WeightBiasGradAttrs>().sum_index;
         if (sum >= 0) keep(snapshots->emplace_back(StepSnapshot{sum, {}}), out[1]);
+      } else if (s.op == Op::LossGradMatmul) {  // the product's output, then the loss gradient's
+        keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), out[0]);
+        const int grad = s.attrs.as<LossGradMatmulAttrs>().grad_index;
+        if (grad >= 0) keep(snapshots->emplace_back(StepSnapshot{grad, {}}), out[1]);
       } else if (s.op == Op::StridedCopy) {  // per output, its recorded step's (a split's part)
         const StridedCopyProgram& p = *s.attrs.as<StridedCopyAttrs>().program;
         for (uint32_t k = 0; k < s.n_out; ++k)

@@ -86,6 +86,9 @@ double step_cost(const Step& s) {
     }
     case Op::WeightBiasGrad:  // a [k, m]: k multiply-adds per product element
       return numel(s.out[0]) * static_cast<double>(s.in[0].shape[0]);
+    case Op::LossGradMatmul:  // logits [m, k]: k per product element, and the gradient's
+      return numel(s.out[0]) * static_cast<double>(s.in[0].shape[1]) +
+             numel(s.out[1]) * kElementCost;
     case Op::Conv2d:
     case Op::Conv2dAct:
     case Op::Conv2dGradInput:

@@ -1,6 +1,7 @@
 // A rewrite of a plan's steps (rewrites.cc: activations folded into their producers and
-// gradients, bias gradients into weight gradients; layout_folds.cc: chains of layout steps as one
-// strided copy): who reads and writes each storage, and the edits, applied by finish().
+// gradients, bias gradients into weight gradients, a loss's gradient into the product reading it;
+// layout_folds.cc: chains of layout steps as one strided copy): who reads and writes each storage,
+// and the edits, applied by finish().
 #pragma once
 
 #include <memory>
@@ -45,6 +46,9 @@ class Rewriter {
   void fold_accumulations();
   // On CUDA only where the weight gradient runs on a small GEMM kernel that sums its columns.
   void fold_bias_gradients(DeviceType device);
+  // On CUDA only where the product runs on a small GEMM kernel that computes its a as a loss's
+  // gradient.
+  void fold_loss_gradients(DeviceType device);
   // Chains of layout steps as StridedCopy steps, whose programs go to `programs`
   // (layout_folds.cc).
   void fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& programs);

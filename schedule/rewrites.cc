@@ -1,8 +1,9 @@
-// Fewer passes over activations and gradients (unless ENCORE_STATIC_FOLD=0): five rewrites of a
-// recording that each keep eager's bits. CUDA plans get the first two and the fifth, for the
-// products small enough for encore's own GEMM kernels (runtime/small_gemm.h), whose outputs are
-// finished by the activation (or its gradient) in the same kernel, and which sum a bias gradient
-// beside its weight gradient: cpu plans get all five.
+// Fewer passes over activations and gradients (unless ENCORE_STATIC_FOLD=0): six rewrites of a
+// recording that each keep eager's bits. CUDA plans get the first two, the fifth and the sixth,
+// for the products small enough for encore's own GEMM kernels (runtime/small_gemm.h), whose
+// outputs are finished by the activation (or its gradient) in the same kernel, which sum a bias
+// gradient beside its weight gradient, and which compute a loss's gradient as the rows of their
+// a: cpu plans get all six.
 //
 // 1. Producer and activation in one (forward): a Linear or Conv2d whose output only an activation
 //    (relu, leaky_relu, sigmoid, tanh, gelu) reads becomes a LinearAct or Conv2dAct step that
@@ -29,13 +30,21 @@
 //    become one WeightBiasGrad step writing both. On CUDA its small GEMM kernel sums gy's columns
 //    in the order of CUDA's column sum (kernels/cuda/column_sum.cuh), so one kernel replaces two;
 //    on the cpu its kernel is the Matmul's, then the Sum's.
+// 6. A loss's gradient and the product reading it in one: a SoftmaxCrossEntropyGrad (g, the
+//    gradient of the logits) and a later Matmul or MatmulActGrad of g, not transposed, by b (a
+//    classifier's last linear: its input gradient g W) become one LossGradMatmul step writing both
+//    g and the product. On CUDA its small GEMM kernel computes g's rows itself, as the gradient
+//    kernel does, and stores them beside the product (kernels/cuda/loss_grad_gemm.cuh): one kernel
+//    fewer on a training step's critical path; on the cpu its kernel is the gradient's, then the
+//    product's.
 //
 // The rewritten step that writes what a recorded step wrote takes its index, so verify mode
-// compares its bytes with that step's eager ones (a WeightBiasGrad's sums: the Sum's, whose index
-// its attributes hold); a step writing a value eager never computed
-// (the pooled pre-activation, the masked gradient before it is pooled back, a fold writing one of
-// these) has index -1 and is checked through what is computed from it. A recorded step whose
-// value no step writes any more (the pre-activation, the unmasked gradient) is not compared.
+// compares its bytes with that step's eager ones (a WeightBiasGrad's sums: the Sum's, and a
+// LossGradMatmul's gradient: the SoftmaxCrossEntropyGrad's, whose indices their attributes hold); a
+// step writing a value eager never computed (the pooled pre-activation, the masked gradient before
+// it is pooled back, a fold writing one of these) has index -1 and is checked through what is
+// computed from it. A recorded step whose value no step writes any more (the pre-activation, the
+// unmasked gradient) is not compared.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -77,6 +86,16 @@ bool sums_columns(const Step& mm, DeviceType device) {
   return device != DeviceType::CUDA ||
          cuda_small_gemm_sums_columns(matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape,
                                                    mm.attrs.as<MatmulAttrs>()));
+}
+
+// Whether product step mm (a Matmul or MatmulActGrad, its attributes `product`) can compute its a
+// as a loss's gradient on `device`: on the cpu (its kernel runs the gradient's first), on CUDA
+// where its small GEMM kernel does.
+bool computes_loss_grad(const Step& mm, const MatmulActAttrs& product, DeviceType device) {
+  return device != DeviceType::CUDA ||
+         cuda_small_gemm_computes_loss_grad(
+             matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape, product.matmul),
+             mm.out[0].dtype);
 }
 
 }  // namespace
@@ -318,6 +337,59 @@ void Rewriter::fold_bias_gradients(DeviceType device) {
   }
 }
 
+// A SoftmaxCrossEntropyGrad (step c: logits, labels, gy -> g) and a later Matmul or
+// MatmulActGrad (step m: g, b[, y] -> d) whose a is all of g, not transposed, become one
+// LossGradMatmul step at c writing d and g. g stays written at c (other steps read it: the weight
+// gradient); d, written by m alone, is written at c now, so nothing before m may read it, and
+// nothing from c to m may write b or y.
+void Rewriter::fold_loss_gradients(DeviceType device) {
+  for (int c = 0; c < static_cast<int>(steps_.size()); ++c) {
+    const Step& ce = steps_[c];
+    if (ce.op != Op::SoftmaxCrossEntropyGrad || drop_[c] || !after_[c].empty()) continue;
+    const Operand g = ce.out[0];
+    if (!floating(g) || g.shape.rank() != 2 || g.nbytes() != nbytes(g) ||
+        writers(g) != std::vector<int>{c})
+      continue;
+    for (int m : readers(g)) {
+      if (m <= c) continue;
+      const Step& mm = steps_[m];
+      if ((mm.op != Op::Matmul && mm.op != Op::MatmulActGrad) || drop_[m] || !after_[m].empty() ||
+          !same_phase(c, m) || mm.in[0].buf != g.buf || !(mm.in[0].shape == g.shape) ||
+          mm.in[1].shape.rank() != 2 || mm.out[0].dtype != g.dtype)
+        continue;
+      const MatmulActAttrs product =
+          mm.op == Op::Matmul
+              ? MatmulActAttrs{mm.attrs.as<MatmulAttrs>(), {}, ActAttrs{Op::Matmul, {}, 0}}
+              : mm.attrs.as<MatmulActAttrs>();
+      if (product.matmul.trans_a) continue;
+      const Operand d = mm.out[0];
+      if (d.nbytes() != nbytes(d) || writers(d) != std::vector<int>{m} ||
+          (!readers(d).empty() && readers(d)[0] < m) || memory_[d.buf] == memory_[g.buf])
+        continue;
+      const auto changes = [&](const Operand& o) {
+        const std::vector<int>& w = writers(o);
+        return memory_[o.buf] == memory_[g.buf] ||
+               std::any_of(w.begin(), w.end(), [&](int t) { return t > c && t < m; });
+      };
+      if (std::any_of(mm.in.begin() + 1, mm.in.end(), changes) ||
+          !computes_loss_grad(mm, product, device))
+        continue;
+      note(d.buf, cat(op_name(ce.op), " and ", op_name(mm.op),
+                      " in one: ", recorded_as(ce.index, mm.index)));
+      decltype(Step::in) in{ce.in[0], ce.in[1], ce.in[2]};
+      in.insert(in.end(), mm.in.begin() + 1, mm.in.end());
+      steps_[c] = Step{
+          Op::LossGradMatmul,
+          AttrBlob::of(LossGradMatmulAttrs{product, ce.attrs.as<CrossEntropyAttrs>(), ce.index}),
+          mm.index,
+          std::move(in),
+          {d, g}};
+      drop_[m] = 1;
+      break;
+    }
+  }
+}
+
 void Rewriter::finish() {
   std::vector<Step> kept;
   int n_forward = 0;
@@ -346,6 +418,7 @@ void Plan::rewrite_activations() {
   run([&](Rewriter& r) { r.fold_gradients(device); });
   if (device == DeviceType::CPU) run([](Rewriter& r) { r.fold_accumulations(); });
   run([&](Rewriter& r) { r.fold_bias_gradients(device); });
+  run([&](Rewriter& r) { r.fold_loss_gradients(device); });
 }
 
 }  // namespace encore::schedule

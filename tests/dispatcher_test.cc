@@ -150,7 +150,7 @@ TEST_CASE("a missing backend or kernel is an error naming the op", "[dispatcher]
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }
-  for (const Op op : {Op::LinearAct, Op::MatmulActGrad, Op::WeightBiasGrad}) {
+  for (const Op op : {Op::LinearAct, Op::MatmulActGrad, Op::WeightBiasGrad, Op::LossGradMatmul}) {
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }

@@ -141,11 +141,17 @@ TEST_CASE("an MLP's Adam steps replay eager's bits with activations folded", "[s
         auto make = [dtype] { return nn::mlp(24, 16, 10, {.dtype = dtype}); };
         const std::string text = check_model(make, feature_batches(4, 8, 24, dtype, 3), adam);
         INFO(text);
-        // Two hidden layers: two linears with their relu, two gradient products with relu_grad.
+        // Two hidden layers: two linears with their relu, two gradient products with relu_grad,
+        // the first of them with the loss's gradient before it.
         CHECK(count_of(text, R"(linear_act\s+\[linear and relu in one: recorded as steps)") ==
               (fold ? 2 : 0));
         CHECK(count_of(text, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
-              (fold ? 2 : 0));
+              (fold ? 1 : 0));
+        CHECK(count_of(text, R"(loss_grad_matmul\s+\[matmul and relu_grad in one: recorded as )"
+                             R"(steps \d+ and (\d+); softmax_cross_entropy_grad and )"
+                             R"(matmul_act_grad in one: recorded as steps \d+ and \1)") ==
+              (fold ? 1 : 0));
+        CHECK(count_of(text, R"(\d+  softmax_cross_entropy_grad\b)") == (fold ? 0 : 1));
         // Three linears: each one's weight and bias gradients in one step.
         CHECK(count_of(text, R"(weight_bias_grad\s+\[matmul and sum in one: recorded as steps)") ==
               (fold ? 3 : 0));
@@ -221,10 +227,12 @@ TEST_CASE("the seed CNN's SGD steps replay eager's bits with max pooling before 
       CHECK(count_of(text, R"(relu\s+\[[^\]]*relu after max_pool2d: writes what step \d+ did)") ==
             fold);
       CHECK(count_of(text, R"(max_pool2d_grad\s+\[max_pool2d_grad after relu_grad)") == fold);
-      // The masked gradient (a relu_grad the swap placed) comes from the linear's input product.
-      CHECK(count_of(text, R"(matmul_act_grad\s+\[relu_grad before max_pool2d_grad: recorded as )"
-                           R"(steps \d+ and \d+; matmul and relu_grad in one: recorded as step)") ==
-            fold);
+      // The masked gradient (a relu_grad the swap placed) comes from the linear's input product,
+      // which computes the loss's gradient too.
+      CHECK(count_of(text,
+                     R"(loss_grad_matmul\s+\[relu_grad before max_pool2d_grad: recorded as )"
+                     R"(steps \d+ and \d+; matmul and relu_grad in one: recorded as step )"
+                     R"(\d+; softmax_cross_entropy_grad and matmul_act_grad in one)") == fold);
       CHECK(shows_rewrites(text) == fold);
     }
 }
@@ -263,7 +271,8 @@ TEST_CASE("verify mode and red zones pass over folded plans", "[static][fold]") 
     const StaticOptions verified{.name = "verified_fold", .verify_every = redzones ? 0 : 1};
     auto mlp = [] { return nn::mlp(24, 16, 10); };
     CHECK_THAT(check_model(mlp, feature_batches(3, 8, 24, DType::Float32, 6), adam, verified),
-               Contains("linear and relu in one") && Contains("matmul and sum in one"));
+               Contains("linear and relu in one") && Contains("matmul and sum in one") &&
+                   Contains("softmax_cross_entropy_grad and matmul_act_grad in one"));
     CHECK_THAT(check_model([] { return std::make_shared<PoolCnn>(DType::Float64); },
                            image_batches(3, 4, 12, DType::Float64, 7), sgd, verified),
                Contains("max_pool2d before relu"));
@@ -440,8 +449,13 @@ TEST_CASE("gelu's gradient is applied by the product computing its incoming grad
         auto make = [dtype] { return std::make_shared<GeluMlp>(dtype); };
         const std::string text = check_model(make, feature_batches(4, 8, 24, dtype, 11), adam);
         INFO(text);
-        CHECK(count_of(text, R"(matmul_act_grad\s+\[matmul and gelu_grad in one)") ==
+        CHECK(count_of(text,
+                       R"((matmul_act_grad|loss_grad_matmul)\s+\[matmul and gelu_grad in one)") ==
               (fold ? 2 : 0));
+        CHECK(count_of(text,
+                       R"(loss_grad_matmul\s+\[matmul and gelu_grad in one: recorded as )"
+                       R"(steps \d+ and \d+; softmax_cross_entropy_grad and matmul_act_grad)") ==
+              (fold ? 1 : 0));
         CHECK(count_of(text, "and gelu in one") == 0);  // gelu_grad reads the pre-activation
         CHECK(shows_rewrites(text) == fold);
       }

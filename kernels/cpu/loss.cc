@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/loss.h"
 #include "kernels/cpu/softmax_util.h"
 #include "runtime/value_checks.h"
 
@@ -30,6 +31,8 @@ void cross_entropy_kernel(const KernelArgs& args) {
     });
   });
 }
+
+}  // namespace
 
 // gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
 void cross_entropy_grad_kernel(const KernelArgs& args) {
@@ -63,6 +66,8 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
     });
   });
 }
+
+namespace {
 
 // mean((a - b)^2) over all elements.
 void mean_squared_error_kernel(const KernelArgs& args) {

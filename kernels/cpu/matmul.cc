@@ -1,8 +1,9 @@
 // Matmul and linear through cblas (OpenBLAS), row-major (shapes: runtime/gemm_shape.h), and the
 // planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
 // gradient) applied to each part of the output right after the part is computed; its
-// MatmulAccumulate: an outer product added into a gradient; and its WeightBiasGrad: a weight
-// gradient's product, then its bias gradient's Sum.
+// MatmulAccumulate: an outer product added into a gradient; its WeightBiasGrad: a weight
+// gradient's product, then its bias gradient's Sum; and its LossGradMatmul: a loss's gradient,
+// then the product reading it.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/loss.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
@@ -174,6 +176,23 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
   sum_kernel(KernelArgs{args.in.first(1), args.out.subspan(1, 1), columns});
 }
 
+// LossGradMatmul: logits, labels, gy, b[, y] -> the product of the cross-entropy gradient g and b
+// (then the activation gradient reading y), and g: the gradient's kernel, then the product's (the
+// fold saves CUDA a kernel; here it is one step of the same work).
+void loss_grad_matmul_kernel(const KernelArgs& args) {
+  const LossGradMatmulAttrs& attrs = args.attr<LossGradMatmulAttrs>();
+  cross_entropy_grad_kernel(
+      KernelArgs{args.in.first(3), args.out.subspan(1, 1), AttrBlob::of(attrs.loss)});
+  const bool act = attrs.product.act.op != Op::Matmul;
+  const BufferView in[3] = {args.out[1], args.in[3], act ? args.in[4] : args.in[3]};
+  const std::span<const BufferView> operands(in, act ? 3 : 2);
+  if (act) {
+    matmul_act_grad_kernel(KernelArgs{operands, args.out.first(1), AttrBlob::of(attrs.product)});
+  } else {
+    matmul_kernel(KernelArgs{operands, args.out.first(1), AttrBlob::of(attrs.product.matmul)});
+  }
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
@@ -182,6 +201,7 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
   register_kernel(Op::MatmulActGrad, DeviceType::CPU, &matmul_act_grad_kernel);
   register_kernel(Op::MatmulAccumulate, DeviceType::CPU, &matmul_accumulate_kernel);
   register_kernel(Op::WeightBiasGrad, DeviceType::CPU, &weight_bias_grad_kernel);
+  register_kernel(Op::LossGradMatmul, DeviceType::CPU, &loss_grad_matmul_kernel);
   return true;
 }();
 

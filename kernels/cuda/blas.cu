@@ -1,7 +1,8 @@
 // Row-major GEMM on cuBLAS (blas.h), and Matmul, Linear and the planner's LinearAct,
-// MatmulActGrad and WeightBiasGrad on them (as kernels/cpu/matmul.cc). A small product runs on
-// encore's own kernel (small_gemm.h), which also adds the bias and applies the activation or its
-// gradient, or sums a weight gradient's gy into the bias gradient. Otherwise a
+// MatmulActGrad, WeightBiasGrad and LossGradMatmul on them (as kernels/cpu/matmul.cc). A small
+// product runs on encore's own kernel (small_gemm.h), which also adds the bias and applies the
+// activation or its gradient, sums a weight gradient's gy into the bias gradient, or computes its
+// a as a loss's gradient. Otherwise a
 // linear with a bias is one cuBLASLt call where cuBLASLt has an algorithm for it (blas_lt.cc),
 // else y is filled with the bias and a GEMM adds to it; an activation (gradient) then runs as its
 // elementwise kernel.
@@ -201,11 +202,41 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
                                                       AttrBlob::of(ReduceAttrs{.axes_mask = 1})});
 }
 
+// LossGradMatmul (the planner's): logits, labels, gy, b[, y] -> the product of the cross-entropy
+// gradient g and b (then the activation gradient reading y), and g. One small GEMM kernel that
+// computes g's rows itself where it runs the product (runtime/small_gemm.h: the only pairs CUDA
+// plans fold), else the gradient's kernel, then the product's.
+void loss_grad_matmul_kernel(const KernelArgs& args) {
+  const LossGradMatmulAttrs& attrs = args.attr<LossGradMatmulAttrs>();
+  const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2], &b = args.in[3];
+  const BufferView &c = args.out[0], &grad = args.out[1];
+  const Op act = attrs.product.act.op;
+  const BufferView* act_in = act != Op::Matmul ? &args.in[4] : nullptr;
+  const GemmShape g = matmul_shape(grad.shape, b.shape, c.shape, attrs.product.matmul);
+  if (c.numel() > 0 && cuda_small_gemm_computes_loss_grad(g, c.dtype)) {
+    const auto kind = attrs.loss.from_cross_entropy != 0 ? encore::cuda::DeviceErrorKind::Target
+                                                         : encore::cuda::DeviceErrorKind::Label;
+    return small_gemm_loss_grad(g, c.dtype, logits.data, labels.data, labels.dtype, gy.data,
+                                grad.data, attrs.loss.ignore_label, kind, b.data, c.data, act,
+                                attrs.product.act.scalar,
+                                act_in != nullptr ? act_in->data : nullptr);
+  }
+  const AttrBlob loss = AttrBlob::of(attrs.loss);
+  lookup_kernel(Op::SoftmaxCrossEntropyGrad,
+                DeviceType::CUDA)(KernelArgs{args.in.first(3), args.out.subspan(1, 1), loss});
+  const BufferView in[3] = {grad, b, act_in != nullptr ? *act_in : b};
+  const AttrBlob product = AttrBlob::of(attrs.product.matmul);
+  matmul_into(KernelArgs{std::span<const BufferView>(in, act_in != nullptr ? 3 : 2),
+                         args.out.first(1), product},
+              Op::LossGradMatmul, act, attrs.product.act.scalar, g);
+}
+
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
 ENCORE_REGISTER_CUDA(Op::Linear, &linear_kernel);
 ENCORE_REGISTER_CUDA(Op::LinearAct, &linear_act_kernel);
 ENCORE_REGISTER_CUDA(Op::MatmulActGrad, &matmul_act_grad_kernel);
 ENCORE_REGISTER_CUDA(Op::WeightBiasGrad, &weight_bias_grad_kernel);
+ENCORE_REGISTER_CUDA(Op::LossGradMatmul, &loss_grad_matmul_kernel);
 
 }  // namespace
 }  // namespace encore::kernels::cuda

@@ -1,5 +1,7 @@
-// The launches of the small GEMMs' kernels (small_gemm.cuh), compiled with -fmad=false.
+// The launches of the small GEMMs' kernels (small_gemm.cuh, loss_grad_gemm.cuh), compiled with
+// -fmad=false (as softmax_loss.cu, whose gradient rows the loss's kernel computes too).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/loss_grad_gemm.cuh"
 #include "kernels/cuda/small_gemm.cuh"
 #include "kernels/cuda/small_gemm.h"
 
@@ -51,6 +53,44 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
           g.k, chunk, g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     }
     ENCORE_CUDA_LAUNCHED(op);
+  });
+}
+
+void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, const void* labels,
+                          DType label_dtype, const void* gy, void* grad, int64_t ignore,
+                          encore::cuda::DeviceErrorKind kind, const void* b, void* c, Op act,
+                          double scalar, const void* act_in) {
+  constexpr Op kOp = Op::LossGradMatmul;
+  ENCORE_CHECK(cuda_small_gemm_computes_loss_grad(g, dtype), op_name(kOp),
+               ": no small GEMM kernel computes the loss gradient of [", g.m, ",", g.k, "] for [",
+               g.k, ",", g.n, "]", g.trans_a ? " (transposed)" : "");
+  ENCORE_CHECK(act == Op::Matmul || reads_act_in(act), op_name(kOp), ": a small GEMM cannot apply ",
+               op_name(act), " to the product of a loss gradient");
+  switch_floating(dtype, kOp, [&]<typename T>(Type<T>) {
+    switch_integral(label_dtype, kOp, [&]<typename L>(Type<L>) {
+      const GemmFinish<T> f{nullptr, static_cast<const T*>(act_in), act, static_cast<T>(scalar)};
+      const LossGradRows<T, L> loss{static_cast<const T*>(logits),
+                                    static_cast<const L*>(labels),
+                                    static_cast<const T*>(gy),
+                                    static_cast<T*>(grad),
+                                    ignore,
+                                    error_slot(),
+                                    kind};
+      const T* pb = static_cast<const T*>(b);
+      T* pc = static_cast<T*>(c);
+      const GemmLaunch l = small_gemm_launch(false, g.m, g.n);
+      const bool vectors_b = stages_vectors(pb, g.ldb);
+      if (l.rows == 1) {
+        launch_dependent_shared<gemm_loss_grad_kernel<T, L, 1>>(
+            kOp, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, 1>(static_cast<int>(g.k)), g.m,
+            g.n, g.k, loss, pb, g.ldb, vectors_b, pc, g.ldc, f);
+      } else {
+        launch_dependent_shared<gemm_loss_grad_kernel<T, L, kSerialRows>>(
+            kOp, l.blocks, kSmallGemmThreads,
+            serial_shared_bytes<T, kSerialRows>(static_cast<int>(g.k)), g.m, g.n, g.k, loss, pb,
+            g.ldb, vectors_b, pc, g.ldc, f);
+      }
+    });
   });
 }
 

@@ -331,6 +331,42 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   if (stores) c[at] = finish(f, in, v[0]);
 }
 
+// kSerialK's multiply-adds over a staged chunk of kc elements of k: thread t's column of b's rows
+// (bs, kSmallGemmThreads apart) times the block's kRows rows of a (as, `chunk` apart), in order
+// along k.
+template <typename T, int kRows>
+__device__ __forceinline__ void serial_products(const T* as, const T* bs, int chunk, int kc, int t,
+                                                T (&acc)[kRows]) {
+#pragma unroll 16
+  for (int p = 0; p < kc; ++p) {
+    const T bv = bs[p * kSmallGemmThreads + t];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i * chunk + p], bv, acc[i]);
+  }
+}
+
+// What kSerialK's stores below finish with, loaded as the kernel starts.
+template <typename T, int kRows>
+__device__ __forceinline__ void serial_finish_inputs(int64_t m, int64_t n, int64_t r0, int64_t j,
+                                                     int64_t ldc, const GemmFinish<T>& f,
+                                                     FinishInputs<T> (&in)[kRows]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (j < n && r0 + i < m) in[i] = finish_inputs(f, (r0 + i) * ldc + j, j);
+}
+
+// kSerialK's stores: row r0 + i, column j of c, finished, for the rows and column inside c.
+template <typename T, int kRows>
+__device__ __forceinline__ void serial_store(int64_t m, int64_t n, int64_t r0, int64_t j, T* c,
+                                             int64_t ldc, const GemmFinish<T>& f,
+                                             const FinishInputs<T> (&in)[kRows],
+                                             const T (&acc)[kRows]) {
+  if (j >= n) return;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (r0 + i < m) c[(r0 + i) * ldc + j] = finish(f, in[i], acc[i]);
+}
+
 // kSerialK, launched as small_gemm_launch says, with serial_shared_bytes<T, kRows>(chunk) of
 // dynamic shared memory, chunk = serial_chunk<T, kRows>(k): block b computes kRows rows from
 // b / col_blocks * kRows on, in the kSmallGemmThreads columns from b % col_blocks *
@@ -362,9 +398,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int cols = smaller(kWidth, n - j0);
   const int64_t j = j0 + t;
   FinishInputs<T> in[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i)
-    if (j < n && r0 + i < m) in[i] = finish_inputs(f, (r0 + i) * ldc + j, j);
+  serial_finish_inputs<T, kRows>(m, n, r0, j, ldc, f, in);
   T acc[kRows] = {};
   for (int64_t base = 0; base < k; base += chunk) {
     const int kc = smaller(chunk, k - base);
@@ -395,17 +429,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     stage(bs, b + base * ldb + j0, ldb, kc, kWidth, kWidth, kc, cols, vectors_b);
     wait_async_copies();
     __syncthreads();
-#pragma unroll 16
-    for (int p = 0; p < kc; ++p) {
-      const T bv = bs[p * kWidth + t];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) acc[i] = fma_of(as[i * chunk + p], bv, acc[i]);
-    }
+    serial_products<T, kRows>(as, bs, chunk, kc, t, acc);
   }
-  if (j >= n) return;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i)
-    if (r0 + i < m) c[(r0 + i) * ldc + j] = finish(f, in[i], acc[i]);
+  serial_store<T, kRows>(m, n, r0, j, c, ldc, f, in, acc);
 }
 
 }  // namespace encore::kernels::cuda

@@ -1,8 +1,9 @@
 // The small GEMMs on encore's own kernels (small_gemm.cuh; runtime/small_gemm.h says which
-// products run here): blas.cu sends Linear, LinearAct, Matmul, MatmulActGrad and WeightBiasGrad
-// to them.
+// products run here): blas.cu sends Linear, LinearAct, Matmul, MatmulActGrad, WeightBiasGrad and
+// LossGradMatmul to them.
 #pragma once
 
+#include "runtime/cuda.h"
 #include "runtime/dtype.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/ops.h"
@@ -18,5 +19,16 @@ namespace encore::kernels::cuda {
 void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const void* a,
                 const void* b, void* c, const void* bias = nullptr, Op act = Op::Matmul,
                 double scalar = 0, const void* act_in = nullptr, void* sums = nullptr);
+
+// c = g b (g: [m, k] not transposed, b stored [k, n]; cuda_small_gemm_computes_loss_grad(g,
+// dtype)), g the cross-entropy gradient of `logits` [m, k] over `labels` (of `label_dtype`) with
+// the loss's incoming gradient gy (one element) and ignored label `ignore`, computed by the kernel
+// and also stored at `grad`; each output finished as small_gemm's (act: Op::Matmul, or an
+// activation gradient reading act_in). An out-of-range label is reported as `kind`
+// (runtime/cuda.h). On the current stream.
+void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, const void* labels,
+                          DType label_dtype, const void* gy, void* grad, int64_t ignore,
+                          encore::cuda::DeviceErrorKind kind, const void* b, void* c, Op act,
+                          double scalar, const void* act_in);
 
 }  // namespace encore::kernels::cuda

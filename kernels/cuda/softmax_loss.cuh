@@ -310,6 +310,46 @@ inline unsigned cross_entropy_grad_blocks(int64_t rows) {
   return blocks < kGradMaxBlocks ? blocks : kGradMaxBlocks;
 }
 
+// The cross-entropy gradient's factor: gy / count, count the rows whose label is not ignored (0
+// when there are none).
+template <typename T>
+__device__ __forceinline__ T cross_entropy_grad_scale(T gy, int64_t count) {
+  return count == 0 ? T(0) : gy / static_cast<T>(count);
+}
+
+// Row i's cross-entropy gradient by one warp, element j to store(j, v) for j < classes, lane l
+// taking j = l, l + 32, ...: (softmax(row) - onehot(label)) * scale; 0 where label is `ignore`;
+// NaN where it is out of [0, classes), which lane 0 reports where `report`. The gradient kernel's
+// rows, and a product's a computed as such rows (loss_grad_gemm.cuh), with the same bits.
+template <typename T, typename Store>
+__device__ __forceinline__ void cross_entropy_grad_row(const T* row, int64_t label, int64_t i,
+                                                       int64_t classes, int64_t ignore, T scale,
+                                                       int lane, bool report,
+                                                       encore::cuda::DeviceErrorSlot errors,
+                                                       encore::cuda::DeviceErrorKind kind,
+                                                       Store&& store) {
+  if (label == ignore) {
+    for (int64_t j = lane; j < classes; j += 32) store(j, T(0));
+    return;
+  }
+  if (label < 0 || label >= classes) {
+    for (int64_t j = lane; j < classes; j += 32) store(j, nan_of<T>());
+    if (report && lane == 0)
+      report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
+    return;
+  }
+  const T* one_row[1] = {row};
+  const bool live[1] = {true};
+  T m[1], sum[1];
+  warp_rows_exp_sums(one_row, live, classes, lane, m, sum);
+  const T f = scale / sum[0];
+  for (int64_t j = lane; j < classes; j += 32) {
+    T v = dev_exp(row[j] - m[0]) * f;
+    if (j == label) v -= scale;
+    store(j, v);
+  }
+}
+
 // gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows. gy and
 // each warp's first label are loaded with the labels counted, not after their count.
 template <typename T, typename L>
@@ -330,31 +370,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < rows; i += kThreads)
     count += static_cast<int64_t>(labels[i]) != ignore ? 1 : 0;
   count = group_reduce<SumOp, kThreads>(count, sh);
-  const T scale = count == 0 ? T(0) : g / static_cast<T>(count);
+  const T scale = cross_entropy_grad_scale(g, count);
   for (int64_t i = first; i < rows; i += step) {  // uniform over each warp
     if (i != first) label = static_cast<int64_t>(labels[i]);
-    const T* row = x + i * classes;
     T* grow = gx + i * classes;
-    if (label == ignore) {
-      for (int64_t j = lane; j < classes; j += 32) grow[j] = T(0);
-      continue;
-    }
-    if (label < 0 || label >= classes) {
-      for (int64_t j = lane; j < classes; j += 32) grow[j] = nan_of<T>();
-      if (lane == 0)
-        report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
-      continue;
-    }
-    const T* one_row[1] = {row};
-    const bool live[1] = {true};
-    T m[1], sum[1];
-    warp_rows_exp_sums(one_row, live, classes, lane, m, sum);
-    const T f = scale / sum[0];
-    for (int64_t j = lane; j < classes; j += 32) {
-      T v = dev_exp(row[j] - m[0]) * f;
-      if (j == label) v -= scale;
-      grow[j] = v;
-    }
+    cross_entropy_grad_row(x + i * classes, label, i, classes, ignore, scale, lane, true, errors,
+                           kind, [&](int64_t j, T v) { grow[j] = v; });
   }
 }
 

@@ -1,10 +1,10 @@
 // Small products on cuda (runtime/small_gemm.h): encore's own GEMM kernels run them, eagerly and
-// replayed, and a CUDA plan folds a linear's activation, a product's activation gradient and a
-// linear's bias gradient into them. Checked against the cpu's values and gradients (eager, every
-// layout), and against eager's bits on cuda (replays, with CUDA graphs on and off, in float32 and
-// float64, the fold switch on and off, every activation and gradient, 3-D inputs, NaN, verify
-// mode); a product too large for them keeps its steps apart. (With ENCORE_CUDA_SMALL_GEMM=0 nothing
-// folds: these cases expect the default.)
+// replayed, and a CUDA plan folds a linear's activation, a product's activation gradient, a
+// linear's bias gradient and a loss's gradient (loss_fold_cases.h) into them. Checked against the
+// cpu's values and gradients (eager, every layout), and against eager's bits on cuda (replays, with
+// CUDA graphs on and off, in float32 and float64, the fold switch on and off, every activation and
+// gradient, 3-D inputs, NaN, verify mode); a product too large for them keeps its steps apart.
+// (With ENCORE_CUDA_SMALL_GEMM=0 nothing folds: these cases expect the default.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "encore/static_graph.h"
 #include "runtime/small_gemm.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/loss_fold_cases.h"
 #include "tests/static_scenarios.h"
 #include "tests/test_util.h"
 
@@ -148,14 +149,17 @@ TEST_CASE(
         INFO(name(dtype) << ", fold " << fold);
         const StaticFoldActivations setting(fold);
         // The perceptron: two linears with their relu, two input-gradient products with
-        // relu_grad.
+        // relu_grad, the first of which computes the loss's gradient too.
         const std::string mlp =
             check_steps([dtype] { return nn::mlp(64, 48, 10, {.dtype = dtype}); },
                         feature_batches(4, 16, 64, dtype, 3, kCuda));
         INFO(mlp);
         CHECK(count_of(mlp, R"(linear_act\s+\[linear and relu in one)") == (fold ? 2 : 0));
         CHECK(count_of(mlp, R"(matmul_act_grad\s+\[matmul and relu_grad in one)") ==
-              (fold ? 2 : 0));
+              (fold ? 1 : 0));
+        CHECK(count_of(mlp, R"(loss_grad_matmul\s+\[matmul and relu_grad in one: recorded as )"
+                            R"(steps \d+ and \d+; softmax_cross_entropy_grad and )"
+                            R"(matmul_act_grad in one)") == (fold ? 1 : 0));
         CHECK(count_of(mlp, R"(\d+  relu\b)") == (fold ? 0 : 2));
         CHECK(count_of(mlp, R"(weight_bias_grad\s+\[matmul and sum in one)") == (fold ? 3 : 0));
         // tanh, sigmoid and relu fold into their linears (leaky_relu's gradient reads its input);
@@ -220,6 +224,16 @@ TEST_CASE("a step over 3-D inputs folds the gradient of a matmul's left operand 
   });
 }
 
+TEST_CASE("a CUDA plan's loss gradient is computed by the product reading it, with eager's bits",
+          "[cuda][static][small_gemm]") {
+  with_graphs_on_and_off([](bool) { check_loss_grad_folds(kCuda); });
+}
+
+TEST_CASE("a bad label in a replayed loss gradient fold on cuda raises the Error at the next wait",
+          "[cuda][static][small_gemm]") {
+  with_graphs_on_and_off([](bool) { check_loss_grad_fold_bad_label(kCuda); });
+}
+
 TEST_CASE("verify mode checks folded small products on cuda against eager's steps",
           "[cuda][static][small_gemm]") {
   StaticEnabled on;
@@ -230,6 +244,7 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
   CHECK_THAT(text, Contains("linear and tanh in one"));
   CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
   CHECK_THAT(text, Contains("matmul and sum in one"));
+  CHECK_THAT(text, Contains("softmax_cross_entropy_grad and matmul_act_grad in one"));
 }
 
 namespace {
