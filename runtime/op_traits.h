@@ -183,7 +183,7 @@ inline constexpr OpTraits kOpTraits[] = {
      0},
     {Op::WeightBiasGrad, "weight_bias_grad", OpKind::Compute, 2, 2, -1, AttrType::WeightBiasGrad, 0,
      kSplits},
-    {Op::LossGradMatmul, "loss_grad_matmul", OpKind::Compute, 4, 5, -1, AttrType::LossGradMatmul, 0,
+    {Op::LossGradMatmul, "loss_grad_matmul", OpKind::Compute, 4, 7, -1, AttrType::LossGradMatmul, 0,
      kSplits},
     {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, kAnyOutputs, AttrType::StridedCopy, 0,
      0},

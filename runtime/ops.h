@@ -119,7 +119,9 @@ enum class Op : uint16_t {
   // logits [m, k], labels [m], gy [], b, optional y -> the product of the cross-entropy gradient
   // g [m, k] and b (then MatmulActAttrs' activation gradient, y what it reads), and g itself
   // (LossGradMatmulAttrs): a loss's gradient and the input gradient of the linear before it in one
-  // step, each with the bits its own op gives (schedule/rewrites.cc).
+  // step, each with the bits its own op gives (schedule/rewrites.cc). With `linear`, the logits
+  // are computed too, from that linear's x, w and optional bias in their place, and are a third
+  // output (loss_grad_matmul_inputs says where each input is).
   LossGradMatmul,
   // Made by the planner for every device (schedule/layout_folds.cc), never dispatched: a chain
   // of layout steps (permute, slice, split, concat, copy) as one copy of its inputs' elements
@@ -339,14 +341,37 @@ struct WeightBiasGradAttrs {
   int32_t sum_index = -1;
 };
 
-// LossGradMatmul: the product (act.op Op::Matmul for none), the loss's attributes, and the
-// recorded step whose value its second output (the loss gradient) holds, for verify mode.
+// LossGradMatmul: the product (act.op Op::Matmul for none), the loss's attributes, the recorded
+// steps whose values its second output (the loss gradient) and third (the logits, with `linear`)
+// hold, for verify mode, and whether it computes the logits (`linear`) from a linear with a bias
+// (`linear_bias`). With `linear` it runs before the loss (SoftmaxCrossEntropy) that eagerly
+// checks the labels first: it checks them as that loss does (`loss` holds the loss's attributes).
 struct LossGradMatmulAttrs {
   MatmulActAttrs product;
   CrossEntropyAttrs loss;
   int32_t grad_index = -1;
-  int32_t unused = 0;
+  int32_t logits_index = -1;
+  uint8_t linear = 0;
+  uint8_t linear_bias = 0;
+  uint8_t unused[6] = {};
 };
+
+// Where LossGradMatmul's inputs are: the logits, or the linear's x, w and bias (`linear`); the
+// labels, gy, the product's b and the activation gradient's y; -1 where absent.
+struct LossGradMatmulInputs {
+  int logits, x, w, bias, labels, gy, b, y;
+};
+constexpr LossGradMatmulInputs loss_grad_matmul_inputs(const LossGradMatmulAttrs& a) {
+  const int head = a.linear == 0 ? 1 : a.linear_bias != 0 ? 3 : 2;
+  return {a.linear == 0 ? 0 : -1,
+          a.linear != 0 ? 0 : -1,
+          a.linear != 0 ? 1 : -1,
+          a.linear != 0 && a.linear_bias != 0 ? 2 : -1,
+          head,
+          head + 1,
+          head + 2,
+          a.product.act.op != Op::Matmul ? head + 3 : -1};
+}
 
 // How a collective combines the ranks' values.
 enum class ReduceOp : uint8_t { Sum, Max, Min };

@@ -63,10 +63,32 @@ inline bool cuda_small_gemm_sums_columns(const GemmShape& g) {
   return g.trans_a && g.m >= 2 && g.k >= 2 && cuda_small_gemm(g) == SmallGemm::kSerialK;
 }
 
-// The longest k (a loss's classes) whose a a kSerialK kernel computes itself as rows of the
-// cross-entropy gradient rather than reading them: all of k staged at once beside b's rows
-// (kernels/cuda/loss_grad_gemm.cuh checks that its shared memory holds them).
+// What a kSerialK kernel that computes its a as a loss's gradient stages (kernels/cuda/
+// loss_grad_gemm.cuh checks these against its own): blocks of kSmallGemmBlock threads, at most
+// kLossGradRows rows of g each, in at most kSmallGemmSharedBytes of dynamic shared memory.
+inline constexpr int64_t kSmallGemmBlock = 128, kLossGradRows = 4,
+                         kSmallGemmSharedBytes = int64_t{64} * 1024;
+
+// The elements of shared memory a block of that kernel uses for k classes and `rows` rows of g:
+// b's k rows of kSmallGemmBlock columns and the rows of g; where it computes the logits too
+// (hidden > 0, the linear's inner length), w's k rows and the block's rows of x, each of `hidden`
+// rounded up to a 16-byte vector of `vec` elements, the rows of logits and the bias.
+constexpr int64_t loss_grad_shared_elements(int64_t k, int64_t rows, int64_t hidden, int64_t vec) {
+  const int64_t width = (hidden + vec - 1) / vec * vec;
+  return k * kSmallGemmBlock + rows * k + (hidden > 0 ? (k + rows) * width + rows * k + k : 0);
+}
+
+// The longest k (a loss's classes) whose a that kernel computes itself as rows of the
+// cross-entropy gradient rather than reading them: all of k staged at once beside b's rows.
 inline constexpr int64_t kMaxLossGradClasses32 = 124, kMaxLossGradClasses64 = 62;
+static_assert(loss_grad_shared_elements(kMaxLossGradClasses32, kLossGradRows, 0, 4) * 4 <=
+                  kSmallGemmSharedBytes &&
+              loss_grad_shared_elements(kMaxLossGradClasses32 + 1, kLossGradRows, 0, 4) * 4 >
+                  kSmallGemmSharedBytes);
+static_assert(loss_grad_shared_elements(kMaxLossGradClasses64, kLossGradRows, 0, 2) * 8 <=
+                  kSmallGemmSharedBytes &&
+              loss_grad_shared_elements(kMaxLossGradClasses64 + 1, kLossGradRows, 0, 2) * 8 >
+                  kSmallGemmSharedBytes);
 
 // Whether the kernel of c = g b, with g [m, k] (not transposed) the cross-entropy gradient of
 // logits [m, k] (a linear's input gradient right after the loss), computes g's rows itself, with
@@ -77,6 +99,22 @@ inline bool cuda_small_gemm_computes_loss_grad(const GemmShape& g, DType dtype) 
                        : dtype == DType::Float64 ? kMaxLossGradClasses64
                                                  : 0;
   return !g.trans_a && g.k <= most && cuda_small_gemm(g) == SmallGemm::kSerialK;
+}
+
+// Whether that kernel also computes the logits, x w^T + bias of the linear before the loss (its
+// GemmShape `linear`: x [m, hidden], w stored [k, hidden]), with the bits of the kDot kernel that
+// runs the linear eagerly, and stores them beside: where it computes the gradient, the linear runs
+// on the kDot kernel, and w and the block's rows of x fit in its shared memory beside the rest. The
+// planner then folds the Linear into the LossGradMatmul step too.
+inline bool cuda_small_gemm_computes_logits(const GemmShape& product, const GemmShape& linear,
+                                            DType dtype) {
+  const int64_t size = dtype == DType::Float64 ? 8 : 4;
+  return cuda_small_gemm_computes_loss_grad(product, dtype) &&
+         cuda_small_gemm(linear) == SmallGemm::kDot && linear.m == product.m &&
+         linear.n == product.k && linear.lda == linear.k && linear.ldb == linear.k &&
+         linear.k <= kSmallGemmSharedBytes / size &&
+         loss_grad_shared_elements(product.k, kLossGradRows, linear.k, 16 / size) * size <=
+             kSmallGemmSharedBytes;
 }
 
 }  // namespace encore

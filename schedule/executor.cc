@@ -368,8 +368,11 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
         if (sum >= 0) keep(snapshots->emplace_back(StepSnapshot{sum, {}}), out[1]);
       } else if (s.op == Op::LossGradMatmul) {  // the product's output, then the loss gradient's
         keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), out[0]);
-        const int grad = s.attrs.as<LossGradMatmulAttrs>().grad_index;
-        if (grad >= 0) keep(snapshots->emplace_back(StepSnapshot{grad, {}}), out[1]);
+        const LossGradMatmulAttrs& a = s.attrs.as<LossGradMatmulAttrs>();
+        if (a.grad_index >= 0)
+          keep(snapshots->emplace_back(StepSnapshot{a.grad_index, {}}), out[1]);
+        if (a.linear != 0 && a.logits_index >= 0)  // the logits: the linear's
+          keep(snapshots->emplace_back(StepSnapshot{a.logits_index, {}}), out[2]);
       } else if (s.op == Op::StridedCopy) {  // per output, its recorded step's (a split's part)
         const StridedCopyProgram& p = *s.attrs.as<StridedCopyAttrs>().program;
         for (uint32_t k = 0; k < s.n_out; ++k)

@@ -86,9 +86,13 @@ double step_cost(const Step& s) {
     }
     case Op::WeightBiasGrad:  // a [k, m]: k multiply-adds per product element
       return numel(s.out[0]) * static_cast<double>(s.in[0].shape[0]);
-    case Op::LossGradMatmul:  // logits [m, k]: k per product element, and the gradient's
-      return numel(s.out[0]) * static_cast<double>(s.in[0].shape[1]) +
-             numel(s.out[1]) * kElementCost;
+    case Op::LossGradMatmul: {  // g [m, k]: k per product element, the gradient's, the logits'
+      const LossGradMatmulAttrs& a = s.attrs.as<LossGradMatmulAttrs>();
+      const double k = static_cast<double>(s.out[1].shape[1]);
+      const double logits =
+          a.linear != 0 ? numel(s.out[1]) * static_cast<double>(s.in[1].shape[1]) : 0;
+      return numel(s.out[0]) * k + numel(s.out[1]) * kElementCost + logits;
+    }
     case Op::Conv2d:
     case Op::Conv2dAct:
     case Op::Conv2dGradInput:

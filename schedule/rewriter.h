@@ -49,6 +49,8 @@ class Rewriter {
   // On CUDA only where the product runs on a small GEMM kernel that computes its a as a loss's
   // gradient.
   void fold_loss_gradients(DeviceType device);
+  // Then the linear computing the logits into that step, on CUDA where its kernel computes them.
+  void fold_loss_logits(DeviceType device);
   // Chains of layout steps as StridedCopy steps, whose programs go to `programs`
   // (layout_folds.cc).
   void fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& programs);
@@ -59,6 +61,10 @@ class Rewriter {
   // fold_layouts' copies side by side from one buffer as one step (`single`: per step, the
   // program of the one copy fold_layouts made it, or null).
   void merge_side_by_side(const std::vector<StridedCopyProgram*>& single);
+  // From Linear step l to LossGradMatmul step s, the first step that checks labels where it is
+  // s's loss (a SoftmaxCrossEntropy) over the same logits and labels and no step before it writes
+  // what outlives the call's temporaries; else -1 (fold_loss_logits).
+  int checked_first(int l, int s) const;
   // A temporary of the call that nothing outside it sees, written by step t alone.
   // (A buffer this pass made is none: its readers and writers are not listed.)
   bool private_value(const Operand& o, int t) const {

@@ -36,7 +36,9 @@
 //    g and the product. On CUDA its small GEMM kernel computes g's rows itself, as the gradient
 //    kernel does, and stores them beside the product (kernels/cuda/loss_grad_gemm.cuh): one kernel
 //    fewer on a training step's critical path; on the cpu its kernel is the gradient's, then the
-//    product's.
+//    product's. Then the Linear computing the logits joins that step where its kernel can compute
+//    them too, in the kDot kernel's order (on the cpu: the linear's kernel first): one more kernel
+//    fewer.
 //
 // The rewritten step that writes what a recorded step wrote takes its index, so verify mode
 // compares its bytes with that step's eager ones (a WeightBiasGrad's sums: the Sum's, and a
@@ -50,6 +52,7 @@
 #include <vector>
 
 #include "runtime/small_gemm.h"
+#include "runtime/value_checks.h"
 #include "schedule/rewriter.h"
 
 namespace encore::schedule {
@@ -96,6 +99,16 @@ bool computes_loss_grad(const Step& mm, const MatmulActAttrs& product, DeviceTyp
          cuda_small_gemm_computes_loss_grad(
              matmul_shape(mm.in[0].shape, mm.in[1].shape, mm.out[0].shape, product.matmul),
              mm.out[0].dtype);
+}
+
+// Whether LossGradMatmul step s can compute its logits too from Linear step lin on `device`: on
+// the cpu (its kernel runs the linear's first), on CUDA where its kernel does.
+bool computes_logits(const Step& s, const Step& lin, DeviceType device) {
+  if (device != DeviceType::CUDA) return true;
+  const GemmShape product = matmul_shape(s.out[1].shape, s.in[3].shape, s.out[0].shape,
+                                         s.attrs.as<LossGradMatmulAttrs>().product.matmul);
+  return cuda_small_gemm_computes_logits(
+      product, linear_shape(lin.in[0].shape, lin.in[1].shape, lin.out[0].shape), s.out[0].dtype);
 }
 
 }  // namespace
@@ -390,6 +403,85 @@ void Rewriter::fold_loss_gradients(DeviceType device) {
   }
 }
 
+// A Linear (step l: x, w[, bias] -> logits) and the LossGradMatmul (step s) reading its output as
+// its logits become one LossGradMatmul step at l computing the logits too (a third output, still
+// written at l for the loss and any other reader). s's other inputs must not change from l to s,
+// and its outputs, written by s alone, must not be read before s. The step now checks the labels
+// before the loss does: the first step from l to s that checks any must be the
+// SoftmaxCrossEntropy of these logits and labels, which eagerly fails first on a bad one, and the
+// step checks them as that loss (LossGradMatmulAttrs::linear) before it writes anything; no step
+// before that loss may write what outlives the call's temporaries (eagerly it runs before the
+// failure).
+int Rewriter::checked_first(int l, int s) const {
+  const Step& lg = steps_[s];
+  for (int t = l + 1; t < s; ++t) {
+    if (drop_[t]) continue;
+    const Step& st = steps_[t];
+    if (checked_input(st.op) >= 0) {
+      const bool loss = st.op == Op::SoftmaxCrossEntropy &&
+                        memory_[st.in[0].buf] == memory_[lg.in[0].buf] &&
+                        st.in[1].buf == lg.in[1].buf &&
+                        st.attrs.as<CrossEntropyAttrs>().ignore_label ==
+                            lg.attrs.as<LossGradMatmulAttrs>().loss.ignore_label;
+      return loss ? t : -1;
+    }
+    bool state = false;
+    for_each_written(st.op, std::span<const Operand>(st.in), std::span<const Operand>(st.out),
+                     [&](const Operand& o) {
+                       state = state || o.buf >= static_cast<int>(memory_.size()) ||
+                               bufs_[o.buf].kind != BufKind::Temp || escape_[o.buf] >= 0;
+                     });
+    if (state) return -1;
+  }
+  return -1;  // no loss between them
+}
+
+void Rewriter::fold_loss_logits(DeviceType device) {
+  for (int s = 0; s < static_cast<int>(steps_.size()); ++s) {
+    const Step& lg = steps_[s];
+    if (lg.op != Op::LossGradMatmul || drop_[s] || !after_[s].empty()) continue;
+    const LossGradMatmulAttrs& attrs = lg.attrs.as<LossGradMatmulAttrs>();
+    if (attrs.linear != 0) continue;
+    const Operand logits = lg.in[0];
+    if (writers(logits).size() != 1) continue;
+    const int l = writers(logits)[0];
+    if (l >= s || !same_phase(l, s) || drop_[l] || !after_[l].empty()) continue;
+    const Step& lin = steps_[l];
+    if (lin.op != Op::Linear || lin.out[0].buf != logits.buf ||
+        lin.out[0].shape.numel() != logits.shape.numel() || logits.nbytes() != nbytes(logits) ||
+        lin.in[0].shape.rank() != 2)
+      continue;
+    const auto changes = [&](const Operand& o) {
+      const std::vector<int>& w = writers(o);
+      return std::any_of(w.begin(), w.end(), [&](int t) { return t > l && t < s; });
+    };
+    const auto read_early = [&](const Operand& o) {
+      const std::vector<int>& r = readers(o);
+      return writers(o) != std::vector<int>{s} || (!r.empty() && r[0] < s);
+    };
+    if (std::any_of(lg.in.begin() + 1, lg.in.end(), changes) ||
+        std::any_of(lg.out.begin(), lg.out.end(), read_early) || !computes_logits(lg, lin, device))
+      continue;
+    const int loss = checked_first(l, s);
+    if (loss < 0) continue;
+    note(lg.out[0].buf, cat("linear and softmax_cross_entropy_grad in one: ",
+                            recorded_as(lin.index, attrs.grad_index)));
+    LossGradMatmulAttrs folded = attrs;
+    folded.loss = steps_[loss].attrs.as<CrossEntropyAttrs>();  // checked as the loss checks
+    folded.linear = 1;
+    folded.linear_bias = lin.in.size() == 3 ? 1 : 0;
+    folded.logits_index = lin.index;
+    decltype(Step::in) in(lin.in.begin(), lin.in.end());
+    in.insert(in.end(), lg.in.begin() + 1, lg.in.end());
+    steps_[l] = Step{Op::LossGradMatmul,
+                     AttrBlob::of(folded),
+                     lg.index,
+                     std::move(in),
+                     {lg.out[0], lg.out[1], lin.out[0]}};
+    drop_[s] = 1;
+  }
+}
+
 void Rewriter::finish() {
   std::vector<Step> kept;
   int n_forward = 0;
@@ -419,6 +511,7 @@ void Plan::rewrite_activations() {
   if (device == DeviceType::CPU) run([](Rewriter& r) { r.fold_accumulations(); });
   run([&](Rewriter& r) { r.fold_bias_gradients(device); });
   run([&](Rewriter& r) { r.fold_loss_gradients(device); });
+  run([&](Rewriter& r) { r.fold_loss_logits(device); });
 }
 
 }  // namespace encore::schedule

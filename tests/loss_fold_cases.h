@@ -4,10 +4,11 @@
 // linear, an optional tanh and the head, static against eager on the device, bit for bit
 // (losses, parameters, gradients), in float32 and float64, with softmax_cross_entropy (int64
 // labels, ignore -1) and cross_entropy (int32 targets, ignore -100), some rows ignored and one
-// batch all ignored (a zero gradient), the fold switch on and off; the dump shows the fold where
-// the device takes it (the cpu always; CUDA where its small GEMM kernel computes the gradient:
-// k of at most 124 float32 or 62 float64 classes, runtime/small_gemm.h). A bad label in a replay
-// is the cpu's Error, and the next call replays with eager's bits again.
+// batch all ignored (a zero gradient), the fold switch on and off; the dump shows the folds where
+// the device takes them (the cpu always; CUDA where its small GEMM kernel computes the gradient:
+// k of at most 124 float32 or 62 float64 classes, and the logits too where the head's weight and
+// rows fit beside it, runtime/small_gemm.h). A bad label in a replay is the cpu's Error, and the
+// next call replays with eager's bits again.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -43,13 +44,14 @@ class HeadNet : public nn::Module {
 };
 
 // The batch sizes: rows, features, hidden units, classes. The second has four rows of the
-// gradient per CUDA block and three blocks across its columns; the third 100 classes (past
-// float64's limit on CUDA).
+// gradient per CUDA block and three blocks across its columns; the third and fourth 100 classes
+// (past float64's limit on CUDA), the fourth with a head too large for CUDA's kernel to compute
+// the logits as well.
 struct LossFoldCase {
   int64_t rows, features, hidden, classes;
 };
 inline constexpr LossFoldCase kLossFoldCases[] = {
-    {12, 24, 16, 10}, {64, 20, 300, 10}, {8, 16, 12, 100}};
+    {12, 24, 16, 10}, {64, 20, 300, 10}, {8, 16, 12, 100}, {8, 16, 100, 100}};
 
 // Labels (i * (b + 1)) % classes on `device`, as `dtype`, with rows i % 4 == 1 `ignore`d (all
 // rows where `all_ignored`).
@@ -63,16 +65,30 @@ inline Tensor fold_labels(int64_t rows, int64_t classes, int b, int64_t ignore, 
   return tensor(v, {rows}, dtype, device);
 }
 
-// Whether a plan on `device` folds the loss's gradient into the product g w of case c.
+// The product g w of case c, and the head's linear: whether a plan on `device` folds the loss's
+// gradient into the product, and the head's logits into that step too.
+inline GemmShape head_input_grad(const LossFoldCase& c) {
+  return {.m = c.rows,
+          .n = c.hidden,
+          .k = c.classes,
+          .lda = c.classes,
+          .ldb = c.hidden,
+          .ldc = c.hidden};
+}
 inline bool folds_loss_grad(const LossFoldCase& c, DType dtype, Device device) {
-  if (device.type != DeviceType::CUDA) return true;
-  return cuda_small_gemm_computes_loss_grad(GemmShape{.m = c.rows,
-                                                      .n = c.hidden,
-                                                      .k = c.classes,
-                                                      .lda = c.classes,
-                                                      .ldb = c.hidden,
-                                                      .ldc = c.hidden},
-                                            dtype);
+  return device.type != DeviceType::CUDA ||
+         cuda_small_gemm_computes_loss_grad(head_input_grad(c), dtype);
+}
+inline bool folds_logits(const LossFoldCase& c, DType dtype, Device device) {
+  const GemmShape head{.trans_b = true,
+                       .m = c.rows,
+                       .n = c.classes,
+                       .k = c.hidden,
+                       .lda = c.hidden,
+                       .ldb = c.hidden,
+                       .ldc = c.classes};
+  return device.type != DeviceType::CUDA ||
+         cuda_small_gemm_computes_logits(head_input_grad(c), head, dtype);
 }
 
 inline void check_loss_grad_folds(Device device) {
@@ -121,10 +137,16 @@ inline void check_loss_grad_folds(Device device) {
             const std::string text = step.schedule_text();
             INFO(text);
             const bool folds = fold && folds_loss_grad(c, dtype, device);
+            const bool logits = folds && folds_logits(c, dtype, device);
             CHECK(
                 count_of(text, cat(R"(loss_grad_matmul\s+\[[^\]]*softmax_cross_entropy_grad and )",
                                    tanh ? "matmul_act_grad" : "matmul", " in one")) == folds);
             CHECK(count_of(text, R"(\d+  softmax_cross_entropy_grad\b)") == !folds);
+            CHECK(count_of(text,
+                           R"(loss_grad_matmul\s+\[[^\]]*linear and )"
+                           R"(softmax_cross_entropy_grad in one: recorded as steps)") == logits);
+            // The head's linear, and the first one where its tanh does not fold into it.
+            CHECK(count_of(text, R"(\d+  linear\b)") == (tanh && fold ? 1 : 2) - logits);
           }
 }
 
@@ -155,7 +177,8 @@ inline void check_loss_grad_fold_bad_label(Device device) {
   check_same_parameters(*eager_model, *model, "after the bad label");
   CHECK(step.stats().traces == 1);
   CHECK_THAT(step.schedule_text(),
-             Catch::Matchers::Contains("softmax_cross_entropy_grad and matmul_act_grad in one"));
+             Catch::Matchers::Contains("softmax_cross_entropy_grad and matmul_act_grad in one") &&
+                 Catch::Matchers::Contains("linear and softmax_cross_entropy_grad in one"));
 }
 
 }  // namespace encore::testing

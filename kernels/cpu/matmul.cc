@@ -15,6 +15,7 @@
 #include "kernels/cpu/reduce.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
+#include "runtime/value_checks.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -177,14 +178,27 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
 }
 
 // LossGradMatmul: logits, labels, gy, b[, y] -> the product of the cross-entropy gradient g and b
-// (then the activation gradient reading y), and g: the gradient's kernel, then the product's (the
-// fold saves CUDA a kernel; here it is one step of the same work).
+// (then the activation gradient reading y), and g; with `linear`, the logits from x, w[, bias]
+// first, a third output. The linear's kernel, the gradient's, then the product's (the fold saves
+// CUDA kernels; here it is one step of the same work).
 void loss_grad_matmul_kernel(const KernelArgs& args) {
   const LossGradMatmulAttrs& attrs = args.attr<LossGradMatmulAttrs>();
-  cross_entropy_grad_kernel(
-      KernelArgs{args.in.first(3), args.out.subspan(1, 1), AttrBlob::of(attrs.loss)});
-  const bool act = attrs.product.act.op != Op::Matmul;
-  const BufferView in[3] = {args.out[1], args.in[3], act ? args.in[4] : args.in[3]};
+  const LossGradMatmulInputs at = loss_grad_matmul_inputs(attrs);
+  BufferView logits = at.logits >= 0 ? args.in[at.logits] : args.out[2];
+  if (attrs.linear != 0) {
+    // The loss, which the plan runs after this step but which eagerly runs first, fails first on
+    // a bad label: checked as it checks them, before anything is written.
+    const BufferView& labels = args.in[at.labels];
+    check_values(Op::SoftmaxCrossEntropy, AttrBlob::of(attrs.loss), labels.data, labels.dtype,
+                 labels.numel(), args.out[1].shape[1]);
+    linear_kernel(KernelArgs{args.in.first(at.labels), args.out.subspan(2, 1), AttrBlob{}});
+    logits.shape = args.out[1].shape;  // the loss's [m, k] view of the linear's output
+  }
+  const BufferView loss_in[3] = {logits, args.in[at.labels], args.in[at.gy]};
+  cross_entropy_grad_kernel(KernelArgs{std::span<const BufferView>(loss_in, 3),
+                                       args.out.subspan(1, 1), AttrBlob::of(attrs.loss)});
+  const bool act = at.y >= 0;
+  const BufferView in[3] = {args.out[1], args.in[at.b], args.in[act ? at.y : at.b]};
   const std::span<const BufferView> operands(in, act ? 3 : 2);
   if (act) {
     matmul_act_grad_kernel(KernelArgs{operands, args.out.first(1), AttrBlob::of(attrs.product)});

@@ -203,27 +203,45 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
 }
 
 // LossGradMatmul (the planner's): logits, labels, gy, b[, y] -> the product of the cross-entropy
-// gradient g and b (then the activation gradient reading y), and g. One small GEMM kernel that
-// computes g's rows itself where it runs the product (runtime/small_gemm.h: the only pairs CUDA
-// plans fold), else the gradient's kernel, then the product's.
+// gradient g and b (then the activation gradient reading y), and g; with `linear`, the logits
+// from x, w[, bias] too. One small GEMM kernel that computes g's rows (and the logits) itself
+// where it runs the product (runtime/small_gemm.h: the only steps CUDA plans fold), else the
+// linear's kernels, the gradient's, then the product's.
 void loss_grad_matmul_kernel(const KernelArgs& args) {
   const LossGradMatmulAttrs& attrs = args.attr<LossGradMatmulAttrs>();
-  const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2], &b = args.in[3];
+  const LossGradMatmulInputs at = loss_grad_matmul_inputs(attrs);
+  const BufferView &labels = args.in[at.labels], &gy = args.in[at.gy], &b = args.in[at.b];
   const BufferView &c = args.out[0], &grad = args.out[1];
+  const bool linear = attrs.linear != 0;
+  BufferView logits = linear ? args.out[2] : args.in[at.logits];
+  logits.shape = grad.shape;  // the loss's [m, k]
   const Op act = attrs.product.act.op;
-  const BufferView* act_in = act != Op::Matmul ? &args.in[4] : nullptr;
+  const BufferView* act_in = at.y >= 0 ? &args.in[at.y] : nullptr;
   const GemmShape g = matmul_shape(grad.shape, b.shape, c.shape, attrs.product.matmul);
-  if (c.numel() > 0 && cuda_small_gemm_computes_loss_grad(g, c.dtype)) {
+  const GemmShape lg =
+      linear ? linear_shape(args.in[at.x].shape, args.in[at.w].shape, args.out[2].shape)
+             : GemmShape{};
+  if (c.numel() > 0 && (linear ? cuda_small_gemm_computes_logits(g, lg, c.dtype)
+                               : cuda_small_gemm_computes_loss_grad(g, c.dtype))) {
     const auto kind = attrs.loss.from_cross_entropy != 0 ? encore::cuda::DeviceErrorKind::Target
                                                          : encore::cuda::DeviceErrorKind::Label;
+    const LossGradLinear from =
+        linear ? LossGradLinear{args.in[at.x].data, args.in[at.w].data,
+                                at.bias >= 0 ? args.in[at.bias].data : nullptr, logits.data, lg.k}
+               : LossGradLinear{};
     return small_gemm_loss_grad(g, c.dtype, logits.data, labels.data, labels.dtype, gy.data,
                                 grad.data, attrs.loss.ignore_label, kind, b.data, c.data, act,
                                 attrs.product.act.scalar,
-                                act_in != nullptr ? act_in->data : nullptr);
+                                act_in != nullptr ? act_in->data : nullptr, from);
   }
+  if (linear)
+    linear_into(
+        KernelArgs{args.in.first(at.labels), args.out.subspan(2, 1), args.attrs, args.state},
+        Op::LossGradMatmul, Op::Matmul, 0);
   const AttrBlob loss = AttrBlob::of(attrs.loss);
-  lookup_kernel(Op::SoftmaxCrossEntropyGrad,
-                DeviceType::CUDA)(KernelArgs{args.in.first(3), args.out.subspan(1, 1), loss});
+  const BufferView loss_in[3] = {logits, labels, gy};
+  lookup_kernel(Op::SoftmaxCrossEntropyGrad, DeviceType::CUDA)(
+      KernelArgs{std::span<const BufferView>(loss_in, 3), args.out.subspan(1, 1), loss});
   const BufferView in[3] = {grad, b, act_in != nullptr ? *act_in : b};
   const AttrBlob product = AttrBlob::of(attrs.product.matmul);
   matmul_into(KernelArgs{std::span<const BufferView>(in, act_in != nullptr ? 3 : 2),

@@ -59,11 +59,22 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
 void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, const void* labels,
                           DType label_dtype, const void* gy, void* grad, int64_t ignore,
                           encore::cuda::DeviceErrorKind kind, const void* b, void* c, Op act,
-                          double scalar, const void* act_in) {
+                          double scalar, const void* act_in, const LossGradLinear& linear) {
   constexpr Op kOp = Op::LossGradMatmul;
   ENCORE_CHECK(cuda_small_gemm_computes_loss_grad(g, dtype), op_name(kOp),
                ": no small GEMM kernel computes the loss gradient of [", g.m, ",", g.k, "] for [",
                g.k, ",", g.n, "]", g.trans_a ? " (transposed)" : "");
+  const bool with_linear = linear.x != nullptr;
+  const GemmShape lg{.trans_b = true,
+                     .m = g.m,
+                     .n = g.k,
+                     .k = linear.hidden,
+                     .lda = linear.hidden,
+                     .ldb = linear.hidden,
+                     .ldc = g.k};
+  ENCORE_CHECK(!with_linear || cuda_small_gemm_computes_logits(g, lg, dtype), op_name(kOp),
+               ": no small GEMM kernel computes the logits of [", g.m, ",", linear.hidden, "] x [",
+               linear.hidden, ",", g.k, "] beside the loss gradient");
   ENCORE_CHECK(act == Op::Matmul || reads_act_in(act), op_name(kOp), ": a small GEMM cannot apply ",
                op_name(act), " to the product of a loss gradient");
   switch_floating(dtype, kOp, [&]<typename T>(Type<T>) {
@@ -76,19 +87,31 @@ void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, c
                                     ignore,
                                     error_slot(),
                                     kind};
+      const T* x = static_cast<const T*>(linear.x);
+      const T* w = static_cast<const T*>(linear.w);
+      const LogitsRows<T> lin{x,
+                              w,
+                              static_cast<const T*>(linear.bias),
+                              static_cast<T*>(linear.logits),
+                              linear.hidden,
+                              with_linear && stages_vectors(x, linear.hidden),
+                              with_linear && stages_vectors(w, linear.hidden)};
       const T* pb = static_cast<const T*>(b);
       T* pc = static_cast<T*>(c);
       const GemmLaunch l = small_gemm_launch(false, g.m, g.n);
       const bool vectors_b = stages_vectors(pb, g.ldb);
-      if (l.rows == 1) {
-        launch_dependent_shared<gemm_loss_grad_kernel<T, L, 1>>(
-            kOp, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, 1>(static_cast<int>(g.k)), g.m,
-            g.n, g.k, loss, pb, g.ldb, vectors_b, pc, g.ldc, f);
-      } else {
-        launch_dependent_shared<gemm_loss_grad_kernel<T, L, kSerialRows>>(
+      auto launch = [&]<int kRows, bool kLinear>() {
+        launch_dependent_shared<gemm_loss_grad_kernel<T, L, kRows, kLinear>>(
             kOp, l.blocks, kSmallGemmThreads,
-            serial_shared_bytes<T, kSerialRows>(static_cast<int>(g.k)), g.m, g.n, g.k, loss, pb,
-            g.ldb, vectors_b, pc, g.ldc, f);
+            loss_grad_shared_bytes<T, kRows, kLinear>(g.k, linear.hidden), g.m, g.n, g.k, loss, lin,
+            pb, g.ldb, vectors_b, pc, g.ldc, f);
+      };
+      if (l.rows == 1) {
+        with_linear ? launch.template operator()<1, true>()
+                    : launch.template operator()<1, false>();
+      } else {
+        with_linear ? launch.template operator()<kSerialRows, true>()
+                    : launch.template operator()<kSerialRows, false>();
       }
     });
   });

@@ -20,15 +20,26 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
                 const void* b, void* c, const void* bias = nullptr, Op act = Op::Matmul,
                 double scalar = 0, const void* act_in = nullptr, void* sums = nullptr);
 
+// Where small_gemm_loss_grad computes the logits too: the linear's x [m, hidden], w [k, hidden]
+// and optional bias (cuda_small_gemm_computes_logits), the logits stored at `logits`.
+struct LossGradLinear {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  void* logits = nullptr;
+  int64_t hidden = 0;
+};
+
 // c = g b (g: [m, k] not transposed, b stored [k, n]; cuda_small_gemm_computes_loss_grad(g,
 // dtype)), g the cross-entropy gradient of `logits` [m, k] over `labels` (of `label_dtype`) with
 // the loss's incoming gradient gy (one element) and ignored label `ignore`, computed by the kernel
 // and also stored at `grad`; each output finished as small_gemm's (act: Op::Matmul, or an
-// activation gradient reading act_in). An out-of-range label is reported as `kind`
-// (runtime/cuda.h). On the current stream.
+// activation gradient reading act_in). With `linear.x`, the logits are computed from `linear`
+// (logits unused). An out-of-range label is reported as `kind` (runtime/cuda.h). On the current
+// stream.
 void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, const void* labels,
                           DType label_dtype, const void* gy, void* grad, int64_t ignore,
                           encore::cuda::DeviceErrorKind kind, const void* b, void* c, Op act,
-                          double scalar, const void* act_in);
+                          double scalar, const void* act_in, const LossGradLinear& linear = {});
 
 }  // namespace encore::kernels::cuda

@@ -319,12 +319,12 @@ __device__ __forceinline__ T cross_entropy_grad_scale(T gy, int64_t count) {
 
 // Row i's cross-entropy gradient by one warp, element j to store(j, v) for j < classes, lane l
 // taking j = l, l + 32, ...: (softmax(row) - onehot(label)) * scale; 0 where label is `ignore`;
-// NaN where it is out of [0, classes), which lane 0 reports where `report`. The gradient kernel's
-// rows, and a product's a computed as such rows (loss_grad_gemm.cuh), with the same bits.
+// NaN where it is out of [0, classes), which lane 0 reports as `op`'s where `report`. The gradient
+// kernel's rows, and a product's a computed as such rows (loss_grad_gemm.cuh), with the same bits.
 template <typename T, typename Store>
 __device__ __forceinline__ void cross_entropy_grad_row(const T* row, int64_t label, int64_t i,
                                                        int64_t classes, int64_t ignore, T scale,
-                                                       int lane, bool report,
+                                                       int lane, bool report, Op op,
                                                        encore::cuda::DeviceErrorSlot errors,
                                                        encore::cuda::DeviceErrorKind kind,
                                                        Store&& store) {
@@ -334,8 +334,7 @@ __device__ __forceinline__ void cross_entropy_grad_row(const T* row, int64_t lab
   }
   if (label < 0 || label >= classes) {
     for (int64_t j = lane; j < classes; j += 32) store(j, nan_of<T>());
-    if (report && lane == 0)
-      report_device_error(errors, kind, Op::SoftmaxCrossEntropyGrad, label, i, classes);
+    if (report && lane == 0) report_device_error(errors, kind, op, label, i, classes);
     return;
   }
   const T* one_row[1] = {row};
@@ -374,8 +373,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = first; i < rows; i += step) {  // uniform over each warp
     if (i != first) label = static_cast<int64_t>(labels[i]);
     T* grow = gx + i * classes;
-    cross_entropy_grad_row(x + i * classes, label, i, classes, ignore, scale, lane, true, errors,
-                           kind, [&](int64_t j, T v) { grow[j] = v; });
+    cross_entropy_grad_row(x + i * classes, label, i, classes, ignore, scale, lane, true,
+                           Op::SoftmaxCrossEntropyGrad, errors, kind,
+                           [&](int64_t j, T v) { grow[j] = v; });
   }
 }
 
