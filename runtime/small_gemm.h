@@ -70,12 +70,15 @@ inline constexpr int64_t kSmallGemmBlock = 128, kLossGradRows = 4,
                          kSmallGemmSharedBytes = int64_t{64} * 1024;
 
 // The elements of shared memory a block of that kernel uses for k classes and `rows` rows of g:
+// two 16-byte vectors of `vec` elements where its threads join their label counts (four int64),
 // b's k rows of kSmallGemmBlock columns and the rows of g; where it computes the logits too
 // (hidden > 0, the linear's inner length), w's k rows and the block's rows of x, each of `hidden`
-// rounded up to a 16-byte vector of `vec` elements, the rows of logits and the bias.
+// rounded up to a vector, the rows of logits and the bias. All of its shared memory is dynamic, so
+// that it may take all of kSmallGemmSharedBytes wherever a GPU gives a block that much.
 constexpr int64_t loss_grad_shared_elements(int64_t k, int64_t rows, int64_t hidden, int64_t vec) {
   const int64_t width = (hidden + vec - 1) / vec * vec;
-  return k * kSmallGemmBlock + rows * k + (hidden > 0 ? (k + rows) * width + rows * k + k : 0);
+  return 2 * vec + k * kSmallGemmBlock + rows * k +
+         (hidden > 0 ? (k + rows) * width + rows * k + k : 0);
 }
 
 // The longest k (a loss's classes) whose a that kernel computes itself as rows of the

@@ -418,9 +418,8 @@ int Rewriter::checked_first(int l, int s) const {
     if (drop_[t]) continue;
     const Step& st = steps_[t];
     if (checked_input(st.op) >= 0) {
-      const bool loss = st.op == Op::SoftmaxCrossEntropy &&
-                        memory_[st.in[0].buf] == memory_[lg.in[0].buf] &&
-                        st.in[1].buf == lg.in[1].buf &&
+      const bool loss = st.op == Op::SoftmaxCrossEntropy && st.in[0].buf == lg.in[0].buf &&
+                        st.in[0].shape == lg.in[0].shape && st.in[1].buf == lg.in[1].buf &&
                         st.attrs.as<CrossEntropyAttrs>().ignore_label ==
                             lg.attrs.as<LossGradMatmulAttrs>().loss.ignore_label;
       return loss ? t : -1;
@@ -448,12 +447,12 @@ void Rewriter::fold_loss_logits(DeviceType device) {
     if (l >= s || !same_phase(l, s) || drop_[l] || !after_[l].empty()) continue;
     const Step& lin = steps_[l];
     if (lin.op != Op::Linear || lin.out[0].buf != logits.buf ||
-        lin.out[0].shape.numel() != logits.shape.numel() || logits.nbytes() != nbytes(logits) ||
-        lin.in[0].shape.rank() != 2)
+        lin.out[0].shape.numel() != logits.shape.numel() || logits.nbytes() != nbytes(logits))
       continue;
     const auto changes = [&](const Operand& o) {
       const std::vector<int>& w = writers(o);
-      return std::any_of(w.begin(), w.end(), [&](int t) { return t > l && t < s; });
+      return memory_[o.buf] == memory_[logits.buf] ||
+             std::any_of(w.begin(), w.end(), [&](int t) { return t > l && t < s; });
     };
     const auto read_early = [&](const Operand& o) {
       const std::vector<int>& r = readers(o);

@@ -17,6 +17,7 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/small_gemm.h"
+#include "kernels/cuda/softmax_loss.h"
 
 namespace encore::kernels::cuda {
 
@@ -238,10 +239,12 @@ void loss_grad_matmul_kernel(const KernelArgs& args) {
     linear_into(
         KernelArgs{args.in.first(at.labels), args.out.subspan(2, 1), args.attrs, args.state},
         Op::LossGradMatmul, Op::Matmul, 0);
+  // With the logits, this step runs before the loss, which eagerly fails first on a bad label.
   const AttrBlob loss = AttrBlob::of(attrs.loss);
   const BufferView loss_in[3] = {logits, labels, gy};
-  lookup_kernel(Op::SoftmaxCrossEntropyGrad, DeviceType::CUDA)(
-      KernelArgs{std::span<const BufferView>(loss_in, 3), args.out.subspan(1, 1), loss});
+  cross_entropy_grad(
+      KernelArgs{std::span<const BufferView>(loss_in, 3), args.out.subspan(1, 1), loss},
+      linear ? Op::SoftmaxCrossEntropy : Op::SoftmaxCrossEntropyGrad);
   const BufferView in[3] = {grad, b, act_in != nullptr ? *act_in : b};
   const AttrBlob product = AttrBlob::of(attrs.product.matmul);
   matmul_into(KernelArgs{std::span<const BufferView>(in, act_in != nullptr ? 3 : 2),

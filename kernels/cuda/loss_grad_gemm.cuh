@@ -71,10 +71,10 @@ struct LogitsRows {
   bool vectors_x = false, vectors_w = false;
 };
 
-// The dynamic shared memory of a launch (loss_grad_shared_elements' layout, in this order: b's k
-// rows of kSmallGemmThreads, then where kLinear w's k rows and the block's kRows rows of x, each
-// `hidden` rounded up to a 16-byte vector, then kRows rows of g, then where kLinear kRows rows of
-// logits and the bias).
+// The dynamic shared memory of a launch, its only shared memory (loss_grad_shared_elements'
+// layout, in this order: the label counts' scratch; b's k rows of kSmallGemmThreads; where kLinear
+// w's k rows and the block's kRows rows of x, each `hidden` rounded up to a 16-byte vector; kRows
+// rows of g; where kLinear kRows rows of logits and the bias).
 template <typename T, int kRows, bool kLinear>
 size_t loss_grad_shared_bytes(int64_t k, int64_t hidden) {
   return static_cast<size_t>(loss_grad_shared_elements(k, kRows, kLinear ? hidden : 0, kVec16<T>)) *
@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const int chunk = static_cast<int>(k);
   const int hidden = kLinear ? static_cast<int>(lin.hidden) : 0;
   const int width = (hidden + kVec16<T> - 1) / kVec16<T> * kVec16<T>;
-  T* bs = reinterpret_cast<T*>(dynamic_shared());
+  // The label counts' scratch (4 int64 of two 16-byte vectors), then the staged rows.
+  int64_t* sh = reinterpret_cast<int64_t*>(dynamic_shared());
+  T* bs = reinterpret_cast<T*>(dynamic_shared() + 2 * 16);
   T* ws = bs + chunk * kWidth;
   T* xs = ws + (kLinear ? chunk * width : 0);
   T* as = xs + (kLinear ? kRows * width : 0);
@@ -123,7 +125,6 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
   const bool computes = warp < kRows && i < m;
   const T gy = *loss.gy;
   const int64_t label = computes ? static_cast<int64_t>(loss.labels[i]) : 0;
-  __shared__ int64_t sh[32];
   int64_t count = 0;
   for (int64_t r = t; r < m; r += kWidth)
     count += static_cast<int64_t>(loss.labels[r]) != loss.ignore ? 1 : 0;

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/softmax_loss.cuh"
+#include "kernels/cuda/softmax_loss.h"
 #include "kernels/cuda/stream_libraries.h"
 
 namespace encore::kernels::cuda {
@@ -78,7 +79,9 @@ void cross_entropy(const KernelArgs& args) {
   });
 }
 
-void cross_entropy_grad(const KernelArgs& args) {
+}  // namespace
+
+void cross_entropy_grad(const KernelArgs& args, Op report) {
   constexpr Op kOp = Op::SoftmaxCrossEntropyGrad;
   const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
   const BufferView& gx = args.out[0];
@@ -90,9 +93,15 @@ void cross_entropy_grad(const KernelArgs& args) {
       if (gx.numel() == 0) return;
       launch_dependent<cross_entropy_grad_kernel<T, L>>(
           kOp, cross_entropy_grad_blocks(rows), kThreads, logits.as<T>(), labels.as<L>(),
-          gy.as<T>(), gx.as<T>(), rows, classes, ignore, error_slot(), kind);
+          gy.as<T>(), gx.as<T>(), rows, classes, ignore, error_slot(), kind, report);
     });
   });
+}
+
+namespace {
+
+void cross_entropy_grad_kernel_fn(const KernelArgs& args) {
+  cross_entropy_grad(args, Op::SoftmaxCrossEntropyGrad);
 }
 
 void mean_squared_error(const KernelArgs& args) {
@@ -124,7 +133,7 @@ ENCORE_REGISTER_CUDA(Op::LogSoftmax, &softmax<true>);
 ENCORE_REGISTER_CUDA(Op::SoftmaxGrad, &softmax_grad<false>);
 ENCORE_REGISTER_CUDA(Op::LogSoftmaxGrad, &softmax_grad<true>);
 ENCORE_REGISTER_CUDA(Op::SoftmaxCrossEntropy, &cross_entropy);
-ENCORE_REGISTER_CUDA(Op::SoftmaxCrossEntropyGrad, &cross_entropy_grad);
+ENCORE_REGISTER_CUDA(Op::SoftmaxCrossEntropyGrad, &cross_entropy_grad_kernel_fn);
 ENCORE_REGISTER_CUDA(Op::MeanSquaredError, &mean_squared_error);
 ENCORE_REGISTER_CUDA(Op::Accuracy, &accuracy);
 

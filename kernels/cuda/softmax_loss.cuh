@@ -349,14 +349,15 @@ __device__ __forceinline__ void cross_entropy_grad_row(const T* row, int64_t lab
   }
 }
 
-// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows. gy and
-// each warp's first label are loaded with the labels counted, not after their count.
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows; a bad
+// label reported as `op`'s. gy and each warp's first label are loaded with the labels counted, not
+// after their count.
 template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_grad_kernel(const T* __restrict__ x, const L* __restrict__ labels,
                               const T* __restrict__ gy, T* __restrict__ gx, int64_t rows,
                               int64_t classes, int64_t ignore, encore::cuda::DeviceErrorSlot errors,
-                              encore::cuda::DeviceErrorKind kind) {
+                              encore::cuda::DeviceErrorKind kind, Op op) {
   dependent_launch_start();
   constexpr int kPerBlock = kThreads / 32;
   const int lane = threadIdx.x % 32;
@@ -373,9 +374,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = first; i < rows; i += step) {  // uniform over each warp
     if (i != first) label = static_cast<int64_t>(labels[i]);
     T* grow = gx + i * classes;
-    cross_entropy_grad_row(x + i * classes, label, i, classes, ignore, scale, lane, true,
-                           Op::SoftmaxCrossEntropyGrad, errors, kind,
-                           [&](int64_t j, T v) { grow[j] = v; });
+    cross_entropy_grad_row(x + i * classes, label, i, classes, ignore, scale, lane, true, op,
+                           errors, kind, [&](int64_t j, T v) { grow[j] = v; });
   }
 }
 

@@ -5,11 +5,12 @@
 // launched as the .cu files launch them. The logits, the product and g must have the same bits
 // (NaN rows included), in float32 and float64, with int64 and int32 labels, one or four rows of g
 // per block, one or several column blocks, k up to the most one chunk holds, linears of several
-// inner lengths (below a warp, past it, not a multiple of a vector; rows of x and w not 16-byte
-// aligned) with and without a bias, b's rows not 16-byte aligned, each finish (none, an
-// activation gradient), ignored rows, every row ignored (a zero gradient) and an out-of-range
-// label (reported as the gradient kernel reports it). Nothing past c's outputs, g's or the
-// logits' elements may be written. The [cuda] tests check the device's bits against eager.
+// inner lengths (below a warp, past it, not a multiple of a vector, past one chunk of the dot
+// kernel; rows of x and w not 16-byte aligned) with and without a bias, b's rows not 16-byte
+// aligned, each finish (none, an activation gradient), ignored rows, every row ignored (a zero
+// gradient) and an out-of-range label (reported as the gradient kernel reports it, or as the
+// loss where the kernel computes the logits). Nothing past c's outputs, g's or the logits'
+// elements may be written. The [cuda] tests check the device's bits against eager.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -74,7 +75,7 @@ void apart(long long m, long long n, long long k, T* logits, const L* labels, co
   }
   emulate_launch(cross_entropy_grad_blocks(m), kThreads, [&] {
     cross_entropy_grad_kernel<T, L>(logits, labels, gy, g, m, k, ignore, errors,
-                                    DeviceErrorKind::Label);
+                                    DeviceErrorKind::Label, encore::Op::SoftmaxCrossEntropyGrad);
   });
   const GemmFinish<T> f{nullptr, act_in, static_cast<encore::Op>(act), T(0)};
   const GemmLaunch l = small_gemm_launch(false, m, n);
@@ -138,7 +139,7 @@ struct Case {
   int64_t bad_row = -1;  // a row whose label is k, out of range
   // > 0: the logits computed from x [m, hidden] and w [k, hidden] (each `offset` elements into
   // their storage too), plus a bias where `bias`.
-  int64_t hidden = 0;
+  int64_t hidden = 0;  // cut to 1000 (float32) or 400 (float64)
   bool bias = false;
 };
 
@@ -149,7 +150,8 @@ template <typename T, typename L>
 void check(Case cs, uint32_t seed) {
   cs.k = std::min(cs.k, std::is_same_v<T, float> ? kMaxLossGradClasses32 : kMaxLossGradClasses64);
   const int64_t m = cs.m, n = cs.n, k = cs.k, ldb = n + cs.pad;
-  const int64_t hidden = cs.hidden;
+  // Past float32's 800 and float64's 384, the dot kernel's linear takes several chunks of k.
+  const int64_t hidden = std::min<int64_t>(cs.hidden, std::is_same_v<T, float> ? 1000 : 400);
   INFO("m " << m << ", n " << n << ", k " << k << ", act " << op_name(cs.act) << ", offset "
             << cs.offset << ", pad " << cs.pad << (cs.all_ignored ? ", all ignored" : "")
             << ", bad row " << cs.bad_row << ", hidden " << hidden << (cs.bias ? ", bias" : ""));
@@ -261,6 +263,7 @@ TEST_CASE(
       {64, 300, 10, Op::TanhGrad, 0, 0, false, -1, 45, true},
       {66, 130, 24, Op::Matmul, 0, 0, false, 9, 64, false},
       {8, 12, 10, Op::ReluGrad, 0, 0, true, -1, 200, true},
+      {10, 16, 10, Op::ReluGrad, 0, 0, false, -1, 1000, true},  // the linear in several chunks
       {12, 16, 10, Op::Matmul, 0, 0, true},
       {12, 16, 10, Op::ReluGrad, 0, 0, false, 7},
       {64, 300, 10, Op::Matmul, 0, 0, false, 62},

@@ -65,7 +65,8 @@ unsigned losses(const T* x, const long long* labels, const T* gy, T* loss, T* gx
   });
   emulate_launch(cross_entropy_grad_blocks(rows), kThreads, [&] {
     cross_entropy_grad_kernel<T, long long>(x, labels, gy, gx, rows, classes, ignore, errors,
-                                            DeviceErrorKind::Label);
+                                            DeviceErrorKind::Label,
+                                            encore::Op::SoftmaxCrossEntropyGrad);
   });
   emulate_launch(1, kLossThreads, [&] {
     accuracy_kernel<T, long long>(x, labels, accuracy, rows, classes, ignore, errors);
