@@ -104,6 +104,18 @@ inline bool cuda_small_gemm_computes_loss_grad(const GemmShape& g, DType dtype) 
   return !g.trans_a && g.k <= most && cuda_small_gemm(g) == SmallGemm::kSerialK;
 }
 
+// The linear whose logits a loss-gradient kernel for `product` computes: x [product.m, hidden]
+// times w stored [product.k, hidden], transposed.
+inline GemmShape loss_logits_linear(const GemmShape& product, int64_t hidden) {
+  return {.trans_b = true,
+          .m = product.m,
+          .n = product.k,
+          .k = hidden,
+          .lda = hidden,
+          .ldb = hidden,
+          .ldc = product.k};
+}
+
 // Whether that kernel also computes the logits, x w^T + bias of the linear before the loss (its
 // GemmShape `linear`: x [m, hidden], w stored [k, hidden]), with the bits of the kDot kernel that
 // runs the linear eagerly, and stores them beside: where it computes the gradient, the linear runs

@@ -80,15 +80,20 @@ inline bool folds_loss_grad(const LossFoldCase& c, DType dtype, Device device) {
          cuda_small_gemm_computes_loss_grad(head_input_grad(c), dtype);
 }
 inline bool folds_logits(const LossFoldCase& c, DType dtype, Device device) {
-  const GemmShape head{.trans_b = true,
-                       .m = c.rows,
-                       .n = c.classes,
-                       .k = c.hidden,
-                       .lda = c.hidden,
-                       .ldb = c.hidden,
-                       .ldc = c.classes};
+  const GemmShape product = head_input_grad(c);
   return device.type != DeviceType::CUDA ||
-         cuda_small_gemm_computes_logits(head_input_grad(c), head, dtype);
+         cuda_small_gemm_computes_logits(product, loss_logits_linear(product, c.hidden), dtype);
+}
+
+// One training step of m with optimizer o: zero_grad, the loss loss_of(m, x, t), backward, step;
+// returns the loss.
+template <typename LossOf>
+Tensor adam_step(nn::Module& m, optim::Adam& o, const Tensor& x, const Tensor& t, LossOf& loss_of) {
+  o.zero_grad();
+  Tensor loss = loss_of(m, x, t);
+  loss.backward();
+  o.step();
+  return loss;
 }
 
 inline void check_loss_grad_folds(Device device) {
@@ -115,11 +120,7 @@ inline void check_loss_grad_folds(Device device) {
                                    : F::softmax_cross_entropy(logits, t, ignore);
             };
             auto train = [&](nn::Module& m, optim::Adam& o, const Tensor& x, const Tensor& t) {
-              o.zero_grad();
-              Tensor loss = loss_of(m, x, t);
-              loss.backward();
-              o.step();
-              return loss;
+              return adam_step(m, o, x, t, loss_of);
             };
             auto step = static_graph(
                 [&](const Tensor& x, const Tensor& t) { return train(*model, opt, x, t); },

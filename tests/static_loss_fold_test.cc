@@ -25,11 +25,7 @@ std::string head_steps(LossOf loss_of) {
   optim::Adam eager_opt(eager_model->parameters(), {.lr = 1e-2}),
       opt(model->parameters(), {.lr = 1e-2});
   auto train = [&](nn::Module& m, optim::Adam& o, const Tensor& x, const Tensor& t) {
-    o.zero_grad();
-    Tensor loss = loss_of(m, x, t);
-    loss.backward();
-    o.step();
-    return loss;
+    return adam_step(m, o, x, t, loss_of);
   };
   auto step =
       static_graph([&](const Tensor& x, const Tensor& t) { return train(*model, opt, x, t); },

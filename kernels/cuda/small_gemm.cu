@@ -65,13 +65,7 @@ void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, c
                ": no small GEMM kernel computes the loss gradient of [", g.m, ",", g.k, "] for [",
                g.k, ",", g.n, "]", g.trans_a ? " (transposed)" : "");
   const bool with_linear = linear.x != nullptr;
-  const GemmShape lg{.trans_b = true,
-                     .m = g.m,
-                     .n = g.k,
-                     .k = linear.hidden,
-                     .lda = linear.hidden,
-                     .ldb = linear.hidden,
-                     .ldc = g.k};
+  const GemmShape lg = loss_logits_linear(g, linear.hidden);
   ENCORE_CHECK(!with_linear || cuda_small_gemm_computes_logits(g, lg, dtype), op_name(kOp),
                ": no small GEMM kernel computes the logits of [", g.m, ",", linear.hidden, "] x [",
                linear.hidden, ",", g.k, "] beside the loss gradient");
