@@ -119,7 +119,7 @@ enum class Op : uint16_t {
   // logits [m, k], labels [m], gy [], b, optional y -> the product of the cross-entropy gradient
   // g [m, k] and b (then MatmulActAttrs' activation gradient, y what it reads), and g itself
   // (LossGradMatmulAttrs): a loss's gradient and the input gradient of the linear before it in one
-  // step, each with the bits its own op gives (schedule/rewrites.cc). With `linear`, the logits
+  // step, each with the bits its own op gives (schedule/loss_folds.cc). With `linear`, the logits
   // are computed too, from that linear's x, w and optional bias in their place, and are a third
   // output (loss_grad_matmul_inputs says where each input is).
   LossGradMatmul,

@@ -1,7 +1,7 @@
 // A rewrite of a plan's steps (rewrites.cc: activations folded into their producers and
-// gradients, bias gradients into weight gradients, a loss's gradient into the product reading it;
-// layout_folds.cc: chains of layout steps as one strided copy): who reads and writes each storage,
-// and the edits, applied by finish().
+// gradients, bias gradients into weight gradients; loss_folds.cc: a loss's gradient into the
+// product reading it; layout_folds.cc: chains of layout steps as one strided copy): who reads and
+// writes each storage, and the edits, applied by finish().
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // A loss's gradient and the input gradient of the classifier's last linear in one step
-// (LossGradMatmul, schedule/rewrites.cc): the scenario the cpu (static_loss_fold_test.cc) and
+// (LossGradMatmul, schedule/loss_folds.cc): the scenario the cpu (static_loss_fold_test.cc) and
 // cuda:0 (cuda/cuda_small_gemm_test.cc, CUDA graphs on and off) both run. Whole Adam steps of a
 // linear, an optional tanh and the head, static against eager on the device, bit for bit
 // (losses, parameters, gradients), in float32 and float64, with softmax_cross_entropy (int64

@@ -1,5 +1,5 @@
 // A loss's gradient and the product reading it as one LossGradMatmul step on the cpu
-// (schedule/rewrites.cc; the scenarios: loss_fold_cases.h), at one and two threads; and where the
+// (schedule/loss_folds.cc; the scenarios: loss_fold_cases.h), at one and two threads; and where the
 // head's linear must stay apart from it: a step between them that checks labels first (an
 // accuracy before the loss), labels or the loss's incoming gradient written between them, a write
 // to state outside the call between them. Each such step still replays eager's bits.

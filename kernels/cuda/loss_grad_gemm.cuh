@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     if (computes) {
       T* grow = loss.g + i * k;
       // A bad label is reported as the loss's where the logits are computed here: the loss, which
-      // the step runs before here eagerly, fails on it first (schedule/rewrites.cc).
+      // the step runs before here eagerly, fails on it first (schedule/loss_folds.cc).
       const Op op = kLinear ? Op::SoftmaxCrossEntropy : Op::SoftmaxCrossEntropyGrad;
       cross_entropy_grad_row(logits, label, i, k, loss.ignore, scale, lane, first, op, loss.errors,
                              loss.kind, [&](int64_t p, T v) {
