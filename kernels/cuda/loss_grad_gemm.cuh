@@ -35,15 +35,11 @@
 
 namespace encore::kernels::cuda {
 
-// runtime/small_gemm.h sizes what a block stages with these.
+// runtime/small_gemm.h sizes what a block stages (and checks the class limits) with these.
 static_assert(kLossGradRows == kSerialRows && kSmallGemmBlock == kSmallGemmThreads &&
               kSmallGemmSharedBytes == kMaxDynamicSharedBytes);
 // A block computes up to kSerialRows rows of g, a warp each.
 static_assert(kSerialRows <= kSmallGemmThreads / 32);
-static_assert(loss_grad_shared_elements(kMaxLossGradClasses32, kSerialRows, 0, 4) * 4 <=
-                  kMaxDynamicSharedBytes &&
-              loss_grad_shared_elements(kMaxLossGradClasses64, kSerialRows, 0, 2) * 8 <=
-                  kMaxDynamicSharedBytes);
 
 // g's rows as the gradient kernel computes them: of logits [m, k] and labels [m], gy the loss's
 // incoming gradient (one element), g where they are stored.
