@@ -67,9 +67,13 @@ void Rewriter::fold_loss_gradients(DeviceType device) {
               ? MatmulActAttrs{mm.attrs.as<MatmulAttrs>(), {}, ActAttrs{Op::Matmul, {}, 0}}
               : mm.attrs.as<MatmulActAttrs>();
       if (product.matmul.trans_a) continue;
+      // d is written by m alone and read after it only, and shares no storage with what the step
+      // reads (its kernel's blocks read the logits, labels and gy while others write d).
       const Operand d = mm.out[0];
+      const auto shares_d = [&](const Operand& o) { return memory_[o.buf] == memory_[d.buf]; };
       if (d.nbytes() != nbytes(d) || writers(d) != std::vector<int>{m} ||
-          (!readers(d).empty() && readers(d)[0] < m) || memory_[d.buf] == memory_[g.buf])
+          (!readers(d).empty() && readers(d)[0] < m) || shares_d(g) ||
+          std::any_of(ce.in.begin(), ce.in.end(), shares_d))
         continue;
       const auto changes = [&](const Operand& o) {
         const std::vector<int>& w = writers(o);
