@@ -126,8 +126,7 @@ inline bool cuda_small_gemm_computes_logits(const GemmShape& product, const Gemm
   const int64_t size = dtype == DType::Float64 ? 8 : 4;
   return cuda_small_gemm_computes_loss_grad(product, dtype) &&
          cuda_small_gemm(linear) == SmallGemm::kDot && linear.m == product.m &&
-         linear.n == product.k && linear.lda == linear.k && linear.ldb == linear.k &&
-         linear.k <= kSmallGemmSharedBytes / size &&
+         linear.n == product.k &&
          loss_grad_shared_elements(product.k, kLossGradRows, linear.k, 16 / size) * size <=
              kSmallGemmSharedBytes;
 }

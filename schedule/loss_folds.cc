@@ -105,8 +105,8 @@ void Rewriter::fold_loss_gradients(DeviceType device) {
 // and its outputs, written by s alone, must not be read before s. The step now checks the labels
 // before the loss does: the first step from l to s that checks any must be the
 // SoftmaxCrossEntropy of these logits and labels, which eagerly fails first on a bad one, and the
-// step checks them as that loss (LossGradMatmulAttrs::linear) before it writes anything; no step
-// before that loss may write what outlives the call's temporaries (eagerly it runs before the
+// step checks them as that loss (LossGradMatmulAttrs::linear), having written only the logits; no
+// step before that loss may write what outlives the call's temporaries (eagerly it runs before the
 // failure).
 int Rewriter::checked_first(int l, int s) const {
   const Step& lg = steps_[s];

@@ -34,8 +34,9 @@ void cross_entropy_kernel(const KernelArgs& args) {
 
 }  // namespace
 
-// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows.
-void cross_entropy_grad_kernel(const KernelArgs& args) {
+// gx = (softmax(row) - onehot(label)) * gy / count on non-ignored rows, 0 on ignored rows; a bad
+// label is `report`'s Error, raised before anything is written.
+void cross_entropy_grad(const KernelArgs& args, Op report) {
   const BufferView &logits = args.in[0], &labels = args.in[1], &gy = args.in[2];
   const BufferView& gx = args.out[0];
   const CrossEntropyAttrs& attrs = args.attr<CrossEntropyAttrs>();
@@ -48,7 +49,7 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
       const L* y = labels.as<L>();
       T* g = gx.as<T>();
       int64_t count = 0;
-      for (int64_t i = 0; i < rows; ++i) count += label_counted(y[i], i, classes, attrs, kOp);
+      for (int64_t i = 0; i < rows; ++i) count += label_counted(y[i], i, classes, attrs, report);
       const T scale = count == 0 ? T(0) : *gy.as<T>() / static_cast<T>(count);
       for (int64_t i = 0; i < rows; ++i) {
         const T* row = x + i * classes;
@@ -68,6 +69,10 @@ void cross_entropy_grad_kernel(const KernelArgs& args) {
 }
 
 namespace {
+
+void cross_entropy_grad_kernel(const KernelArgs& args) {
+  cross_entropy_grad(args, Op::SoftmaxCrossEntropyGrad);
+}
 
 // mean((a - b)^2) over all elements.
 void mean_squared_error_kernel(const KernelArgs& args) {

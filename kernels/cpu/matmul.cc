@@ -15,7 +15,6 @@
 #include "kernels/cpu/reduce.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
-#include "runtime/value_checks.h"
 
 namespace encore::kernels::cpu {
 namespace {
@@ -184,19 +183,18 @@ void weight_bias_grad_kernel(const KernelArgs& args) {
 void loss_grad_matmul_kernel(const KernelArgs& args) {
   const LossGradMatmulAttrs& attrs = args.attr<LossGradMatmulAttrs>();
   const LossGradMatmulInputs at = loss_grad_matmul_inputs(attrs);
-  BufferView logits = at.logits >= 0 ? args.in[at.logits] : args.out[2];
-  if (attrs.linear != 0) {
-    // The loss, which the plan runs after this step but which eagerly runs first, fails first on
-    // a bad label: checked as it checks them, before anything is written.
-    const BufferView& labels = args.in[at.labels];
-    check_values(Op::SoftmaxCrossEntropy, AttrBlob::of(attrs.loss), labels.data, labels.dtype,
-                 labels.numel(), args.out[1].shape[1]);
+  const bool linear = attrs.linear != 0;
+  BufferView logits = linear ? args.out[2] : args.in[at.logits];
+  if (linear) {
     linear_kernel(KernelArgs{args.in.first(at.labels), args.out.subspan(2, 1), AttrBlob{}});
     logits.shape = args.out[1].shape;  // the loss's [m, k] view of the linear's output
   }
+  // With the logits, the step runs before the loss, which eagerly fails first on a bad label: the
+  // gradient reports it as the loss's (attrs.loss is then the loss's), before writing g.
   const BufferView loss_in[3] = {logits, args.in[at.labels], args.in[at.gy]};
-  cross_entropy_grad_kernel(KernelArgs{std::span<const BufferView>(loss_in, 3),
-                                       args.out.subspan(1, 1), AttrBlob::of(attrs.loss)});
+  cross_entropy_grad(KernelArgs{std::span<const BufferView>(loss_in, 3), args.out.subspan(1, 1),
+                                AttrBlob::of(attrs.loss)},
+                     linear ? Op::SoftmaxCrossEntropy : Op::SoftmaxCrossEntropyGrad);
   const bool act = at.y >= 0;
   const BufferView in[3] = {args.out[1], args.in[at.b], args.in[act ? at.y : at.b]};
   const std::span<const BufferView> operands(in, act ? 3 : 2);
