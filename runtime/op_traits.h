@@ -58,7 +58,7 @@ struct OpTraits {
   int8_t max_inputs;  // -1: any number
   int8_t outputs;     // -1: a planner-made op, never dispatched; kAnyOutputs: 1 to 8
   AttrType attrs;     // the attribute struct its calls carry
-  uint8_t mutates;    // Inplace: bit i set when input i is written (of each group, see below)
+  uint16_t mutates;   // Inplace: bit i set when input i is written (of each group, see below)
   uint8_t flags;      // kElementwise, kFusable, kBroadcastsOne, kRandom, kOptimizerUpdate, kSplits,
                       // kRowFusable, kCollective
   // 0, or: the inputs come in groups of this many (an optimizer update of several parameters in
@@ -185,6 +185,9 @@ inline constexpr OpTraits kOpTraits[] = {
      kSplits},
     {Op::LossGradMatmul, "loss_grad_matmul", OpKind::Compute, 4, 7, -1, AttrType::LossGradMatmul, 0,
      kSplits},
+    // Writes every input from the third on: the two gradients, and each parameter's update.
+    {Op::WeightGradAdam, "weight_grad_adam", OpKind::Inplace, kWeightGradAdamInputs,
+     kWeightGradAdamBiasInputs, -1, AttrType::WeightGradAdam, 0xfffc, kSplits},
     {Op::StridedCopy, "strided_copy", OpKind::Compute, 1, -1, kAnyOutputs, AttrType::StridedCopy, 0,
      0},
     {Op::AllReduceStart, "all_reduce_start", OpKind::Compute, 1, 1, 1, AttrType::Collective, 0,
@@ -244,7 +247,7 @@ constexpr bool op_has_scalar_attrs(Op op) {
 // Bit i is set when input i (of each group, for an op with input groups) is written in place
 // (its version counter is bumped); 0 for ops that are not Inplace. Use op_writes_input for one
 // input of a call.
-constexpr uint8_t op_mutated_inputs(Op op) {
+constexpr uint16_t op_mutated_inputs(Op op) {
   return op_traits(op).mutates;
 }
 // Inputs per group of an op whose inputs come in groups (OpTraits::group), else 0.
@@ -283,21 +286,24 @@ constexpr bool op_reads_two(Op op) {
 
 // The name of an attribute struct, for messages.
 constexpr std::string_view attr_type_name(AttrType t) {
+  // clang-format off
   constexpr std::string_view kNames[] = {
       "NoAttrs",        "ScalarAttrs",    "MatmulAttrs",         "ReduceAttrs",
       "PermuteAttrs",   "AxisAttrs",      "SliceAttrs",          "CrossEntropyAttrs",
       "Conv2dAttrs",    "Pool2dAttrs",    "BatchNormAttrs",      "RandomAttrs",
       "FusedAttrs",     "SgdAttrs",       "AdamAttrs",           "ActAttrs",
       "Conv2dActAttrs", "MatmulActAttrs", "WeightBiasGradAttrs", "LossGradMatmulAttrs",
-      "EmbeddingAttrs", "LayerNormAttrs", "CollectiveAttrs",     "StridedCopyAttrs"};
+      "WeightGradAdamAttrs", "EmbeddingAttrs", "LayerNormAttrs", "CollectiveAttrs",
+      "StridedCopyAttrs"};
+  // clang-format on
   static_assert(std::size(kNames) == static_cast<size_t>(AttrType::StridedCopy) + 1);
   return kNames[static_cast<int>(t)];
 }
 
 // Bit i of a per-operand mask (mutated, saved inputs ...); false past the mask's width, since
 // ops such as concat take any number of operands.
-constexpr bool mask_bit(uint8_t mask, size_t i) {
-  return i < 8 && (mask >> i & 1) != 0;
+constexpr bool mask_bit(uint16_t mask, size_t i) {
+  return i < 16 && (mask >> i & 1) != 0;
 }
 
 // Whether a call of `op` writes its input i in place.

@@ -123,6 +123,13 @@ enum class Op : uint16_t {
   // are computed too, from that linear's x, w and optional bias in their place, and are a third
   // output (loss_grad_matmul_inputs says where each input is).
   LossGradMatmul,
+  // a [k, m], b [k, n], then per parameter an AdamUpdate group (the parameter, its gradient, m, v
+  // and the step count; all written), first the weight's, then the bias's where there is one:
+  // writes a^T b (the weight gradient) into the first group's gradient and sum(a, 0) (the bias
+  // gradient) into the second's, then updates each parameter by Adam from it
+  // (WeightGradAdamAttrs): a linear's weight and bias gradients and their optimizer updates in one
+  // step, each with the bits its own op gives (schedule/update_folds.cc).
+  WeightGradAdam,
   // Made by the planner for every device (schedule/layout_folds.cc), never dispatched: a chain
   // of layout steps (permute, slice, split, concat, copy) as one copy of its inputs' elements
   // into its output (StridedCopyAttrs; runtime/strided_copy.h).
@@ -173,6 +180,7 @@ enum class AttrType : uint8_t {
   MatmulAct,
   WeightBiasGrad,
   LossGradMatmul,
+  WeightGradAdam,
   Embedding,
   LayerNorm,
   Collective,
@@ -373,6 +381,42 @@ constexpr LossGradMatmulInputs loss_grad_matmul_inputs(const LossGradMatmulAttrs
           a.product.act.op != Op::Matmul ? head + 3 : -1};
 }
 
+// WeightGradAdam: the optimizer's attributes (AdamAttrs' members; a live step's at the call
+// replace them: schedule/executor.cc), then, for verify mode, the recorded steps whose values it
+// writes besides its own index's (the weight gradient): the Sum's (the bias gradient) and the
+// AdamUpdates of the weight and of the bias (-1: none).
+struct WeightGradAdamAttrs {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled = false;
+  uint8_t unused[3] = {};
+  int32_t sum_index = -1;
+  int32_t weight_update = -1;
+  int32_t bias_update = -1;
+};
+constexpr AdamAttrs adam_attrs(const WeightGradAdamAttrs& a) {
+  return {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, {}};
+}
+// `a` with the optimizer's attributes `adam`.
+constexpr WeightGradAdamAttrs with_adam(WeightGradAdamAttrs a, const AdamAttrs& adam) {
+  a.lr = adam.lr;
+  a.beta1 = adam.beta1;
+  a.beta2 = adam.beta2;
+  a.eps = adam.eps;
+  a.weight_decay = adam.weight_decay;
+  a.decoupled = adam.decoupled;
+  return a;
+}
+// Its inputs: a, b, then per parameter an AdamUpdate group of kWeightGradAdamGroup (the parameter,
+// its gradient, m, v and the step count), the weight's, then the bias's when it has
+// kWeightGradAdamBiasInputs.
+inline constexpr int kWeightGradAdamGroup = 5;
+inline constexpr int kWeightGradAdamInputs = 2 + kWeightGradAdamGroup;
+inline constexpr int kWeightGradAdamBiasInputs = 2 + 2 * kWeightGradAdamGroup;
+
 // How a collective combines the ranks' values.
 enum class ReduceOp : uint8_t { Sum, Max, Min };
 
@@ -432,6 +476,8 @@ template <>
 struct AttrTypeOf<WeightBiasGradAttrs> : AttrTag<AttrType::WeightBiasGrad> {};
 template <>
 struct AttrTypeOf<LossGradMatmulAttrs> : AttrTag<AttrType::LossGradMatmul> {};
+template <>
+struct AttrTypeOf<WeightGradAdamAttrs> : AttrTag<AttrType::WeightGradAdam> {};
 template <>
 struct AttrTypeOf<EmbeddingAttrs> : AttrTag<AttrType::Embedding> {};
 template <>

@@ -133,8 +133,9 @@ std::string Plan::location(int buf, const Names& names) const {
 }
 
 const std::string* Plan::rewrite_note(const Step& s) const {
-  if (s.out.empty()) return nullptr;
-  const auto it = rewrite_notes_.find(s.out[0].buf);
+  // Its first output; a WeightGradAdam's weight gradient (update_folds.cc).
+  const int first = s.op == Op::WeightGradAdam ? s.in[3].buf : s.out.empty() ? -1 : s.out[0].buf;
+  const auto it = rewrite_notes_.find(first);
   return it == rewrite_notes_.end() ? nullptr : &it->second;
 }
 

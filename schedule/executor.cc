@@ -23,6 +23,14 @@ std::vector<profiler::StepTime>& step_times() {
   return times;
 }
 
+// The group of recorded update step `update` whose parameter is `param`'s buffer, or -1.
+int recorded_group(const Step& update, const Operand& param) {
+  const size_t size = static_cast<size_t>(op_input_group(update.op));
+  for (size_t g = 0; size > 0 && g + size <= update.in.size(); g += size)
+    if (update.in[g].buf == param.buf) return static_cast<int>(g / size);
+  return -1;
+}
+
 }  // namespace
 
 Plan::~Plan() {
@@ -100,13 +108,18 @@ void Plan::build_steps() {
   if (options_.redzones) guard_begin_.push_back(static_cast<uint32_t>(guards_.size()));
   if (n_forward_ == static_cast<int>(all_.size())) forward_patches_ = patches_.size();
   for (const Operand& r : results_) external[r.buf] = 1;
+  // An escape gets its storage in the phase of its first writer (a WeightGradAdam writes the
+  // gradients it computes as inputs).
   std::vector<char> seen(bufs.size(), 0);
-  for (int t = 0; t < static_cast<int>(all_.size()); ++t)
-    for (const Operand& o : all_[t].out)
-      if (escape_[o.buf] >= 0 && !seen[o.buf]) {
-        seen[o.buf] = 1;
-        (t < n_forward_ ? fwd_escapes_ : bwd_escapes_).push_back(o.buf);
-      }
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
+    const Step& s = all_[t];
+    for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                     [&](const Operand& o) {
+                       if (escape_[o.buf] < 0 || seen[o.buf]) return;
+                       seen[o.buf] = 1;
+                       (t < n_forward_ ? fwd_escapes_ : bwd_escapes_).push_back(o.buf);
+                     });
+  }
   for (size_t b = 0; b < bufs.size(); ++b) {
     if (!external[b]) continue;
     external_.push_back(static_cast<int>(b));
@@ -373,6 +386,32 @@ void Plan::run_steps(CallState& b, int begin, int end, std::vector<StepSnapshot>
           keep(snapshots->emplace_back(StepSnapshot{a.grad_index, {}}), out[1]);
         if (a.linear != 0 && a.logits_index >= 0)  // the logits: the linear's
           keep(snapshots->emplace_back(StepSnapshot{a.logits_index, {}}), out[2]);
+      } else if (s.op == Op::WeightGradAdam || (op_input_group(s.op) > 0 && s.trace_index >= 0 &&
+                                                s.n_in != trace_steps_[s.trace_index].in.size())) {
+        // Per recorded step: the weight gradient, the bias gradient (the Sum's), and what the
+        // update wrote of each group, as recorded: a WeightGradAdam's, or an update that lost
+        // groups to WeightGradAdam steps (update_folds.cc).
+        const Step& st = all_[i];
+        const bool fold = s.op == Op::WeightGradAdam;
+        const Op update = fold ? Op::AdamUpdate : s.op;
+        const int size = op_input_group(update), first = fold ? 2 : 0;
+        const WeightGradAdamAttrs* a = fold ? &s.attrs.as<WeightGradAdamAttrs>() : nullptr;
+        if (fold) {
+          keep(snapshots->emplace_back(StepSnapshot{s.trace_index, {}}), in[3]);
+          if (a->sum_index >= 0 && s.n_in == kWeightGradAdamBiasInputs)
+            keep(snapshots->emplace_back(StepSnapshot{a->sum_index, {}}),
+                 in[kWeightGradAdamInputs + 1]);
+        }
+        for (int g0 = first; g0 + size <= static_cast<int>(s.n_in); g0 += size) {
+          const int recorded = !fold         ? s.trace_index
+                               : g0 == first ? a->weight_update
+                                             : a->bias_update;
+          if (recorded < 0) continue;
+          StepSnapshot& snap = snapshots->emplace_back(
+              StepSnapshot{recorded, {}, -1, recorded_group(trace_steps_[recorded], st.in[g0])});
+          for (int j = 0; j < size; ++j)
+            if (op_writes_input(update, static_cast<size_t>(j))) keep(snap, in[g0 + j]);
+        }
       } else if (s.op == Op::StridedCopy) {  // per output, its recorded step's (a split's part)
         const StridedCopyProgram& p = *s.attrs.as<StridedCopyAttrs>().program;
         for (uint32_t k = 0; k < s.n_out; ++k)
@@ -421,6 +460,11 @@ void Plan::run_step(CallState& b, int i, bool device_random) const {
       a.offset = st.offset;
     }
     s.fn(KernelArgs{in, out, AttrBlob::of(a), &kernel_state_[i]});
+  } else if (s.live >= 0 && s.op == Op::WeightGradAdam) [[unlikely]] {
+    // The optimizer's attributes at the call in place of the recorded ones.
+    const AttrBlob a = AttrBlob::of(
+        with_adam(s.attrs.as<WeightGradAdamAttrs>(), b.live_attrs[s.live].as<AdamAttrs>()));
+    s.fn(KernelArgs{in, out, a, &kernel_state_[i]});
   } else {
     s.fn(KernelArgs{in, out, s.live < 0 ? s.attrs : b.live_attrs[s.live], &kernel_state_[i]});
   }

@@ -93,6 +93,11 @@ double step_cost(const Step& s) {
           a.linear != 0 ? numel(s.out[1]) * static_cast<double>(s.in[1].shape[1]) : 0;
       return numel(s.out[0]) * k + numel(s.out[1]) * kElementCost + logits;
     }
+    case Op::WeightGradAdam: {  // the weight gradient's k per element, then the updates'
+      double updates = 0;
+      for (size_t i = 2; i < s.in.size(); ++i) updates += numel(s.in[i]);
+      return numel(s.in[3]) * static_cast<double>(s.in[0].shape[0]) + kElementCost * updates;
+    }
     case Op::Conv2d:
     case Op::Conv2dAct:
     case Op::Conv2dGradInput:

@@ -48,6 +48,8 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
     fold_zero_fills();
     move_updates_early();
   }
+  if (options_.fold_activations && (device_.type == DeviceType::CUDA || options_.fold_cpu_updates))
+    fold_updates();
   if (options_.fuse) fuse_elementwise();
   if (device_.type == DeviceType::CPU && options_.padded_layouts) plan_padded_layouts();
   plan_memory();

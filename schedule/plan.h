@@ -8,11 +8,11 @@
 // arena with no lookups or allocation.
 //
 // Where each part lives: the passes in passes.cc, activation rewrites in rewrites.cc, layout
-// folds in layout_folds.cc (both through rewriter.h), early all-reduce starts in
-// early_collectives.cc, early updates in early_updates.cc, elementwise fusion in fusion.cc, padded
-// layouts in padded_layouts.cc, placement in memory_plan.cc, the executor (compiled steps, call
-// states, the replay loop) in executor.cc, the two-lane schedule and replay in lanes.cc,
-// CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
+// folds in layout_folds.cc, update folds in update_folds.cc (all through rewriter.h), early
+// all-reduce starts in early_collectives.cc, early updates in early_updates.cc, elementwise fusion
+// in fusion.cc, padded layouts in padded_layouts.cc, placement in memory_plan.cc, the executor
+// (compiled steps, call states, the replay loop) in executor.cc, the two-lane schedule and replay
+// in lanes.cc, CUDA-graph replay in cuda_graph.cc, the schedule dump in dump.cc.
 #pragma once
 
 #include <array>
@@ -66,8 +66,10 @@ struct PlanOptions {
   bool padded_layouts = true;
   // A cpu plan folds activations into the products and convolutions that feed them, their
   // gradients into the products that feed those, a linear's bias gradient into its weight
-  // gradient, and runs max pooling before a ReLU (rewrites.cc); a CUDA plan folds activations,
-  // their gradients and bias gradients into small products (runtime/small_gemm.h).
+  // gradient, a loss's gradient into the product reading it, and runs max pooling before a ReLU
+  // (rewrites.cc, loss_folds.cc); a CUDA plan folds all but the pooling into small products
+  // (runtime/small_gemm.h), and Adam updates into the weight gradients they read
+  // (update_folds.cc; a cpu plan too with fold_cpu_updates).
   bool fold_activations = true;
   // Steps that compute constants from values the function makes itself (a causal mask from
   // arange) are not replayed: their outputs are bound to their values at the trace.
@@ -75,6 +77,10 @@ struct PlanOptions {
   // Chains of layout steps whose intermediate values only the chain reads become strided copies
   // (layout_folds.cc), where `fuse` is on too.
   bool fold_layouts = true;
+  // A linear's Adam updates join its gradients' step (update_folds.cc) in a cpu plan too, where
+  // fold_activations is on (a CUDA plan's always do): off by default, since on two lanes the
+  // updates then no longer run beside the next gradients' products.
+  bool fold_cpu_updates = false;
 };
 
 // A buffer a plan laid out padded (padded_layouts.cc): [N, C, H, W] as planes of hp x wp with the
@@ -120,6 +126,7 @@ struct StepSnapshot {
   int trace_index = -1;
   std::vector<unsigned char> bytes;
   int output = -1;
+  int group = -1;  // an update's group of inputs whose writes the bytes hold (the plan split it)
 };
 
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.
@@ -350,7 +357,7 @@ class Plan {
   // Chains of layout steps whose intermediate values only the chain reads become StridedCopy
   // steps (layout_folds.cc).
   void fold_layouts();
-  // What rewrite_activations did to the step writing `s`'s first output (the dump), or null.
+  // What the rewrites did to the step writing what `s` writes first (the dump), or null.
   const std::string* rewrite_note(const Step& s) const;
   void fold_zero_fills();
   // Whether step `s` (a cpu plan's) checks values no check ahead covers: it may throw midway, so
@@ -364,6 +371,9 @@ class Plan {
   // (early_collectives.cc).
   void move_collectives_early();
   void move_updates_early();
+  // A linear's weight and bias gradients and the Adam updates reading them in one step
+  // (update_folds.cc).
+  void fold_updates();
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
   std::vector<int> storage_ids() const;
   void fuse_elementwise();

@@ -1,6 +1,7 @@
 // A rewrite of a plan's steps (rewrites.cc: activations folded into their producers and
 // gradients, bias gradients into weight gradients; loss_folds.cc: a loss's gradient into the
-// product reading it; layout_folds.cc: chains of layout steps as one strided copy): who reads and
+// product reading it; update_folds.cc: Adam updates into the weight gradients they read;
+// layout_folds.cc: chains of layout steps as one strided copy): who reads and
 // writes each storage, and the edits, applied by finish().
 #pragma once
 
@@ -51,6 +52,10 @@ class Rewriter {
   void fold_loss_gradients(DeviceType device);
   // Then the linear computing the logits into that step, on CUDA where its kernel computes them.
   void fold_loss_logits(DeviceType device);
+  // The Adam updates of a linear's weight and bias into the step computing their gradients
+  // (update_folds.cc; `throws`: per step, whether it may throw midway). On CUDA only where that
+  // step runs on a small GEMM kernel.
+  void fold_adam_updates(DeviceType device, const std::vector<char>& throws);
   // Chains of layout steps as StridedCopy steps, whose programs go to `programs`
   // (layout_folds.cc).
   void fold_layouts(std::vector<std::unique_ptr<StridedCopyProgram>>& programs);

@@ -28,6 +28,7 @@ std::atomic<bool> g_padded_layouts{env::flag("ENCORE_STATIC_PADDED", true)};
 std::atomic<bool> g_fold_activations{env::flag("ENCORE_STATIC_FOLD", true)};
 std::atomic<bool> g_fold_constants{env::flag("ENCORE_STATIC_FOLD_CONSTANTS", true)};
 std::atomic<bool> g_fold_layouts{env::flag("ENCORE_STATIC_FOLD_LAYOUTS", true)};
+std::atomic<bool> g_fold_cpu_updates{env::flag("ENCORE_STATIC_FOLD_CPU_UPDATES", false)};
 std::atomic<bool> g_dynamic{env::flag("ENCORE_STATIC_DYNAMIC", true)};
 std::atomic<bool> g_redzones{env::flag("ENCORE_STATIC_REDZONE", false)};
 std::atomic<bool> g_log_retraces{env::listed("ENCORE_LOG", "retrace", {"retrace"})};
@@ -108,6 +109,12 @@ bool set_fold_layouts_enabled(bool on) {
 }
 bool fold_layouts_enabled() {
   return g_fold_layouts.load();
+}
+bool set_fold_cpu_updates_enabled(bool on) {
+  return g_fold_cpu_updates.exchange(on);
+}
+bool fold_cpu_updates_enabled() {
+  return g_fold_cpu_updates.load();
 }
 bool set_dynamic_enabled(bool on) {
   return g_dynamic.exchange(on);
@@ -271,10 +278,11 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->name = label;
   e->id = ++stats.traces;
   e->traced_call = stats.calls;
-  e->plan_options = {fusion_enabled(),         redzones_enabled() || verify_every > 0,
-                     early_updates_enabled(),  lanes_enabled(),
-                     padded_layouts_enabled(), fold_activations_enabled(),
-                     fold_constants_enabled(), fold_layouts_enabled()};
+  e->plan_options = {fusion_enabled(),          redzones_enabled() || verify_every > 0,
+                     early_updates_enabled(),   lanes_enabled(),
+                     padded_layouts_enabled(),  fold_activations_enabled(),
+                     fold_constants_enabled(),  fold_layouts_enabled(),
+                     fold_cpu_updates_enabled()};
   e->sig = std::move(sig);
   e->owner = weak_from_this();
   e->backward_failures = failures;

@@ -204,6 +204,11 @@ bool fold_constants_enabled();
 // fusion is on too (ENCORE_STATIC_FOLD_LAYOUTS=0 starts it off). Returns the previous setting.
 bool set_fold_layouts_enabled(bool on);
 bool fold_layouts_enabled();
+// Whether signatures traced from now on fold a linear's Adam updates into its gradients' step on
+// the cpu too (ENCORE_STATIC_FOLD_CPU_UPDATES=1 starts it on; CUDA plans always do, under
+// set_fold_activations_enabled). Returns the previous setting.
+bool set_fold_cpu_updates_enabled(bool on);
+bool fold_cpu_updates_enabled();
 // Whether calls from now on may make argument dimensions dynamic and be served by dynamic
 // families (Config::dynamic; ENCORE_STATIC_DYNAMIC=0 starts it off). Off, every size is a
 // signature of its own, as with DynamicShapes::Off. Returns the previous setting.

@@ -72,6 +72,24 @@ bool same_values(std::span<const Operand> parts, std::span<const unsigned char> 
 // the eager run: all of them, or the one output the snapshot is of (a fused step's).
 bool same_values(const Step& s, const StepSnapshot& mine, const std::vector<unsigned char>& eager) {
   if (s.op == Op::AllReduceStart) return true;  // its handle is a request slot, not a value
+  if (mine.group >= 0) {  // an update's group: its writes, after those of the groups before it
+    const size_t size = static_cast<size_t>(op_input_group(s.op));
+    const size_t g0 = static_cast<size_t>(mine.group) * size;
+    if (size == 0 || g0 + size > s.in.size()) return false;
+    size_t at = 0;
+    std::vector<Operand> written;
+    for (size_t i = 0; i < g0 + size; ++i) {
+      if (!op_writes_input(s.op, i)) continue;
+      if (i < g0) {
+        at += s.in[i].nbytes();
+      } else {
+        written.push_back(s.in[i]);
+      }
+    }
+    if (at > eager.size()) return false;
+    const size_t n = std::min(eager.size() - at, mine.bytes.size());
+    return same_values(written, mine.bytes, std::span<const unsigned char>(eager).subspan(at, n));
+  }
   if (mine.output < 0) {
     std::vector<Operand> written;
     for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
@@ -161,7 +179,9 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
     const Step& a = want[mine.trace_index];
     ENCORE_CHECK(same_values(a, mine, eager.snapshots[offset + k]), "verify: ", name, ": ", what,
                  " op ", k, " ", step_text(a.op, a.in, a.out, a.attrs),
-                 mine.output > 0 ? cat(" (output ", mine.output, ")") : std::string(),
+                 mine.output > 0   ? cat(" (output ", mine.output, ")")
+                 : mine.group >= 0 ? cat(" (parameter ", mine.group, ")")
+                                   : std::string(),
                  " computed different values in the replay and in the eager run: the function "
                  "is not static (it reads values the schedule bound at trace time)");
   }

@@ -150,7 +150,8 @@ TEST_CASE("a missing backend or kernel is an error naming the op", "[dispatcher]
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }
-  for (const Op op : {Op::LinearAct, Op::MatmulActGrad, Op::WeightBiasGrad, Op::LossGradMatmul}) {
+  for (const Op op : {Op::LinearAct, Op::MatmulActGrad, Op::WeightBiasGrad, Op::LossGradMatmul,
+                      Op::WeightGradAdam}) {
     INFO(op_name(op));
     CHECK(lookup_kernel(op, DeviceType::CUDA) != nullptr);
   }

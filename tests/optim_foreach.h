@@ -164,12 +164,16 @@ inline std::shared_ptr<nn::Sequential> deep_mlp(uint64_t seed, Device d) {
   });
 }
 
-// A whole training step of deep_mlp, static, with Adam (foreach on): the schedule holds one
-// adam_update step for the 60 parameters, and replays (verified against eager on every
-// `verify_every`-th call) equal an eager twin with one call per parameter bit for bit. Returns
-// the static function's stats.
-inline StaticStats check_foreach_whole_step(Device d, int verify_every = 0) {
+// A whole training step of deep_mlp, static, with Adam (foreach on), its replays (verified against
+// eager on every `verify_every`-th call) equal to an eager twin's with one call per parameter bit
+// for bit. With `fold` off, the schedule holds one adam_update step for the 60 parameters; with it
+// on, each linear's weight and bias updates join its gradients' step (30 weight_grad_adam steps,
+// schedule/update_folds.cc) and nothing of the update is left. Returns the static function's
+// stats.
+inline StaticStats check_foreach_whole_step(Device d, int verify_every, bool fold) {
   StaticEnabled on;
+  const StaticFoldActivations folds(fold);
+  const StaticFoldCpuUpdates cpu_folds(fold);
   const int steps = 6;
   const std::vector<Batch> batches = mlp_batches(steps, 8, 8, /*seed=*/9, d);
   REQUIRE(static_cast<int>(batches.size()) == steps);
@@ -187,13 +191,10 @@ inline StaticStats check_foreach_whole_step(Device d, int verify_every = 0) {
   }
   const std::string text = step.schedule_text();
   INFO(text);
-  size_t updates = 0;
-  for (size_t at = text.find(" adam_update"); at != std::string::npos;
-       at = text.find(" adam_update", at + 1))
-    ++updates;
-  CHECK(updates == 1);
+  CHECK(count_of(text, R"(\d+  adam_update\s+\[)") == (fold ? 0 : 1));
+  CHECK(count_of(text, R"(\d+  weight_grad_adam\s+\[)") == (fold ? 30 : 0));
   // 60 parameters' groups of five inputs, and no more.
-  CHECK(text.find("in  299  ") != std::string::npos);
+  CHECK((text.find("in  299  ") != std::string::npos) == !fold);
   CHECK(text.find("in  300  ") == std::string::npos);
   const StaticStats s = step.stats();
   check_one_trace_then_replays(s, steps);

@@ -16,9 +16,12 @@ TEST_CASE("foreach optimizer updates equal one call per parameter bit for bit", 
 }
 
 TEST_CASE("a static whole step with a foreach update replays eager's bits", "[optim][static]") {
-  check_foreach_whole_step(Device::cpu());
-  const StaticStats verified = check_foreach_whole_step(Device::cpu(), /*verify_every=*/1);
-  CHECK(verified.verifications == 5);
+  for (const bool fold : {false, true}) {
+    INFO("fold " << fold);
+    check_foreach_whole_step(Device::cpu(), 0, fold);
+    const StaticStats verified = check_foreach_whole_step(Device::cpu(), /*verify_every=*/1, fold);
+    CHECK(verified.verifications == 5);
+  }
 }
 
 TEST_CASE("foreach is off by default on the cpu, and for parameters sharing a storage", "[optim]") {

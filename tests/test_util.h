@@ -136,6 +136,10 @@ using StaticFoldConstants = SwitchScope<set_static_fold_constants_enabled>;
 // Sets whether static functions traced in the scope fold chains of layout steps into strided
 // copies (ENCORE_STATIC_FOLD_LAYOUTS=0 in the environment would turn it off).
 using StaticFoldLayouts = SwitchScope<set_static_fold_layouts_enabled>;
+// Sets whether static functions traced in the scope fold a linear's Adam updates into its
+// gradients' step on the cpu too (off by default; ENCORE_STATIC_FOLD_CPU_UPDATES=1 would start it
+// on).
+using StaticFoldCpuUpdates = SwitchScope<set_static_fold_cpu_updates_enabled>;
 
 // How many matches of the regular expression `pattern` `text` holds (a schedule dump's steps).
 inline int count_of(const std::string& text, const std::string& pattern) {

@@ -168,6 +168,15 @@ bool static_fold_constants_enabled();
 // stands for. Returns the previous setting.
 bool set_static_fold_layouts_enabled(bool on);
 bool static_fold_layouts_enabled();
+// Whether signatures traced from now on run a linear's Adam updates inside the step computing its
+// weight and bias gradients on the cpu too. A CUDA plan does so wherever the gradients run on
+// encore's small GEMM kernels (with set_static_fold_activations_enabled): the update's kernel, a
+// training step's last, leaves its critical path. On the cpu the step runs the same kernels in
+// turn, and on two lanes the updates no longer run beside the next gradients' products, so it is
+// off by default there (ENCORE_STATIC_FOLD_CPU_UPDATES=1 starts it on). The values are the same
+// bit for bit either way. Returns the previous setting.
+bool set_static_fold_cpu_updates_enabled(bool on);
+bool static_fold_cpu_updates_enabled();
 // Whether calls from now on may make argument dimensions dynamic (StaticOptions::dynamic) and be
 // served by the dynamic families made so far; off (ENCORE_STATIC_DYNAMIC=0 starts it off), every
 // size traces once, as with DynamicShapes::Off. Returns the previous setting.

@@ -47,6 +47,12 @@ bool set_static_fold_layouts_enabled(bool on) {
 bool static_fold_layouts_enabled() {
   return schedule::fold_layouts_enabled();
 }
+bool set_static_fold_cpu_updates_enabled(bool on) {
+  return schedule::set_fold_cpu_updates_enabled(on);
+}
+bool static_fold_cpu_updates_enabled() {
+  return schedule::fold_cpu_updates_enabled();
+}
 bool set_static_dynamic_enabled(bool on) {
   return schedule::set_dynamic_enabled(on);
 }

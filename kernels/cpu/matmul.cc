@@ -2,8 +2,9 @@
 // planner's LinearAct and MatmulActGrad: the same products, with an activation (or an activation
 // gradient) applied to each part of the output right after the part is computed; its
 // MatmulAccumulate: an outer product added into a gradient; its WeightBiasGrad: a weight
-// gradient's product, then its bias gradient's Sum; and its LossGradMatmul: a loss's gradient,
-// then the product reading it.
+// gradient's product, then its bias gradient's Sum; its LossGradMatmul: a loss's gradient, then
+// the product reading it; and its WeightGradAdam: a weight (and bias) gradient, then the Adam
+// updates reading them.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/kernel.h"
 #include "kernels/cpu/loss.h"
+#include "kernels/cpu/optim.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/gemm_shape.h"
 #include "runtime/parallel.h"
@@ -205,6 +207,25 @@ void loss_grad_matmul_kernel(const KernelArgs& args) {
   }
 }
 
+// WeightGradAdam: a [k, m], b [k, n], then the weight's AdamUpdate group (and the bias's) -> a^T b
+// into the weight's gradient (and sum(a, 0) into the bias's), then each parameter's update, by
+// the Matmul's (or WeightBiasGrad's) kernel and the AdamUpdate's in turn (the fold saves CUDA a
+// kernel; here it is one step of the same work).
+void weight_grad_adam_kernel(const KernelArgs& args) {
+  const AdamAttrs adam = adam_attrs(args.attr<WeightGradAdamAttrs>());
+  const bool bias = args.in.size() == kWeightGradAdamBiasInputs;
+  const std::span<const BufferView> weight = args.in.subspan(2, kWeightGradAdamGroup);
+  const BufferView grads[2] = {weight[1], bias ? args.in[kWeightGradAdamInputs + 1] : weight[1]};
+  const std::span<const BufferView> out(grads, bias ? 2 : 1);
+  if (bias) {
+    weight_bias_grad_kernel(KernelArgs{args.in.first(2), out, AttrBlob{}});
+  } else {
+    matmul_kernel(KernelArgs{args.in.first(2), out, AttrBlob::of(MatmulAttrs{.trans_a = true})});
+  }
+  adam_update(weight, adam);
+  if (bias) adam_update(args.in.subspan(kWeightGradAdamInputs, kWeightGradAdamGroup), adam);
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   ensure_single_threaded_blas();
   register_kernel(Op::Matmul, DeviceType::CPU, &matmul_kernel);
@@ -214,6 +235,7 @@ void loss_grad_matmul_kernel(const KernelArgs& args) {
   register_kernel(Op::MatmulAccumulate, DeviceType::CPU, &matmul_accumulate_kernel);
   register_kernel(Op::WeightBiasGrad, DeviceType::CPU, &weight_bias_grad_kernel);
   register_kernel(Op::LossGradMatmul, DeviceType::CPU, &loss_grad_matmul_kernel);
+  register_kernel(Op::WeightGradAdam, DeviceType::CPU, &weight_grad_adam_kernel);
   return true;
 }();
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kernels/cpu/kernel.h"
+#include "kernels/cpu/optim.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/update_groups.h"
 #include "runtime/comm_progress.h"
@@ -89,11 +90,12 @@ void momentum_sgd_one(std::span<const BufferView> in, const KernelArgs& args) {
   });
 }
 
+}  // namespace
+
 // Adam / AdamW with PyTorch's formula; in: p, g, m, v, t (int64 step, incremented first).
-void adam_one(std::span<const BufferView> in, const KernelArgs& args) {
+void adam_update(std::span<const BufferView> in, const AdamAttrs& a) {
   const BufferView &p = in[0], &g = in[1], &m = in[2], &v = in[3];
   const BufferView& step = in[4];
-  const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(p.dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
     int64_t& t = *step.as<int64_t>();
     t += 1;
@@ -139,6 +141,8 @@ void adam_one(std::span<const BufferView> in, const KernelArgs& args) {
   });
 }
 
+namespace {
+
 void sgd_kernel(const KernelArgs& args) {
   for_each_group(args, Op::SgdUpdate, [&](std::span<const BufferView> in) { sgd_one(in, args); });
 }
@@ -146,8 +150,10 @@ void momentum_sgd_kernel(const KernelArgs& args) {
   for_each_group(args, Op::MomentumSgdUpdate,
                  [&](std::span<const BufferView> in) { momentum_sgd_one(in, args); });
 }
+
 void adam_kernel(const KernelArgs& args) {
-  for_each_group(args, Op::AdamUpdate, [&](std::span<const BufferView> in) { adam_one(in, args); });
+  const AdamAttrs& a = args.attr<AdamAttrs>();
+  for_each_group(args, Op::AdamUpdate, [&](std::span<const BufferView> in) { adam_update(in, a); });
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -1,11 +1,10 @@
 // Row-major GEMM on cuBLAS (blas.h), and Matmul, Linear and the planner's LinearAct,
-// MatmulActGrad, WeightBiasGrad and LossGradMatmul on them (as kernels/cpu/matmul.cc). A small
-// product runs on encore's own kernel (small_gemm.h), which also adds the bias and applies the
-// activation or its gradient, sums a weight gradient's gy into the bias gradient, or computes its
-// a as a loss's gradient. Otherwise a
-// linear with a bias is one cuBLASLt call where cuBLASLt has an algorithm for it (blas_lt.cc),
-// else y is filled with the bias and a GEMM adds to it; an activation (gradient) then runs as its
-// elementwise kernel.
+// MatmulActGrad, WeightBiasGrad, LossGradMatmul and WeightGradAdam on them (as
+// kernels/cpu/matmul.cc). A small product runs on encore's own kernel (small_gemm.h), which also
+// adds the bias and applies the activation or its gradient, sums a weight gradient's gy into the
+// bias gradient, or computes its a as a loss's gradient. Otherwise a linear with a bias is one
+// cuBLASLt call where cuBLASLt has an algorithm for it (blas_lt.cc), else y is filled with the bias
+// and a GEMM adds to it; an activation (gradient) then runs as its elementwise kernel.
 //
 // cuBLAS is column-major. A row-major [r, c] matrix with row length ld is, read column-major, its
 // transpose [c, r] with leading dimension ld, so row-major C = op(A) op(B) is column-major
@@ -18,6 +17,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/small_gemm.h"
 #include "kernels/cuda/softmax_loss.h"
+#include "kernels/update_groups.h"
 
 namespace encore::kernels::cuda {
 
@@ -252,12 +252,48 @@ void loss_grad_matmul_kernel(const KernelArgs& args) {
               Op::LossGradMatmul, act, attrs.product.act.scalar, g);
 }
 
+// WeightGradAdam (the planner's): a [k, m], b [k, n], then the weight's AdamUpdate group (and the
+// bias's) -> a^T b into the weight's gradient (and sum(a, 0) into the bias's), then each
+// parameter's Adam update. One small GEMM kernel where it runs the product (the only steps CUDA
+// plans fold: schedule/update_folds.cc), else the product's kernel, then the update's.
+void weight_grad_adam_kernel(const KernelArgs& args) {
+  const AdamAttrs adam = adam_attrs(args.attr<WeightGradAdamAttrs>());
+  const bool bias = args.in.size() == kWeightGradAdamBiasInputs;
+  const std::span<const BufferView> weight = args.in.subspan(2, kWeightGradAdamGroup);
+  const std::span<const BufferView> updates = args.in.subspan(2);
+  const BufferView &a = args.in[0], &b = args.in[1], &c = weight[1];
+  const BufferView* sums = bias ? &args.in[kWeightGradAdamInputs + 1] : nullptr;
+  const GemmShape g = matmul_shape(a.shape, b.shape, c.shape, MatmulAttrs{.trans_a = true});
+  check_update_groups(updates, Op::AdamUpdate);
+  if (cuda_small_gemm(g) == SmallGemm::kSerialK && g.ldc == g.n &&
+      (!bias || cuda_small_gemm_sums_columns(g))) {
+    const auto parameter = [](std::span<const BufferView> q) {
+      return AdamParameter{q[0].data, q[2].data, q[3].data, q[4].as<int64_t>()};
+    };
+    return small_gemm_adam(
+        g, c.dtype, a.data, b.data, c.data, bias ? sums->data : nullptr, parameter(weight),
+        bias ? parameter(args.in.subspan(kWeightGradAdamInputs, kWeightGradAdamGroup))
+             : AdamParameter{},
+        adam);
+  }
+  const BufferView grads[2] = {c, bias ? *sums : c};
+  const KernelArgs product{args.in.first(2), std::span<const BufferView>(grads, bias ? 2 : 1),
+                           AttrBlob::of(MatmulAttrs{.trans_a = true})};
+  if (bias) {
+    weight_bias_grad_kernel(KernelArgs{product.in, product.out, AttrBlob{}});
+  } else {
+    matmul_into(product, Op::WeightGradAdam, Op::Matmul, 0, g);
+  }
+  lookup_kernel(Op::AdamUpdate, DeviceType::CUDA)(KernelArgs{updates, {}, AttrBlob::of(adam)});
+}
+
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);
 ENCORE_REGISTER_CUDA(Op::Linear, &linear_kernel);
 ENCORE_REGISTER_CUDA(Op::LinearAct, &linear_act_kernel);
 ENCORE_REGISTER_CUDA(Op::MatmulActGrad, &matmul_act_grad_kernel);
 ENCORE_REGISTER_CUDA(Op::WeightBiasGrad, &weight_bias_grad_kernel);
 ENCORE_REGISTER_CUDA(Op::LossGradMatmul, &loss_grad_matmul_kernel);
+ENCORE_REGISTER_CUDA(Op::WeightGradAdam, &weight_grad_adam_kernel);
 
 }  // namespace
 }  // namespace encore::kernels::cuda

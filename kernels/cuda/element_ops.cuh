@@ -60,6 +60,13 @@ __device__ __forceinline__ float dev_pow(float x, float y) {
 __device__ __forceinline__ double dev_pow(double x, double y) {
   return ::pow(x, y);
 }
+// a * b + c rounded once, whatever the file's contraction.
+__device__ __forceinline__ float fma_of(float a, float b, float c) {
+  return ::fmaf(a, b, c);
+}
+__device__ __forceinline__ double fma_of(double a, double b, double c) {
+  return ::fma(a, b, c);
+}
 
 // The element functions, as kernels/cpu/elementwise.h computes them. Scalar ops read their
 // ScalarAttrs value cast to T; gradients read the forward's output (or input, for leaky_relu_grad

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/cuda/adam_element.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_error.cuh"
 #include "kernels/cuda/element_ops.cuh"
@@ -100,41 +101,17 @@ __global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
   }
 }
 
-// Adam's hyper-parameters as its kernel takes them: those of the bias corrections in double, as
-// the CPU computes them, the others in T. Decoupled (AdamW): p *= 1 - lr*wd and g is used as is;
-// coupled: g' = g + wd*p.
-template <typename T>
-struct AdamStep {
-  double lr, beta1, beta2;
-  T b1, b2, c1, c2, eps, decay, wd;
-};
-template <typename T>
-AdamStep<T> adam_step(const AdamAttrs& a) {
-  return {a.lr,
-          a.beta1,
-          a.beta2,
-          static_cast<T>(a.beta1),
-          static_cast<T>(a.beta2),
-          static_cast<T>(1 - a.beta1),
-          static_cast<T>(1 - a.beta2),
-          static_cast<T>(a.eps),
-          static_cast<T>(a.decoupled ? 1 - a.lr * a.weight_decay : 1),
-          static_cast<T>(a.decoupled ? 0 : a.weight_decay)};
-}
-
 // The largest launch's arguments (adam_kernel's: the table, the counters, the step and the error
 // slot) within the 4 KB every CUDA version takes.
 static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double>) +
                   sizeof(encore::cuda::DeviceErrorSlot) <=
               4096);
 
-// Adam / AdamW with the CPU's formula. The bias corrections depend on the step count t only: one
-// thread per block counts the step (count_step: t after it, the last block storing it) and
-// computes its parameter's corrections (in double, as the CPU; the two powers on two lanes at
-// once), shared through shared memory. Every thread loads its first element (a grid usually
-// gives each thread one) before that, so the loads are in flight while the step is counted. Each
-// element is updated by the same code (update), so the compiler contracts it the same way
-// wherever the element falls in the loop. A count it cannot keep is reported to the host
+// Adam / AdamW with the CPU's formula (adam_element.cuh). The bias corrections depend on the step
+// count t only: the first warp of a block counts the step (count_step: t after it, the last block
+// storing it) and computes its parameter's corrections, shared through shared memory. Every
+// thread loads its first element (a grid usually gives each thread one) before that, so the loads
+// are in flight while the step is counted. A count it cannot keep is reported to the host
 // (DeviceErrorKind::StepCount).
 template <typename T>
 __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
@@ -152,32 +129,17 @@ __global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
     m0 = m[r.begin];
     v0 = v[r.begin];
   }
-  __shared__ T shared_step_size, shared_inv_sqrt_bc2;
-  if (threadIdx.x < 32) {  // the first warp: lane 0 counts, lanes 0 and 1 correct at once
-    int64_t count = 0;
-    if (threadIdx.x == 0) {
-      count = count_step(c.t[r.k], r.blocks);
-      if (count < 0)
-        report_device_error(errors, encore::cuda::DeviceErrorKind::StepCount, Op::AdamUpdate, count,
-                            tab.first + r.k, int64_t{1} << kArrivalShift);
-    }
-    count = __shfl_sync(0xffffffffu, count, 0);
-    const double bc = 1 - pow(threadIdx.x == 0 ? s.beta1 : s.beta2, static_cast<double>(count));
-    if (threadIdx.x == 0) shared_step_size = static_cast<T>(s.lr / bc);
-    if (threadIdx.x == 1) shared_inv_sqrt_bc2 = static_cast<T>(1 / sqrt(bc));
+  __shared__ AdamCorrections<T> shared;
+  if (threadIdx.x < 32) {
+    const AdamCorrections<T> mine =
+        count_adam_step(s, c.t[r.k], r.blocks, errors, Op::AdamUpdate, tab.first + r.k);
+    if (threadIdx.x == 0) shared = mine;
   }
   __syncthreads();
-  const T step_size = shared_step_size, inv_sqrt_bc2 = shared_inv_sqrt_bc2;
-  auto update = [&](int64_t i, T pi, T gi, T mi, T vi) {
-    gi = gi + s.wd * pi;
-    mi = s.b1 * mi + s.c1 * gi;
-    vi = s.b2 * vi + s.c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi * s.decay - step_size * mi / (dev_sqrt(vi) * inv_sqrt_bc2 + s.eps);
-  };
-  if (r.begin < r.n) update(r.begin, p0, g0, m0, v0);
-  for (int64_t i = r.begin + r.stride; i < r.n; i += r.stride) update(i, p[i], g[i], m[i], v[i]);
+  const AdamCorrections<T> corrections = shared;
+  if (r.begin < r.n) adam_element(s, corrections, p, m, v, r.begin, p0, g0, m0, v0);
+  for (int64_t i = r.begin + r.stride; i < r.n; i += r.stride)
+    adam_element(s, corrections, p, m, v, i, p[i], g[i], m[i], v[i]);
 }
 
 // Calls launch(table, counters, blocks) for each kMaxTensors parameters of a call of update op

@@ -1,9 +1,11 @@
-// The launches of the small GEMMs' kernels (small_gemm.cuh, loss_grad_gemm.cuh), compiled with
-// -fmad=false (as softmax_loss.cu, whose gradient rows the loss's kernel computes too).
+// The launches of the small GEMMs' kernels (small_gemm.cuh, loss_grad_gemm.cuh,
+// weight_adam_gemm.cuh), compiled with -fmad=false (as softmax_loss.cu, whose gradient rows the
+// loss's kernel computes too).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/loss_grad_gemm.cuh"
 #include "kernels/cuda/small_gemm.cuh"
 #include "kernels/cuda/small_gemm.h"
+#include "kernels/cuda/weight_adam_gemm.cuh"
 
 namespace encore::kernels::cuda {
 namespace {
@@ -108,6 +110,38 @@ void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, c
                     : launch.template operator()<kSerialRows, false>();
       }
     });
+  });
+}
+
+void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void* b, void* c,
+                     void* sums, const AdamParameter& weight, const AdamParameter& bias,
+                     const AdamAttrs& attrs) {
+  constexpr Op kOp = Op::WeightGradAdam;
+  ENCORE_CHECK(g.trans_a && !g.trans_b && g.ldc == g.n &&
+                   cuda_small_gemm(g) == SmallGemm::kSerialK &&
+                   (sums == nullptr || cuda_small_gemm_sums_columns(g)),
+               op_name(kOp), ": no small GEMM kernel updates parameters from [", g.k, ",", g.m,
+               "]^T x [", g.k, ",", g.n, "]", sums != nullptr ? " and its column sums" : "");
+  switch_floating(dtype, kOp, [&]<typename T>(Type<T>) {
+    const auto arrays = [](const AdamParameter& q) {
+      return AdamArrays<T>{static_cast<T*>(q.p), static_cast<T*>(q.m), static_cast<T*>(q.v), q.t};
+    };
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    const GemmLaunch l = small_gemm_launch(false, g.m, g.n, sums != nullptr);
+    const bool vectors_b = stages_vectors(pb, g.ldb);
+    auto launch = [&]<int kRows>() {
+      const int chunk = serial_chunk<T, kRows>(g.k);
+      launch_dependent_shared<gemm_weight_adam_kernel<T, kRows>>(
+          kOp, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kRows>(chunk), g.m, g.n, g.k,
+          chunk, pa, g.lda, pb, g.ldb, vectors_b, static_cast<T*>(c), static_cast<T*>(sums),
+          arrays(weight), arrays(bias), adam_step<T>(attrs), kOp, error_slot());
+    };
+    if (l.rows == 1) {
+      launch.template operator()<1>();
+    } else {
+      launch.template operator()<kSerialRows>();
+    }
   });
 }
 

@@ -136,17 +136,6 @@ struct GemmFinish {
   T* sums = nullptr;
 };
 
-template <typename T>
-__device__ __forceinline__ T fma_of(T a, T b, T c);
-template <>
-__device__ __forceinline__ float fma_of(float a, float b, float c) {
-  return ::fmaf(a, b, c);
-}
-template <>
-__device__ __forceinline__ double fma_of(double a, double b, double c) {
-  return ::fma(a, b, c);
-}
-
 // What the finish of output c[at] (column j) reads besides the product: the bias element and
 // the activation gradient's input, loaded when a kernel starts, with its first operands, rather
 // than after its product (one round trip to memory fewer before the store).
@@ -367,39 +356,21 @@ __device__ __forceinline__ void serial_store(int64_t m, int64_t n, int64_t r0, i
     if (r0 + i < m) c[(r0 + i) * ldc + j] = finish(f, in[i], acc[i]);
 }
 
-// kSerialK, launched as small_gemm_launch says, with serial_shared_bytes<T, kRows>(chunk) of
-// dynamic shared memory, chunk = serial_chunk<T, kRows>(k): block b computes kRows rows from
-// b / col_blocks * kRows on, in the kSmallGemmThreads columns from b % col_blocks *
-// kSmallGemmThreads on, thread t column t of them. a's element (row r, p) is a[r * lda + p], or
-// a[p * lda + r] when trans_a (a stored [k, m]). Staged per chunk of k: those rows of b, the
-// block's rows of a; past c's edge, 0, and nothing is stored there. vectors_b:
-// stages_vectors(b, ldb). With f.sums (trans_a), the blocks after those store a's column sums,
-// thread r of them column r.
+// kSerialK's product for the block's kRows rows from r0 and kSmallGemmThreads columns from j0 (cols
+// of them inside c), thread t column j0 + t, into acc: per chunk of k (`chunk` elements of it at a
+// time, serial_chunk), those rows of b and the block's rows of a staged in dynamic shared memory
+// (serial_shared_bytes), past c's edge as 0. a's element (row r, p) is a[r * lda + p], or
+// a[p * lda + r] when trans_a (a stored [k, m]). vectors_b: stages_vectors(b, ldb).
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kSmallGemmThreads)
-    gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, int chunk, bool trans_a,
-                         const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
-                         bool vectors_b, T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
-  dependent_launch_start();
+__device__ __forceinline__ void serial_product(int64_t m, int64_t k, int chunk, bool trans_a,
+                                               const T* __restrict__ a, int64_t lda,
+                                               const T* __restrict__ b, int64_t ldb, bool vectors_b,
+                                               int64_t r0, int64_t j0, int cols, T (&acc)[kRows]) {
   constexpr int kWidth = kSmallGemmThreads;
-  const int64_t col_blocks = (n + kWidth - 1) / kWidth;
-  const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
-  if (static_cast<int64_t>(blockIdx.x) >= product_blocks) {  // a's column sums (f.sums set)
-    const int64_t r = (blockIdx.x - product_blocks) * kWidth + threadIdx.x;
-    if (r < m) f.sums[r] = column_sum_in_order(a + r, lda, k);
-    return;
-  }
   // `chunk` rows of kWidth (b's, 16-byte aligned), then kRows rows of `chunk` (a's).
   T* bs = reinterpret_cast<T*>(dynamic_shared());
   T* as = bs + chunk * kWidth;
   const int t = static_cast<int>(threadIdx.x);
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
-  const int cols = smaller(kWidth, n - j0);
-  const int64_t j = j0 + t;
-  FinishInputs<T> in[kRows];
-  serial_finish_inputs<T, kRows>(m, n, r0, j, ldc, f, in);
-  T acc[kRows] = {};
   for (int64_t base = 0; base < k; base += chunk) {
     const int kc = smaller(chunk, k - base);
     if (base > 0) __syncthreads();  // every thread is done with the last chunk
@@ -431,6 +402,35 @@ __global__ void __launch_bounds__(kSmallGemmThreads)
     __syncthreads();
     serial_products<T, kRows>(as, bs, chunk, kc, t, acc);
   }
+}
+
+// kSerialK, launched as small_gemm_launch says, with serial_shared_bytes<T, kRows>(chunk) of
+// dynamic shared memory, chunk = serial_chunk<T, kRows>(k): block b computes kRows rows from
+// b / col_blocks * kRows on, in the kSmallGemmThreads columns from b % col_blocks *
+// kSmallGemmThreads on, thread t column t of them (serial_product), and stores them finished. With
+// f.sums (trans_a), the blocks after those store a's column sums, thread r of them column r.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kSmallGemmThreads)
+    gemm_serial_k_kernel(int64_t m, int64_t n, int64_t k, int chunk, bool trans_a,
+                         const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
+                         bool vectors_b, T* __restrict__ c, int64_t ldc, GemmFinish<T> f) {
+  dependent_launch_start();
+  constexpr int kWidth = kSmallGemmThreads;
+  const int64_t col_blocks = (n + kWidth - 1) / kWidth;
+  const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;
+  if (static_cast<int64_t>(blockIdx.x) >= product_blocks) {  // a's column sums (f.sums set)
+    const int64_t r = (blockIdx.x - product_blocks) * kWidth + threadIdx.x;
+    if (r < m) f.sums[r] = column_sum_in_order(a + r, lda, k);
+    return;
+  }
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / col_blocks * kRows;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) % col_blocks * kWidth;
+  const int64_t j = j0 + threadIdx.x;
+  FinishInputs<T> in[kRows];
+  serial_finish_inputs<T, kRows>(m, n, r0, j, ldc, f, in);
+  T acc[kRows] = {};
+  serial_product<T, kRows>(m, k, chunk, trans_a, a, lda, b, ldb, vectors_b, r0, j0,
+                           smaller(kWidth, n - j0), acc);
   serial_store<T, kRows>(m, n, r0, j, c, ldc, f, in, acc);
 }
 

@@ -1,6 +1,6 @@
 // The small GEMMs on encore's own kernels (small_gemm.cuh; runtime/small_gemm.h says which
-// products run here): blas.cu sends Linear, LinearAct, Matmul, MatmulActGrad, WeightBiasGrad and
-// LossGradMatmul to them.
+// products run here): blas.cu sends Linear, LinearAct, Matmul, MatmulActGrad, WeightBiasGrad,
+// LossGradMatmul and WeightGradAdam to them.
 #pragma once
 
 #include "runtime/cuda.h"
@@ -41,5 +41,21 @@ void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, c
                           DType label_dtype, const void* gy, void* grad, int64_t ignore,
                           encore::cuda::DeviceErrorKind kind, const void* b, void* c, Op act,
                           double scalar, const void* act_in, const LossGradLinear& linear = {});
+
+// A parameter a small GEMM updates by Adam from the gradient it computes: the parameter, m, v (of
+// the gradient's dtype and layout) and the step count.
+struct AdamParameter {
+  void* p = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  int64_t* t = nullptr;
+};
+
+// c = a^T b (g: a transposed, run on the kSerialK kernel, c contiguous: g.ldc == g.n), then
+// `weight` updated by Adam (`attrs`) from c; with `sums` (cuda_small_gemm_sums_columns(g)), sum(a,
+// 0) there and `bias` updated from it too. On the current stream.
+void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void* b, void* c,
+                     void* sums, const AdamParameter& weight, const AdamParameter& bias,
+                     const AdamAttrs& attrs);
 
 }  // namespace encore::kernels::cuda

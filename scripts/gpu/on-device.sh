@@ -109,9 +109,10 @@ racecheck_graphs() {  # SANITIZER: racecheck over a failed capture and a graph p
 }
 racecheck_shared() {  # SANITIZER CAP: racecheck (shared memory hazards) over the kernels that
   # stage chunks in shared memory with asynchronous copies (the small GEMMs, the loss gradient's
-  # with its logits) or join in it; not the [loss_fold] scenarios (hundreds of static functions).
+  # with its logits) or join in it; not the [loss_fold] and [update_fold] scenarios (hundreds of
+  # static functions).
   part racecheck_shared "$2" "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
-    "[small_gemm]~[loss_fold],[layer_norm],[cross_entropy]"
+    "[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[cross_entropy]"
 }
 profiles() {  # where eager steps and stream replays spend their time, op by op (the profiler's
   # table: an eager op's dispatch on the host, a replayed step's device time)
@@ -130,7 +131,7 @@ run_tests() {  # caps 260 + 170 + 60 + 40 + 40 s
   if [ -n "$san" ]; then
     # The random programs run 60 rather than 400 under the sanitizer (ENCORE_RANDOM_PROGRAMS).
     ENCORE_RANDOM_PROGRAMS=60 part memcheck 170 "$san" --tool memcheck --print-limit 20 \
-      "$run/bin/encore_cuda_tests" "[static]~[loss_fold],[runtime],[models],[checkpoint],[linear]"
+      "$run/bin/encore_cuda_tests" "[static]~[loss_fold]~[update_fold],[runtime],[models],[checkpoint],[linear]"
     racecheck_graphs "$san"
     racecheck_shared "$san" 40
   fi
@@ -170,7 +171,7 @@ run_quick() {
   san=$(sanitizer)
   [ -n "$san" ] && part memcheck 70 "$san" --tool memcheck --print-limit 20 \
     "$run/bin/encore_cuda_tests" \
-    "[small_gemm]~[loss_fold],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
+    "[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
   peers 90 0.1
 }
 # After quick, in what is left of a short budget (caps 60 + 60 + 60 + 45 + 80 + 40 + 3 x 30 s):

@@ -26,12 +26,15 @@ TEST_CASE("foreach optimizer updates on cuda equal one call per parameter bit fo
 
 TEST_CASE("a static whole step with a foreach update on cuda replays eager's bits",
           "[cuda][optim][static]") {
-  with_graphs_on_and_off([](bool graphs) {
-    const StaticStats s = check_foreach_whole_step(kCuda);
-    check_graph_use(s.cache[0], graphs, 5);
-  });
-  const StaticStats verified = check_foreach_whole_step(kCuda, /*verify_every=*/1);
-  CHECK(verified.verifications == 5);
+  for (const bool fold : {false, true}) {
+    INFO("fold " << fold);
+    with_graphs_on_and_off([fold](bool graphs) {
+      const StaticStats s = check_foreach_whole_step(kCuda, 0, fold);
+      check_graph_use(s.cache[0], graphs, 5);
+    });
+    const StaticStats verified = check_foreach_whole_step(kCuda, /*verify_every=*/1, fold);
+    CHECK(verified.verifications == 5);
+  }
 }
 
 TEST_CASE("a negative Adam step count on cuda is an Error at the next wait", "[cuda][optim]") {

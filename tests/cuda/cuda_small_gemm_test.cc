@@ -23,6 +23,7 @@
 #include "tests/loss_fold_cases.h"
 #include "tests/static_scenarios.h"
 #include "tests/test_util.h"
+#include "tests/update_fold_cases.h"
 
 using namespace encore;
 using namespace encore::testing;
@@ -161,7 +162,11 @@ TEST_CASE(
                             R"(steps \d+ and \d+; softmax_cross_entropy_grad and )"
                             R"(matmul_act_grad in one)") == (fold ? 1 : 0));
         CHECK(count_of(mlp, R"(\d+  relu\b)") == (fold ? 0 : 2));
-        CHECK(count_of(mlp, R"(weight_bias_grad\s+\[matmul and sum in one)") == (fold ? 3 : 0));
+        // Each linear's weight and bias gradients in one step, with their Adam updates.
+        CHECK(count_of(mlp, R"(weight_grad_adam\s+\[[^\]]*matmul and sum in one: recorded as )"
+                            R"(steps \d+ and \d+; weight_bias_grad and adam_update in one)") ==
+              (fold ? 3 : 0));
+        CHECK(count_of(mlp, R"(\d+  adam_update\b)") == (fold ? 0 : 1));
         // tanh, sigmoid and relu fold into their linears (leaky_relu's gradient reads its input);
         // the gradients of all four into the products computing their incoming gradients.
         const std::string acts = check_steps([dtype] { return std::make_shared<ActMlp>(dtype); },
@@ -247,6 +252,14 @@ TEST_CASE("verify mode checks folded small products on cuda against eager's step
   CHECK_THAT(text, Contains("matmul and sigmoid_grad in one"));
   CHECK_THAT(text, Contains("matmul and sum in one"));
   CHECK_THAT(text, Contains("softmax_cross_entropy_grad and matmul_act_grad in one"));
+  CHECK_THAT(text, Contains("weight_bias_grad and adam_update in one"));
+}
+
+// [update_fold]: 64 static functions, left out of the sanitizers' runs as [loss_fold] (the MLP and
+// verify-mode cases above run the same kernel there).
+TEST_CASE("a CUDA plan's Adam updates run in the kernels of their gradients, with eager's bits",
+          "[cuda][static][small_gemm][update_fold]") {
+  with_graphs_on_and_off([](bool) { check_update_folds(kCuda); });
 }
 
 namespace {
