@@ -69,6 +69,23 @@ inline bool cuda_small_gemm_sums_columns(const GemmShape& g) {
 inline constexpr int64_t kSmallGemmBlock = 128, kLossGradRows = 4,
                          kSmallGemmSharedBytes = int64_t{64} * 1024;
 
+// The most warps a kernel may count an Adam step with, one arrival each: the 20 bits of arrivals
+// a step counter keeps (kernels/cuda/step_counter.cuh).
+inline constexpr int64_t kMaxStepArrivals = int64_t{1} << 20;
+
+// Whether the kSerialK kernel of a weight gradient c = a^T b (a stored [k, m], c contiguous)
+// updates the parameter c is the gradient of by Adam, right after computing each element, and with
+// `bias` the bias from a's column sums too (cuda_small_gemm_sums_columns): where each of its warps
+// can count the parameter's step (fewer than kMaxStepArrivals of them, however many rows a thread
+// takes). The planner folds the product and the updates into one WeightGradAdam step.
+inline bool cuda_small_gemm_updates_parameters(const GemmShape& g, bool bias) {
+  if (!g.trans_a || g.trans_b || g.ldc != g.n ||
+      (bias ? !cuda_small_gemm_sums_columns(g) : cuda_small_gemm(g) != SmallGemm::kSerialK))
+    return false;
+  const int64_t blocks = g.m * ((g.n + kSmallGemmBlock - 1) / kSmallGemmBlock);
+  return blocks < kMaxStepArrivals / (kSmallGemmBlock / 32);
+}
+
 // The elements of shared memory a block of that kernel uses for k classes and `rows` rows of g:
 // two 16-byte vectors of `vec` elements where its threads join their label counts (four int64),
 // b's k rows of kSmallGemmBlock columns and the rows of g; where it computes the logits too

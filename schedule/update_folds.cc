@@ -26,13 +26,13 @@ namespace {
 
 // Whether product step w (a WeightBiasGrad, or a Matmul gy^T x) can update parameters from the
 // gradients it computes on `device`: on the cpu (its kernel runs the update after the product),
-// on CUDA where its small GEMM kernel does (the serial kernel, which a weight gradient runs on).
+// on CUDA where its small GEMM kernel does.
 bool updates_parameters(const Step& w, DeviceType device) {
-  if (device != DeviceType::CUDA) return true;
-  const GemmShape g =
-      matmul_shape(w.in[0].shape, w.in[1].shape, w.out[0].shape, MatmulAttrs{.trans_a = true});
-  return w.op == Op::WeightBiasGrad ? cuda_small_gemm_sums_columns(g)
-                                    : cuda_small_gemm(g) == SmallGemm::kSerialK;
+  return device != DeviceType::CUDA ||
+         cuda_small_gemm_updates_parameters(
+             matmul_shape(w.in[0].shape, w.in[1].shape, w.out[0].shape,
+                          MatmulAttrs{.trans_a = true}),
+             w.op == Op::WeightBiasGrad);
 }
 
 }  // namespace

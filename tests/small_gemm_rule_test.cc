@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include "runtime/gemm_shape.h"
@@ -63,4 +64,41 @@ TEST_CASE("the planner and the kernels read one GemmShape from a step's shapes",
       matmul_shape(Shape{4, 8, 16}, Shape{4, 16, 8}, Shape{4, 8, 8}, MatmulAttrs{false, false});
   CHECK(bmm.batches == 4);
   CHECK(cuda_small_gemm(bmm) == SmallGemm::kNone);
+}
+
+TEST_CASE(
+    "a weight gradient's small kernel updates its parameters where its warps can count the step",
+    "[small_gemm]") {
+  // MlpSmall's weight gradients: gy^T x with their biases' column sums.
+  for (const auto& [k, m, n] :
+       {std::tuple<int64_t, int64_t, int64_t>{32, 100, 784}, {32, 100, 100}, {32, 10, 100}}) {
+    INFO("k " << k << ", m " << m << ", n " << n);
+    const GemmShape g =
+        matmul_shape(Shape{k, m}, Shape{k, n}, Shape{m, n}, MatmulAttrs{true, false});
+    CHECK(cuda_small_gemm_updates_parameters(g, true));
+    CHECK(cuda_small_gemm_updates_parameters(g, false));
+  }
+  // Not a weight gradient's layout, or a product cuBLAS runs (MlpLarge's first: 784 x 1000 x
+  // 100 multiply-adds), no.
+  CHECK_FALSE(cuda_small_gemm_updates_parameters(
+      matmul_shape(Shape{100, 1000}, Shape{100, 784}, Shape{1000, 784}, MatmulAttrs{true, false}),
+      true));
+  CHECK_FALSE(cuda_small_gemm_updates_parameters(
+      matmul_shape(Shape{100, 32}, Shape{32, 784}, Shape{100, 784}, MatmulAttrs{false, false}),
+      false));
+  CHECK_FALSE(cuda_small_gemm_updates_parameters(
+      matmul_shape(Shape{513, 8}, Shape{513, 8}, Shape{8, 8}, MatmulAttrs{true, false}), false));
+  // Its bias only where the kernel sums gy's columns (k of 1 is a copy).
+  const GemmShape one_row =
+      matmul_shape(Shape{1, 100}, Shape{1, 784}, Shape{100, 784}, MatmulAttrs{true, false});
+  CHECK(cuda_small_gemm_updates_parameters(one_row, false));
+  CHECK_FALSE(cuda_small_gemm_updates_parameters(one_row, true));
+  // A tall, narrow weight: one block of four warps per row (n <= 128), so 2^18 rows would be 2^20
+  // arrivals, past what a step counter keeps.
+  const int64_t rows = kMaxStepArrivals / 4;
+  CHECK(cuda_small_gemm_updates_parameters(
+      matmul_shape(Shape{2, rows - 1}, Shape{2, 8}, Shape{rows - 1, 8}, MatmulAttrs{true, false}),
+      true));
+  CHECK_FALSE(cuda_small_gemm_updates_parameters(
+      matmul_shape(Shape{2, rows}, Shape{2, 8}, Shape{rows, 8}, MatmulAttrs{true, false}), true));
 }

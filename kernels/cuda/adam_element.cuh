@@ -1,8 +1,8 @@
 // Adam's update of one element on CUDA, shared by the update kernel (optim.cuh: adam_kernel) and
 // the weight gradient's small GEMM kernel that updates its parameter as it computes the gradient
-// (weight_adam_gemm.cuh), so the two give the same bits: every multiply-add is written as a fused
-// multiply-add (fma_of) and nothing else is a product added, so the file's contraction setting
-// (optim.cu is compiled with it, small_gemm.cu without) changes nothing. The formula is the cpu's
+// (weight_adam_gemm.cuh), so the two give the same bits: both files are compiled without
+// contraction (nvcc -fmad=false: the corrections' pow is the same code in each), and every
+// multiply-add of an element is written as a fused one (fma_of). The formula is the cpu's
 // (kernels/cpu/optim.cc), each multiply-add rounded once. Host-compilable, as both kernels.
 #pragma once
 

@@ -265,8 +265,7 @@ void weight_grad_adam_kernel(const KernelArgs& args) {
   const BufferView* sums = bias ? &args.in[kWeightGradAdamInputs + 1] : nullptr;
   const GemmShape g = matmul_shape(a.shape, b.shape, c.shape, MatmulAttrs{.trans_a = true});
   check_update_groups(updates, Op::AdamUpdate);
-  if (cuda_small_gemm(g) == SmallGemm::kSerialK && g.ldc == g.n &&
-      (!bias || cuda_small_gemm_sums_columns(g))) {
+  if (cuda_small_gemm_updates_parameters(g, bias)) {
     const auto parameter = [](std::span<const BufferView> q) {
       return AdamParameter{q[0].data, q[2].data, q[3].data, q[4].as<int64_t>()};
     };

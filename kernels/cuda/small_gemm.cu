@@ -117,11 +117,9 @@ void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void*
                      void* sums, const AdamParameter& weight, const AdamParameter& bias,
                      const AdamAttrs& attrs) {
   constexpr Op kOp = Op::WeightGradAdam;
-  ENCORE_CHECK(g.trans_a && !g.trans_b && g.ldc == g.n &&
-                   cuda_small_gemm(g) == SmallGemm::kSerialK &&
-                   (sums == nullptr || cuda_small_gemm_sums_columns(g)),
-               op_name(kOp), ": no small GEMM kernel updates parameters from [", g.k, ",", g.m,
-               "]^T x [", g.k, ",", g.n, "]", sums != nullptr ? " and its column sums" : "");
+  ENCORE_CHECK(cuda_small_gemm_updates_parameters(g, sums != nullptr), op_name(kOp),
+               ": no small GEMM kernel updates parameters from [", g.k, ",", g.m, "]^T x [", g.k,
+               ",", g.n, "]", sums != nullptr ? " and its column sums" : "");
   switch_floating(dtype, kOp, [&]<typename T>(Type<T>) {
     const auto arrays = [](const AdamParameter& q) {
       return AdamArrays<T>{static_cast<T*>(q.p), static_cast<T*>(q.m), static_cast<T*>(q.v), q.t};

@@ -51,9 +51,9 @@ struct AdamParameter {
   int64_t* t = nullptr;
 };
 
-// c = a^T b (g: a transposed, run on the kSerialK kernel, c contiguous: g.ldc == g.n), then
-// `weight` updated by Adam (`attrs`) from c; with `sums` (cuda_small_gemm_sums_columns(g)), sum(a,
-// 0) there and `bias` updated from it too. On the current stream.
+// c = a^T b (cuda_small_gemm_updates_parameters(g, sums != nullptr)), then `weight` updated by
+// Adam (`attrs`) from c; with `sums`, sum(a, 0) there and `bias` updated from it too. On the
+// current stream.
 void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void* b, void* c,
                      void* sums, const AdamParameter& weight, const AdamParameter& bias,
                      const AdamAttrs& attrs);

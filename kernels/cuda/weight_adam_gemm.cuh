@@ -22,8 +22,13 @@
 
 #include "kernels/cuda/adam_element.cuh"
 #include "kernels/cuda/small_gemm.cuh"
+#include "runtime/small_gemm.h"
 
 namespace encore::kernels::cuda {
+
+// runtime/small_gemm.h bounds the warps that count a step (cuda_small_gemm_updates_parameters).
+static_assert(kMaxStepArrivals == int64_t{1} << (64 - kArrivalShift) &&
+              kSmallGemmBlock == kSmallGemmThreads);
 
 // One parameter's arrays and step counter (laid out as its gradient: the weight as c, the bias as
 // the column sums).
