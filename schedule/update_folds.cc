@@ -115,7 +115,6 @@ void Rewriter::fold_adam_updates(DeviceType device, const std::vector<char>& thr
     // (On the weight gradient, beside the product's own: what the dump shows it by.)
     note(in[3].buf,
          cat(op_name(prod.op), " and adam_update in one: ", recorded_as(prod.index, wu.index)));
-    const int live = wu.live;
     taken[weight.u][weight.k] = 1;
     if (b.u >= 0) taken[b.u][b.k] = 1;
     Step& folded = steps_[w];  // keeps its index, the weight gradient's
@@ -123,7 +122,7 @@ void Rewriter::fold_adam_updates(DeviceType device, const std::vector<char>& thr
     folded.attrs = AttrBlob::of(attrs);
     folded.in = std::move(in);
     folded.out.clear();
-    folded.live = live;
+    folded.live = wu.live;
   }
   // Each update keeps the groups left, or goes.
   for (int u = 0; u < n; ++u) {

@@ -69,39 +69,30 @@ bool same_values(std::span<const Operand> parts, std::span<const unsigned char> 
 }
 
 // Whether a replayed snapshot of step s holds the values of `eager`, the bytes of all s wrote in
-// the eager run: all of them, or the one output the snapshot is of (a fused step's).
+// the eager run, one operand after another: all of them, the one output the snapshot is of (a
+// fused step's), or one group's writes (an update the plan split).
 bool same_values(const Step& s, const StepSnapshot& mine, const std::vector<unsigned char>& eager) {
   if (s.op == Op::AllReduceStart) return true;  // its handle is a request slot, not a value
-  if (mine.group >= 0) {  // an update's group: its writes, after those of the groups before it
-    const size_t size = static_cast<size_t>(op_input_group(s.op));
-    const size_t g0 = static_cast<size_t>(mine.group) * size;
-    if (size == 0 || g0 + size > s.in.size()) return false;
-    size_t at = 0;
-    std::vector<Operand> written;
-    for (size_t i = 0; i < g0 + size; ++i) {
-      if (!op_writes_input(s.op, i)) continue;
-      if (i < g0) {
-        at += s.in[i].nbytes();
-      } else {
-        written.push_back(s.in[i]);
-      }
-    }
-    if (at > eager.size()) return false;
-    const size_t n = std::min(eager.size() - at, mine.bytes.size());
-    return same_values(written, mine.bytes, std::span<const unsigned char>(eager).subspan(at, n));
+  std::vector<Operand> written;
+  for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
+                   [&](const Operand& o) { written.push_back(o); });
+  size_t first = 0, last = written.size();
+  if (mine.output >= 0) first = static_cast<size_t>(mine.output), last = first + 1;
+  if (const int size = op_input_group(s.op); mine.group >= 0 && size > 0) {
+    size_t per = 0;  // writes per group
+    for (int i = 0; i < size; ++i) per += op_writes_input(s.op, static_cast<size_t>(i)) ? 1 : 0;
+    first = static_cast<size_t>(mine.group) * per, last = first + per;
   }
-  if (mine.output < 0) {
-    std::vector<Operand> written;
-    for_each_written(s.op, std::span<const Operand>(s.in), std::span<const Operand>(s.out),
-                     [&](const Operand& o) { written.push_back(o); });
-    return same_values(written, mine.bytes, eager);
+  if (last > written.size()) return false;
+  size_t at = 0, n = 0, total = 0;
+  for (size_t k = 0; k < written.size(); ++k) {
+    const size_t bytes = written[k].nbytes();
+    if (k < first) at += bytes;
+    if (k >= first && k < last) n += bytes;
+    total += bytes;
   }
-  if (mine.output >= static_cast<int>(s.out.size())) return false;
-  size_t at = 0;  // a Compute step's outputs, one after the other
-  for (int k = 0; k < mine.output; ++k) at += s.out[k].nbytes();
-  const size_t n = s.out[mine.output].nbytes();
-  if (at + n > eager.size()) return false;
-  return same_values(std::span<const Operand>(&s.out[mine.output], 1), mine.bytes,
+  if (total != eager.size()) return false;
+  return same_values(std::span<const Operand>(written).subspan(first, last - first), mine.bytes,
                      std::span<const unsigned char>(eager).subspan(at, n));
 }
 
