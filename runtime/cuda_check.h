@@ -18,7 +18,10 @@ namespace encore::cuda::detail {
 }
 
 #ifdef ENCORE_HAS_CUDA
+// The runtime's last error is cleared first (a failed call leaves it set too), so that the next
+// launch's check does not report it again as its own.
 [[noreturn]] inline void fail_call(std::string_view what, const char* call, cudaError_t e) {
+  (void)cudaGetLastError();
   fail(what, ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 #endif

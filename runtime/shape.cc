@@ -1,5 +1,7 @@
 #include "runtime/shape.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace encore {
@@ -7,39 +9,53 @@ namespace encore {
 Shape::Shape(std::initializer_list<int64_t> dims)
     : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
-Shape::Shape(std::span<const int64_t> dims) {
-  ENCORE_CHECK(dims.size() <= kMaxRank, "Shape: rank ", dims.size(), " exceeds the maximum of ",
-               kMaxRank);
-  for (int64_t d : dims) push_back(d);
+std::string sizes_text(std::span<const int64_t> dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) out += cat(i ? "," : "", dims[i]);
+  return out + "]";
 }
 
 namespace {
-// Throws unless the product of `dims` fits kMaxNumel.
-void check_numel(const int64_t* dims, int rank) {
+
+// Throws, naming the sizes, unless each is non-negative and their product fits kMaxNumel.
+void check_sizes(std::span<const int64_t> dims) {
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) {
-    ENCORE_CHECK(!__builtin_mul_overflow(n, dims[i], &n) && n <= Shape::kMaxNumel,
-                 "Shape: too many elements (more than 2^59) in a shape with dimension ", dims[i]);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    ENCORE_CHECK(dims[i] >= 0, "Shape ", sizes_text(dims), ": dimension ", i, " is negative");
+    ENCORE_CHECK(!__builtin_mul_overflow(n, dims[i], &n) && n <= Shape::kMaxNumel, "Shape ",
+                 sizes_text(dims), ": more than 2^59 elements");
   }
 }
+
 }  // namespace
 
+Shape::Shape(std::span<const int64_t> dims) {
+  ENCORE_CHECK(dims.size() <= kMaxRank, "Shape ", sizes_text(dims), ": rank ", dims.size(),
+               " exceeds the maximum of ", kMaxRank);
+  check_sizes(dims);
+  std::copy(dims.begin(), dims.end(), dims_.begin());
+  rank_ = static_cast<int8_t>(dims.size());
+}
+
 void Shape::push_back(int64_t d) {
-  ENCORE_CHECK(rank_ < kMaxRank, "Shape: rank exceeds the maximum of ", kMaxRank);
-  ENCORE_CHECK(d >= 0, "Shape: negative dimension ", d);
+  ENCORE_CHECK(rank_ < kMaxRank, "Shape ", str(), ": appending ", d,
+               " exceeds the maximum rank of ", kMaxRank);
+  std::array<int64_t, kMaxRank> next = dims_;
+  next[rank_] = d;
+  check_sizes({next.data(), static_cast<size_t>(rank_) + 1});
   dims_[rank_++] = d;
-  check_numel(dims_.data(), rank_);
 }
 
 void Shape::set(int i, int64_t d) {
-  ENCORE_CHECK(i >= 0 && i < rank_, "Shape: dimension ", i, " is out of range for rank ", rank_);
-  ENCORE_CHECK(d >= 0, "Shape: negative dimension ", d);
+  ENCORE_CHECK(i >= 0 && i < rank_, "Shape ", str(), ": dimension ", i, " is out of range");
+  std::array<int64_t, kMaxRank> next = dims_;
+  next[i] = d;
+  check_sizes({next.data(), static_cast<size_t>(rank_)});
   dims_[i] = d;
-  check_numel(dims_.data(), rank_);
 }
 
-int64_t Shape::at(int i) const {
-  ENCORE_CHECK(i >= -rank_ && i < rank_, "Shape: axis ", i, " is out of range for ", str());
+int64_t Shape::at(int i, const char* what) const {
+  ENCORE_CHECK(i >= -rank_ && i < rank_, what, ": axis ", i, " is out of range for ", str());
   return dims_[i < 0 ? i + rank_ : i];
 }
 

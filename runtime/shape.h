@@ -24,8 +24,9 @@ class Shape {
   int64_t operator[](int i) const { return dims_[i]; }
   // Sets dimension i; throws Error for a negative size or an element count over kMaxNumel.
   void set(int i, int64_t d);
-  // Dimension with Python-style negative indexing; throws Error when out of range.
-  int64_t at(int i) const;
+  // Dimension with Python-style negative indexing; throws Error naming `what` (the caller)
+  // when out of range.
+  int64_t at(int i, const char* what = "Shape::at") const;
   const int64_t* begin() const { return dims_.data(); }
   const int64_t* end() const { return dims_.data() + rank_; }
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
@@ -54,6 +55,9 @@ class Shape {
   std::array<int64_t, kMaxRank> dims_{};
   int8_t rank_ = 0;
 };
+
+// "[2,-3]", as Shape::str() writes a shape: sizes that may not make one (for error messages).
+std::string sizes_text(std::span<const int64_t> dims);
 
 // Resolves a possibly negative axis against `rank`; throws naming `op` when out of range.
 int normalize_axis(int axis, int rank, const char* op);

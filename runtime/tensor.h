@@ -58,7 +58,7 @@ class Tensor {
   const Shape& shape() const { return checked().shape; }
   int rank() const { return checked().shape.rank(); }
   // Size of `axis` (negative counts from the end); throws Error when out of range.
-  int64_t size(int axis) const { return checked().shape.at(axis); }
+  int64_t size(int axis) const { return checked().shape.at(axis, "Tensor::size"); }
   int64_t numel() const { return checked().shape.numel(); }
   DType dtype() const { return checked().dtype; }
   Device device() const { return checked().storage->device(); }

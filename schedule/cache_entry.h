@@ -95,13 +95,15 @@ struct Entry {
   // Dynamic shapes (shape_family.h). `keep_trace`: the recording as traced is kept in `pristine`
   // when planned, for families built from it. `dynamic_dims`: the dimensions this trace may make
   // dynamic, checked against the earlier traces in `evidence` (their ids in `evidence_ids`)
-  // once it is planned. When a trace at size 1 kept that check from succeeding,
+  // once it is planned; `evidence_family`: the id of the family whose traces they are (a size
+  // its guards left out), else -1. When a trace at size 1 kept that check from succeeding,
   // `pending_points`: the other traces, which a later trace at another size adds to.
   bool keep_trace = false;
   std::shared_ptr<const Recording> pristine;
   std::vector<DynDim> dynamic_dims;
   std::vector<FamilyPoint> evidence;
   std::vector<int64_t> evidence_ids;
+  int64_t evidence_family = -1;
   std::vector<FamilyPoint> pending_points;
   std::vector<int64_t> pending_ids;
   // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the

@@ -227,6 +227,7 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   std::vector<DynDim> changed, dims;
   std::vector<FamilyPoint> evidence;
   std::vector<int64_t> ids;
+  int64_t family = -1;
   // The dimensions a family with this evidence would make dynamic; false for a set that
   // already failed together.
   auto with = [&](std::vector<DynDim> more) {
@@ -245,6 +246,7 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
       continue;
     evidence = f->shapes->points;
     ids = f->traces;
+    family = f->id;
     break;
   }
   if (evidence.empty()) {
@@ -281,6 +283,7 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   e.dynamic_dims = std::move(dims);
   e.evidence = std::move(evidence);
   e.evidence_ids = std::move(ids);
+  e.evidence_family = family;
 }
 
 void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
@@ -337,6 +340,13 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     ++stats.dynamic_events;
     keep_bounded(stats.dynamic_history, line, kHistory);
     log_retrace(line);
+  } else if (std::any_of(families.begin(), families.end(),
+                         [&](const auto& f) { return f->id == e->evidence_family; })) {
+    // A size the family's guards left out: the family still serves the sizes they allow, so no
+    // dimension is to blame; this trace serves its own size.
+    log_retrace(cat(config.name, ": trace ", e->id, " keeps a schedule of its own: ", what,
+                    " cannot join dynamic family ", e->evidence_family, " (", b.why, "; traces ",
+                    ids_text(ids), "); the family still serves the sizes its guards allow"));
   } else if (std::vector<size_t> keep = without_size_one(points, e->dynamic_dims);
              !keep.empty() && keep.size() < points.size()) {
     // A trace where a dimension is 1 may have other ops (broadcasting needs none at size 1):

@@ -183,10 +183,12 @@ SizeBuilder::Dims SizeBuilder::rule_out(int i, int k, std::span<const Dims> ins,
 }
 
 // A slice's bounds are the bounds asked for, clamped as Python clamps them; a size served must
-// clamp them the same way as every traced point did. A bound is either as asked at every point
+// clamp them the same way as every traced point did. A bound is, at every point, either as asked
 // (a size or a constant, then kept within the dimension by a guard), or clamped to the
-// dimension's end at every point (what was asked stays at or past it, by a guard). Bounds from
-// the end (negative) or clamped to 0 keep the dimension static.
+// dimension's end (what was asked stays at or past it, by a guard), or counted from the end (a
+// negative b asked: the dimension's size + b, kept at or above 0 by a guard), or clamped to 0
+// from there (b at or below minus the size, by a guard). A bound that is one of these at some
+// points and another at others keeps the dimension static.
 bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_exprs,
                                std::string& why) {
   const std::string label = step_label(rec(0), i);
@@ -222,6 +224,19 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
         e = n;
         guard(n, past, cat(what, " (clamped to the end)"), /*at_most=*/true);
       }
+    } else if (every([&](size_t p) { return asked[p] < 0 && got[p] == nv[p] + asked[p]; })) {
+      if (every([&](size_t p) { return asked[p] == asked[0]; })) {
+        e = x_.add(n, x_.constant(asked[0]));
+        guard(x_.constant(0), e, cat(what, " (from the end)"), /*at_most=*/true);
+      }
+    } else if (every([&](size_t p) {
+                 return asked[p] < 0 && got[p] == 0 && nv[p] + asked[p] <= 0;
+               })) {
+      if (every([&](size_t p) { return asked[p] == asked[0]; })) {
+        e = x_.constant(0);
+        guard(n, x_.constant(-asked[0]), cat(what, " (from the end, clamped to 0)"),
+              /*at_most=*/true);
+      }
     }
     if (e < 0) {
       why = cat(what, " is ", values_text(gs), " (", values_text(as),
@@ -229,7 +244,13 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       return false;
     }
     attr_exprs[bound] = e;
-    if (!x_.is_const(e)) f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});
+    if (!x_.is_const(e)) {
+      f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});
+      Dims bound_size;  // the slice's gradient reads the same bound
+      bound_size.rank = 1;
+      bound_size.d[0] = e;
+      remember(bound_size);
+    }
   }
   guard(attr_exprs[0], attr_exprs[1], cat(label, "'s start (within its stop)"), /*at_most=*/true);
   return true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "encore/functions.h"
+#include "encore/nn.h"
 
 using namespace encore;
 using Catch::Matchers::Contains;
@@ -301,11 +302,33 @@ TEST_CASE("reshape names the shapes and element counts", "[errors]") {
 TEST_CASE("shapes of rank above 8 are refused", "[errors]") {
   CHECK_THROWS_AS(Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}), Error);
   CHECK_THROWS_WITH(Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}),
-                    Contains("Shape: rank 9 exceeds the maximum of 8"));
+                    Contains("Shape [1,1,1,1,1,1,1,1,1]: rank 9 exceeds the maximum of 8"));
   CHECK_THROWS_WITH(zeros({1, 2, 1, 2, 1, 2, 1, 2, 1}),
                     Contains("rank 9 exceeds the maximum of 8"));
   CHECK_NOTHROW(zeros({1, 2, 1, 2, 1, 2, 1, 2}));
-  CHECK_THROWS_WITH(Shape({2, -1}), Contains("Shape: negative dimension -1"));
+}
+
+TEST_CASE("a bad size names the sizes, and the op that computed or read them", "[errors]") {
+  CHECK_THROWS_WITH(Shape({2, -1}), Contains("Shape [2,-1]: dimension 1 is negative"));
+  CHECK_THROWS_WITH(randn({-2, 3}), Contains("Shape [-2,3]: dimension 0 is negative"));
+  CHECK_THROWS_WITH(Shape({int64_t{1} << 30, int64_t{1} << 30}),
+                    Contains("Shape [1073741824,1073741824]: more than 2^59 elements"));
+  Shape s{2, 3};
+  CHECK_THROWS_WITH(s.set(0, -4), Contains("Shape [-4,3]: dimension 0 is negative"));
+  CHECK_THROWS_WITH(s.set(1, int64_t{1} << 60), Contains("more than 2^59 elements"));
+  CHECK(s == Shape({2, 3}));  // left as it was
+  CHECK_THROWS_WITH(s.push_back(-1), Contains("Shape [2,3,-1]: dimension 2 is negative"));
+  CHECK(s.rank() == 2);
+  CHECK_THROWS_WITH(randn({2, 3}).size(5),
+                    Contains("Tensor::size: axis 5 is out of range for [2,3]"));
+  CHECK_THROWS_WITH(randn({2, 3}).size(-3), Contains("Tensor::size: axis -3"));
+  CHECK_THROWS_WITH(nn::LayerNorm(std::vector<int64_t>{4, -2}),
+                    Contains("LayerNorm: normalized_shape [4,-2] must have positive dimensions"));
+  const Tensor img = randn({1, 2, 5, 5}), w = randn({4, 2, 3, 3});
+  CHECK_THROWS_WITH(F::conv2d(img, w, Tensor(), 1, 1 << 30),
+                    Contains("conv2d: an output of 2147483651x2147483651 (padding 1073741824"));
+  CHECK_THROWS_WITH(F::conv2d(img, w, Tensor(), 1, 1 << 30),
+                    Contains("x [1,2,5,5], weight [4,2,3,3]"));
 }
 
 // ---- Labels ------------------------------------------------------------------------------

@@ -30,6 +30,23 @@ int64_t check_sizes(Fn&& fn, Sf& sf, std::initializer_list<int64_t> sizes) {
   return sf.stats().sizes_planned;
 }
 
+// The same for a loss of x, with x's gradient, through `sf` and eagerly, at each size.
+template <typename Fn, typename Sf>
+void check_grads(Fn&& loss, Sf& sf, std::initializer_list<int64_t> sizes) {
+  for (int64_t n : sizes) {
+    INFO("size " << n);
+    Tensor a = F::reshape(arange(n * 2, DType::Float64), {n, 2}).detach();
+    Tensor b = a.detach();
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    Tensor la = sf(a), lb = loss(b);
+    la.backward();
+    lb.backward();
+    CHECK(bit_diff(la, lb) == "");
+    CHECK(bit_diff(a.grad(), b.grad()) == "");
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a slice bound within the dimension at every trace is planned only where it stays so",
@@ -39,6 +56,33 @@ TEST_CASE("a slice bound within the dimension at every trace is planned only whe
   CHECK(check_sizes(rows_1_to_3, sf, {4, 6, 8}) == 1);  // 8: planned
   check_sizes(rows_1_to_3, sf, {2});                    // 2: stop 3 would pass 2 rows, traced
   CHECK(sf.stats().sizes_planned == 1);
+  // The trace at 2 keeps its own schedule; the family still serves the sizes its guards allow,
+  // and no dimension is said to stay static.
+  CHECK(check_sizes(rows_1_to_3, sf, {10, 5, 2, 3}) == 4);
+  const auto st = sf.stats();
+  CHECK(st.traces == 3);
+  CHECK(st.static_dims.empty());
+  CHECK(st.warnings.empty());
+}
+
+TEST_CASE("slice bounds counted from the end are planned at every size that keeps them so",
+          "[static][dynamic]") {
+  // x[-4:]: start s0 - 4 while 4 <= s0, then clamped to 0.
+  auto last_4 = [](const Tensor& x) { return F::slice(x, 0, -4, int64_t{1} << 40); };
+  auto sf = static_graph(last_4, {.name = "x[-4:]"});
+  CHECK(check_sizes(last_4, sf, {8, 10, 12, 4, 9, 30}) == 4);
+  check_sizes(last_4, sf, {3});  // 3 rows: start -4 clamps to 0, traced
+  CHECK(sf.stats().traces == 3);
+  CHECK(sf.stats().static_dims.empty());
+  // x[1:-2], and x[-3:-1] clamped to 0 and 0 at every trace: [0:0] planned while s0 <= 1.
+  auto inner = [](const Tensor& x) { return F::slice(x, 0, 1, -2); };
+  auto sf2 = static_graph(inner, {.name = "x[1:-2]"});
+  CHECK(check_sizes(inner, sf2, {5, 7, 3, 40, 6}) == 3);
+  CHECK(sf2.stats().traces == 2);
+  auto empty = [](const Tensor& x) { return F::slice(x, 0, -8, -7); };
+  auto sf3 = static_graph(empty, {.name = "x[-8:-7]"});
+  CHECK(check_sizes(empty, sf3, {3, 5, 6, 7, 2}) == 3);
+  CHECK(sf3.stats().traces == 2);
 }
 
 TEST_CASE("a slice bound clamped at every trace is planned only where it stays clamped",
@@ -60,18 +104,13 @@ TEST_CASE("a slice's backward at an untraced size writes within its gradient",
   SwitchScope<set_static_redzones_enabled> redzones(true);
   auto loss = [](const Tensor& x) { return F::sum(F::mul(F::slice(x, 0, 1, 3), x.size(1))); };
   auto sf = static_graph(loss, {.name = "slice_grad"});
-  for (int64_t n : {4, 6, 2, 8}) {
-    INFO("size " << n);
-    Tensor a = F::reshape(arange(n * 2, DType::Float64), {n, 2}).detach();
-    Tensor b = a.detach();
-    a.set_requires_grad(true);
-    b.set_requires_grad(true);
-    Tensor la = sf(a), lb = loss(b);
-    la.backward();
-    lb.backward();
-    CHECK(bit_diff(la, lb) == "");
-    CHECK(bit_diff(a.grad(), b.grad()) == "");
-  }
+  check_grads(loss, sf, {4, 6, 2, 8});
+  // Bounds from the end: the gradient of the last rows but one.
+  auto tail = [](const Tensor& x) { return F::sum(F::mul(F::slice(x, 0, -3, -1), 2.0)); };
+  auto sf2 = static_graph(tail, {.name = "sum(x[-3:-1])"});
+  check_grads(tail, sf2, {6, 9, 4, 12});
+  CHECK(sf2.stats().traces == 2);
+  CHECK(sf2.stats().sizes_planned == 2);
 }
 
 TEST_CASE("a scalar k / size is planned only when every way of computing it rounds alike",

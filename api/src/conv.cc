@@ -71,8 +71,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   ENCORE_CHECK(extent_h <= padded_h && extent_w <= padded_w, "conv2d: the kernel ", weight.size(2),
                "x", weight.size(3), " (dilation ", dilation.str(), ": ", extent_h, "x", extent_w,
                ") is larger than the padded input ", padded_h, "x", padded_w, shapes());
-  const Shape out_shape{x.size(0), out_channels, (padded_h - extent_h) / stride.h + 1,
-                        (padded_w - extent_w) / stride.w + 1};
+  const int64_t out_h = (padded_h - extent_h) / stride.h + 1,
+                out_w = (padded_w - extent_w) / stride.w + 1;
+  int64_t out_numel = 1;
+  bool fits = true;
+  for (const int64_t d : {x.size(0), out_channels, out_h, out_w})
+    fits =
+        fits && !__builtin_mul_overflow(out_numel, d, &out_numel) && out_numel <= Shape::kMaxNumel;
+  ENCORE_CHECK(fits, "conv2d: an output of ", out_h, "x", out_w, " (padding ", padding.str(),
+               ") has more than 2^59 elements", shapes());
+  const Shape out_shape{x.size(0), out_channels, out_h, out_w};
   Conv2dAttrs attrs;
   detail::set_pair(attrs.stride, stride);
   detail::set_pair(attrs.padding, padding);

@@ -150,7 +150,7 @@ LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps, bool elementwise_af
     : normalized_shape_(std::move(shape)), eps_(eps) {
   ENCORE_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must not be empty");
   for (int64_t d : normalized_shape_)
-    ENCORE_CHECK(d > 0, "LayerNorm: normalized_shape ", Shape(normalized_shape_),
+    ENCORE_CHECK(d > 0, "LayerNorm: normalized_shape ", sizes_text(normalized_shape_),
                  " must have positive dimensions");
   ENCORE_CHECK(eps >= 0, "LayerNorm: eps must be non-negative, it is ", eps);
   ENCORE_CHECK(is_floating(dtype), "LayerNorm: dtype must be float32 or float64, it is ", dtype);

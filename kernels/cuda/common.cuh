@@ -60,8 +60,11 @@ inline encore::cuda::DeviceErrorSlot error_slot() {
   return encore::cuda::device_error_slot(encore::cuda::current_device());
 }
 
-// Throws Error naming the op, the failed call and CUDA's message.
+// Throws Error naming the op, the failed call and CUDA's message. The runtime's last error is
+// cleared first: a call that failed (a non-sticky error) also leaves it set, and the next
+// launch's check (ENCORE_CUDA_LAUNCHED) would report it again, as that op's.
 [[noreturn]] inline void fail_cuda(Op op, const char* call, cudaError_t e) {
+  (void)cudaGetLastError();
   fail(op_name(op), ": CUDA error in ", call, ": ", cudaGetErrorName(e), " (",
        cudaGetErrorString(e), ")");
 }

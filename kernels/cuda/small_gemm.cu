@@ -54,7 +54,6 @@ void small_gemm(Op op, SmallGemm kind, const GemmShape& g, DType dtype, const vo
           op, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kSerialRows>(chunk), g.m, g.n,
           g.k, chunk, g.trans_a, pa, g.lda, pb, g.ldb, vectors_b, pc, g.ldc, f);
     }
-    ENCORE_CUDA_LAUNCHED(op);
   });
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
 #   bash .gpu/on-device.sh quick   # one call of at most 9.5 minutes, for a short device budget:
-#                                  # encore_cuda_tests, /cuda benchmarks, the cuBLAS-only and
-#                                  # stream-copies A/Bs, memcheck over the newest kernels,
+#                                  # encore_cuda_tests, /cuda benchmarks, the ENCORE_CUDA_PDL=1
+#                                  # and stream-copies A/Bs, memcheck over the newest kernels,
 #                                  # PyTorch side by side
 #   bash .gpu/on-device.sh rest    # after quick (under 7.5 minutes): the [large] cases, racecheck,
 #                                  # TinyGpt's kernels, the ENCORE_CUDA_PDL=1 A/B, op-by-op profiles
@@ -78,12 +78,15 @@ bench_stream_copies() {  # CAP MIN_TIME
 # The small GEMMs, the loss gradient and the optimizer updates launched as programmatic
 # dependents (ENCORE_CUDA_PDL=1): their tests and the static ones (captures with programmatic
 # edges), then the steps they run in, beside bench_cuda's.
+pdl_bench() {  # CAP MIN_TIME CASES
+  TAIL=20 ENCORE_CUDA_PDL=1 part bench_pdl "$1" "$run/bin/encore_bench" \
+    --benchmark_filter="^($3)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda" \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
 pdl() {  # CAP MIN_TIME
   TAIL=12 ENCORE_CUDA_PDL=1 ENCORE_RANDOM_PROGRAMS=60 part cuda_tests_pdl "$((2 * $1))" \
     "$run/bin/encore_cuda_tests" "[small_gemm],[optim],[cross_entropy],[graphs],[static]"
-  TAIL=20 ENCORE_CUDA_PDL=1 part bench_pdl "$1" "$run/bin/encore_bench" \
-    --benchmark_filter='^(MlpSmall|MlpLarge|CharLstm)/(eager|static)/cuda|^KernelSum/MlpSmall/cuda' \
-    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+  pdl_bench "$1" "$2" 'MlpSmall|MlpLarge|CharLstm'
 }
 peers() {  # CAP MIN_TIME: PyTorch eager, CUDA graph and torch.compile beside bench_cuda's figures
   if [ -f "$here/peers/compare.py" ] && [ -f "$out/bench_cuda.json" ]; then
@@ -158,13 +161,13 @@ run_bench() {
   fi
 }
 # The most wanted parts of both within one call (caps 225 + 150 + 25 + 15 + 70 + 90 s): the
-# tests, the benchmarks, the cuBLAS-only and stream-copies A/Bs, memcheck over the newest kernels
+# tests, the benchmarks, the programmatic-launch and stream-copies A/Bs, memcheck over the newest kernels
 # (small GEMMs with their folds, layer_norm, the optimizers, the column sums, the cross-entropy
 # loss over blocks) and the graphs' staging copies, then PyTorch side by side.
 run_quick() {
   cuda_tests 225
   bench_cuda 150 0.1
-  bench_cublas_only 25 0.1 'MlpSmall|CharLstm'
+  pdl_bench 25 0.1 'MlpSmall|MlpLarge'
   bench_stream_copies 15 0.1
   kernels_per_step MlpSmall TinyGpt
   local san
