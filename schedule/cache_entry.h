@@ -104,6 +104,12 @@ struct Entry {
   std::vector<FamilyPoint> evidence;
   std::vector<int64_t> evidence_ids;
   int64_t evidence_family = -1;
+  // Where the evidence is a family: the nearest entry outside it (`alternate_ids`), which may
+  // make a family of its own with this trace where that one cannot take it; the dimensions
+  // that family would make dynamic.
+  std::vector<DynDim> alternate_dims;
+  std::vector<FamilyPoint> alternate;
+  std::vector<int64_t> alternate_ids;
   std::vector<FamilyPoint> pending_points;
   std::vector<int64_t> pending_ids;
   // Leaves whose .grad the call replaces before reading it: dropped as a replay starts, so the

@@ -2,6 +2,7 @@
 // planned now from the family's recording without running the function), a new trace that may
 // make dimensions dynamic, and the check that does so once that trace is planned.
 #include <algorithm>
+#include <array>
 
 #include "schedule/static_graph_impl.h"
 
@@ -151,9 +152,18 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())
     return nullptr;
   std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
+  // Families that could not plan this size (their guards left it out): the next one that fits
+  // is tried, from the front again, since the list may change while the lock is released.
+  std::array<int64_t, 4> tried{};
+  size_t tried_count = 0;
+  const auto was_tried = [&](int64_t id) {
+    return std::find(tried.begin(), tried.begin() + tried_count, id) != tried.begin() + tried_count;
+  };
+  bool plan_failed = false;
   for (auto next = families.begin(); next != families.end();) {
     const auto it = next++;
-    if (!family_sizes(*(*it)->shapes, args, key, grad, mode, sizes)) continue;
+    if (was_tried((*it)->id) || !family_sizes(*(*it)->shapes, args, key, grad, mode, sizes))
+      continue;
     if ((*it)->proto->stale->load(std::memory_order_acquire)) {
       if (reason.empty()) reason = kStaleReason;
       families.erase(it);
@@ -188,9 +198,13 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
     std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, at, why);
     lock.lock();
     if (!e) {
-      --stats.hits;  // it traces instead
-      reason = cat(why, " (planned from dynamic family ", f->id, ")");
-      return nullptr;
+      --stats.hits;  // it traces instead, unless another family plans it
+      if (!plan_failed) reason = cat(why, " (planned from dynamic family ", f->id, ")");
+      plan_failed = true;
+      if (tried_count == tried.size()) return nullptr;
+      tried[tried_count++] = f->id;
+      next = families.begin();
+      continue;
     }
     // Another call may have planned this size meanwhile: one entry per size.
     auto same = std::find_if(f->sizes.begin(), f->sizes.end(),
@@ -249,14 +263,17 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     family = f->id;
     break;
   }
-  if (evidence.empty()) {
-    // Else the entry that differs in the fewest sizes (the most recently used of those): a
-    // dimension that cannot be dynamic must not keep one that changed beside it from being so.
+  // The entry that differs in the fewest sizes (the most recently used of those), not one of
+  // `skip`'s traces: a dimension that cannot be dynamic must not keep one that changed beside it
+  // from being so. Its dimensions into `out_dims`, its evidence into `out` and `out_ids`.
+  auto nearest_entry = [&](std::span<const int64_t> skip, std::vector<DynDim>& out_dims,
+                           std::vector<FamilyPoint>& out, std::vector<int64_t>& out_ids) {
     const Entry* best = nullptr;
     std::vector<DynDim> best_dims;
     for (const auto& b : entries) {
       if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
-          b->stale->load() || !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
+          b->stale->load() || std::find(skip.begin(), skip.end(), b->id) != skip.end() ||
+          !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
           !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty() ||
           !with(b->pending_points.empty() ? std::vector<DynDim>() : b->dynamic_dims))
         continue;
@@ -264,16 +281,26 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
       best = b.get();
       best_dims = dims;
     }
-    if (best != nullptr) {
-      dims = best_dims;
-      if (!best->pending_points.empty()) {
-        evidence = best->pending_points;
-        ids = best->pending_ids;
-      } else {
-        evidence = {FamilyPoint{best->pristine, best->sig}};
-        ids = {best->id};
-      }
+    if (best == nullptr) return;
+    out_dims = std::move(best_dims);
+    if (!best->pending_points.empty()) {
+      out = best->pending_points;
+      out_ids = best->pending_ids;
+    } else {
+      out = {FamilyPoint{best->pristine, best->sig}};
+      out_ids = {best->id};
     }
+  };
+  if (evidence.empty()) {
+    std::vector<DynDim> entry_dims;
+    nearest_entry({}, entry_dims, evidence, ids);
+    dims = std::move(entry_dims);
+  } else {
+    // Where the family cannot take this trace (a size its guards left out, clamped otherwise),
+    // the nearest entry outside it may make a family of its own with it.
+    const std::vector<DynDim> family_dims = dims;
+    nearest_entry(ids, e.alternate_dims, e.alternate, e.alternate_ids);
+    dims = family_dims;
   }
   if (evidence.empty()) return;
   while (evidence.size() >= kMaxFamilyPoints) {  // the oldest go
@@ -303,13 +330,34 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
       unlock_and_log(lock);
       return;
     }
-  FamilyBuild b;
-  try {
-    b = build_family(points, e->dynamic_dims);
-  } catch (const std::exception& ex) {
-    b.family.reset();
-    b.why = ex.what();
+  auto build = [](std::vector<FamilyPoint> at, const std::vector<DynDim>& dims) {
+    FamilyBuild out;
+    try {
+      out = build_family(std::move(at), dims);
+    } catch (const std::exception& ex) {
+      out.family.reset();
+      out.why = ex.what();
+    }
+    return out;
+  };
+  FamilyBuild b = build(points, e->dynamic_dims);
+  int64_t beside = -1;  // the family this trace could not join, where another family takes it
+  if (!b.family && !e->alternate.empty() &&
+      std::all_of(e->alternate.begin(), e->alternate.end(), [&](const FamilyPoint& p) {
+        return p.rec->grad_given == e->pristine->grad_given;
+      })) {
+    // The family could not take this trace: the nearest entry outside it may.
+    std::vector<FamilyPoint> near = e->alternate;
+    near.push_back({e->pristine, e->sig});
+    if (FamilyBuild other = build(std::move(near), e->alternate_dims); other.family) {
+      b = std::move(other);
+      beside = e->evidence_family;
+      ids = e->alternate_ids;
+      ids.push_back(e->id);
+      e->dynamic_dims = e->alternate_dims;
+    }
   }
+  e->alternate.clear();
   std::unique_lock<std::mutex> lock(mu);
   e->evidence.clear();  // the earlier recordings now live in the family, if any
   const std::string what = dims_text(config, e->dynamic_dims);
@@ -322,9 +370,11 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     f->arenas =
         std::make_shared<ArenaPool>(e->sig.args.empty() ? Device::cpu() : e->sig.args[0].device);
     // A family this one extends (its traces are this one's evidence), or one it covers (made
-    // meanwhile by another thread from other traces of these sizes), goes.
+    // meanwhile by another thread from other traces of these sizes), goes; not the family this
+    // trace could not join (`beside`), which still serves the sizes its guards allow.
     std::vector<DynDim> changed;
     families.remove_if([&](const std::shared_ptr<Family>& old) {
+      if (old->id == beside) return false;
       if (std::find(ids.begin(), ids.end(), old->id) != ids.end()) return true;
       const std::vector<DynDim>& dims = f->shapes->dims;
       return only_sizes_differ(old->shapes->sig, f->shapes->sig, changed) &&
@@ -347,6 +397,12 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     log_retrace(cat(config.name, ": trace ", e->id, " keeps a schedule of its own: ", what,
                     " cannot join dynamic family ", e->evidence_family, " (", b.why, "; traces ",
                     ids_text(ids), "); the family still serves the sizes its guards allow"));
+  } else if (b.clamps_differ) {
+    // Traces at sizes clamped alike may yet make a family: the next one is checked against
+    // this one, the most recently used.
+    log_retrace(cat(config.name, ": trace ", e->id, " keeps a schedule of its own: ", what,
+                    " not made dynamic (", b.why, "; traces ", ids_text(ids),
+                    "); a trace at another size is checked against this one"));
   } else if (std::vector<size_t> keep = without_size_one(points, e->dynamic_dims);
              !keep.empty() && keep.size() < points.size()) {
     // A trace where a dimension is 1 may have other ops (broadcasting needs none at size 1):

@@ -335,7 +335,10 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
 
   for (int k = 0; k < f->symbols; ++k)
     f->serves_one.push_back(std::count(symbol_values[k].begin(), symbol_values[k].end(), 1) > 0);
-  if (!derive_sizes(*f, out.why)) return out;
+  if (!derive_sizes(*f, out.why)) {
+    out.clamps_differ = f->clamps_differ;
+    return out;
+  }
 
   std::vector<ExprId*> roots;
   for (ExprId& e : f->dim_exprs) roots.push_back(&e);

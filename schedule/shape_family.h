@@ -88,12 +88,18 @@ struct ShapeFamily {
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
   std::vector<FamilyPoint> points;  // the evidence, oldest first
+  // Set where the sizes could not be derived because a slice bound was clamped at some points
+  // and not at others (each point alone is one of the ways shape_rules.cc follows).
+  bool clamps_differ = false;
 };
 
 // What building a family found.
 struct FamilyBuild {
   std::unique_ptr<ShapeFamily> family;  // null: not built
   std::string why;                      // why not: "step 7 (forward) relu: ..."
+  // Not built because a slice bound was clamped at some traces and not at others: no dimension
+  // is to blame (traces at sizes clamped alike may make a family).
+  bool clamps_differ = false;
 };
 
 // Fills f.pool, f.dim_exprs, f.attrs and f.guards from f.points and f.dims (shape_rules.cc):

@@ -187,7 +187,8 @@ SizeBuilder::Dims SizeBuilder::rule_out(int i, int k, std::span<const Dims> ins,
 // (a size or a constant, then kept within the dimension by a guard), or clamped to the
 // dimension's end (what was asked stays at or past it, by a guard), or counted from the end (a
 // negative b asked: the dimension's size + b, kept at or above 0 by a guard), or clamped to 0
-// from there (b at or below minus the size, by a guard). A bound that is one of these at some
+// from there (b at or below minus the size, by a guard). On a dimension of one size, a bound
+// asked alike at every point is the same at every size. A bound that is one of these at some
 // points and another at others keeps the dimension static.
 bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_exprs,
                                std::string& why) {
@@ -216,7 +217,10 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     };
     const std::string what = cat(label, "'s ", name);
     ExprId e = -1;
-    if (every([&](size_t p) { return asked[p] >= 0 && asked[p] == got[p]; })) {
+    if (x_.is_const(n) &&
+        every([&](size_t p) { return asked[p] == asked[0] && got[p] == got[0]; })) {
+      e = x_.constant(got[0]);  // the same bound of a dimension of one size: clamped alike
+    } else if (every([&](size_t p) { return asked[p] >= 0 && asked[p] == got[p]; })) {
       e = resolve(gs, ins, what);
       if (e >= 0) guard(e, n, what, /*at_most=*/true);
     } else if (every([&](size_t p) { return got[p] == nv[p] && asked[p] >= nv[p]; })) {
@@ -239,8 +243,16 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       }
     }
     if (e < 0) {
-      why = cat(what, " is ", values_text(gs), " (", values_text(as),
-                " asked) at the traced sizes, which no size of the trace explains");
+      // Each point alone as asked, clamped to the end, from the end or clamped to 0, but not
+      // all of them alike: the clamping differs between the traced sizes.
+      f_.clamps_differ = every([&](size_t p) {
+        return (asked[p] >= 0 && asked[p] == got[p]) || (got[p] == nv[p] && asked[p] >= nv[p]) ||
+               (asked[p] < 0 && got[p] == std::max<int64_t>(nv[p] + asked[p], 0));
+      });
+      why =
+          cat(what, " is ", values_text(gs), " (", values_text(as), " asked) at the traced sizes, ",
+              f_.clamps_differ ? "clamped at some and not at others"
+                               : "which no size of the trace explains");
       return false;
     }
     attr_exprs[bound] = e;

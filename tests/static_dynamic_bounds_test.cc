@@ -85,6 +85,57 @@ TEST_CASE("slice bounds counted from the end are planned at every size that keep
   CHECK(sf3.stats().traces == 2);
 }
 
+TEST_CASE("a slice bound clamped at some traces and not at others blames no dimension",
+          "[static][dynamic]") {
+  // x[-4:] at 3 rows (start clamped to 0) and at 8 (start 4): no family from the two, and no
+  // dimension blamed; 10 joins 8, and 12 and 16 are planned.
+  auto last_4 = [](const Tensor& x) { return F::slice(x, 0, -4, int64_t{1} << 40); };
+  auto sf = static_graph(last_4, {.name = "x[-4:]"});
+  CHECK(check_sizes(last_4, sf, {3, 8, 10, 12, 16}) == 2);
+  CHECK(sf.stats().traces == 3);
+  CHECK(sf.stats().static_dims.empty());
+  CHECK(sf.stats().warnings.empty());
+  // A family of the clamped sizes first (2 and 3): 6 cannot join it, and 8 makes a family with
+  // 6 that serves the larger sizes (and 4) beside it.
+  auto sf2 = static_graph(last_4, {.name = "x[-4:], small first"});
+  CHECK(check_sizes(last_4, sf2, {2, 3, 6, 8, 12, 20, 4, 9, 2, 3}) == 4);
+  CHECK(sf2.stats().traces == 4);
+  CHECK(sf2.stats().dynamic.size() == 2);
+  CHECK(sf2.stats().static_dims.empty());
+  CHECK(sf2.stats().warnings.empty());
+  // The large sizes first: a family of 8 and 12, one of 2 and 3 beside it; 10 and 20 stay the
+  // first family's.
+  auto sf3 = static_graph(last_4, {.name = "x[-4:], large first"});
+  CHECK(check_sizes(last_4, sf3, {8, 12, 2, 3, 10, 20, 1, 2, 16}) == 3);
+  CHECK(sf3.stats().traces == 5);
+  CHECK(sf3.stats().dynamic.size() == 2);
+}
+
+TEST_CASE("a slice of a dimension of one size is planned whatever its bounds",
+          "[static][dynamic]") {
+  // x[:, 2:-1] of [n, 2]: empty (the stop, 1, clamped up to the start, 2) at every n.
+  auto empty_cols = [](const Tensor& x) { return F::slice(x, 1, 2, -1); };
+  auto sf = static_graph(empty_cols, {.name = "x[:, 2:-1]"});
+  CHECK(check_sizes(empty_cols, sf, {4, 6, 9, 3}) == 2);
+  CHECK(sf.stats().static_dims.empty());
+  auto last_col = [](const Tensor& x) { return F::slice(x, 1, -1, 5); };
+  auto sf2 = static_graph(last_col, {.name = "x[:, -1:5]"});
+  CHECK(check_sizes(last_col, sf2, {4, 6, 9, 3}) == 2);
+}
+
+TEST_CASE("verify mode passes at sizes planned from slices whose bounds are sizes",
+          "[static][dynamic][verify]") {
+  // Bounds asked as sizes (x[1:n], a concat's gradient slices [0:n] and [n:2n]) are planned at
+  // each size; verify compares what each slice does with eager's.
+  auto head = [](const Tensor& x) { return F::slice(x, 0, 1, x.size(0)); };
+  auto sf = static_graph(head, {.name = "x[1:n]", .verify_every = 1});
+  CHECK(check_sizes(head, sf, {4, 6, 8, 11}) == 2);
+  auto loss = [](const Tensor& x) { return F::sum(F::concat({x, F::mul(x, 2.0)}, 0)); };
+  auto sf2 = static_graph(loss, {.name = "sum(concat)", .verify_every = 1});
+  check_grads(loss, sf2, {4, 6, 8, 11});
+  CHECK(sf2.stats().sizes_planned == 2);
+}
+
 TEST_CASE("a slice bound clamped at every trace is planned only where it stays clamped",
           "[static][dynamic]") {
   auto first_5 = [](const Tensor& x) { return F::slice(x, 0, 0, 5); };
