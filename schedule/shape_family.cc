@@ -340,6 +340,10 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
     return out;
   }
 
+  for (ExprId e : f->dim_exprs) {
+    const std::span<const int64_t> at = f->pool.values(e);
+    f->one_at_trace.push_back(std::find(at.begin(), at.end(), 1) != at.end());
+  }
   std::vector<ExprId*> roots;
   for (ExprId& e : f->dim_exprs) roots.push_back(&e);
   for (ShapeFamily::AttrSlot& a : f->attrs) roots.push_back(&a.e);
@@ -411,12 +415,20 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
   auto rec = std::make_shared<Recording>(*f.base);
   size_t k = 0;
   bool ok = true;
+  ExprId becomes_one = -1;
   for_each_operand(*rec, [&](Operand& o) {
     Shape s;
     for (int d = 0; d < o.shape.rank(); ++d) {
-      const int64_t x = v[static_cast<size_t>(f.dim_exprs[k++])];
-      if (x < 0 || !ok) {
+      const ExprId e = f.dim_exprs[k++];
+      const int64_t x = v[static_cast<size_t>(e)];
+      if (x < 0 || !ok || becomes_one >= 0) {
         ok = false;
+        continue;
+      }
+      // A size that is 1 here and was not at any trace: an op may take another path at 1 (a sum
+      // over one element is a copy, a broadcast from 1 none), as eager would; traced.
+      if (x == 1 && !f.one_at_trace[k - 1]) {
+        becomes_one = e;
         continue;
       }
       try {
@@ -427,6 +439,13 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
     }
     if (ok) o.shape = s;
   });
+  if (becomes_one >= 0) {
+    why = cat("no schedule at ", sizes_text(symbols), ": a size of the schedule, ",
+              f.pool.text(becomes_one),
+              ", would be 1, which it was not at the traced sizes (an op "
+              "may take another path at 1)");
+    return nullptr;
+  }
   if (!ok) {
     why = cat("no schedule at ", sizes_text(symbols), ": a shape would be negative or too large");
     return nullptr;

@@ -68,6 +68,8 @@ struct ShapeFamily {
   // The latest point's recording, instantiated with every size below replaced.
   std::shared_ptr<const Recording> base;
   std::vector<ExprId> dim_exprs;  // per operand dimension, in for_each_operand's order
+  // Per operand dimension: 1 at some traced point (a size served may make it 1 only then).
+  std::vector<char> one_at_trace;
   struct AttrSlot {
     int step = 0;       // forward steps, then backward steps
     uint8_t field = 0;  // which size of the step's attributes (see shape_family.cc)
