@@ -229,6 +229,29 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   return nullptr;
 }
 
+std::vector<Change> StaticGraph::Impl::family_changes(const Signature& sig) const {
+  std::vector<Change> best;
+  for (const auto& f : families) {
+    const ShapeFamily& fs = *f->shapes;
+    std::vector<Change> left;
+    for (Change& c : diff(fs.sig, sig, config)) {
+      const auto it = std::find(fs.dims.begin(), fs.dims.end(), DynDim{c.arg, c.dim});
+      if (c.dim < 0 || it == fs.dims.end()) {
+        left.push_back(std::move(c));
+        continue;
+      }
+      const int symbol = fs.symbol_of[static_cast<size_t>(it - fs.dims.begin())];
+      if (c.value == 1 && !fs.serves_one[static_cast<size_t>(symbol)]) {
+        c.text = cat(c.subject, " is 1, which dynamic family ", f->id,
+                     " serves only where a trace had it at 1");
+        left.push_back(std::move(c));
+      }
+    }
+    if (!left.empty() && (best.empty() || left.size() < best.size())) best = std::move(left);
+  }
+  return best;
+}
+
 void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   if (config.dynamic == DynamicShapes::Off || !dynamic_enabled()) return;
   e.keep_trace = true;

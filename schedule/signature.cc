@@ -137,7 +137,7 @@ std::vector<Change> diff(const Signature& old, const Signature& now, const Confi
         if (a.shape[d] != b.shape[d])
           out.push_back({cat(arg, " dim ", d),
                          cat(arg, " dim ", d, " changed ", a.shape[d], " -> ", b.shape[d]),
-                         b.shape[d]});
+                         b.shape[d], static_cast<int>(i), d});
     }
     if (a.requires_grad != b.requires_grad)
       out.push_back({arg + " requires_grad",

@@ -50,6 +50,7 @@ struct Change {
   std::string subject;  // "argument 0 'x' dim 0"
   std::string text;     // "argument 0 'x' dim 0 changed 32 -> 17"
   int64_t value = -1;   // the new size when a dimension changed
+  int arg = -1, dim = -1;  // which, when a dimension changed
 };
 
 std::vector<Change> diff(const Signature& old, const Signature& now, const Config& c);

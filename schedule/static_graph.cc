@@ -271,6 +271,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     reason = "first call";
   } else {
     ch = diff(entries.front()->sig, sig, config);
+    // Against a dynamic family, only what it does not serve: where fewer, that is the reason.
+    if (std::vector<Change> f = family_changes(sig); !f.empty() && f.size() < ch.size())
+      ch = std::move(f);
     for (const Change& c : ch) reason += (reason.empty() ? "" : ", ") + c.text;
   }
   note_call(true);

@@ -109,6 +109,10 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   std::shared_ptr<Entry> dynamic_entry(std::span<const Tensor> args, const std::string* key,
                                        bool grad, int64_t mode, std::unique_lock<std::mutex>& lock,
                                        std::string& reason, int64_t& hits);
+  // With `mu` held, for a call that traces though dynamic families exist: what the family
+  // nearest its signature does not serve (a dimension it keeps static, a dynamic one at 1 that
+  // no trace had at 1), fewest changes first; empty where no family differs only that way.
+  std::vector<detail::Change> family_changes(const detail::Signature& sig) const;
   // With `mu` held, for a new trace `e`: the dimensions it may make dynamic and the traces to
   // check it against (none: `e` stays a signature of its own).
   void prepare_dynamic(Entry& e);
