@@ -2,7 +2,6 @@
 // planned now from the family's recording without running the function), a new trace that may
 // make dimensions dynamic, and the check that does so once that trace is planned.
 #include <algorithm>
-#include <array>
 
 #include "schedule/static_graph_impl.h"
 
@@ -152,45 +151,64 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
   if (config.dynamic == DynamicShapes::Off || families.empty() || !dynamic_enabled())
     return nullptr;
   std::vector<int64_t>& sizes = family_sizes_scratch;  // under `mu`: no allocation per call
-  // Families that could not plan this size (their guards left it out): the next one that fits
-  // is tried, from the front again, since the list may change while the lock is released.
-  std::array<int64_t, 4> tried{};
-  size_t tried_count = 0;
-  const auto was_tried = [&](int64_t id) {
-    return std::find(tried.begin(), tried.begin() + tried_count, id) != tried.begin() + tried_count;
-  };
-  bool plan_failed = false;
-  for (auto next = families.begin(); next != families.end();) {
-    const auto it = next++;
-    if (was_tried((*it)->id) || !family_sizes(*(*it)->shapes, args, key, grad, mode, sizes))
-      continue;
-    if ((*it)->proto->stale->load(std::memory_order_acquire)) {
-      if (reason.empty()) reason = kStaleReason;
-      families.erase(it);
-      continue;
+  // Whether the family at `it` can serve this call: its sizes fit (written to `sizes`) and its
+  // guards hold. Else `it` moves on (a stale family is dropped), and `reason` says why where it
+  // said nothing yet.
+  using FamilyIt = std::list<std::shared_ptr<Family>>::iterator;
+  const auto serves = [&](FamilyIt& it) {
+    const Family& f = **it;
+    if (!family_sizes(*f.shapes, args, key, grad, mode, sizes)) {
+      ++it;
+      return false;
     }
-    std::string failed = guard_failure(*(*it)->proto);
-    if (failed.empty()) failed = alias_failure(*(*it)->proto, args);
+    if (f.proto->stale->load(std::memory_order_acquire)) {
+      if (reason.empty()) reason = kStaleReason;
+      it = families.erase(it);
+      return false;
+    }
+    std::string failed = guard_failure(*f.proto);
+    if (failed.empty()) failed = alias_failure(*f.proto, args);
     if (!failed.empty()) {
       if (reason.empty()) reason = std::move(failed);
+      ++it;
+      return false;
+    }
+    return true;
+  };
+  // A size that a family serving this call planned before: replayed, with no planning and no
+  // allocation.
+  for (FamilyIt it = families.begin(); it != families.end();) {
+    if (!serves(it)) continue;
+    Family& f = **it;
+    const auto s = std::find_if(f.sizes.begin(), f.sizes.end(), [&](const auto& e) {
+      return matches(e->sig, args, key, grad, mode);
+    });
+    if (s == f.sizes.end()) {
+      ++it;
       continue;
     }
     families.splice(families.begin(), families, it);
-    const std::shared_ptr<Family> f = families.front();
-    for (auto s = f->sizes.begin(); s != f->sizes.end(); ++s) {
-      if (!matches((*s)->sig, args, key, grad, mode)) continue;
-      f->sizes.splice(f->sizes.begin(), f->sizes, s);
-      std::shared_ptr<Entry> hit = f->sizes.front();
-      ++hit->hits;
-      hits = ++f->hits;  // verify mode's cadence: the family's replays, whatever their sizes
-      ++stats.hits;
-      note_call(false);
-      lock.unlock();
-      return hit;
+    f.sizes.splice(f.sizes.begin(), f.sizes, s);
+    std::shared_ptr<Entry> hit = f.sizes.front();
+    ++hit->hits;
+    hits = ++f.hits;  // verify mode's cadence: the family's replays, whatever their sizes
+    ++stats.hits;
+    note_call(false);
+    lock.unlock();
+    return hit;
+  }
+  // Else the size is planned now, outside the lock, from the first family serving the call
+  // (most recently used first) whose guards allow it; after one that cannot, the next is tried
+  // from the front again, since the list may change while the lock is released. The call counts
+  // as a hit meanwhile, so that stats() read then adds up (calls = traces + hits + eager calls).
+  std::vector<int64_t> tried;  // the families that could not plan it
+  for (FamilyIt it = families.begin(); it != families.end();) {
+    if (std::find(tried.begin(), tried.end(), (*it)->id) != tried.end()) {
+      ++it;
+      continue;
     }
-    // A size not planned yet: planned from the family's recording, outside the lock. The call
-    // counts as a hit meanwhile, so that stats() read then adds up (calls = traces + hits +
-    // eager calls).
+    if (!serves(it)) continue;
+    const std::shared_ptr<Family> f = *it;
     const std::vector<int64_t> at = sizes;
     ++stats.hits;
     lock.unlock();
@@ -199,13 +217,14 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
     lock.lock();
     if (!e) {
       --stats.hits;  // it traces instead, unless another family plans it
-      if (!plan_failed) reason = cat(why, " (planned from dynamic family ", f->id, ")");
-      plan_failed = true;
-      if (tried_count == tried.size()) return nullptr;
-      tried[tried_count++] = f->id;
-      next = families.begin();
+      if (tried.empty()) reason = cat(why, " (planned from dynamic family ", f->id, ")");
+      tried.push_back(f->id);
+      it = families.begin();
       continue;
     }
+    if (const auto at_now = std::find(families.begin(), families.end(), f);
+        at_now != families.end())
+      families.splice(families.begin(), families, at_now);
     // Another call may have planned this size meanwhile: one entry per size.
     auto same = std::find_if(f->sizes.begin(), f->sizes.end(),
                              [&](const auto& s) { return matches(s->sig, args, key, grad, mode); });

@@ -37,9 +37,8 @@ void SizeBuilder::remember(const Dims& s) {
   }
 }
 
-ExprId SizeBuilder::resolve(std::span<const int64_t> v, std::span<const Dims> locals,
-                            const std::string& what) {
-  const bool constant = std::all_of(v.begin(), v.end(), [&](int64_t y) { return y == v[0]; });
+absl::InlinedVector<ExprId, 4> SizeBuilder::candidates(std::span<const int64_t> v,
+                                                       std::span<const Dims> locals) {
   absl::InlinedVector<ExprId, 4> cands;
   auto add = [&](ExprId e) {
     if (std::find(cands.begin(), cands.end(), e) == cands.end()) cands.push_back(e);
@@ -56,6 +55,18 @@ ExprId SizeBuilder::resolve(std::span<const int64_t> v, std::span<const Dims> lo
         }
   if (auto it = seen_.find(key(v)); it != seen_.end())
     for (ExprId e : it->second) add(e);
+  return cands;
+}
+
+bool SizeBuilder::symbolic_gives(std::span<const int64_t> v, std::span<const Dims> locals) {
+  const absl::InlinedVector<ExprId, 4> cands = candidates(v, locals);
+  return std::any_of(cands.begin(), cands.end(), [&](ExprId e) { return !x_.is_const(e); });
+}
+
+ExprId SizeBuilder::resolve(std::span<const int64_t> v, std::span<const Dims> locals,
+                            const std::string& what) {
+  const bool constant = std::all_of(v.begin(), v.end(), [&](int64_t y) { return y == v[0]; });
+  const absl::InlinedVector<ExprId, 4> cands = candidates(v, locals);
   if (constant) {
     if (std::all_of(cands.begin(), cands.end(), [&](ExprId e) { return x_.is_const(e); }))
       return x_.constant(v[0]);

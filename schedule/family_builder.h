@@ -82,6 +82,13 @@ class SizeBuilder {
   // A size with values `v` at the points from the dimensions (or products of consecutive
   // dimensions) of `locals`, from the sizes seen so far, or a constant; -1 when none has them.
   ExprId resolve(std::span<const int64_t> v, std::span<const Dims> locals, const std::string& what);
+  // The sizes with values `v` at every point, each once: dimensions of `locals` (else products
+  // of their consecutive dimensions), then the sizes seen so far.
+  absl::InlinedVector<ExprId, 4> candidates(std::span<const int64_t> v,
+                                            std::span<const Dims> locals);
+  // Whether a size that is not a constant has values `v` at every point (resolve would then
+  // give a variable, guarded to equal it).
+  bool symbolic_gives(std::span<const int64_t> v, std::span<const Dims> locals);
   // The operand's dimensions from `src` (the shape its buffer was written with) when it is that
   // shape or a reshape of it: groups of consecutive dimensions with equal products.
   void from_source(const Dims& src, const Ops& ops, Dims& out);

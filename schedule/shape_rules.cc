@@ -218,8 +218,9 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     const std::string what = cat(label, "'s ", name);
     ExprId e = -1;
     if (x_.is_const(n) &&
-        every([&](size_t p) { return asked[p] == asked[0] && got[p] == got[0]; })) {
-      e = x_.constant(got[0]);  // the same bound of a dimension of one size: clamped alike
+        every([&](size_t p) { return asked[p] == asked[0] && got[p] == got[0]; }) &&
+        !symbolic_gives(as, ins)) {
+      e = x_.constant(got[0]);  // a constant bound of a dimension of one size: clamped alike
     } else if (every([&](size_t p) { return asked[p] >= 0 && asked[p] == got[p]; })) {
       e = resolve(gs, ins, what);
       if (e >= 0) guard(e, n, what, /*at_most=*/true);
@@ -243,12 +244,19 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       }
     }
     if (e < 0) {
-      // Each point alone as asked, clamped to the end, from the end or clamped to 0, but not
-      // all of them alike: the clamping differs between the traced sizes.
+      // Each point alone as asked, clamped to the end, from the end or clamped to 0, but no one
+      // of these at every point: the clamping differs between the traced sizes.
+      unsigned common = 0xf;
       f_.clamps_differ = every([&](size_t p) {
-        return (asked[p] >= 0 && asked[p] == got[p]) || (got[p] == nv[p] && asked[p] >= nv[p]) ||
-               (asked[p] < 0 && got[p] == std::max<int64_t>(nv[p] + asked[p], 0));
-      });
+                           const unsigned ways =
+                               (asked[p] >= 0 && asked[p] == got[p] ? 1u : 0u) |
+                               (got[p] == nv[p] && asked[p] >= nv[p] ? 2u : 0u) |
+                               (asked[p] < 0 && got[p] == nv[p] + asked[p] ? 4u : 0u) |
+                               (asked[p] < 0 && got[p] == 0 && nv[p] + asked[p] <= 0 ? 8u : 0u);
+                           common &= ways;
+                           return ways != 0;
+                         }) &&
+                         common == 0;
       why =
           cat(what, " is ", values_text(gs), " (", values_text(as), " asked) at the traced sizes, ",
               f_.clamps_differ ? "clamped at some and not at others"

@@ -30,21 +30,25 @@ int64_t check_sizes(Fn&& fn, Sf& sf, std::initializer_list<int64_t> sizes) {
   return sf.stats().sizes_planned;
 }
 
-// The same for a loss of x, with x's gradient, through `sf` and eagerly, at each size.
+// The same for a loss of x [n, m], with x's gradient, through `sf` and eagerly.
+template <typename Fn, typename Sf>
+void check_grad_at(Fn&& loss, Sf& sf, int64_t n, int64_t m) {
+  INFO("size " << n << "x" << m);
+  Tensor a = F::reshape(arange(n * m, DType::Float64), {n, m}).detach();
+  Tensor b = a.detach();
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor la = sf(a), lb = loss(b);
+  la.backward();
+  lb.backward();
+  CHECK(bit_diff(la, lb) == "");
+  CHECK(bit_diff(a.grad(), b.grad()) == "");
+}
+
+// check_grad_at for x [n, 2] at each n.
 template <typename Fn, typename Sf>
 void check_grads(Fn&& loss, Sf& sf, std::initializer_list<int64_t> sizes) {
-  for (int64_t n : sizes) {
-    INFO("size " << n);
-    Tensor a = F::reshape(arange(n * 2, DType::Float64), {n, 2}).detach();
-    Tensor b = a.detach();
-    a.set_requires_grad(true);
-    b.set_requires_grad(true);
-    Tensor la = sf(a), lb = loss(b);
-    la.backward();
-    lb.backward();
-    CHECK(bit_diff(la, lb) == "");
-    CHECK(bit_diff(a.grad(), b.grad()) == "");
-  }
+  for (int64_t n : sizes) check_grad_at(loss, sf, n, 2);
 }
 
 }  // namespace
@@ -123,6 +127,43 @@ TEST_CASE("a slice of a dimension of one size is planned whatever its bounds",
   CHECK(check_sizes(last_col, sf2, {4, 6, 9, 3}) == 2);
 }
 
+TEST_CASE("a bound asked as a size on a dimension of one size follows that size",
+          "[static][dynamic]") {
+  // x[:, :T] with x [B, 10] and T = y.size(0): the traces left in the family's window all have
+  // T = 4, where T is still a dynamic size; the stop is T (guarded), not the constant 4.
+  auto fn = [](const Tensor& x, const Tensor& y, const Tensor& z, const Tensor& w,
+               const Tensor& v) {
+    return F::add(F::sum(F::slice(x, 1, 0, y.size(0))),
+                  F::add(F::add(F::sum(y), F::sum(z)), F::add(F::sum(w), F::sum(v))));
+  };
+  auto sf = static_graph(fn, {.name = "x[:, :T]"});
+  NoGradGuard no_grad;
+  struct Sizes {
+    int64_t b, t, c, d, e;
+  };
+  for (const Sizes& p :
+       {Sizes{2, 3, 5, 5, 5}, Sizes{3, 4, 5, 5, 5}, Sizes{3, 4, 6, 5, 5}, Sizes{3, 4, 6, 7, 5},
+        Sizes{3, 4, 6, 7, 8}, Sizes{3, 7, 6, 7, 8}, Sizes{3, 9, 6, 7, 8}}) {
+    INFO("T " << p.t);
+    const Tensor x = F::reshape(arange(p.b * 10, DType::Float64), {p.b, 10});
+    const Tensor y = arange(p.t, DType::Float64), z = arange(p.c, DType::Float64),
+                 w = arange(p.d, DType::Float64), v = arange(p.e, DType::Float64);
+    CHECK(bit_diff(sf(x, y, z, w, v), fn(x, y, z, w, v)) == "");
+  }
+}
+
+TEST_CASE("a bound no size explains keeps the dimension static, named as such",
+          "[static][dynamic]") {
+  // x[n / 2:]: as asked at every trace, but no size of the trace is n / 2.
+  auto half = [](const Tensor& x) { return F::slice(x, 0, x.size(0) / 2, x.size(0)); };
+  auto sf = static_graph(half, {.name = "x[n/2:]"});
+  check_sizes(half, sf, {4, 6, 8, 10});
+  const auto st = sf.stats();
+  CHECK(st.sizes_planned == 0);
+  REQUIRE(st.static_dims.size() == 1);
+  CHECK_THAT(st.static_dims[0], Catch::Matchers::Contains("which no size of the trace explains"));
+}
+
 TEST_CASE("verify mode passes at sizes planned from slices whose bounds are sizes",
           "[static][dynamic][verify]") {
   // Bounds asked as sizes (x[1:n], a concat's gradient slices [0:n] and [n:2n]) are planned at
@@ -174,18 +215,8 @@ TEST_CASE("a size that is 1 at no trace is traced where it would be 1, not plann
     return F::sum(F::mul(y, y));
   };
   auto sf = static_graph(loss, {.name = "sum(x[::4, ::4]^2)", .verify_every = 1});
-  for (const auto& [n, m] : {std::pair<int64_t, int64_t>{6, 5}, {9, 6}, {3, 3}, {12, 12}, {7, 7}}) {
-    INFO("size " << n << "x" << m);
-    Tensor a = F::reshape(arange(n * m, DType::Float64), {n, m}).detach();
-    Tensor b = a.detach();
-    a.set_requires_grad(true);
-    b.set_requires_grad(true);
-    Tensor la = sf(a), lb = loss(b);
-    la.backward();
-    lb.backward();
-    CHECK(bit_diff(la, lb) == "");
-    CHECK(bit_diff(a.grad(), b.grad()) == "");
-  }
+  for (const auto& [n, m] : {std::pair<int64_t, int64_t>{6, 5}, {9, 6}, {3, 3}, {12, 12}, {7, 7}})
+    check_grad_at(loss, sf, n, m);
   CHECK(sf.stats().traces == 3);         // 6x5, 9x6 and 3x3
   CHECK(sf.stats().sizes_planned == 2);  // 12x12 and 7x7
 }
