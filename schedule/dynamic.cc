@@ -432,10 +432,12 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     ++stats.dynamic_events;
     keep_bounded(stats.dynamic_history, line, kHistory);
     log_retrace(line);
-  } else if (std::any_of(families.begin(), families.end(),
-                         [&](const auto& f) { return f->id == e->evidence_family; })) {
-    // A size the family's guards left out: the family still serves the sizes they allow, so no
-    // dimension is to blame; this trace serves its own size.
+  } else if (std::any_of(families.begin(), families.end(), [&](const auto& f) {
+               return f->id == e->evidence_family && f->shapes->dims == e->dynamic_dims;
+             })) {
+    // A size the family's guards left out, in none but its dynamic dimensions: the family still
+    // serves the sizes they allow, so no dimension is to blame; this trace serves its own size.
+    // (A dimension the family keeps static that changed too is blamed as without a family.)
     log_retrace(cat(config.name, ": trace ", e->id, " keeps a schedule of its own: ", what,
                     " cannot join dynamic family ", e->evidence_family, " (", b.why, "; traces ",
                     ids_text(ids), "); the family still serves the sizes its guards allow"));

@@ -1,6 +1,7 @@
 // What a retrace says when dynamic families exist: the changes the nearest family does not serve
 // (a dimension it keeps static, a dynamic one at 1 that no trace had at 1), not every dimension
-// that differs from the most recent entry.
+// that differs from the most recent entry; and a dimension that cannot be dynamic beside a
+// family's is blamed as it would be without one.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -47,4 +48,21 @@ TEST_CASE("without a family, or where it explains nothing more, a retrace names 
   REQUIRE(s.traces_history.size() == 2);
   CHECK_THAT(s.traces_history[1].reason, Contains("argument 0 'x' dim 0 changed 3 -> 5"));
   CHECK_THAT(s.traces_history[1].reason, Contains("argument 0 'x' dim 1 changed 4 -> 6"));
+}
+
+TEST_CASE("a dimension that cannot be dynamic beside a family's is said to stay static",
+          "[static][dynamic]") {
+  // x[:, :T - 2] (a stop computed on the host): the batch becomes dynamic at 4 and 6; then T
+  // changes, which no size of the traces explains: dim 1 stays static, and says so.
+  auto f = [](const Tensor& x) { return F::mul(F::slice(x, 1, 0, x.size(1) - 2), 3.0); };
+  auto sf = static_graph(f, {.name = "x[:, :T-2]", .arg_names = {"x"}});
+  NoGradGuard no_grad;
+  for (const auto& [b, t] : {std::pair<int64_t, int64_t>{4, 8}, {6, 8}, {4, 11}, {4, 13}}) {
+    const Tensor x = randn({b, t});
+    CHECK(bit_diff(sf(x), f(x)) == "");
+  }
+  const auto s = sf.stats();
+  REQUIRE(s.static_dims.size() == 1);
+  CHECK_THAT(s.static_dims[0], Contains("argument 0 'x' dim 1 stays static"));
+  CHECK_THAT(s.static_dims[0], Contains("slice's stop"));
 }
