@@ -64,6 +64,17 @@ bool same_bound(const Tensor& a, const Tensor& b) {
   return x == y;
 }
 
+// " (first read by step 12 (forward) add)": where a buffer is first read, for messages.
+std::string first_reader(const Recording& r, size_t buf) {
+  const int nf = static_cast<int>(r.forward.size()), n = nf + static_cast<int>(r.backward.size());
+  for (int i = 0; i < n; ++i) {
+    const Step& s = i < nf ? r.forward[i] : r.backward[i - nf];
+    for (const Operand& o : s.in)
+      if (static_cast<size_t>(o.buf) == buf) return cat(" (first read by ", step_label(r, i), ")");
+  }
+  return "";
+}
+
 // How two traces differ in anything but sizes ("" when they do not).
 std::string structure_diff(const Recording& a, const Recording& b) {
   if (!a.unsafe.empty() || !b.unsafe.empty()) return "a trace was unsafe";
@@ -109,11 +120,11 @@ std::string structure_diff(const Recording& a, const Recording& b) {
   for (size_t i = 0; i < a.buffers.size(); ++i) {
     const Buffer &x = a.buffers[i], &y = b.buffers[i];
     if (x.kind != y.kind || x.index != y.index || x.device != y.device || x.mutated != y.mutated)
-      return cat("buffer ", i, " is a different kind of tensor in the traces");
+      return cat("buffer ", i, first_reader(a, i), " is a different kind of tensor in the traces");
     if (x.kind == BufKind::External && !same_bound(x.bound, y.bound))
-      return cat("buffer ", i, " is a tensor made in the call (a constant) or captured, ",
-                 x.bound.shape(), " and ", y.bound.shape(),
-                 ", whose values differ between the traces");
+      return cat("buffer ", i, first_reader(a, i),
+                 " is a tensor made in the call (a constant) or captured, ", x.bound.shape(),
+                 " and ", y.bound.shape(), ", whose values differ between the traces");
   }
   if (a.leaves.size() != b.leaves.size()) return "the traces touched different leaves";
   for (size_t i = 0; i < a.leaves.size(); ++i) {

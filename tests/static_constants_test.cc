@@ -156,6 +156,10 @@ TEST_CASE("constants made at several sizes replay each size's values", "[static]
     CHECK(bit_diff(f(x), masked_scores(x)) == "");
   }
   CHECK(f.stats().hits >= 3);
+  // Why the size stays static names the constant's buffer and the step that first reads it.
+  REQUIRE(!f.stats().static_dims.empty());
+  CHECK_THAT(f.stats().static_dims[0],
+             Contains("(first read by step 0 (forward) copy_) is a tensor made in the call"));
 }
 
 TEST_CASE("a constant the function returns as it made it stays the function's to replay",
