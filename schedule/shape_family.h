@@ -128,6 +128,10 @@ void for_each_operand(R& rec, F&& f) {
 // "step 7 (forward) relu".
 std::string step_label(const Recording& rec, int step);
 
+// How two traces differ in anything but sizes, the first difference ("" when they do not):
+// their steps, attributes, buffers, leaves and results (trace_diff.cc).
+std::string structure_diff(const Recording& a, const Recording& b);
+
 // Builds the family of `points` (2 to kMaxFamilyPoints traces whose signatures differ only in
 // `dims`).
 FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> dims);
