@@ -284,21 +284,22 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   std::vector<FamilyPoint> evidence;
   std::vector<int64_t> ids;
   int64_t family = -1;
-  // The dimensions a family with this evidence would make dynamic; false for a set that
-  // already failed together.
-  auto with = [&](std::vector<DynDim> more) {
-    dims = changed;
-    dims.insert(dims.end(), more.begin(), more.end());
-    std::sort(dims.begin(), dims.end());
-    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-    return !failed_dim_sets.contains(dims);
+  // The dimensions a family with this evidence would make dynamic, into `into`; false for a set
+  // that already failed together.
+  auto with = [&](const std::vector<DynDim>& more, std::vector<DynDim>& into) {
+    into = changed;
+    into.insert(into.end(), more.begin(), more.end());
+    std::sort(into.begin(), into.end());
+    into.erase(std::unique(into.begin(), into.end()), into.end());
+    return !failed_dim_sets.contains(into);
   };
   // The most recently used family, else entry, whose signature differs from this call's in
   // eligible sizes only.
   for (const auto& f : families) {
     if (!only_sizes_differ(f->shapes->sig, e.sig, changed) ||
         !std::all_of(changed.begin(), changed.end(), eligible) ||
-        !guard_failure(*f->proto).empty() || f->proto->stale->load() || !with(f->shapes->dims))
+        !guard_failure(*f->proto).empty() || f->proto->stale->load() ||
+        !with(f->shapes->dims, dims))
       continue;
     evidence = f->shapes->points;
     ids = f->traces;
@@ -311,17 +312,17 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   auto nearest_entry = [&](std::span<const int64_t> skip, std::vector<DynDim>& out_dims,
                            std::vector<FamilyPoint>& out, std::vector<int64_t>& out_ids) {
     const Entry* best = nullptr;
-    std::vector<DynDim> best_dims;
+    std::vector<DynDim> best_dims, b_dims;
     for (const auto& b : entries) {
       if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
           b->stale->load() || std::find(skip.begin(), skip.end(), b->id) != skip.end() ||
           !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
           !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty() ||
-          !with(b->pending_points.empty() ? std::vector<DynDim>() : b->dynamic_dims))
+          !with(b->pending_points.empty() ? std::vector<DynDim>() : b->dynamic_dims, b_dims))
         continue;
-      if (best != nullptr && dims.size() >= best_dims.size()) continue;
+      if (best != nullptr && b_dims.size() >= best_dims.size()) continue;
       best = b.get();
-      best_dims = dims;
+      best_dims = b_dims;
     }
     if (best == nullptr) return;
     out_dims = std::move(best_dims);
@@ -334,15 +335,11 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     }
   };
   if (evidence.empty()) {
-    std::vector<DynDim> entry_dims;
-    nearest_entry({}, entry_dims, evidence, ids);
-    dims = std::move(entry_dims);
+    nearest_entry({}, dims, evidence, ids);
   } else {
     // Where the family cannot take this trace (a size its guards left out, clamped otherwise),
     // the nearest entry outside it may make a family of its own with it.
-    const std::vector<DynDim> family_dims = dims;
     nearest_entry(ids, e.alternate_dims, e.alternate, e.alternate_ids);
-    dims = family_dims;
   }
   if (evidence.empty()) return;
   while (evidence.size() >= kMaxFamilyPoints) {  // the oldest go

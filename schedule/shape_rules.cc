@@ -215,48 +215,49 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
         if (!pred(p)) return false;
       return true;
     };
+    // The ways each point's bound follows from what was asked, a bit each; `common`: those of
+    // every point.
+    enum : unsigned { kAsAsked = 1, kToEnd = 2, kFromEnd = 4, kToZero = 8 };
+    unsigned common = kAsAsked | kToEnd | kFromEnd | kToZero;
+    bool each_one_way = true;
+    for (size_t p = 0; p < P_; ++p) {
+      const unsigned ways = (asked[p] >= 0 && asked[p] == got[p] ? kAsAsked : 0u) |
+                            (got[p] == nv[p] && asked[p] >= nv[p] ? kToEnd : 0u) |
+                            (asked[p] < 0 && got[p] == nv[p] + asked[p] ? kFromEnd : 0u) |
+                            (asked[p] < 0 && got[p] == 0 && nv[p] + asked[p] <= 0 ? kToZero : 0u);
+      common &= ways;
+      each_one_way = each_one_way && ways != 0;
+    }
+    const bool same_asked = every([&](size_t p) { return asked[p] == asked[0]; });
     const std::string what = cat(label, "'s ", name);
     ExprId e = -1;
-    if (x_.is_const(n) &&
-        every([&](size_t p) { return asked[p] == asked[0] && got[p] == got[0]; }) &&
+    if (x_.is_const(n) && same_asked && every([&](size_t p) { return got[p] == got[0]; }) &&
         !symbolic_gives(as, ins)) {
       e = x_.constant(got[0]);  // a constant bound of a dimension of one size: clamped alike
-    } else if (every([&](size_t p) { return asked[p] >= 0 && asked[p] == got[p]; })) {
+    } else if ((common & kAsAsked) != 0) {
       e = resolve(gs, ins, what);
       if (e >= 0) guard(e, n, what, /*at_most=*/true);
-    } else if (every([&](size_t p) { return got[p] == nv[p] && asked[p] >= nv[p]; })) {
+    } else if ((common & kToEnd) != 0) {
       if (const ExprId past = resolve(as, ins, what); past >= 0) {
         e = n;
         guard(n, past, cat(what, " (clamped to the end)"), /*at_most=*/true);
       }
-    } else if (every([&](size_t p) { return asked[p] < 0 && got[p] == nv[p] + asked[p]; })) {
-      if (every([&](size_t p) { return asked[p] == asked[0]; })) {
+    } else if ((common & kFromEnd) != 0) {
+      if (same_asked) {
         e = x_.add(n, x_.constant(asked[0]));
         guard(x_.constant(0), e, cat(what, " (from the end)"), /*at_most=*/true);
       }
-    } else if (every([&](size_t p) {
-                 return asked[p] < 0 && got[p] == 0 && nv[p] + asked[p] <= 0;
-               })) {
-      if (every([&](size_t p) { return asked[p] == asked[0]; })) {
+    } else if ((common & kToZero) != 0) {
+      if (same_asked) {
         e = x_.constant(0);
         guard(n, x_.constant(-asked[0]), cat(what, " (from the end, clamped to 0)"),
               /*at_most=*/true);
       }
     }
     if (e < 0) {
-      // Each point alone as asked, clamped to the end, from the end or clamped to 0, but no one
-      // of these at every point: the clamping differs between the traced sizes.
-      unsigned common = 0xf;
-      f_.clamps_differ = every([&](size_t p) {
-                           const unsigned ways =
-                               (asked[p] >= 0 && asked[p] == got[p] ? 1u : 0u) |
-                               (got[p] == nv[p] && asked[p] >= nv[p] ? 2u : 0u) |
-                               (asked[p] < 0 && got[p] == nv[p] + asked[p] ? 4u : 0u) |
-                               (asked[p] < 0 && got[p] == 0 && nv[p] + asked[p] <= 0 ? 8u : 0u);
-                           common &= ways;
-                           return ways != 0;
-                         }) &&
-                         common == 0;
+      // Each point alone one of the ways, but no one way at every point: the clamping differs
+      // between the traced sizes.
+      f_.clamps_differ = each_one_way && common == 0;
       why =
           cat(what, " is ", values_text(gs), " (", values_text(as), " asked) at the traced sizes, ",
               f_.clamps_differ ? "clamped at some and not at others"
