@@ -55,9 +55,15 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
   DynamicReport r;
   r.id = f.id;
   r.signature = describe(f.shapes->sig, c, symbol_names(*f.shapes));
-  for (size_t k = 0; k < f.shapes->dims.size(); ++k)
-    r.dims.push_back(cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
-                         f.shapes->dims[k].dim, " = s", f.shapes->symbol_of[k]));
+  for (size_t k = 0; k < f.shapes->dims.size(); ++k) {
+    const auto s = static_cast<size_t>(f.shapes->symbol_of[k]);
+    r.dims.push_back(
+        cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
+            f.shapes->dims[k].dim, " = s", s,
+            c.dynamic == DynamicShapes::Automatic && !f.shapes->bound_asked_alike.empty()
+                ? cat(", planned from ", f.shapes->lo[s], " to ", f.shapes->hi[s])
+                : std::string()));
+  }
   r.traces = f.traces;
   r.hits = f.hits;
   r.sizes_planned = f.planned;

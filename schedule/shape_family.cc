@@ -213,8 +213,11 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
   f->sig = points.back().sig;
   f->points = std::move(points);
 
-  for (int k = 0; k < f->symbols; ++k)
-    f->serves_one.push_back(std::count(symbol_values[k].begin(), symbol_values[k].end(), 1) > 0);
+  for (const std::vector<int64_t>& v : symbol_values) {
+    f->serves_one.push_back(std::count(v.begin(), v.end(), 1) > 0);
+    f->lo.push_back(*std::min_element(v.begin(), v.end()));
+    f->hi.push_back(*std::max_element(v.begin(), v.end()));
+  }
   if (!derive_sizes(*f, out.why)) {
     out.clamps_differ = f->clamps_differ;
     return out;

@@ -21,7 +21,12 @@
 // builder takes one and keeps a guard that the two agree: a later size at which they do not is
 // traced again, and the family is rebuilt with that size as more evidence. A point where a
 // dynamic dimension is 1 may differ from the others (broadcasting needs no op at size 1): a
-// family serves size 1 only when it was traced at 1.
+// family serves size 1 only when it was traced at 1. A slice bound that user code computed from
+// the size it slices and that was the same at every traced point (T / 2 at 8 and 9) looks like a
+// constant; between the traced sizes it is one wherever that code grows or shrinks with the
+// size, beyond them nothing tells: an automatic family holding such a bound plans only sizes
+// within its traced ones, and a size beyond traces and widens it (an explicit one, whose
+// dimensions the user named, plans any size).
 #pragma once
 
 #include <array>
@@ -89,6 +94,15 @@ struct ShapeFamily {
   };
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
+  // Per symbol, its smallest and largest value at the traced points.
+  std::vector<int64_t> lo, hi;
+  // A bound of a slice of a dimension whose size changes, asked alike at every traced point,
+  // other than 0 (`x[:, :4]`, `x[1:]`, `x[:-1]`): "step 3 (forward) slice's stop is 4 at every
+  // traced size", else empty. The function may have computed it from the size (T / 2 at 8 and
+  // 9); if so, and it grows or shrinks with the size, it is the same between the traced sizes
+  // too, but beyond them nothing tells: an automatic family with such a bound plans only sizes
+  // within lo and hi (dynamic.cc).
+  std::string bound_asked_alike;
   std::vector<FamilyPoint> points;  // the evidence, oldest first
   // Set where the sizes could not be derived because a slice bound was clamped at some points
   // and not at others (each point alone is one of the ways shape_rules.cc follows).

@@ -265,6 +265,12 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       return false;
     }
     attr_exprs[bound] = e;
+    // A bound asked alike in a dimension whose size changes (not 0, a start left out, nor one
+    // clamped to the end, which a guard keeps there): the function may have computed it from
+    // that size.
+    if (!x_.is_const(n) && same_asked && asked[0] != 0 &&
+        (x_.is_const(e) || (common & kToEnd) == 0) && f_.bound_asked_alike.empty())
+      f_.bound_asked_alike = cat(what, " is ", asked[0], " at every traced size");
     if (!x_.is_const(e)) {
       f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});
       Dims bound_size;  // the slice's gradient reads the same bound

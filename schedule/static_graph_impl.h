@@ -1,6 +1,6 @@
 // StaticGraph::Impl: a static function's cache of entries, its lock and statistics, and the
-// parts of a call (trace, replay, verify) that static_graph.cc, trace.cc, replay.cc, verify.cc
-// and reports.cc define. Internal to schedule/.
+// parts of a call (trace, replay, verify, dynamic shapes) that static_graph.cc, trace.cc,
+// replay.cc, verify.cc, dynamic.cc, dynamic_trace.cc and reports.cc define. Internal to schedule/.
 #pragma once
 
 #include <cstdint>
@@ -131,5 +131,9 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
                                    const std::vector<ParamSlot>& slots,
                                    std::vector<Tensor>& aliases);
 };
+
+// Whether a family plans only sizes between its traced ones (detail::ShapeFamily::lo, hi and
+// bound_asked_alike), dynamic.cc.
+bool interpolates(const Config& c, const detail::ShapeFamily& f);
 
 }  // namespace encore::schedule

@@ -51,12 +51,24 @@ void check_grads(Fn&& loss, Sf& sf, std::initializer_list<int64_t> sizes) {
   for (int64_t n : sizes) check_grad_at(loss, sf, n, 2);
 }
 
+// x's dimension 0 named dynamic: such a family plans any size, so the slice rules below are
+// checked beyond the traced sizes too (an automatic family whose slice bound was asked alike at
+// every trace plans only between them: "a bound asked alike ...").
+StaticOptions rows_named(const char* name, int verify_every = 0) {
+  StaticOptions o;
+  o.name = name;
+  o.verify_every = verify_every;
+  o.dynamic = DynamicShapes::Explicit;
+  o.dynamic_dims = {{0, 0}};
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("a slice bound within the dimension at every trace is planned only where it stays so",
           "[static][dynamic]") {
   auto rows_1_to_3 = [](const Tensor& x) { return F::slice(x, 0, 1, 3); };
-  auto sf = static_graph(rows_1_to_3, {.name = "x[1:3]"});
+  auto sf = static_graph(rows_1_to_3, rows_named("x[1:3]"));
   CHECK(check_sizes(rows_1_to_3, sf, {4, 6, 8}) == 1);  // 8: planned
   check_sizes(rows_1_to_3, sf, {2});                    // 2: stop 3 would pass 2 rows, traced
   CHECK(sf.stats().sizes_planned == 1);
@@ -73,18 +85,18 @@ TEST_CASE("slice bounds counted from the end are planned at every size that keep
           "[static][dynamic]") {
   // x[-4:]: start s0 - 4 while 4 <= s0, then clamped to 0.
   auto last_4 = [](const Tensor& x) { return F::slice(x, 0, -4, int64_t{1} << 40); };
-  auto sf = static_graph(last_4, {.name = "x[-4:]"});
+  auto sf = static_graph(last_4, rows_named("x[-4:]"));
   CHECK(check_sizes(last_4, sf, {8, 10, 12, 4, 9, 30}) == 4);
   check_sizes(last_4, sf, {3});  // 3 rows: start -4 clamps to 0, traced
   CHECK(sf.stats().traces == 3);
   CHECK(sf.stats().static_dims.empty());
   // x[1:-2], and x[-3:-1] clamped to 0 and 0 at every trace: [0:0] planned while s0 <= 1.
   auto inner = [](const Tensor& x) { return F::slice(x, 0, 1, -2); };
-  auto sf2 = static_graph(inner, {.name = "x[1:-2]"});
+  auto sf2 = static_graph(inner, rows_named("x[1:-2]"));
   CHECK(check_sizes(inner, sf2, {5, 7, 3, 40, 6}) == 3);
   CHECK(sf2.stats().traces == 2);
   auto empty = [](const Tensor& x) { return F::slice(x, 0, -8, -7); };
-  auto sf3 = static_graph(empty, {.name = "x[-8:-7]"});
+  auto sf3 = static_graph(empty, rows_named("x[-8:-7]"));
   CHECK(check_sizes(empty, sf3, {3, 5, 6, 7, 2}) == 3);
   CHECK(sf3.stats().traces == 2);
 }
@@ -94,14 +106,14 @@ TEST_CASE("a slice bound clamped at some traces and not at others blames no dime
   // x[-4:] at 3 rows (start clamped to 0) and at 8 (start 4): no family from the two, and no
   // dimension blamed; 10 joins 8, and 12 and 16 are planned.
   auto last_4 = [](const Tensor& x) { return F::slice(x, 0, -4, int64_t{1} << 40); };
-  auto sf = static_graph(last_4, {.name = "x[-4:]"});
+  auto sf = static_graph(last_4, rows_named("x[-4:]"));
   CHECK(check_sizes(last_4, sf, {3, 8, 10, 12, 16}) == 2);
   CHECK(sf.stats().traces == 3);
   CHECK(sf.stats().static_dims.empty());
   CHECK(sf.stats().warnings.empty());
   // A family of the clamped sizes first (2 and 3): 6 cannot join it, and 8 makes a family with
   // 6 that serves the larger sizes (and 4) beside it.
-  auto sf2 = static_graph(last_4, {.name = "x[-4:], small first"});
+  auto sf2 = static_graph(last_4, rows_named("x[-4:], small first"));
   CHECK(check_sizes(last_4, sf2, {2, 3, 6, 8, 12, 20, 4, 9, 2, 3}) == 4);
   CHECK(sf2.stats().traces == 4);
   CHECK(sf2.stats().dynamic.size() == 2);
@@ -109,7 +121,7 @@ TEST_CASE("a slice bound clamped at some traces and not at others blames no dime
   CHECK(sf2.stats().warnings.empty());
   // The large sizes first: a family of 8 and 12, one of 2 and 3 beside it; 10 and 20 stay the
   // first family's.
-  auto sf3 = static_graph(last_4, {.name = "x[-4:], large first"});
+  auto sf3 = static_graph(last_4, rows_named("x[-4:], large first"));
   CHECK(check_sizes(last_4, sf3, {8, 12, 2, 3, 10, 20, 1, 2, 16}) == 3);
   CHECK(sf3.stats().traces == 5);
   CHECK(sf3.stats().dynamic.size() == 2);
@@ -169,7 +181,7 @@ TEST_CASE("verify mode passes at sizes planned from slices whose bounds are size
   // Bounds asked as sizes (x[1:n], a concat's gradient slices [0:n] and [n:2n]) are planned at
   // each size; verify compares what each slice does with eager's.
   auto head = [](const Tensor& x) { return F::slice(x, 0, 1, x.size(0)); };
-  auto sf = static_graph(head, {.name = "x[1:n]", .verify_every = 1});
+  auto sf = static_graph(head, rows_named("x[1:n]", 1));
   CHECK(check_sizes(head, sf, {4, 6, 8, 11}) == 2);
   auto loss = [](const Tensor& x) { return F::sum(F::concat({x, F::mul(x, 2.0)}, 0)); };
   auto sf2 = static_graph(loss, {.name = "sum(concat)", .verify_every = 1});
@@ -187,7 +199,7 @@ TEST_CASE("a slice bound clamped at every trace is planned only where it stays c
   CHECK(sf(F::reshape(arange(16, DType::Float64), {8, 2})).size(0) == 5);
   // To the end: the family serves every size but 3, whose one row no trace had.
   auto from_2 = [](const Tensor& x) { return F::slice(x, 0, 2, int64_t{1} << 40); };
-  auto sf2 = static_graph(from_2, {.name = "x[2:]"});
+  auto sf2 = static_graph(from_2, rows_named("x[2:]"));
   CHECK(check_sizes(from_2, sf2, {4, 6, 9, 30, 3, 5}) == 3);
   CHECK(sf2.stats().traces == 3);
 }
@@ -200,7 +212,7 @@ TEST_CASE("a slice's backward at an untraced size writes within its gradient",
   check_grads(loss, sf, {4, 6, 2, 8});
   // Bounds from the end: the gradient of the last rows but one.
   auto tail = [](const Tensor& x) { return F::sum(F::mul(F::slice(x, 0, -3, -1), 2.0)); };
-  auto sf2 = static_graph(tail, {.name = "sum(x[-3:-1])"});
+  auto sf2 = static_graph(tail, rows_named("sum(x[-3:-1])"));
   check_grads(tail, sf2, {6, 9, 4, 12});
   CHECK(sf2.stats().traces == 2);
   CHECK(sf2.stats().sizes_planned == 2);
@@ -256,4 +268,72 @@ TEST_CASE("a parameter size that a traced size happens to equal does not keep a 
   }
   CHECK(infer.stats().traces == 2);
   CHECK(infer.stats().sizes_planned == 3);
+}
+
+TEST_CASE("a bound asked alike on a dynamic dimension is planned only between the traced sizes",
+          "[static][dynamic]") {
+  // x[:n / 4] at 8 and 11 rows: a stop of 2 at both, as a constant would be. Between them it
+  // is 2 (9 and 10 planned); at 12 it is 3, which a family planning beyond would miss: 12 and
+  // 16 trace, and each keeps a schedule of its own (their stops, 3 and 4, follow no size), while
+  // the family still serves 8 to 11.
+  auto quarter = [](const Tensor& x) { return F::slice(x, 0, 0, x.size(0) / 4); };
+  auto sf = static_graph(quarter, {.name = "x[:n/4]"});
+  CHECK(check_sizes(quarter, sf, {8, 11, 9, 10}) == 2);
+  CHECK_THAT(sf.stats().dynamic.at(0).dims.at(0),
+             Catch::Matchers::Equals("argument 0 dim 0 = s0, planned from 8 to 11"));
+  CHECK(check_sizes(quarter, sf, {12, 16}) == 2);
+  auto st = sf.stats();
+  CHECK(st.traces == 4);  // 8, 11, 12 and 16
+  REQUIRE(st.traces_history.size() == 4);
+  CHECK_THAT(st.traces_history[2].reason,
+             Catch::Matchers::Contains("argument 0 dim 0 is 12, beyond the sizes dynamic family 2 "
+                                       "was traced at (8 to 11), where step 0 (forward) slice's "
+                                       "stop is 2 at every traced size may not hold"));
+  CHECK(st.static_dims.empty());
+  REQUIRE(st.dynamic.size() == 1);
+  CHECK_THAT(st.dynamic[0].dims.at(0), Catch::Matchers::EndsWith("planned from 8 to 11"));
+  CHECK(check_sizes(quarter, sf, {10, 12, 16}) == 2);
+  CHECK(sf.stats().hits == 5);
+
+  // x[:, 0:1], the first row: traces at sizes beyond widen the family, which then plans
+  // between them.
+  auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
+  auto sf2 = static_graph(first, {.name = "x[0:1]"});
+  CHECK(check_sizes(first, sf2, {4, 8, 6}) == 1);
+  CHECK(check_sizes(first, sf2, {12, 10, 2, 3}) == 3);
+  st = sf2.stats();
+  CHECK(st.traces == 4);
+  CHECK(st.static_dims.empty());
+  CHECK(st.warnings.empty());
+  REQUIRE(st.dynamic.size() == 1);
+  CHECK_THAT(st.dynamic[0].dims.at(0), Catch::Matchers::EndsWith("planned from 2 to 12"));
+  REQUIRE(st.dynamic_history.size() == 3);
+  CHECK_THAT(st.dynamic_history[1],
+             Catch::Matchers::Contains("trace 3 widens dynamic family 2 (traces 1, 2 and 3 agree "
+                                       "in everything but sizes)"));
+  CHECK_THAT(st.dynamic_history[2], Catch::Matchers::Contains("s0 = 2 to 12, since step 0 "
+                                                              "(forward) slice's stop is 1"));
+}
+
+TEST_CASE("a family keeps its smallest and largest traced sizes as its window moves",
+          "[static][dynamic]") {
+  // Five traces, each beyond the last: the family is built from four, and the one that goes is
+  // not 2, the smallest, so 3 is still planned.
+  auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
+  auto sf = static_graph(first, {.name = "x[0:1]"});
+  CHECK(check_sizes(first, sf, {2, 16, 20, 24, 28}) == 0);
+  CHECK(check_sizes(first, sf, {3, 27}) == 2);
+  const auto st = sf.stats();
+  CHECK(st.traces == 5);
+  REQUIRE(st.dynamic.size() == 1);
+  CHECK(st.dynamic[0].traces == std::vector<int64_t>{1, 3, 4, 5});
+  CHECK_THAT(st.dynamic[0].dims.at(0), Catch::Matchers::EndsWith("planned from 2 to 28"));
+}
+
+TEST_CASE("a dimension named dynamic is planned beyond the traced sizes", "[static][dynamic]") {
+  auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
+  auto sf = static_graph(first, rows_named("x[0:1], named"));
+  CHECK(check_sizes(first, sf, {4, 8, 12, 2, 30}) == 3);
+  CHECK(sf.stats().traces == 2);
+  CHECK(sf.stats().dynamic.at(0).dims.at(0) == "argument 0 dim 0 = s0");
 }

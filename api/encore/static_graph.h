@@ -82,10 +82,14 @@ struct StaticOptions {
   // Dynamic shapes. Automatic (the default): an argument dimension whose value changes between
   // two traces becomes dynamic once the traces agree in everything but sizes, and every later
   // size is planned from the trace without running the function (the batch of a training step,
-  // the height and width of an image). Explicit: only `dynamic_dims` ({argument, dimension}, by
-  // position) may; Off: every size is a signature of its own. A dimension that cannot be dynamic
-  // (the function computes something from it that the trace cannot follow) stays static, and
-  // stats().static_dims says why.
+  // the height and width of an image). Where a slice of a dynamic dimension has a bound asked
+  // alike at every traced size (`x[:, 1:]`, `x[:, :4]`: the function may have computed it from
+  // the size, T / 2 at 8 and 9), only sizes between the traced ones are planned; a size beyond
+  // them traces once and widens the family. Explicit: only `dynamic_dims` ({argument, dimension},
+  // by position) may, and they are planned at any size: naming them says the function computes no
+  // slice bound from them. Off: every size is a signature of its own. A dimension that cannot be
+  // dynamic (the traces show the function computing something from it that they cannot follow)
+  // stays static, and stats().static_dims says why.
   DynamicShapes dynamic = DynamicShapes::Automatic;
   std::vector<DynamicDim> dynamic_dims = {};
   int size_limit = 16;  // sizes of a dynamic family kept planned (least recently used evicted)
