@@ -40,20 +40,34 @@ std::string views_fit(const Recording& base, const Recording& rec, std::span<con
   return bad;
 }
 
-// Why such a family does not plan `sizes`, a symbol's value beyond its traced ones (named by the
-// first dimension it stands for), or empty.
+// Why such a family does not plan `sizes`, or empty: they lie between no two traced points that
+// differ from them in one symbol alone (for one symbol: beyond the traced sizes, named by the
+// first dimension it stands for).
 std::string beyond_traced(const Config& c, const StaticGraph::Impl::Family& f,
                           std::span<const int64_t> sizes) {
   const ShapeFamily& s = *f.shapes;
-  for (size_t k = 0; k < s.dims.size() && interpolates(c, s); ++k) {
-    const auto sym = static_cast<size_t>(s.symbol_of[k]);
-    if (sizes[sym] >= s.lo[sym] && sizes[sym] <= s.hi[sym]) continue;
-    return cat(arg_label(c, static_cast<size_t>(s.dims[k].arg)), " dim ", s.dims[k].dim, " is ",
-               sizes[sym], ", beyond the sizes dynamic family ", f.id, " was traced at (",
-               s.lo[sym], " to ", s.hi[sym], "), where ", s.bound_asked_alike,
-               " may not hold; traced to widen the family");
+  if (!interpolates(c, s)) return {};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    bool below = false, above = false;
+    for (const std::vector<int64_t>& t : s.traced) {
+      bool line = true;  // t is `sizes` but in symbol i
+      for (size_t j = 0; j < sizes.size() && line; ++j) line = j == i || t[j] == sizes[j];
+      below = below || (line && t[i] <= sizes[i]);
+      above = above || (line && t[i] >= sizes[i]);
+    }
+    if (below && above) return {};
   }
-  return {};
+  if (s.lo.size() == 1)
+    return cat(arg_label(c, static_cast<size_t>(s.dims[0].arg)), " dim ", s.dims[0].dim, " is ",
+               sizes[0], ", beyond the sizes dynamic family ", f.id, " was traced at (", s.lo[0],
+               " to ", s.hi[0], "), where ", s.bound_asked_alike,
+               " may not hold; traced to extend the family");
+  std::string at;
+  for (size_t p = 0; p < s.traced.size(); ++p)
+    at += cat(p == 0 ? "" : p + 1 == s.traced.size() ? " and " : "; ", sizes_text(s.traced[p]));
+  return cat(sizes_text(sizes), " lies between no two sizes dynamic family ", f.id,
+             " was traced at that differ from it in one symbol alone (", at, "), where ",
+             s.bound_asked_alike, " may not hold; traced to extend the family");
 }
 
 // An entry for the family's recording at `sizes`, planned; null (and why) when it has none.

@@ -62,12 +62,12 @@ std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
   return keep;
 }
 
-// "s0 = 8 to 12, s1 = 2 to 4": the sizes a family that interpolates plans.
+// "; between the traced sizes, s0 = 8 to 12, since step 0 (forward) slice's stop is 1 at every
+// traced size": the sizes a family that interpolates plans, and why.
 std::string range_text(const ShapeFamily& f) {
-  std::string out;
-  for (size_t s = 0; s < f.lo.size(); ++s)
-    out += cat(s == 0 ? "" : ", ", "s", s, " = ", f.lo[s], " to ", f.hi[s]);
-  return out;
+  return cat(f.lo.size() == 1 ? cat("; between the traced sizes, s0 = ", f.lo[0], " to ", f.hi[0])
+                              : std::string("; between traced sizes that differ in one symbol"),
+             ", since ", f.bound_asked_alike);
 }
 
 // Whether the dimensions had equal sizes at every traced point (a sequence length in the inputs
@@ -241,12 +241,9 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
         std::make_shared<ArenaPool>(e->sig.args.empty() ? Device::cpu() : e->sig.args[0].device);
     // The family this trace extends in its own dimensions (to sizes beyond its traced ones, or
     // to one it could not plan), or none.
-    const auto extends = std::find_if(families.begin(), families.end(), [&](const auto& o) {
-      return beside < 0 && o->id == e->evidence_family && o->shapes->dims == f->shapes->dims;
-    });
-    const bool widens = extends != families.end() && ((*extends)->shapes->lo != f->shapes->lo ||
-                                                      (*extends)->shapes->hi != f->shapes->hi);
-    const bool joins = extends != families.end() && !widens;
+    const bool extends = beside < 0 && std::any_of(families.begin(), families.end(), [&](auto& o) {
+                           return o->id == e->evidence_family && o->shapes->dims == f->shapes->dims;
+                         });
     // A family this one extends (its traces are this one's evidence), or one it covers (made
     // meanwhile by another thread from other traces of these sizes), goes; not the family this
     // trace could not join (`beside`), which still serves the sizes its guards allow.
@@ -260,17 +257,15 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
                            old->shapes->dims.end()) &&
              std::includes(dims.begin(), dims.end(), changed.begin(), changed.end());
     });
-    const std::string serves = cat(describe(f->shapes->sig, config, symbol_names(*f->shapes)),
-                                   interpolates(config, *f->shapes)
-                                       ? cat("; between the traced sizes, ", range_text(*f->shapes),
-                                             ", since ", f->shapes->bound_asked_alike)
-                                       : std::string());
+    const std::string serves =
+        cat(describe(f->shapes->sig, config, symbol_names(*f->shapes)),
+            interpolates(config, *f->shapes) ? range_text(*f->shapes) : std::string());
     const std::string line =
-        widens || joins ? cat(config.name, ": trace ", e->id, widens ? " widens" : " joins",
-                              " dynamic family ", e->evidence_family, " (traces ", ids_text(ids),
-                              " agree in everything but sizes): one schedule serves ", serves)
-                        : cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
-                              " agree in everything but sizes): one schedule serves ", serves);
+        extends ? cat(config.name, ": trace ", e->id, " extends dynamic family ",
+                      e->evidence_family, " (traces ", ids_text(ids),
+                      " agree in everything but sizes): one schedule serves ", serves)
+                : cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
+                      " agree in everything but sizes): one schedule serves ", serves);
     families.push_front(std::move(f));
     while (static_cast<int>(families.size()) > std::max(1, config.cache_limit)) families.pop_back();
     ++stats.dynamic_events;

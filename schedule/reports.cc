@@ -57,12 +57,13 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
   r.signature = describe(f.shapes->sig, c, symbol_names(*f.shapes));
   for (size_t k = 0; k < f.shapes->dims.size(); ++k) {
     const auto s = static_cast<size_t>(f.shapes->symbol_of[k]);
-    r.dims.push_back(
-        cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
-            f.shapes->dims[k].dim, " = s", s,
-            c.dynamic == DynamicShapes::Automatic && !f.shapes->bound_asked_alike.empty()
-                ? cat(", planned from ", f.shapes->lo[s], " to ", f.shapes->hi[s])
-                : std::string()));
+    r.dims.push_back(cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
+                         f.shapes->dims[k].dim, " = s", s,
+                         !interpolates(c, *f.shapes) ? std::string()
+                         : f.shapes->lo.size() == 1
+                             ? cat(", planned from ", f.shapes->lo[s], " to ", f.shapes->hi[s])
+                             : cat(", planned between traced sizes that differ in s", s, " alone (",
+                                   f.shapes->lo[s], " to ", f.shapes->hi[s], ")")));
   }
   r.traces = f.traces;
   r.hits = f.hits;

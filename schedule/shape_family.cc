@@ -209,6 +209,7 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
   std::vector<std::vector<int64_t>> at_points(points.size(), std::vector<int64_t>(f->symbols));
   for (size_t p = 0; p < points.size(); ++p)
     for (int s = 0; s < f->symbols; ++s) at_points[p][s] = symbol_values[s][p];
+  f->traced = at_points;
   f->pool = ExprPool(std::move(at_points));
   f->sig = points.back().sig;
   f->points = std::move(points);

@@ -25,7 +25,7 @@
 // the size it slices and that was the same at every traced point (T / 2 at 8 and 9) looks like a
 // constant; between the traced sizes it is one wherever that code grows or shrinks with the
 // size, beyond them nothing tells: an automatic family holding such a bound plans only sizes
-// within its traced ones, and a size beyond traces and widens it (an explicit one, whose
+// between its traced ones, and a size beyond traces and extends it (an explicit one, whose
 // dimensions the user named, plans any size).
 #pragma once
 
@@ -94,14 +94,16 @@ struct ShapeFamily {
   };
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
-  // Per symbol, its smallest and largest value at the traced points.
+  // Per traced point, the symbols' values; per symbol, its smallest and largest.
+  std::vector<std::vector<int64_t>> traced;
   std::vector<int64_t> lo, hi;
-  // A bound of a slice of a dimension whose size changes, asked alike at every traced point,
-  // other than 0 (`x[:, :4]`, `x[1:]`, `x[:-1]`): "step 3 (forward) slice's stop is 4 at every
-  // traced size", else empty. The function may have computed it from the size (T / 2 at 8 and
-  // 9); if so, and it grows or shrinks with the size, it is the same between the traced sizes
-  // too, but beyond them nothing tells: an automatic family with such a bound plans only sizes
-  // within lo and hi (dynamic.cc).
+  // A bound of a forward slice of a dimension whose size changes, asked alike at every traced
+  // point and followed as asked, other than 0 (`x[:, :4]`, `x[1:]`, `x[:-1]`): "step 3
+  // (forward) slice's stop is 4 at every traced size", else empty. The function may have
+  // computed it from a size (T / 2 at 8 and 9); if so, and that grows or shrinks with the size,
+  // it is the same between the traced sizes too, but beyond them nothing tells: an automatic
+  // family with such a bound plans a size only between two traced points that differ from it in
+  // one symbol alone (within lo and hi for one symbol; dynamic.cc).
   std::string bound_asked_alike;
   std::vector<FamilyPoint> points;  // the evidence, oldest first
   // Set where the sizes could not be derived because a slice bound was clamped at some points

@@ -231,12 +231,14 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     const bool same_asked = every([&](size_t p) { return asked[p] == asked[0]; });
     const std::string what = cat(label, "'s ", name);
     ExprId e = -1;
+    bool asked_alike = false;  // the bound is what was asked, and that is one constant
     if (x_.is_const(n) && same_asked && every([&](size_t p) { return got[p] == got[0]; }) &&
         !symbolic_gives(as, ins)) {
       e = x_.constant(got[0]);  // a constant bound of a dimension of one size: clamped alike
     } else if ((common & kAsAsked) != 0) {
       e = resolve(gs, ins, what);
       if (e >= 0) guard(e, n, what, /*at_most=*/true);
+      asked_alike = e >= 0 && x_.is_const(e);
     } else if ((common & kToEnd) != 0) {
       if (const ExprId past = resolve(as, ins, what); past >= 0) {
         e = n;
@@ -246,6 +248,7 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       if (same_asked) {
         e = x_.add(n, x_.constant(asked[0]));
         guard(x_.constant(0), e, cat(what, " (from the end)"), /*at_most=*/true);
+        asked_alike = true;
       }
     } else if ((common & kToZero) != 0) {
       if (same_asked) {
@@ -265,11 +268,12 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       return false;
     }
     attr_exprs[bound] = e;
-    // A bound asked alike in a dimension whose size changes (not 0, a start left out, nor one
-    // clamped to the end, which a guard keeps there): the function may have computed it from
-    // that size.
-    if (!x_.is_const(n) && same_asked && asked[0] != 0 &&
-        (x_.is_const(e) || (common & kToEnd) == 0) && f_.bound_asked_alike.empty())
+    // A bound of the function's own slice, asked alike and followed as asked in a dimension
+    // whose size changes (not 0, a start left out; one clamped is kept so by a guard; the
+    // backward's slices follow the forward's shapes): the function may have computed it from a
+    // size.
+    if (asked_alike && asked[0] != 0 && !x_.is_const(n) &&
+        i < static_cast<int>(rec(0).forward.size()) && f_.bound_asked_alike.empty())
       f_.bound_asked_alike = cat(what, " is ", asked[0], " at every traced size");
     if (!x_.is_const(e)) {
       f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});

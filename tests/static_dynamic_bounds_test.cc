@@ -295,8 +295,8 @@ TEST_CASE("a bound asked alike on a dynamic dimension is planned only between th
   CHECK(check_sizes(quarter, sf, {10, 12, 16}) == 2);
   CHECK(sf.stats().hits == 5);
 
-  // x[:, 0:1], the first row: traces at sizes beyond widen the family, which then plans
-  // between them.
+  // x[0:1], the first row: traces at sizes beyond extend the family, which then plans between
+  // them.
   auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
   auto sf2 = static_graph(first, {.name = "x[0:1]"});
   CHECK(check_sizes(first, sf2, {4, 8, 6}) == 1);
@@ -309,7 +309,7 @@ TEST_CASE("a bound asked alike on a dynamic dimension is planned only between th
   CHECK_THAT(st.dynamic[0].dims.at(0), Catch::Matchers::EndsWith("planned from 2 to 12"));
   REQUIRE(st.dynamic_history.size() == 3);
   CHECK_THAT(st.dynamic_history[1],
-             Catch::Matchers::Contains("trace 3 widens dynamic family 2 (traces 1, 2 and 3 agree "
+             Catch::Matchers::Contains("trace 3 extends dynamic family 2 (traces 1, 2 and 3 agree "
                                        "in everything but sizes)"));
   CHECK_THAT(st.dynamic_history[2], Catch::Matchers::Contains("s0 = 2 to 12, since step 0 "
                                                               "(forward) slice's stop is 1"));
@@ -336,4 +336,51 @@ TEST_CASE("a dimension named dynamic is planned beyond the traced sizes", "[stat
   CHECK(check_sizes(first, sf, {4, 8, 12, 2, 30}) == 3);
   CHECK(sf.stats().traces == 2);
   CHECK(sf.stats().dynamic.at(0).dims.at(0) == "argument 0 dim 0 = s0");
+}
+
+TEST_CASE(
+    "a family of several sizes with a bound asked alike plans between traces that differ in "
+    "one of them alone",
+    "[static][dynamic]") {
+  NoGradGuard no_grad;
+  auto at = [](int64_t n, int64_t m) { return F::reshape(arange(n * m, DType::Float64), {n, m}); };
+  // x[:, :m - n] at 2x6 and 4x8: a stop of 4 at both. At 4x6 and 2x8, both within each size's
+  // traced values, it is 2 and 6: they trace.
+  auto diff = [](const Tensor& x) { return F::slice(x, 1, 0, x.size(1) - x.size(0)); };
+  auto sf = static_graph(diff, {.name = "x[:, :m-n]"});
+  for (const auto& [n, m] : {std::pair<int64_t, int64_t>{2, 6}, {4, 8}, {4, 6}, {2, 8}}) {
+    INFO(n << "x" << m);
+    CHECK(bit_diff(sf(at(n, m)), diff(at(n, m))) == "");
+  }
+  CHECK(sf.stats().traces == 4);
+  CHECK(sf.stats().sizes_planned == 0);
+  // x[0:1] at 4x3, 8x3 and 4x5: 6x3 lies between 4x3 and 8x3, 4x4 between 4x3 and 4x5; 6x5
+  // between no two traces.
+  auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
+  auto sf2 = static_graph(first, {.name = "x[0:1]"});
+  for (const auto& [n, m] :
+       {std::pair<int64_t, int64_t>{4, 3}, {8, 3}, {4, 5}, {6, 3}, {4, 4}, {6, 5}}) {
+    INFO(n << "x" << m);
+    CHECK(bit_diff(sf2(at(n, m)), first(at(n, m))) == "");
+  }
+  const auto st = sf2.stats();
+  CHECK(st.traces == 4);
+  CHECK(st.sizes_planned == 2);
+  REQUIRE(st.traces_history.size() == 4);
+  CHECK_THAT(st.traces_history[3].reason,
+             Catch::Matchers::StartsWith("s0=6, s1=5 lies between no two sizes dynamic family 3 "
+                                         "was traced at that differ from it in one symbol alone "
+                                         "(s0=4, s1=3; s0=8, s1=3 and s0=4, s1=5)"));
+}
+
+TEST_CASE("the backward's slices do not limit a family to its traced sizes", "[static][dynamic]") {
+  // concat's gradient slices x's part at [1:n + 1]: a start of 1 at every size, which the
+  // concat's shapes give, not the function's arithmetic.
+  auto loss = [](const Tensor& x) {
+    return F::sum(F::mul(F::concat({ones({1, 2}, DType::Float64), x}, 0), 3.0));
+  };
+  auto sf = static_graph(loss, {.name = "sum(concat(row, x))"});
+  check_grads(loss, sf, {4, 8, 12, 2});
+  CHECK(sf.stats().traces == 2);
+  CHECK(sf.stats().sizes_planned == 2);
 }
