@@ -60,6 +60,9 @@ struct AliasGuard {
 // are read.
 enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned, Retrace };
 
+// Whether an entry's schedule may still serve its signature (Entry::stale).
+enum class Stale : uint8_t { No, NewGradient, VerifyFailed };
+
 struct Entry {
   std::string_view name;  // the function's (interned)
   int64_t id = 0;         // the trace that made it (1, 2, ...)
@@ -80,9 +83,12 @@ struct Entry {
   // By differentiable result: whether the first backward got its gradient (one that got none is
   // not back-propagated, as eagerly, and its branch is not in the backward schedule).
   std::vector<char> grad_given;
-  // Set by a replayed backward that got a gradient the first backward did not: the schedule
-  // cannot give it, so the signature traces again. Shared by the sizes a dynamic family plans.
-  std::shared_ptr<std::atomic<bool>> stale = std::make_shared<std::atomic<bool>>(false);
+  // Set by a replayed backward that got a gradient the first backward did not (the schedule
+  // cannot give it), or by verify mode finding a size planned from a dynamic family computing
+  // other than the function: the signature traces again. Shared by the sizes a dynamic family
+  // plans, with the trace that made it.
+  std::shared_ptr<std::atomic<Stale>> stale = std::make_shared<std::atomic<Stale>>(Stale::No);
+  int64_t family = -1;  // the dynamic family that planned it, or -1
   // Param buffers, and External ones sorted by storage (checked by a binary search: an optimizer's
   // state is most of them).
   std::vector<AliasGuard> alias_params, alias_externals;
@@ -125,10 +131,14 @@ struct Entry {
   void publish(EntryState s) { state.store(s, std::memory_order_release); }
 };
 
-// Why a call traces again after Entry::stale was set.
-inline constexpr const char* kStaleReason =
-    "a backward of the previous trace's replays got a gradient for a result its first backward "
-    "got none for";
+// Why an entry went stale (Entry::stale): the reason its signature traces again.
+inline const char* stale_reason(Stale s) {
+  return s == Stale::NewGradient
+             ? "a backward of the previous trace's replays got a gradient for a result its first "
+               "backward got none for"
+             : "verify mode found a size planned from a dynamic family of the previous trace "
+               "computing other than the function";
+}
 
 // The name of a span of entry `e` (made while profiling only: interned names are never freed).
 std::string_view span_name(Entry& e, profiler::SpanKind kind);

@@ -40,41 +40,12 @@ std::string views_fit(const Recording& base, const Recording& rec, std::span<con
   return bad;
 }
 
-// Why such a family does not plan `sizes`, or empty: they lie between no two traced points that
-// differ from them in one symbol alone (for one symbol: beyond the traced sizes, named by the
-// first dimension it stands for).
-std::string beyond_traced(const Config& c, const StaticGraph::Impl::Family& f,
-                          std::span<const int64_t> sizes) {
-  const ShapeFamily& s = *f.shapes;
-  if (!interpolates(c, s)) return {};
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    bool below = false, above = false;
-    for (const std::vector<int64_t>& t : s.traced) {
-      bool line = true;  // t is `sizes` but in symbol i
-      for (size_t j = 0; j < sizes.size() && line; ++j) line = j == i || t[j] == sizes[j];
-      below = below || (line && t[i] <= sizes[i]);
-      above = above || (line && t[i] >= sizes[i]);
-    }
-    if (below && above) return {};
-  }
-  if (s.lo.size() == 1)
-    return cat(arg_label(c, static_cast<size_t>(s.dims[0].arg)), " dim ", s.dims[0].dim, " is ",
-               sizes[0], ", beyond the sizes dynamic family ", f.id, " was traced at (", s.lo[0],
-               " to ", s.hi[0], "), where ", s.bound_asked_alike,
-               " may not hold; traced to extend the family");
-  std::string at;
-  for (size_t p = 0; p < s.traced.size(); ++p)
-    at += cat(p == 0 ? "" : p + 1 == s.traced.size() ? " and " : "; ", sizes_text(s.traced[p]));
-  return cat(sizes_text(sizes), " lies between no two sizes dynamic family ", f.id,
-             " was traced at that differ from it in one symbol alone (", at, "), where ",
-             s.bound_asked_alike, " may not hold; traced to extend the family");
-}
-
 // An entry for the family's recording at `sizes`, planned; null (and why) when it has none.
+// `anywhere`: beyond the family's ranges too (shape_family.h).
 std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<const Tensor> args,
                                  const std::string* key, int64_t mode,
-                                 std::span<const int64_t> sizes, std::string& why) {
-  std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why);
+                                 std::span<const int64_t> sizes, bool anywhere, std::string& why) {
+  std::shared_ptr<Recording> rec = instantiate(*f.shapes, sizes, why, anywhere);
   if (!rec) return nullptr;
   if (std::string bad = views_fit(*f.shapes->base, *rec, args); !bad.empty()) {
     why = cat("no schedule at ", sizes_text(sizes), ": ", bad);
@@ -95,6 +66,7 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->grad_in = p.grad_in;
   e->grad_given = p.grad_given;
   e->stale = p.stale;
+  e->family = f.id;
   e->early_clear = p.early_clear;
   e->rec = rec;
   try {
@@ -109,10 +81,6 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
 }
 
 }  // namespace
-
-bool interpolates(const Config& c, const ShapeFamily& f) {
-  return c.dynamic == DynamicShapes::Automatic && !f.bound_asked_alike.empty();
-}
 
 std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> args,
                                                         const std::string* key, bool grad,
@@ -132,8 +100,8 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
       ++it;
       return false;
     }
-    if (f.proto->stale->load(std::memory_order_acquire)) {
-      if (reason.empty()) reason = kStaleReason;
+    if (const Stale why = f.proto->stale->load(std::memory_order_acquire); why != Stale::No) {
+      if (reason.empty()) reason = stale_reason(why);
       it = families.erase(it);
       return false;
     }
@@ -180,17 +148,12 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
     }
     if (!serves(it)) continue;
     const std::shared_ptr<Family> f = *it;
-    if (std::string far = beyond_traced(config, *f, sizes); !far.empty()) {
-      if (tried.empty()) reason = std::move(far);
-      tried.push_back(f->id);
-      ++it;
-      continue;
-    }
     const std::vector<int64_t> at = sizes;
     ++stats.hits;
     lock.unlock();
     std::string why;
-    std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, at, why);
+    std::shared_ptr<Entry> e =
+        plan_size(*f, args, key, mode, at, config.dynamic == DynamicShapes::Explicit, why);
     lock.lock();
     if (!e) {
       --stats.hits;  // it traces instead, unless another family plans it

@@ -62,12 +62,14 @@ std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
   return keep;
 }
 
-// "; between the traced sizes, s0 = 8 to 12, since step 0 (forward) slice's stop is 1 at every
-// traced size": the sizes a family that interpolates plans, and why.
-std::string range_text(const ShapeFamily& f) {
-  return cat(f.lo.size() == 1 ? cat("; between the traced sizes, s0 = ", f.lo[0], " to ", f.hi[0])
-                              : std::string("; between traced sizes that differ in one symbol"),
-             ", since ", f.bound_asked_alike);
+// "; within traced sizes: step 0 (forward) slice's stop, 2 at every traced size, keeps s0 within
+// 8 to 11": what an automatic family plans only between traced sizes (shape_family.h).
+std::string ranges_text(const ShapeFamily& f) {
+  std::string out;
+  for (const ShapeFamily::Range& r : f.ranges)
+    out += cat(out.empty() ? "; within traced sizes: " : "; ", r.what, " keeps ", f.pool.text(r.n),
+               " within ", r.lo, " to ", r.hi);
+  return out;
 }
 
 // Whether the dimensions had equal sizes at every traced point (a sequence length in the inputs
@@ -110,7 +112,7 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
   for (const auto& f : families) {
     if (!only_sizes_differ(f->shapes->sig, e.sig, changed) ||
         !std::all_of(changed.begin(), changed.end(), eligible) ||
-        !guard_failure(*f->proto).empty() || f->proto->stale->load() ||
+        !guard_failure(*f->proto).empty() || f->proto->stale->load() != Stale::No ||
         !with(f->shapes->dims, dims))
       continue;
     evidence = f->shapes->points;
@@ -127,7 +129,8 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     std::vector<DynDim> best_dims, b_dims;
     for (const auto& b : entries) {
       if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
-          b->stale->load() || std::find(skip.begin(), skip.end(), b->id) != skip.end() ||
+          b->stale->load() != Stale::No ||
+          std::find(skip.begin(), skip.end(), b->id) != skip.end() ||
           !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
           !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty() ||
           !with(b->pending_points.empty() ? std::vector<DynDim>() : b->dynamic_dims, b_dims))
@@ -259,7 +262,7 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     });
     const std::string serves =
         cat(describe(f->shapes->sig, config, symbol_names(*f->shapes)),
-            interpolates(config, *f->shapes) ? range_text(*f->shapes) : std::string());
+            config.dynamic == DynamicShapes::Automatic ? ranges_text(*f->shapes) : std::string());
     const std::string line =
         extends ? cat(config.name, ": trace ", e->id, " extends dynamic family ",
                       e->evidence_family, " (traces ", ids_text(ids),

@@ -46,12 +46,27 @@ Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const T
 // A gradient for differentiable result k, which the first backward did not get: the backward
 // schedule has no steps for it. The signature traces again at its next call.
 [[noreturn]] void fail_new_gradient(const Entry& e, int k, const TensorMeta& m) {
-  e.stale->store(true, std::memory_order_release);
+  e.stale->store(Stale::NewGradient, std::memory_order_release);
   fail("backward of a static call: its result ", e.plan->recording().differentiable[k], " ",
        m.shape,
        " got a gradient, but the first backward of its trace got none for it, so the replayed "
        "backward cannot compute its part; the next call traces again (or back-propagate through "
        "the same results at every call)");
+}
+
+// Verify mode's comparison of a replay with the eager run. Where it fails at a size a dynamic
+// family planned, the family's schedule does not do what the function does at that size: the
+// family goes, with its sizes and the trace that made it, and the next call traces.
+template <typename F>
+void compare_replay(const Entry& e, F&& compare) {
+  if (e.family < 0) return compare();
+  try {
+    compare();
+  } catch (const Error& ex) {
+    e.stale->store(Stale::VerifyFailed, std::memory_order_release);
+    throw Error(cat(ex.what(), " (at a size planned from dynamic family ", e.family,
+                    ", which goes: the next call traces)"));
+  }
 }
 
 void replay_backward(BackwardContext& ctx) {
@@ -104,7 +119,8 @@ void replay_backward(BackwardContext& ctx) {
   std::vector<StepSnapshot> snaps;
   p.run(b, Phase::Backward, f.verify ? &snaps : nullptr);
   b.backward_done = true;
-  if (f.verify) compare_runs(f.entry->name, p, f.verify->rec, snaps, Phase::Backward);
+  if (f.verify)
+    compare_replay(e, [&] { compare_runs(e.name, p, f.verify->rec, snaps, Phase::Backward); });
   const std::vector<Operand>& grads = p.grads();
   for (size_t j = 0; j < grads.size(); ++j)
     ctx.set_input_grad(static_cast<int>(j),
@@ -205,7 +221,8 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     }
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
   }
-  if (verify) compare_runs(config.name, p, vs->rec, snaps, Phase::Forward);
+  if (verify)
+    compare_replay(*e, [&] { compare_runs(config.name, p, vs->rec, snaps, Phase::Forward); });
 
   if (!e->node) return;  // the guard releases the call state
   auto frame = make_intrusive<Frame>();

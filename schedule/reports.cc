@@ -55,16 +55,13 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
   DynamicReport r;
   r.id = f.id;
   r.signature = describe(f.shapes->sig, c, symbol_names(*f.shapes));
-  for (size_t k = 0; k < f.shapes->dims.size(); ++k) {
-    const auto s = static_cast<size_t>(f.shapes->symbol_of[k]);
+  for (size_t k = 0; k < f.shapes->dims.size(); ++k)
     r.dims.push_back(cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
-                         f.shapes->dims[k].dim, " = s", s,
-                         !interpolates(c, *f.shapes) ? std::string()
-                         : f.shapes->lo.size() == 1
-                             ? cat(", planned from ", f.shapes->lo[s], " to ", f.shapes->hi[s])
-                             : cat(", planned between traced sizes that differ in s", s, " alone (",
-                                   f.shapes->lo[s], " to ", f.shapes->hi[s], ")")));
-  }
+                         f.shapes->dims[k].dim, " = s", f.shapes->symbol_of[k]));
+  if (c.dynamic == DynamicShapes::Automatic)
+    for (const ShapeFamily::Range& g : f.shapes->ranges)
+      r.ranges.push_back(
+          cat(g.what, " keeps ", f.shapes->pool.text(g.n), " within ", g.lo, " to ", g.hi));
   r.traces = f.traces;
   r.hits = f.hits;
   r.sizes_planned = f.planned;
@@ -214,6 +211,7 @@ std::string StaticGraph::schedule_text() const {
     for (int64_t t : r.traces) out += cat(" ", t);
     out += cat("): ", r.signature, "\n");
     for (const std::string& d : r.dims) out += cat("  ", d, "\n");
+    for (const std::string& g : r.ranges) out += cat("  planned within traced sizes: ", g, "\n");
     out += cat("  ", r.sizes_planned, r.sizes_planned == 1 ? " size" : " sizes",
                " planned without tracing, ", r.hits, r.hits == 1 ? " replay" : " replays",
                " of planned sizes, ", r.evictions, r.evictions == 1 ? " eviction" : " evictions",

@@ -209,16 +209,12 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
   std::vector<std::vector<int64_t>> at_points(points.size(), std::vector<int64_t>(f->symbols));
   for (size_t p = 0; p < points.size(); ++p)
     for (int s = 0; s < f->symbols; ++s) at_points[p][s] = symbol_values[s][p];
-  f->traced = at_points;
   f->pool = ExprPool(std::move(at_points));
   f->sig = points.back().sig;
   f->points = std::move(points);
 
-  for (const std::vector<int64_t>& v : symbol_values) {
+  for (const std::vector<int64_t>& v : symbol_values)
     f->serves_one.push_back(std::count(v.begin(), v.end(), 1) > 0);
-    f->lo.push_back(*std::min_element(v.begin(), v.end()));
-    f->hi.push_back(*std::max_element(v.begin(), v.end()));
-  }
   if (!derive_sizes(*f, out.why)) {
     out.clamps_differ = f->clamps_differ;
     return out;
@@ -235,6 +231,7 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
     roots.push_back(&g.taken);
     roots.push_back(&g.other);
   }
+  for (ShapeFamily::Range& r : f->ranges) roots.push_back(&r.n);
   f->pool = f->pool.compact(roots);
   // The recording instantiated is the latest trace's: its constants and bound tensors are the
   // ones a replay at that size would use.
@@ -274,7 +271,7 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
 }
 
 std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
-                                       std::string& why) {
+                                       std::string& why, bool anywhere) {
   std::vector<int64_t> v;
   if (!f.pool.eval(symbols, v)) {
     why = cat("no schedule at ", sizes_text(symbols),
@@ -295,6 +292,14 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
                 ", which differ here");
       return nullptr;
     }
+  }
+  for (const ShapeFamily::Range& r : f.ranges) {
+    const int64_t n = v[static_cast<size_t>(r.n)];
+    if (anywhere || (n >= r.lo && n <= r.hi)) continue;
+    why = cat("no schedule at ", sizes_text(symbols), ": ", r.what,
+              " may be computed from the size it slices, which would be ", n, " here and was ",
+              r.lo, " to ", r.hi, " at the traced sizes");
+    return nullptr;
   }
   auto rec = std::make_shared<Recording>(*f.base);
   size_t k = 0;

@@ -22,11 +22,10 @@
 // traced again, and the family is rebuilt with that size as more evidence. A point where a
 // dynamic dimension is 1 may differ from the others (broadcasting needs no op at size 1): a
 // family serves size 1 only when it was traced at 1. A slice bound that user code computed from
-// the size it slices and that was the same at every traced point (T / 2 at 8 and 9) looks like a
-// constant; between the traced sizes it is one wherever that code grows or shrinks with the
-// size, beyond them nothing tells: an automatic family holding such a bound plans only sizes
-// between its traced ones, and a size beyond traces and extends it (an explicit one, whose
-// dimensions the user named, plans any size).
+// the size it slices and that was the same at every traced point (n / 2 at 8 and 9) looks like a
+// constant: where the traced sizes are too close to tell a part of the size from a constant, the
+// family plans only sizes between them (ShapeFamily::ranges), and a size beyond traces and
+// extends it.
 #pragma once
 
 #include <array>
@@ -94,17 +93,18 @@ struct ShapeFamily {
   };
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
-  // Per traced point, the symbols' values; per symbol, its smallest and largest.
-  std::vector<std::vector<int64_t>> traced;
-  std::vector<int64_t> lo, hi;
-  // A bound of a forward slice of a dimension whose size changes, asked alike at every traced
-  // point and followed as asked, other than 0 (`x[:, :4]`, `x[1:]`, `x[:-1]`): "step 3
-  // (forward) slice's stop is 4 at every traced size", else empty. The function may have
-  // computed it from a size (T / 2 at 8 and 9); if so, and that grows or shrinks with the size,
-  // it is the same between the traced sizes too, but beyond them nothing tells: an automatic
-  // family with such a bound plans a size only between two traced points that differ from it in
-  // one symbol alone (within lo and hi for one symbol; dynamic.cc).
-  std::string bound_asked_alike;
+  // Sizes kept within their traced values. A forward slice's bound asked alike at every traced
+  // point, c (or -c), in a dimension whose size n changes may be the function's arithmetic on n,
+  // a part of it (n / 2 at 8 and 9, 3 * n / 4): that holds c only while n stays within a ratio
+  // (c + 1) / c, so where the traced sizes span less, the family plans only sizes where n lies
+  // between them (any function of n that grows or shrinks with it and gave c at both ends gives c
+  // in between). Explicit families, whose dimensions the user named, plan any size.
+  struct Range {
+    ExprId n = -1;
+    int64_t lo = 0, hi = 0;
+    std::string what;  // "step 3 (forward) slice's stop, 4 at every traced size"
+  };
+  std::vector<Range> ranges;
   std::vector<FamilyPoint> points;  // the evidence, oldest first
   // Set where the sizes could not be derived because a slice bound was clamped at some points
   // and not at others (each point alone is one of the ways shape_rules.cc follows).
@@ -161,8 +161,9 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
 // The family's recording at these sizes, ready to plan; null (and why) when the sizes are
 // impossible for it (a kernel larger than its padded input, a product that overflows, operands
 // that no longer agree) or when a guard fails (the traces do not tell what these sizes need).
+// `anywhere`: beyond the ranges too (an explicit family).
 std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
-                                       std::string& why);
+                                       std::string& why, bool anywhere = false);
 
 // Every dimension of an argument as the family sees it: "s0" for a dynamic one, "" otherwise.
 std::vector<std::vector<std::string>> symbol_names(const ShapeFamily& f);

@@ -200,9 +200,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     Entry& e = **it;
     if (!matches(e.sig, args, key, grad, m)) continue;
     const EntryState state = e.load_state();
-    if (e.stale->load(std::memory_order_acquire)) {
+    if (const Stale why = e.stale->load(std::memory_order_acquire); why != Stale::No) {
       // Its families go too: they replay its backward.
-      if (guard_reason.empty()) guard_reason = kStaleReason;
+      if (guard_reason.empty()) guard_reason = stale_reason(why);
       const int64_t id = e.id;
       families.remove_if([id](const std::shared_ptr<Family>& f) {
         return std::find(f->traces.begin(), f->traces.end(), id) != f->traces.end();

@@ -109,10 +109,10 @@ struct EntryReport {
 struct DynamicReport {
   int64_t id = 0;                 // the trace that completed it
   std::string signature;          // "x: float32[s0,784]; grad on; train"
-  // "argument 0 'x' dim 0 = s0", ", planned from 8 to 32" where the family plans only sizes
-  // between its traced ones (an automatic family with a slice of a dynamic dimension whose bound
-  // was asked alike at every traced size, StaticOptions::dynamic)
-  std::vector<std::string> dims;
+  std::vector<std::string> dims;  // "argument 0 'x' dim 0 = s0"
+  // Sizes an automatic family plans only between traced ones (StaticOptions::dynamic): "step 0
+  // (forward) slice's stop, 2 at every traced size, keeps s0 within 8 to 11".
+  std::vector<std::string> ranges;
   std::vector<int64_t> traces;    // the traces it was checked against (its evidence)
   int64_t hits = 0;               // replays at sizes planned before
   int64_t sizes_planned = 0;      // sizes planned from it without running the function

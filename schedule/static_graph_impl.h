@@ -132,8 +132,4 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
                                    std::vector<Tensor>& aliases);
 };
 
-// Whether a family plans only sizes between its traced ones (detail::ShapeFamily::lo, hi and
-// bound_asked_alike), dynamic.cc.
-bool interpolates(const Config& c, const detail::ShapeFamily& f);
-
 }  // namespace encore::schedule
