@@ -174,15 +174,22 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
       f->sizes.push_front(e);
       ++f->planned;
       ++stats.sizes_planned;
-      while (static_cast<int>(f->sizes.size()) > std::max(1, config.size_limit)) {
+      const int keep = std::max(1, config.size_limit);
+      while (static_cast<int>(f->sizes.size()) > keep) {
         f->sizes.pop_back();
-        ++f->evictions;
+        // Once as many sizes went as the family keeps, it may be planning the same ones again
+        // and again (planning a size costs about what tracing it does).
+        if (++f->evictions == keep)
+          warn(cat(config.name, ": dynamic family ", f->id, " has evicted ", keep,
+                   " planned sizes (size_limit ", config.size_limit,
+                   "); a size that recurs after it went is planned again, at about the cost of a "
+                   "trace: raise size_limit if the sizes that recur are few enough to keep"));
       }
     }
     ++e->hits;
     hits = ++f->hits;
     note_call(false);
-    lock.unlock();
+    unlock_and_log(lock);
     return e;
   }
   return nullptr;

@@ -373,6 +373,12 @@ TEST_CASE("dynamic: planned sizes are evicted beyond size_limit and planned agai
   CHECK(st.sizes_planned == 6);  // 3, 4, 5 twice: each evicted before its next call
   REQUIRE(st.dynamic.size() == 1);
   CHECK(st.dynamic[0].evictions == 4);
+  // Once, when as many sizes went as the family keeps.
+  REQUIRE(st.warnings.size() == 1);
+  CHECK_THAT(st.warnings[0],
+             Catch::Matchers::StartsWith("evicting: dynamic family 2 has evicted 2 planned sizes "
+                                         "(size_limit 2); a size that recurs after it went is "
+                                         "planned again"));
   REQUIRE(st.dynamic[0].sizes.size() == 2);
   CHECK(st.dynamic[0].sizes[0].signature == "s0=5");
   CHECK(st.dynamic[0].sizes[1].signature == "s0=4");
