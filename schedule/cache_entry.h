@@ -105,6 +105,9 @@ struct Entry {
   // its guards left out), else -1. When a trace at size 1 kept that check from succeeding,
   // `pending_points`: the other traces, which a later trace at another size adds to.
   bool keep_trace = false;
+  // A dynamic family was made from this trace (guarded by the function's mutex): evicting it
+  // says nothing, since the family plans its size again.
+  bool in_family = false;
   std::shared_ptr<const Recording> pristine;
   std::vector<DynDim> dynamic_dims;
   std::vector<FamilyPoint> evidence;

@@ -181,7 +181,8 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
         // and again (planning a size costs about what tracing it does).
         if (++f->evictions == keep)
           warn(cat(config.name, ": dynamic family ", f->id, " has evicted ", keep,
-                   " planned sizes (size_limit ", config.size_limit,
+                   keep == 1 ? " planned size" : " planned sizes", " (size_limit ",
+                   config.size_limit,
                    "); a size that recurs after it went is planned again, at about the cost of a "
                    "trace: raise size_limit if the sizes that recur are few enough to keep"));
       }

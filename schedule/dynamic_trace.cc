@@ -269,6 +269,8 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
                       " agree in everything but sizes): one schedule serves ", serves)
                 : cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
                       " agree in everything but sizes): one schedule serves ", serves);
+    for (const auto& t : entries)
+      if (std::find(ids.begin(), ids.end(), t->id) != ids.end()) t->in_family = true;
     families.push_front(std::move(f));
     while (static_cast<int>(families.size()) > std::max(1, config.cache_limit)) families.pop_back();
     ++stats.dynamic_events;

@@ -218,6 +218,7 @@ void SizeBuilder::settle_variables() {
   };
   for (ExprId& e : f_.dim_exprs) e = sub(e);
   for (ShapeFamily::AttrSlot& a : f_.attrs) a.e = sub(a.e);
+  for (ShapeFamily::Range& r : f_.ranges) r.n = sub(r.n);
   std::vector<ShapeFamily::Guard> kept;
   for (ShapeFamily::Guard& g : f_.guards) {
     g.taken = sub(g.taken);

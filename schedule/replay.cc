@@ -54,11 +54,11 @@ Tensor grad_tensor(CallState& b, const Plan& p, const Entry& e, int buf, const T
        "the same results at every call)");
 }
 
-// Verify mode's comparison of a replay with the eager run. Where it fails at a size a dynamic
-// family planned, the family's schedule does not do what the function does at that size: the
-// family goes, with its sizes and the trace that made it, and the next call traces.
+// A part of verify mode: its eager run, or its comparison with the replay. Where it fails at a
+// size a dynamic family planned, the family's schedule does not do what the function does at that
+// size: the family goes, with its sizes and the trace that made it, and the next call traces.
 template <typename F>
-void compare_replay(const Entry& e, F&& compare) {
+void verify_part(const Entry& e, F&& compare) {
   if (e.family < 0) return compare();
   try {
     compare();
@@ -120,7 +120,7 @@ void replay_backward(BackwardContext& ctx) {
   p.run(b, Phase::Backward, f.verify ? &snaps : nullptr);
   b.backward_done = true;
   if (f.verify)
-    compare_replay(e, [&] { compare_runs(e.name, p, f.verify->rec, snaps, Phase::Backward); });
+    verify_part(e, [&] { compare_runs(e.name, p, f.verify->rec, snaps, Phase::Backward); });
   const std::vector<Operand>& grads = p.grads();
   for (size_t j = 0; j < grads.size(); ++j)
     ctx.set_input_grad(static_cast<int>(j),
@@ -150,7 +150,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
       check_values(c.op, c.attrs, t->raw_data(), c.dtype, c.n, c.bound);
   std::unique_ptr<VerifyState> vs;
   std::vector<StepSnapshot> snaps;
-  if (verify) vs = run_for_verify(*e, args);
+  if (verify) verify_part(*e, [&] { vs = run_for_verify(*e, args); });
 
   // The .grad the step replaces goes before the new ones are allocated, unless a step may still
   // fail midway (the call must then leave it as it was; the end of the call replaces it).
@@ -222,7 +222,7 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
   }
   if (verify)
-    compare_replay(*e, [&] { compare_runs(config.name, p, vs->rec, snaps, Phase::Forward); });
+    verify_part(*e, [&] { compare_runs(config.name, p, vs->rec, snaps, Phase::Forward); });
 
   if (!e->node) return;  // the guard releases the call state
   auto frame = make_intrusive<Frame>();

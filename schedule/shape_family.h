@@ -23,9 +23,8 @@
 // dynamic dimension is 1 may differ from the others (broadcasting needs no op at size 1): a
 // family serves size 1 only when it was traced at 1. A slice bound that user code computed from
 // the size it slices and that was the same at every traced point (n / 2 at 8 and 9) looks like a
-// constant: where the traced sizes are too close to tell a part of the size from a constant, the
-// family plans only sizes between them (ShapeFamily::ranges), and a size beyond traces and
-// extends it.
+// constant: the family plans only sizes between the traced ones (ShapeFamily::ranges), and a
+// size beyond traces and extends it.
 #pragma once
 
 #include <array>
@@ -94,11 +93,11 @@ struct ShapeFamily {
   std::vector<Guard> guards;
   std::vector<char> serves_one;     // per symbol: traced at 1, so it serves 1
   // Sizes kept within their traced values. A forward slice's bound asked alike at every traced
-  // point, c (or -c), in a dimension whose size n changes may be the function's arithmetic on n,
-  // a part of it (n / 2 at 8 and 9, 3 * n / 4): that holds c only while n stays within a ratio
-  // (c + 1) / c, so where the traced sizes span less, the family plans only sizes where n lies
-  // between them (any function of n that grows or shrinks with it and gave c at both ends gives c
-  // in between). Explicit families, whose dimensions the user named, plan any size.
+  // point in a dimension whose size n changes may be the function's arithmetic on n (n / 2 at 8
+  // and 9, n - n % 2 at 8 and 9, max(1, n / 8) at 4 and 12): any such function that grows or
+  // shrinks with n and gave the bound at the smallest and largest traced n gives it between
+  // them, and nothing tells beyond. The family plans only sizes where n lies between them;
+  // explicit families, whose dimensions the user named, plan any size.
   struct Range {
     ExprId n = -1;
     int64_t lo = 0, hi = 0;

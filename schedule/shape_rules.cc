@@ -268,17 +268,14 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
       return false;
     }
     attr_exprs[bound] = e;
-    // A bound of the function's own slice asked alike, c or -c, and followed as asked in a
-    // dimension whose size changes (not 0, a start left out; one clamped is kept so by a guard;
-    // the backward's slices follow the forward's shapes): a part of the size, r * n rounded,
-    // gives c at sizes n within a ratio of (c + 1) / c only. Traced sizes closer than that
-    // cannot tell it from a constant: the family stays between them (ShapeFamily::ranges).
+    // A bound of the function's own slice asked alike and followed as asked in a dimension
+    // whose size changes (not 0, a start left out; one clamped is kept so by a guard; the
+    // backward's slices follow the forward's shapes) may be the function's arithmetic on that
+    // size: the family keeps the size between its traced values (ShapeFamily::ranges).
     if (asked_alike && asked[0] != 0 && !x_.is_const(n) &&
         i < static_cast<int>(rec(0).forward.size())) {
       const auto [lo, hi] = std::minmax_element(nv.begin(), nv.begin() + P_);
-      const int64_t c = asked[0] < 0 ? -asked[0] : asked[0];
-      if (*hi < *lo + *lo / c + (*lo % c != 0 ? 1 : 0))  // hi / lo < (c + 1) / c
-        f_.ranges.push_back({n, *lo, *hi, cat(what, ", ", asked[0], " at every traced size,")});
+      f_.ranges.push_back({n, *lo, *hi, cat(what, ", ", asked[0], " at every traced size,")});
     }
     if (!x_.is_const(e)) {
       f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});

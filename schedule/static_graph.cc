@@ -293,9 +293,10 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   entries.push_front(e);
   while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
     ++stats.evictions;
-    warn(cat(config.name, ": cache full (", config.cache_limit,
-             " entries); evicted the least recently used signature (",
-             describe(entries.back()->sig, config), ")"));
+    if (!entries.back()->in_family)
+      warn(cat(config.name, ": cache full (", config.cache_limit,
+               " entries); evicted the least recently used signature (",
+               describe(entries.back()->sig, config), ")"));
     entries.pop_back();
   }
   unlock_and_log(lock);
@@ -387,12 +388,24 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                  ? cat(subject, " keeps changing (recent values ", values, ")")
                  : cat(subject, " keeps changing (latest: ", seen.back().text, ")");
     }
+    // A family that plans only between its traced sizes traces each size beyond (a length
+    // growing by one): naming its dimensions plans any size.
+    std::string ranged;
+    for (const auto& f : families)
+      if (config.dynamic == DynamicShapes::Automatic && !f->shapes->ranges.empty()) {
+        ranged = cat("; dynamic family ", f->id, " plans only sizes between its traced ones (",
+                     f->shapes->ranges[0].what,
+                     " may be computed from the size): DynamicShapes::Explicit naming its "
+                     "dimensions plans any size");
+        break;
+      }
     warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
              ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
              "raise cache_limit (now ",
              config.cache_limit,
              ") if only a few values occur, or run this function "
-             "eagerly (ENCORE_STATIC=0)"));
+             "eagerly (ENCORE_STATIC=0)",
+             ranged));
   }
 }
 

@@ -270,14 +270,12 @@ TEST_CASE("a parameter size that a traced size happens to equal does not keep a 
   CHECK(infer.stats().sizes_planned == 3);
 }
 
-TEST_CASE(
-    "a bound asked alike at traced sizes too close to tell a part of the size from a "
-    "constant is planned only between them",
-    "[static][dynamic]") {
-  // x[:n / 4] at 8 and 11 rows: a stop of 2 at both, as a constant would be (a quarter of the
-  // size is 2 only from 8 to 11). Between them it is 2 (9 and 10 planned); at 12 it is 3, which
-  // a family planning beyond would miss: 12 and 16 trace, and each keeps a schedule of its own
-  // (their stops, 3 and 4, follow no size), while the family still serves 8 to 11.
+TEST_CASE("a bound asked alike on a dynamic dimension is planned only between the traced sizes",
+          "[static][dynamic]") {
+  // x[:n / 4] at 8 and 11 rows: a stop of 2 at both, as a constant would be. Between them it is 2
+  // (9 and 10 planned); at 12 it is 3, which a family planning beyond would miss: 12 and 16 trace,
+  // and each keeps a schedule of its own (their stops, 3 and 4, follow no size), while the family
+  // still serves 8 to 11.
   auto quarter = [](const Tensor& x) { return F::slice(x, 0, 0, x.size(0) / 4); };
   auto sf = static_graph(quarter, {.name = "x[:n/4]"});
   CHECK(check_sizes(quarter, sf, {8, 11, 9, 10}) == 2);
@@ -297,39 +295,38 @@ TEST_CASE(
   CHECK(check_sizes(quarter, sf, {10, 12, 16}) == 2);
   CHECK(sf.stats().hits == 5);
 
-  // x[0:1], the first row, at 4 and 6: a stop of 1 could be half the size at both. 5 is
-  // planned, 12 traces and extends the family, whose traces now span a ratio of 3: every size
-  // is planned.
+  // x[0:1], the first row, at 4 and 6: 5 is planned; 12 and 2 trace and extend the family,
+  // which then plans 10 and 3.
   auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
   auto sf2 = static_graph(first, {.name = "x[0:1]"});
   CHECK(check_sizes(first, sf2, {4, 6, 5}) == 1);
-  CHECK(check_sizes(first, sf2, {12, 10, 2, 30}) == 4);
+  CHECK(check_sizes(first, sf2, {12, 10, 2, 3}) == 3);
   st = sf2.stats();
-  CHECK(st.traces == 3);
+  CHECK(st.traces == 4);
   CHECK(st.static_dims.empty());
   CHECK(st.warnings.empty());
   REQUIRE(st.dynamic.size() == 1);
-  CHECK(st.dynamic[0].ranges.empty());
-  REQUIRE(st.dynamic_history.size() == 2);
+  CHECK(st.dynamic[0].ranges ==
+        std::vector<std::string>{
+            "step 0 (forward) slice's stop, 1 at every traced size, keeps s0 within 2 to 12"});
+  REQUIRE(st.dynamic_history.size() == 3);
   CHECK_THAT(st.dynamic_history[0],
              Catch::Matchers::EndsWith("; within traced sizes: step 0 (forward) slice's stop, 1 at "
                                        "every traced size, keeps s0 within 4 to 6"));
   CHECK_THAT(st.dynamic_history[1],
              Catch::Matchers::Contains("trace 3 extends dynamic family 2 (traces 1, 2 and 3 agree "
                                        "in everything but sizes)"));
-  // Traced sizes that span a ratio of 2 tell a stop of 1 from half the size at once.
-  auto sf3 = static_graph(first, {.name = "x[0:1], far"});
-  CHECK(check_sizes(first, sf3, {4, 8, 30, 2}) == 2);
 }
 
 TEST_CASE("a family keeps its smallest and largest traced sizes as its window moves",
           "[static][dynamic]") {
-  // x[0:1] at 10 to 13, then 20: the family is built from four traces, and the one that goes is
-  // not 10, the smallest, so they span a ratio of 2 and 30 is planned.
+  // x[0:1] at 10 to 14, each beyond the last: the family is built from four traces, and the one
+  // that goes is 11, not 10, the smallest. With the entry of 10 evicted (cache_limit 4), 10 is
+  // still planned.
   auto first = [](const Tensor& x) { return F::slice(x, 0, 0, 1); };
-  auto sf = static_graph(first, {.name = "x[0:1]"});
-  CHECK(check_sizes(first, sf, {10, 11, 12, 13, 20}) == 0);
-  CHECK(check_sizes(first, sf, {30}) == 1);
+  auto sf = static_graph(first, {.name = "x[0:1]", .cache_limit = 4});
+  CHECK(check_sizes(first, sf, {10, 11, 12, 13, 14}) == 0);
+  CHECK(check_sizes(first, sf, {10}) == 1);
   const auto st = sf.stats();
   CHECK(st.traces == 5);
   REQUIRE(st.dynamic.size() == 1);
@@ -389,4 +386,25 @@ TEST_CASE("verify mode failing at a size planned from a family drops the family"
   REQUIRE(st.traces_history.size() == 3);
   CHECK_THAT(st.traces_history[2].reason,
              Catch::Matchers::StartsWith("verify mode found a size planned from a dynamic family"));
+}
+
+TEST_CASE("a length growing by one traces each new length once, and says how to plan it instead",
+          "[static][dynamic]") {
+  // x[-1:], the last row, at 2, 3, ..., 12: each size is beyond the family's traced ones. The
+  // traces the family holds leave the cache (cache_limit 8) without a word; the storm warning
+  // names the bound and the way to plan every size.
+  auto last = [](const Tensor& x) { return F::slice(x, 0, -1, int64_t{1} << 40); };
+  auto sf = static_graph(last, {.name = "x[-1:]"});
+  CHECK(check_sizes(last, sf, {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) == 0);
+  CHECK(check_sizes(last, sf, {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) == 3);  // 2, 3 and 4
+  const auto st = sf.stats();
+  CHECK(st.traces == 11);
+  CHECK(st.evictions == 3);
+  REQUIRE(st.warnings.size() == 1);
+  CHECK_THAT(st.warnings[0],
+             Catch::Matchers::Contains("retraced") &&
+                 Catch::Matchers::EndsWith(
+                     "; dynamic family 9 plans only sizes between its traced ones (step 0 "
+                     "(forward) slice's start, -1 at every traced size, may be computed from the "
+                     "size): DynamicShapes::Explicit naming its dimensions plans any size"));
 }

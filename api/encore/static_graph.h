@@ -83,13 +83,12 @@ struct StaticOptions {
   // two traces becomes dynamic once the traces agree in everything but sizes, and every later
   // size is planned from the trace without running the function (the batch of a training step,
   // the height and width of an image). Where a slice of a dynamic dimension has a bound asked
-  // alike at every traced size and the traced sizes are too close to tell it from a part of the
-  // size (T / 2 is 4 at 8 and 9), only sizes between them are planned; a size beyond traces once
-  // and extends the family. Explicit: only `dynamic_dims` ({argument, dimension}, by position)
-  // may, and they are planned at any size: naming them says the function computes no slice bound
-  // from them. Off: every size is a signature of its own. A dimension that cannot be
-  // dynamic (the traces show the function computing something from it that they cannot follow)
-  // stays static, and stats().static_dims says why.
+  // alike at every traced size (`x[:, 1:]`, `x[:, :4]`, or T / 2 at 8 and 9), only sizes between
+  // the traced ones are planned; a size beyond traces once and extends the family. Explicit: only
+  // `dynamic_dims` ({argument, dimension}, by position) may, and they are planned at any size:
+  // naming them says the function computes no slice bound from them. Off: every size is a signature
+  // of its own. A dimension that cannot be dynamic (the traces show the function computing
+  // something from it that they cannot follow) stays static, and stats().static_dims says why.
   DynamicShapes dynamic = DynamicShapes::Automatic;
   std::vector<DynamicDim> dynamic_dims = {};
   int size_limit = 16;  // sizes of a dynamic family kept planned (least recently used evicted)
