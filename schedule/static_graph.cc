@@ -267,6 +267,8 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   std::string reason;
   if (!guard_reason.empty()) {
     reason = guard_reason;
+    // What changed still feeds the storm warning (a size a family's guards or range refused).
+    if (!entries.empty()) ch = diff(entries.front()->sig, sig, config);
   } else if (entries.empty()) {
     reason = "first call";
   } else {
