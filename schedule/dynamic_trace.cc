@@ -68,7 +68,8 @@ std::string ranges_text(const ShapeFamily& f) {
   std::string out;
   for (const ShapeFamily::Range& r : f.ranges)
     out += cat(out.empty() ? "; within traced sizes: " : "; ", r.what, " keeps ", f.pool.text(r.n),
-               " within ", r.lo, " to ", r.hi);
+               " within ", r.lo, " to ", r.hi,
+               r.step > 0 ? cat(" in steps of ", r.step) : std::string());
   return out;
 }
 

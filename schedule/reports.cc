@@ -60,8 +60,8 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
                          f.shapes->dims[k].dim, " = s", f.shapes->symbol_of[k]));
   if (c.dynamic == DynamicShapes::Automatic)
     for (const ShapeFamily::Range& g : f.shapes->ranges)
-      r.ranges.push_back(
-          cat(g.what, " keeps ", f.shapes->pool.text(g.n), " within ", g.lo, " to ", g.hi));
+      r.ranges.push_back(cat(g.what, " keeps ", f.shapes->pool.text(g.n), " within ", g.lo, " to ",
+                             g.hi, g.step > 0 ? cat(" in steps of ", g.step) : std::string()));
   r.traces = f.traces;
   r.hits = f.hits;
   r.sizes_planned = f.planned;

@@ -295,10 +295,11 @@ std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int
   }
   for (const ShapeFamily::Range& r : f.ranges) {
     const int64_t n = v[static_cast<size_t>(r.n)];
-    if (anywhere || (n >= r.lo && n <= r.hi)) continue;
+    if (anywhere || (n >= r.lo && n <= r.hi && (r.step == 0 || (n - r.lo) % r.step == 0))) continue;
     why = cat("no schedule at ", sizes_text(symbols), ": ", r.what,
               " may be computed from the size it slices, which would be ", n, " here and was ",
-              r.lo, " to ", r.hi, " at the traced sizes");
+              r.lo, " to ", r.hi, r.step > 0 ? cat(" in steps of ", r.step) : std::string(),
+              " at the traced sizes");
     return nullptr;
   }
   auto rec = std::make_shared<Recording>(*f.base);

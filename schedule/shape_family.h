@@ -96,12 +96,16 @@ struct ShapeFamily {
   // point in a dimension whose size n changes may be the function's arithmetic on n (n / 2 at 8
   // and 9, n - n % 2 at 8 and 9, max(1, n / 8) at 4 and 12): any such function that grows or
   // shrinks with n and gave the bound at the smallest and largest traced n gives it between
-  // them, and nothing tells beyond. The family plans only sizes where n lies between them;
-  // explicit families, whose dimensions the user named, plan any size.
+  // them, and nothing tells beyond. The family plans only sizes where n lies between them. A
+  // bound that was n itself at every traced point may be n cut to a multiple (n - n % 4, traced
+  // at multiples of 4): it is n at sizes that differ from the traced ones by multiples of what
+  // theirs differ by (`step`), and the family plans only those. Explicit families, whose
+  // dimensions the user named, plan any size.
   struct Range {
     ExprId n = -1;
     int64_t lo = 0, hi = 0;
-    std::string what;  // "step 3 (forward) slice's stop, 4 at every traced size"
+    int64_t step = 0;  // 0: every size from lo to hi; else lo + k * step
+    std::string what;  // "step 3 (forward) slice's stop, 4 at every traced size,"
   };
   std::vector<Range> ranges;
   std::vector<FamilyPoint> points;  // the evidence, oldest first

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "runtime/op_traits.h"
 #include "schedule/family_builder.h"
@@ -272,10 +273,17 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     // whose size changes (not 0, a start left out; one clamped is kept so by a guard; the
     // backward's slices follow the forward's shapes) may be the function's arithmetic on that
     // size: the family keeps the size between its traced values (ShapeFamily::ranges).
-    if (asked_alike && asked[0] != 0 && !x_.is_const(n) &&
-        i < static_cast<int>(rec(0).forward.size())) {
-      const auto [lo, hi] = std::minmax_element(nv.begin(), nv.begin() + P_);
-      f_.ranges.push_back({n, *lo, *hi, cat(what, ", ", asked[0], " at every traced size,")});
+    // So may a bound asked as the whole size at every point (n - n % 4 at multiples of 4).
+    const bool forward_of_dynamic = !x_.is_const(n) && i < static_cast<int>(rec(0).forward.size());
+    const auto [lo, hi] = std::minmax_element(nv.begin(), nv.begin() + P_);
+    if (forward_of_dynamic && asked_alike && asked[0] != 0)
+      f_.ranges.push_back({n, *lo, *hi, 0, cat(what, ", ", asked[0], " at every traced size,")});
+    if (forward_of_dynamic && (common & kAsAsked) != 0 &&
+        every([&](size_t p) { return got[p] == nv[p]; })) {
+      int64_t step = 0;
+      for (size_t p = 0; p < P_; ++p) step = std::gcd(step, nv[p] - *lo);
+      f_.ranges.push_back(
+          {n, *lo, *hi, step, cat(what, ", the whole size it slices at every traced size,")});
     }
     if (!x_.is_const(e)) {
       f_.attrs.push_back({i, bound == 0 ? kSliceStart : kSliceStop, e, 0, 0});

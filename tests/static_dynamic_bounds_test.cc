@@ -409,3 +409,29 @@ TEST_CASE("a length growing by one traces each new length once, and says how to 
                      "(forward) slice's start, -1 at every traced size, may be computed from the "
                      "size): DynamicShapes::Explicit naming its dimensions plans any size"));
 }
+
+TEST_CASE(
+    "a bound that was the whole size at every trace is planned only at sizes a step of "
+    "the traced ones apart",
+    "[static][dynamic]") {
+  // x[:n - n % 4], traced at 8 and 16: the stop is n at both, as x[:n] would be. 13 is not a
+  // multiple of 8 from 8, and traces (its stop is 12); 12 traces and joins the family, whose
+  // step becomes 4; 20 and 24 are beyond, and trace.
+  auto crop = [](const Tensor& x) { return F::slice(x, 0, 0, x.size(0) - x.size(0) % 4); };
+  auto sf = static_graph(crop, {.name = "x[:n - n%4]"});
+  CHECK(check_sizes(crop, sf, {8, 16}) == 0);
+  CHECK(sf.stats().dynamic.at(0).ranges ==
+        std::vector<std::string>{"step 0 (forward) slice's stop, the whole size it slices at every "
+                                 "traced size, keeps s0 within 8 to 16 in steps of 8"});
+  CHECK(check_sizes(crop, sf, {13, 12, 10, 15, 20, 24, 11, 14}) == 0);
+  CHECK(sf.stats().traces == 10);
+  // x[:n] itself: traces at sizes off the step join the family, which then plans every size
+  // between its traced ones.
+  auto whole = [](const Tensor& x) { return F::slice(x, 0, 0, x.size(0)); };
+  auto sf2 = static_graph(whole, {.name = "x[:n]"});
+  CHECK(check_sizes(whole, sf2, {4, 6, 5, 10, 7, 8, 9}) == 3);
+  CHECK(sf2.stats().traces == 4);
+  CHECK(sf2.stats().dynamic.at(0).ranges ==
+        std::vector<std::string>{"step 0 (forward) slice's stop, the whole size it slices at every "
+                                 "traced size, keeps s0 within 4 to 10 in steps of 1"});
+}
