@@ -222,7 +222,14 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
     results.push_back(tensor_on(b->own[p.escape_slot(r.buf)], r));
   }
   if (verify)
-    verify_part(*e, [&] { compare_runs(config.name, p, vs->rec, snaps, Phase::Forward); });
+    verify_part(*e, [&] {
+      try {
+        compare_runs(config.name, p, vs->rec, snaps, Phase::Forward);
+      } catch (...) {
+        restore_before(*vs);  // what the replay wrote outside the arena, and .grad, as found
+        throw;
+      }
+    });
 
   if (!e->node) return;  // the guard releases the call state
   auto frame = make_intrusive<Frame>();

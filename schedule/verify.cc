@@ -184,6 +184,13 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
   }
 }
 
+void restore_before(VerifyState& vs) {
+  for (auto& [t, bytes] : vs.written_before)
+    cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
+  for (auto& [t, gimpl] : vs.grads_before) t.impl()->grad = gimpl;
+  if (vs.generator != nullptr) vs.generator->set_state(vs.stream_before);
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -216,12 +223,13 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
   const Generator::Stream gen_state = gen.state();
 
   auto vs = std::make_unique<VerifyState>();
+  vs->written_before = std::move(saved);
+  vs->grads_before = std::move(grads);
+  vs->generator = &gen;
+  vs->stream_before = gen_state;
   vs->recorder = std::make_unique<Recorder>(vs->rec, config.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
-  for (auto& [t, bytes] : saved)
-    cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
-  for (auto& [t, gimpl] : grads) t.impl()->grad = gimpl;
-  gen.set_state(gen_state);
+  restore_before(*vs);
   // The results that carry the node, by differentiable index, as the trace's.
   ENCORE_CHECK(vs->inner.size() == rec.results.size(), "verify: ", config.name,
                ": the eager run returned ", vs->inner.size(), " results; the schedule has ",

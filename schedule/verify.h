@@ -7,17 +7,28 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/rng.h"
 #include "schedule/plan.h"
 #include "schedule/recording.h"
 
 namespace encore::schedule::detail {
 
-// What a verified call keeps for its backward: the eager run's graph and recorder.
+// What a verified call keeps for its backward: the eager run's graph and recorder; and the state
+// the call found (the tensors it writes outside the arena, the leaves' .grad, the random
+// stream), which a failed comparison puts back.
 struct VerifyState {
   Recording rec;
   std::unique_ptr<Recorder> recorder;
   std::vector<Tensor> aliases, inner, leaves;
+  std::vector<std::pair<Tensor, std::vector<unsigned char>>> written_before;
+  std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads_before;
+  Generator* generator = nullptr;
+  Generator::Stream stream_before{};
 };
+
+// Puts back the state a verified call found (after the eager run, and after a replay that
+// failed its comparison: the call leaves the user's state as it was).
+void restore_before(VerifyState& vs);
 
 // Verify: runs the graph of `inner`'s results that `given` marks (as the first backward got
 // them), from `grads` (one per marked result), eagerly under `recorder` with the leaves' .grad

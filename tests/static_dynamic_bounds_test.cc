@@ -435,3 +435,31 @@ TEST_CASE(
         std::vector<std::string>{"step 0 (forward) slice's stop, the whole size it slices at every "
                                  "traced size, keeps s0 within 4 to 10 in steps of 1"});
 }
+
+TEST_CASE("a verified whole step that fails leaves the parameters and gradients as it found them",
+          "[static][dynamic][verify]") {
+  // A training step whose batch is x[:n / 4], its dimension named: 12 is planned with the rows
+  // of 9 and 11 (2), where eager's are 3. The replay updates the weights before verify compares;
+  // the failed call puts them, and their gradients, back.
+  manual_seed(5);
+  auto lin = std::make_shared<nn::Linear>(2, 3);
+  optim::SGD sgd(lin->parameters(), {.lr = 0.1});
+  auto step = [&](const Tensor& x) {
+    const Tensor loss = F::sum((*lin)(F::slice(x, 0, 0, x.size(0) / 4)));
+    loss.backward();
+    sgd.step();
+    return loss.detach();
+  };
+  StaticOptions o = rows_named("step, verified", 1);
+  o.modules = {lin};
+  auto sf = static_graph(step, o);
+  auto at = [](int64_t n) { return F::reshape(arange(n * 2, DType::Float32), {n, 2}); };
+  for (int64_t n : {8, 9, 11}) sf(at(n));  // 8 traces with no .grad yet: 9 and 11 the family
+  const Tensor w = clone(lin->weight), b = clone(lin->bias);
+  const Tensor gw = clone(lin->weight.grad()), gb = clone(lin->bias.grad());
+  CHECK_THROWS_WITH(sf(at(12)), Catch::Matchers::Contains("which goes: the next call traces"));
+  CHECK(bit_diff(lin->weight, w) == "");
+  CHECK(bit_diff(lin->bias, b) == "");
+  CHECK(bit_diff(lin->weight.grad(), gw) == "");
+  CHECK(bit_diff(lin->bias.grad(), gb) == "");
+}
