@@ -226,9 +226,11 @@ void StaticGraph::Impl::replay(const std::shared_ptr<Entry>& e, std::span<const 
       try {
         compare_runs(config.name, p, vs->rec, snaps, Phase::Forward);
       } catch (...) {
-        restore_before(*vs);  // what the replay wrote outside the arena, and .grad, as found
+        restore_before(*vs, rec, /*counters=*/true);  // the state as the call found it
         throw;
       }
+      vs->written_before.clear();  // the backward (if any) needs none of it
+      vs->grads_before.clear();
     });
 
   if (!e->node) return;  // the guard releases the call state

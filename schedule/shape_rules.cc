@@ -270,13 +270,13 @@ bool SizeBuilder::slice_bounds(int i, std::span<const Dims> ins, ExprId* attr_ex
     }
     attr_exprs[bound] = e;
     // A bound of the function's own slice asked alike and followed as asked in a dimension
-    // whose size changes (not 0, a start left out; one clamped is kept so by a guard; the
+    // whose size changes (not a start of 0, one left out; one clamped is kept so by a guard; the
     // backward's slices follow the forward's shapes) may be the function's arithmetic on that
     // size: the family keeps the size between its traced values (ShapeFamily::ranges).
     // So may a bound asked as the whole size at every point (n - n % 4 at multiples of 4).
     const bool forward_of_dynamic = !x_.is_const(n) && i < static_cast<int>(rec(0).forward.size());
     const auto [lo, hi] = std::minmax_element(nv.begin(), nv.begin() + P_);
-    if (forward_of_dynamic && asked_alike && asked[0] != 0)
+    if (forward_of_dynamic && asked_alike && (asked[0] != 0 || bound == 1))
       f_.ranges.push_back({n, *lo, *hi, 0, cat(what, ", ", asked[0], " at every traced size,")});
     if (forward_of_dynamic && (common & kAsAsked) != 0 &&
         every([&](size_t p) { return got[p] == nv[p]; })) {

@@ -184,11 +184,13 @@ void compare_runs(std::string_view name, const Plan& p, const Recording& eager,
   }
 }
 
-void restore_before(VerifyState& vs) {
+void restore_before(VerifyState& vs, const Recording& rec, bool counters) {
   for (auto& [t, bytes] : vs.written_before)
     cuda::copy_bytes(t.raw_data(), t.device(), bytes.data(), Device::cpu(), bytes.size());
   for (auto& [t, gimpl] : vs.grads_before) t.impl()->grad = gimpl;
   if (vs.generator != nullptr) vs.generator->set_state(vs.stream_before);
+  for (size_t k = 0; counters && k < vs.counters_before.size(); ++k)
+    rec.counters[k]->store(vs.counters_before[k], std::memory_order_relaxed);
 }
 
 }  // namespace detail
@@ -227,9 +229,10 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
   vs->grads_before = std::move(grads);
   vs->generator = &gen;
   vs->stream_before = gen_state;
+  for (const auto& c : rec.counters) vs->counters_before.push_back(c->load());
   vs->recorder = std::make_unique<Recorder>(vs->rec, config.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
-  restore_before(*vs);
+  restore_before(*vs, rec, /*counters=*/false);
   // The results that carry the node, by differentiable index, as the trace's.
   ENCORE_CHECK(vs->inner.size() == rec.results.size(), "verify: ", config.name,
                ": the eager run returned ", vs->inner.size(), " results; the schedule has ",

@@ -13,9 +13,9 @@
 
 namespace encore::schedule::detail {
 
-// What a verified call keeps for its backward: the eager run's graph and recorder; and the state
-// the call found (the tensors it writes outside the arena, the leaves' .grad, the random
-// stream), which a failed comparison puts back.
+// What a verified call keeps for its backward: the eager run's graph and recorder; and, until
+// its forward is compared, the state the call found (the tensors it writes outside the arena,
+// the leaves' .grad, the random stream, the host counters), which a failed comparison puts back.
 struct VerifyState {
   Recording rec;
   std::unique_ptr<Recorder> recorder;
@@ -24,11 +24,13 @@ struct VerifyState {
   std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads_before;
   Generator* generator = nullptr;
   Generator::Stream stream_before{};
+  std::vector<int64_t> counters_before;  // the recording's host counters (optimizer steps)
 };
 
-// Puts back the state a verified call found (after the eager run, and after a replay that
-// failed its comparison: the call leaves the user's state as it was).
-void restore_before(VerifyState& vs);
+// Puts back the state a verified call found: after the eager run (whose counter advances the
+// replay keeps as its own), and, `counters` too, after a replay that failed its comparison, so
+// that the call leaves the user's state as it was.
+void restore_before(VerifyState& vs, const Recording& rec, bool counters);
 
 // Verify: runs the graph of `inner`'s results that `given` marks (as the first backward got
 // them), from `grads` (one per marked result), eagerly under `recorder` with the leaves' .grad

@@ -457,9 +457,21 @@ TEST_CASE("a verified whole step that fails leaves the parameters and gradients 
   for (int64_t n : {8, 9, 11}) sf(at(n));  // 8 traces with no .grad yet: 9 and 11 the family
   const Tensor w = clone(lin->weight), b = clone(lin->bias);
   const Tensor gw = clone(lin->weight.grad()), gb = clone(lin->bias.grad());
+  const int64_t steps = sgd.steps();
   CHECK_THROWS_WITH(sf(at(12)), Catch::Matchers::Contains("which goes: the next call traces"));
+  CHECK(sgd.steps() == steps);
   CHECK(bit_diff(lin->weight, w) == "");
   CHECK(bit_diff(lin->bias, b) == "");
   CHECK(bit_diff(lin->weight.grad(), gw) == "");
   CHECK(bit_diff(lin->bias.grad(), gb) == "");
+}
+
+TEST_CASE("a stop of 0 at every trace is planned only between the traced sizes",
+          "[static][dynamic]") {
+  // x[:n / 8] at 5 and 7 rows: empty at both. 6 is planned (empty); at 64 the stop is 8, and 64
+  // traces.
+  auto eighth = [](const Tensor& x) { return F::slice(x, 0, 0, x.size(0) / 8); };
+  auto sf = static_graph(eighth, {.name = "x[:n/8]"});
+  CHECK(check_sizes(eighth, sf, {5, 7, 6, 64}) == 1);
+  CHECK(sf.stats().traces == 3);
 }
