@@ -152,8 +152,7 @@ std::shared_ptr<Entry> StaticGraph::Impl::dynamic_entry(std::span<const Tensor> 
     ++stats.hits;
     lock.unlock();
     std::string why;
-    std::shared_ptr<Entry> e =
-        plan_size(*f, args, key, mode, at, config.dynamic == DynamicShapes::Explicit, why);
+    std::shared_ptr<Entry> e = plan_size(*f, args, key, mode, at, !ranges_apply(config), why);
     lock.lock();
     if (!e) {
       --stats.hits;  // it traces instead, unless another family plans it

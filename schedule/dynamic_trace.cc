@@ -62,17 +62,6 @@ std::vector<size_t> without_size_one(const std::vector<FamilyPoint>& points,
   return keep;
 }
 
-// "; within traced sizes: step 0 (forward) slice's stop, 2 at every traced size, keeps s0 within
-// 8 to 11": what an automatic family plans only between traced sizes (shape_family.h).
-std::string ranges_text(const ShapeFamily& f) {
-  std::string out;
-  for (const ShapeFamily::Range& r : f.ranges)
-    out += cat(out.empty() ? "; within traced sizes: " : "; ", r.what, " keeps ", f.pool.text(r.n),
-               " within ", r.lo, " to ", r.hi,
-               r.step > 0 ? cat(" in steps of ", r.step) : std::string());
-  return out;
-}
-
 // Whether the dimensions had equal sizes at every traced point (a sequence length in the inputs
 // and in the targets): a failure is then theirs together; else traces that differ in fewer of
 // them can tell which one it is.
@@ -158,8 +147,8 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     nearest_entry(ids, e.alternate_dims, e.alternate, e.alternate_ids);
   }
   if (evidence.empty()) return;
-  // The oldest go, but not one that alone holds a dimension's smallest or largest size: an
-  // automatic family plans only between those.
+  // The oldest go, but not one that alone holds a dimension's smallest or largest size: a
+  // family's ranges keep sizes between those (ShapeFamily::ranges).
   auto size_at = [&](size_t k, const DynDim& d) {
     return (k < evidence.size() ? evidence[k].sig : e.sig).args[d.arg].shape[d.dim];
   };
@@ -261,15 +250,15 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
                            old->shapes->dims.end()) &&
              std::includes(dims.begin(), dims.end(), changed.begin(), changed.end());
     });
-    const std::string serves =
-        cat(describe(f->shapes->sig, config, symbol_names(*f->shapes)),
-            config.dynamic == DynamicShapes::Automatic ? ranges_text(*f->shapes) : std::string());
-    const std::string line =
-        extends ? cat(config.name, ": trace ", e->id, " extends dynamic family ",
-                      e->evidence_family, " (traces ", ids_text(ids),
-                      " agree in everything but sizes): one schedule serves ", serves)
-                : cat(config.name, ": ", what, " became dynamic (traces ", ids_text(ids),
-                      " agree in everything but sizes): one schedule serves ", serves);
+    std::string line =
+        cat(config.name, ": ",
+            extends ? cat("trace ", e->id, " extends dynamic family ", e->evidence_family)
+                    : cat(what, " became dynamic"),
+            " (traces ", ids_text(ids), " agree in everything but sizes): one schedule serves ",
+            describe(f->shapes->sig, config, symbol_names(*f->shapes)));
+    for (size_t k = 0; k < f->shapes->ranges.size() && ranges_apply(config); ++k)
+      line += cat(k == 0 ? "; within traced sizes: " : "; ",
+                  range_text(*f->shapes, f->shapes->ranges[k]));
     for (const auto& t : entries)
       if (std::find(ids.begin(), ids.end(), t->id) != ids.end()) t->in_family = true;
     families.push_front(std::move(f));

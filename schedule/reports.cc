@@ -58,10 +58,9 @@ DynamicReport dynamic_report(const StaticGraph::Impl::Family& f, const Config& c
   for (size_t k = 0; k < f.shapes->dims.size(); ++k)
     r.dims.push_back(cat(arg_label(c, static_cast<size_t>(f.shapes->dims[k].arg)), " dim ",
                          f.shapes->dims[k].dim, " = s", f.shapes->symbol_of[k]));
-  if (c.dynamic == DynamicShapes::Automatic)
+  if (ranges_apply(c))
     for (const ShapeFamily::Range& g : f.shapes->ranges)
-      r.ranges.push_back(cat(g.what, " keeps ", f.shapes->pool.text(g.n), " within ", g.lo, " to ",
-                             g.hi, g.step > 0 ? cat(" in steps of ", g.step) : std::string()));
+      r.ranges.push_back(range_text(*f.shapes, g));
   r.traces = f.traces;
   r.hits = f.hits;
   r.sizes_planned = f.planned;

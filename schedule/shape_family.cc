@@ -270,6 +270,11 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
   return same_aliasing(s, args);
 }
 
+std::string range_text(const ShapeFamily& f, const ShapeFamily::Range& r) {
+  return cat(r.what, " keeps ", f.pool.text(r.n), " within ", r.lo, " to ", r.hi,
+             r.step > 0 ? cat(" in steps of ", r.step) : std::string());
+}
+
 std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
                                        std::string& why, bool anywhere) {
   std::vector<int64_t> v;

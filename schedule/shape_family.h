@@ -168,6 +168,9 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
 std::shared_ptr<Recording> instantiate(const ShapeFamily& f, std::span<const int64_t> symbols,
                                        std::string& why, bool anywhere = false);
 
+// "step 3 (forward) slice's stop, 4 at every traced size, keeps s0 within 8 to 11".
+std::string range_text(const ShapeFamily& f, const ShapeFamily::Range& r);
+
 // Every dimension of an argument as the family sees it: "s0" for a dynamic one, "" otherwise.
 std::vector<std::vector<std::string>> symbol_names(const ShapeFamily& f);
 

@@ -394,7 +394,7 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
     // growing by one): naming its dimensions plans any size.
     std::string ranged;
     for (const auto& f : families)
-      if (config.dynamic == DynamicShapes::Automatic && !f->shapes->ranges.empty()) {
+      if (ranges_apply(config) && !f->shapes->ranges.empty()) {
         ranged = cat("; dynamic family ", f->id, " plans only sizes between its traced ones (",
                      f->shapes->ranges[0].what,
                      " may be computed from the size): DynamicShapes::Explicit naming its "

@@ -132,4 +132,11 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
                                    std::vector<Tensor>& aliases);
 };
 
+// Whether a family keeps the sizes its ranges name between their traced values
+// (detail::ShapeFamily::ranges): automatic ones do; explicit ones, whose dimensions the user
+// named, plan any size.
+inline bool ranges_apply(const Config& c) {
+  return c.dynamic == DynamicShapes::Automatic;
+}
+
 }  // namespace encore::schedule

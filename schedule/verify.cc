@@ -207,28 +207,21 @@ std::unique_ptr<VerifyState> StaticGraph::Impl::run_for_verify(const Entry& e,
     ++stats.verifications;
   }
   const Recording& rec = e.plan->recording();
-  std::vector<std::pair<Tensor, std::vector<unsigned char>>> saved;
+  auto vs = std::make_unique<VerifyState>();
   Tensor scratch;
   for (int buf : e.plan->mutated_external()) {
     const Tensor* t = bound_tensor(e, rec.buffers[buf], args, scratch);
     if (t == nullptr || !t->defined()) continue;
     std::vector<unsigned char> bytes(t->nbytes());
     cuda::copy_bytes(bytes.data(), Device::cpu(), t->raw_data(), t->device(), bytes.size());
-    saved.emplace_back(*t, std::move(bytes));
+    vs->written_before.emplace_back(*t, std::move(bytes));
   }
-  std::vector<std::pair<Tensor, IntrusivePtr<TensorImpl>>> grads;
   for (const Leaf& l : rec.leaves) {
     const Tensor& t = leaf_now(e, l);
-    if (t.defined()) grads.emplace_back(t, t.impl()->grad);
+    if (t.defined()) vs->grads_before.emplace_back(t, t.impl()->grad);
   }
-  Generator& gen = default_generator(e.plan->device());
-  const Generator::Stream gen_state = gen.state();
-
-  auto vs = std::make_unique<VerifyState>();
-  vs->written_before = std::move(saved);
-  vs->grads_before = std::move(grads);
-  vs->generator = &gen;
-  vs->stream_before = gen_state;
+  vs->generator = &default_generator(e.plan->device());
+  vs->stream_before = vs->generator->state();
   for (const auto& c : rec.counters) vs->counters_before.push_back(c->load());
   vs->recorder = std::make_unique<Recorder>(vs->rec, config.name, false, true);
   vs->inner = run_recorded(*vs->recorder, args, e.slots, vs->aliases);
