@@ -158,6 +158,7 @@ inline constexpr OpTraits kOpTraits[] = {
     {Op::LayerNormGrad, "layer_norm_grad", OpKind::Compute, 4, 5, 3, AttrType::LayerNorm, 0,
      kSplits},
     {Op::Fill, "fill_", OpKind::Inplace, 1, 1, 0, AttrType::Scalar, 0b1, 0},
+    {Op::Arange, "arange_", OpKind::Inplace, 1, 1, 0, AttrType::None, 0b1, 0},
     {Op::AddInplace, "add_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::CopyInplace, "copy_", OpKind::Inplace, 2, 2, 0, AttrType::None, 0b1, 0},
     {Op::UniformInit, "uniform_", OpKind::Inplace, 1, 1, 0, AttrType::Random, 0b1, kRandom},

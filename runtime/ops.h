@@ -89,6 +89,7 @@ enum class Op : uint16_t {
   LayerNormGrad,  // x, mean, rstd, gy, optional gamma -> gx, ggamma [C], gbeta [C]
   // In-place: fills, accumulation, initialisers, optimizer updates.
   Fill,
+  Arange,  // t[i] = i, over a 1-D t (arange())
   AddInplace,
   CopyInplace,
   UniformInit,

@@ -5,8 +5,10 @@
 //
 //   build/samples/char_lm --static                  # CharLstm, fixed windows of 35 characters
 //   build/samples/char_lm --model gpt --compare     # TinyGpt, eager and static side by side
-//   build/samples/char_lm --static --lines          # lines of text: varying lengths retrace
+//   build/samples/char_lm --static --lines          # lines of text: the LSTM unrolled over each
+//                                                   # length retraces it
 //   build/samples/char_lm --static --lines --bucket 16
+//   build/samples/char_lm --model gpt --static --lines  # one trace serves every length
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -156,6 +158,13 @@ void print_static_report(const StaticStats& st) {
   if (st.traces > 1) {
     std::printf("traces (the first and the latest):\n");
     for (const RetraceEvent& e : st.traces_history) std::printf("  %s\n", e.message.c_str());
+  }
+  for (const DynamicReport& d : st.dynamic)
+    std::printf("dynamic: %s\n  %lld sizes planned without tracing, %lld calls served\n",
+                d.signature.c_str(), static_cast<long long>(d.sizes_planned),
+                static_cast<long long>(d.hits));
+  if (st.traces > 1 && st.dynamic.empty()) {
+    for (const std::string& why : st.static_dims) std::printf("static: %s\n", why.c_str());
     std::printf(
         "each batch length is a new signature: train on fixed windows (drop --lines), or pad "
         "lengths to a few buckets (--bucket 16), so that a handful of traces serve every batch\n");

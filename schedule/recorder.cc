@@ -169,6 +169,7 @@ bool folds_to_constant(Op op) {
     case Op::Slice:
     case Op::Copy:
     case Op::Fill:
+    case Op::Arange:
     case Op::CopyInplace:
       return true;
     default:

@@ -114,7 +114,7 @@ struct DynamicReport {
   // (forward) slice's stop, 2 at every traced size, keeps s0 within 8 to 11".
   std::vector<std::string> ranges;
   std::vector<int64_t> traces;    // the traces it was checked against (its evidence)
-  int64_t hits = 0;               // replays at sizes planned before
+  int64_t hits = 0;               // calls it served (a size's first call, planning it, included)
   int64_t sizes_planned = 0;      // sizes planned from it without running the function
   int64_t evictions = 0;          // planned sizes evicted (size_limit)
   // On the cpu the planned sizes share their arenas: a call takes a block big enough for its

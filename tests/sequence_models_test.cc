@@ -90,6 +90,35 @@ TEST_CASE("TinyGpt trained by a static step (AdamW) equals eager bit for bit", "
   }
 }
 
+TEST_CASE("TinyGpt trained over varying lengths: one dynamic family serves them all",
+          "[models][gpt][static]") {
+  // The causal mask is made from arange at each length: two traces make the length dynamic, and
+  // every later length is planned from them, mask included, with eager's bits.
+  StaticEnabled on;
+  auto make = [] { return seeded<models::TinyGpt>(kVocab, 16, 16, 2, 1); };
+  std::shared_ptr<models::TinyGpt> eager = make(), traced = make();
+  optim::AdamW opt_e(eager->parameters()), opt_s(traced->parameters());
+  auto fn =
+      static_graph([&](const Tensor& x,
+                       const Tensor& t) { return testing::lm_train_step(*traced, opt_s, x, t); },
+                   {.name = "gpt_step", .modules = {traced}});
+  const int64_t lengths[] = {6, 7, 9, 5, 12, 7, 16, 1, 9};
+  for (size_t i = 0; i < std::size(lengths); ++i) {
+    INFO("step " << i << ", length " << lengths[i]);
+    auto [x, t] = tokens(3, lengths[i], i);
+    const Tensor le = testing::lm_train_step(*eager, opt_e, x, t);
+    CHECK(bit_diff(le, fn(x, t)) == "");
+    testing::check_same_parameters(*eager, *traced, "after the step");
+  }
+  const StaticStats st = fn.stats();
+  CHECK(st.static_dims.empty());
+  REQUIRE(st.dynamic.size() == 1);
+  // 6 and 7 trace; a length of 1 traces once of its own (a broadcast needs no op there).
+  CHECK(st.traces == 3);
+  // 9, 5, 12 and 16; then 9 again, from the family the trace at 1 extended.
+  CHECK(st.sizes_planned == 5);
+}
+
 TEST_CASE("the sequence models' static steps pass verify mode", "[models][static]") {
   check_static_training<models::CharLstm, optim::Adam>(
       [] { return seeded<models::CharLstm>(kVocab, 8, 16); }, 2, 5, 1, 3);

@@ -3,7 +3,8 @@
 // replayed; their results are bound to their trace values. Replays equal eager bit for bit, values
 // and gradients, with the switch on and off; a constant the function then writes in place, or
 // returns, keeps its steps (replays that read a bound value there would drift from eager); the
-// dump counts the folded steps; a masked model trains the same.
+// dump counts the folded steps; a masked model trains the same; a mask made at a dynamic size is
+// made at every planned size.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -81,7 +82,7 @@ TEST_CASE("folding constants leaves fewer replayed steps", "[static][constants]"
     (fold ? with : without) = f.schedule_text();
   }
   INFO(with << "\n" << without);
-  // The two conversions of arange and the comparison are folded (the -inf fill too, where
+  // The two aranges and the comparison are folded (the -inf fill too, where
   // masked_fill makes one).
   CHECK(forward_steps(with) <= forward_steps(without) - 3);
 }
@@ -144,19 +145,50 @@ TEST_CASE("a causally masked model trains by a static step as eagerly, constants
 }
 
 TEST_CASE("constants made at several sizes replay each size's values", "[static][constants]") {
-  // The mask's shape follows x's: every size gets its own constants (traced, or planned from a
-  // dynamic family, which folds none), never another size's.
+  // The mask's shape follows x's: every size gets its own constants (traced, or planned from the
+  // dynamic family arange's step lets the size join, which folds none), never another size's.
   StaticEnabled on;
+  const bool fold = GENERATE(true, false);
+  INFO("folding " << (fold ? "on" : "off"));
+  StaticFoldConstants folding(fold);
   auto f = static_graph([](const Tensor& x) { return masked_scores(x); }, {.name = "sizes"});
-  NoGradGuard no_grad;
-  for (const int64_t t : {4, 6, 5, 7, 4, 6, 9, 5}) {
+  for (const int64_t t : {4, 6, 5, 7, 4, 6, 9, 5, 3}) {
     INFO("size " << t);
     manual_seed(static_cast<uint64_t>(t));
-    const Tensor x = randn({t, t});
-    CHECK(bit_diff(f(x), masked_scores(x)) == "");
+    Tensor xs = randn({t, t}), xe = clone(xs);
+    xs.set_requires_grad();
+    xe.set_requires_grad();
+    const Tensor ys = f(xs), ye = masked_scores(xe);
+    CHECK(bit_diff(ys, ye) == "");
+    F::sum(F::mul(ys, xs)).backward();
+    F::sum(F::mul(ye, xe)).backward();
+    CHECK(bit_diff(xs.grad(), xe.grad()) == "");
   }
-  CHECK(f.stats().hits >= 3);
-  // Why the size stays static names the constant's buffer and the step that first reads it.
+  const StaticStats st = f.stats();
+  CHECK(st.traces == 2);
+  CHECK(st.static_dims.empty());
+  REQUIRE(st.dynamic.size() == 1);
+  CHECK(st.dynamic[0].sizes_planned == 4);  // 5, 7, 9 and 3
+  CHECK(st.dynamic[0].hits == 5);           // and 5 again
+}
+
+TEST_CASE("a constant filled from host values that depend on a size keeps it static",
+          "[static][constants]") {
+  // tensor() copies values the function computed on the host: the trace holds them, not how
+  // they follow from the size, so each size traces; why names the buffer and its first reader.
+  StaticEnabled on;
+  auto body = [](const Tensor& x) {
+    const int64_t t = x.size(0);
+    return F::mul(x, tensor(std::vector<double>(static_cast<size_t>(t), 1.0 / t), {t}));
+  };
+  auto f = static_graph(body, {.name = "host_values"});
+  NoGradGuard no_grad;
+  for (const int64_t t : {4, 6, 5, 4}) {
+    INFO("size " << t);
+    const Tensor x = randn({t});
+    CHECK(bit_diff(f(x), body(x)) == "");
+  }
+  CHECK(f.stats().traces == 3);
   REQUIRE(!f.stats().static_dims.empty());
   CHECK_THAT(f.stats().static_dims[0],
              Contains("(first read by step 0 (forward) copy_) is a tensor made in the call"));

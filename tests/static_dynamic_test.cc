@@ -248,11 +248,13 @@ TEST_CASE("dynamic: a dimension that cannot be dynamic does not keep one beside 
           "[static][dynamic]") {
   StaticEnabled on;
   NoGradGuard no_grad;
-  // The position term is a constant made from the length: the length cannot be dynamic, the
-  // batch can. The first two traces differ in both.
+  // The position term is a constant filled on the host from the length: the length cannot be
+  // dynamic, the batch can. The first two traces differ in both.
   auto body = [](const Tensor& x) {
     const int64_t t = x.size(1);
-    return x + F::reshape(arange(t), {1, t});
+    std::vector<double> positions(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = static_cast<double>(i) / t;
+    return x + tensor(positions, {1, t});
   };
   std::vector<std::string> lines;
   const LogSink old = set_log_sink([&lines](const std::string& l) { lines.push_back(l); });

@@ -96,9 +96,11 @@ Tensor tensor(std::initializer_list<double> values, const Shape& shape, DType dt
 
 Tensor arange(int64_t n, DType dtype, Device device) {
   ENCORE_CHECK(n >= 0, "arange: n must be non-negative, it is ", n);
-  std::vector<double> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
-  return tensor(v, {n}, dtype, device);
+  // An op, not host values: a static function's trace records it as a step of its own, so a
+  // planned size runs it at that size (a causal mask over a dynamic length).
+  Tensor t = Tensor::empty({n}, dtype, device);
+  dispatch(Op::Arange, {t}, {});
+  return t;
 }
 
 Tensor rand(const Shape& shape, DType dtype, Device device, double low, double high) {

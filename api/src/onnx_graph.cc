@@ -201,7 +201,10 @@ std::string GraphBuilder::scalar(double value, DType dtype) {
 }
 
 std::string GraphBuilder::filled(const Shape& shape, double value, DType dtype) {
-  const Tensor t = full(shape, value, dtype, Device::cpu());
+  return constant(full(shape, value, dtype, Device::cpu()));
+}
+
+std::string GraphBuilder::constant(const Tensor& t) {
   return initializer(t, cat("constant_", constants_++));
 }
 

@@ -65,6 +65,8 @@ class GraphBuilder {
   std::string scalar(double value, DType dtype);
   // A constant of `dtype` filled with `value` (ones for a missing scale, say), shaped `shape`.
   std::string filled(const Shape& shape, double value, DType dtype);
+  // A constant holding t's values (a host tensor).
+  std::string constant(const Tensor& t);
   // The int64 shape tensor of `shape`, dimension `batch` (unless -1) computed from the graph's
   // batch size at run time.
   std::string shape_tensor(const Shape& shape, int batch);

@@ -321,6 +321,25 @@ void embedding(GraphBuilder& g, const Step& s) {
 // A constant: fixed, or shaped by the batch when one dimension has the traced batch size
 // (zeros({x.size(0), n}) made inside the function). Only a dimension equal to the batch size is
 // taken for it: one that is a multiple of it could as well be a constant.
+// arange_ (t[i] = i over a 1-D t): its values as a constant, or, where its length is the batch
+// size, an int64 Range to the batch size at run time (cast to t's dtype).
+void arange_values(GraphBuilder& g, const Step& s) {
+  const Operand& t = s.in[0];
+  if (g.batch_size() == 0 || t.shape.numel() != g.batch_size()) {
+    g.define(t, g.constant(arange(t.shape.numel(), t.dtype, Device::cpu())), -1);
+    return;
+  }
+  const std::string limit = g.node1("Reshape", {g.shape_tensor(t.shape, 0), g.ints({})}, "batch");
+  std::string y =
+      g.node1("Range", {g.scalar(0, DType::Int64), limit, g.scalar(1, DType::Int64)}, "range");
+  if (t.dtype != DType::Int64) {
+    const std::string cast = g.fresh("range");
+    attr_int(g.node("Cast", {y}, {cast}), "to", onnx_dtype(t.dtype));
+    y = cast;
+  }
+  g.define(t, y, 0);
+}
+
 void fill(GraphBuilder& g, const Step& s) {
   const Operand& t = s.in[0];
   const double value = s.attrs.as<ScalarAttrs>().value;
@@ -465,6 +484,8 @@ void emit_step(GraphBuilder& g, const Step& s) {
       return embedding(g, s);
     case Op::Fill:
       return fill(g, s);
+    case Op::Arange:
+      return arange_values(g, s);
     case Op::CopyInplace:
       return copy_into(g, s);
     case Op::AddInplace:

@@ -1,4 +1,4 @@
-// Dtype conversion and fills: copy, copy_, fill_.
+// Dtype conversion and fills: copy, copy_, fill_, arange_.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -43,10 +43,20 @@ void fill_kernel(const KernelArgs& args) {
   });
 }
 
+// t[i] = i, converted from the double i as arange() converted its host values before it was an op.
+void arange_kernel(const KernelArgs& args) {
+  const BufferView& t = args.in[0];
+  switch_all(t.dtype, Op::Arange, [&]<typename T>(Type<T>) {
+    T* p = t.as<T>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = convert_value<T>(static_cast<double>(i));
+  });
+}
+
 [[maybe_unused]] const bool kRegistered = [] {
   register_kernel(Op::Copy, DeviceType::CPU, &copy_kernel);
   register_kernel(Op::CopyInplace, DeviceType::CPU, &copy_inplace_kernel);
   register_kernel(Op::Fill, DeviceType::CPU, &fill_kernel);
+  register_kernel(Op::Arange, DeviceType::CPU, &arange_kernel);
   return true;
 }();
 

@@ -164,6 +164,15 @@ void fill_kernel(const KernelArgs& args) {
   });
 }
 
+void arange_kernel(const KernelArgs& args) {
+  const BufferView& t = args.in[0];
+  switch_all(t.dtype, Op::Arange, [&]<typename T>(Type<T>) {
+    if (t.numel() == 0) return;
+    iota_kernel<<<blocks_for(t.numel()), kThreads, 0, stream()>>>(t.numel(), t.as<T>());
+    ENCORE_CUDA_LAUNCHED(Op::Arange);
+  });
+}
+
 }  // namespace
 
 ENCORE_REGISTER_CUDA(Op::Add, &arithmetic_kernel<Op::Add>);
@@ -195,6 +204,7 @@ ENCORE_REGISTER_CUDA(Op::SigmoidGrad, &activation_grad_kernel<Op::SigmoidGrad>);
 ENCORE_REGISTER_CUDA(Op::TanhGrad, &activation_grad_kernel<Op::TanhGrad>);
 ENCORE_REGISTER_CUDA(Op::GeluGrad, &activation_grad_kernel<Op::GeluGrad>);
 ENCORE_REGISTER_CUDA(Op::Fill, &fill_kernel);
+ENCORE_REGISTER_CUDA(Op::Arange, &arange_kernel);
 ENCORE_REGISTER_CUDA(Op::Copy, &copy_kernel);
 ENCORE_REGISTER_CUDA(Op::CopyInplace, &copy_inplace_kernel);
 

@@ -1,9 +1,10 @@
 // The elementwise CUDA kernels and their element functions (elementwise.cu launches them), the
 // same semantics as kernels/cpu/binary.cc, unary.cc and convert.cc:
 // broadcasting binary ops and comparisons, where, add_, tensor-scalar ops, activations and their
-// gradients, fill_, copy and copy_ (with dtype conversion). Each op computes its elements with
-// its element function (element_ops.cuh), as the fused kernels of CUDA plans do; elementwise.cu
-// is compiled with -fmad=false, as they are (and the emulated tests with -ffp-contract=off).
+// gradients, fill_, arange_, copy and copy_ (with dtype conversion). Each op computes its elements
+// with its element function (element_ops.cuh), as the fused kernels of CUDA plans do;
+// elementwise.cu is compiled with -fmad=false, as they are (and the emulated tests with
+// -ffp-contract=off).
 //
 // Same-shape operands (and a broadcast single element) run through one grid-stride map that
 // moves 16 bytes per operand and step when every pointer is aligned for it. Other broadcasts
@@ -282,5 +283,13 @@ struct ConstantF {
   T value;
   __device__ T operator()() const { return value; }
 };
+
+// arange_: out[i] = i for i < n, converted from the double i (as the cpu's kernel).
+template <typename T>
+__global__ void iota_kernel(int64_t n, T* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = convert_value<T>(static_cast<double>(i));
+}
 
 }  // namespace encore::kernels::cuda

@@ -334,6 +334,12 @@ TEST_CASE("float to integer conversion on cuda is NaN-safe and saturates as on t
     copy_(got, ints.to(kCuda));
     CHECK(got.to_vector<double>() == want.to_vector<double>());
   }
+  // arange's kernel counts as the cpu's, in every dtype, past one grid's threads.
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Bool}) {
+    INFO("arange in " << name(dtype));
+    CHECK(arange(70000, dtype, kCuda).to_vector<double>() ==
+          arange(70000, dtype).to_vector<double>());
+  }
 }
 
 TEST_CASE(

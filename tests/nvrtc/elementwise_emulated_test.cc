@@ -3,9 +3,9 @@
 // binary ops and comparisons through each of their paths (same shapes in 16-byte packs and with
 // a tail, misaligned, one operand a single element on either side, broadcast strides with 32-bit
 // and 64-bit indices, add_ into its own input), where, every tensor-scalar op, activation and
-// activation gradient, conversions between dtypes and fill_. Arithmetic, comparisons, where,
-// conversions and fills must give the CPU's bits; the functions the device computes its own way
-// (exp, tanh, ...) within a few ulps. The [cuda] tests check the device against the CPU.
+// activation gradient, conversions between dtypes, fill_ and arange_. Arithmetic, comparisons,
+// where, conversions and fills must give the CPU's bits; the functions the device computes its own
+// way (exp, tanh, ...) within a few ulps. The [cuda] tests check the device against the CPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -149,6 +149,23 @@ extern "C" void fill_f32(const BufferView* t, double value) {
 extern "C" void fill_i32(const BufferView* t, double value) {
   map(t->numel(), ConstantF<int32_t>{convert_value<int32_t>(value)}, t->as<int32_t>());
 }
+// elementwise.cu's arange_, on `blocks` blocks (0: as elementwise.cu launches it).
+template <typename T>
+void iota_as(const BufferView& t, unsigned blocks) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  emulate_launch(blocks != 0 ? blocks : blocks_for(n), kThreads,
+                 [&] { iota_kernel<T>(n, t.as<T>()); });
+}
+extern "C" void arange(const BufferView* t, unsigned blocks) {
+  switch (t->dtype) {
+    case DType::Float32: return iota_as<float>(*t, blocks);
+    case DType::Float64: return iota_as<double>(*t, blocks);
+    case DType::Int32: return iota_as<int32_t>(*t, blocks);
+    case DType::Int64: return iota_as<int64_t>(*t, blocks);
+    case DType::Bool: return iota_as<bool>(*t, blocks);
+  }
+}
 #define ENTRIES(T, suffix)                                                                     \
   extern "C" void binary_##suffix(int op, const BufferView* a, const BufferView* b,             \
                                   const BufferView* out, bool wide) {                           \
@@ -176,6 +193,7 @@ using Where = void (*)(const BufferView*, const BufferView*, const BufferView*, 
 using Unary = void (*)(int, double, const BufferView*, const BufferView*, const BufferView*);
 using Convert = void (*)(const BufferView*, const BufferView*);
 using Fill = void (*)(const BufferView*, double);
+using Arange = void (*)(const BufferView*, unsigned);
 
 template <typename F>
 F entry(const std::string& name) {
@@ -434,4 +452,22 @@ TEST_CASE("conversions between dtypes and fills give the CPU's bits (emulated)",
     CHECK(same_bytes(f, wf));
     CHECK(same_bytes(i, wi));
   }
+}
+
+TEST_CASE("arange_ counts as the CPU does in every dtype (emulated)", "[nvrtc][emulated]") {
+  const Arange arange = entry<Arange>("arange");
+  for (const DType dtype :
+       {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Bool})
+    for (const int64_t n : {0, 1, 300, 1000})
+      for (const unsigned blocks : {0u, 1u}) {  // 1: one block strides over the whole tensor
+        INFO(name(dtype) << " n " << n << " blocks " << blocks);
+        const Tensor want = empty({n}, dtype), got = full({n}, 3, dtype);
+        dispatch(Op::Arange, {want}, {});
+        const BufferView v = view(got);
+        arange(&v, blocks);
+        CHECK(same_bytes(got, want));
+      }
+  // The CPU's values are the indices.
+  CHECK(encore::arange(5, DType::Int64).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1, 2, 3, 4});
 }

@@ -1,12 +1,12 @@
 // onnxruntime runs the models encore exports and gets encore's eval results: SeedCnn, VggSmall,
 // the MLP, CharLstm's one-step cell (tokens, h, c -> logits, h', c') and TinyGpt, each traced at
 // batch 4 and run at batch 4 and 7 (the batch is symbolic in the files); a function adding a
-// constant it makes in the batch's shape, which the file must make at the batch it runs at; and
-// one broadcasting tensors without a batch to it. encore
-// writes each model, its inputs and its outputs; compare.py runs them and checks every element to a
-// relative error of 1e-5, with an absolute floor of 1e-6 of the output's largest magnitude for
-// elements near zero (see compare.py). Exits with 77 (skipped) when python3 cannot import
-// onnxruntime and numpy.
+// constant it makes in the batch's shape, which the file must make at the batch it runs at; one
+// broadcasting tensors without a batch to it; and one counting to the batch size with arange.
+// encore writes each model, its inputs and its outputs; compare.py runs them and checks every
+// element to a relative error of 1e-5, with an absolute floor of 1e-6 of the output's largest
+// magnitude for elements near zero (see compare.py). Exits with 77 (skipped) when python3 cannot
+// import onnxruntime and numpy.
 #include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
@@ -170,6 +170,24 @@ int main() {
                OnnxOptions with = o;
                with.example_args = {randn({4, 5})};
                export_onnx(broadcast, path, with);
+             }});
+    // Each row scaled by its index, counted by arange to the batch size: the file must count
+    // to the batch it runs at (a Range), not the traced one.
+    auto by_row = [](const Tensor& x) {
+      return F::mul(x, F::reshape(arange(x.size(0)), {x.size(0), 1}));
+    };
+    auto counted = static_graph(by_row, {.name = "counted"});
+    cases.push_back(
+        Case{"batch_arange",
+             {"input"},
+             [](int64_t b) {
+               return std::vector<Tensor>{randn({b, 3})};
+             },
+             [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{by_row(in[0])}; },
+             [&](const std::string& path, const OnnxOptions& o) {
+               OnnxOptions with = o;
+               with.example_args = {randn({4, 3})};
+               export_onnx(counted, path, with);
              }});
     std::ofstream manifest(dir / "manifest.txt");
     for (const Case& c : cases) {
