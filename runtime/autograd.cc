@@ -53,6 +53,7 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
     accumulate_into_leaf(leaf, std::move(g));
     return;
   }
+  if (leaf->grad_hooks && leaf->grad_hooks->redirect) leaf = leaf->grad_hooks->redirect;
   if (!leaf->grad) {
     const bool unshared =
         g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;
@@ -373,6 +374,16 @@ void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id) {
   if (!leaf.defined() || !leaf.impl()->grad_hooks) return;
   auto& hooks = leaf.impl()->grad_hooks->hooks;
   std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+GradRedirect::GradRedirect(const Tensor& stand_in, const Tensor& leaf)
+    : stand_in_(stand_in.impl()) {
+  if (!stand_in_->grad_hooks) stand_in_->grad_hooks = std::make_unique<GradHooks>();
+  stand_in_->grad_hooks->redirect = leaf.impl();
+}
+
+GradRedirect::~GradRedirect() {
+  stand_in_->grad_hooks->redirect = nullptr;
 }
 
 void queue_callback(std::function<void()> fn) {

@@ -168,11 +168,28 @@ void queue_callback(std::function<void()> fn);
 // 0 outside any: a hook tells the first gradient of a pass from a later one.
 uint64_t current_pass();
 
+// While it lives, every gradient a pass accumulates into the leaf `stand_in` goes into `leaf`'s
+// .grad instead, delivery by delivery (set, then added in place), and runs `leaf`'s hooks: a
+// static function's trace runs the function on a stand-in for a leaf argument, and eager would
+// have delivered those gradients to the argument itself, in order with any the function sends
+// it directly (a tensor it also captured). Both must outlive it.
+class GradRedirect {
+ public:
+  GradRedirect(const Tensor& stand_in, const Tensor& leaf);
+  ~GradRedirect();
+  GradRedirect(const GradRedirect&) = delete;
+  GradRedirect& operator=(const GradRedirect&) = delete;
+
+ private:
+  TensorImpl* stand_in_;
+};
+
 }  // namespace autograd
 
-// The post-accumulate hooks of a leaf.
+// The post-accumulate hooks of a leaf, and where its gradients go instead (autograd::GradRedirect).
 struct GradHooks {
   std::vector<std::pair<uint64_t, autograd::GradHook>> hooks;
+  TensorImpl* redirect = nullptr;
 };
 
 }  // namespace encore

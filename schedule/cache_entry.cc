@@ -56,6 +56,10 @@ std::string guard_failure(const Entry& e) {
     if (std::string why = e.rec->guard_live[k] ? g.unreplayable() : g.changed(); !why.empty())
       return why;
   }
+  for (const CapturedGuard& g : e.captured)
+    if (const Tensor& t = e.rec->buffers[g.buf].bound; t.requires_grad() != g.requires_grad)
+      return cat("a captured tensor ", t.shape(), " requires_grad changed ",
+                 g.requires_grad ? "true -> false" : "false -> true");
   for (const GradGuard& g : e.grads) {
     const Leaf& l = e.rec->leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);

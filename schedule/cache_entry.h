@@ -36,6 +36,13 @@ struct ParamGuard {
   std::vector<int> tied;
 };
 
+// A tensor the function captured (an External buffer) and whether it required grad when traced:
+// a call finding that flipped traces again (the schedule has, or lacks, its gradient).
+struct CapturedGuard {
+  int buf;
+  bool requires_grad;
+};
+
 struct GradGuard {
   int leaf;
   bool defined;  // what the .grad must be when a call starts
@@ -79,6 +86,7 @@ struct Entry {
   std::vector<ParamSlot> slots;
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
+  std::vector<CapturedGuard> captured;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
   // By differentiable result: whether the first backward got its gradient (one that got none is
   // not back-propagated, as eagerly, and its branch is not in the backward schedule).

@@ -1,7 +1,9 @@
 // Tracing: the first call of a signature runs the function under a recorder, and the first
 // backward through its outputs is recorded into the entry's backward schedule.
 #include <algorithm>
+#include <optional>
 
+#include "absl/container/inlined_vector.h"
 #include "runtime/autograd.h"
 #include "runtime/labelled_node.h"
 #include "runtime/profiler.h"
@@ -102,19 +104,23 @@ void trace_backward(BackwardContext& ctx) {
   const bool record = !f.recorded;
   f.recorded = true;
   Given given(f, ctx);
-  // Exactly eager's accumulation: parameters take their gradients into .grad directly; an
-  // argument that is a leaf shares its .grad with the alias standing for it; one with a
-  // producer gets the alias's gradient through this node. The recorder notes each delivery.
+  // Exactly eager's accumulation: parameters take their gradients into .grad directly; the
+  // alias standing for an argument that is a leaf sends each of its gradients into the
+  // argument's .grad as it comes (in order with those the function sends the argument itself,
+  // where it captured it too); one with a producer gets the alias's gradient through this node.
+  // The recorder notes each delivery.
+  absl::InlinedVector<std::optional<autograd::GradRedirect>, 4> redirects(f.aliases.size());
   for (size_t i = 0; i < f.aliases.size(); ++i)
-    if (f.aliases[i].requires_grad())
-      f.aliases[i].impl()->grad = f.args[i].is_leaf() ? f.args[i].impl()->grad : nullptr;
+    if (f.aliases[i].requires_grad()) {
+      if (f.args[i].is_leaf())
+        redirects[i].emplace(f.aliases[i], f.args[i]);
+      else
+        f.aliases[i].impl()->grad = nullptr;
+    }
   if (record)
     record_backward(f, given);
   else
     autograd::backward(given.roots, given.grads, /*retain_graph=*/true);
-  for (size_t i = 0; i < f.aliases.size(); ++i)
-    if (f.aliases[i].requires_grad() && f.args[i].is_leaf())
-      f.args[i].impl()->grad = f.aliases[i].impl()->grad;
   for (size_t j = 0; j < f.node_args.size(); ++j) {
     Tensor g(f.aliases[f.node_args[j]].impl()->grad);
     if (g.defined()) ctx.set_input_grad(static_cast<int>(j), std::move(g));
@@ -182,9 +188,12 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   };
   bool carried = false;
   for (size_t k = 0; k < inner.size(); ++k) carried |= inner[k].requires_grad() && !as_is(k);
-  const bool node = GradMode::enabled() && !rec->saw_backward && carried;
+  // (Whatever the grad mode of the call: a function that turns grad on inside returns results
+  // with a graph, as eagerly.)
+  const bool node = !rec->saw_backward && carried;
   e.node = node;
-  // Guards: watched parameters' shapes; the state of .grad the trace depended on.
+  // Guards: watched parameters' shapes; whether captured tensors require grad; the state of
+  // .grad the trace depended on.
   for (const Buffer& buf : rec->buffers)
     if (buf.kind == BufKind::Param) {
       ParamGuard& g = e.params.emplace_back();
@@ -198,6 +207,9 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
         if (static_cast<int>(k) != buf.index && same_place(*e.slots[k].slot, buf.bound))
           g.tied.push_back(static_cast<int>(k));
     }
+  for (size_t b = 0; b < rec->buffers.size(); ++b)
+    if (const Buffer& buf = rec->buffers[b]; buf.kind == BufKind::External && buf.bound.defined())
+      e.captured.push_back({static_cast<int>(b), buf.bound.requires_grad()});
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
     const bool entry_read =

@@ -222,6 +222,28 @@ TEST_CASE("checkpoint: a damaged file is an Error naming it, and changes nothing
   h["__metadata__"].erase("generator.offset");
   CHECK_THAT(f.fails(h, p.data), Catch::Contains("generator.offset"));
 
+  // Values nested past a few levels are named, not printed (printing one recurses per level):
+  // an entry, a shape's element and a metadata value, 100,000 lists deep.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THAT(f.fails(join("{\"a\":" + deep + "}", {})),
+             Catch::Contains("'a': expected {dtype, shape, data_offsets}, found an array nested "
+                             "over 8 deep"));
+  CHECK_THAT(
+      f.fails(join("{\"a\":{\"dtype\":\"F32\",\"shape\":[" + deep + "],\"data_offsets\":[0,4]}}",
+                   std::vector<char>(4))),
+      Catch::Contains("'a': shape holds an array nested over 8 deep"));
+  CHECK_THAT(f.fails(join("{\"__metadata__\":{\"x\":" + deep + "}}", {})),
+             Catch::Contains("'x' is an array nested over 8 deep, not a string"));
+  // A long value is cut short.
+  h = p.header;
+  h["0.weight"]["shape"] = Json(std::vector<std::string>(1000, "dim"));
+  const std::string cut = f.fails(h, p.data);
+  CHECK_THAT(cut, Catch::Contains("'0.weight': shape holds \"dim\""));
+  h["0.weight"]["shape"] = Json::array({Json(std::vector<int>(1000, 7)), 1});
+  const std::string long_shape = f.fails(h, p.data);
+  CHECK_THAT(long_shape, Catch::Contains("shape holds [7,7,7,") && Catch::Contains("..."));
+  CHECK(long_shape.size() < 400);
+
   // A name given twice: the text of the first entry again, renamed over the second.
   std::string text = p.header.dump();
   const std::string second = "\"0.weight\":" + p.header["0.weight"].dump();
@@ -276,4 +298,61 @@ TEST_CASE("checkpoint: a file that does not fit the module is an Error naming th
   const LoadResult s = load(f.good, *shallower, nullptr, nullptr, {.strict = false});
   CHECK(s.missing.empty());
   CHECK(s.unexpected == std::vector<std::string>{"4.bias", "4.weight"});
+}
+
+namespace {
+
+// A module with a bool buffer (a mask) and a child named "optimizer".
+struct Masked : nn::Module {
+  Tensor mask = tensor({1, 0, 1, 0}, {4}, DType::Bool);
+  Masked() {
+    register_buffer("mask", &mask);
+    register_module("optimizer", std::make_shared<nn::Linear>(2, 2));
+  }
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: a BOOL byte other than 0 or 1 is an Error, and changes nothing",
+          "[checkpoint]") {
+  TempPath dir{"bools"};
+  const std::string path = dir.file("masked.safetensors");
+  Masked source;
+  save(path, source);
+  std::vector<char> bytes = read_bytes(path);
+  Parts p = split(bytes);
+  const auto at = p.header["mask"]["data_offsets"][0].get<size_t>();
+  p.data[at + 1] = 2;
+  write_bytes(path, join(p.header.dump(), p.data));
+  Masked target;
+  fill_(target.mask, 0);
+  const Snapshot before(target, nullptr, nullptr);
+  CHECK_THAT(error_of([&] { load(path, target); }),
+             Catch::Contains("tensor 'mask': BOOL element 1 is the byte 2, not 0 or 1"));
+  CHECK(Snapshot(target, nullptr, nullptr).diff(before) == "");
+}
+
+TEST_CASE("checkpoint: a module's own tensors named optimizer.* are the module's", "[checkpoint]") {
+  // Saved without an optimizer, the file has no optimizer state: a strict load into a module
+  // without that child reports them unexpected, and a non-strict one lists them.
+  TempPath dir{"prefix"};
+  const std::string path = dir.file("masked.safetensors");
+  Masked source;
+  save(path, source);
+  struct MaskOnly : nn::Module {
+    Tensor mask = tensor({0, 0, 0, 0}, {4}, DType::Bool);
+    MaskOnly() { register_buffer("mask", &mask); }
+    Tensor forward(const Tensor& x) override { return x; }
+  } target;
+  CHECK_THAT(error_of([&] { load(path, target); }),
+             Catch::Contains("tensor 'optimizer.bias' is in the file but not in the module"));
+  const LoadResult r = load(path, target, nullptr, nullptr, {.strict = false});
+  CHECK(r.unexpected == std::vector<std::string>{"optimizer.bias", "optimizer.weight"});
+  CHECK(target.mask.to_vector<double>() == std::vector<double>{1, 0, 1, 0});
+  // Saved with an optimizer, its state is left alone by a load without one.
+  auto model = nn::mlp(2, 3, 2);
+  optim::Adam opt(model->parameters());
+  save(path, *model, &opt);
+  CHECK(load(path, *model).unexpected.empty());
 }

@@ -322,6 +322,8 @@ TEST_CASE("a bad size names the sizes, and the op that computed or read them", "
   CHECK_THROWS_WITH(randn({2, 3}).size(5),
                     Contains("Tensor::size: axis 5 is out of range for [2,3]"));
   CHECK_THROWS_WITH(randn({2, 3}).size(-3), Contains("Tensor::size: axis -3"));
+  CHECK_THROWS_WITH((*nn::mlp(4, 6, 3))[5],
+                    Contains("Sequential: index 5 is out of range for 5 modules"));
   CHECK_THROWS_WITH(nn::LayerNorm(std::vector<int64_t>{4, -2}),
                     Contains("LayerNorm: normalized_shape [4,-2] must have positive dimensions"));
   const Tensor img = randn({1, 2, 5, 5}), w = randn({4, 2, 3, 3});

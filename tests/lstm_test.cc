@@ -155,6 +155,25 @@ TEST_CASE("LSTM equals stepping its layers' cells, time-major and batch-first", 
   }
 }
 
+TEST_CASE("LSTM without a state computes with a zero one: a NaN weight shows, as in PyTorch",
+          "[lstm]") {
+  for (const double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+    INFO("weight_hh holds " << bad);
+    manual_seed(12);
+    nn::LSTM lstm(3, 2);
+    lstm.weight_hh[0].data<float>()[0] = static_cast<float>(bad);  // row 0: input gate, unit 0
+    const Tensor x = randn({1, 1, 3});
+    const auto [y, h, c] = lstm(x);
+    const auto [yz, hz, cz] = lstm(x, zeros({1, 1, 2}), zeros({1, 1, 2}));
+    CHECK(bit_diff(y, yz) == "");
+    CHECK(bit_diff(c, cz) == "");
+    CHECK(std::isnan(y.to_vector<float>()[0]));
+  }
+  // lstm_state with no cell state: a NaN forget gate shows too.
+  const Tensor gates = tensor({0, 0, NAN, 0, 0, 0, 0, 0}, {1, 8});
+  CHECK(std::isnan(nn::lstm_state(gates, Tensor()).second.to_vector<float>()[0]));
+}
+
 TEST_CASE("LSTM and LSTMCell name the argument and the shapes of bad input", "[lstm][errors]") {
   nn::LSTMCell cell(3, 4);
   CHECK_THAT(error_of([&] { cell(zeros({2, 5}), zeros({2, 4}), zeros({2, 4})); }),

@@ -140,6 +140,26 @@ TEST_CASE("VggSmall, the MLP and TinyGpt export", "[onnx]") {
     CHECK(ops.contains(op));
 }
 
+TEST_CASE("Exporting gives every module back its own mode", "[onnx]") {
+  // A training model with its dropout off, and an eval model with one module training:
+  // each module ends the export in the mode it began it in.
+  Scratch s;
+  manual_seed(4);
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 6), std::make_shared<nn::Dropout>(0.5),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(6, 2)});
+  for (const bool outer : {true, false}) {
+    INFO("model training " << outer);
+    net->train(outer);
+    (*net)[1].train(!outer);
+    exported(*net, s, "modes.onnx", {.example_args = {randn({4, 6})}});
+    CHECK(net->is_training() == outer);
+    CHECK((*net)[0].is_training() == outer);
+    CHECK((*net)[1].is_training() == !outer);
+    CHECK((*net)[3].is_training() == outer);
+  }
+}
+
 TEST_CASE("CharLstm's cell exports with its state's batch in dimension 1", "[onnx]") {
   Scratch s;
   manual_seed(4);

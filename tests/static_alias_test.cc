@@ -1,5 +1,6 @@
 // static_graph with aliased arguments: one tensor passed as two arguments, and views of one
-// storage, give eager's results and gradients on the recorded call and on replays. (The
+// storage, give eager's results and gradients on the recorded call and on replays; so does a leaf
+// the function captures and is also given, and a captured tensor whose requires_grad flips. (The
 // randomized programs of static_random_test.cc alias arguments too.)
 #include <catch2/catch.hpp>
 
@@ -188,4 +189,109 @@ TEST_CASE("a tensor the function captures and is also given as an argument is ne
     CHECK(fn.stats().traces == 2);
     CHECK(fn.stats().hits == 2);
   }
+}
+
+TEST_CASE("a leaf the function captures and is also given gets both gradients, as eagerly",
+          "[static][alias]") {
+  // sum(x @ w) at x = w: the argument's path and the captured tensor's both reach w.grad, set by
+  // the first and added to by the second, in eager's order (with .grad undefined, and defined).
+  StaticEnabled on;
+  manual_seed(27);
+  const Tensor values = randn({3, 3}, DType::Float64);
+  Tensor w = leaf(values), we = leaf(values);
+  auto fn = static_graph([&w](const Tensor& x) { return F::sum(F::matmul(x, w)); },
+                         {.name = "captured_leaf"});
+  int hook_calls = 0, eager_hook_calls = 0;
+  autograd::add_post_accumulate_grad_hook(w, [&](const Tensor&) { ++hook_calls; });
+  autograd::add_post_accumulate_grad_hook(we, [&](const Tensor&) { ++eager_hook_calls; });
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    if (call == 2) {
+      w.set_grad(Tensor());
+      we.set_grad(Tensor());
+    }
+    fn(w).backward();
+    F::sum(F::matmul(we, we)).backward();
+    CHECK(bit_diff(w.grad(), we.grad()) == "");
+    CHECK(hook_calls == eager_hook_calls);  // each delivery runs the leaf's hooks
+  }
+  CHECK(eager_hook_calls == 8);
+  // A module's parameter fed to its own module.
+  auto make = [] {
+    manual_seed(28);
+    return std::make_shared<nn::Linear>(3, 3, nn::LinearOptions{.dtype = DType::Float64});
+  };
+  auto lin = make(), eager = make();
+  auto g = static_graph([&](const Tensor& x) { return F::sum((*lin)(x)); },
+                        {.name = "own_weight", .modules = {lin}});
+  for (int call = 0; call < 3; ++call) {
+    INFO("module call " << call);
+    lin->zero_grad();
+    eager->zero_grad();
+    g(lin->weight).backward();
+    F::sum((*eager)(eager->weight)).backward();
+    CHECK(bit_diff(lin->weight.grad(), eager->weight.grad()) == "");
+    CHECK(bit_diff(lin->bias.grad(), eager->bias.grad()) == "");
+  }
+}
+
+TEST_CASE("a captured tensor whose requires_grad flips traces again and gets eager's gradient",
+          "[static][alias]") {
+  StaticEnabled on;
+  for (const bool first : {false, true}) {
+    INFO("traced with requires_grad " << first);
+    Tensor w = tensor({1, 2, 3, 4}, {2, 2}, DType::Float64);
+    w.set_requires_grad(first);
+    auto fn = static_graph([&w](const Tensor& x) { return F::sum(F::matmul(x, w)); },
+                           {.name = "flipped"});
+    const Tensor x = leaf(tensor({1, 1, 1, 1}, {2, 2}, DType::Float64));
+    fn(x).backward();
+    fn(x).backward();  // a replay
+    w.set_grad(Tensor());
+    w.set_requires_grad(!first);
+    fn(x).backward();
+    CHECK(w.grad().defined() == !first);
+    if (!first) CHECK(w.grad().to_vector<double>() == std::vector<double>{2, 2, 2, 2});
+    const StaticStats s = fn.stats();
+    CHECK(s.traces == 2);
+    REQUIRE(!s.traces_history.empty());
+    CHECK_THAT(s.traces_history.back().reason,
+               Catch::Matchers::Contains(cat("a captured tensor [2,2] requires_grad changed ",
+                                             first ? "true -> false" : "false -> true")));
+  }
+}
+
+TEST_CASE("a function that turns grad on inside returns results with a graph under no_grad",
+          "[static][alias]") {
+  // As torch.enable_grad inside a no_grad block: eager's results require grad, and so do the
+  // static function's, traced and replayed.
+  StaticEnabled on;
+  auto body = [](const Tensor& x) {
+    const bool before = GradMode::enabled();
+    GradMode::set_enabled(true);
+    const Tensor r = F::mul(F::tanh(x), 2.0);
+    GradMode::set_enabled(before);
+    return r;
+  };
+  auto fn = static_graph(body, {.name = "enable_grad"});
+  manual_seed(29);
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    const Tensor values = randn({4});
+    Tensor x = leaf(values), xe = leaf(values);
+    Tensor y, ye;
+    {
+      NoGradGuard no_grad;
+      y = fn(x);
+      ye = body(xe);
+    }
+    REQUIRE(ye.requires_grad());
+    CHECK(y.requires_grad());
+    CHECK(bit_diff(y, ye) == "");
+    F::sum(y).backward();
+    F::sum(ye).backward();
+    CHECK(bit_diff(x.grad(), xe.grad()) == "");
+  }
+  CHECK(fn.stats().traces == 1);
+  CHECK(fn.stats().hits == 2);
 }

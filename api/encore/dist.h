@@ -4,9 +4,9 @@
 //
 //   // mpirun -np 2 ./train
 //   dist::init();                                   // a plain ./train is a world of one
-//   auto model = models::mlp({784, 256, 10});
+//   auto model = nn::mlp(784, 256, 10);
 //   dist::DataParallel ddp(*model);                 // rank 0's parameters everywhere
-//   optim::SGD opt(model->parameters(), 0.1);
+//   optim::SGD opt(model->parameters(), {.lr = 0.1});
 //   data::BatchIterator batches(train, 64, true, /*seed=*/1);
 //   batches.set_shard(dist::rank(), dist::world_size());
 //   while (batches.next(x, t)) {

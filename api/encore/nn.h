@@ -307,7 +307,11 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   size_t size() const { return modules_.size(); }
-  Module& operator[](size_t i) const { return *modules_.at(i); }
+  Module& operator[](size_t i) const {
+    ENCORE_CHECK(i < modules_.size(), "Sequential: index ", i, " is out of range for ",
+                 modules_.size(), modules_.size() == 1 ? " module" : " modules");
+    return *modules_[i];
+  }
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;

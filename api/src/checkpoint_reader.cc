@@ -8,6 +8,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "api/src/checkpoint_format.h"
 #include "encore/checkpoint.h"
@@ -85,24 +88,44 @@ Json parse_header(const File& f, std::string_view text) {
   return header;
 }
 
+// A header value as an error shows it: its JSON, cut short past kShown characters. A value nested
+// deeper than kShownDepth is only named (dumping one recurses once per level: a crafted header of
+// nested lists would overflow the stack).
+std::string shown(const Json& v) {
+  constexpr size_t kShown = 80;
+  constexpr int kShownDepth = 8;
+  std::vector<std::pair<const Json*, int>> todo{{&v, 0}};
+  while (!todo.empty()) {
+    const auto [j, depth] = todo.back();
+    todo.pop_back();
+    if (!j->is_structured()) continue;
+    if (depth == kShownDepth)
+      return cat("an ", v.type_name(), " nested over ", kShownDepth, " deep");
+    for (const Json& child : *j) todo.emplace_back(&child, depth + 1);
+  }
+  std::string text = v.dump();
+  if (text.size() > kShown) text = text.substr(0, kShown - 3) + "...";
+  return text;
+}
+
 uint64_t read_uint(const File& f, const std::string& name, const char* field, const Json& v) {
   if (!v.is_number_unsigned())
-    bad(f, "tensor '", name, "': ", field, " holds ", v.dump(), ", not a non-negative integer");
+    bad(f, "tensor '", name, "': ", field, " holds ", shown(v), ", not a non-negative integer");
   return v.get<uint64_t>();
 }
 
 Entry read_entry(const File& f, const std::string& name, const Json& j, uint64_t data_size) {
   if (!j.is_object() || j.size() != 3 || !j.contains("dtype") || !j.contains("shape") ||
       !j.contains("data_offsets"))
-    bad(f, "tensor '", name, "': expected {dtype, shape, data_offsets}, found ", j.dump());
+    bad(f, "tensor '", name, "': expected {dtype, shape, data_offsets}, found ", shown(j));
   Entry e{};
   const Json& dtype = j["dtype"];
   const auto d =
       dtype.is_string() ? checkpoint::dtype_from_code(dtype.get<std::string>()) : std::nullopt;
-  if (!d) bad(f, "tensor '", name, "': unknown dtype ", dtype.dump());
+  if (!d) bad(f, "tensor '", name, "': unknown dtype ", shown(dtype));
   e.dtype = *d;
   const Json& shape = j["shape"];
-  if (!shape.is_array()) bad(f, "tensor '", name, "': shape ", shape.dump(), " is not a list");
+  if (!shape.is_array()) bad(f, "tensor '", name, "': shape ", shown(shape), " is not a list");
   uint64_t numel = 1;
   bool empty = false;
   for (const Json& dim : shape) {
@@ -114,14 +137,14 @@ Entry read_entry(const File& f, const std::string& name, const Json& j, uint64_t
   for (int64_t n : e.shape) {
     if (empty) break;
     if (numel > data_size / static_cast<uint64_t>(n))
-      bad(f, "tensor '", name, "': shape ", shape.dump(), " holds more than the file's ", data_size,
+      bad(f, "tensor '", name, "': shape ", shown(shape), " holds more than the file's ", data_size,
           " bytes of data");
     numel *= static_cast<uint64_t>(n);
   }
   if (empty) numel = 0;
   const Json& offsets = j["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2)
-    bad(f, "tensor '", name, "': data_offsets ", offsets.dump(), " is not [begin, end]");
+    bad(f, "tensor '", name, "': data_offsets ", shown(offsets), " is not [begin, end]");
   e.begin = read_uint(f, name, "data_offsets", offsets[0]);
   e.end = read_uint(f, name, "data_offsets", offsets[1]);
   if (e.begin > e.end || e.end > data_size)
@@ -129,7 +152,7 @@ Entry read_entry(const File& f, const std::string& name, const Json& j, uint64_t
         ") are out of the data's range [0, ", data_size, ")");
   if (e.end - e.begin != numel * itemsize(e.dtype))
     bad(f, "tensor '", name, "': data_offsets [", e.begin, ", ", e.end, ") hold ", e.end - e.begin,
-        " bytes, but ", checkpoint::dtype_code(e.dtype), " ", shape.dump(), " needs ",
+        " bytes, but ", checkpoint::dtype_code(e.dtype), " ", shown(shape), " needs ",
         numel * itemsize(e.dtype));
   return e;
 }
@@ -170,7 +193,7 @@ File read_file(const std::string& path) {
     if (name == "__metadata__") {
       if (!value.is_object()) bad(f, "__metadata__ is not an object of strings");
       for (const auto& [key, v] : value.items()) {
-        if (!v.is_string()) bad(f, "__metadata__ '", key, "' is ", v.dump(), ", not a string");
+        if (!v.is_string()) bad(f, "__metadata__ '", key, "' is ", shown(v), ", not a string");
         f.metadata[key] = v.get<std::string>();
       }
     } else {
@@ -178,6 +201,13 @@ File read_file(const std::string& path) {
     }
   }
   check_coverage(f, data_size);
+  // A bool is one byte, 0 or 1: any other byte read as a bool is undefined behaviour.
+  for (const auto& [name, e] : f.entries)
+    if (e.dtype == DType::Bool)
+      for (uint64_t i = 0; i < e.end - e.begin; ++i)
+        if (const auto byte = static_cast<unsigned char>(f.data(e)[i]); byte > 1)
+          bad(f, "tensor '", name, "': BOOL element ", i, " is the byte ", static_cast<int>(byte),
+              ", not 0 or 1");
   if (auto v = f.metadata.find("format_version");
       v != f.metadata.end() && v->second != checkpoint::kFormatVersion)
     bad(f, "format_version '", v->second, "' is not ", checkpoint::kFormatVersion);
@@ -224,8 +254,11 @@ Plan plan(const File& f, const std::vector<checkpoint::Target>& targets,
     taken.insert(t.name);
     p.copies.emplace_back(&t, &e);
   }
+  // Without an optimizer to load, the file's optimizer state is left alone; a file saved with
+  // none has no such state (a module's own "optimizer." tensors are the module's).
+  const bool skips_state = !optimizer && f.metadata.contains(prefix + "kind");
   for (const auto& [name, e] : f.entries)
-    if (!taken.count(name) && (optimizer || !name.starts_with(checkpoint::kOptimizerPrefix)))
+    if (!taken.count(name) && !(skips_state && name.starts_with(prefix)))
       result.unexpected.push_back(name);
   if (strict && !result.missing.empty())
     bad(f, "tensor '", result.missing.front(), "' of the ",

@@ -51,8 +51,8 @@ std::pair<Tensor, Tensor> lstm_state(const Tensor& gates, const Tensor& c) {
   const Tensor f = F::sigmoid(parts[1]);
   const Tensor g = F::tanh(parts[2]);
   const Tensor o = F::sigmoid(parts[3]);
-  // An undefined c is a zero state: f * 0 + x is x exactly, so the product is left out.
-  const Tensor c_next = c.defined() ? F::add(F::mul(f, c), F::mul(i, g)) : F::mul(i, g);
+  // An undefined c is a zero state: f * 0 (NaN where f is, as a zero tensor would give).
+  const Tensor c_next = F::add(c.defined() ? F::mul(f, c) : F::mul(f, 0.0), F::mul(i, g));
   return {F::mul(o, F::tanh(c_next)), c_next};
 }
 
@@ -150,18 +150,19 @@ std::tuple<Tensor, Tensor, Tensor> LSTM::forward(const Tensor& x, const Tensor& 
     // at once (so the backward joins their gradients with concats, no zero-filled copies).
     const std::vector<Tensor> projected =
         F::chunk(F::linear(input, weight_ih[k], bias_ih[k]), steps, time_axis);
+    // No initial state is a zero one, computed with as given (not left out): 0 times a NaN or
+    // infinite weight is NaN, as in PyTorch.
     Tensor h, c;
     if (h0.defined()) {
       h = F::reshape(h_layers[k], {batch, hidden_size_});
       c = F::reshape(c_layers[k], {batch, hidden_size_});
+    } else {
+      h = zeros({batch, hidden_size_}, x.dtype(), x.device());
+      c = zeros({batch, hidden_size_}, x.dtype(), x.device());
     }
     for (int64_t t = 0; t < steps; ++t) {
       Tensor gates = F::reshape(projected[static_cast<size_t>(t)], {batch, 4 * hidden_size_});
-      // A zero h contributes exactly the bias b_hh: the product is left out.
-      if (h.defined())
-        gates = F::add(gates, F::linear(h, weight_hh[k], bias_hh[k]));
-      else if (bias_hh[k].defined())
-        gates = F::add(gates, bias_hh[k]);
+      gates = F::add(gates, F::linear(h, weight_hh[k], bias_hh[k]));
       std::tie(h, c) = lstm_state(gates, c);
       outputs[static_cast<size_t>(t)] = as_step(h);
     }
