@@ -107,6 +107,7 @@ std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool tra
   };
   auto param_name = [&](int slot) { return cat("parameter '", e.slots[slot].name, "'"); };
   for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].defined()) continue;
     const Storage* s = args[i].impl()->storage.get();
     auto shares = [s](const Tensor& t) { return t.defined() && t.impl()->storage.get() == s; };
     if (traced) {  // every bound tensor, and every watched one (Param buffers among them)

@@ -68,7 +68,7 @@ struct AliasGuard {
 enum class EntryState : uint8_t { Tracing, Waiting, Ready, Eager, Failed, Abandoned, Retrace };
 
 // Whether an entry's schedule may still serve its signature (Entry::stale).
-enum class Stale : uint8_t { No, NewGradient, VerifyFailed };
+enum class Stale : uint8_t { No, NewGradient, VerifyFailed, ModulesChanged };
 
 struct Entry {
   std::string_view name;  // the function's (interned)
@@ -144,11 +144,19 @@ struct Entry {
 
 // Why an entry went stale (Entry::stale): the reason its signature traces again.
 inline const char* stale_reason(Stale s) {
-  return s == Stale::NewGradient
-             ? "a backward of the previous trace's replays got a gradient for a result its first "
-               "backward got none for"
-             : "verify mode found a size planned from a dynamic family of the previous trace "
-               "computing other than the function";
+  switch (s) {
+    case Stale::NewGradient:
+      return "a backward of the previous trace's replays got a gradient for a result its first "
+             "backward got none for";
+    case Stale::VerifyFailed:
+      return "verify mode found a size planned from a dynamic family of the previous trace "
+             "computing other than the function";
+    case Stale::ModulesChanged:
+      return "the watched modules' parameters or buffers changed (one added, removed or moved) "
+             "since the previous trace";
+    default:
+      return "";
+  }
 }
 
 // The name of a span of entry `e` (made while profiling only: interned names are never freed).

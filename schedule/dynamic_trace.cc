@@ -41,9 +41,10 @@ bool only_sizes_differ(const Signature& was, const Signature& now, std::vector<D
     return false;
   for (size_t i = 0; i < was.args.size(); ++i) {
     const ArgSig &a = was.args[i], &b = now.args[i];
-    if (a.dtype != b.dtype || a.device != b.device || a.requires_grad != b.requires_grad ||
-        a.same_as != b.same_as || a.shares_with != b.shares_with ||
-        a.shared_offset != b.shared_offset || a.shape.rank() != b.shape.rank())
+    if (a.defined != b.defined || a.dtype != b.dtype || a.device != b.device ||
+        a.requires_grad != b.requires_grad || a.same_as != b.same_as ||
+        a.shares_with != b.shares_with || a.shared_offset != b.shared_offset ||
+        a.shape.rank() != b.shape.rank())
       return false;
     for (int d = 0; d < a.shape.rank(); ++d)
       if (a.shape[d] != b.shape[d]) changed.push_back({static_cast<int>(i), d});

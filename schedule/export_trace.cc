@@ -11,6 +11,9 @@ namespace {
 // modules in eval mode (a function without modules: traced with grad mode off).
 bool is_eval_entry(const Entry& e) {
   if (e.load_state() != EntryState::Ready || e.eager_only || !e.plan) return false;
+  // (A graph's inputs are tensors: an argument left undefined has none.)
+  if (std::any_of(e.sig.args.begin(), e.sig.args.end(), [](const ArgSig& a) { return !a.defined; }))
+    return false;
   if (e.plan->recording().saw_backward) return false;
   return e.sig.mode == 0 || (e.sig.mode == -1 && !e.sig.grad);
 }

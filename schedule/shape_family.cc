@@ -249,6 +249,8 @@ bool family_sizes(const ShapeFamily& f, std::span<const Tensor> args, const std:
   size_t next = 0;  // f.dims is sorted by argument, then dimension
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSig& a = s.args[i];
+    if (args[i].defined() != a.defined) return false;
+    if (!a.defined) continue;
     const TensorImpl& t = *args[i].impl();
     if (t.dtype != a.dtype || t.requires_grad != a.requires_grad ||
         t.shape.rank() != a.shape.rank() || t.storage->device() != a.device)

@@ -13,12 +13,14 @@ int64_t byte_offset(const TensorImpl& t) {
   return t.offset * static_cast<int64_t>(itemsize(t.dtype));
 }
 
-// The aliasing fields of argument i's ArgSig.
+// The aliasing fields of argument i's ArgSig (an undefined tensor aliases nothing).
 void alias_of(std::span<const Tensor> args, size_t i, ArgSig& a) {
-  const TensorImpl& t = *args[i].impl();
   a.same_as = a.shares_with = -1;
   a.shared_offset = 0;
+  if (!args[i].defined()) return;
+  const TensorImpl& t = *args[i].impl();
   for (size_t j = 0; j < i; ++j) {
+    if (!args[j].defined()) continue;
     const TensorImpl& u = *args[j].impl();
     if (a.same_as < 0 && &u == &t) a.same_as = static_cast<int>(j);
     if (a.shares_with < 0 && u.storage == t.storage) {
@@ -50,6 +52,10 @@ Signature signature_of(std::span<const Tensor> args, const std::string* key, int
   s.args.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const Tensor& t = args[i];
+    if (!t.defined()) {
+      s.args.emplace_back(ArgSig{Shape(), DType::Float32, Device::cpu(), false}).defined = false;
+      continue;
+    }
     ArgSig& a = s.args.emplace_back(ArgSig{t.shape(), t.dtype(), t.device(), t.requires_grad()});
     alias_of(args, i, a);
   }
@@ -65,6 +71,8 @@ bool matches(const Signature& s, std::span<const Tensor> args, const std::string
   if ((key == nullptr ? !s.key.empty() : s.key != *key)) return false;
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSig& a = s.args[i];
+    if (args[i].defined() != a.defined) return false;
+    if (!a.defined) continue;
     const TensorImpl& t = *args[i].impl();
     if (t.dtype != a.dtype || t.requires_grad != a.requires_grad || !(t.shape == a.shape) ||
         t.storage->device() != a.device)
@@ -100,6 +108,12 @@ std::string describe(const Signature& s, const Config& c,
   std::string out;
   for (size_t i = 0; i < s.args.size(); ++i) {
     const ArgSig& a = s.args[i];
+    const std::string name =
+        i < c.arg_names.size() && !c.arg_names[i].empty() ? c.arg_names[i] : cat("arg", i);
+    if (!a.defined) {
+      out += cat(i ? ", " : "", name, ": undefined");
+      continue;
+    }
     std::string shape = a.shape.str();
     if (i < dims.size()) {
       std::string inner;
@@ -109,9 +123,8 @@ std::string describe(const Signature& s, const Config& c,
                                        : cat(a.shape[d]));
       shape = cat("[", inner, "]");
     }
-    out += cat(i ? ", " : "",
-               i < c.arg_names.size() && !c.arg_names[i].empty() ? c.arg_names[i] : cat("arg", i),
-               ": ", a.dtype, shape, a.device == Device::cpu() ? "" : cat(" ", a.device),
+    out += cat(i ? ", " : "", name, ": ", a.dtype, shape,
+               a.device == Device::cpu() ? "" : cat(" ", a.device),
                a.requires_grad ? " requires_grad" : "", alias_text(a));
   }
   return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode),
@@ -126,6 +139,14 @@ std::vector<Change> diff(const Signature& old, const Signature& now, const Confi
   for (size_t i = 0; i < std::min(old.args.size(), now.args.size()); ++i) {
     const ArgSig &a = old.args[i], &b = now.args[i];
     const std::string arg = arg_label(c, i);
+    if (a.defined != b.defined) {
+      auto text = [](const ArgSig& x) {
+        return x.defined ? cat(x.dtype, x.shape) : std::string("undefined");
+      };
+      out.push_back({arg, cat(arg, " changed ", text(a), " -> ", text(b))});
+      continue;
+    }
+    if (!a.defined) continue;
     if (a.dtype != b.dtype)
       out.push_back({arg + " dtype", cat(arg, " dtype changed ", a.dtype, " -> ", b.dtype)});
     if (a.device != b.device)

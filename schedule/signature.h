@@ -23,6 +23,9 @@ struct ArgSig {
   int same_as = -1;
   int shares_with = -1;
   int64_t shared_offset = 0;
+  // An undefined tensor (an optional state left out): the call passes the function an undefined
+  // tensor there, and the other fields are unused.
+  bool defined = true;
 };
 
 struct Signature {

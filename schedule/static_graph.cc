@@ -164,11 +164,25 @@ void StaticGraph::Impl::unlock_and_log(std::unique_lock<std::mutex>& lock) {
   for (const std::string& l : lines) log_line(l);
 }
 
+void StaticGraph::Impl::check_structure() {
+  if (!config.structure) return;
+  const uint64_t now = config.structure();
+  if (now == structure_seen) return;
+  structure_seen = now;
+  const std::vector<ParamSlot> slots = config.params();
+  auto check = [&](Entry& e) {
+    const bool same = std::equal(
+        e.slots.begin(), e.slots.end(), slots.begin(), slots.end(),
+        [](const ParamSlot& a, const ParamSlot& b) { return a.slot == b.slot && a.name == b.name; });
+    if (!same) e.stale->store(Stale::ModulesChanged, std::memory_order_release);
+  };
+  for (const auto& e : entries)
+    if (e->load_state() != EntryState::Tracing) check(*e);
+  for (const auto& f : families) check(*f->proto);
+}
+
 void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* key,
                              std::vector<Tensor>& results) {
-  for (size_t i = 0; i < args.size(); ++i)
-    ENCORE_CHECK(args[i].defined(), config.name, ": ", arg_label(config, i),
-                 " is an undefined tensor");
   // Off, or inside another static function's trace (which records these ops itself).
   if (!enabled() || current_tracer() != nullptr) {
     {
@@ -182,17 +196,19 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   if (config.dynamic == DynamicShapes::Explicit)
     for (const DynamicDim& d : config.dynamic_dims)
       ENCORE_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < args.size() && d.dim >= 0 &&
-                       d.dim < args[d.arg].rank(),
+                       args[d.arg].defined() && d.dim < args[d.arg].rank(),
                    config.name, ": dynamic_dims names dim ", d.dim, " of argument ", d.arg,
                    ", which the call does not have (", args.size(), " arguments",
                    static_cast<size_t>(d.arg) < args.size() && d.arg >= 0
-                       ? cat(", that one ", args[d.arg].shape())
+                       ? cat(", that one ", args[d.arg].defined() ? args[d.arg].shape().str()
+                                                                  : std::string("undefined"))
                        : std::string(),
                    ")");
   const bool grad = GradMode::enabled();
   const int64_t m = mode();
   std::unique_lock<std::mutex> lock(mu);
   ++stats.calls;
+  check_structure();
   std::string guard_reason;
   int failures = 0;  // failed first backwards of this signature, carried into its next trace
   for (auto next = entries.begin(); next != entries.end();) {

@@ -51,6 +51,10 @@ struct Config {
   std::function<int64_t()> mode;
   // The watched parameters (called at every trace).
   std::function<std::vector<ParamSlot>()> params;
+  // A number that changes whenever a module anywhere gains a parameter, buffer or child: the
+  // calls after a change compare the watched parameters with each entry's (a layer added to a
+  // watched Sequential after its trace traces again).
+  std::function<uint64_t()> structure;
   DynamicShapes dynamic = DynamicShapes::Automatic;
   std::vector<DynamicDim> dynamic_dims;  // DynamicShapes::Explicit
   // Sizes a dynamic family keeps planned (least recently used evicted: its next call plans

@@ -73,10 +73,14 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   std::set<std::vector<detail::DynDim>> failed_dim_sets;
   std::vector<int64_t> family_sizes_scratch;  // a call's symbol values (dynamic_entry)
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
+  uint64_t structure_seen = 0;         // config.structure() when the slots were last compared
 
   Impl(Body b, Config c);
 
   int64_t mode() const { return config.mode ? config.mode() : -1; }
+  // With `mu` held: where the modules' structure changed since the last call, marks the entries
+  // whose watched slots are no longer the modules' stale (their signatures trace again).
+  void check_structure();
   // With `mu` held.
   void note_call(bool traced) { recent[recent_pos++ % recent.size()] = traced; }
   void warn(std::string w);

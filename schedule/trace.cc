@@ -111,7 +111,7 @@ void trace_backward(BackwardContext& ctx) {
   // The recorder notes each delivery.
   absl::InlinedVector<std::optional<autograd::GradRedirect>, 4> redirects(f.aliases.size());
   for (size_t i = 0; i < f.aliases.size(); ++i)
-    if (f.aliases[i].requires_grad()) {
+    if (f.aliases[i].defined() && f.aliases[i].requires_grad()) {
       if (f.args[i].is_leaf())
         redirects[i].emplace(f.aliases[i], f.args[i]);
       else
@@ -136,6 +136,10 @@ std::vector<Tensor> StaticGraph::Impl::run_recorded(Recorder& recorder,
   aliases.clear();
   for (size_t i = 0; i < args.size(); ++i) {
     const Tensor& a = args[i];
+    if (!a.defined()) {  // the function gets it undefined
+      aliases.emplace_back();
+      continue;
+    }
     const auto same = std::find_if(args.begin(), args.begin() + i,
                                    [&a](const Tensor& b) { return b.impl() == a.impl(); });
     if (same != args.begin() + i) {
@@ -146,7 +150,8 @@ std::vector<Tensor> StaticGraph::Impl::run_recorded(Recorder& recorder,
     if (a.requires_grad()) alias.set_requires_grad(true);
     aliases.push_back(std::move(alias));
   }
-  for (size_t i = 0; i < aliases.size(); ++i) recorder.add_arg(static_cast<int>(i), aliases[i]);
+  for (size_t i = 0; i < aliases.size(); ++i)
+    if (aliases[i].defined()) recorder.add_arg(static_cast<int>(i), aliases[i]);
   recorder.add_watched(slots);
   std::vector<Tensor> results;
   TracerScope scope(&recorder);
@@ -259,7 +264,8 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   // results.
   auto frame = make_intrusive<TraceFrame>();
   for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].requires_grad() && !args[i].is_leaf() && e.sig.args[i].same_as < 0)
+    if (args[i].defined() && args[i].requires_grad() && !args[i].is_leaf() &&
+        e.sig.args[i].same_as < 0)
       frame->node_args.push_back(static_cast<int>(i));
   for (size_t k = 0; k < inner.size(); ++k)
     if (inner[k].requires_grad() && !as_is(k)) rec->differentiable.push_back(static_cast<int>(k));

@@ -97,6 +97,10 @@ class Module {
   StaticHook* static_hook_ = nullptr;
 };
 
+// A number that changes whenever any module gains a parameter, buffer or child (static functions
+// watching modules then compare their parameters again).
+uint64_t module_structure_epoch();
+
 enum class Init {
   PyTorch,  // W, b ~ U(-1/sqrt(in), 1/sqrt(in))  (kaiming_uniform with a = sqrt(5))
   Chainer,  // W ~ N(0, 1/in) (LeCunNormal), b = 0

@@ -1,6 +1,7 @@
 #include "encore/nn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "api/src/routine.h"
@@ -11,12 +12,23 @@ Tensor Module::forward(const Tensor&) {
   fail(describe(), ": this module has no single-input forward; call its own operator()");
 }
 
+namespace {
+
+std::atomic<uint64_t> g_structure{1};
+
+}  // namespace
+
+uint64_t module_structure_epoch() {
+  return g_structure.load(std::memory_order_acquire);
+}
+
 void Module::register_parameter(std::string name, Tensor* member) {
   ENCORE_CHECK(member != nullptr && member->defined(), describe(), ": parameter '", name,
                "' is undefined");
   check_name(name, "parameter");
   member->set_requires_grad(true);
   params_.emplace_back(std::move(name), member);
+  g_structure.fetch_add(1, std::memory_order_release);
 }
 
 void Module::check_name(const std::string& name, const char* what) const {
@@ -33,12 +45,14 @@ void Module::add_child(std::string name, std::shared_ptr<Module> m) {
   ENCORE_CHECK(m != nullptr, describe(), ": module '", name, "' is null");
   check_name(name, "module");
   children_.emplace_back(std::move(name), std::move(m));
+  g_structure.fetch_add(1, std::memory_order_release);
 }
 
 void Module::register_buffer(std::string name, Tensor* member) {
   ENCORE_CHECK(member != nullptr, describe(), ": buffer '", name, "' is null");
   check_name(name, "buffer");
   buffers_.emplace_back(std::move(name), member);
+  g_structure.fetch_add(1, std::memory_order_release);
 }
 
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out,

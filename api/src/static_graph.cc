@@ -105,6 +105,7 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
   c.arg_names = std::move(options.arg_names);
   if (!modules_.empty()) {
     c.mode = [this] { return tree_mode(); };
+    c.structure = [] { return nn::module_structure_epoch(); };
     // Buffers too: one replaced by another tensor (running statistics reset) is rebound, or
     // traced again when the trace wrote it in place.
     c.params = [this] {

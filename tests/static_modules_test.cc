@@ -1,0 +1,92 @@
+// The watched modules' structure: a layer added to a watched module after its trace (a
+// Sequential grown by add()) makes the entries traced before it stale, so the next call traces
+// again and says why, in the module form and the function form; a module made elsewhere in the
+// process changes nothing for them.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "encore/encore.h"
+#include "encore/static_graph.h"
+#include "tests/test_util.h"
+
+using namespace encore;
+using namespace encore::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct StaticSequential : nn::Sequential {
+  ENCORE_STATIC_GRAPH({.name = "grown"});
+};
+
+// Adds the same layers, made from the same seed, to both.
+void grow(nn::Sequential& a, nn::Sequential& b) {
+  for (nn::Sequential* s : {&a, &b}) {
+    manual_seed(41);
+    s->add(std::make_shared<nn::ReLU>());
+    s->add(std::make_shared<nn::Linear>(4, 2));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a layer added to a watched module after its trace traces again", "[static][modules]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  manual_seed(40);
+  nn::Sequential eager;
+  eager.add(std::make_shared<nn::Linear>(4, 4));
+  manual_seed(40);
+  StaticSequential traced;
+  traced.add(std::make_shared<nn::Linear>(4, 4));
+  const Tensor x = randn({3, 4});
+  for (int call = 0; call < 3; ++call) CHECK(bit_diff(traced(x), eager(x)) == "");
+  // Modules made elsewhere change the process's structure count, not these modules.
+  auto unrelated = nn::mlp(3, 5, 2);
+  CHECK(bit_diff(traced(x), eager(x)) == "");
+  CHECK(static_stats(traced).traces == 1);
+  grow(eager, traced);
+  for (int call = 0; call < 2; ++call) {
+    INFO("call " << call << " after the layers were added");
+    const Tensor y = traced(x);
+    CHECK(y.shape() == Shape({3, 2}));
+    CHECK(bit_diff(y, eager(x)) == "");
+  }
+  const StaticStats st = static_stats(traced);
+  CHECK(st.traces == 2);
+  REQUIRE(st.traces_history.size() == 2);
+  CHECK_THAT(st.traces_history[1].reason,
+             Contains("the watched modules' parameters or buffers changed"));
+}
+
+TEST_CASE("a whole training step over a grown model trains as eagerly", "[static][modules]") {
+  StaticEnabled on;
+  auto make = [] {
+    manual_seed(42);
+    auto s = std::make_shared<nn::Sequential>();
+    s->add(std::make_shared<nn::Linear>(4, 4));
+    return s;
+  };
+  auto eager = make(), traced = make();
+  auto step = [](nn::Sequential& m, const Tensor& x) {
+    Tensor loss = F::sum(F::mul(m(x), m(x)));
+    m.zero_grad();
+    loss.backward();
+    NoGradGuard no_grad;
+    for (Tensor p : m.parameters()) add_(p, F::mul(p.grad(), -0.1));
+    return loss;
+  };
+  auto fn = static_graph([&](const Tensor& x) { return step(*traced, x); },
+                         {.name = "grown_step", .modules = {traced}});
+  for (int call = 0; call < 6; ++call) {
+    INFO("step " << call);
+    if (call == 3) grow(*eager, *traced);
+    manual_seed(43 + static_cast<uint64_t>(call));
+    const Tensor x = randn({3, 4});
+    CHECK(bit_diff(fn(x), step(*eager, x)) == "");
+    check_same_parameters(*eager, *traced, "after the step");
+  }
+  CHECK(fn.stats().traces == 2);
+}
