@@ -84,6 +84,7 @@ struct Entry {
   // The switches when the trace began (and verify mode's red zones).
   PlanOptions plan_options;
   std::vector<ParamSlot> slots;
+  std::vector<const void*> tree;  // the watched modules when traced (Config::tree)
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
   std::vector<CapturedGuard> captured;

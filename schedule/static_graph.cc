@@ -168,17 +168,27 @@ void StaticGraph::Impl::check_structure() {
   if (!config.structure) return;
   const uint64_t now = config.structure();
   if (now == structure_seen) return;
-  structure_seen = now;
   const std::vector<ParamSlot> slots = config.params();
+  const std::vector<const void*> tree = config.tree();
   auto check = [&](Entry& e) {
-    const bool same = std::equal(
-        e.slots.begin(), e.slots.end(), slots.begin(), slots.end(),
-        [](const ParamSlot& a, const ParamSlot& b) { return a.slot == b.slot && a.name == b.name; });
+    const bool same =
+        e.tree == tree && std::equal(e.slots.begin(), e.slots.end(), slots.begin(), slots.end(),
+                                     [](const ParamSlot& a, const ParamSlot& b) {
+                                       return a.slot == b.slot && a.name == b.name;
+                                     });
     if (!same) e.stale->store(Stale::ModulesChanged, std::memory_order_release);
   };
-  for (const auto& e : entries)
-    if (e->load_state() != EntryState::Tracing) check(*e);
+  // An entry still tracing took its slots before or after the change: the calls after its
+  // trace compare again.
+  bool tracing = false;
+  for (const auto& e : entries) {
+    if (e->load_state() == EntryState::Tracing)
+      tracing = true;
+    else
+      check(*e);
+  }
   for (const auto& f : families) check(*f->proto);
+  if (!tracing) structure_seen = now;
 }
 
 void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* key,
@@ -196,7 +206,7 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   if (config.dynamic == DynamicShapes::Explicit)
     for (const DynamicDim& d : config.dynamic_dims)
       ENCORE_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < args.size() && d.dim >= 0 &&
-                       args[d.arg].defined() && d.dim < args[d.arg].rank(),
+                       (!args[d.arg].defined() || d.dim < args[d.arg].rank()),
                    config.name, ": dynamic_dims names dim ", d.dim, " of argument ", d.arg,
                    ", which the call does not have (", args.size(), " arguments",
                    static_cast<size_t>(d.arg) < args.size() && d.arg >= 0
@@ -234,10 +244,14 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     if (state == EntryState::Abandoned ||
         (state == EntryState::Failed && e.backward_failures < kMaxBackwardFailures)) {
-      guard_reason = state == EntryState::Abandoned
+      guard_reason = state != EntryState::Abandoned
+                         ? cat("the first backward of the previous trace failed (", e.failure, ")")
+                     : e.sig.grad
                          ? "no backward reached the outputs of the previous trace (evaluating in "
                            "grad mode? wrap it in NoGradGuard)"
-                         : cat("the first backward of the previous trace failed (", e.failure, ")");
+                         : "no backward reached the outputs of the previous trace (the function "
+                           "turns grad mode on inside: its results carry a graph, which only a "
+                           "backward completes)";
       if (state == EntryState::Failed) failures = e.backward_failures;
       entries.erase(it);
       break;
@@ -380,7 +394,7 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
     }
     std::vector<Seen>& seen = it->second;
     if (seen.size() >= 16) seen.erase(seen.begin());
-    seen.push_back({e.traced_call, c.value, c.text});
+    seen.push_back({e.traced_call, c.value, c.text, c.arg, c.dim});
   }
 
   // A storm: half of the recent calls traced. It names the subject that changed most often
@@ -393,6 +407,7 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
     last_storm_warning = stats.calls;
     std::string what = cat("its signature keeps changing (latest: ", reason, ")");
     size_t best = 0;
+    detail::DynDim best_dim{-1, -1};
     for (const auto& [subject, seen] : changes) {
       const auto first = std::find_if(seen.begin(), seen.end(),
                                       [&](const Seen& s) { return s.call > stats.calls - window; });
@@ -405,7 +420,17 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
       what = seen.back().value >= 0
                  ? cat(subject, " keeps changing (recent values ", values, ")")
                  : cat(subject, " keeps changing (latest: ", seen.back().text, ")");
+      best_dim = {seen.back().arg, seen.back().dim};
     }
+    // A dimension a family serves traced at sizes the family could not plan (a size of 1, a
+    // guard the traced sizes could not settle): its traces say why, bucketing is beside the point.
+    int64_t family = -1;
+    for (const auto& f : families)
+      if (std::find(f->shapes->dims.begin(), f->shapes->dims.end(), best_dim) !=
+          f->shapes->dims.end()) {
+        family = f->id;
+        break;
+      }
     // A family that plans only between its traced sizes traces each size beyond (a length
     // growing by one): naming its dimensions plans any size.
     std::string ranged;
@@ -417,13 +442,19 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                      "dimensions plans any size");
         break;
       }
-    warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
-             ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
-             "raise cache_limit (now ",
-             config.cache_limit,
-             ") if only a few values occur, or run this function "
-             "eagerly (ENCORE_STATIC=0)",
-             ranged));
+    if (family >= 0)
+      warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
+               ". It is dynamic (family ", family,
+               "), but the family could not plan these sizes (latest: ", reason,
+               "); each such size traces once and extends the family", ranged));
+    else
+      warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
+               ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
+               "raise cache_limit (now ",
+               config.cache_limit,
+               ") if only a few values occur, or run this function "
+               "eagerly (ENCORE_STATIC=0)",
+               ranged));
   }
 }
 

@@ -52,9 +52,12 @@ struct Config {
   // The watched parameters (called at every trace).
   std::function<std::vector<ParamSlot>()> params;
   // A number that changes whenever a module anywhere gains a parameter, buffer or child: the
-  // calls after a change compare the watched parameters with each entry's (a layer added to a
-  // watched Sequential after its trace traces again).
+  // calls after a change compare the watched modules' tree and parameters with each entry's (a
+  // layer added to a watched Sequential after its trace traces again).
   std::function<uint64_t()> structure;
+  // The watched modules and their descendants, depth first (called at every trace, and after a
+  // change of `structure`).
+  std::function<std::vector<const void*>()> tree;
   DynamicShapes dynamic = DynamicShapes::Automatic;
   std::vector<DynamicDim> dynamic_dims;  // DynamicShapes::Explicit
   // Sizes a dynamic family keeps planned (least recently used evicted: its next call plans

@@ -53,6 +53,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
     int64_t call;
     int64_t value;     // the new size of a dimension, else -1
     std::string text;  // "argument 0 'x' dtype changed float32 -> float64"
+    int arg = -1, dim = -1;  // the dimension, when a dimension changed
   };
   std::map<std::string, std::vector<Seen>> changes;  // subject -> its latest changes, in order
 

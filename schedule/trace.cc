@@ -163,6 +163,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
                                      std::span<const Tensor> args, std::vector<Tensor>& results) {
   Entry& e = *entry;
   if (config.params) e.slots = config.params();
+  if (config.tree) e.tree = config.tree();
   auto rec = std::make_shared<Recording>();
   auto recorder =
       std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);

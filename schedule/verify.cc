@@ -109,7 +109,8 @@ void verify_backward(Recorder& recorder, std::span<const Tensor> inner,
                      const std::vector<Tensor>& aliases, const std::vector<Tensor>& leaves) {
   std::vector<IntrusivePtr<TensorImpl>> stash;
   for (const Tensor& l : leaves) stash.push_back(std::move(l.impl()->grad));
-  for (const Tensor& a : aliases) a.impl()->grad.reset();
+  for (const Tensor& a : aliases)
+    if (a.defined()) a.impl()->grad.reset();  // (an argument left out is undefined)
   struct Restore {
     const std::vector<Tensor>& leaves;
     std::vector<IntrusivePtr<TensorImpl>>& stash;

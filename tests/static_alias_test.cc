@@ -294,4 +294,15 @@ TEST_CASE("a function that turns grad on inside returns results with a graph und
   }
   CHECK(fn.stats().traces == 1);
   CHECK(fn.stats().hits == 2);
+  // With no backward after its trace, the trace's graph is never completed: the next call
+  // traces again, and says why.
+  auto unfinished = static_graph(body, {.name = "unfinished"});
+  const Tensor x = leaf(randn({4}));
+  for (int call = 0; call < 2; ++call) {
+    NoGradGuard no_grad;
+    (void)unfinished(x);
+  }
+  CHECK(unfinished.stats().traces == 2);
+  CHECK_THAT(unfinished.stats().traces_history.back().reason,
+             Catch::Matchers::Contains("the function turns grad mode on inside"));
 }

@@ -59,6 +59,30 @@ TEST_CASE("an undefined argument reaches the function undefined, and is part of 
   CHECK_THAT(f.schedule_text(), Contains("state: undefined"));
 }
 
+TEST_CASE("an undefined argument in verify mode, and beside an explicitly dynamic one",
+          "[static][arguments]") {
+  StaticEnabled on;
+  auto f = static_graph(scaled, {.name = "verified",
+                                 .verify_every = 1,
+                                 .dynamic = DynamicShapes::Explicit,
+                                 .dynamic_dims = {{0, 0}, {1, 0}}});
+  manual_seed(33);
+  for (const int64_t n : {3, 5, 4, 5}) {
+    INFO("size " << n);
+    const Tensor values = randn({n});
+    Tensor x = values.detach(), xe = values.detach();
+    x.set_requires_grad(true);
+    xe.set_requires_grad(true);
+    const Tensor y = f(x, Tensor()), ye = scaled(xe, Tensor());
+    CHECK(bit_diff(y, ye) == "");
+    F::sum(y).backward();
+    F::sum(ye).backward();
+    CHECK(bit_diff(x.grad(), xe.grad()) == "");
+  }
+  CHECK(f.stats().traces == 2);  // 3, then 5: dim 0 of x is dynamic from there
+  CHECK(f.stats().verifications == 2);
+}
+
 TEST_CASE("an undefined argument with a dynamic size beside it", "[static][arguments]") {
   StaticEnabled on;
   NoGradGuard no_grad;

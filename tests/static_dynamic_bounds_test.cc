@@ -403,7 +403,9 @@ TEST_CASE("a length growing by one traces each new length once, and says how to 
   REQUIRE(st.warnings.size() == 1);
   CHECK_THAT(st.warnings[0],
              Catch::Matchers::Contains("10 of the last 10 calls retraced; argument 0 dim 0 keeps "
-                                       "changing (recent values 4, 5, 6, 7, 8, 9, 10, 11)") &&
+                                       "changing (recent values 4, 5, 6, 7, 8, 9, 10, 11). It is "
+                                       "dynamic (family 9), but the family could not plan these "
+                                       "sizes (latest: no schedule at s0=11") &&
                  Catch::Matchers::EndsWith(
                      "; dynamic family 9 plans only sizes between its traced ones (step 0 "
                      "(forward) slice's start, -1 at every traced size, may be computed from the "

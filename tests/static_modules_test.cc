@@ -61,6 +61,23 @@ TEST_CASE("a layer added to a watched module after its trace traces again", "[st
              Contains("the watched modules' parameters or buffers changed"));
 }
 
+TEST_CASE("a layer without parameters added after the trace traces again", "[static][modules]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  manual_seed(44);
+  nn::Sequential eager;
+  eager.add(std::make_shared<nn::Linear>(4, 4));
+  manual_seed(44);
+  StaticSequential traced;
+  traced.add(std::make_shared<nn::Linear>(4, 4));
+  const Tensor x = randn({3, 4});
+  for (int call = 0; call < 2; ++call) CHECK(bit_diff(traced(x), eager(x)) == "");
+  eager.add(std::make_shared<nn::ReLU>());
+  traced.add(std::make_shared<nn::ReLU>());
+  CHECK(bit_diff(traced(x), eager(x)) == "");
+  CHECK(static_stats(traced).traces == 2);
+}
+
 TEST_CASE("a whole training step over a grown model trains as eagerly", "[static][modules]") {
   StaticEnabled on;
   auto make = [] {

@@ -1,6 +1,15 @@
 #include "encore/static_graph.h"
 
 namespace encore {
+namespace {
+
+// Appends `m` and its descendants, depth first.
+void module_tree(const nn::Module& m, std::vector<const void*>& out) {
+  out.push_back(&m);
+  for (const auto& [name, child] : m.named_children()) module_tree(*child, out);
+}
+
+}  // namespace
 
 bool set_static_enabled(bool on) {
   return schedule::set_enabled(on);
@@ -106,6 +115,11 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
   if (!modules_.empty()) {
     c.mode = [this] { return tree_mode(); };
     c.structure = [] { return nn::module_structure_epoch(); };
+    c.tree = [this] {
+      std::vector<const void*> tree;
+      for (const nn::Module* m : modules_) module_tree(*m, tree);
+      return tree;
+    };
     // Buffers too: one replaced by another tensor (running statistics reset) is rebound, or
     // traced again when the trace wrote it in place.
     c.params = [this] {
