@@ -153,8 +153,8 @@ inline const char* stale_reason(Stale s) {
       return "verify mode found a size planned from a dynamic family of the previous trace "
              "computing other than the function";
     case Stale::ModulesChanged:
-      return "the watched modules' parameters or buffers changed (one added, removed or moved) "
-             "since the previous trace";
+      return "the watched modules changed since the previous trace (a layer, parameter or "
+             "buffer added)";
     default:
       return "";
   }
