@@ -442,19 +442,17 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                      "dimensions plans any size");
         break;
       }
-    if (family >= 0)
-      warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
-               ". It is dynamic (family ", family,
-               "), but the family could not plan these sizes (latest: ", reason,
-               "); each such size traces once and extends the family", ranged));
-    else
-      warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what,
-               ". Every new value traces and plans again; pad or bucket it to a few fixed sizes, "
-               "raise cache_limit (now ",
-               config.cache_limit,
-               ") if only a few values occur, or run this function "
-               "eagerly (ENCORE_STATIC=0)",
-               ranged));
+    const std::string advice =
+        family >= 0 ? cat("It is dynamic (family ", family,
+                          "), but the family could not plan these sizes (latest: ", reason,
+                          "); each such size traces once and extends the family")
+                    : cat("Every new value traces and plans again; pad or bucket it to a few fixed "
+                          "sizes, raise cache_limit (now ",
+                          config.cache_limit,
+                          ") if only a few values occur, or run this function eagerly "
+                          "(ENCORE_STATIC=0)");
+    warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what, ". ",
+             advice, ranged));
   }
 }
 

@@ -49,6 +49,9 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
     return children_;
   }
+  // This module and its descendants, depth first, parents before their children (PyTorch's
+  // modules()).
+  std::vector<Module*> modules();
 
   // Sets train (true) or eval (false) mode on this module and its descendants.
   void train(bool on = true);

@@ -99,6 +99,15 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out{this};
+  for (auto& [name, child] : children_) {
+    const std::vector<Module*> below = child->modules();
+    out.insert(out.end(), below.begin(), below.end());
+  }
+  return out;
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

@@ -25,18 +25,13 @@ std::map<std::pair<const void*, int64_t>, std::string> module_names(
   return names;
 }
 
-// Every module of the trees under `m`, parents before their children, with its mode.
-void modes_of(nn::Module& m, std::vector<std::pair<nn::Module*, bool>>& out) {
-  out.emplace_back(&m, m.is_training());
-  for (const auto& [name, child] : m.named_children()) modes_of(*child, out);
-}
-
 // Calls the function on `args` with grad mode off and its modules in eval mode, as an inference
 // call would, restoring each module's own mode after (a frozen batch norm in a training model
 // stays in eval).
 void trace_for_inference(detail::StaticCore& core, std::span<const Tensor> args) {
   std::vector<std::pair<nn::Module*, bool>> modes;
-  for (nn::Module* m : core.modules()) modes_of(*m, modes);
+  for (nn::Module* m : core.modules())
+    for (nn::Module* d : m->modules()) modes.emplace_back(d, d->is_training());
   for (nn::Module* m : core.modules()) m->eval();
   // train() sets a module's children too: parents first, so each child ends with its own.
   auto restore = [&] {

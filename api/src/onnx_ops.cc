@@ -318,9 +318,6 @@ void embedding(GraphBuilder& g, const Step& s) {
   g.define(s.out[0], y, ids.batch);
 }
 
-// A constant: fixed, or shaped by the batch when one dimension has the traced batch size
-// (zeros({x.size(0), n}) made inside the function). Only a dimension equal to the batch size is
-// taken for it: one that is a multiple of it could as well be a constant.
 // arange_ (t[i] = i over a 1-D t): its values as a constant, or, where its length is the batch
 // size, an int64 Range to the batch size at run time (cast to t's dtype).
 void arange_values(GraphBuilder& g, const Step& s) {
@@ -340,6 +337,9 @@ void arange_values(GraphBuilder& g, const Step& s) {
   g.define(t, y, 0);
 }
 
+// A constant: fixed, or shaped by the batch when one dimension has the traced batch size
+// (zeros({x.size(0), n}) made inside the function). Only a dimension equal to the batch size is
+// taken for it: one that is a multiple of it could as well be a constant.
 void fill(GraphBuilder& g, const Step& s) {
   const Operand& t = s.in[0];
   const double value = s.attrs.as<ScalarAttrs>().value;

@@ -1,15 +1,6 @@
 #include "encore/static_graph.h"
 
 namespace encore {
-namespace {
-
-// Appends `m` and its descendants, depth first.
-void module_tree(const nn::Module& m, std::vector<const void*>& out) {
-  out.push_back(&m);
-  for (const auto& [name, child] : m.named_children()) module_tree(*child, out);
-}
-
-}  // namespace
 
 bool set_static_enabled(bool on) {
   return schedule::set_enabled(on);
@@ -117,7 +108,8 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
     c.structure = [] { return nn::module_structure_epoch(); };
     c.tree = [this] {
       std::vector<const void*> tree;
-      for (const nn::Module* m : modules_) module_tree(*m, tree);
+      for (nn::Module* m : modules_)
+        for (const nn::Module* d : m->modules()) tree.push_back(d);
       return tree;
     };
     // Buffers too: one replaced by another tensor (running statistics reset) is rebound, or
