@@ -292,6 +292,20 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     }
     log_retrace(cat(config.name, ": ", what, " may be dynamic, but the traces at size 1 differ (",
                     b.why, "); the next size is checked against trace ", ids_text(e->pending_ids)));
+  } else if (b.structure_differs && points.size() == 2 && one_group(points, e->dynamic_dims) &&
+             retried_dim_sets.insert(e->dynamic_dims).second) {
+    // Two traces that ran other ops may differ only because a size made from the dimensions was
+    // 1 at one of them (a pooled map of 1x1: a reduction over one element, a broadcast from 1,
+    // need no op of their own), and that is the smaller one: the larger is the next trace's
+    // evidence, and a third failure blames the dimensions.
+    const DynDim& d = e->dynamic_dims[0];
+    const size_t larger =
+        points[0].sig.args[d.arg].shape[d.dim] > points[1].sig.args[d.arg].shape[d.dim] ? 0 : 1;
+    e->pending_points = {points[larger]};
+    e->pending_ids = {ids[larger]};
+    log_retrace(cat(config.name, ": ", what, " not made dynamic yet (", b.why, "; traces ",
+                    ids_text(ids), "): the next size is checked against trace ", ids[larger],
+                    ", the larger"));
   } else if (one_group(points, e->dynamic_dims) || failed_dim_sets.size() >= kSubjects) {
     const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
                                  " static: ", b.why, " (traces ", ids_text(ids), ")");

@@ -186,6 +186,7 @@ FamilyBuild build_family(std::vector<FamilyPoint> points, std::vector<DynDim> di
   for (size_t p = 1; p < points.size(); ++p)
     if (std::string d = structure_diff(*points[0].rec, *points[p].rec); !d.empty()) {
       out.why = d;
+      out.structure_differs = true;
       return out;
     }
   auto f = std::make_unique<ShapeFamily>();

@@ -121,6 +121,9 @@ struct FamilyBuild {
   // Not built because a slice bound was clamped at some traces and not at others: no dimension
   // is to blame (traces at sizes clamped alike may make a family).
   bool clamps_differ = false;
+  // Not built because the traces ran other ops (structure_diff), not because a size had no
+  // expression.
+  bool structure_differs = false;
 };
 
 // Fills f.pool, f.dim_exprs, f.attrs and f.guards from f.points and f.dims (shape_rules.cc):

@@ -495,6 +495,7 @@ void StaticGraph::clear() {
   impl_->families.clear();
   impl_->static_dims.clear();
   impl_->failed_dim_sets.clear();
+  impl_->retried_dim_sets.clear();
 }
 
 std::vector<StaticStats> report_all() {

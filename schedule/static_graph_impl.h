@@ -72,6 +72,9 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   std::map<detail::DynDim, std::string> static_dims;
   // Sets of dimensions whose family failed together (each warned about once).
   std::set<std::vector<detail::DynDim>> failed_dim_sets;
+  // Sets of dimensions whose first two traces ran other ops, given a third trace to tell which
+  // of the two was the odd one (dynamic_trace.cc).
+  std::set<std::vector<detail::DynDim>> retried_dim_sets;
   std::vector<int64_t> family_sizes_scratch;  // a call's symbol values (dynamic_entry)
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
   uint64_t structure_seen = 0;         // config.structure() when the slots were last compared

@@ -76,9 +76,10 @@ std::string structure_diff(const Recording& a, const Recording& b) {
   const std::vector<Step>* phases_b[] = {&b.forward, &b.backward};
   for (int ph = 0; ph < 2; ++ph)
     if (phases_a[ph]->size() != phases_b[ph]->size())
-      return cat("the ", ph == 0 ? "forward" : "backward", " ran ", phases_a[ph]->size(),
-                 " ops at one traced size and ", phases_b[ph]->size(),
-                 " at another (a loop over a size?)");
+      return cat(
+          "the ", ph == 0 ? "forward" : "backward", " ran ", phases_a[ph]->size(),
+          " ops at one traced size and ", phases_b[ph]->size(),
+          " at another (a loop over a size, or a size made from it that is 1 at one of them?)");
   for (int ph = 0; ph < 2; ++ph) {
     const std::vector<Step>&x = *phases_a[ph], &y = *phases_b[ph];
     const char* what = ph == 0 ? "forward" : "backward";
