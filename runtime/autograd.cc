@@ -13,6 +13,7 @@ namespace {
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 std::atomic<uint64_t> g_hook_ids{1};
+std::atomic<uint64_t> g_hooks_epoch{0};
 std::atomic<uint64_t> g_passes{1};
 std::atomic<uint64_t> g_walks{1};
 // The outermost backward pass running on this thread: its number and queued callbacks.
@@ -367,13 +368,27 @@ uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, GradHook hook) {
   if (!impl.grad_hooks) impl.grad_hooks = std::make_unique<GradHooks>();
   const uint64_t id = g_hook_ids.fetch_add(1, std::memory_order_relaxed);
   impl.grad_hooks->hooks.emplace_back(id, std::move(hook));
+  g_hooks_epoch.fetch_add(1, std::memory_order_release);
   return id;
 }
 
 void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id) {
   if (!leaf.defined() || !leaf.impl()->grad_hooks) return;
   auto& hooks = leaf.impl()->grad_hooks->hooks;
-  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+  if (std::erase_if(hooks, [id](const auto& h) { return h.first == id; }) > 0)
+    g_hooks_epoch.fetch_add(1, std::memory_order_release);
+}
+
+uint64_t hooks_epoch() {
+  return g_hooks_epoch.load(std::memory_order_acquire);
+}
+
+uint64_t hooks_digest(const Tensor& leaf) {
+  uint64_t d = 0;
+  if (leaf.defined() && leaf.impl()->grad_hooks)
+    for (const auto& [id, hook] : leaf.impl()->grad_hooks->hooks)
+      d = (d ^ id) * 0x100000001b3ULL + 1;
+  return d;
 }
 
 GradRedirect::GradRedirect(const Tensor& stand_in, const Tensor& leaf)

@@ -157,6 +157,11 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
 using GradHook = std::function<void(const Tensor& leaf)>;
 uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, GradHook hook);
 void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id);
+// Counts the hooks added and removed in the process: a static function compares a leaf's hooks
+// with its trace's only when it moved.
+uint64_t hooks_epoch();
+// The ids of `leaf`'s post-accumulate hooks, folded into one number (0: none).
+uint64_t hooks_digest(const Tensor& leaf);
 
 // Runs `fn` once when the outermost backward pass running on this thread has finished its
 // nodes, before backward() returns (PyTorch's queue_callback); callbacks run in the order they

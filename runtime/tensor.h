@@ -50,7 +50,8 @@ class Tensor {
                       Device device = Device::cpu());
   // A new uninitialised cpu tensor in page-locked memory (cuda::pinned_allocator()).
   static Tensor empty_pinned(const Shape& shape, DType dtype = DType::Float32);
-  // A tensor sharing `base`'s storage with another shape (same element count, no copy).
+  // A tensor sharing `base`'s storage with another shape (same element count, no copy). Not an
+  // op: autograd and a static function's trace do not see it (F::reshape is the view they follow).
   static Tensor view_of(const Tensor& base, const Shape& shape);
 
   bool defined() const { return static_cast<bool>(impl_); }

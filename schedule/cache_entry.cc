@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "runtime/autograd.h"
+
 namespace encore::schedule::detail {
 namespace {
 
@@ -15,6 +17,31 @@ std::string_view span_name(std::string_view name, int64_t id, profiler::SpanKind
 std::string leaf_label(const Entry& e, const Leaf& l) {
   return l.param >= 0 ? cat("parameter '", e.slots[l.param].name, "'")
                       : cat("captured tensor ", l.tensor.shape());
+}
+
+// Whether the guarded gradients share storage now as they did when traced (empty: they do; then
+// remembered, so that the next call compares only if one of them is another tensor).
+std::string grads_sharing(const Entry& e) {
+  std::vector<const TensorImpl*> now(e.grads.size(), nullptr);
+  for (size_t k = 0; k < e.grads.size(); ++k) {
+    const Tensor& t = leaf_now(e, e.rec->leaves[e.grads[k].leaf]);
+    if (const Tensor grad = t.defined() ? t.grad() : Tensor(); grad.defined()) now[k] = grad.impl();
+  }
+  for (size_t k = 0; k < now.size(); ++k) {
+    int first = -1;
+    for (size_t j = 0; j < k && now[k] != nullptr && first < 0; ++j)
+      if (now[j] != nullptr && now[j]->storage.get() == now[k]->storage.get())
+        first = static_cast<int>(j);
+    const int was = e.grads[k].shares;
+    if (first == was) continue;
+    const Leaf& a = e.rec->leaves[e.grads[k].leaf];
+    const Leaf& b = e.rec->leaves[e.grads[static_cast<size_t>(first >= 0 ? first : was)].leaf];
+    return cat("the gradients of ", leaf_label(e, b), " and ", leaf_label(e, a),
+               first >= 0 ? " share storage now and did not when traced"
+                          : " shared storage when traced and do not now");
+  }
+  e.grads_seen = std::move(now);
+  return {};
 }
 
 }  // namespace
@@ -60,7 +87,9 @@ std::string guard_failure(const Entry& e) {
     if (const Tensor& t = e.rec->buffers[g.buf].bound; t.requires_grad() != g.requires_grad)
       return cat("a captured tensor ", t.shape(), " requires_grad changed ",
                  g.requires_grad ? "true -> false" : "false -> true");
-  for (const GradGuard& g : e.grads) {
+  bool moved = e.grads_seen.size() != e.grads.size();
+  for (size_t k = 0; k < e.grads.size(); ++k) {
+    const GradGuard& g = e.grads[k];
     const Leaf& l = e.rec->leaves[g.leaf];
     const Tensor& t = leaf_now(e, l);
     const Tensor grad = t.defined() ? t.grad() : Tensor();
@@ -70,6 +99,20 @@ std::string guard_failure(const Entry& e) {
     if (g.defined && !(grad.shape() == g.shape))
       return cat("gradient of ", leaf_label(e, l), " shape changed ", g.shape, " -> ",
                  grad.shape());
+    moved = moved || e.grads_seen[k] != (grad.defined() ? grad.impl() : nullptr);
+  }
+  if (moved) {
+    if (std::string why = grads_sharing(e); !why.empty()) return why;
+  }
+  if (const uint64_t epoch = autograd::hooks_epoch(); epoch != e.hooks_seen) {
+    for (size_t i = 0; i < e.leaf_hooks.size(); ++i) {
+      const Leaf& l = e.rec->leaves[i];
+      if (autograd::hooks_digest(leaf_now(e, l)) != e.leaf_hooks[i])
+        return cat("the post-accumulate-grad hooks of ", leaf_label(e, l),
+                   " changed (a hook added or removed; the schedule runs the ops of the hooks it "
+                   "traced)");
+    }
+    e.hooks_seen = epoch;
   }
   return {};
 }
@@ -112,7 +155,9 @@ std::string alias_failure(const Entry& e, std::span<const Tensor> args, bool tra
     auto shares = [s](const Tensor& t) { return t.defined() && t.impl()->storage.get() == s; };
     if (traced) {  // every bound tensor, and every watched one (Param buffers among them)
       if (rec.captured_arg == static_cast<int>(i))
-        return why(i, cat("a tensor ", rec.captured_shape, " the function uses"));
+        return cat(why(i, cat("a tensor ", rec.captured_shape, " the function uses")),
+                   " (a view made outside encore's ops, as Tensor::view_of makes? F::reshape "
+                   "makes one the trace follows)");
       for (const Buffer& b : rec.buffers)
         if (b.kind == BufKind::External && shares(b.bound))
           return why(i, cat("a tensor ", b.bound.shape(), " the function uses"));

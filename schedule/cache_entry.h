@@ -47,6 +47,9 @@ struct GradGuard {
   int leaf;
   bool defined;  // what the .grad must be when a call starts
   Shape shape;
+  // The first earlier guard whose .grad shared this one's storage when traced, or -1: the
+  // schedule took them for one buffer, or for separate ones whose writes its passes reorder.
+  int shares = -1;
 };
 
 // A bound buffer (Param or External) of the entry's recording that a call's arguments must not
@@ -87,6 +90,14 @@ struct Entry {
   std::vector<const void*> tree;  // the watched modules when traced (Config::tree)
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
+  // Each guard's .grad when the guards last held (null: undefined): a call compares how they
+  // share storage only when one of them is another tensor.
+  mutable std::vector<const TensorImpl*> grads_seen;
+  // Per leaf, its post-accumulate hooks when traced (autograd::hooks_digest): the schedule runs
+  // the ops those hooks dispatched, so a hook added or removed since traces again. Compared when
+  // the process's hooks moved (autograd::hooks_epoch) since `hooks_seen`.
+  std::vector<uint64_t> leaf_hooks;
+  mutable uint64_t hooks_seen = 0;
   std::vector<CapturedGuard> captured;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
   // By differentiable result: whether the first backward got its gradient (one that got none is

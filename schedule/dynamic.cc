@@ -63,6 +63,7 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->slots = p.slots;
   e->params = p.params;
   e->grads = p.grads;
+  e->leaf_hooks = p.leaf_hooks;
   e->grad_in = p.grad_in;
   e->grad_given = p.grad_given;
   e->stale = p.stale;

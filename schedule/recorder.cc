@@ -204,7 +204,8 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   else if (device != *device_)
     unsafe(cat(name_, ": the traced function runs ops on ", *device_, " and on ", device,
                "; a static function's schedule runs on one device. Move its tensors to one "
-               "device, or pass on_unsafe = OnUnsafe::Eager"));
+               "device",
+               or_eager()));
   Step s{op, attrs, -1, {}, {}};
   // A step of an op whose element values depend on its inputs and attributes alone (not on the
   // thread count, as a parallel GEMM's do) that reads constants alone computes constants: its
@@ -282,7 +283,8 @@ void Recorder::on_host_read(const Tensor& t, std::string_view what) {
   unsafe(cat(name_, ": the traced function reads tensor values on the host (", what, " of a ",
              t.shape(),
              " tensor); a replay would bake the value in. Return the tensor and read "
-             "it outside the static function, or pass on_unsafe = OnUnsafe::Eager"));
+             "it outside the static function",
+             or_eager()));
 }
 
 void Recorder::on_unrepeatable(std::string_view why) {

@@ -198,6 +198,10 @@ class Recorder final : public Tracer {
   int resolve_input(const Tensor& t, bool written);
   int leaf_for(const Tensor& leaf);  // its leaf record, made on first sight
   void unsafe(std::string why);
+  // The advice an unsafe trace's Error ends with (none where the signature then runs eagerly).
+  const char* or_eager() const {
+    return throw_unsafe_ ? ", or pass on_unsafe = OnUnsafe::Eager" : "";
+  }
   std::string lazy_parameter(const Tensor& t) const;
   // Notes `t` as captured when buffer `b` is an argument's and `t` is not the argument or a
   // view made of it during the call.

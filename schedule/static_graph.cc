@@ -1,10 +1,9 @@
 // StaticGraph: the call path that finds a call's cache entry and traces, replays or runs the
-// function eagerly; retrace reasons and warnings; the process-wide switches, log and registry.
+// function eagerly, with the reason of each trace; the process-wide switches, log and registry.
 #include "schedule/static_graph.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <iostream>
 #include <limits>
 #include <mutex>
@@ -50,10 +49,18 @@ void log_line(const std::string& line) {
     std::lock_guard<std::mutex> l(g_mu);
     sink = g_sink;
   }
-  if (sink)
-    sink(line);
-  else
+  if (!sink) {
     std::cerr << "encore: " << line << std::endl;
+    return;
+  }
+  // A line is told after the call's work is done: a sink that throws must not fail the call.
+  try {
+    sink(line);
+  } catch (const std::exception& e) {
+    std::cerr << "encore: the log sink threw (" << e.what() << "); its line: " << line << std::endl;
+  } catch (...) {
+    std::cerr << "encore: the log sink threw; its line: " << line << std::endl;
+  }
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -299,6 +306,11 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     reason = guard_reason;
     // What changed still feeds the storm warning (a size a family's guards or range refused).
     if (!entries.empty()) ch = diff(entries.front()->sig, sig, config);
+  } else if (entries.empty() && threw) {
+    // The cache is empty and the latest trace threw: what changed since that one.
+    ch = diff(*threw, sig, config);
+    reason = "the previous trace threw";
+    for (size_t k = 0; k < ch.size(); ++k) reason += cat(k == 0 ? "; " : ", ", ch[k].text);
   } else if (entries.empty()) {
     reason = "first call";
   } else {
@@ -322,15 +334,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
   e->owner = weak_from_this();
   e->backward_failures = failures;
   prepare_dynamic(*e);
+  // In the cache while it traces (calls with its signature meanwhile run eagerly); the least
+  // recently used entry goes once the trace succeeded (a trace that throws evicts nothing).
   entries.push_front(e);
-  while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
-    ++stats.evictions;
-    if (!entries.back()->in_family)
-      warn(cat(config.name, ": cache full (", config.cache_limit,
-               " entries); evicted the least recently used signature (",
-               describe(entries.back()->sig, config), ")"));
-    entries.pop_back();
-  }
   unlock_and_log(lock);
 
   std::string unsafe;
@@ -352,7 +358,8 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     }
     lock.lock();
     entries.remove(e);
-    after_trace(*e, cat(reason, "; ", what), ch, ms_since(t0));
+    threw = e->sig;
+    after_trace(*e, cat(reason, "; ", what), ch, ms_since(t0), /*threw=*/true);
     unlock_and_log(lock);
     throw;
   }
@@ -361,112 +368,19 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
              : e->node                  ? EntryState::Waiting
              : !e->rec->retrace.empty() ? EntryState::Retrace
                                         : EntryState::Ready);
+  threw.reset();
+  while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
+    ++stats.evictions;
+    if (!entries.back()->in_family)
+      warn(cat(config.name, ": cache full (cache_limit ", config.cache_limit,
+               "); evicted the least recently used signature (",
+               describe(entries.back()->sig, config), ")"));
+    entries.pop_back();
+  }
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
   after_trace(*e, reason, ch, ms_since(t0));
   unlock_and_log(lock);
   if (!e->dynamic_dims.empty() && e->load_state() == EntryState::Ready) make_dynamic(e);
-}
-
-void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
-                                    const std::vector<Change>& ch, double ms) {
-  RetraceEvent ev;
-  ev.trace = e.id;
-  ev.call = e.traced_call;
-  ev.cost_ms = ms;
-  ev.reason = reason;
-  ev.entries = static_cast<int>(entries.size());
-  char cost[32];
-  std::snprintf(cost, sizeof cost, ms < 10 ? "%.2f" : "%.1f", ms);
-  ev.message =
-      ev.trace == 1
-          ? cat(config.name, ": trace (cost ", cost, " ms): ", reason, "; cache now ", ev.entries,
-                ev.entries == 1 ? " entry" : " entries")
-          : cat(config.name, ": retrace #", ev.trace - 1, " (cost ", cost, " ms): ", reason,
-                "; cache now ", ev.entries, ev.entries == 1 ? " entry" : " entries");
-  if (g_log_retraces.load()) unlogged.push_back(ev.message);
-  // The history keeps the first trace and the latest ones, so a storm cannot grow it forever.
-  keep_bounded(stats.traces_history, std::move(ev), kHistory);
-  for (const Change& c : ch) {
-    auto it = changes.find(c.subject);
-    if (it == changes.end()) {
-      if (changes.size() >= kSubjects) continue;
-      it = changes.emplace(c.subject, std::vector<Seen>()).first;
-    }
-    std::vector<Seen>& seen = it->second;
-    if (seen.size() >= 16) seen.erase(seen.begin());
-    seen.push_back({e.traced_call, c.value, c.text, c.arg, c.dim});
-  }
-
-  // A storm: half of the recent calls traced. It names the subject that changed most often
-  // within those calls (one that changed before may have become dynamic since), else the
-  // latest reason.
-  const int window = static_cast<int>(recent.size());
-  int traced = 0;
-  for (char r : recent) traced += r;
-  if (stats.calls >= window && traced * 2 >= window && stats.calls - last_storm_warning >= window) {
-    last_storm_warning = stats.calls;
-    std::string what = cat("its signature keeps changing (latest: ", reason, ")");
-    size_t best = 0;
-    detail::DynDim best_dim{-1, -1};
-    for (const auto& [subject, seen] : changes) {
-      const auto first = std::find_if(seen.begin(), seen.end(),
-                                      [&](const Seen& s) { return s.call > stats.calls - window; });
-      const size_t n = static_cast<size_t>(seen.end() - first);
-      if (n <= best) continue;
-      best = n;
-      std::string values;
-      for (auto at = n > 8 ? seen.end() - 8 : first; at != seen.end(); ++at)
-        values += cat(values.empty() ? "" : ", ", at->value);
-      what = seen.back().value >= 0
-                 ? cat(subject, " keeps changing (recent values ", values, ")")
-                 : cat(subject, " keeps changing (latest: ", seen.back().text, ")");
-      best_dim = {seen.back().arg, seen.back().dim};
-    }
-    // A dimension a family serves traced at sizes the family could not plan (a size of 1, a
-    // guard the traced sizes could not settle): its traces say why, bucketing is beside the point.
-    int64_t family = -1;
-    for (const auto& f : families)
-      if (std::find(f->shapes->dims.begin(), f->shapes->dims.end(), best_dim) !=
-          f->shapes->dims.end()) {
-        family = f->id;
-        break;
-      }
-    // A family that plans only between its traced sizes traces each size beyond (a length
-    // growing by one): naming its dimensions plans any size.
-    std::string ranged;
-    for (const auto& f : families)
-      if (ranges_apply(config) && !f->shapes->ranges.empty()) {
-        ranged = cat("; dynamic family ", f->id, " plans only sizes between its traced ones (",
-                     f->shapes->ranges[0].what,
-                     " may be computed from the size): DynamicShapes::Explicit naming its "
-                     "dimensions plans any size");
-        break;
-      }
-    const std::string advice =
-        family >= 0 ? cat("It is dynamic (family ", family,
-                          "), but the family could not plan these sizes (latest: ", reason,
-                          "); each such size traces once and extends the family")
-                    : cat("Every new value traces and plans again; pad or bucket it to a few fixed "
-                          "sizes, raise cache_limit (now ",
-                          config.cache_limit,
-                          ") if only a few values occur, or run this function eagerly "
-                          "(ENCORE_STATIC=0)");
-    warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what, ". ",
-             advice, ranged));
-  }
-}
-
-void StaticGraph::Impl::backward_failed(const Entry& e) {
-  std::unique_lock<std::mutex> lock(mu);
-  ++stats.failed_backwards;
-  warn(e.backward_failures < kMaxBackwardFailures
-           ? cat(config.name, ": the first backward through the outputs of trace ", e.id,
-                 " failed (", e.failure, "); the next call with its signature traces again")
-           : cat(config.name, ": the first backward through the outputs of trace ", e.id,
-                 " failed (", e.failure, "), ", e.backward_failures,
-                 " times in a row for its signature; that signature runs eagerly from now on "
-                 "(clear() traces it again)"));
-  unlock_and_log(lock);
 }
 
 StaticGraph::StaticGraph(Body body, Config config)
@@ -496,6 +410,7 @@ void StaticGraph::clear() {
   impl_->static_dims.clear();
   impl_->failed_dim_sets.clear();
   impl_->retried_dim_sets.clear();
+  impl_->threw.reset();
 }
 
 std::vector<StaticStats> report_all() {

@@ -224,7 +224,8 @@ bool fold_cpu_updates_enabled();
 // signature of its own, as with DynamicShapes::Off. Returns the previous setting.
 bool set_dynamic_enabled(bool on);
 bool dynamic_enabled();
-// Where warnings and retrace lines go (stderr by default). Returns the previous sink.
+// Where warnings and retrace lines go (stderr by default). Returns the previous sink. A sink
+// that throws fails no call: the line and what it threw go to stderr.
 using LogSink = std::function<void(const std::string&)>;
 LogSink set_log_sink(LogSink sink);
 // Whether each retrace is printed as it happens (ENCORE_LOG=retrace starts it on).

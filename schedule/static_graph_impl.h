@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -75,6 +76,9 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // Sets of dimensions whose first two traces ran other ops, given a third trace to tell which
   // of the two was the odd one (dynamic_trace.cc).
   std::set<std::vector<detail::DynDim>> retried_dim_sets;
+  // The signature of the latest trace if it threw, until a trace succeeds: what the next trace's
+  // reason compares with where the cache is empty.
+  std::optional<detail::Signature> threw;
   std::vector<int64_t> family_sizes_scratch;  // a call's symbol values (dynamic_entry)
   std::vector<std::string> unlogged;  // warnings and trace lines, printed once `mu` is released
   uint64_t structure_seen = 0;         // config.structure() when the slots were last compared
@@ -127,8 +131,9 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // Without `mu` held, once `e` is planned: checks it against its evidence and makes its
   // dimensions dynamic, or records why they stay static.
   void make_dynamic(const std::shared_ptr<Entry>& e);
+  // `threw_now`: the trace threw.
   void after_trace(const Entry& e, const std::string& reason,
-                   const std::vector<detail::Change>& changes, double ms);
+                   const std::vector<detail::Change>& changes, double ms, bool threw_now = false);
   // The first backward through the outputs of a trace of `e` failed (e is Failed).
   void backward_failed(const Entry& e);
 

@@ -224,11 +224,19 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
         });
     if (l.first == Leaf::First::Replaced && !entry_read)
       e.early_clear.push_back(static_cast<int>(i));
-    if (l.first == Leaf::First::EngineSet)
+    if (l.first == Leaf::First::EngineSet) {
       e.grads.push_back({static_cast<int>(i), false, Shape()});
-    else if (l.first == Leaf::First::Read)
-      e.grads.push_back({static_cast<int>(i), l.entry_grad.defined(),
-                         l.entry_grad.defined() ? l.entry_grad.shape() : Shape()});
+    } else if (l.first == Leaf::First::Read) {
+      GradGuard g{static_cast<int>(i), l.entry_grad.defined(),
+                  l.entry_grad.defined() ? l.entry_grad.shape() : Shape()};
+      for (size_t k = 0; k < e.grads.size() && g.defined && g.shares < 0; ++k) {
+        const Tensor& other = rec->leaves[e.grads[k].leaf].entry_grad;
+        if (other.defined() && other.impl()->storage.get() == l.entry_grad.impl()->storage.get())
+          g.shares = static_cast<int>(k);
+      }
+      e.grads.push_back(std::move(g));
+    }
+    e.leaf_hooks.push_back(autograd::hooks_digest(l.tensor));
   }
   e.rec = rec;
   set_alias_guards(e);

@@ -110,3 +110,33 @@ TEST_CASE("a replayed step that fails on a bad label leaves parameters, state an
   both(t, good);
   CHECK(step.stats().hits >= 4);
 }
+
+TEST_CASE("a replay that fails on a bad label runs nothing: statistics and generator as they were",
+          "[static]") {
+  // Eagerly the dropout has drawn its numbers and the batch norm updated its statistics before
+  // the loss finds the label; a replay checks the labels before any step runs.
+  StaticEnabled on;
+  manual_seed(8);
+  auto bn = std::make_shared<nn::BatchNorm2d>(2);
+  auto fn = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        const Tensor h = F::dropout((*bn)(x), 0.5);
+        return F::softmax_cross_entropy(F::reshape(h, {4, 2}), t);
+      },
+      {.name = "bn_dropout_loss", .modules = {bn}});
+  NoGradGuard no_grad;
+  const Tensor x = randn({4, 2, 1, 1});
+  const Tensor good = tensor({0, 1, 1, 0}, {4}, DType::Int32);
+  const Tensor bad = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  for (int call = 0; call < 3; ++call) fn(x, good);
+  REQUIRE(fn.stats().hits == 2);
+  const Tensor mean = clone(bn->running_mean), var = clone(bn->running_var);
+  manual_seed(21);
+  CHECK_THROWS_WITH(fn(x, bad), Contains("label 2 of sample 2 is out of range [0, 2)"));
+  CHECK(fn.stats().hits == 3);
+  CHECK(bit_diff(bn->running_mean, mean) == "");
+  CHECK(bit_diff(bn->running_var, var) == "");
+  const Tensor drawn = randn({4});
+  manual_seed(21);
+  CHECK(bit_diff(drawn, randn({4})) == "");
+}

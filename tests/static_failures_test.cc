@@ -1,7 +1,8 @@
 // static_graph when things go wrong: a recorded first backward that fails lets the next call
 // trace again (a bounded number of times, said in the statistics and the log), a trace that ran a
-// one-time set-up is dropped, and every per-function list of diagnostics stays bounded however
-// long a retrace storm lasts.
+// one-time set-up is dropped, a trace that throws leaves the cache as it was and the next trace
+// says so, a log sink that throws fails no call, and every per-function list of diagnostics
+// stays bounded however long a retrace storm lasts.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -167,4 +168,70 @@ TEST_CASE("a trace that ran a one-time set-up is dropped, and the next call trac
     REQUIRE(s.traces_history.size() == 2);
     CHECK(s.traces_history[1].reason == reason);
   }
+}
+
+TEST_CASE("a trace that throws evicts nothing, and the next trace says it threw",
+          "[static][failures]") {
+  bool fail = false;
+  auto body = [&fail](const Tensor& x) {
+    if (fail) throw Error("bad batch");
+    return F::mul(x, 2.0);
+  };
+  auto fn = static_graph(
+      body,
+      {.name = "throws", .cache_limit = 1, .arg_names = {"x"}, .dynamic = DynamicShapes::Off});
+  NoGradGuard no_grad;
+  const Tensor good = randn({4, 3}), other = randn({5, 3});
+  CHECK(bit_diff(fn(good), body(good)) == "");
+  fail = true;
+  CHECK_THROWS_WITH(fn(other), "bad batch");
+  CHECK_THROWS_WITH(fn(other), "bad batch");
+  fail = false;
+  CHECK(bit_diff(fn(good), body(good)) == "");  // its entry is still cached
+  StaticStats s = fn.stats();
+  CHECK(s.traces == 3);
+  CHECK(s.hits == 1);
+  CHECK(s.evictions == 0);
+  CHECK(s.entries == 1);
+  fn.clear();
+  fail = true;
+  CHECK_THROWS_WITH(fn(good), "bad batch");
+  fail = false;
+  CHECK(bit_diff(fn(other), body(other)) == "");
+  s = fn.stats();
+  REQUIRE(s.traces_history.size() == 5);
+  CHECK(s.traces_history[4].reason ==
+        "the previous trace threw; argument 0 'x' dim 0 changed 4 -> 5");
+}
+
+TEST_CASE("a function whose traces keep throwing is told so, not told to bucket its sizes",
+          "[static][failures]") {
+  auto fn = static_graph([](const Tensor& x) { return x * F::sum(x).item<float>(); },
+                         {.name = "reads_item"});
+  LogCapture log;
+  for (int call = 0; call < 10; ++call) CHECK_THROWS(fn(randn({3})));
+  const StaticStats s = fn.stats();
+  CHECK(s.traces == 10);
+  REQUIRE(s.warnings.size() == 1);
+  CHECK_THAT(s.warnings[0], Contains("10 of the last 10 calls retraced; its traces keep throwing"));
+  CHECK_THAT(s.warnings[0], Contains("each call traces again until one succeeds"));
+  CHECK_THAT(s.warnings[0], !Contains("bucket"));
+}
+
+TEST_CASE("a log sink that throws fails no call", "[static][failures]") {
+  struct Restore {
+    LogSink previous;
+    ~Restore() {
+      set_log_sink(previous);
+      set_log_retraces(false);
+    }
+  } restore{set_log_sink([](const std::string&) { throw Error("sink is full"); })};
+  set_log_retraces(true);
+  auto fn = static_graph([](const Tensor& x) { return F::mul(x, 3.0); }, {.name = "logged"});
+  NoGradGuard no_grad;
+  for (const int64_t n : {3, 4, 5}) {
+    const Tensor x = randn({n});
+    CHECK(bit_diff(fn(x), F::mul(x, 3.0)) == "");
+  }
+  CHECK(fn.stats().sizes_planned == 1);
 }

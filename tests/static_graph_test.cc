@@ -272,7 +272,7 @@ TEST_CASE("a trace whose function throws is in the history with what it threw", 
   CHECK(s.traces_history[0].reason == "first call; the function threw: boom");
   CHECK_THAT(s.traces_history[0].message, Contains("throwing_fn: trace (cost "));
   CHECK(s.traces_history[1].trace == 2);
-  CHECK(s.traces_history[1].reason == "first call");
+  CHECK(s.traces_history[1].reason == "the previous trace threw");
   CHECK_THAT(s.traces_history[1].message, Contains("throwing_fn: retrace #1 (cost "));
 }
 
@@ -492,6 +492,7 @@ TEST_CASE("reading values inside a trace is detected", "[static]") {
     auto f = static_graph(reads_item, {.name = "item_fn"});
     const std::string msg = error_of([&] { f(x1); });
     CHECK_THAT(msg, Contains("item"));
+    CHECK_THAT(msg, Contains("or pass on_unsafe = OnUnsafe::Eager"));
     auto g = static_graph([](const Tensor& x) { return x * x.to_vector<float>()[0]; },
                           {.name = "to_vector_fn"});
     CHECK_THAT(error_of([&] { g(x1); }), Contains("to_vector"));
@@ -503,6 +504,7 @@ TEST_CASE("reading values inside a trace is detected", "[static]") {
     CHECK_FALSE(s.warnings.empty());
     INFO(joined(s.warnings));
     CHECK(any_contains(s.warnings, "item"));
+    CHECK_FALSE(any_contains(s.warnings, "pass on_unsafe"));  // it is already Eager
     REQUIRE(s.cache.size() == 1);
     CHECK(s.cache[0].eager_only);
     const int64_t eager_before = s.eager_calls;

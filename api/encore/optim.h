@@ -75,8 +75,11 @@ class Optimizer {
   // The attributes of this optimizer's update op for its hyper-parameters now. A static training
   // step watches them: a change between calls traces again, unless the replays may read them
   // at each call (replays_read_hyper_parameters). An optimizer defined outside encore overrides
-  // it, and passes it to dispatch_updates, to have its hyper-parameters watched so (the
-  // default, none, watches only that it is the same optimizer).
+  // it, and passes it to dispatch_updates, to have its hyper-parameters watched so. With the
+  // default, none, a static step whose step() calls count_step() or dispatch_updates() watches
+  // that it is the same optimizer and the values its hyper_parameters() lists (read at each
+  // call; a change traces again); any other value its step() reads on the host is baked into
+  // the trace, as any host code's is.
   virtual AttrBlob update_attrs() const { return {}; }
   // Whether a static step's replays may run its updates with update_attrs() as they are at each
   // call, so that a schedule between calls needs no new trace: step() dispatches nothing else

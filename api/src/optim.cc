@@ -12,7 +12,8 @@ namespace encore::optim {
 // A static training step's guard on the optimizer it recorded: the same object (not replaced by
 // an assignment) and its update attributes (the hyper-parameters). The replays read those at
 // each call where the optimizer allows it (checked as step() checks them); an optimizer that
-// does not say its attributes is watched for its identity only.
+// does not say its attributes (one defined outside encore) is watched for its identity and the
+// values its hyper_parameters() lists.
 class HyperGuard final : public HostGuard {
  public:
   explicit HyperGuard(const Optimizer& opt)
@@ -23,17 +24,22 @@ class HyperGuard final : public HostGuard {
 
   std::string changed() const override {
     if (token_.expired()) return replaced();
-    // An optimizer defined outside encore that does not say its attributes: identity only.
-    if (attrs_.type == AttrType::None) return {};
-    const AttrBlob now = opt_->update_attrs();
-    if (std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) return {};
+    if (attrs_.type == AttrType::None) {
+      // An optimizer defined outside encore: the values it lists (none listed, none compared).
+      if (values_.empty()) return {};
+    } else if (const AttrBlob now = opt_->update_attrs();
+               std::memcmp(now.bytes, attrs_.bytes, sizeof now.bytes) == 0) {
+      return {};
+    }
     std::string what;
     const std::vector<std::pair<std::string, double>> values = opt_->hyper_parameters();
     for (size_t i = 0; i < values.size() && i < values_.size(); ++i)
       if (values[i].second != values_[i].second)
         what += cat(what.empty() ? "" : ", ", values[i].first, " ", values_[i].second, " -> ",
                     values[i].second);
-    return cat(kind_, " ", what.empty() ? "hyper-parameters changed" : what);
+    if (what.empty() && attrs_.type == AttrType::None) return {};
+    return cat(kind_.empty() ? "the optimizer's" : kind_, " ",
+               what.empty() ? "hyper-parameters changed" : what);
   }
 
   bool live() const override { return live_; }
@@ -57,14 +63,15 @@ class HyperGuard final : public HostGuard {
 
  private:
   std::string replaced() const {
-    return cat(kind_, " optimizer was replaced (assigned another optimizer)");
+    return cat(kind_.empty() ? "the" : kind_,
+               " optimizer was replaced (assigned another optimizer)");
   }
 
   const Optimizer* opt_;
   std::weak_ptr<const char> token_;
   AttrBlob attrs_;
   std::vector<std::pair<std::string, double>> values_;
-  std::string kind_ = opt_->kind().empty() ? std::string("the") : opt_->kind();
+  std::string kind_ = opt_->kind();
   bool live_ = attrs_.type != AttrType::None && opt_->replays_read_hyper_parameters();
 };
 
@@ -121,7 +128,13 @@ void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, do
 
 void Optimizer::count_step() {
   steps_->fetch_add(1, std::memory_order_relaxed);
-  if (Tracer* t = current_tracer()) t->on_count(steps_);
+  if (Tracer* t = current_tracer()) {
+    t->on_count(steps_);
+    // An optimizer defined outside encore may update its parameters with ops of its own, not
+    // through dispatch_updates: its step is watched here.
+    if (update_attrs().type == AttrType::None)
+      t->on_host_guard(std::make_shared<HyperGuard>(*this));
+  }
 }
 
 void Optimizer::dispatch_updates(
