@@ -48,6 +48,9 @@ Tensor add_fresh(const Tensor& a, const Tensor& b) {
 
 // Accumulates `g` into leaf.grad: steals `g` when nothing else refers to it, else copies or adds.
 void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
+  // A leaf whose requires_grad was turned off since the forward gets nothing (PyTorch's
+  // AccumulateGrad skips it too), nor do its hooks run.
+  if (!leaf->requires_grad) return;
   if (Tracer* tracer = current_tracer();
       tracer != nullptr && tracer->on_leaf_grad(Tensor(IntrusivePtr<TensorImpl>(leaf)), g)) {
     TracerScope quiet(nullptr);
@@ -133,8 +136,18 @@ Node::~Node() {
     n.saved.clear();
     n.pending_grads.clear();
     n.payload.reset();
-    for (Edge& e : n.next)
-      if (e.node && e.node->use_count() == 1) dying.push_back(std::move(e.node));
+    // A producer every owner of which is an edge of this node (one input used twice, x * x)
+    // is taken by one edge, the others letting go first.
+    for (size_t i = 0; i < n.next.size(); ++i) {
+      const Node* p = n.next[i].node.get();
+      if (p == nullptr) continue;
+      uint32_t here = 0;
+      for (const Edge& e : n.next) here += e.node.get() == p ? 1 : 0;
+      if (p->use_count() != here) continue;
+      for (size_t j = i + 1; j < n.next.size(); ++j)
+        if (n.next[j].node.get() == p) n.next[j].node.reset();
+      dying.push_back(std::move(n.next[i].node));
+    }
   };
   take_sole_owned(*this);
   while (!dying.empty()) {

@@ -154,6 +154,11 @@ void backward(std::span<const Tensor> roots, std::span<const Tensor> grads, bool
 // register_post_accumulate_grad_hook), with the leaf; it runs inside the pass, so the ops it
 // dispatches are traced with the backward (a static whole step records them where the gradient
 // became final). Returns an id for remove_post_accumulate_grad_hook. `leaf` must require grad.
+// Unlike PyTorch's, which runs once per backward with the leaf's contributions summed, it runs
+// after each contribution: a leaf a pass reaches twice (a weight used twice) calls it twice,
+// current_pass() telling a pass's first call from a later one. Code that must run once per pass
+// with the whole gradient (an optimizer step inside the backward) queues a callback for the
+// pass's end (queue_callback) from its first call.
 using GradHook = std::function<void(const Tensor& leaf)>;
 uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, GradHook hook);
 void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id);

@@ -19,12 +19,17 @@ namespace {
 
 // Throws, naming the sizes, unless each is non-negative and their product fits kMaxNumel.
 void check_sizes(std::span<const int64_t> dims) {
-  int64_t n = 1;
-  for (size_t i = 0; i < dims.size(); ++i) {
+  for (size_t i = 0; i < dims.size(); ++i)
     ENCORE_CHECK(dims[i] >= 0, "Shape ", sizes_text(dims), ": dimension ", i, " is negative");
-    ENCORE_CHECK(!__builtin_mul_overflow(n, dims[i], &n) && n <= Shape::kMaxNumel, "Shape ",
-                 sizes_text(dims), ": more than 2^59 elements");
-  }
+  // A zero size leaves no elements, but the strides of the others must still fit: their product
+  // is checked, in whatever order the zeros come.
+  const bool empty = std::find(dims.begin(), dims.end(), 0) != dims.end();
+  int64_t n = 1;
+  for (const int64_t d : dims)
+    ENCORE_CHECK(
+        d == 0 || (!__builtin_mul_overflow(n, d, &n) && n <= Shape::kMaxNumel), "Shape ",
+        sizes_text(dims),
+        empty ? ": its nonzero sizes multiply to more than 2^59" : ": more than 2^59 elements");
 }
 
 }  // namespace
@@ -82,14 +87,15 @@ int normalize_axis(int axis, int rank, const char* op) {
   return axis < 0 ? axis + rank : axis;
 }
 
-Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const char* a_name,
+                       const char* b_name) {
   const int r = std::max(a.rank(), b.rank());
   int64_t dims[Shape::kMaxRank];
   for (int i = 0; i < r; ++i) {
     const int ia = a.rank() - r + i, ib = b.rank() - r + i;
     const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    ENCORE_CHECK(da == db || da == 1 || db == 1, op, ": shapes do not broadcast: a is ", a,
-                 ", b is ", b);
+    ENCORE_CHECK(da == db || da == 1 || db == 1, op, ": shapes do not broadcast: ", a_name, " is ",
+                 a, ", ", b_name, " is ", b);
     dims[i] = da == 1 ? db : da;
   }
   return Shape(std::span<const int64_t>(dims, r));

@@ -64,6 +64,7 @@ int normalize_axis(int axis, int rank, const char* op);
 
 // The broadcast of two shapes (NumPy rules); throws naming `op` and both shapes when they
 // do not broadcast.
-Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const char* a_name = "a",
+                       const char* b_name = "b");
 
 }  // namespace encore

@@ -20,19 +20,35 @@ std::string leaf_label(const Entry& e, const Leaf& l) {
 }
 
 // Whether the guarded gradients share storage now as they did when traced (empty: they do; then
-// remembered, so that the next call compares only if one of them is another tensor).
+// their storages' serials are remembered, so that the next call compares only if one of them
+// moved). Only a storage another tensor holds as well can be shared: those are sorted, so that
+// each gradient finds the first guard it shares with (the usual call has none to sort).
 std::string grads_sharing(const Entry& e) {
-  std::vector<const TensorImpl*> now(e.grads.size(), nullptr);
-  for (size_t k = 0; k < e.grads.size(); ++k) {
+  const size_t n = e.grads.size();
+  // Each guard's .grad as it is held (no copy: its reference counts are what they are).
+  auto grad_of = [&](size_t k) -> const TensorImpl* {
     const Tensor& t = leaf_now(e, e.rec->leaves[e.grads[k].leaf]);
-    if (const Tensor grad = t.defined() ? t.grad() : Tensor(); grad.defined()) now[k] = grad.impl();
+    return t.defined() ? t.impl()->grad.get() : nullptr;
+  };
+  std::vector<std::pair<const Storage*, int>>& held = e.grads_held;
+  held.clear();
+  held.reserve(n);
+  for (size_t k = 0; k < n; ++k)
+    if (const TensorImpl* g = grad_of(k);
+        g != nullptr && (g->use_count() > 1 || g->storage->use_count() > 1))
+      held.emplace_back(g->storage.get(), static_cast<int>(k));
+  std::sort(held.begin(), held.end());
+  // Per guard, the first guard whose gradient shares its storage, or -1.
+  std::vector<int>& first_of = e.grads_first;
+  first_of.assign(n, -1);
+  for (size_t i = 1, group = 0; i < held.size(); ++i) {
+    if (held[i].first != held[group].first)
+      group = i;
+    else
+      first_of[static_cast<size_t>(held[i].second)] = held[group].second;
   }
-  for (size_t k = 0; k < now.size(); ++k) {
-    int first = -1;
-    for (size_t j = 0; j < k && now[k] != nullptr && first < 0; ++j)
-      if (now[j] != nullptr && now[j]->storage.get() == now[k]->storage.get())
-        first = static_cast<int>(j);
-    const int was = e.grads[k].shares;
+  for (size_t k = 0; k < n; ++k) {
+    const int was = e.grads[k].shares, first = first_of[k];
     if (first == was) continue;
     const Leaf& a = e.rec->leaves[e.grads[k].leaf];
     const Leaf& b = e.rec->leaves[e.grads[static_cast<size_t>(first >= 0 ? first : was)].leaf];
@@ -40,7 +56,11 @@ std::string grads_sharing(const Entry& e) {
                first >= 0 ? " share storage now and did not when traced"
                           : " shared storage when traced and do not now");
   }
-  e.grads_seen = std::move(now);
+  e.grads_seen.resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    const TensorImpl* g = grad_of(k);
+    e.grads_seen[k] = g != nullptr ? g->storage->serial() : 0;
+  }
   return {};
 }
 
@@ -99,7 +119,7 @@ std::string guard_failure(const Entry& e) {
     if (g.defined && !(grad.shape() == g.shape))
       return cat("gradient of ", leaf_label(e, l), " shape changed ", g.shape, " -> ",
                  grad.shape());
-    moved = moved || e.grads_seen[k] != (grad.defined() ? grad.impl() : nullptr);
+    moved = moved || e.grads_seen[k] != (grad.defined() ? grad.impl()->storage->serial() : 0);
   }
   if (moved) {
     if (std::string why = grads_sharing(e); !why.empty()) return why;

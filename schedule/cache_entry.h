@@ -90,9 +90,12 @@ struct Entry {
   std::vector<const void*> tree;  // the watched modules when traced (Config::tree)
   std::vector<ParamGuard> params;
   std::vector<GradGuard> grads;
-  // Each guard's .grad when the guards last held (null: undefined): a call compares how they
-  // share storage only when one of them is another tensor.
-  mutable std::vector<const TensorImpl*> grads_seen;
+  // The storage serial of each guard's .grad when the guards last held (0: undefined): a call
+  // compares how they share storage only where one of them lives in another storage since.
+  // `grads_held`: scratch for that comparison (no allocation once sized).
+  mutable std::vector<uint64_t> grads_seen;
+  mutable std::vector<std::pair<const Storage*, int>> grads_held;
+  mutable std::vector<int> grads_first;
   // Per leaf, its post-accumulate hooks when traced (autograd::hooks_digest): the schedule runs
   // the ops those hooks dispatched, so a hook added or removed since traces again. Compared when
   // the process's hooks moved (autograd::hooks_epoch) since `hooks_seen`.

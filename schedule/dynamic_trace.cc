@@ -121,6 +121,8 @@ void StaticGraph::Impl::prepare_dynamic(Entry& e) {
     for (const auto& b : entries) {
       if (b.get() == &e || b->load_state() != EntryState::Ready || !b->pristine ||
           b->stale->load() != Stale::No ||
+          std::any_of(odd_traces.begin(), odd_traces.end(),
+                      [&](const OddTrace& o) { return o.id == b->id; }) ||
           std::find(skip.begin(), skip.end(), b->id) != skip.end() ||
           !only_sizes_differ(b->sig, e.sig, changed) || changed.empty() ||
           !std::all_of(changed.begin(), changed.end(), eligible) || !guard_failure(*b).empty() ||
@@ -205,6 +207,28 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     return out;
   };
   FamilyBuild b = build(points, e->dynamic_dims);
+  // A trace set aside as the odd one of these dimensions' first two: the family must not serve
+  // its sizes, which ran other ops (it refuses them where a size of 1 explains those ops).
+  std::optional<OddTrace> odd;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const OddTrace& o : odd_traces)
+      if (o.dims == e->dynamic_dims) odd = o;
+  }
+  if (b.family && odd) {
+    const ShapeFamily& f = *b.family;
+    std::vector<int64_t> at(static_cast<size_t>(f.symbols));
+    for (size_t k = 0; k < f.dims.size(); ++k)
+      at[static_cast<size_t>(f.symbol_of[k])] =
+          odd->point.sig.args[f.dims[k].arg].shape[f.dims[k].dim];
+    std::string refused;
+    if (instantiate(f, at, refused, !ranges_apply(config))) {
+      b.family.reset();
+      b.why = cat(odd->why, ", and a family of traces ", ids_text(ids), " would plan trace ",
+                  odd->id, "'s sizes with the ops of the others");
+      ids.insert(ids.begin(), odd->id);
+    }
+  }
   int64_t beside = -1;  // the family this trace could not join, where another family takes it
   if (!b.family && !e->alternate.empty() &&
       std::all_of(e->alternate.begin(), e->alternate.end(), [&](const FamilyPoint& p) {
@@ -225,6 +249,9 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
   std::unique_lock<std::mutex> lock(mu);
   e->evidence.clear();  // the earlier recordings now live in the family, if any
   const std::string what = dims_text(config, e->dynamic_dims);
+  // The odd trace of these dimensions, if any, has had its check.
+  if (b.family || !b.structure_differs || odd)
+    std::erase_if(odd_traces, [&](const OddTrace& o) { return o.dims == e->dynamic_dims; });
   if (b.family) {
     auto f = std::make_shared<Family>();
     f->id = e->id;
@@ -301,8 +328,7 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     const DynDim& d = e->dynamic_dims[0];
     const size_t larger =
         points[0].sig.args[d.arg].shape[d.dim] > points[1].sig.args[d.arg].shape[d.dim] ? 0 : 1;
-    e->pending_points = {points[larger]};
-    e->pending_ids = {ids[larger]};
+    odd_traces.push_back({e->dynamic_dims, points[1 - larger], ids[1 - larger], b.why});
     log_retrace(cat(config.name, ": ", what, " not made dynamic yet (", b.why, "; traces ",
                     ids_text(ids), "): the next size is checked against trace ", ids[larger],
                     ", the larger"));

@@ -369,13 +369,21 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
              : !e->rec->retrace.empty() ? EntryState::Retrace
                                         : EntryState::Ready);
   threw.reset();
-  while (static_cast<int>(entries.size()) > std::max(1, config.cache_limit)) {
+  // (Traces under way on other threads, which may yet throw, do not count.)
+  auto kept = [&] {
+    return std::count_if(entries.begin(), entries.end(), [](const std::shared_ptr<Entry>& x) {
+      return x->load_state() != EntryState::Tracing;
+    });
+  };
+  for (auto it = entries.end();
+       kept() > std::max(1, config.cache_limit) && it != entries.begin();) {
+    if ((*--it)->load_state() == EntryState::Tracing) continue;
     ++stats.evictions;
-    if (!entries.back()->in_family)
+    if (!(*it)->in_family)
       warn(cat(config.name, ": cache full (cache_limit ", config.cache_limit,
-               "); evicted the least recently used signature (",
-               describe(entries.back()->sig, config), ")"));
-    entries.pop_back();
+               "); evicted the least recently used signature (", describe((*it)->sig, config),
+               ")"));
+    it = entries.erase(it);
   }
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
   after_trace(*e, reason, ch, ms_since(t0));
@@ -410,6 +418,7 @@ void StaticGraph::clear() {
   impl_->static_dims.clear();
   impl_->failed_dim_sets.clear();
   impl_->retried_dim_sets.clear();
+  impl_->odd_traces.clear();
   impl_->threw.reset();
 }
 

@@ -74,8 +74,17 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // Sets of dimensions whose family failed together (each warned about once).
   std::set<std::vector<detail::DynDim>> failed_dim_sets;
   // Sets of dimensions whose first two traces ran other ops, given a third trace to tell which
-  // of the two was the odd one (dynamic_trace.cc).
+  // of the two was the odd one (dynamic_trace.cc): the smaller is set aside (a size of 1 made
+  // from the dimensions may explain it, and no later trace is checked against it), and a family
+  // of the larger and a later trace must refuse its sizes (a branch on the size would not).
+  struct OddTrace {
+    std::vector<detail::DynDim> dims;
+    detail::FamilyPoint point;
+    int64_t id = 0;
+    std::string why;  // how it differs from the larger
+  };
   std::set<std::vector<detail::DynDim>> retried_dim_sets;
+  std::vector<OddTrace> odd_traces;
   // The signature of the latest trace if it threw, until a trace succeeds: what the next trace's
   // reason compares with where the cache is empty.
   std::optional<detail::Signature> threw;

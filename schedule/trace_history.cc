@@ -90,8 +90,8 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                         "Its latest trace threw: a trace that throws caches nothing, so "
                         "each call traces again until one succeeds")
         : best == 0 ? std::string(
-                          "No argument, key or mode changed: each call traces again for "
-                          "the reason given")
+                          "No argument, key or mode changed in these calls: each traces again "
+                          "for the reason given")
         : family >= 0
             ? cat("It is dynamic (family ", family,
                   "), but the family could not plan these sizes (latest: ", reason,

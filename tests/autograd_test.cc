@@ -223,7 +223,47 @@ TEST_CASE("dropping a very deep graph does not recurse", "[autograd][memory]") {
   Tensor m = F::mul(x, x);
   for (int i = 0; i < 100000; ++i) m = F::mul(m, 1.0);  // nodes that save their inputs
   m = Tensor();
+  // Nodes whose two edges reach one producer (x + x, x * x): neither edge alone owns it.
+  Tensor d = x;
+  for (int i = 0; i < 300000; ++i) d = F::add(d, d);
+  d = Tensor();
+  Tensor s = x;
+  for (int i = 0; i < 100000; ++i) s = F::mul(s, s);
+  s = Tensor();
   SUCCEED();
+}
+
+TEST_CASE("a leaf whose requires_grad was turned off after the forward gets no gradient",
+          "[autograd]") {
+  // As PyTorch's AccumulateGrad: a parameter frozen between forward and backward stays frozen.
+  Tensor w = leaf({1, 2}, {2}), v = leaf({3, 4}, {2});
+  int calls = 0;
+  autograd::add_post_accumulate_grad_hook(w, [&calls](const Tensor&) { ++calls; });
+  const Tensor y = F::sum(F::mul(w, v));
+  w.set_requires_grad(false);
+  y.backward();
+  CHECK_FALSE(w.grad().defined());
+  CHECK(calls == 0);
+  CHECK(values(v.grad()) == std::vector<double>{1, 2});
+}
+
+TEST_CASE("add_ and copy_ refuse, in grad mode, an operand whose gradient they would drop",
+          "[autograd]") {
+  const Tensor w = leaf({1, 2}, {2});
+  Tensor acc = zeros({2}, DType::Float64), buf = zeros({2}, DType::Float64);
+  CHECK_THROWS_WITH(add_(acc, F::mul(w, 3.0)),
+                    Contains("add_: other [2] requires grad, and add_ is not differentiable"));
+  CHECK_THROWS_WITH(copy_(buf, w), Contains("copy_: src [2] requires grad"));
+  CHECK(values(acc) == std::vector<double>{0, 0});  // left as they were
+  CHECK(values(buf) == std::vector<double>{0, 0});
+  add_(acc, w.detach());
+  {
+    NoGradGuard no_grad;
+    add_(acc, w);
+    copy_(buf, w);
+  }
+  CHECK(values(acc) == std::vector<double>{2, 4});
+  CHECK(values(buf) == std::vector<double>{1, 2});
 }
 
 TEST_CASE("set_grad rejects gradients that would alias or form a cycle", "[autograd]") {

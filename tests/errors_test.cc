@@ -61,7 +61,10 @@ TEST_CASE("binary ops name both shapes when they do not broadcast", "[errors]") 
   CHECK_THROWS_WITH(F::where(cond, t32({3}), t32({2, 4})),
                     Contains("where: shapes do not broadcast") && Contains("[2,4]"));
   CHECK_THROWS_WITH(F::where(cond, t32({4}), t32({2, 3})),
-                    Contains("where: shapes do not broadcast: a is [2,3], b is [4]"));
+                    Contains("where: shapes do not broadcast: cond is [2,3], a is [4]"));
+  CHECK_THROWS_WITH(F::where(cond, t32({2, 3}), t32({4})),
+                    Contains("where: shapes do not broadcast: cond and a broadcast together is "
+                             "[2,3], b is [4]"));
   CHECK_THROWS_WITH(F::broadcast_to(t32({3}), {4, 1}),
                     Contains("broadcast_to: cannot broadcast [3] to [4,1]"));
   CHECK_THROWS_WITH(F::broadcast_to(t32({2, 3}), {3}),
@@ -313,6 +316,13 @@ TEST_CASE("a bad size names the sizes, and the op that computed or read them", "
   CHECK_THROWS_WITH(randn({-2, 3}), Contains("Shape [-2,3]: dimension 0 is negative"));
   CHECK_THROWS_WITH(Shape({int64_t{1} << 30, int64_t{1} << 30}),
                     Contains("Shape [1073741824,1073741824]: more than 2^59 elements"));
+  // With a zero size, the others' product still counts (their strides), wherever the zero is.
+  CHECK_THROWS_WITH(Shape({int64_t{1} << 30, int64_t{1} << 30, 0}),
+                    Contains("its nonzero sizes multiply to more than 2^59"));
+  CHECK_THROWS_WITH(Shape({0, int64_t{1} << 30, int64_t{1} << 30}),
+                    Contains("its nonzero sizes multiply to more than 2^59"));
+  CHECK(Shape({int64_t{1} << 20, int64_t{1} << 20, 0}).numel() == 0);
+  CHECK(Shape({0, int64_t{1} << 20, int64_t{1} << 20}).numel() == 0);
   Shape s{2, 3};
   CHECK_THROWS_WITH(s.set(0, -4), Contains("Shape [-4,3]: dimension 0 is negative"));
   CHECK_THROWS_WITH(s.set(1, int64_t{1} << 60), Contains("more than 2^59 elements"));

@@ -49,9 +49,11 @@ TEST_CASE("a trace where a pooled map is 1x1 does not keep the image size static
           "[static][dynamic]") {
   manual_seed(3);
   const SmallCnn net;
-  // The 1x1 trace first, then second: either way the next size joins the other.
+  // The 1x1 trace first, then second, then replayed before the third trace: either way the next
+  // size joins the other, never the 1x1 one.
   for (const std::vector<int64_t>& sizes :
-       {std::vector<int64_t>{12, 14, 20, 24, 30}, std::vector<int64_t>{14, 12, 20, 24, 30}}) {
+       {std::vector<int64_t>{12, 14, 20, 24, 30}, std::vector<int64_t>{14, 12, 20, 24, 30},
+        std::vector<int64_t>{12, 14, 12, 20, 24, 30}}) {
     auto sf = static_graph([&](const Tensor& x) { return net(x); }, {.name = "cnn"});
     check_sizes(net, sf, sizes);
     const StaticStats st = sf.stats();
@@ -61,6 +63,7 @@ TEST_CASE("a trace where a pooled map is 1x1 does not keep the image size static
     REQUIRE(st.dynamic_history.size() == 1);
     CHECK_THAT(st.dynamic_history[0],
                Catch::Contains(sizes[0] == 14 ? "traces 1 and 3" : "traces 2 and 3"));
+    CHECK(st.hits == static_cast<int64_t>(sizes.size()) - 3);  // planned sizes, 12 again
     // 12 again is its own trace's; 13 (a 1x1 map too) cannot join the family, and traces.
     check_sizes(net, sf, {12, 13});
     CHECK(sf.stats().traces == 4);
@@ -89,4 +92,26 @@ TEST_CASE("ops that follow the size keep it static once a third trace agrees wit
   CHECK_THAT(st.static_dims[0],
              Catch::Contains("argument 0 'x' dim 0 stays static: the forward ran"));
   CHECK_THAT(st.static_dims[0], Catch::Contains("(traces 2 and 3)"));
+}
+
+TEST_CASE("a branch on a size is not taken for a size of 1 made from it", "[static][dynamic]") {
+  // relu above 4, tanh up to it: 4 and 5 differ, and 6 agrees with 5. A family of 5 and 6 would
+  // plan 3 and 2 with relu, so it is refused, and the dimension stays static.
+  auto body = [](const Tensor& x) { return x.size(0) > 4 ? F::relu(x) : F::tanh(x); };
+  auto sf = static_graph(body, {.name = "threshold", .arg_names = {"x"}});
+  NoGradGuard no_grad;
+  for (const int64_t n : {4, 5, 6, 3, 2, 7, 9}) {
+    INFO("size " << n);
+    const Tensor x = randn({n, 2});
+    CHECK(bit_diff(sf(x), body(x)) == "");
+  }
+  const StaticStats st = sf.stats();
+  CHECK(st.traces == 7);
+  CHECK(st.dynamic.empty());
+  REQUIRE(st.static_dims.size() == 1);
+  CHECK_THAT(st.static_dims[0],
+             Catch::Contains("argument 0 'x' dim 0 stays static: step 0 (forward) is tanh at one "
+                             "traced size and relu at another, and a family of traces 2 and 3 "
+                             "would plan trace 1's sizes with the ops of the others (traces 1, 2 "
+                             "and 3)"));
 }

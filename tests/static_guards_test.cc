@@ -163,11 +163,18 @@ TEST_CASE("a post-accumulate hook added or removed after the trace traces again"
   CHECK(st.traces_history[2].reason ==
         "the post-accumulate-grad hooks of parameter '0.weight' changed (a hook added or "
         "removed; the schedule runs the ops of the hooks it traced)");
-  // A hook on a tensor the step does not touch traces nothing.
+}
+
+TEST_CASE("a hook on a tensor the step does not touch traces nothing", "[static][guards]") {
   Tensor other = randn({2});
   other.set_requires_grad(true);
-  const uint64_t id = autograd::add_post_accumulate_grad_hook(other, halve);
-  autograd::remove_post_accumulate_grad_hook(other, id);
+  std::vector<uint64_t> ids;
+  const StaticStats st = run<optim::SGD>(sgd, 5, [&](int i, Twin<optim::SGD>&) {
+    if (i == 2) ids.push_back(autograd::add_post_accumulate_grad_hook(other, [](const Tensor&) {}));
+    if (i == 3) autograd::remove_post_accumulate_grad_hook(other, ids.back());
+  });
+  CHECK(st.traces == 2);  // the first call, and zero_grad(false)'s new .grads
+  CHECK(st.hits == 3);
 }
 
 TEST_CASE("an optimizer defined outside encore is watched through its hyper_parameters()",

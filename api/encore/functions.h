@@ -54,6 +54,8 @@ Tensor randn(const Shape& shape, DType dtype = DType::Float32, Device device = D
 Tensor clone(const Tensor& x);
 
 // ---- In-place (not differentiable; bump the version counter) -----------------------------
+// In grad mode, add_'s `other` or copy_'s `src` requiring grad is an Error: its gradient would
+// be lost where PyTorch's in-place ops carry it (F::add, or .detach() where none should flow).
 
 void fill_(const Tensor& t, double value);
 void add_(const Tensor& t, const Tensor& other);   // t += other (other broadcast to t)

@@ -257,8 +257,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_floating("where", "a", a);
   check_floating("where", "b", b);
   detail::check_same_dtype("where", a, b);
-  const Shape s =
-      broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  const Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where", "cond", "a"),
+                                   b.shape(), "where", "cond and a broadcast together", "b");
   return call1(Op::Where, {cond, a, b}, s, a.dtype());
 }
 

@@ -136,12 +136,25 @@ void fill_(const Tensor& t, double value) {
   dispatch(Op::Fill, {t}, {}, AttrBlob::of(ScalarAttrs{value}));
 }
 
+namespace {
+// The in-place ops are not differentiable: in grad mode, an operand that requires grad would lose
+// its gradient where eager PyTorch would carry it (an Error instead of a silent loss).
+void not_dropping_grad(const char* op, const char* name, const Tensor& operand, const char* dst,
+                       const char* instead) {
+  ENCORE_CHECK(!GradMode::enabled() || !operand.requires_grad(), op, ": ", name, " ",
+               operand.shape(), " requires grad, and ", op, " is not differentiable (", dst,
+               " would not carry its gradient); use ", instead, ", or pass ", name,
+               ".detach() (or run it under NoGradGuard) where no gradient should flow");
+}
+}  // namespace
+
 void add_(const Tensor& t, const Tensor& other) {
   check_floating("add_", "t", t);
   check_floating("add_", "other", other);
   detail::check_same_dtype("add_", t, other);
-  ENCORE_CHECK(broadcast_shapes(t.shape(), other.shape(), "add_") == t.shape(), "add_: other ",
-               other.shape(), " does not broadcast to t ", t.shape());
+  ENCORE_CHECK(broadcast_shapes(t.shape(), other.shape(), "add_", "t", "other") == t.shape(),
+               "add_: other ", other.shape(), " does not broadcast to t ", t.shape());
+  not_dropping_grad("add_", "other", other, "t", "F::add(t, other)");
   dispatch(Op::AddInplace, {t, other}, {});
 }
 
@@ -150,6 +163,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   check_defined("copy_", "src", src);
   ENCORE_CHECK(dst.shape() == src.shape(), "copy_: shapes differ: dst is ", dst.shape(),
                ", src is ", src.shape());
+  not_dropping_grad("copy_", "src", src, "dst", "the result of the ops that made src");
   dispatch(Op::CopyInplace, {dst, src}, {});
 }
 

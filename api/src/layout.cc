@@ -162,7 +162,7 @@ Tensor transpose(const Tensor& x, int dim0, int dim1) {
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   check_defined("broadcast_to", "x", x);
-  ENCORE_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape,
+  ENCORE_CHECK(broadcast_shapes(x.shape(), shape, "broadcast_to", "x", "the shape") == shape,
                "broadcast_to: cannot broadcast ", x.shape(), " to ", shape);
   if (x.shape() == shape) return clone(x);  // a new tensor, as any broadcast gives
   return call1(Op::BroadcastTo, {x}, shape, x.dtype());

@@ -1,6 +1,8 @@
 #include "encore/optim.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <tuple>
@@ -33,8 +35,11 @@ class HyperGuard final : public HostGuard {
     }
     std::string what;
     const std::vector<std::pair<std::string, double>> values = opt_->hyper_parameters();
-    for (size_t i = 0; i < values.size() && i < values_.size(); ++i)
-      if (values[i].second != values_[i].second)
+    if (values.size() != values_.size())
+      return cat(kind_.empty() ? "the optimizer's" : kind_, " hyper-parameters changed (",
+                 values_.size(), " listed when traced, ", values.size(), " now)");
+    for (size_t i = 0; i < values.size(); ++i)
+      if (std::bit_cast<uint64_t>(values[i].second) != std::bit_cast<uint64_t>(values_[i].second))
         what += cat(what.empty() ? "" : ", ", values[i].first, " ", values_[i].second, " -> ",
                     values[i].second);
     if (what.empty() && attrs_.type == AttrType::None) return {};
