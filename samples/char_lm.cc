@@ -150,7 +150,8 @@ class Trainer {
   std::function<StaticStats()> stats_;
 };
 
-void print_static_report(const StaticStats& st) {
+// `bucket`: the batches' lengths were padded to multiples of it (--bucket).
+void print_static_report(const StaticStats& st, int64_t bucket) {
   std::printf("\ntrain_step: %lld calls, %lld traces, %lld replays, %lld eager\n",
               static_cast<long long>(st.calls), static_cast<long long>(st.traces),
               static_cast<long long>(st.hits), static_cast<long long>(st.eager_calls));
@@ -165,9 +166,16 @@ void print_static_report(const StaticStats& st) {
                 static_cast<long long>(d.hits));
   if (st.traces > 1 && st.dynamic.empty()) {
     for (const std::string& why : st.static_dims) std::printf("static: %s\n", why.c_str());
-    std::printf(
-        "each batch length is a new signature: train on fixed windows (drop --lines), or pad "
-        "lengths to a few buckets (--bucket 16), so that a handful of traces serve every batch\n");
+    if (bucket > 1)
+      std::printf(
+          "each padded length (a multiple of --bucket %lld) is a signature of its own: a "
+          "larger bucket leaves fewer\n",
+          static_cast<long long>(bucket));
+    else
+      std::printf(
+          "each batch length is a new signature: train on fixed windows (drop --lines), or pad "
+          "lengths to a few buckets (--bucket 16), so that a handful of traces serve every "
+          "batch\n");
   }
 }
 
@@ -197,7 +205,7 @@ void train(const Flags& f, const TextCorpus& corpus) {
   }
   std::printf("\nvalidation loss %.4f (%.3f bits per character)\n", tr.validation_loss(),
               tr.validation_loss() / std::log(2.0));
-  if (f.static_step) print_static_report(tr.stats());
+  if (f.static_step) print_static_report(tr.stats(), f.bucket);
   std::printf("\nsample:\n%s%s\n", f.prompt.c_str(), tr.generate(f.generate).c_str());
 }
 
@@ -233,7 +241,12 @@ void compare(const Flags& f, const TextCorpus& corpus) {
               "time, the first steps' traces included)\n",
               1e3 * seconds[0] / n, 1e3 * seconds[1] / n, seconds[0] / seconds[1]);
   std::printf("losses %s\n", same ? "identical (bit for bit)" : "DIFFER");
-  print_static_report(traced.stats());
+  print_static_report(traced.stats(), f.bucket);
+  const double valid[2] = {eager.validation_loss(), traced.validation_loss()};
+  std::printf("\nvalidation loss eager %.4f static %.4f (%s)\n", valid[0], valid[1],
+              valid[0] == valid[1] ? "identical" : "DIFFER");
+  std::printf("\nsample (static model):\n%s%s\n", f.prompt.c_str(),
+              traced.generate(f.generate).c_str());
 }
 
 }  // namespace
@@ -266,6 +279,9 @@ int main(int argc, char** argv) {
   cli.integer("threads", &f.threads, 0, "threads for the kernels (0: the default)");
   cli.parse(argc, argv);
   if (f.model != "lstm" && f.model != "gpt") cli.die("--model is lstm or gpt, got " + f.model);
+  if (f.bucket > 1 && !f.lines)
+    cli.die("--bucket pads the lengths of --lines batches: give --lines");
+  if (f.compare && f.static_step) cli.die("--compare trains both ways: drop --static");
   try {
     if (f.threads > 0) set_num_threads(static_cast<int>(f.threads));
     const TextCorpus corpus(f.data);

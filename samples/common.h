@@ -3,6 +3,7 @@
 #pragma once
 
 #include <unistd.h>
+#include <cmath>
 
 #include <algorithm>
 #include <cerrno>
@@ -50,9 +51,11 @@ class Cli {
                      [this, n, target, min](const char* v) {
                        char* end = nullptr;
                        const double x = std::strtod(v, &end);
-                       if (end == v || *end != '\0' || !(x >= min))
-                         die("--" + n + " needs a number >= " + std::to_string(min) + ", got '" +
-                             v + "'");
+                       if (end == v || *end != '\0' || !(x >= min) || !std::isfinite(x)) {
+                         char least[32];
+                         std::snprintf(least, sizeof least, "%g", min);
+                         die("--" + n + " needs a finite number >= " + least + ", got '" + v + "'");
+                       }
                        *target = x;
                      },
                      true});

@@ -81,8 +81,13 @@ struct RunResult {
   int64_t traces = 0;       // static: traces of the forward (train and eval signatures)
   int64_t planned = 0;      // static: batch sizes planned from a dynamic family, untraced
   int64_t arena_bytes = 0;  // static: arena of the training entry
-  int64_t step_peak = 0;    // allocator peak over one training step, above what was in use
+  int64_t step_peak = -1;   // allocator peak over step 3, above what was in use (-1: no step 3)
 };
+
+// A step's peak, or that an epoch of under 3 steps measured none.
+std::string peak_text(int64_t bytes) {
+  return bytes >= 0 ? samples::kib(bytes) : std::string("not measured (under 3 steps)");
+}
 
 // Bytes the allocator's peak rose above what was in use before one call of `step`.
 template <typename Step>
@@ -195,7 +200,7 @@ RunResult train(const Flags& f, Trainer& tr, const data::Dataset& test_set, bool
   }
   if (verbose)
     std::printf("training step: allocator peak %s above the bytes in use before it\n",
-                samples::kib(r.step_peak).c_str());
+                peak_text(r.step_peak).c_str());
   if (tr.static_forward && !f.schedule.empty()) write_schedules(f.schedule, *tr.model);
   return r;
 }
@@ -258,7 +263,7 @@ void print_summary(const RunResult& e, const RunResult& s) {
               "memory per step");
   std::printf("--------+-------------+-----------+----------+------------------\n");
   std::printf("%-7s | %11.2f | %9.4f | %8.4f | peak %12s\n", "eager", e.seconds, e.test.loss,
-              e.test.accuracy, samples::kib(e.step_peak).c_str());
+              e.test.accuracy, peak_text(e.step_peak).c_str());
   std::printf("%-7s | %11.2f | %9.4f | %8.4f | arena %11s\n", "static", s.seconds, s.test.loss,
               s.test.accuracy, samples::kib(s.arena_bytes).c_str());
   std::printf(
@@ -266,7 +271,7 @@ void print_summary(const RunResult& e, const RunResult& s) {
       "once each; a batch of a second size traces once more and makes the batch dynamic), "
       "sizes planned without tracing %lld; static step peak %s\n",
       e.seconds / s.seconds, static_cast<long long>(s.traces), static_cast<long long>(s.planned),
-      samples::kib(s.step_peak).c_str());
+      peak_text(s.step_peak).c_str());
   std::printf("results %s\n", e.test.loss == s.test.loss && e.test.accuracy == s.test.accuracy
                                   ? "identical (bit for bit)"
                                   : "DIFFER");
@@ -328,6 +333,10 @@ int main(int argc, char** argv) {
   try {
     if (f.compare && !f.export_path.empty())
       throw Error("--export writes one model; --compare trains two");
+    if (f.compare && f.epochs != 1)
+      throw Error("--compare trains one epoch each way: drop --epochs");
+    if (!f.compare && f.profile_steps != Flags{}.profile_steps)
+      throw Error("--profile-steps profiles the steps after --compare's epochs: give --compare");
     if (!f.schedule.empty() && !f.static_forward && !f.compare)
       throw Error(
           "--schedule writes the schedules of a static forward: give --static or --compare");

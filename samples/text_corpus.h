@@ -36,7 +36,8 @@ class TextCorpus {
         if (e.is_regular_file() && !e.path().has_extension()) files.push_back(e.path());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) read_entries(f);
-    ENCORE_CHECK(!entries_.empty(), "char_lm: no text in ", dir,
+    ENCORE_CHECK(!entries_.empty(), "no text in ", dir,
+                 fs::is_directory(dir) ? "" : " (not a directory)",
                  " (install it with: sudo apt-get install fortunes)");
     const auto split = static_cast<size_t>(static_cast<double>(entries_.size()) * (1 - held_out));
     for (size_t i = 0; i < entries_.size(); ++i) (i < split ? train_ : valid_) += entries_[i];
@@ -58,6 +59,9 @@ class TextCorpus {
   // next symbols [B,T] (int64).
   static std::pair<Tensor, Tensor> windows(const std::string& text, int64_t batch, int64_t steps,
                                            std::mt19937_64& rng) {
+    ENCORE_CHECK(text.size() > static_cast<size_t>(steps), "a text of ", text.size(),
+                 " characters is shorter than a window of ", steps,
+                 " + 1 (--seq): give a larger corpus (--data) or a smaller --seq");
     Tensor x = empty({batch, steps}, DType::Int64), t = empty({batch, steps}, DType::Int64);
     int64_t* px = x.data<int64_t>();
     int64_t* pt = t.data<int64_t>();
@@ -78,6 +82,9 @@ class TextCorpus {
   // '\n' and are ignored by the loss. Varying lengths are varying signatures for a static step.
   std::pair<Tensor, Tensor> lines_batch(int64_t first, int64_t batch, int64_t max_steps,
                                         int64_t bucket) const {
+    ENCORE_CHECK(lines() > 0,
+                 "no training line of 2 or more characters: --lines has none to batch "
+                 "(give a larger corpus, or drop --lines)");
     std::vector<const std::string*> rows;
     int64_t longest = 1;
     for (int64_t b = 0; b < batch; ++b) {

@@ -7,8 +7,10 @@
 //   for (auto& [name, p] : model->named_parameters()) ...   // "0.weight", "0.bias", ...
 //
 // A module registers its parameters by address (register_parameter("weight", &weight_)), so a
-// parameter replaced by assignment is seen by named_parameters(). Modules are neither copyable
-// nor movable; hold them by shared_ptr.
+// parameter replaced by assignment is seen by named_parameters(), as it is: assign one that
+// requires grad (t.set_requires_grad(true), which register_parameter does), else it gets no
+// gradient and no optimizer step (PyTorch refuses such an assignment). Modules are neither
+// copyable nor movable; hold them by shared_ptr.
 #pragma once
 
 #include <memory>
@@ -49,8 +51,8 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
     return children_;
   }
-  // This module and its descendants, depth first, parents before their children (PyTorch's
-  // modules()).
+  // This module and its descendants, depth first, parents before their children, each once (a
+  // shared child at its first place), as PyTorch's modules().
   std::vector<Module*> modules();
 
   // Sets train (true) or eval (false) mode on this module and its descendants.
@@ -62,7 +64,8 @@ class Module {
   std::vector<std::pair<std::string, Tensor*>> named_buffer_slots() const;
 
   // Moves every parameter and buffer of this module and its descendants to `device` (a
-  // parameter stays a leaf that requires grad; its gradient is dropped). Create optimizers after
+  // parameter stays a leaf that requires grad; its gradient is dropped; a tensor held in several
+  // places, a tied weight, stays one tensor). Create optimizers after
   // moving the model: they hold the parameters they were given.
   void to(Device device);
 
@@ -81,7 +84,8 @@ class Module {
   void register_parameter(std::string name, Tensor* member);
   // Registers state held in a member (moved by to(), not trained).
   void register_buffer(std::string name, Tensor* member);
-  // Registers a child module (not null; a name not taken by a parameter, buffer or child).
+  // Registers a child module (not null; a name not taken by a parameter, buffer or child; not
+  // this module nor one holding it).
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
     add_child(std::move(name), m);

@@ -1,7 +1,8 @@
 // Modules of sequence models: recurrent cells and layers, attention and a transformer block.
 //
 //   nn::LSTMCell cell(64, 256);
-//   auto [h, c] = cell(x_t, h, c);                // one time step, PyTorch's gate order
+//   Tensor h = zeros({B, 256}), c = zeros({B, 256});
+//   std::tie(h, c) = cell(x_t, h, c);             // one time step, PyTorch's gate order
 //   nn::LSTM lstm(64, 256, {.batch_first = true});
 //   auto [y, h_n, c_n] = lstm(x);                  // x [B,T,64] -> y [B,T,256]
 //
@@ -99,7 +100,8 @@ class MultiheadAttention : public Module {
   // Self-attention (causal when options.causal).
   Tensor forward(const Tensor& x) override;
   // query [B,T,embed], key and value [B,S,embed], the same B (no broadcast) and S; attn_mask as
-  // scaled_dot_product_attention's.
+  // scaled_dot_product_attention's: a bool mask is true where a query may attend, the inverse of
+  // torch.nn.MultiheadAttention's (true = masked out); a float mask is added to the scores.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& attn_mask = Tensor(), bool causal = false);
   std::string describe() const override;

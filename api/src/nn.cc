@@ -26,6 +26,10 @@ void Module::register_parameter(std::string name, Tensor* member) {
   ENCORE_CHECK(member != nullptr && member->defined(), describe(), ": parameter '", name,
                "' is undefined");
   check_name(name, "parameter");
+  ENCORE_CHECK(is_floating(member->dtype()), describe(), ": parameter '", name, "' ",
+               member->shape(), " is ", member->dtype(), "; parameters must be floating");
+  ENCORE_CHECK(member->is_leaf(), describe(), ": parameter '", name, "' ", member->shape(),
+               " is not a leaf (it was computed from other tensors); register a detach()ed copy");
   member->set_requires_grad(true);
   params_.emplace_back(std::move(name), member);
   g_structure.fetch_add(1, std::memory_order_release);
@@ -44,6 +48,10 @@ void Module::check_name(const std::string& name, const char* what) const {
 void Module::add_child(std::string name, std::shared_ptr<Module> m) {
   ENCORE_CHECK(m != nullptr, describe(), ": module '", name, "' is null");
   check_name(name, "module");
+  // No cycles: every walk over the tree (parameters, train(), to()) would never end.
+  for (const Module* below : m->modules())
+    ENCORE_CHECK(below != this, describe(), ": module '", name, "' (", m->describe(),
+                 ") holds this module; a module cannot be its own descendant");
   children_.emplace_back(std::move(name), std::move(m));
   g_structure.fetch_add(1, std::memory_order_release);
 }
@@ -75,14 +83,24 @@ std::vector<std::pair<std::string, Tensor*>> Module::named_buffer_slots() const 
 }
 
 void Module::to(Device device) {
-  for (auto& [name, p] : named_parameter_slots()) {
-    if (p->device() == device) continue;
-    Tensor moved = p->detach().to(device);
-    moved.set_requires_grad(p->requires_grad());
-    *p = moved;
-  }
-  for (auto& [name, b] : named_buffer_slots())
-    if (b->device() != device) *b = b->to(device);
+  // A tensor in several slots (a tied weight, a shared child's) moves once, and every slot gets
+  // that one copy: the tie holds on the device.
+  std::vector<std::pair<Tensor, Tensor>> moved;  // (before, after)
+  auto move = [&](Tensor* slot, bool parameter) {
+    if (slot->device() == device) return;
+    const auto it = std::find_if(moved.begin(), moved.end(),
+                                 [&](const auto& m) { return m.first.is_same(*slot); });
+    if (it != moved.end()) {
+      *slot = it->second;
+      return;
+    }
+    Tensor now = parameter ? slot->detach().to(device) : slot->to(device);
+    if (parameter) now.set_requires_grad(slot->requires_grad());
+    moved.emplace_back(*slot, now);
+    *slot = now;
+  };
+  for (auto& [name, p] : named_parameter_slots()) move(p, true);
+  for (auto& [name, b] : named_buffer_slots()) move(b, false);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
@@ -100,11 +118,13 @@ std::vector<Tensor> Module::parameters() const {
 }
 
 std::vector<Module*> Module::modules() {
-  std::vector<Module*> out{this};
-  for (auto& [name, child] : children_) {
-    const std::vector<Module*> below = child->modules();
-    out.insert(out.end(), below.begin(), below.end());
-  }
+  std::vector<Module*> out;
+  auto visit = [&out](auto& self, Module* m) -> void {
+    if (std::find(out.begin(), out.end(), m) != out.end()) return;  // a shared child: once
+    out.push_back(m);
+    for (auto& [name, child] : m->children_) self(self, child.get());
+  };
+  visit(visit, this);
   return out;
 }
 
@@ -120,6 +140,8 @@ void Module::zero_grad(bool set_to_none) {
 Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options) {
   ENCORE_CHECK(in_features > 0 && out_features > 0, "Linear: features must be positive, got ",
                in_features, " -> ", out_features);
+  ENCORE_CHECK(is_floating(options.dtype), "Linear: dtype must be float32 or float64, it is ",
+               options.dtype);
   weight = Tensor::empty({out_features, in_features}, options.dtype, options.device);
   const double fan_in = static_cast<double>(in_features);
   if (options.init == Init::PyTorch) {

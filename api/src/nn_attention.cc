@@ -47,6 +47,8 @@ Tensor MultiheadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
 
 Tensor MultiheadAttention::forward(const Tensor& x) {
   detail::check_floating("MultiheadAttention", "x", x);
+  ENCORE_CHECK(x.dtype() == in_proj_weight.dtype(), "MultiheadAttention: x is ", x.dtype(),
+               " but the module's weights are ", in_proj_weight.dtype());
   const int64_t e = in_proj_weight.size(1);
   ENCORE_CHECK(x.rank() == 3 && x.size(2) == e, "MultiheadAttention: x must be [B,T,", e,
                "], it is ", x.shape());
@@ -62,6 +64,9 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   const Tensor* args[] = {&query, &key, &value};
   for (int i = 0; i < 3; ++i) {
     detail::check_floating("MultiheadAttention", names[i], *args[i]);
+    ENCORE_CHECK(args[i]->dtype() == in_proj_weight.dtype(), "MultiheadAttention: ", names[i],
+                 " is ", args[i]->dtype(), " but the module's weights are ",
+                 in_proj_weight.dtype());
     ENCORE_CHECK(args[i]->rank() == 3 && args[i]->size(2) == e, "MultiheadAttention: ", names[i],
                  " must be [B,T,", e, "], it is ", args[i]->shape());
   }

@@ -748,6 +748,19 @@ TEST_CASE("Module::to moves parameters and batch-norm running statistics", "[cud
   CHECK(net->conv->weight.requires_grad());
 }
 
+TEST_CASE("Module::to keeps a tied weight and a shared child one tensor", "[cuda][runtime][nn]") {
+  auto a = std::make_shared<nn::Linear>(3, 3), b = std::make_shared<nn::Linear>(3, 3);
+  b->weight = a->weight;  // tied, as an embedding and its output projection
+  nn::Sequential net({a, std::make_shared<nn::Tanh>(), b, a});  // `a` shared too
+  REQUIRE(net.parameters().size() == 3);
+  net.to(kCuda);
+  CHECK(a->weight.device() == kCuda);
+  CHECK(b->weight.is_same(a->weight));
+  CHECK(net.parameters().size() == 3);
+  F::sum(net(rand({2, 3}).to(kCuda))).backward();
+  CHECK(b->weight.grad().is_same(a->weight.grad()));
+}
+
 TEST_CASE("modules and optimizers made on cuda train there", "[cuda][runtime][nn]") {
   nn::Linear lin(8, 4, {.dtype = DType::Float64, .device = kCuda});
   CHECK(lin.weight.device() == kCuda);
