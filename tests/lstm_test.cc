@@ -169,6 +169,16 @@ TEST_CASE("LSTM without a state computes with a zero one: a NaN weight shows, as
     CHECK(bit_diff(c, cz) == "");
     CHECK(std::isnan(y.to_vector<float>()[0]));
   }
+  // LSTMCell with no state, as PyTorch's default: zeros, and a NaN weight_hh shows there too.
+  manual_seed(13);
+  nn::LSTMCell cell(3, 2);
+  const Tensor x = randn({2, 3});
+  const auto [h1, c1] = cell(x, Tensor(), Tensor());
+  const auto [hz, cz] = cell(x, zeros({2, 2}), zeros({2, 2}));
+  CHECK(bit_diff(h1, hz) == "");
+  CHECK(bit_diff(c1, cz) == "");
+  cell.weight_hh.data<float>()[0] = NAN;
+  CHECK(std::isnan(cell(x, Tensor(), Tensor()).first.to_vector<float>()[0]));
   // lstm_state with no cell state: a NaN forget gate shows too.
   const Tensor gates = tensor({0, 0, NAN, 0, 0, 0, 0, 0}, {1, 8});
   CHECK(std::isnan(nn::lstm_state(gates, Tensor()).second.to_vector<float>()[0]));

@@ -29,7 +29,8 @@ struct RecurrentOptions {
 
 // One LSTM step as torch.nn.LSTMCell: gates = x W_ih^T + b_ih + h W_hh^T + b_hh split into
 // input, forget, cell and output gates (that order); c' = sigmoid(f) c + sigmoid(i) tanh(g),
-// h' = sigmoid(o) tanh(c'). x [B, input], h and c [B, hidden], all of the weights' dtype.
+// h' = sigmoid(o) tanh(c'). x [B, input], h and c [B, hidden], all of the weights' dtype; an
+// undefined h or c is a zero state (PyTorch's default).
 // Parameters as PyTorch's, U(-1/sqrt(hidden), 1/sqrt(hidden)): weight_ih [4 hidden, input],
 // weight_hh [4 hidden, hidden], bias_ih and bias_hh [4 hidden].
 class LSTMCell : public Module {

@@ -27,10 +27,10 @@ void check_dtype(const char* module, const char* what, const Tensor& t, DType we
                " as the weights, it is ", t.dtype(), " ", t.shape());
 }
 
-// Checks a state argument [B, hidden] of a cell.
+// Checks a state argument [B, hidden] of a cell (undefined: a zero state, as PyTorch's default).
 void check_state(const char* what, const Tensor& s, int64_t batch, int64_t hidden, const Tensor& x,
                  DType weights) {
-  ENCORE_CHECK(s.defined(), "LSTMCell: ", what, " is undefined");
+  if (!s.defined()) return;
   ENCORE_CHECK(s.rank() == 2 && s.size(0) == batch && s.size(1) == hidden, "LSTMCell: ", what,
                " must be [", batch, ",", hidden, "] for x ", x.shape(), ", it is ", s.shape());
   check_dtype("LSTMCell", what, s, weights);
@@ -78,7 +78,11 @@ std::pair<Tensor, Tensor> LSTMCell::forward(const Tensor& x, const Tensor& h, co
   check_dtype("LSTMCell", "x", x, weight_ih.dtype());
   check_state("h", h, x.size(0), hidden_size(), x, weight_ih.dtype());
   check_state("c", c, x.size(0), hidden_size(), x, weight_ih.dtype());
-  const Tensor gates = F::add(F::linear(x, weight_ih, bias_ih), F::linear(h, weight_hh, bias_hh));
+  // A missing h is a zero state, multiplied by weight_hh all the same (a NaN there shows, as in
+  // PyTorch); a missing c is lstm_state's zero state.
+  const Tensor h0 =
+      h.defined() ? h : zeros({x.size(0), hidden_size()}, weight_hh.dtype(), weight_hh.device());
+  const Tensor gates = F::add(F::linear(x, weight_ih, bias_ih), F::linear(h0, weight_hh, bias_hh));
   return lstm_state(gates, c);
 }
 
