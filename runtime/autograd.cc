@@ -58,6 +58,7 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
     return;
   }
   if (leaf->grad_hooks && leaf->grad_hooks->redirect) leaf = leaf->grad_hooks->redirect;
+  if (!leaf->requires_grad) return;
   if (!leaf->grad) {
     const bool unshared =
         g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;
@@ -148,6 +149,9 @@ Node::~Node() {
         if (n.next[j].node.get() == p) n.next[j].node.reset();
       dying.push_back(std::move(n.next[i].node));
     }
+    // The rest have owners outside this node: letting go now cannot free them here, and a
+    // producer also reached through a child (y = f(y) + y) is then that child's alone.
+    for (Edge& e : n.next) e.node.reset();
   };
   take_sole_owned(*this);
   while (!dying.empty()) {

@@ -290,6 +290,14 @@ int main(int argc, char** argv) {
                 f.data.c_str(), static_cast<long long>(corpus.files()),
                 static_cast<long long>(corpus.entries()), static_cast<long long>(corpus.lines()),
                 corpus.train_text().size(), corpus.valid_text().size());
+    // Checked before training: the held-out windows are drawn only at its end.
+    if (f.lines)
+      ENCORE_CHECK(corpus.lines() > 0,
+                   "no training line of 2 or more characters: --lines has "
+                   "none to batch (give a larger corpus, or drop --lines)");
+    else
+      TextCorpus::check_window(corpus.train_text(), f.time_steps(), "the training");
+    TextCorpus::check_window(corpus.valid_text(), f.time_steps(), "the held-out");
     if (f.compare)
       compare(f, corpus);
     else

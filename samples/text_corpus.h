@@ -55,13 +55,18 @@ class TextCorpus {
   const std::string& train_text() const { return train_; }
   const std::string& valid_text() const { return valid_; }
 
+  // Throws unless `text` (`which` text, for the message) holds a window of `steps` + 1 symbols.
+  static void check_window(const std::string& text, int64_t steps, const char* which) {
+    ENCORE_CHECK(text.size() > static_cast<size_t>(steps), which, " text of ", text.size(),
+                 " characters is shorter than a window of ", steps,
+                 " + 1 (--seq): give a larger corpus (--data) or a smaller --seq");
+  }
+
   // `batch` windows of `steps` + 1 symbols at random offsets of `text`: inputs [B,T] and their
   // next symbols [B,T] (int64).
   static std::pair<Tensor, Tensor> windows(const std::string& text, int64_t batch, int64_t steps,
                                            std::mt19937_64& rng) {
-    ENCORE_CHECK(text.size() > static_cast<size_t>(steps), "a text of ", text.size(),
-                 " characters is shorter than a window of ", steps,
-                 " + 1 (--seq): give a larger corpus (--data) or a smaller --seq");
+    check_window(text, steps, "a");
     Tensor x = empty({batch, steps}, DType::Int64), t = empty({batch, steps}, DType::Int64);
     int64_t* px = x.data<int64_t>();
     int64_t* pt = t.data<int64_t>();

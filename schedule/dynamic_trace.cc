@@ -207,28 +207,7 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     return out;
   };
   FamilyBuild b = build(points, e->dynamic_dims);
-  // A trace set aside as the odd one of these dimensions' first two: the family must not serve
-  // its sizes, which ran other ops (it refuses them where a size of 1 explains those ops).
-  std::optional<OddTrace> odd;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const OddTrace& o : odd_traces)
-      if (o.dims == e->dynamic_dims) odd = o;
-  }
-  if (b.family && odd) {
-    const ShapeFamily& f = *b.family;
-    std::vector<int64_t> at(static_cast<size_t>(f.symbols));
-    for (size_t k = 0; k < f.dims.size(); ++k)
-      at[static_cast<size_t>(f.symbol_of[k])] =
-          odd->point.sig.args[f.dims[k].arg].shape[f.dims[k].dim];
-    std::string refused;
-    if (instantiate(f, at, refused, !ranges_apply(config))) {
-      b.family.reset();
-      b.why = cat(odd->why, ", and a family of traces ", ids_text(ids), " would plan trace ",
-                  odd->id, "'s sizes with the ops of the others");
-      ids.insert(ids.begin(), odd->id);
-    }
-  }
+  const std::vector<DynDim> asked = e->dynamic_dims;  // (the alternate path below may swap them)
   int64_t beside = -1;  // the family this trace could not join, where another family takes it
   if (!b.family && !e->alternate.empty() &&
       std::all_of(e->alternate.begin(), e->alternate.end(), [&](const FamilyPoint& p) {
@@ -246,12 +225,40 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     }
   }
   e->alternate.clear();
+  // Traces set aside as the odd one of their dimensions' first two, of dimensions the family
+  // covers (or, without one, of the dimensions asked): the family must not serve their sizes,
+  // which ran other ops (it refuses them where a size of 1 explains those ops).
+  std::vector<OddTrace> odd;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const OddTrace& o : odd_traces)
+      if (b.family ? std::includes(b.family->dims.begin(), b.family->dims.end(), o.dims.begin(),
+                                   o.dims.end())
+                   : o.dims == asked)
+        odd.push_back(o);
+  }
+  std::vector<int64_t> named = ids;  // the traces a message names
+  for (const OddTrace& o : odd) {
+    if (!b.family) break;
+    const ShapeFamily& f = *b.family;
+    std::vector<int64_t> at(static_cast<size_t>(f.symbols));
+    for (size_t k = 0; k < f.dims.size(); ++k)
+      at[static_cast<size_t>(f.symbol_of[k])] = o.sig.args[f.dims[k].arg].shape[f.dims[k].dim];
+    std::string refused;
+    if (instantiate(f, at, refused, !ranges_apply(config))) {
+      b.family.reset();
+      b.why = cat(o.why, ", and a family of traces ", ids_text(ids), " would plan trace ", o.id,
+                  "'s sizes with the ops of the others");
+      named.insert(named.begin(), o.id);
+    }
+  }
   std::unique_lock<std::mutex> lock(mu);
   e->evidence.clear();  // the earlier recordings now live in the family, if any
   const std::string what = dims_text(config, e->dynamic_dims);
-  // The odd trace of these dimensions, if any, has had its check.
-  if (b.family || !b.structure_differs || odd)
-    std::erase_if(odd_traces, [&](const OddTrace& o) { return o.dims == e->dynamic_dims; });
+  // The odd traces looked at have had their check.
+  std::erase_if(odd_traces, [&](const OddTrace& o) {
+    return std::any_of(odd.begin(), odd.end(), [&](const OddTrace& x) { return x.id == o.id; });
+  });
   if (b.family) {
     auto f = std::make_shared<Family>();
     f->id = e->id;
@@ -320,7 +327,7 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     log_retrace(cat(config.name, ": ", what, " may be dynamic, but the traces at size 1 differ (",
                     b.why, "); the next size is checked against trace ", ids_text(e->pending_ids)));
   } else if (b.structure_differs && points.size() == 2 && one_group(points, e->dynamic_dims) &&
-             retried_dim_sets.insert(e->dynamic_dims).second) {
+             odd_traces.size() < kSubjects && retried_dim_sets.insert(e->dynamic_dims).second) {
     // Two traces that ran other ops may differ only because a size made from the dimensions was
     // 1 at one of them (a pooled map of 1x1: a reduction over one element, a broadcast from 1,
     // need no op of their own), and that is the smaller one: the larger is the next trace's
@@ -328,21 +335,21 @@ void StaticGraph::Impl::make_dynamic(const std::shared_ptr<Entry>& e) {
     const DynDim& d = e->dynamic_dims[0];
     const size_t larger =
         points[0].sig.args[d.arg].shape[d.dim] > points[1].sig.args[d.arg].shape[d.dim] ? 0 : 1;
-    odd_traces.push_back({e->dynamic_dims, points[1 - larger], ids[1 - larger], b.why});
+    odd_traces.push_back({e->dynamic_dims, points[1 - larger].sig, ids[1 - larger], b.why});
     log_retrace(cat(config.name, ": ", what, " not made dynamic yet (", b.why, "; traces ",
                     ids_text(ids), "): the next size is checked against trace ", ids[larger],
                     ", the larger"));
   } else if (one_group(points, e->dynamic_dims) || failed_dim_sets.size() >= kSubjects) {
     const std::string line = cat(what, e->dynamic_dims.size() == 1 ? " stays" : " stay",
-                                 " static: ", b.why, " (traces ", ids_text(ids), ")");
+                                 " static: ", b.why, " (traces ", ids_text(named), ")");
     for (const DynDim& d : e->dynamic_dims)
       if (static_dims.size() < kSubjects) static_dims.try_emplace(d, line);
     warn(cat(config.name, ": ", line));
   } else if (failed_dim_sets.insert(e->dynamic_dims).second) {
     // Which of them the failure is due to, traces that differ in fewer of them tell: until
     // then each may still become dynamic.
-    warn(cat(config.name, ": ", what, " cannot all be dynamic: ", b.why, " (traces ", ids_text(ids),
-             "); each may still become dynamic where two traces differ in fewer"));
+    warn(cat(config.name, ": ", what, " cannot all be dynamic: ", b.why, " (traces ",
+             ids_text(named), "); each may still become dynamic where two traces differ in fewer"));
   }
   unlock_and_log(lock);
 }

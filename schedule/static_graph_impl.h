@@ -79,7 +79,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   // of the larger and a later trace must refuse its sizes (a branch on the size would not).
   struct OddTrace {
     std::vector<detail::DynDim> dims;
-    detail::FamilyPoint point;
+    detail::Signature sig;
     int64_t id = 0;
     std::string why;  // how it differs from the larger
   };

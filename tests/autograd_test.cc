@@ -230,6 +230,10 @@ TEST_CASE("dropping a very deep graph does not recurse", "[autograd][memory]") {
   Tensor s = x;
   for (int i = 0; i < 100000; ++i) s = F::mul(s, s);
   s = Tensor();
+  // A producer reached directly and through a child (a residual step, y = tanh(y) + y).
+  Tensor r = x;
+  for (int i = 0; i < 300000; ++i) r = F::add(F::tanh(r), r);
+  r = Tensor();
   SUCCEED();
 }
 
