@@ -49,8 +49,9 @@ Tensor add_fresh(const Tensor& a, const Tensor& b) {
 // Accumulates `g` into leaf.grad: steals `g` when nothing else refers to it, else copies or adds.
 void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
   // A leaf whose requires_grad was turned off since the forward gets nothing (PyTorch's
-  // AccumulateGrad skips it too), nor do its hooks run.
-  if (!leaf->requires_grad) return;
+  // AccumulateGrad skips it too), nor do its hooks run; a stand-in's, the leaf it redirects to.
+  const GradHooks* hooks = leaf->grad_hooks.get();
+  if (!(hooks && hooks->redirect ? hooks->redirect : leaf)->requires_grad) return;
   if (Tracer* tracer = current_tracer();
       tracer != nullptr && tracer->on_leaf_grad(Tensor(IntrusivePtr<TensorImpl>(leaf)), g)) {
     TracerScope quiet(nullptr);
@@ -58,7 +59,6 @@ void accumulate_into_leaf(TensorImpl* leaf, Tensor g) {
     return;
   }
   if (leaf->grad_hooks && leaf->grad_hooks->redirect) leaf = leaf->grad_hooks->redirect;
-  if (!leaf->requires_grad) return;
   if (!leaf->grad) {
     const bool unshared =
         g.impl()->use_count() == 1 && g.impl()->storage->use_count() == 1 && !g.impl()->grad_fn;
@@ -137,21 +137,16 @@ Node::~Node() {
     n.saved.clear();
     n.pending_grads.clear();
     n.payload.reset();
-    // A producer every owner of which is an edge of this node (one input used twice, x * x)
-    // is taken by one edge, the others letting go first.
-    for (size_t i = 0; i < n.next.size(); ++i) {
-      const Node* p = n.next[i].node.get();
-      if (p == nullptr) continue;
-      uint32_t here = 0;
-      for (const Edge& e : n.next) here += e.node.get() == p ? 1 : 0;
-      if (p->use_count() != here) continue;
-      for (size_t j = i + 1; j < n.next.size(); ++j)
-        if (n.next[j].node.get() == p) n.next[j].node.reset();
-      dying.push_back(std::move(n.next[i].node));
-    }
-    // The rest have owners outside this node: letting go now cannot free them here, and a
+    // Each edge lets go of a producer others still own (which cannot free it here), and takes
+    // the one it owns alone: so the last edge to a producer used twice (x * x) takes it, and a
     // producer also reached through a child (y = f(y) + y) is then that child's alone.
-    for (Edge& e : n.next) e.node.reset();
+    for (Edge& e : n.next) {
+      if (!e.node) continue;
+      if (e.node->use_count() == 1)
+        dying.push_back(std::move(e.node));
+      else
+        e.node.reset();
+    }
   };
   take_sole_owned(*this);
   while (!dying.empty()) {

@@ -36,15 +36,14 @@ class HyperGuard final : public HostGuard {
     std::string what;
     const std::vector<std::pair<std::string, double>> values = opt_->hyper_parameters();
     if (values.size() != values_.size())
-      return cat(kind_.empty() ? "the optimizer's" : kind_, " hyper-parameters changed (",
-                 values_.size(), " listed when traced, ", values.size(), " now)");
+      return cat(whose(), " hyper-parameters changed (", values_.size(), " listed when traced, ",
+                 values.size(), " now)");
     for (size_t i = 0; i < values.size(); ++i)
       if (std::bit_cast<uint64_t>(values[i].second) != std::bit_cast<uint64_t>(values_[i].second))
         what += cat(what.empty() ? "" : ", ", values[i].first, " ", values_[i].second, " -> ",
                     values[i].second);
     if (what.empty() && attrs_.type == AttrType::None) return {};
-    return cat(kind_.empty() ? "the optimizer's" : kind_, " ",
-               what.empty() ? "hyper-parameters changed" : what);
+    return cat(whose(), " ", what.empty() ? "hyper-parameters changed" : what);
   }
 
   bool live() const override { return live_; }
@@ -67,6 +66,8 @@ class HyperGuard final : public HostGuard {
   }
 
  private:
+  // "Adam", or "the optimizer's" for one defined outside encore (no kind).
+  std::string whose() const { return kind_.empty() ? "the optimizer's" : kind_; }
   std::string replaced() const {
     return cat(kind_.empty() ? "the" : kind_,
                " optimizer was replaced (assigned another optimizer)");
