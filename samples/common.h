@@ -74,6 +74,7 @@ class Cli {
       }
       const Opt* o = find(a);
       if (o == nullptr) die("unknown flag: " + std::string(a));
+      given_.push_back(o->name);
       if (!o->takes_value) {
         o->set(nullptr);
         continue;
@@ -81,6 +82,11 @@ class Cli {
       if (i + 1 >= argc) die("--" + o->name + " needs a value");
       o->set(argv[++i]);
     }
+  }
+
+  // Whether the command line named --name, whatever value it gave (the default included).
+  bool given(std::string_view name) const {
+    return std::find(given_.begin(), given_.end(), name) != given_.end();
   }
 
   [[noreturn]] void die(const std::string& msg) const {
@@ -115,6 +121,7 @@ class Cli {
 
   std::string program_, summary_;
   std::vector<Opt> opts_;
+  std::vector<std::string> given_;
 };
 
 // Loads both splits of an IDX directory, or explains how to get Fashion-MNIST and exits.

@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
       throw Error("--export writes one model; --compare trains two");
     if (f.compare && f.epochs != 1)
       throw Error("--compare trains one epoch each way: drop --epochs");
-    if (!f.compare && f.profile_steps != Flags{}.profile_steps)
+    if (!f.compare && cli.given("profile-steps"))
       throw Error("--profile-steps profiles the steps after --compare's epochs: give --compare");
     if (!f.schedule.empty() && !f.static_forward && !f.compare)
       throw Error(

@@ -277,6 +277,26 @@ TEST_CASE("dropout in eval mode or with ratio 0 is the identity", "[pool_norm]")
   CHECK_FALSE(d(x).is_same(x));
 }
 
+TEST_CASE("dropout with ratio 1 zeroes everything, keeps NaN and draws nothing", "[pool_norm]") {
+  // PyTorch's p = 1: x * 0, a gradient of zeros, the generator untouched.
+  GeneratorState keep;
+  Generator& gen = GeneratorState::gen();
+  gen.manual_seed(7);
+  const Tensor fresh = rand({8});
+  gen.manual_seed(7);
+  Tensor x = tensor({1, -2, std::nan(""), 4}, {4}).set_requires_grad();
+  nn::Dropout d(1.0);
+  const Tensor y = d(x);
+  const auto yv = y.to_vector<float>();
+  CHECK(yv[0] == 0);
+  CHECK(yv[1] == 0);
+  CHECK(std::isnan(yv[2]));
+  CHECK(yv[3] == 0);
+  F::sum(y).backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{0, 0, 0, 0});
+  CHECK(rand({8}).to_vector<float>() == fresh.to_vector<float>());
+}
+
 TEST_CASE("dropout masks follow the generator: same seed same mask, new call new mask",
           "[pool_norm]") {
   GeneratorState keep;
@@ -406,8 +426,8 @@ TEST_CASE("pooling, batch_norm and dropout reject bad arguments naming op, argum
   CHECK_THROWS_WITH((*bn)(x4),
                     Contains("batch_norm") && Contains("gamma is [4]") && Contains("3 channels"));
 
-  CHECK_THROWS_WITH(F::dropout(x4, 1.0), Contains("dropout") && Contains("ratio") &&
-                                             Contains("[0, 1)") && Contains("[2,3,4,4]"));
+  CHECK_THROWS_WITH(F::dropout(x4, 1.5), Contains("dropout") && Contains("ratio") &&
+                                             Contains("[0, 1]") && Contains("[2,3,4,4]"));
   CHECK_THROWS_WITH(F::dropout(x4, -0.1), Contains("dropout") && Contains("ratio"));
   CHECK_THROWS_WITH(F::dropout(x4, std::nan(""), false), Contains("dropout") && Contains("ratio"));
   CHECK_THROWS_WITH(nn::Dropout(1.5), Contains("Dropout") && Contains("ratio"));

@@ -221,9 +221,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
 Tensor dropout(const Tensor& x, double ratio, bool training) {
   check_floating("dropout", "x", x);
-  ENCORE_CHECK(ratio >= 0 && ratio < 1, "dropout: ratio must be in [0, 1), it is ", ratio,
+  ENCORE_CHECK(ratio >= 0 && ratio <= 1, "dropout: ratio must be in [0, 1], it is ", ratio,
                " (x is ", x.shape(), ")");
   if (!training || ratio == 0) return x;
+  // Every element dropped: x * 0 as PyTorch, so a NaN stays NaN and nothing is drawn.
+  if (ratio == 1) return F::mul(x, 0.0);
   const Generator::Stream s = default_generator(x.device()).reserve(random_count(x.numel()));
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mask = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -267,7 +269,7 @@ std::string BatchNorm2d::describe() const {
 }
 
 Dropout::Dropout(double ratio) : ratio_(ratio) {
-  ENCORE_CHECK(ratio >= 0 && ratio < 1, "Dropout: ratio must be in [0, 1), it is ", ratio);
+  ENCORE_CHECK(ratio >= 0 && ratio <= 1, "Dropout: ratio must be in [0, 1], it is ", ratio);
 }
 
 std::string Dropout::describe() const {
