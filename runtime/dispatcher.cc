@@ -84,6 +84,7 @@ void dispatch(Op op, std::span<const Tensor> inputs, std::span<Tensor> outputs,
                    ", which requires grad, while grad mode is on; run it under NoGradGuard");
   }
 
+  if (kind == OpKind::Inplace && t_tracer != nullptr) t_tracer->before_inplace(op, inputs);
   if (kind != OpKind::View) {
     KernelFn fn = lookup_kernel(op, device.type);
     if (device.type == DeviceType::CUDA) cuda::set_device(device.index);

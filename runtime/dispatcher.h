@@ -72,6 +72,12 @@ class Tracer {
   virtual ~Tracer() = default;
   virtual void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
                      std::span<const Tensor> outputs) = 0;
+  // An in-place op is about to write its inputs (`op_writes_input`): called before its kernel,
+  // while they still hold what the traced code put there.
+  virtual void before_inplace(Op op, std::span<const Tensor> inputs) {
+    (void)op;
+    (void)inputs;
+  }
   // A tensor's values were accessed on the host (`what`: "item", "to_vector", or "data" for
   // Tensor::data, a read or a write): not capturable.
   virtual void on_host_read(const Tensor& t, std::string_view what) {

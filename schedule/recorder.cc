@@ -277,14 +277,61 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   (phase_ == Phase::Forward ? rec_.forward : rec_.backward).push_back(std::move(s));
 }
 
+void Recorder::before_inplace(Op op, std::span<const Tensor> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Key k = key_of(inputs[i]);
+    if (!op_writes_input(op, i) || host_filled_.erase(k) == 0) continue;
+    // A host-filled tensor about to be written: every call starts from the values the host
+    // gave it, so a replay copies them from a private copy into a temporary the write then
+    // updates (instead of updating, call after call, the tensor the trace filled).
+    const Tensor& t = inputs[i];
+    const Tensor value =
+        constant_value(t, t.impl()->storage->nbytes() - t.impl()->offset * itemsize(t.dtype()));
+    int from;
+    if (auto it = buf_of_.find(k); it != buf_of_.end()) {  // read since: bound to `t` so far
+      from = it->second;
+      rec_.buffers[from].bound = value;
+      buf_of_.erase(it);
+    } else {
+      from = new_buffer(value, BufKind::External, -1);
+      rec_.buffers[from].constant = true;
+    }
+    const int to = new_buffer(t, BufKind::Temp, -1);
+    Step s{Op::Copy,
+           {},
+           -1,
+           {Operand{from, t.shape(), t.dtype()}},
+           {Operand{to, t.shape(), t.dtype()}}};
+    if (snapshot_) {
+      std::vector<unsigned char>& snap = rec_.snapshots.emplace_back(rec_.buffers[from].nbytes);
+      cuda::copy_bytes(snap.data(), Device::cpu(), value.raw_data(), value.device(), snap.size());
+    }
+    (phase_ == Phase::Forward ? rec_.forward : rec_.backward).push_back(std::move(s));
+  }
+}
+
 void Recorder::on_host_read(const Tensor& t, std::string_view what) {
-  if (!buf_of_.contains(key_of(t)) && t.impl()->storage->serial() >= start_serial_)
-    return;  // a tensor made inside the call being filled from host values: a constant
-  unsafe(cat(name_, ": the traced function reads tensor values on the host (", what, " of a ",
-             t.shape(),
-             " tensor); a replay would bake the value in. Return the tensor and read "
-             "it outside the static function",
-             or_eager()));
+  if (!buf_of_.contains(key_of(t)) && t.impl()->storage->serial() >= start_serial_) {
+    // A tensor made inside the call being filled from host values: a constant (bound by
+    // reference where it is read), unless an in-place op writes it (before_inplace).
+    host_filled_.insert(key_of(t));
+    return;
+  }
+  if (what == "data")
+    unsafe(cat(name_,
+               ": the traced function reads or writes tensor values on the host (data() of "
+               "a ",
+               t.shape(),
+               " tensor that ops made or read); a replay would bake in what it "
+               "read and would not repeat what it wrote. Make the values with ops, or return the "
+               "tensor and read it outside the static function",
+               or_eager()));
+  else
+    unsafe(cat(name_, ": the traced function reads tensor values on the host (", what, " of a ",
+               t.shape(),
+               " tensor); a replay would bake the value in. Return the tensor and read "
+               "it outside the static function",
+               or_eager()));
 }
 
 void Recorder::on_unrepeatable(std::string_view why) {

@@ -171,6 +171,7 @@ class Recorder final : public Tracer {
 
   void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
              std::span<const Tensor> outputs) override;
+  void before_inplace(Op op, std::span<const Tensor> inputs) override;
   void on_host_read(const Tensor& t, std::string_view what) override;
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
@@ -224,6 +225,9 @@ class Recorder final : public Tracer {
   // The aliases and every view made of them during the call (held: no address is reused).
   absl::flat_hash_set<const TensorImpl*> arg_views_;
   std::vector<Tensor> arg_view_keep_;
+  // Tensors made inside the call and filled from host values (Tensor::data) that no step has
+  // written yet: constants, until an in-place op writes one (before_inplace).
+  absl::flat_hash_set<Key> host_filled_;
   // The live host guard just recorded (its index, -1: none) and its traced() attributes: the
   // optimizer updates dispatched right after it, up to the next other op, take them live.
   int live_guard_ = -1;

@@ -110,6 +110,60 @@ TEST_CASE("causal attention: a query sees only itself and earlier keys", "[ops][
   CHECK(bit_diff(y, F::scaled_dot_product_attention(q, k, v, false, keep)) == "");
 }
 
+TEST_CASE("a query the mask lets see no key gets 0, and no NaN reaches any gradient",
+          "[ops][attention]") {
+  // Key 0 is padding and the mask is causal: query 0 sees no key. PyTorch (since 2.5) gives its
+  // row 0; softmax alone would give NaN, and its backward NaN in every row of v's gradient.
+  manual_seed(3);
+  const int64_t t = 4;
+  std::vector<double> keep_values(t * t);
+  for (int i = 0; i < t; ++i)
+    for (int j = 1; j <= i; ++j) keep_values[i * t + j] = 1;
+  const Tensor keep =
+      F::greater(tensor(keep_values, {t, t}, DType::Float64), zeros({}, DType::Float64));
+  std::vector<double> add_values(t * t);
+  for (size_t i = 0; i < add_values.size(); ++i)
+    add_values[i] = keep_values[i] != 0 ? 0.0 : -INFINITY;
+  const Tensor additive = tensor(add_values, {t, t}, DType::Float64);
+  for (const Tensor& mask : {keep, additive}) {
+    INFO("mask " << name(mask.dtype()));
+    Tensor q = randn({2, t, 3}, DType::Float64).set_requires_grad();
+    Tensor k = randn({2, t, 3}, DType::Float64).set_requires_grad();
+    Tensor v = randn({2, t, 2}, DType::Float64).set_requires_grad();
+    const Tensor y = F::scaled_dot_product_attention(q, k, v, false, mask);
+    CHECK(F::slice(y, 1, 0, 1).to_vector<double>() == std::vector<double>(4, 0.0));
+    // The other queries attend as if query 0 were not there.
+    const Tensor rest =
+        F::scaled_dot_product_attention(F::slice(q, 1, 1, t), k, v, false, F::slice(mask, 0, 1, t));
+    const auto yv = F::slice(y, 1, 1, t).to_vector<double>(), rv = rest.to_vector<double>();
+    REQUIRE(yv.size() == rv.size());
+    for (size_t i = 0; i < yv.size(); ++i) CHECK(yv[i] == Approx(rv[i]).epsilon(1e-12));
+    // A loss over the later queries only: every gradient is finite, and query 0 gets none.
+    F::sum(F::mul(F::slice(y, 1, 1, t), F::slice(y, 1, 1, t))).backward();
+    for (const Tensor* g : {&q, &k, &v})
+      for (double x : g->grad().to_vector<double>()) CHECK(std::isfinite(x));
+    CHECK(F::slice(q.grad(), 1, 0, 1).to_vector<double>() == std::vector<double>(6, 0.0));
+  }
+}
+
+TEST_CASE("MultiheadAttention made causal is causal through either forward", "[attention]") {
+  manual_seed(4);
+  nn::MultiheadAttention mha(8, 2, {.causal = true});
+  const Tensor x = randn({2, 5, 8});
+  CHECK(bit_diff(mha.forward(x), mha.forward(x, x, x)) == "");
+  nn::MultiheadAttention plain(8, 2);
+  plain.in_proj_weight = mha.in_proj_weight;
+  plain.in_proj_bias = mha.in_proj_bias;
+  plain.out_proj->weight = mha.out_proj->weight;
+  plain.out_proj->bias = mha.out_proj->bias;
+  CHECK(bit_diff(plain.forward(x, x, x), mha.forward(x)) != "");
+  CHECK(bit_diff(plain.forward(x, x, x, Tensor(), true), mha.forward(x)) == "");
+  CHECK_THROWS_WITH(mha.forward(x, randn({2, 5, 6}), x),
+                    Contains("MultiheadAttention: key must be [B,S,8], it is [2,5,6]"));
+  CHECK_THROWS_WITH(mha.forward(randn({2, 5}), x, x),
+                    Contains("MultiheadAttention: query must be [B,T,8], it is [2,5]"));
+}
+
 namespace {
 
 // A causal self-attention block of a small GPT: x [B, T, C] -> layer_norm(x + attention(x)).

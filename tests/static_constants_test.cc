@@ -112,6 +112,35 @@ TEST_CASE("a constant the function writes in place, or returns, keeps its steps"
   CHECK(f.stats().hits == 3);
 }
 
+TEST_CASE("a tensor filled from host values, then written in place, starts each call from them",
+          "[static][constants]") {
+  StaticEnabled on;
+  // c is made with empty() and filled through data(): no op made its values, so a replay copies
+  // them in before the add, instead of adding into the tensor the trace filled at every call.
+  // `read_first` reads c before the write: the read must see the host values too.
+  for (const bool read_first : {false, true}) {
+    INFO("read first " << read_first);
+    auto body = [read_first](const Tensor& x) {
+      Tensor c = empty({3});
+      float* p = c.data<float>();
+      p[0] = 5;
+      p[1] = 6;
+      p[2] = 7;
+      const Tensor before = read_first ? F::mul(c, 2.0) : zeros({3});
+      add_(c, x);
+      return F::add(F::mul(c, 1.0), before);
+    };
+    auto f = static_graph(body, {.name = "host_filled"});
+    for (int call = 0; call < 4; ++call) {
+      INFO("call " << call);
+      const Tensor x = tensor({1.0 * call, 2, 3}, {3});
+      CHECK(bit_diff(f(x), body(x)) == "");
+    }
+    CHECK(f.stats().traces == 1);
+    CHECK(f.stats().hits == 3);
+  }
+}
+
 TEST_CASE("a causally masked model trains by a static step as eagerly, constants folded",
           "[static][constants]") {
   StaticEnabled on;

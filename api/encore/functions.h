@@ -243,7 +243,9 @@ Tensor layer_norm(const Tensor& x, std::initializer_list<int64_t> normalized_sha
 // dimensions broadcast. scale defaults to 1/sqrt(D). causal: query i attends to keys j <= i
 // (top-left aligned, PyTorch's is_causal). attn_mask, broadcast to [..., T, S]: bool, true where
 // a key TAKES PART (PyTorch's convention), or floating (q's dtype), added to the scores. A query
-// that may attend to no key gets NaN. Composed from matmul, mul, masked_fill, where, softmax:
+// that the mask lets attend to no key gets 0, its gradients too (as PyTorch's since 2.5; a
+// causal mask alone leaves every query key 0). causal and attn_mask may be given together: both
+// apply (PyTorch refuses the pair). Composed from matmul, mul, masked_fill, where, softmax:
 // differentiable in q, k, v (and a floating mask), and traceable by static_graph.
 //   Tensor y = F::scaled_dot_product_attention(q, k, v, /*causal=*/true);  // q,k,v [B,H,T,Dh]
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -102,7 +102,9 @@ class MultiheadAttention : public Module {
   Tensor forward(const Tensor& x) override;
   // query [B,T,embed], key and value [B,S,embed], the same B (no broadcast) and S; attn_mask as
   // scaled_dot_product_attention's: a bool mask is true where a query may attend, the inverse of
-  // torch.nn.MultiheadAttention's (true = masked out); a float mask is added to the scores.
+  // torch.nn.MultiheadAttention's (true = masked out); a float mask is added to the scores. It
+  // broadcasts to [B, heads, T, S]: key padding is a bool [B, 1, 1, S] (true for real keys; a
+  // [B, S] mask would broadcast as [T, S]). Causal when `causal` or options.causal.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& attn_mask = Tensor(), bool causal = false);
   std::string describe() const override;

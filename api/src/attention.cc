@@ -87,12 +87,23 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
   if (causal) scores = masked_fill(scores, causal_mask(t, s, q.dtype(), q.device()), kMinusInf);
-  if (attn_mask.defined()) {
-    scores = attn_mask.dtype() == DType::Bool
-                 ? where(attn_mask, scores, full({}, kMinusInf, q.dtype(), q.device()))
-                 : add(scores, attn_mask);
+  if (!attn_mask.defined())  // (a causal mask alone leaves every query key 0)
+    return detail::batched_matmul(kAttention, softmax(scores, -1), v, false, false);
+  scores = attn_mask.dtype() == DType::Bool
+               ? where(attn_mask, scores, full({}, kMinusInf, q.dtype(), q.device()))
+               : add(scores, attn_mask);
+  // A query the masks leave no key attends to nothing: its probabilities are 0 (PyTorch's safe
+  // softmax), not softmax's NaN, which a backward would spread through P^T gy to every row of
+  // v's gradient. Its scores are replaced by 0 before the softmax as well, so that no NaN
+  // arises on the way back either. (A NaN score is no -inf: its row stays NaN.)
+  Tensor dead;
+  {
+    NoGradGuard no_grad;
+    dead = equal(max(scores, {-1}, true), full({}, kMinusInf, q.dtype(), q.device()));
   }
-  return detail::batched_matmul(kAttention, softmax(scores, -1), v, false, false);
+  const Tensor zero = zeros({}, q.dtype(), q.device());
+  const Tensor p = where(dead, zero, softmax(where(dead, zero, scores), -1));
+  return detail::batched_matmul(kAttention, p, v, false, false);
 }
 
 }  // namespace functions

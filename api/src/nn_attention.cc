@@ -68,7 +68,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
                  " is ", args[i]->dtype(), " but the module's weights are ",
                  in_proj_weight.dtype());
     ENCORE_CHECK(args[i]->rank() == 3 && args[i]->size(2) == e, "MultiheadAttention: ", names[i],
-                 " must be [B,T,", e, "], it is ", args[i]->shape());
+                 " must be [B,", i == 0 ? "T" : "S", ",", e, "], it is ", args[i]->shape());
   }
   ENCORE_CHECK(key.size(0) == query.size(0) && value.size(0) == query.size(0) &&
                    key.size(1) == value.size(1),
@@ -80,7 +80,8 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
                      in_proj_bias.defined() ? F::slice(in_proj_bias, 0, part * e, (part + 1) * e)
                                             : Tensor());
   };
-  return attend(project(query, 0), project(key, 1), project(value, 2), attn_mask, causal);
+  return attend(project(query, 0), project(key, 1), project(value, 2), attn_mask,
+                causal || options.causal);
 }
 
 std::string MultiheadAttention::describe() const {
