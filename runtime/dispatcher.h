@@ -84,6 +84,9 @@ class Tracer {
     (void)t;
     (void)what;
   }
+  // Host state other than a tensor's values was read (`what`, e.g. "Adam's steps()"): a replay
+  // would bake it in.
+  virtual void on_host_value(std::string_view what) { (void)what; }
   // The autograd engine made `grad` the .grad of `leaf` (the leaf had none). `grad` is either
   // the incoming gradient itself or a Copy of it (already reported through on_op). Later
   // accumulation into an existing .grad is an AddInplace op.

@@ -334,6 +334,14 @@ void Recorder::on_host_read(const Tensor& t, std::string_view what) {
                or_eager()));
 }
 
+void Recorder::on_host_value(std::string_view what) {
+  unsafe(cat(name_, ": the traced function reads ", what,
+             " on the host; a replay would bake in the value it had at the trace. Keep such a "
+             "value in a tensor the function updates with ops (a count: add_(count, 1.0)), or "
+             "read it outside the static function",
+             or_eager()));
+}
+
 void Recorder::on_unrepeatable(std::string_view why) {
   if (rec_.retrace.empty()) rec_.retrace = cat("ran a one-time set-up (", why, ")");
 }

@@ -173,6 +173,7 @@ class Recorder final : public Tracer {
              std::span<const Tensor> outputs) override;
   void before_inplace(Op op, std::span<const Tensor> inputs) override;
   void on_host_read(const Tensor& t, std::string_view what) override;
+  void on_host_value(std::string_view what) override;
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_read(const Tensor& leaf) override;

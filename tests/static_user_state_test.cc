@@ -657,3 +657,31 @@ TEST_CASE("a parameter replaced while the optimizer keeps the old one traces aga
              Contains("parameter 'weight' was replaced by another tensor; the trace updated the "
                       "one it had in place"));
 }
+
+TEST_CASE("a step that reads an optimizer's steps() on the host is never replayed", "[static]") {
+  // A schedule made from the step count (lr = 0.1 / (1 + steps())): a replay would keep the
+  // trace's rate. The read is unsafe, as a host read of a tensor's values.
+  manual_seed(12);
+  auto model = nn::mlp(5, 6, 3);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  auto body = [&](const Tensor& x, const Tensor& t) {
+    opt.options.lr = 0.1 / (1.0 + static_cast<double>(opt.steps()));
+    return train_step(*model, opt, x, t);
+  };
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  SECTION("an Error by default") {
+    auto step = static_graph(body, {.name = "scheduled", .modules = {model}});
+    CHECK_THROWS_WITH(step(x, t),
+                      Contains("scheduled: the traced function reads SGD's steps() on the host") &&
+                          Contains("add_(count, 1.0)"));
+  }
+  SECTION("eager calls with OnUnsafe::Eager, eager's rates") {
+    auto step =
+        static_graph(body, {.name = "scheduled", .on_unsafe = OnUnsafe::Eager, .modules = {model}});
+    for (int c = 0; c < 3; ++c) step(x, t);
+    CHECK(step.stats().hits == 0);
+    CHECK(opt.steps() == 3);
+    CHECK(opt.options.lr == 0.1 / 3.0);
+  }
+}

@@ -44,8 +44,10 @@ class Optimizer {
   virtual void step() = 0;
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& params() const { return params_; }
-  // The step() calls so far, replays of a static training step included.
-  int64_t steps() const { return steps_->load(std::memory_order_relaxed); }
+  // The step() calls so far, replays of a static training step included. A host value: read
+  // inside a static function it would be baked into the replays, so a trace refuses it (as a
+  // host read of a tensor); keep a count the step needs in a tensor it updates with ops.
+  int64_t steps() const;
 
   // What a checkpoint saves and restores. kind() names the class ("Adam"); a checkpoint loads
   // only into an optimizer of the same kind, and one whose kind() is "" (the default for

@@ -116,13 +116,13 @@ Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std
 Optimizer::Optimizer(const Optimizer& other)
     : params_(other.params_),
       shared_storage_(other.shared_storage_),
-      steps_(std::make_shared<std::atomic<int64_t>>(other.steps())) {}
+      steps_(std::make_shared<std::atomic<int64_t>>(other.steps_->load())) {}
 
 Optimizer& Optimizer::operator=(const Optimizer& other) {
   params_ = other.params_;
   shared_storage_ = other.shared_storage_;
   // A new counter: the static steps that recorded this object's see another optimizer (token_).
-  steps_ = std::make_shared<std::atomic<int64_t>>(other.steps());
+  steps_ = std::make_shared<std::atomic<int64_t>>(other.steps_->load());
   token_ = other.token_;
   return *this;
 }
@@ -130,6 +130,12 @@ Optimizer& Optimizer::operator=(const Optimizer& other) {
 void Optimizer::set_hyper_parameters(const std::vector<std::pair<std::string, double>>& values) {
   ENCORE_CHECK(values.empty(), "Optimizer::set_hyper_parameters: this optimizer has none, but '",
                values.front().first, "' was given");
+}
+
+int64_t Optimizer::steps() const {
+  if (Tracer* t = current_tracer())
+    t->on_host_value(cat(kind().empty() ? "an optimizer" : kind(), "'s steps()"));
+  return steps_->load(std::memory_order_relaxed);
 }
 
 void Optimizer::count_step() {
