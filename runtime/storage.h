@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/intrusive_ptr.h"
@@ -46,6 +47,24 @@ class Storage final : public RefCounted {
   uint32_t version_ = 0;
   uint64_t serial_;
   std::vector<void*> streams_;  // recorded by record_stream
+};
+
+// The serials of storages someone watches (a static trace: which temporaries it made outlive
+// its call). A watched serial leaves the set when its storage is freed, on whatever thread; a
+// storage freed while no watch exists pays one atomic load.
+class StorageWatch {
+ public:
+  StorageWatch();
+  ~StorageWatch();
+  StorageWatch(const StorageWatch&) = delete;
+  StorageWatch& operator=(const StorageWatch&) = delete;
+
+  void add(const Storage& s);           // a live storage
+  std::vector<uint64_t> alive() const;  // the watched serials not yet freed, in any order
+
+ private:
+  friend class Storage;
+  absl::flat_hash_set<uint64_t> live_;  // guarded by the watches' mutex
 };
 
 }  // namespace encore

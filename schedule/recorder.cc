@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "runtime/autograd.h"
 #include "runtime/cuda.h"
 #include "runtime/error.h"
 #include "schedule/recording.h"
@@ -15,7 +16,8 @@ Recorder::Recorder(Recording& rec, const std::string& name, bool throw_unsafe, b
       throw_unsafe_(throw_unsafe),
       snapshot_(snapshot),
       fold_constants_(!snapshot && fold_constants_enabled()),
-      start_serial_(Storage::next_serial()) {}
+      start_serial_(Storage::next_serial()),
+      start_sequence_(autograd::next_sequence_nr()) {}
 
 Recorder::Key Recorder::key_of(const Tensor& t) {
   return {t.impl()->storage->serial(),
@@ -33,7 +35,64 @@ int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
   rec_.buffers.push_back(std::move(b));
   const int id = static_cast<int>(rec_.buffers.size()) - 1;
   buf_of_[key_of(t)] = id;
+  if (kind == BufKind::Temp && impl.storage->serial() >= start_serial_ &&
+      temp_of_.emplace(impl.storage->serial(), id).second)
+    temps_.add(*impl.storage);
   return id;
+}
+
+void Recorder::check_escapes(std::span<const Tensor> results) {
+  if (!rec_.unsafe.empty() || !rec_.retrace.empty()) return;
+  const std::vector<uint64_t> alive = temps_.alive();
+  if (alive.empty()) return;
+  // What the call legitimately leaves holding its temporaries: its results, the tensors their
+  // graph saved for a backward (nodes the call made), and .grads.
+  absl::flat_hash_set<uint64_t> held;
+  auto hold = [&held](const TensorImpl* t) {
+    if (t != nullptr) held.insert(t->storage->serial());
+  };
+  std::vector<const Node*> stack;
+  absl::flat_hash_set<const Node*> seen;
+  auto visit = [&](const Node* n) {
+    if (n != nullptr && n->sequence_nr >= start_sequence_ && seen.insert(n).second)
+      stack.push_back(n);
+  };
+  for (const Tensor& r : results) {
+    hold(r.impl());
+    if (r.defined()) visit(r.impl()->grad_fn.get());
+  }
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const Tensor& t : n->saved) hold(t.impl());
+    for (const Edge& e : n->next) {
+      visit(e.node.get());
+      if (e.leaf) hold(e.leaf->grad.get());
+    }
+  }
+  for (const Leaf& l : rec_.leaves) hold(l.tensor.impl()->grad.get());
+  int b = -1;  // the first made of those held elsewhere
+  for (const uint64_t serial : alive)
+    if (!held.contains(serial) && (b < 0 || temp_of_.at(serial) < b)) b = temp_of_.at(serial);
+  if (b >= 0) {
+    // The step that first wrote it, for the message.
+    std::string made;
+    for (const auto* steps : {&rec_.forward, &rec_.backward})
+      for (const Step& s : *steps)
+        for (size_t i = 0; i < s.in.size() + s.out.size() && made.empty(); ++i) {
+          const bool out = i >= s.in.size();
+          const Operand& o = out ? s.out[i - s.in.size()] : s.in[i];
+          if (o.buf == b && (out || op_writes_input(s.op, i)))
+            made =
+                cat(" ", o.shape, " the traced call made (first written by ", op_name(s.op), ")");
+        }
+    unsafe(cat(name_, ": a tensor", made.empty() ? " the traced call made" : made,
+               " is still held after the call, and not returned: the replays would leave it as the "
+               "trace did (state made lazily on the first call, or a tensor kept for later). Make "
+               "state before the first call (as encore's optimizers make theirs in their "
+               "constructors), or return the tensor",
+               or_eager()));
+  }
 }
 
 void Recorder::add_arg(int index, const Tensor& alias) {

@@ -168,6 +168,10 @@ class Recorder final : public Tracer {
   void set_phase(Phase p) { phase_ = p; }
   // The operand a tensor is (registering an External for a tensor never seen).
   Operand operand_of(const Tensor& t);
+  // After the traced code returned `results`: a temporary the call made that is still held,
+  // though not by the results, their graph or a .grad, is state the replays would not update
+  // (a lazily made optimizer state, a tensor kept for later): unsafe.
+  void check_escapes(std::span<const Tensor> results);
 
   void on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> inputs,
              std::span<const Tensor> outputs) override;
@@ -218,6 +222,9 @@ class Recorder final : public Tracer {
   Phase phase_ = Phase::Forward;
   std::optional<Device> device_;  // of the first op: a schedule runs on one device
   uint64_t start_serial_;
+  uint64_t start_sequence_;                     // of the autograd nodes the call made
+  StorageWatch temps_;                          // the storages of Temp buffers, while alive
+  absl::flat_hash_map<uint64_t, int> temp_of_;  // storage serial -> its Temp buffer
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;          // storage of a watched parameter -> slot
   const std::vector<ParamSlot>* slots_ = nullptr;  // add_watched's (they outlive the recorder)

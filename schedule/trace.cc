@@ -169,6 +169,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
       std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
   std::vector<Tensor> aliases;
   const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
+  recorder->check_escapes(inner);
   for (size_t k = 0; k < inner.size(); ++k) {
     const Tensor& r = inner[k];
     ENCORE_CHECK(r.defined(), config.name, ": the function returned an undefined tensor");

@@ -685,3 +685,67 @@ TEST_CASE("a step that reads an optimizer's steps() on the host is never replaye
     CHECK(opt.options.lr == 0.1 / 3.0);
   }
 }
+
+namespace {
+// Momentum SGD as PyTorch's optimizers are often written: its velocities made on the first
+// step() (lazily), not in the constructor.
+class LazyMomentum : public optim::Optimizer {
+ public:
+  explicit LazyMomentum(std::vector<Tensor> params) : Optimizer(std::move(params)) {}
+  void step() override {
+    NoGradGuard no_grad;
+    if (velocity_.empty())
+      for (const Tensor& p : params_) velocity_.push_back(zeros_like(p));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
+      copy_(velocity_[i], F::add(F::mul(velocity_[i], 0.9), params_[i].grad()));
+      add_(params_[i], F::mul(velocity_[i], -0.05));
+    }
+    count_step();
+  }
+  std::vector<Tensor> velocity_;
+};
+}  // namespace
+
+TEST_CASE("a tensor the traced call makes and keeps without returning it is never replayed",
+          "[static]") {
+  // The replays would write arena buffers, not the tensor the trace left behind: a velocity made
+  // on the first step() would stay as the trace left it, a tensor kept for later would keep the
+  // trace's values. Each is unsafe; with OnUnsafe::Eager the calls run eagerly, as eager.
+  const Tensor x = randn({4, 5});
+  const Tensor t = tensor({0, 1, 2, 0}, {4}, DType::Int32);
+  SECTION("state made on the first call") {
+    for (const OnUnsafe mode : {OnUnsafe::Error, OnUnsafe::Eager}) {
+      manual_seed(13);
+      auto model = nn::mlp(5, 6, 3);
+      manual_seed(13);
+      auto twin = nn::mlp(5, 6, 3);
+      LazyMomentum opt(model->parameters()), twin_opt(twin->parameters());
+      auto step = static_graph(
+          [&](const Tensor& a, const Tensor& b) { return train_step(*model, opt, a, b); },
+          {.name = "lazy", .on_unsafe = mode, .modules = {model}});
+      if (mode == OnUnsafe::Error) {
+        CHECK_THROWS_WITH(step(x, t), Contains("lazy: a tensor [6,5] the traced call made (first "
+                                               "written by fill_) is still held after the call") &&
+                                          Contains("Make state before the first call"));
+        continue;
+      }
+      for (int c = 0; c < 4; ++c)
+        CHECK(bit_diff(step(x, t), train_step(*twin, twin_opt, x, t)) == "");
+      CHECK(step.stats().hits == 0);
+      for (size_t i = 0; i < opt.velocity_.size(); ++i)
+        CHECK(bit_diff(opt.velocity_[i], twin_opt.velocity_[i]) == "");
+    }
+  }
+  SECTION("a result kept for later instead of returned") {
+    Tensor kept;
+    auto f = static_graph(
+        [&kept](const Tensor& a) {
+          kept = F::tanh(a);
+          return F::sum(kept);
+        },
+        {.name = "keeps"});
+    CHECK_THROWS_WITH(f(x), Contains("keeps: a tensor [4,5] the traced call made (first written "
+                                     "by tanh) is still held after the call, and not returned"));
+  }
+}
