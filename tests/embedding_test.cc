@@ -51,7 +51,9 @@ TEST_CASE("embedding refuses bad arguments, naming the argument", "[errors][embe
   CHECK_THROWS_WITH(F::embedding(ids, zeros({5, 3}, DType::Int64)),
                     Contains("embedding: argument 'weight' must be float32 or float64"));
   CHECK_THROWS_WITH(F::embedding(ids, w, 5),
-                    Contains("embedding: argument 'padding_idx' is 5, outside [0, 5)"));
+                    Contains("embedding: argument 'padding_idx' is 5, outside [-5, 5)"));
+  CHECK_THROWS_WITH(F::embedding(ids, w, -6),
+                    Contains("embedding: argument 'padding_idx' is -6, outside [-5, 5)"));
   CHECK_THROWS_WITH(F::embedding(Tensor(), w), Contains("embedding: argument 'ids'"));
   // Ids outside [0, V): checked on the cpu when the kernel runs, forward and backward.
   for (DType dt : {DType::Int32, DType::Int64}) {
@@ -62,9 +64,7 @@ TEST_CASE("embedding refuses bad arguments, naming the argument", "[errors][embe
     CHECK_THROWS_WITH(F::embedding(ids_of({0, 1, -1}, {3}, dt), w),
                       Contains("embedding: argument 'ids' holds -1 at flat index 2"));
   }
-  // A negative padding_idx means none.
-  CHECK_NOTHROW(F::embedding(ids, w, -1));
-  CHECK_NOTHROW(F::embedding(ids, w, -7));
+  CHECK_NOTHROW(F::embedding(ids, w, -5));
 }
 
 TEST_CASE("embedding gives its ids' rows and no gradient to the padding row", "[ops][embedding]") {
@@ -77,6 +77,14 @@ TEST_CASE("embedding gives its ids' rows and no gradient to the padding row", "[
   F::sum(F::mul(y, tensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2}, DType::Float64))).backward();
   // Row 2 sums the gradient rows of ids 0 and 2 (1,2 and 5,6); row 1 is padding.
   CHECK(w.grad().to_vector<double>() == std::vector<double>{7, 8, 0, 0, 6, 8});
+  // -2 is the same row, counted from the end as PyTorch counts it; none: every row's gradient.
+  Tensor w2 = w.detach().set_requires_grad();
+  Tensor w3 = w.detach().set_requires_grad();
+  const Tensor gy = tensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2}, DType::Float64);
+  F::sum(F::mul(F::embedding(ids, w2, -2), gy)).backward();
+  CHECK(bit_diff(w2.grad(), w.grad()) == "");
+  F::sum(F::mul(F::embedding(ids, w3), gy)).backward();
+  CHECK(w3.grad().to_vector<double>() == std::vector<double>{7, 8, 3, 4, 6, 8});
 }
 
 TEST_CASE("embedding's weight gradient has the same bits at any thread count", "[ops][embedding]") {
@@ -145,7 +153,12 @@ TEST_CASE("nn::Embedding starts N(0, 1) with a zero padding row", "[nn][embeddin
   CHECK(emb.padding_idx() == 3);
   const Tensor y = emb(random_ids({2, 7}, 1000));
   CHECK(y.shape() == Shape{2, 7, 16});
-  CHECK_THROWS_WITH(nn::Embedding(4, 2, 4), Contains("Embedding: padding_idx 4"));
+  CHECK_THROWS_WITH(nn::Embedding(4, 2, 4),
+                    Contains("Embedding: padding_idx 4 is outside [-4, 4)"));
+  CHECK_THROWS_WITH(nn::Embedding(4, 2, -5), Contains("Embedding: padding_idx -5"));
   CHECK_THROWS_WITH(nn::Embedding(0, 2), Contains("Embedding: num and dim must be positive"));
-  CHECK(nn::Embedding(4, 2, -3).padding_idx() == -1);
+  // As PyTorch's: a negative padding_idx counts from the end.
+  CHECK(nn::Embedding(4, 2, -3).padding_idx() == 1);
+  CHECK(nn::Embedding(4, 2, -3).describe() == "Embedding(4, 2, padding_idx 1)");
+  CHECK_FALSE(nn::Embedding(4, 2).padding_idx().has_value());
 }

@@ -54,7 +54,9 @@ inline std::vector<OpCase> embedding_cases() {
     OpCase c{absl::StrCat("embedding ids ", dims_str(shape), kind == Kind::Int32 ? " int32" : "",
                           " weight [", num, ",", dim, "] padding_idx ", pad),
              {int_input(shape, kind, integers(0, num - 1)), floating({num, dim})},
-             [p](const Inputs& x) { return F::embedding(x[0], x[1], p); },
+             [p](const Inputs& x) {
+               return F::embedding(x[0], x[1], p < 0 ? std::nullopt : std::optional<int64_t>(p));
+             },
              [](const Refs& x) { return ref_embedding(x[0], x[1]); }};
     // Central differences check the weight's gradient, but where a padding row gets none
     // (which they would not see): there the reference does.

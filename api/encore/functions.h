@@ -223,10 +223,12 @@ Tensor dropout(const Tensor& x, double ratio = 0.5, bool training = true);
 
 // Rows of `weight` [V, D] by index, as torch.nn.functional.embedding: ids [...] (int32 or int64,
 // each in [0, V)) -> [..., D]. The gradient goes to weight only, summed over repeated ids in id
-// order (the same bits on every run and thread count), none to row padding_idx (negative: no
-// padding row). On the cpu an id outside [0, V) is an Error; on CUDA its output row is NaN.
+// order (the same bits on every run and thread count), none to row padding_idx (in [-V, V), a
+// negative one counting from the end, as PyTorch's; none by default). On the cpu an id outside
+// [0, V) is an Error; on CUDA its output row is NaN.
 //   Tensor e = F::embedding(tokens, table);  // tokens [B, T] -> e [B, T, D]
-Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx = -1);
+Tensor embedding(const Tensor& ids, const Tensor& weight,
+                 std::optional<int64_t> padding_idx = std::nullopt);
 
 // Layer normalisation as torch.nn.functional.layer_norm: over the trailing dimensions of x named
 // by normalized_shape, y = (x - mean) / sqrt(var + eps) * gamma + beta, the variance biased;

@@ -138,20 +138,22 @@ class ReLU : public Module {
 };
 
 // Looks up rows of `weight` [num, dim] (F::embedding): ids [...] -> [..., dim]. weight starts
-// N(0, 1) as PyTorch's, its padding row (padding_idx >= 0) zero; that row gets no gradient.
-// padding_idx is fixed at construction: a static function's trace holds it, so it is read-only.
+// N(0, 1) as PyTorch's, its padding row zero; that row gets no gradient. padding_idx is in
+// [-num, num), a negative one counting from the end (PyTorch's); padding_idx() gives the row,
+// in [0, num). It is fixed at construction: a static function's trace holds it, so it is
+// read-only.
 class Embedding : public Module {
  public:
-  Embedding(int64_t num, int64_t dim, int64_t padding_idx = -1, DType dtype = DType::Float32,
-            Device device = Device::cpu());
+  Embedding(int64_t num, int64_t dim, std::optional<int64_t> padding_idx = std::nullopt,
+            DType dtype = DType::Float32, Device device = Device::cpu());
   Tensor forward(const Tensor& ids) override { return F::embedding(ids, weight, padding_idx_); }
   std::string describe() const override;
-  int64_t padding_idx() const { return padding_idx_; }  // -1: none
+  std::optional<int64_t> padding_idx() const { return padding_idx_; }
 
   Tensor weight;
 
  private:
-  int64_t padding_idx_;
+  std::optional<int64_t> padding_idx_;
 };
 
 // Layer normalisation over the trailing dimensions `normalized_shape` (F::layer_norm), with

@@ -22,7 +22,7 @@ const bool kRegistered = [] {
 
 namespace functions {
 
-Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx) {
+Tensor embedding(const Tensor& ids, const Tensor& weight, std::optional<int64_t> padding_idx) {
   constexpr const char* kName = "embedding";
   detail::check_defined(kName, "ids", ids);
   detail::check_floating(kName, "weight", weight);
@@ -31,15 +31,18 @@ Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t padding_idx) {
   ENCORE_CHECK(weight.rank() == 2, kName, ": argument 'weight' must be 2-D [num, dim], it is ",
                weight.shape());
   const int64_t rows = weight.size(0);
-  ENCORE_CHECK(padding_idx < rows, kName, ": argument 'padding_idx' is ", padding_idx,
-               ", outside [0, ", rows, ") for weight ", weight.shape(), " (negative: none)");
+  ENCORE_CHECK(!padding_idx || (*padding_idx >= -rows && *padding_idx < rows), kName,
+               ": argument 'padding_idx' is ", padding_idx.value_or(0), ", outside [-", rows, ", ",
+               rows, ") for weight ", weight.shape());
   ENCORE_CHECK(ids.rank() < Shape::kMaxRank, kName, ": argument 'ids' ", ids.shape(),
                " has too many dimensions to add the embedding's (at most ", Shape::kMaxRank - 1,
                ")");
   Shape out = ids.shape();
   out.push_back(weight.size(1));
   return detail::call1(Op::Embedding, {ids, weight}, out, weight.dtype(),
-                       AttrBlob::of(EmbeddingAttrs{padding_idx < 0 ? -1 : padding_idx}));
+                       AttrBlob::of(EmbeddingAttrs{!padding_idx       ? -1
+                                                   : *padding_idx < 0 ? *padding_idx + rows
+                                                                      : *padding_idx}));
 }
 
 }  // namespace functions

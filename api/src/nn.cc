@@ -165,17 +165,19 @@ std::string Linear::describe() const {
              weight.defined() ? weight.size(0) : 0, bias.defined() ? "" : ", no bias", ")");
 }
 
-Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype, Device device)
-    : padding_idx_(padding_idx < 0 ? -1 : padding_idx) {
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> padding_idx, DType dtype,
+                     Device device) {
   ENCORE_CHECK(num > 0 && dim > 0, "Embedding: num and dim must be positive, got ", num, " x ",
                dim);
-  ENCORE_CHECK(padding_idx < num, "Embedding: padding_idx ", padding_idx, " is outside [0, ", num,
+  ENCORE_CHECK(!padding_idx || (*padding_idx >= -num && *padding_idx < num),
+               "Embedding: padding_idx ", padding_idx.value_or(0), " is outside [-", num, ", ", num,
                ")");
+  if (padding_idx) padding_idx_ = *padding_idx < 0 ? *padding_idx + num : *padding_idx;
   ENCORE_CHECK(is_floating(dtype), "Embedding: dtype must be float32 or float64, it is ", dtype);
   // Drawn on the cpu, where the padding row can be zeroed in place, then moved.
   Tensor w = randn({num, dim}, dtype);
-  if (padding_idx_ >= 0) {
-    const int64_t row = padding_idx_ * dim;
+  if (padding_idx_) {
+    const int64_t row = *padding_idx_ * dim;
     if (dtype == DType::Float32)
       std::fill_n(w.data<float>() + row, dim, 0.0f);
     else
@@ -187,7 +189,7 @@ Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx, DType dtype,
 
 std::string Embedding::describe() const {
   return cat("Embedding(", weight.size(0), ", ", weight.size(1),
-             padding_idx_ >= 0 ? cat(", padding_idx ", padding_idx_) : std::string(), ")");
+             padding_idx_ ? cat(", padding_idx ", *padding_idx_) : std::string(), ")");
 }
 
 LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps, bool elementwise_affine, DType dtype,
