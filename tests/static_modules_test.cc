@@ -21,6 +21,18 @@ struct StaticSequential : nn::Sequential {
   ENCORE_STATIC_GRAPH({.name = "grown"});
 };
 
+// A forward that branches on a member flag (PyTorch's forward(x, return_logits=True)).
+struct Head : nn::Module {
+  Head() : lin(register_module("lin", std::make_shared<nn::Linear>(4, 3))) {}
+  Tensor forward(const Tensor& x) override {
+    const Tensor logits = (*lin)(x);
+    return logits_only ? logits : F::softmax(logits, -1);
+  }
+  bool logits_only = true;
+  std::shared_ptr<nn::Linear> lin;
+  ENCORE_STATIC_GRAPH({.name = "head"});
+};
+
 // A Linear(4, 4) made from `seed` in each.
 void start(nn::Sequential& a, nn::Sequential& b, uint64_t seed) {
   for (nn::Sequential* s : {&a, &b}) {
@@ -108,4 +120,27 @@ TEST_CASE("a whole training step over a grown model trains as eagerly", "[static
     check_same_parameters(*eager, *traced, "after the step");
   }
   CHECK(fn.stats().traces == 2);
+}
+
+TEST_CASE("a module's static forward takes a StaticKey for what it reads on the host", "[static]") {
+  StaticEnabled on;
+  NoGradGuard no_grad;
+  manual_seed(5);
+  Head head;
+  const Tensor x = randn({2, 4});
+  auto key = [&head] { return StaticKey{head.logits_only ? "logits" : "probs"}; };
+  auto eager = [&head, &x] {
+    StaticEnabled off(false);
+    return head.forward(x);
+  };
+  for (int c = 0; c < 4; ++c) {
+    head.logits_only = c % 2 == 0;
+    INFO("call " << c);
+    CHECK(bit_diff(head(key(), x), eager()) == "");
+  }
+  const StaticStats s = static_stats(head);
+  CHECK(s.traces == 2);
+  CHECK(s.hits == 2);
+  REQUIRE(s.traces_history.size() == 2);
+  CHECK(s.traces_history[1].reason == "key changed 'logits' -> 'probs'");
 }

@@ -382,11 +382,12 @@ class StaticForward final : public nn::StaticHook {
   Tensor call(const Tensor& x) override;
   // The call of the operator() that ENCORE_STATIC_GRAPH declares: module.forward(args...)'s
   // result, through the cache.
+  // `key`: a StaticKey's value, or null.
   template <typename M, typename... A>
-  auto call_as(M& module, const A&... args) {
+  auto call_as(M& module, const std::string* key, const A&... args) {
     using R = decltype(module.forward(args...));
     const Tensor targs[] = {Tensor(args)..., Tensor()};
-    std::vector<Tensor> out = core_.call(std::span<const Tensor>(targs, sizeof...(A)), nullptr);
+    std::vector<Tensor> out = core_.call(std::span<const Tensor>(targs, sizeof...(A)), key);
     if constexpr (!std::is_void_v<R>) return detail::unflatten_result<R>(out);
   }
   StaticStats stats() const { return core_.graph().stats(); }
@@ -424,11 +425,19 @@ std::string static_schedule_dot(const nn::Module& module);
 // Inside a Module subclass (a class at namespace scope: the operator() it declares is a
 // template, which a local class cannot hold), in its public part: `ENCORE_STATIC_GRAPH();` or
 // `ENCORE_STATIC_GRAPH({.name = "net"});`. Declares the static forward and an operator() taking
-// and returning what the class's forward does (one tensor or several).
+// and returning what the class's forward does (one tensor or several), with or without a
+// StaticKey first. What forward reads on the host (a member flag, an option) is baked into the
+// trace: a forward that branches on such a value is called with a key naming it,
+// `net(StaticKey{net.logits ? "logits" : "probs"}, x)`.
 #define ENCORE_STATIC_GRAPH(...)                                                               \
   template <typename... EncoreArgs>                                                            \
   auto operator()(const EncoreArgs&... encore_args)->decltype(this->forward(encore_args...)) { \
-    return encore_static_graph_.call_as(*this, encore_args...);                                \
+    return encore_static_graph_.call_as(*this, nullptr, encore_args...);                       \
+  }                                                                                            \
+  template <typename... EncoreArgs>                                                            \
+  auto operator()(const ::encore::StaticKey& encore_key, const EncoreArgs&... encore_args)     \
+      ->decltype(this->forward(encore_args...)) {                                              \
+    return encore_static_graph_.call_as(*this, &encore_key.value, encore_args...);             \
   }                                                                                            \
   ::encore::StaticForward encore_static_graph_ {                                               \
     this __VA_OPT__(, ) __VA_ARGS__                                                            \
