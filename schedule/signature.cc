@@ -38,11 +38,11 @@ std::string alias_text(const ArgSig& a) {
              a.shared_offset == 0 ? std::string() : cat(" at byte offset ", a.shared_offset), ")");
 }
 
-std::string mode_name(int64_t mode) {
+std::string mode_name(int64_t mode, const Config& c) {
   if (mode < 0) return "no module";
   if (mode == 0) return "eval";
   if (mode == 1) return "train";
-  return cat("mixed train/eval (mix ", mode - 2, ")");
+  return c.mode_text ? c.mode_text(mode) : "mixed train/eval";
 }
 
 }  // namespace
@@ -127,7 +127,7 @@ std::string describe(const Signature& s, const Config& c,
                a.device == Device::cpu() ? "" : cat(" ", a.device),
                a.requires_grad ? " requires_grad" : "", alias_text(a));
   }
-  return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode),
+  return cat(out, "; grad ", s.grad ? "on" : "off", s.mode < 0 ? "" : "; " + mode_name(s.mode, c),
              s.key.empty() ? "" : cat("; key '", s.key, "'"));
 }
 
@@ -175,7 +175,8 @@ std::vector<Change> diff(const Signature& old, const Signature& now, const Confi
     out.push_back({"grad mode", cat("grad mode changed ", old.grad ? "on" : "off", " -> ",
                                     now.grad ? "on" : "off")});
   if (old.mode != now.mode)
-    out.push_back({"mode", cat("mode changed ", mode_name(old.mode), " -> ", mode_name(now.mode))});
+    out.push_back(
+        {"mode", cat("mode changed ", mode_name(old.mode, c), " -> ", mode_name(now.mode, c))});
   if (old.key != now.key)
     out.push_back({"key", cat("key changed '", old.key, "' -> '", now.key, "'")});
   return out;

@@ -49,6 +49,8 @@ struct Config {
   // Train/eval mode of the watched modules and all their descendants: -1 none, 0 all eval, 1 all
   // train, 2 and up one code per mix of the two.
   std::function<int64_t()> mode;
+  // A mix (a `mode` of 2 and up) in words, naming the modules in the fewer of the two modes.
+  std::function<std::string(int64_t)> mode_text;
   // The watched parameters (called at every trace).
   std::function<std::vector<ParamSlot>()> params;
   // A number that changes whenever a module anywhere gains a parameter, buffer or child: the

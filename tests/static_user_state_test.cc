@@ -361,7 +361,17 @@ TEST_CASE("a submodule switched to eval, or another mix of modes, is a new signa
   bn->train();
   drop->eval();  // the dropout only: another mix
   check("dropout in eval, the rest in train");
-  CHECK(f.stats().traces == 3);
+  const StaticStats s = f.stats();
+  CHECK(s.traces == 3);
+  // The reasons name the modules whose mode differs from the rest.
+  REQUIRE(s.traces_history.size() == 3);
+  CHECK(s.traces_history[1].reason == "mode changed train -> train but 1 (BatchNorm2d) in eval");
+  CHECK(s.traces_history[2].reason ==
+        "mode changed train but 1 (BatchNorm2d) in eval -> train but 2 (Dropout) in eval");
+  model->eval();
+  drop->train();
+  f(x);
+  CHECK_THAT(f.stats().traces_history.back().reason, Contains("-> eval but 2 (Dropout) in train"));
 }
 
 TEST_CASE("a buffer replaced by another tensor is the one the replays update", "[static]") {

@@ -215,6 +215,7 @@ class StaticCore {
   // The signature's mode: the train bits of the modules and all their descendants (0 all eval,
   // 1 all train, else 2 + a code of the mix).
   int64_t tree_mode() const;
+  std::string mode_text(int64_t mode) const;  // Config::mode_text
 
   std::vector<std::shared_ptr<nn::Module>> owned_;  // options.modules, kept alive
   std::vector<nn::Module*> modules_;

@@ -105,6 +105,7 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
   c.arg_names = std::move(options.arg_names);
   if (!modules_.empty()) {
     c.mode = [this] { return tree_mode(); };
+    c.mode_text = [this](int64_t mode) { return mode_text(mode); };
     c.structure = [] { return nn::module_structure_epoch(); };
     c.tree = [this] {
       std::vector<const void*> tree;
@@ -120,7 +121,7 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
         for (const bool buffers : {false, true})
           for (auto& [name, slot] :
                buffers ? modules_[i]->named_buffer_slots() : modules_[i]->named_parameter_slots())
-            slots.push_back({modules_.size() == 1 ? name : cat(i, ".", name), slot});
+            slots.push_back({modules_.size() == 1 ? name : cat("modules[", i, "].", name), slot});
       return slots;
     };
   }
@@ -149,6 +150,36 @@ int64_t StaticCore::tree_mode() const {
   if (train == 0) return 0;
   if (train == bits) return 1;
   return 2 + static_cast<int64_t>(bits < 61 ? code : code | (uint64_t{1} << 62));
+}
+
+std::string StaticCore::mode_text(int64_t mode) const {
+  // The modules in tree_mode's order, by path ("" for a root watched alone).
+  std::vector<std::pair<std::string, const nn::Module*>> order;
+  auto walk = [&order](auto&& self, const nn::Module& m, const std::string& path) -> void {
+    order.emplace_back(path, &m);
+    for (const auto& [name, child] : m.named_children())
+      self(self, *child, path.empty() ? name : cat(path, ".", name));
+  };
+  for (size_t i = 0; i < modules_.size(); ++i)
+    walk(walk, *modules_[i], modules_.size() == 1 ? std::string() : cat("modules[", i, "]"));
+  const auto code = static_cast<uint64_t>(mode - 2);
+  const size_t n = order.size();
+  // A code of over 61 modules is a hash, and one of another tree than today's says nothing.
+  if (n >= 61 || code >> n != 1) return "mixed train/eval";
+  std::vector<std::string> in_train, in_eval;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string what = order[i].second->describe();
+    const std::string name = order[i].first.empty()
+                                 ? what.substr(0, what.find('('))
+                                 : cat(order[i].first, " (", what.substr(0, what.find('(')), ")");
+    ((code >> (n - 1 - i)) & 1 ? in_train : in_eval).push_back(name);
+  }
+  const bool fewer_eval = in_eval.size() <= in_train.size();
+  const std::vector<std::string>& named = fewer_eval ? in_eval : in_train;
+  std::string list;
+  for (size_t i = 0; i < named.size() && i < 4; ++i) list += cat(i ? ", " : "", named[i]);
+  if (named.size() > 4) list += cat(" and ", named.size() - 4, " more");
+  return cat(fewer_eval ? "train but " : "eval but ", list, fewer_eval ? " in eval" : " in train");
 }
 
 std::vector<Tensor> StaticCore::call(std::span<const Tensor> args, const std::string* key) {
