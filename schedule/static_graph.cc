@@ -353,7 +353,9 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     try {
       throw;
     } catch (const std::exception& ex) {
-      what = cat("the function threw: ", ex.what());
+      // (A reason that already quotes the Error: a hyper-parameter step() refuses.)
+      what = reason.find(ex.what()) != std::string::npos ? "the function threw it"
+                                                         : cat("the function threw: ", ex.what());
     } catch (...) {
     }
     lock.lock();

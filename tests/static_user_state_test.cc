@@ -234,7 +234,8 @@ TEST_CASE("a hyper-parameter step() refuses, set between calls, raises step()'s 
   step(x, t);
   opt.options.beta1 = 1.5;
   CHECK_THAT(error_of([&] { step(x, t); }), Contains("beta1"));
-  CHECK_THAT(last_reason(step.stats()), Contains("beta1"));
+  CHECK(last_reason(step.stats()) ==
+        "Adam: beta1 must be in [0, 1), got 1.5; the function threw it");
   opt.options.beta1 = 0.8;
   const int64_t traces = step.stats().traces;
   step(x, t);
