@@ -215,12 +215,16 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
       ENCORE_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < args.size() && d.dim >= 0 &&
                        (!args[d.arg].defined() || d.dim < args[d.arg].rank()),
                    config.name, ": dynamic_dims names dim ", d.dim, " of argument ", d.arg,
-                   ", which the call does not have (", args.size(), " arguments",
+                   ", which the call does not have (", args.size(),
+                   args.size() == 1 ? " argument" : " arguments",
                    static_cast<size_t>(d.arg) < args.size() && d.arg >= 0
                        ? cat(", that one ", args[d.arg].defined() ? args[d.arg].shape().str()
                                                                   : std::string("undefined"))
                        : std::string(),
                    ")");
+  ENCORE_CHECK(config.arg_names.size() <= args.size(), config.name, ": arg_names has ",
+               config.arg_names.size(), " names, but the call has ", args.size(),
+               args.size() == 1 ? " argument" : " arguments");
   const bool grad = GradMode::enabled();
   const int64_t m = mode();
   std::unique_lock<std::mutex> lock(mu);

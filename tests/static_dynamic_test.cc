@@ -348,7 +348,7 @@ TEST_CASE("dynamic: explicit dimensions, off, and the process-wide switch", "[st
     CHECK_THAT(error_of([] {
                  static_graph(scaled_softmax, {.name = "f", .dynamic_dims = {{0, 0}}});
                }),
-               Catch::Contains("f: dynamic_dims names 1 dimensions; they need dynamic = "
+               Catch::Contains("f: dynamic_dims names 1 dimension; they need dynamic = "
                                "DynamicShapes::Explicit"));
     auto fn =
         static_graph(scaled_softmax,
@@ -357,7 +357,14 @@ TEST_CASE("dynamic: explicit dimensions, off, and the process-wide switch", "[st
                  fn(randn({3, 5}));
                }),
                Catch::Contains("g: dynamic_dims names dim 2 of argument 0, which the call does "
-                               "not have (1 arguments, that one [3,5])"));
+                               "not have (1 argument, that one [3,5])"));
+    CHECK_THAT(error_of([] { static_graph(scaled_softmax, {.name = ""}); }),
+               Catch::Contains("static_graph: name must not be empty"));
+    auto named = static_graph(scaled_softmax, {.name = "h", .arg_names = {"x", "y"}});
+    CHECK_THAT(error_of([&] {
+                 named(randn({3, 5}));
+               }),
+               Catch::Contains("h: arg_names has 2 names, but the call has 1 argument"));
   }
 }
 

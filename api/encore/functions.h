@@ -168,7 +168,8 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop, int64_t ste
 Tensor softmax(const Tensor& x, int axis = -1);
 Tensor log_softmax(const Tensor& x, int axis = -1);
 // Mean over samples of -log softmax(logits)[label]; logits [N,C], labels [N] int32/int64.
-// Samples labelled `ignore_label` are left out of the sum and the count.
+// Samples labelled `ignore_label` are left out of the sum and the count; 0 when every sample is
+// ignored or there are none (PyTorch gives NaN).
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 // Mean over the positions whose target is not ignore_index of -log softmax(logits)[target]:
 // logits [..., V] with the class axis LAST (PyTorch's cross_entropy takes it at axis 1:
@@ -180,7 +181,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 Tensor mean_squared_error(const Tensor& a, const Tensor& b);
 // Fraction of samples whose argmax (a row's first NaN when it holds one, as torch.argmax) equals
 // the label (ignored labels excluded; any other label outside [0, C) is an Error, as in
-// softmax_cross_entropy). No gradient.
+// softmax_cross_entropy). No gradient. 0 when every label is ignored (PyTorch gives NaN).
 Tensor accuracy(const Tensor& logits, const Tensor& labels, int64_t ignore_label = -1);
 
 // ---- Convolution and pooling (NCHW) ------------------------------------------------------
@@ -191,7 +192,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
               Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int groups = 1);
 // Whether every cpu convolution goes through im2col + GEMM instead of the register-blocked
 // stride-1 kernels (to compare the two paths); returns the previous setting.
-// ENCORE_CONV_IM2COL=1 in the environment turns it on when the library loads.
+// ENCORE_CONV_IM2COL=1 in the environment turns it on when the library loads. Read by each
+// eager call, but a static schedule's padded convolutions (ENCORE_STATIC_PADDED) keep the
+// kernels of their trace: set it before a static function's first call.
 bool set_conv_im2col(bool on);
 // Maximum over each window (padding counts as -infinity); stride defaults to the kernel size,
 // padding is at most half the kernel, the output size is floored. The gradient goes to the first

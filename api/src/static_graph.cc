@@ -82,6 +82,8 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
     : owned_(options.modules), modules_(std::move(modules)) {
   for (size_t i = 0; i < modules_.size(); ++i)
     ENCORE_CHECK(modules_[i] != nullptr, options.name, ": module ", i, " is null");
+  ENCORE_CHECK(!options.name.empty(),
+               "static_graph: name must not be empty (it names the function in messages)");
   ENCORE_CHECK(options.cache_limit >= 1, options.name, ": cache_limit must be at least 1, got ",
                options.cache_limit);
   ENCORE_CHECK(options.verify_every >= 0, options.name, ": verify_every must be >= 0, got ",
@@ -90,7 +92,8 @@ StaticCore::StaticCore(StaticOptions options, std::vector<nn::Module*> modules,
                options.size_limit);
   ENCORE_CHECK(options.dynamic_dims.empty() || options.dynamic == DynamicShapes::Explicit,
                options.name, ": dynamic_dims names ", options.dynamic_dims.size(),
-               " dimensions; they need dynamic = DynamicShapes::Explicit");
+               options.dynamic_dims.size() == 1 ? " dimension" : " dimensions",
+               "; they need dynamic = DynamicShapes::Explicit");
   for (const DynamicDim& d : options.dynamic_dims)
     ENCORE_CHECK(d.arg >= 0 && d.dim >= 0, options.name, ": dynamic_dims has {", d.arg, ", ", d.dim,
                  "}; arguments and dimensions count from 0");
