@@ -17,7 +17,9 @@ Recorder::Recorder(Recording& rec, const std::string& name, bool throw_unsafe, b
       snapshot_(snapshot),
       fold_constants_(!snapshot && fold_constants_enabled()),
       start_serial_(Storage::next_serial()),
-      start_sequence_(autograd::next_sequence_nr()) {}
+      start_sequence_(autograd::next_sequence_nr()) {
+  if (!snapshot) temps_.emplace();  // (verify mode's recorder checks no escapes)
+}
 
 Recorder::Key Recorder::key_of(const Tensor& t) {
   return {t.impl()->storage->serial(),
@@ -36,14 +38,16 @@ int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
   const int id = static_cast<int>(rec_.buffers.size()) - 1;
   buf_of_[key_of(t)] = id;
   if (kind == BufKind::Temp && impl.storage->serial() >= start_serial_ &&
-      temp_of_.emplace(impl.storage->serial(), id).second)
-    temps_.add(*impl.storage);
+      temp_of_.emplace(impl.storage->serial(), id).second && temps_)
+    temps_->add(*impl.storage);
   return id;
 }
 
 void Recorder::check_escapes(std::span<const Tensor> results) {
+  if (!temps_) return;
+  const std::vector<uint64_t> alive = temps_->alive();
+  temps_.reset();  // (every storage freed from now on would take the watches' lock)
   if (!rec_.unsafe.empty() || !rec_.retrace.empty()) return;
-  const std::vector<uint64_t> alive = temps_.alive();
   if (alive.empty()) return;
   // What the call legitimately leaves holding its temporaries: its results, the tensors their
   // graph saved for a backward (nodes the call made), and .grads.
@@ -71,9 +75,13 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
     }
   }
   for (const Leaf& l : rec_.leaves) hold(l.tensor.impl()->grad.get());
+  // A constant (computed from constants alone, unwritten since: a mask or table cached on the
+  // first call) is bound to its trace value by the replays, which is what the holder has too.
   int b = -1;  // the first made of those held elsewhere
-  for (const uint64_t serial : alive)
-    if (!held.contains(serial) && (b < 0 || temp_of_.at(serial) < b)) b = temp_of_.at(serial);
+  for (const uint64_t serial : alive) {
+    const int t = temp_of_.at(serial);
+    if (!held.contains(serial) && !rec_.buffers[t].constant && (b < 0 || t < b)) b = t;
+  }
   if (b >= 0) {
     // The step that first wrote it, for the message.
     std::string made;

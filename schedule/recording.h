@@ -223,7 +223,9 @@ class Recorder final : public Tracer {
   std::optional<Device> device_;  // of the first op: a schedule runs on one device
   uint64_t start_serial_;
   uint64_t start_sequence_;                     // of the autograd nodes the call made
-  StorageWatch temps_;                          // the storages of Temp buffers, while alive
+  // The storages of Temp buffers, while alive; released by check_escapes (or with the
+  // recorder: a verify-mode recorder never checks).
+  std::optional<StorageWatch> temps_;
   absl::flat_hash_map<uint64_t, int> temp_of_;  // storage serial -> its Temp buffer
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;          // storage of a watched parameter -> slot

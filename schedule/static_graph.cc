@@ -222,9 +222,6 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
                                                                   : std::string("undefined"))
                        : std::string(),
                    ")");
-  ENCORE_CHECK(config.arg_names.size() <= args.size(), config.name, ": arg_names has ",
-               config.arg_names.size(), " names, but the call has ", args.size(),
-               args.size() == 1 ? " argument" : " arguments");
   const bool grad = GradMode::enabled();
   const int64_t m = mode();
   std::unique_lock<std::mutex> lock(mu);

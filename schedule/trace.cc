@@ -169,6 +169,10 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
       std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
   std::vector<Tensor> aliases;
   const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
+  // (After the function ran: a call with the wrong number of tensors says so first.)
+  ENCORE_CHECK(config.arg_names.size() <= args.size(), config.name, ": arg_names has ",
+               config.arg_names.size(), " names, but the call has ", args.size(),
+               args.size() == 1 ? " argument" : " arguments");
   recorder->check_escapes(inner);
   for (size_t k = 0; k < inner.size(); ++k) {
     const Tensor& r = inner[k];

@@ -8,12 +8,13 @@ namespace encore {
 namespace {
 
 // The tensors of the modules by storage and offset, named as checkpoints name them ("c1.weight",
-// "bn.running_mean"; "<i>." before each name when the function watches several modules).
+// "bn.running_mean"; "modules[i]." before each name when the function watches several, as the
+// static function's own messages name them).
 std::map<std::pair<const void*, int64_t>, std::string> module_names(
     const std::vector<nn::Module*>& modules) {
   std::map<std::pair<const void*, int64_t>, std::string> names;
   for (size_t i = 0; i < modules.size(); ++i) {
-    const std::string prefix = modules.size() == 1 ? "" : cat(i, ".");
+    const std::string prefix = modules.size() == 1 ? "" : cat("modules[", i, "].");
     auto add = [&](const std::vector<std::pair<std::string, Tensor*>>& slots) {
       for (const auto& [name, slot] : slots)
         if (slot->defined())
