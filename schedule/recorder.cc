@@ -75,12 +75,12 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
     }
   }
   for (const Leaf& l : rec_.leaves) hold(l.tensor.impl()->grad.get());
-  // A constant (computed from constants alone, unwritten since: a mask or table cached on the
-  // first call) is bound to its trace value by the replays, which is what the holder has too.
+  // Values computed from constants alone, unwritten since (a mask or table cached on the first
+  // call): every replay computes them again the same, which is what the holder has too.
   int b = -1;  // the first made of those held elsewhere
   for (const uint64_t serial : alive) {
     const int t = temp_of_.at(serial);
-    if (!held.contains(serial) && !rec_.buffers[t].constant && (b < 0 || t < b)) b = t;
+    if (!held.contains(serial) && !rec_.buffers[t].constant && !fixed(t) && (b < 0 || t < b)) b = t;
   }
   if (b >= 0) {
     // The step that first wrote it, for the message.
@@ -97,8 +97,9 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
     unsafe(cat(name_, ": a tensor", made.empty() ? " the traced call made" : made,
                " is still held after the call, and not returned: the replays would leave it as the "
                "trace did (state made lazily on the first call, or a tensor kept for later). Make "
-               "state before the first call (as encore's optimizers make theirs in their "
-               "constructors), or return the tensor",
+               "state before the first call and update it in place (as encore's optimizers make "
+               "theirs in their constructors), or return the tensor and use what each call "
+               "returns (a replay does not assign your variables)",
                or_eager()));
   }
 }
@@ -279,6 +280,9 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
   // outputs, and a tensor made inside the call that it writes first (an empty() that copy_ or
   // fill_ fills).
   bool from_constants = folds_to_constant(op);
+  // Values any replay computes the same from constants (a sum or softmax of them too, folded or
+  // not): a tensor of them the call caches is no escape (check_escapes).
+  bool from_fixed = !op_draws_random(op) && !op_optimizer_update(op);
   absl::InlinedVector<std::pair<int, size_t>, 1> born;  // (buffer, input) first written here
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool written = op_writes_input(op, i);
@@ -290,15 +294,20 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       rec_.buffers[b].mutated = true;
       rec_.buffers[b].constant = false;
       rec_.buffers[b].trace_value = Tensor();
-      if (rec_.buffers.size() > buffers_before && rec_.buffers[b].kind == BufKind::Temp)
+      set_fixed(b, false);
+      if (rec_.buffers.size() > buffers_before && rec_.buffers[b].kind == BufKind::Temp) {
         born.emplace_back(b, i);
-      else
+      } else {
         from_constants = false;
+        from_fixed = false;
+      }
     } else {
       from_constants &= rec_.buffers[b].constant;
+      from_fixed &= rec_.buffers[b].constant || fixed(b);
     }
     s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
   }
+  for (const auto& [b, i] : born) set_fixed(b, from_fixed);
   from_constants &= fold_constants_;
   if (from_constants)
     for (const auto& [b, i] : born) {
@@ -314,8 +323,10 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       if (rec_.buffers[b].kind != BufKind::Temp) rec_.buffers[b].mutated = true;
       rec_.buffers[b].constant = false;  // written again: its value is no longer the trace's
       rec_.buffers[b].trace_value = Tensor();
+      set_fixed(b, false);
     } else {
       b = new_buffer(t, BufKind::Temp, -1);
+      set_fixed(b, from_fixed && !t.requires_grad());
       if (from_constants && !t.requires_grad()) {
         rec_.buffers[b].constant = true;
         rec_.buffers[b].trace_value = constant_value(t, rec_.buffers[b].nbytes);

@@ -226,6 +226,13 @@ class Recorder final : public Tracer {
   // The storages of Temp buffers, while alive; released by check_escapes (or with the
   // recorder: a verify-mode recorder never checks).
   std::optional<StorageWatch> temps_;
+  // Per buffer: its values computed from constants alone, folded or not (see on_op).
+  std::vector<char> fixed_;
+  bool fixed(int b) const { return static_cast<size_t>(b) < fixed_.size() && fixed_[b]; }
+  void set_fixed(int b, bool on) {
+    if (fixed_.size() <= static_cast<size_t>(b)) fixed_.resize(b + 1, 0);
+    fixed_[b] = on;
+  }
   absl::flat_hash_map<uint64_t, int> temp_of_;  // storage serial -> its Temp buffer
   absl::flat_hash_map<Key, int> buf_of_;
   absl::flat_hash_map<Key, int> watched_;          // storage of a watched parameter -> slot
