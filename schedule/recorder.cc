@@ -48,12 +48,15 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
   const std::vector<uint64_t> alive = temps_->alive();
   temps_.reset();  // (every storage freed from now on would take the watches' lock)
   if (!rec_.unsafe.empty() || !rec_.retrace.empty()) return;
-  if (alive.empty()) return;
   // What the call legitimately leaves holding its temporaries: its results, the tensors their
-  // graph saved for a backward (nodes the call made), and .grads.
+  // graph saved for a backward (nodes the call made), and .grads. `handles` counts the handles
+  // of each tensor these hold.
   absl::flat_hash_set<uint64_t> held;
-  auto hold = [&held](const TensorImpl* t) {
-    if (t != nullptr) held.insert(t->storage->serial());
+  absl::flat_hash_map<const TensorImpl*, int64_t> handles;
+  auto hold = [&held, &handles](const TensorImpl* t) {
+    if (t == nullptr) return;
+    held.insert(t->storage->serial());
+    ++handles[t];
   };
   std::vector<const Node*> stack;
   absl::flat_hash_set<const Node*> seen;
@@ -71,10 +74,26 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
     for (const Tensor& t : n->saved) hold(t.impl());
     for (const Edge& e : n->next) {
       visit(e.node.get());
-      if (e.leaf) hold(e.leaf->grad.get());
+      if (e.leaf && e.leaf->grad) held.insert(e.leaf->grad->storage->serial());
     }
   }
   for (const Leaf& l : rec_.leaves) hold(l.tensor.impl()->grad.get());
+  for (const Buffer& buf : rec_.buffers) hold(buf.bound.impl());
+  // A result the call made that its code also assigned to a variable (a module's `last = y`,
+  // an RNN's `h = hn.detach()` returned too): a replay returns a new tensor and assigns
+  // nothing, so the variable keeps the trace's values.
+  for (const Tensor& r : results) {
+    if (!r.defined() || r.impl()->storage->serial() < start_serial_) continue;
+    const auto it = buf_of_.find(key_of(r));
+    if (it != buf_of_.end() && (rec_.buffers[it->second].constant || fixed(it->second))) continue;
+    if (r.impl()->use_count() > handles[r.impl()])
+      unsafe(cat(name_, ": a tensor ", r.shape(),
+                 " the traced call returns is also held by "
+                 "a variable its code assigned it to: a replay returns a new tensor and assigns "
+                 "no variable, which would keep the trace's values. Use what each call returns",
+                 or_eager()));
+  }
+  if (!rec_.unsafe.empty()) return;
   // Values computed from constants alone, unwritten since (a mask or table cached on the first
   // call): every replay computes them again the same, which is what the holder has too.
   int b = -1;  // the first made of those held elsewhere

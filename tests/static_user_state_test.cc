@@ -799,3 +799,35 @@ TEST_CASE("tables computed from constants alone and cached are allowed, folded o
     CHECK(f.stats().hits == 2);
   }
 }
+
+namespace {
+// A module that keeps its output for later (PyTorch's self.last = y) and returns it too.
+struct KeepsLast : nn::Module {
+  Tensor forward(const Tensor& x) override {
+    last = F::tanh(x);
+    return last;
+  }
+  Tensor last;
+  ENCORE_STATIC_GRAPH({.name = "keeps_last"});
+};
+}  // namespace
+
+TEST_CASE("a result the traced code also assigned to a variable is never replayed", "[static]") {
+  // A replay returns a new tensor and assigns nothing: `last` (or an RNN's state kept in members
+  // and returned) would keep the trace's values.
+  NoGradGuard no_grad;
+  KeepsLast m;
+  CHECK_THROWS_WITH(m(randn({2, 3})),
+                    Contains("keeps_last: a tensor [2,3] the traced call returns is also held by "
+                             "a variable its code assigned it to") &&
+                        Contains("Use what each call returns"));
+  // Returned only: the caller's to keep.
+  auto f = static_graph([](const Tensor& x) { return F::tanh(x); }, {.name = "returns"});
+  std::vector<Tensor> kept;
+  for (int c = 0; c < 3; ++c) {
+    const Tensor x = randn({2, 3});
+    kept.push_back(f(x));
+    CHECK(bit_diff(kept.back(), F::tanh(x)) == "");
+  }
+  CHECK(f.stats().hits == 2);
+}
