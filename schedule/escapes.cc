@@ -49,7 +49,7 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
   for (const Tensor& r : results) {
     if (!r.defined() || r.impl()->storage->serial() < start_serial_) continue;
     const auto it = buf_of_.find(key_of(r));
-    if (it != buf_of_.end() && (rec_.buffers[it->second].constant || fixed(it->second))) continue;
+    if (it != buf_of_.end() && fixed(it->second)) continue;
     if (r.impl()->use_count() > handles[r.impl()])
       unsafe(cat(name_, ": a tensor ", r.shape(),
                  " the traced call returns is also held by "
@@ -63,7 +63,7 @@ void Recorder::check_escapes(std::span<const Tensor> results) {
   int b = -1;  // the first made of those held elsewhere
   for (const uint64_t serial : alive) {
     const int t = temp_of_.at(serial);
-    if (!held.contains(serial) && !rec_.buffers[t].constant && !fixed(t) && (b < 0 || t < b)) b = t;
+    if (!held.contains(serial) && !fixed(t) && (b < 0 || t < b)) b = t;
   }
   if (b >= 0) {
     // The step that first wrote it, for the message.

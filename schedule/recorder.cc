@@ -21,6 +21,11 @@ Recorder::Recorder(Recording& rec, const std::string& name, bool throw_unsafe, b
   if (!snapshot) temps_.emplace();  // (verify mode's recorder checks no escapes)
 }
 
+size_t Recorder::bytes_from_data(const Tensor& t) {
+  const TensorImpl& impl = *t.impl();
+  return impl.storage->nbytes() - impl.offset * itemsize(impl.dtype);
+}
+
 Recorder::Key Recorder::key_of(const Tensor& t) {
   return {t.impl()->storage->serial(),
           t.impl()->offset * static_cast<int64_t>(itemsize(t.dtype()))};
@@ -31,7 +36,7 @@ int Recorder::new_buffer(const Tensor& t, BufKind kind, int index) {
   b.kind = kind;
   b.index = index;
   const TensorImpl& impl = *t.impl();
-  b.nbytes = impl.storage->nbytes() - impl.offset * itemsize(impl.dtype);
+  b.nbytes = bytes_from_data(t);
   b.device = t.device();
   if (kind == BufKind::External || kind == BufKind::Arg || kind == BufKind::Param) b.bound = t;
   rec_.buffers.push_back(std::move(b));
@@ -140,6 +145,7 @@ int Recorder::resolve_input(const Tensor& t, bool written) {
     if (written) return new_buffer(t, BufKind::Temp, -1);
     const int b = new_buffer(t, BufKind::External, -1);
     rec_.buffers[b].constant = true;
+    set_fixed(b, true);
     return b;
   }
   if (t.requires_grad()) {
@@ -242,7 +248,7 @@ void Recorder::on_op(Op op, const AttrBlob& attrs, std::span<const Tensor> input
       }
     } else {
       from_constants &= rec_.buffers[b].constant;
-      from_fixed &= rec_.buffers[b].constant || fixed(b);
+      from_fixed &= fixed(b);
     }
     s.in.push_back(Operand{b, inputs[i].shape(), inputs[i].dtype()});
   }
@@ -302,8 +308,7 @@ void Recorder::before_inplace(Op op, std::span<const Tensor> inputs) {
     // gave it, so a replay copies them from a private copy into a temporary the write then
     // updates (instead of updating, call after call, the tensor the trace filled).
     const Tensor& t = inputs[i];
-    const Tensor value =
-        constant_value(t, t.impl()->storage->nbytes() - t.impl()->offset * itemsize(t.dtype()));
+    const Tensor value = constant_value(t, bytes_from_data(t));
     int from;
     if (auto it = buf_of_.find(k); it != buf_of_.end()) {  // read since: bound to `t` so far
       from = it->second;
@@ -312,6 +317,7 @@ void Recorder::before_inplace(Op op, std::span<const Tensor> inputs) {
     } else {
       from = new_buffer(value, BufKind::External, -1);
       rec_.buffers[from].constant = true;
+      set_fixed(from, true);
     }
     const int to = new_buffer(t, BufKind::Temp, -1);
     Step s{Op::Copy,

@@ -199,6 +199,7 @@ class Recorder final : public Tracer {
     }
   };
   static Key key_of(const Tensor& t);
+  static size_t bytes_from_data(const Tensor& t);  // of its storage, from its first element
   int new_buffer(const Tensor& t, BufKind kind, int index);
   static Tensor constant_value(const Tensor& t, size_t nbytes);
   int resolve_input(const Tensor& t, bool written);
@@ -226,7 +227,8 @@ class Recorder final : public Tracer {
   // The storages of Temp buffers, while alive; released by check_escapes (or with the
   // recorder: a verify-mode recorder never checks).
   std::optional<StorageWatch> temps_;
-  // Per buffer: its values computed from constants alone, folded or not (see on_op).
+  // Per buffer: its values computed from constants alone, folded or not (see on_op); every
+  // `constant` buffer is fixed.
   std::vector<char> fixed_;
   bool fixed(int b) const { return static_cast<size_t>(b) < fixed_.size() && fixed_[b]; }
   void set_fixed(int b, bool on) {
