@@ -83,7 +83,7 @@ namespace {
 std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
 // The plans' counts summed over the process, and the failed captures.
 std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0},
-    g_deferred_captures{0}, g_forked_captures{0};
+    g_deferred_captures{0}, g_forked_captures{0}, g_new_value_replays{0}, g_verified_replays{0};
 }  // namespace
 
 void fail_next_graph_captures(int n) {
@@ -96,7 +96,9 @@ GraphUseCounts graph_use_counts() {
           g_stream_replays.load(std::memory_order_relaxed),
           g_failed_captures.load(std::memory_order_relaxed),
           g_deferred_captures.load(std::memory_order_relaxed),
-          g_forked_captures.load(std::memory_order_relaxed)};
+          g_forked_captures.load(std::memory_order_relaxed),
+          g_new_value_replays.load(std::memory_order_relaxed),
+          g_verified_replays.load(std::memory_order_relaxed)};
 }
 
 void Plan::count_launch() {
@@ -107,9 +109,11 @@ void Plan::count_capture() {
   graph_captures_.fetch_add(1, std::memory_order_relaxed);
   g_captures.fetch_add(1, std::memory_order_relaxed);
 }
-void Plan::count_stream_replay() {
+void Plan::count_stream_replay(StreamReplay why) {
   stream_replays_.fetch_add(1, std::memory_order_relaxed);
   g_stream_replays.fetch_add(1, std::memory_order_relaxed);
+  if (why == StreamReplay::kNewValues) g_new_value_replays.fetch_add(1, std::memory_order_relaxed);
+  if (why == StreamReplay::kVerified) g_verified_replays.fetch_add(1, std::memory_order_relaxed);
 }
 
 GraphStats Plan::graph_stats() const {
@@ -218,8 +222,8 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
       if (key[k - p0] != b.views[patches_[k].first].data) return false;
     return true;
   };
-  const auto on_stream = [&] {
-    count_stream_replay();
+  const auto on_stream = [&](StreamReplay why = StreamReplay::kOther) {
+    count_stream_replay(why);
     if (in_graph) copy_on_stream(staged);
     run_steps<false, false>(b, begin, end, nullptr, /*device_random=*/true);
   };
@@ -258,7 +262,11 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // (Nothing is allocated before a capture is tried: values that change at every call and
   // addresses that failed replay on the stream at no cost.)
   std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
-  if (!repeated || std::any_of(failed.begin(), failed.end(), this_call)) {
+  if (!repeated) {
+    on_stream(StreamReplay::kNewValues);
+    return;
+  }
+  if (std::any_of(failed.begin(), failed.end(), this_call)) {
     on_stream();
     return;
   }

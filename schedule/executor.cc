@@ -287,7 +287,7 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
       finish_copy_out(b);
       return;
     }
-    count_stream_replay();
+    count_stream_replay(snapshots != nullptr ? StreamReplay::kVerified : StreamReplay::kOther);
     if (!backward) b.forward_staged = false;
   }
   const bool profile = profiler::active();

@@ -462,7 +462,9 @@ class Plan {
   // Each adds one to the plan's count and to the process's (graph_use_counts()).
   void count_launch();
   void count_capture();
-  void count_stream_replay();
+  // Why a phase replays on the stream, where a graph may not run (GraphUseCounts).
+  enum class StreamReplay { kOther, kNewValues, kVerified };
+  void count_stream_replay(StreamReplay why = StreamReplay::kOther);
   std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0},
       capture_failures_{0}, deferred_captures_{0};
   std::atomic<bool> graphs_off_{false};

@@ -178,10 +178,14 @@ bool set_early_updates_enabled(bool on);
 
 // How every CUDA plan of the process has replayed so far: phases launched as CUDA graphs, graphs
 // captured, phases replayed kernel by kernel on the stream, and captures that failed (after which
-// that plan replays on the stream). Tests take the difference around a scenario.
+// that plan replays on the stream). Of the stream replays: `deferred`, captures put off until a
+// library plan exists; `new_values`, phases whose kernel arguments (a learning rate) differ from
+// their last run's, which a graph would have to capture anew at every call; `verified`, replays
+// checked against eager step by step (verify mode). Tests take the difference around a scenario.
 struct GraphUseCounts {
   int64_t launches = 0, captures = 0, stream_replays = 0, fallbacks = 0, deferred = 0;
   int64_t forked = 0;  // captures whose graph forks (a phase's lanes on several streams)
+  int64_t new_values = 0, verified = 0;
 };
 GraphUseCounts graph_use_counts();
 // For tests: the next `n` CUDA-graph captures of the process fail (after capturing, as one that

@@ -62,12 +62,18 @@ inline constexpr int64_t kSerialFewOutputs = 16384;
 // elements (its lanes), of each of the block's kDotTile rows of a and kDotCols rows of b (at most
 // 800 floats or 384 doubles: a linear's k of up to 800 floats in one round trip); kSerialK, that
 // many rows of b's kSmallGemmThreads columns and of the block's kRows rows of a (at most 124
-// floats or 62 doubles at kRows = 4, 127 or 63 at 1).
+// floats or 62 doubles at kRows = 4, 126 or 63 at 1).
 template <typename T>
 inline constexpr int kDotMaxChunk = kMaxDynamicSharedBytes /
                                     ((kDotTile + kDotCols) * static_cast<int>(sizeof(T))) / 32 * 32;
+// kSerialK's bytes past a's staged rows, the last of its shared memory: the product loop
+// (serial_products, unrolled) loads a's row in 16-byte vectors and may load the vector past the
+// chunk's last element, which it never uses; compute-sanitizer's memcheck reported that load as
+// out of bounds where the launch reserved a's rows and no more (16 bytes past them at k = 8, on an
+// H200). The slack is one unrolled round of the loop.
+inline constexpr int kSerialReadSlackBytes = 64;
 template <typename T, int kRows>
-inline constexpr int kSerialMaxChunk = kMaxDynamicSharedBytes /
+inline constexpr int kSerialMaxChunk = (kMaxDynamicSharedBytes - kSerialReadSlackBytes) /
                                        ((kSmallGemmThreads + kRows) * static_cast<int>(sizeof(T)));
 static_assert(kDotMaxChunk<double> >= 32 && kSerialMaxChunk<double, kSerialRows> >= 1);
 template <typename T>
@@ -87,7 +93,8 @@ size_t dot_shared_bytes(int chunk) {
 }
 template <typename T, int kRows>
 size_t serial_shared_bytes(int chunk) {
-  return static_cast<size_t>(kSmallGemmThreads + kRows) * static_cast<size_t>(chunk) * sizeof(T);
+  return static_cast<size_t>(kSmallGemmThreads + kRows) * static_cast<size_t>(chunk) * sizeof(T) +
+         kSerialReadSlackBytes;
 }
 
 // The grid of the kDot (dot) or kSerialK kernel for c [m, n]: `blocks` blocks of

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
-#   bash .gpu/on-device.sh quick   # one call of at most 9.5 minutes, for a short device budget:
+#   bash .gpu/on-device.sh quick   # one call of at most 9 minutes, for a short device budget:
 #                                  # encore_cuda_tests, /cuda benchmarks, the ENCORE_CUDA_PDL=1
-#                                  # and stream-copies A/Bs, memcheck over the newest kernels,
-#                                  # PyTorch side by side
+#                                  # A/B, memcheck, racecheck and synccheck over the newest
+#                                  # kernels, PyTorch side by side
 #   bash .gpu/on-device.sh rest    # after quick (under 7.5 minutes): the [large] cases, racecheck,
 #                                  # TinyGpt's kernels, the ENCORE_CUDA_PDL=1 A/B, op-by-op profiles
+#   bash .gpu/on-device.sh recheck # after quick and a fix (under 8.5 minutes): the tests, the
+#                                  # benchmarks, memcheck and racecheck wider, PyTorch side by side
 #   bash .gpu/on-device.sh tests   # encore_cuda_tests; compute-sanitizer memcheck and racecheck
 #   bash .gpu/on-device.sh bench   # /cuda benchmarks and where their device time goes (a file
 #                                  # per KernelSum case), PyTorch side by side, the GPU demo
@@ -110,12 +112,12 @@ racecheck_graphs() {  # SANITIZER: racecheck over a failed capture and a graph p
   part racecheck 60 "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
     "a failed CUDA-graph capture*,Adam's hyper-parameters on a schedule on cuda*"
 }
-racecheck_shared() {  # SANITIZER CAP: racecheck (shared memory hazards) over the kernels that
-  # stage chunks in shared memory with asynchronous copies (the small GEMMs, the loss gradient's
-  # with its logits) or join in it; not the [loss_fold] and [update_fold] scenarios (hundreds of
-  # static functions).
-  part racecheck_shared "$2" "$1" --tool racecheck --print-limit 20 "$run/bin/encore_cuda_tests" \
-    "[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[cross_entropy]"
+racecheck_shared() {  # SANITIZER CAP [NAME]: racecheck (shared memory hazards) over the kernels
+  # that stage chunks in shared memory with asynchronous copies (the small GEMMs, the loss
+  # gradient's with its logits) or join in it; not the [loss_fold] and [update_fold] scenarios
+  # (hundreds of static functions), nor [layer_norm] (its op cases alone outlast a minute).
+  part "${3:-racecheck_shared}" "$2" "$1" --tool racecheck --print-limit 20 \
+    "$run/bin/encore_cuda_tests" "[small_gemm]~[loss_fold]~[update_fold],[cross_entropy]"
 }
 profiles() {  # where eager steps and stream replays spend their time, op by op (the profiler's
   # table: an eager op's dispatch on the host, a replayed step's device time)
@@ -160,22 +162,27 @@ run_bench() {
     TAIL=15 part demo 60 "$run/bin/mnist_cnn" --device cuda --compare --limit 12800 --data "$here/data"
   fi
 }
-# The most wanted parts of both within one call (caps 225 + 150 + 25 + 15 + 70 + 90 s): the
-# tests, the benchmarks, the programmatic-launch and stream-copies A/Bs, memcheck over the newest kernels
-# (small GEMMs with their folds, layer_norm, the optimizers, the column sums, the cross-entropy
-# loss over blocks) and the graphs' staging copies, then PyTorch side by side.
+# The most wanted parts of both within one call of at most 9 minutes, for a session's 15 minutes
+# of device time with the start (caps 200 + 110 + 25 + 40 + 2 x 35 + 25 + 60 s): the tests, the
+# benchmarks, the programmatic-launch A/B, MlpSmall's kernels per step, then the sanitizers over
+# the kernels that stage in shared memory (the small GEMMs with their folds, the loss gradient,
+# layer_norm, the optimizers): memcheck, racecheck with programmatic launches off and on, and
+# synccheck with them on; last, PyTorch side by side.
 run_quick() {
-  cuda_tests 225
-  bench_cuda 150 0.1
+  cuda_tests 200
+  bench_cuda 110 0.1
   pdl_bench 25 0.1 'MlpSmall|MlpLarge'
-  bench_stream_copies 15 0.1
-  kernels_per_step MlpSmall TinyGpt
-  local san
+  kernels_per_step MlpSmall
+  local san sets='[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[cross_entropy]'
   san=$(sanitizer)
-  [ -n "$san" ] && part memcheck 70 "$san" --tool memcheck --print-limit 20 \
-    "$run/bin/encore_cuda_tests" \
-    "[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
-  peers 90 0.1
+  if [ -n "$san" ]; then
+    part memcheck 40 "$san" --tool memcheck --print-limit 20 "$run/bin/encore_cuda_tests" "$sets"
+    racecheck_shared "$san" 35 racecheck_shared_pdl0
+    ENCORE_CUDA_PDL=1 racecheck_shared "$san" 35 racecheck_shared_pdl1
+    ENCORE_CUDA_PDL=1 part synccheck_pdl1 25 "$san" --tool synccheck --print-limit 20 \
+      "$run/bin/encore_cuda_tests" "$sets"
+  fi
+  peers 60 0.1
 }
 # After quick, in what is left of a short budget (caps 60 + 60 + 60 + 45 + 80 + 40 + 3 x 30 s):
 # the [large] cases, racecheck on the graph cases and the kernels that stage in shared memory,
@@ -198,11 +205,31 @@ run_rest() {
   pdl 40 0.1
   profiles
 }
+# After quick, once what it found is fixed (caps 90 + 60 + 60 + 70 + 2 x 50 + 120 s): the tests
+# again, the benchmarks, memcheck over the newest kernels and over the static scenarios, racecheck
+# with programmatic launches off and on, then PyTorch side by side.
+run_recheck() {
+  cuda_tests 90
+  bench_cuda 60 0.1
+  kernels_per_step MlpSmall
+  local san
+  san=$(sanitizer)
+  if [ -n "$san" ]; then
+    part memcheck 60 "$san" --tool memcheck --print-limit 20 "$run/bin/encore_cuda_tests" \
+      "[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[graphs],[reduce],[cross_entropy]"
+    ENCORE_RANDOM_PROGRAMS=60 part memcheck_static 70 "$san" --tool memcheck --print-limit 20 \
+      "$run/bin/encore_cuda_tests" "[static]~[loss_fold]~[update_fold],[runtime],[models],[linear]"
+    racecheck_shared "$san" 50 racecheck_shared_pdl0
+    ENCORE_CUDA_PDL=1 racecheck_shared "$san" 50 racecheck_shared_pdl1
+  fi
+  peers 120 0.1
+}
 case "$what" in
   quick) run_quick ;;
   rest) run_rest ;;
+  recheck) run_recheck ;;
   tests) run_tests ;;
   bench) run_bench ;;
   all) run_tests; run_bench ;;
-  *) echo "usage: on-device.sh quick|rest|tests|bench|all"; exit 2 ;;
+  *) echo "usage: on-device.sh quick|rest|recheck|tests|bench|all"; exit 2 ;;
 esac

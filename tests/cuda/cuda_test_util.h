@@ -40,15 +40,20 @@ class CheckGraphUse {
                   captures = now.captures - before_.captures,
                   stream = now.stream_replays - before_.stream_replays,
                   fallbacks = now.fallbacks - before_.fallbacks,
-                  deferred = now.deferred - before_.deferred;
+                  deferred = now.deferred - before_.deferred,
+                  new_values = now.new_values - before_.new_values,
+                  verified = now.verified - before_.verified;
     INFO("graph launches " << launches << ", captures " << captures << ", stream replays " << stream
-                           << " (of them deferred captures " << deferred << "), failed captures "
-                           << fallbacks);
+                           << " (of them deferred captures " << deferred
+                           << ", new kernel arguments " << new_values << ", verified " << verified
+                           << "), failed captures " << fallbacks);
     CHECK(fallbacks == 0);
     if (!replays_) {
       CHECK(launches + stream == 0);
     } else if (graphs_) {
-      CHECK(stream == deferred);  // only captures put off until a library plan exists
+      // only captures put off until a library plan exists, phases whose kernel arguments changed
+      // since their last run, and replays checked against eager
+      CHECK(stream == deferred + new_values + verified);
       CHECK(launches > 0);
       CHECK(captures >= 1);
     } else {

@@ -67,6 +67,24 @@ void launch(bool dot, long long m, long long n, long long k, bool trans_a, const
   }
 ENTRY(small_gemm_f32, float)
 ENTRY(small_gemm_f64, double)
+// The k (1 to three chunks' worth) whose kSerialK launch reserves less than a 16-byte vector past
+// a's staged rows, or more than a block may have; 0 where there is none.
+template <typename T, int kRows>
+long long serial_slack_short() {
+  for (long long k = 1; k <= 3 * kSerialMaxChunk<T, kRows>; ++k) {
+    const int chunk = serial_chunk<T, kRows>(k);
+    const size_t staged = static_cast<size_t>(kSmallGemmThreads + kRows) * chunk * sizeof(T);
+    const size_t bytes = serial_shared_bytes<T, kRows>(chunk);
+    if (bytes < staged + 16 || bytes > static_cast<size_t>(kMaxDynamicSharedBytes)) return k;
+  }
+  return 0;
+}
+extern "C" long long serial_slack_short_f32(int rows) {
+  return rows == 1 ? serial_slack_short<float, 1>() : serial_slack_short<float, kSerialRows>();
+}
+extern "C" long long serial_slack_short_f64(int rows) {
+  return rows == 1 ? serial_slack_short<double, 1>() : serial_slack_short<double, kSerialRows>();
+}
 )cuda";
 
 using Entry = void (*)(bool, long long, long long, long long, bool, const void*, long long,
@@ -264,7 +282,7 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
       {false, 4, 128, 3, false, 1},
       {false, 130, 130, 5, true, 1},
       {false, 129, 131, 9},
-      // k over several staged chunks (kDot: 800 floats or 384 doubles; kSerialK: 127 floats or 63
+      // k over several staged chunks (kDot: 800 floats or 384 doubles; kSerialK: 126 floats or 63
       // doubles a chunk at one output a thread, 124 or 62 at four), the
       // chunks' rows in 16-byte vectors (a row length of a multiple of 4 floats or 2 doubles) or
       // element by element, a row that ends inside its last vector.
@@ -295,6 +313,19 @@ TEST_CASE("small GEMM kernels compute each output over both layouts and edges (e
     check<float>(cs, 1 + static_cast<uint32_t>(i));
     check<double>(cs, 100 + static_cast<uint32_t>(i));
   }
+}
+
+// kSerialK's product loop may load the 16-byte vector past a chunk's last element of a, unused;
+// a's rows end the staged operands, so its launch reserves a vector past them (memcheck on an
+// H200 reported the load where it did not), within the most a block may have.
+TEST_CASE("a small GEMM's serial launch reserves a vector past a's staged rows",
+          "[nvrtc][small_gemm]") {
+  using Short = long long (*)(int);
+  for (const char* name : {"serial_slack_short_f32", "serial_slack_short_f64"})
+    for (const int rows : {1, 4}) {
+      INFO(name << ", rows " << rows);
+      CHECK(gemm_kernels().function<Short>(name)(rows) == 0);
+    }
 }
 
 TEST_CASE("a small GEMM's blocks past the product sum a's columns as CUDA's Sum does (emulated)",
