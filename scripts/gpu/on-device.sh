@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
 #   bash .gpu/on-device.sh quick   # one call of at most 9 minutes, for a short device budget:
-#                                  # encore_cuda_tests, /cuda benchmarks, the ENCORE_CUDA_PDL=1
-#                                  # A/B, memcheck, racecheck and synccheck over the newest
-#                                  # kernels, PyTorch side by side
+#                                  # encore_cuda_tests, /cuda benchmarks, the chained-copies A/B,
+#                                  # memcheck, racecheck and synccheck over the newest kernels,
+#                                  # PyTorch side by side
 #   bash .gpu/on-device.sh rest    # after quick (under 7.5 minutes): the [large] cases, racecheck,
 #                                  # TinyGpt's kernels, the ENCORE_CUDA_PDL=1 A/B, op-by-op profiles
 #   bash .gpu/on-device.sh recheck # after quick and a fix (under 8.5 minutes): the tests, the
@@ -77,6 +77,13 @@ bench_stream_copies() {  # CAP MIN_TIME
     --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
+# The graphs' staging copies one after another (ENCORE_CUDA_GRAPH_COPY_CHAIN=1) rather than each
+# a root of its own, beside bench_cuda's.
+bench_copy_chain() {  # CAP MIN_TIME
+  TAIL=14 ENCORE_CUDA_GRAPH_COPY_CHAIN=1 part bench_copy_chain "$1" "$run/bin/encore_bench" \
+    --benchmark_filter='^(MlpSmall|SeedCnn|TinyGpt)/static/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
 # The small GEMMs, the loss gradient and the optimizer updates launched as programmatic
 # dependents (ENCORE_CUDA_PDL=1): their tests and the static ones (captures with programmatic
 # edges), then the steps they run in, beside bench_cuda's.
@@ -146,6 +153,7 @@ run_bench() {
   bench_cuda 200 0.2
   bench_cublas_only 30 0.2 'MlpSmall|CharLstm|LstmCellChain'
   bench_stream_copies 20 0.2
+  bench_copy_chain 20 0.2
   # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3, beside bench_cuda's 2 (the
   # default).
   local cases='^(MlpSmall|MlpLarge|SeedCnn|TinyGpt|CharLstm)/static/cuda|^KernelSum/(MlpSmall|TinyGpt)/cuda'
@@ -164,14 +172,14 @@ run_bench() {
 }
 # The most wanted parts of both within one call of at most 9 minutes, for a session's 15 minutes
 # of device time with the start (caps 200 + 110 + 25 + 40 + 2 x 35 + 25 + 60 s): the tests, the
-# benchmarks, the programmatic-launch A/B, MlpSmall's kernels per step, then the sanitizers over
+# benchmarks, the chained staging copies' A/B, MlpSmall's kernels per step, then the sanitizers over
 # the kernels that stage in shared memory (the small GEMMs with their folds, the loss gradient,
 # layer_norm, the optimizers): memcheck, racecheck with programmatic launches off and on, and
 # synccheck with them on; last, PyTorch side by side.
 run_quick() {
   cuda_tests 200
   bench_cuda 110 0.1
-  pdl_bench 25 0.1 'MlpSmall|MlpLarge'
+  bench_copy_chain 25 0.1
   kernels_per_step MlpSmall
   local san sets='[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[cross_entropy]'
   san=$(sanitizer)
