@@ -68,9 +68,9 @@ inline constexpr int kDotMaxChunk = kMaxDynamicSharedBytes /
                                     ((kDotTile + kDotCols) * static_cast<int>(sizeof(T))) / 32 * 32;
 // kSerialK's bytes past a's staged rows, the last of its shared memory: the product loop
 // (serial_products, unrolled) loads a's row in 16-byte vectors and may load the vector past the
-// chunk's last element, which it never uses; compute-sanitizer's memcheck reported that load as
-// out of bounds where the launch reserved a's rows and no more (16 bytes past them at k = 8, on an
-// H200). The slack is one unrolled round of the loop.
+// chunk's last element, which it never uses; compute-sanitizer's memcheck reported a 16-byte
+// load out of bounds when the launch reserved a's rows and no more (on an H200, in a deep MLP of
+// 8-wide linears). The slack is one unrolled round of the loop.
 inline constexpr int kSerialReadSlackBytes = 64;
 template <typename T, int kRows>
 inline constexpr int kSerialMaxChunk = (kMaxDynamicSharedBytes - kSerialReadSlackBytes) /
