@@ -115,3 +115,28 @@ TEST_CASE("a branch on a size is not taken for a size of 1 made from it", "[stat
                              "would plan trace 1's sizes with the ops of the others (traces 1, 2 "
                              "and 3)"));
 }
+
+TEST_CASE("a trace of an empty batch divides a mean over another axis by that axis's extent",
+          "[static][dynamic]") {
+  // At batch 0 a mean's gradient over an axis of 4 once divided by numel(x) / numel(gy) = 0; with
+  // a second trace at batch 4 the divisor read as the batch size, and later sizes were wrong.
+  StaticEnabled on;
+  manual_seed(12);
+  Tensor w = randn({4, 3}).set_requires_grad();
+  auto body = [&](const Tensor& x) { return F::sum(F::mean(F::linear(x, w), {1})); };
+  auto f = static_graph(body, {.name = "empty_batch_mean"});
+  for (const int64_t batch : {0, 4, 8, 16, 5}) {
+    INFO("batch " << batch);
+    const Tensor x = randn({batch, 3});
+    w.set_grad(Tensor());
+    const Tensor want = body(x);
+    want.backward();
+    const Tensor want_grad = w.grad();
+    w.set_grad(Tensor());
+    const Tensor got = f(x);
+    got.backward();
+    CHECK(bit_diff(got, want) == "");
+    CHECK(bit_diff(w.grad(), want_grad) == "");
+  }
+  CHECK(f.stats().hits >= 2);  // the later sizes are planned, not traced
+}

@@ -164,8 +164,12 @@ void sum_backward(BackwardContext& c) {
 void mean_backward(BackwardContext& c) {
   const auto& at = c.attrs<ReduceAttrs>();
   const TensorMeta& in = c.input_meta(0);
-  const double count = static_cast<double>(in.shape.numel()) /
-                       static_cast<double>(std::max<int64_t>(1, c.grad_output().numel()));
+  // The reduced extents' product (not numel(in) / numel(gy), which is 0 for an empty batch: a
+  // dynamic family would read a divisor of 4 at batch 4 and 0 at batch 0 as the batch size).
+  int64_t reduced = 1;
+  for (int d = 0; d < in.shape.rank(); ++d)
+    if ((at.axes_mask >> d) & 1) reduced *= in.shape[d];
+  const double count = static_cast<double>(reduced);
   c.set_input_grad(0, expand_reduced(F::div(c.grad_output(), count), in, at.axes_mask));
 }
 
