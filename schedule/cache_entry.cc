@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "runtime/autograd.h"
+#include "runtime/param_updaters.h"
 
 namespace encore::schedule::detail {
 namespace {
@@ -60,6 +61,23 @@ std::string grads_sharing(const Entry& e) {
   for (size_t k = 0; k < n; ++k) {
     const TensorImpl* g = grad_of(k);
     e.grads_seen[k] = g != nullptr ? g->storage->serial() : 0;
+  }
+  return {};
+}
+
+// An updater (optimizer) made since e.updaters_seen holding a tensor the trace read but did not
+// update: its step() is not in the schedule, which the replays would run without it.
+std::string newer_updater(const Entry& e) {
+  const uint64_t since = e.updaters_seen.load(std::memory_order_relaxed);
+  std::string kind;
+  for (const Entry::ReadOnly& r : e.read_only) {
+    const Tensor& t = r.param ? *e.slots[r.index].slot : e.rec->buffers[r.index].bound;
+    if (!param_updater_since(since, t, kind)) continue;
+    return cat(kind == "optimizer" ? "an optimizer" : kind, " made after the trace holds ",
+               r.param ? cat("parameter '", e.slots[r.index].name, "'")
+                       : cat("a captured tensor ", t.shape()),
+               ", which the traced step read but did not update (the schedule does not hold "
+               "that optimizer's step)");
   }
   return {};
 }
@@ -123,6 +141,13 @@ std::string guard_failure(const Entry& e) {
   }
   if (moved) {
     if (std::string why = grads_sharing(e); !why.empty()) return why;
+  }
+  if (!e.read_only.empty()) {
+    if (const uint64_t serial = param_updaters_serial();
+        serial != e.updaters_seen.load(std::memory_order_relaxed)) {
+      if (std::string why = newer_updater(e); !why.empty()) return why;
+      e.updaters_seen.store(serial, std::memory_order_relaxed);
+    }
   }
   if (const uint64_t epoch = autograd::hooks_epoch(); epoch != e.hooks_seen) {
     for (size_t i = 0; i < e.leaf_hooks.size(); ++i) {

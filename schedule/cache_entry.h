@@ -101,6 +101,17 @@ struct Entry {
   // the process's hooks moved (autograd::hooks_epoch) since `hooks_seen`.
   std::vector<uint64_t> leaf_hooks;
   mutable uint64_t hooks_seen = 0;
+  // Where the trace ran an optimizer's step: the watched parameters (slots) and captured floating
+  // tensors (External buffers) it read but did not update, and the newest ParamUpdaterRegistration
+  // serial when traced, or when a call last found no updater made since holding one of them (a
+  // parameter group added as a new optimizer, whose step() the schedule does not hold): a call
+  // finding one traces again.
+  struct ReadOnly {
+    bool param;  // a slot's tensor, else an External buffer's
+    int index;
+  };
+  std::vector<ReadOnly> read_only;
+  mutable std::atomic<uint64_t> updaters_seen{0};
   std::vector<CapturedGuard> captured;
   std::vector<int> grad_in;  // GradIn buffers, by differentiable result
   // By differentiable result: whether the first backward got its gradient (one that got none is

@@ -64,6 +64,9 @@ std::shared_ptr<Entry> plan_size(const StaticGraph::Impl::Family& f, std::span<c
   e->params = p.params;
   e->grads = p.grads;
   e->leaf_hooks = p.leaf_hooks;
+  e->read_only = p.read_only;
+  e->updaters_seen.store(p.updaters_seen.load(std::memory_order_relaxed),
+                         std::memory_order_relaxed);
   e->grad_in = p.grad_in;
   e->grad_given = p.grad_given;
   e->stale = p.stale;

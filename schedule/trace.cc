@@ -6,6 +6,7 @@
 #include "absl/container/inlined_vector.h"
 #include "runtime/autograd.h"
 #include "runtime/labelled_node.h"
+#include "runtime/param_updaters.h"
 #include "runtime/profiler.h"
 #include "schedule/static_graph_impl.h"
 
@@ -221,6 +222,15 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   for (size_t b = 0; b < rec->buffers.size(); ++b)
     if (const Buffer& buf = rec->buffers[b]; buf.kind == BufKind::External && buf.bound.defined())
       e.captured.push_back({static_cast<int>(b), buf.bound.requires_grad()});
+  if (!rec->host_guards.empty()) {  // (the guards of the optimizers the step ran)
+    for (size_t b = 0; b < rec->buffers.size(); ++b) {
+      const Buffer& buf = rec->buffers[b];
+      if (buf.mutated || !buf.bound.defined() || !is_floating(buf.bound.dtype())) continue;
+      if (buf.kind == BufKind::Param) e.read_only.push_back({true, buf.index});
+      if (buf.kind == BufKind::External) e.read_only.push_back({false, static_cast<int>(b)});
+    }
+    e.updaters_seen.store(param_updaters_serial(), std::memory_order_relaxed);
+  }
   for (size_t i = 0; i < rec->leaves.size(); ++i) {
     const Leaf& l = rec->leaves[i];
     const bool entry_read =

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "encore/functions.h"
+#include "runtime/param_updaters.h"
 
 namespace encore::optim {
 
@@ -108,6 +109,9 @@ class Optimizer {
   std::shared_ptr<std::atomic<int64_t>> steps_ = std::make_shared<std::atomic<int64_t>>(0);
 
  private:
+  // While it lives: a static step traced before it was made sees the tensors it holds (a
+  // parameter group added as a new optimizer traces again).
+  ParamUpdaterRegistration registration_;
   friend class HyperGuard;
   // Held weakly by the guards of the static steps that recorded this optimizer: it ends with the
   // object, and an assignment gives the object a new one (the guards then see another

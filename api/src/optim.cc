@@ -83,7 +83,8 @@ class HyperGuard final : public HostGuard {
 
 Optimizer::Optimizer(std::vector<Tensor> params) : Optimizer(std::move(params), "optimizer") {}
 
-Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<Tensor> params, const char* kind)
+    : params_(std::move(params)), registration_(&params_, kind) {
   // As PyTorch's "optimizer got an empty parameter list": a filter that left nothing to train.
   ENCORE_CHECK(!params_.empty(), kind, ": the parameter list is empty; give it at least one");
   // Sorted by storage, then tensor, then position: a tensor listed twice, and two tensors over one
@@ -116,10 +117,12 @@ Optimizer::Optimizer(std::vector<Tensor> params, const char* kind) : params_(std
 Optimizer::Optimizer(const Optimizer& other)
     : params_(other.params_),
       shared_storage_(other.shared_storage_),
-      steps_(std::make_shared<std::atomic<int64_t>>(other.steps_->load())) {}
+      steps_(std::make_shared<std::atomic<int64_t>>(other.steps_->load())),
+      registration_(&params_, other.registration_.kind()) {}
 
 Optimizer& Optimizer::operator=(const Optimizer& other) {
   params_ = other.params_;
+  registration_.renew();
   shared_storage_ = other.shared_storage_;
   // A new counter: the static steps that recorded this object's see another optimizer (token_).
   steps_ = std::make_shared<std::atomic<int64_t>>(other.steps_->load());
