@@ -300,6 +300,36 @@ TEST_CASE("checkpoint: a file that does not fit the module is an Error naming th
   CHECK(s.unexpected == std::vector<std::string>{"4.bias", "4.weight"});
 }
 
+TEST_CASE("checkpoint: non-strict, a file saved without an optimizer loads the module alone",
+          "[checkpoint]") {
+  Fixture f;
+  const std::string model_only = f.dir.file("model_only.safetensors");
+  manual_seed(8);
+  auto pretrained = nn::mlp(4, 6, 3);
+  save(model_only, *pretrained);
+  // The optimizer has state, a step and a learning rate of its own.
+  f.opt->options.lr = 0.25;
+  Tensor loss = F::softmax_cross_entropy((*f.model)(randn({5, 4})), zeros({5}, DType::Int64));
+  loss.backward();
+  f.opt->step();
+  nn::Sequential none;  // (a Snapshot of the optimizer alone)
+  const Snapshot opt_before(none, f.opt.get(), nullptr);
+  // Strict, it is an Error, and nothing changes.
+  const Snapshot before(*f.model, f.opt.get(), nullptr);
+  CHECK_THAT(error_of([&] { load(model_only, *f.model, f.opt.get()); }),
+             Catch::Contains("the optimizer's state was not saved"));
+  CHECK(Snapshot(*f.model, f.opt.get(), nullptr).diff(before) == "");
+  // Non-strict: the module is the file's, the optimizer as it was, its state tensors missing.
+  const LoadResult r = load(model_only, *f.model, f.opt.get(), nullptr, {.strict = false});
+  CHECK(Snapshot(*f.model, nullptr, nullptr).diff(Snapshot(*pretrained, nullptr, nullptr)) == "");
+  CHECK(Snapshot(none, f.opt.get(), nullptr).diff(opt_before) == "");
+  CHECK(f.opt->steps() == 1);
+  CHECK(f.opt->options.lr == 0.25);
+  CHECK(r.unexpected.empty());
+  REQUIRE_FALSE(r.missing.empty());
+  for (const std::string& name : r.missing) CHECK(name.starts_with("optimizer."));
+}
+
 namespace {
 
 // A module with a bool buffer (a mask) and a child named "optimizer".

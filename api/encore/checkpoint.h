@@ -34,7 +34,9 @@ void save(const std::string& path, const nn::Module& module, optim::Optimizer* o
 
 struct LoadOptions {
   // A module tensor missing from the file, or a file tensor the module (or the optimizer) lacks,
-  // is an Error. Non-strict loads what matches and returns the other names.
+  // is an Error. Non-strict loads what matches and returns the other names; from a file saved
+  // without an optimizer it loads the module, and the optimizer keeps its state, hyper-parameters
+  // and step count (its state tensors that exist are returned as missing).
   bool strict = true;
 };
 

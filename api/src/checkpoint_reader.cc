@@ -222,6 +222,7 @@ const std::string& need(const File& f, const std::string& key, const char* why) 
 
 struct Plan {
   std::vector<std::pair<const checkpoint::Target*, const Entry*>> copies;
+  bool optimizer = false;  // the optimizer's hyper-parameters and step count are loaded
   std::vector<std::pair<std::string, double>> hyper_parameters;
   int64_t steps = 0;
   Generator::Stream stream{};
@@ -232,7 +233,10 @@ Plan plan(const File& f, const std::vector<checkpoint::Target>& targets,
           optim::Optimizer* optimizer, Generator* generator, LoadResult& result, bool strict) {
   Plan p;
   const std::string prefix(checkpoint::kOptimizerPrefix);
-  if (optimizer) {
+  // Non-strict, a file saved without an optimizer loads into the module alone: the optimizer's
+  // state comes back missing, and it keeps its hyper-parameters and step count.
+  p.optimizer = optimizer && (strict || f.metadata.contains(prefix + "kind"));
+  if (p.optimizer) {
     const std::string& kind = need(f, prefix + "kind", "the optimizer's state was not saved");
     if (kind != optimizer->kind())
       bad(f, "the optimizer state is ", kind, "'s, not ", optimizer->kind(), "'s");
@@ -270,7 +274,7 @@ Plan plan(const File& f, const std::vector<checkpoint::Target>& targets,
     bad(f, "tensor '", result.unexpected.front(), "' is in the file but not in the ",
         optimizer ? "module or the optimizer" : "module", " (", result.unexpected.size(),
         " unexpected; LoadOptions::strict = false ignores them)");
-  if (optimizer) {
+  if (p.optimizer) {
     const std::string& steps = need(f, prefix + "steps", "the optimizer's step count");
     const auto n = checkpoint::parse_int(steps);
     if (!n || *n < 0) bad(f, "__metadata__ '", prefix, "steps' is '", steps, "'");
@@ -307,7 +311,7 @@ LoadResult load(const std::string& path, nn::Module& module, optim::Optimizer* o
   const Plan p = plan(f, targets, optimizer, generator, result, options.strict);
 
   // First, as the optimizer checks the values (an Error leaves it unchanged).
-  if (optimizer) {
+  if (p.optimizer) {
     try {
       optimizer->set_hyper_parameters(p.hyper_parameters);
     } catch (const Error& e) {
