@@ -1,9 +1,11 @@
 // Every routine of functions.h through the op harness (forward against naive references in
 // float64 and float32, numerical gradients; the cases are in op_cases.h, which the CUDA tests
 // share), plus focused checks of a few semantics.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "encore/functions.h"
@@ -376,4 +378,26 @@ TEST_CASE("the Matmul kernel takes a 2-D operand shared by every batch", "[ops]"
   // The routine always passes equal ranks; the kernel's documented contract also allows a 2-D
   // a or b with a 3-D other operand, with or without transposes.
   check_matmul_kernel_contract(Device::cpu());
+}
+
+TEST_CASE("rand's draws stay in [low, high) where the width is small beside low", "[ops]") {
+  // lo + width * u rounds up to high for some u < 1 (1000 to 1001 in float32: about 1 draw in
+  // 2^15); they take the value below high.
+  manual_seed(0);
+  const Tensor x = rand({1 << 20}, DType::Float32, Device::cpu(), 1000, 1001);
+  const std::vector<float> v = x.to_vector<float>();
+  CHECK(*std::max_element(v.begin(), v.end()) < 1001.0f);
+  CHECK(*std::max_element(v.begin(), v.end()) == std::nextafter(1001.0f, 0.0f));
+  CHECK(*std::min_element(v.begin(), v.end()) >= 1000.0f);
+  // low == high draws low.
+  CHECK(rand({3}, DType::Float64, Device::cpu(), 2.5, 2.5).to_vector<double>() ==
+        std::vector<double>{2.5, 2.5, 2.5});
+  // A width that is not finite in the dtype is refused, as PyTorch refuses it.
+  CHECK_THROWS_WITH(rand({4}, DType::Float32, Device::cpu(), -3e38, 3e38),
+                    Catch::Contains("uniform_: the range [-3e+38, 3e+38)") &&
+                        Catch::Contains("not finite in float32"));
+  CHECK_THROWS_WITH(rand({4}, DType::Float64, Device::cpu(), 0, INFINITY),
+                    Catch::Contains("not finite in float64"));
+  CHECK(
+      std::isfinite(rand({1}, DType::Float64, Device::cpu(), -3e38, 3e38).to_vector<double>()[0]));
 }

@@ -178,6 +178,14 @@ void random_fill(Op op, const char* name, const Tensor& t, double a, double b) {
 
 void uniform_(const Tensor& t, double low, double high) {
   ENCORE_CHECK(low <= high, "uniform_: low ", low, " > high ", high);
+  // (As PyTorch: a range whose width, or an end, is not finite in the tensor's dtype is refused;
+  // its draws would be inf or NaN.)
+  const bool single = t.dtype() == DType::Float32;
+  const double width =
+      single ? static_cast<double>(static_cast<float>(high) - static_cast<float>(low)) : high - low;
+  ENCORE_CHECK(std::isfinite(low) && std::isfinite(high) && std::isfinite(width),
+               "uniform_: the range [", low, ", ", high, ") of a ", t.dtype(), " tensor ",
+               t.shape(), " has a width that is not finite in ", t.dtype());
   random_fill(Op::UniformInit, "uniform_", t, low, high);
 }
 

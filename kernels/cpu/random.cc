@@ -5,11 +5,12 @@
 // can produce the same stream. From the words w0..w3:
 //   float32: u = (w0 >> 8) * 2^-24                               in [0, 1)
 //   float64: u = (((w0 << 32) | w1) >> 11) * 2^-53               in [0, 1)
-//   uniform: a + (b - a) * u
+//   uniform: a + (b - a) * u, at most the value below b (uniform_top)
 //   normal:  u1 = the float formula + 2^-24 (or 2^-53), in (0, 1], from w0 (w0, w1);
 //            u2 = the formula on w1 (w2, w3) in [0, 1);
 //            a + b * sqrt(-2 ln u1) * cos(2 pi u2)
 // All arithmetic is in the tensor's dtype.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -27,10 +28,11 @@ void uniform_kernel(const KernelArgs& args) {
   switch_floating(t.dtype, Op::UniformInit, [&]<typename T>(Type<T>) {
     T* p = t.as<T>();
     const T lo = static_cast<T>(r.a), width = static_cast<T>(r.b) - static_cast<T>(r.a);
+    const T top = uniform_top<T>(r.a, r.b);
     const uint64_t base = r.offset / 4;
     for (int64_t i = 0, n = t.numel(); i < n; ++i) {
       const Philox4 w = philox(r.seed, base + i);
-      p[i] = lo + width * unit<T>(w.v);
+      p[i] = std::min(lo + width * unit<T>(w.v), top);
     }
   });
 }

@@ -20,8 +20,8 @@ void uniform(const KernelArgs& args) {
     const int64_t n = t.numel();
     if (n == 0) return;
     const T lo = static_cast<T>(r.a), width = static_cast<T>(r.b) - static_cast<T>(r.a);
-    uniform_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(t.as<T>(), n, lo, width, r.seed,
-                                                                r.offset, state_of(r));
+    uniform_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
+        t.as<T>(), n, lo, width, uniform_top<T>(r.a, r.b), r.seed, r.offset, state_of(r));
     ENCORE_CUDA_LAUNCHED(Op::UniformInit);
   });
 }

@@ -47,14 +47,16 @@ __device__ T fma_t(T a, T b, T c) {
   }
 }
 
+// top: uniform_top<T>(low, high), the largest value a draw may take.
 template <typename T>
-__global__ void uniform_kernel(T* __restrict__ p, int64_t n, T lo, T width, uint64_t seed,
+__global__ void uniform_kernel(T* __restrict__ p, int64_t n, T lo, T width, T top, uint64_t seed,
                                uint64_t offset, const uint64_t* state) {
   const PhiloxStart s = load_start(seed, offset, state);
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const Philox4 w = philox(s.seed, s.base + static_cast<uint64_t>(i));
-    p[i] = fma_t(width, unit<T>(w.v), lo);
+    const T v = fma_t(width, unit<T>(w.v), lo);
+    p[i] = v < top ? v : top;
   }
 }
 

@@ -29,7 +29,8 @@ void draw(int kind, T* p, const T* x, T* mask, long long n, double a, double b,
   const auto* st = reinterpret_cast<const uint64_t*>(state);
   emulate_launch(one_block ? 1u : blocks_for(n), kThreads, [&] {
     if (kind == 0)
-      uniform_kernel<T>(p, n, static_cast<T>(a), static_cast<T>(b) - static_cast<T>(a), seed,
+      uniform_kernel<T>(p, n, static_cast<T>(a), static_cast<T>(b) - static_cast<T>(a),
+                        encore::kernels::uniform_top<T>(a, b), seed,
                         offset, st);
     if (kind == 1)
       normal_kernel<T>(p, n, static_cast<T>(a), static_cast<T>(b), seed, offset, st);
