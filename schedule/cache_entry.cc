@@ -71,6 +71,7 @@ std::string newer_updater(const Entry& e) {
   const uint64_t since = e.updaters_seen.load(std::memory_order_relaxed);
   std::string kind;
   for (const Entry::ReadOnly& r : e.read_only) {
+    if (!r.param && static_cast<size_t>(r.index) >= e.rec->buffers.size()) continue;
     const Tensor& t = r.param ? *e.slots[r.index].slot : e.rec->buffers[r.index].bound;
     if (!param_updater_since(since, t, kind)) continue;
     return cat(kind == "optimizer" ? "an optimizer" : kind, " made after the trace holds ",
