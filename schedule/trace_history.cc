@@ -50,6 +50,7 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
     std::string what = threw_now ? cat("its traces keep throwing (latest: ", reason, ")")
                                  : cat("it keeps tracing (latest: ", reason, ")");
     size_t best = 0;
+    bool best_sized = false;  // the subject is a size (a value), not a mode or a key
     detail::DynDim best_dim{-1, -1};
     for (const auto& [subject, seen] : changes) {
       const auto first = std::find_if(seen.begin(), seen.end(),
@@ -64,7 +65,20 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                  ? cat(subject, " keeps changing (recent values ", values, ")")
                  : cat(subject, " keeps changing (latest: ", seen.back().text, ")");
       best_dim = {seen.back().arg, seen.back().dim};
+      best_sized = seen.back().value >= 0;
     }
+    // Traces dropped because no backward reached their outputs (a function evaluated in grad
+    // mode): the cause when they are most of the window's, whatever changed beside them.
+    int unreached = 0;
+    for (const RetraceEvent& ev : stats.traces_history)
+      if (ev.call > stats.calls - window &&
+          ev.reason.starts_with("no backward reached the outputs of the previous trace"))
+        ++unreached;
+    if (!threw_now && unreached * 2 > traced)
+      what = cat(unreached,
+                 " of these traces followed one whose outputs no backward reached "
+                 "(latest: ",
+                 reason, ")");
     // A dimension a family serves traced at sizes the family could not plan (a size of 1, a
     // guard the traced sizes could not settle): its traces say why, bucketing is beside the point.
     int64_t family = -1;
@@ -89,16 +103,25 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
         threw_now ? std::string(
                         "Its latest trace threw: a trace that throws caches nothing, so "
                         "each call traces again until one succeeds")
+        : unreached * 2 > traced
+            ? std::string(
+                  "A trace in grad mode keeps its schedule only once a backward reaches its "
+                  "outputs; called without one (evaluating), the next call traces again: call "
+                  "it under NoGradGuard where no backward follows")
         : best == 0 ? std::string(
                           "No argument, key or mode changed in these calls: each traces again "
                           "for the reason given")
-        : family >= 0
-            ? cat("It is dynamic (family ", family,
-                  "), but the family could not plan these sizes (latest: ", reason,
-                  "); each such size traces once, and extends the family or keeps a "
-                  "schedule of its own")
-            : cat("Every new value traces and plans again; pad or bucket it to a few fixed "
+        : family >= 0 ? cat("It is dynamic (family ", family,
+                            "), but the family could not plan these sizes (latest: ", reason,
+                            "); each such size traces once, and extends the family or keeps a "
+                            "schedule of its own")
+        : best_sized
+            ? cat("Every new value traces and plans again; pad or bucket it to a few fixed "
                   "sizes, raise cache_limit (now ",
+                  config.cache_limit,
+                  ") if only a few values occur, or run this function eagerly "
+                  "(ENCORE_STATIC=0)")
+            : cat("Every new value traces and plans again; raise cache_limit (now ",
                   config.cache_limit,
                   ") if only a few values occur, or run this function eagerly "
                   "(ENCORE_STATIC=0)");

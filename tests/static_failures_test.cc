@@ -1,8 +1,8 @@
 // static_graph when things go wrong: a recorded first backward that fails lets the next call
 // trace again (a bounded number of times, said in the statistics and the log), a trace that ran a
 // one-time set-up is dropped, a trace that throws leaves the cache as it was and the next trace
-// says so, a log sink that throws fails no call, and every per-function list of diagnostics
-// stays bounded however long a retrace storm lasts.
+// says so, a log sink that throws fails no call, every per-function list of diagnostics stays
+// bounded however long a retrace storm lasts, and a storm of traces no backward reached says so.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -234,4 +234,26 @@ TEST_CASE("a log sink that throws fails no call", "[static][failures]") {
     CHECK(bit_diff(fn(x), F::mul(x, 3.0)) == "");
   }
   CHECK(fn.stats().sizes_planned == 1);
+}
+
+TEST_CASE("a storm of traces no backward reached says to evaluate under NoGradGuard", "[static]") {
+  // Alternate calls under no_grad (an entry of their own) and in grad mode with no backward: each
+  // grad-mode call traces again, as its last trace's outputs got no backward. No size changed.
+  StaticEnabled on;
+  const Tensor w = rand({4, 4}).set_requires_grad();
+  auto f = static_graph([&](const Tensor& x) { return F::matmul(x, w); }, {.name = "evaluated"});
+  const Tensor x = rand({2, 4});
+  for (int i = 0; i < 20; ++i) {
+    if (i % 2 == 0) {
+      NoGradGuard no_grad;
+      f(x);
+    } else {
+      f(x);
+    }
+  }
+  const StaticStats s = f.stats();
+  INFO(joined(s.warnings));
+  CHECK(any_contains(s.warnings, "no backward reached"));
+  CHECK(any_contains(s.warnings, "call it under NoGradGuard where no backward follows"));
+  CHECK_FALSE(any_contains(s.warnings, "pad or bucket"));
 }
