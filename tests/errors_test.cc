@@ -554,6 +554,10 @@ TEST_CASE("factories and initialisers check their arguments", "[errors]") {
   CHECK_THROWS_WITH(full({1}, 1e300, DType::Float32),
                     Contains("full: value 1e+300 cannot fill a float32 tensor: it is beyond "
                              "float32's largest value"));
+  // Just beyond: both numbers to the last digit.
+  CHECK_THROWS_WITH(full({1}, 3.4028235e38, DType::Float32),
+                    Contains("value 3.4028235e+38 cannot fill a float32 tensor: it is beyond "
+                             "float32's largest value 3.4028234663852886e+38"));
   Tensor f = full({2}, 1.5, DType::Float32);
   CHECK_THROWS_WITH(fill_(f, -1e39), Contains("fill_: value -1e+39 cannot fill a float32 tensor"));
   CHECK(f.to_vector<float>() == std::vector<float>{1.5f, 1.5f});  // left unchanged

@@ -43,11 +43,15 @@ void detail::check_fill_value(const char* op, double value, DType dtype) {
   if (dtype != DType::Float32 || !std::isfinite(value) ||
       std::abs(value) <= std::numeric_limits<float>::max())
     return;
-  char digits[32];
+  // Both to the last digit (3.4028235e+38 is beyond 3.4028234663852886e+38).
+  char digits[32], limit[32];
   const auto end = std::to_chars(digits, digits + sizeof(digits), value).ptr;
+  const auto limit_end = std::to_chars(limit, limit + sizeof(limit),
+                                       static_cast<double>(std::numeric_limits<float>::max()))
+                             .ptr;
   fail(op, ": value ", std::string_view(digits, end - digits),
        " cannot fill a float32 tensor: it is beyond float32's largest value ",
-       std::numeric_limits<float>::max(), " (pass a float64 tensor, or an infinity)");
+       std::string_view(limit, limit_end - limit), " (pass a float64 tensor, or an infinity)");
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
