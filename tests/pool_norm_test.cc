@@ -406,6 +406,8 @@ TEST_CASE("pooling, batch_norm and dropout reject bad arguments naming op, argum
 
   CHECK_THROWS_WITH(F::batch_norm(rand({2, 3, 4}), {}, {}, {}, {}, true),
                     Contains("batch_norm") && Contains("[2,3,4]"));
+  CHECK_THROWS_WITH(F::batch_norm(rand({2, 0}), {}, {}, {}, {}, true),
+                    Contains("batch_norm: x [2,0] has no channels"));
   CHECK_THROWS_WITH(F::batch_norm(x4, {}, {}, rand({4}), rand({4}), true),
                     Contains("batch_norm") && Contains("gamma is [4]") && Contains("3 channels") &&
                         Contains("[2,3,4,4]"));

@@ -202,6 +202,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                  attrs);
   }
 
+  ENCORE_CHECK(x.size(1) > 0, "batch_norm: x ", x.shape(), " has no channels (dimension 1 is 0)");
   ENCORE_CHECK(count > 1, "batch_norm: training needs more than one value per channel; x is ",
                x.shape());
   const Shape channels{x.size(1)};
