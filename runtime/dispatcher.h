@@ -104,6 +104,12 @@ class Tracer {
   virtual void on_grad_read(const Tensor& leaf) { (void)leaf; }
   // The traced code read host state that a replay bakes in (see HostGuard).
   virtual void on_host_guard(std::shared_ptr<const HostGuard> guard) { (void)guard; }
+  // A module's forward read its train/eval mode (`module`, described by `what`): a static function
+  // watches the modes of the modules it was given, and bakes another's into its replays.
+  virtual void on_mode_read(const void* module, std::string_view what) {
+    (void)module;
+    (void)what;
+  }
   // The autograd engine saved `alias`, a detached alias of the op output `base`, for a backward
   // formula (one not made through the dispatcher, unlike detach()).
   virtual void on_saved_alias(const Tensor& base, const Tensor& alias) {

@@ -365,6 +365,12 @@ void Recorder::on_host_value(std::string_view what) {
              or_eager()));
 }
 
+void Recorder::on_mode_read(const void* module, std::string_view what) {
+  for (const auto& [m, unused] : rec_.mode_reads)
+    if (m == module) return;
+  rec_.mode_reads.emplace_back(module, std::string(what));
+}
+
 void Recorder::on_unrepeatable(std::string_view why) {
   if (rec_.retrace.empty()) rec_.retrace = cat("ran a one-time set-up (", why, ")");
 }

@@ -124,6 +124,10 @@ struct Recording {
   // Host state the trace baked in, checked at every call (HostGuard), and per guard whether
   // its steps take its attributes live (every update step after it had its traced() ones).
   std::vector<std::shared_ptr<const HostGuard>> host_guards;
+  // The modules whose forward read its train/eval mode (Tracer::on_mode_read), described, and the
+  // first of them the function does not watch (its mode is baked in; the call warns once).
+  std::vector<std::pair<const void*, std::string>> mode_reads;
+  std::string unwatched_mode;
   std::vector<char> guard_live;
   // An argument's storage the function also reached through a tensor that is not the argument
   // (a tensor it captured, or a view of one, at the argument's place): the trace cannot tell
@@ -178,6 +182,7 @@ class Recorder final : public Tracer {
   void before_inplace(Op op, std::span<const Tensor> inputs) override;
   void on_host_read(const Tensor& t, std::string_view what) override;
   void on_host_value(std::string_view what) override;
+  void on_mode_read(const void* module, std::string_view what) override;
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_read(const Tensor& leaf) override;

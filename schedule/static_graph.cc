@@ -389,6 +389,13 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
     it = entries.erase(it);
   }
   if (!unsafe.empty()) warn(cat(unsafe, " (running this signature eagerly)"));
+  if (!e->rec->unwatched_mode.empty() && !warned_unwatched_mode) {
+    warned_unwatched_mode = true;
+    warn(cat(config.name, ": the trace read the train/eval mode of ", e->rec->unwatched_mode,
+             ", which is not among the modules it watches: the replays keep the mode it had, and "
+             "train()/eval() are not seen. Give its model in StaticOptions::modules (the "
+             "ENCORE_STATIC_GRAPH form watches its module)"));
+  }
   after_trace(*e, reason, ch, ms_since(t0));
   unlock_and_log(lock);
   if (!e->dynamic_dims.empty() && e->load_state() == EntryState::Ready) make_dynamic(e);

@@ -50,6 +50,7 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   std::vector<char> recent;  // whether each of the last calls traced (ring of 10)
   size_t recent_pos = 0;
   int64_t last_storm_warning = -100;
+  bool warned_unwatched_mode = false;  // once per function
   struct Seen {
     int64_t call;
     int64_t value;     // the new size of a dimension, else -1

@@ -1,10 +1,13 @@
 // The watched modules' structure: a layer added to a watched module after its trace (a
 // Sequential grown by add()) makes the entries traced before it stale, so the next call traces
 // again and says why, in the module form and the function form; a module made elsewhere in the
-// process changes nothing for them.
+// process changes nothing for them. A function that reads the train/eval mode of a module it does
+// not watch (a Dropout, a BatchNorm2d) warns that the mode is baked into its replays.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "encore/encore.h"
@@ -143,4 +146,33 @@ TEST_CASE("a module's static forward takes a StaticKey for what it reads on the 
   CHECK(s.hits == 2);
   REQUIRE(s.traces_history.size() == 2);
   CHECK(s.traces_history[1].reason == "key changed 'logits' -> 'probs'");
+}
+
+TEST_CASE("a function reading the mode of a module it does not watch warns once", "[static]") {
+  StaticEnabled on;
+  auto model = std::make_shared<nn::Sequential>();
+  model->add(std::make_shared<nn::Linear>(4, 4));
+  model->add(std::make_shared<nn::Dropout>(0.5));
+  const Tensor x = rand({2, 4});
+  NoGradGuard no_grad;
+  auto unwatched =
+      static_graph([&](const Tensor& t) { return model->forward(t); }, {.name = "unwatched"});
+  unwatched(x);
+  unwatched(rand({3, 4}));  // a second trace: still one warning
+  const StaticStats u = unwatched.stats();
+  INFO(joined(u.warnings));
+  CHECK(u.traces == 2);
+  CHECK(std::count_if(u.warnings.begin(), u.warnings.end(), [](const std::string& w) {
+          return w.find("the train/eval mode of Dropout") != std::string::npos &&
+                 w.find("not among the modules it watches") != std::string::npos;
+        }) == 1);
+  // Watched, it says nothing, and eval() is a new signature.
+  auto watched = static_graph([&](const Tensor& t) { return model->forward(t); },
+                              {.name = "watched", .modules = {model}});
+  watched(x);
+  model->eval();
+  watched(x);
+  const StaticStats w = watched.stats();
+  CHECK(w.traces == 2);
+  CHECK_FALSE(any_contains(w.warnings, "train/eval mode"));
 }

@@ -59,6 +59,10 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // is_training() for a forward that depends on it (Dropout, BatchNorm2d): also tells a tracing
+  // static function, which warns when the module is not among those it watches (its mode would
+  // be baked into the replays, and eval() not seen).
+  bool training_in_forward() const;
 
   // State that is not a parameter (batch norm's running statistics), named as parameters are.
   std::vector<std::pair<std::string, Tensor*>> named_buffer_slots() const;
@@ -268,7 +272,7 @@ class BatchNorm2d : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double ratio = 0.5);
-  Tensor forward(const Tensor& x) override { return F::dropout(x, ratio_, is_training()); }
+  Tensor forward(const Tensor& x) override { return F::dropout(x, ratio_, training_in_forward()); }
   std::string describe() const override;
 
  private:

@@ -133,6 +133,11 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+bool Module::training_in_forward() const {
+  if (Tracer* t = current_tracer()) t->on_mode_read(this, describe());
+  return training_;
+}
+
 void Module::zero_grad(bool set_to_none) {
   detail::zero_grads(parameters(), set_to_none);
 }

@@ -259,8 +259,8 @@ BatchNorm2d::BatchNorm2d(int64_t channels, BatchNormOptions options) : options_(
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
-  return F::batch_norm(x, running_mean, running_var, gamma, beta, is_training(), options_.momentum,
-                       options_.eps);
+  return F::batch_norm(x, running_mean, running_var, gamma, beta, training_in_forward(),
+                       options_.momentum, options_.eps);
 }
 
 std::string BatchNorm2d::describe() const {
