@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -366,9 +367,9 @@ void Recorder::on_host_value(std::string_view what) {
 }
 
 void Recorder::on_mode_read(const void* module, std::string_view what) {
-  for (const auto& [m, unused] : rec_.mode_reads)
-    if (m == module) return;
-  rec_.mode_reads.emplace_back(module, std::string(what));
+  if (rec_.unwatched_mode.empty() &&
+      std::find(watched_modules_.begin(), watched_modules_.end(), module) == watched_modules_.end())
+    rec_.unwatched_mode = what;
 }
 
 void Recorder::on_unrepeatable(std::string_view why) {

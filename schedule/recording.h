@@ -124,9 +124,8 @@ struct Recording {
   // Host state the trace baked in, checked at every call (HostGuard), and per guard whether
   // its steps take its attributes live (every update step after it had its traced() ones).
   std::vector<std::shared_ptr<const HostGuard>> host_guards;
-  // The modules whose forward read its train/eval mode (Tracer::on_mode_read), described, and the
-  // first of them the function does not watch (its mode is baked in; the call warns once).
-  std::vector<std::pair<const void*, std::string>> mode_reads;
+  // The first module whose forward read its train/eval mode (Tracer::on_mode_read) and that the
+  // function does not watch, described: its mode is baked in (the call warns once).
   std::string unwatched_mode;
   std::vector<char> guard_live;
   // An argument's storage the function also reached through a tensor that is not the argument
@@ -183,6 +182,8 @@ class Recorder final : public Tracer {
   void on_host_read(const Tensor& t, std::string_view what) override;
   void on_host_value(std::string_view what) override;
   void on_mode_read(const void* module, std::string_view what) override;
+  // The modules the function watches (Config::tree): a mode read of another is unwatched_mode.
+  void watch_modules(std::vector<const void*> tree) { watched_modules_ = std::move(tree); }
   void on_grad_set(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_replaced(const Tensor& leaf, const Tensor& grad) override;
   void on_grad_read(const Tensor& leaf) override;
@@ -222,6 +223,7 @@ class Recorder final : public Tracer {
 
   Recording& rec_;
   std::string name_;
+  std::vector<const void*> watched_modules_;  // watch_modules: the tree the function watches
   bool throw_unsafe_;
   bool snapshot_;
   bool fold_constants_;  // mark constants, with a copy of their values (Plan::fold_constants)

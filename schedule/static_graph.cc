@@ -255,11 +255,10 @@ void StaticGraph::Impl::call(std::span<const Tensor> args, const std::string* ke
       guard_reason = state != EntryState::Abandoned
                          ? cat("the first backward of the previous trace failed (", e.failure, ")")
                      : e.sig.grad
-                         ? "no backward reached the outputs of the previous trace (evaluating in "
-                           "grad mode? wrap it in NoGradGuard)"
-                         : "no backward reached the outputs of the previous trace (the function "
-                           "turns grad mode on inside: its results carry a graph, which only a "
-                           "backward completes)";
+                         ? cat(kNoBackward, " (evaluating in grad mode? wrap it in NoGradGuard)")
+                         : cat(kNoBackward,
+                               " (the function turns grad mode on inside: its results carry a "
+                               "graph, which only a backward completes)");
       if (state == EntryState::Failed) failures = e.backward_failures;
       entries.erase(it);
       break;

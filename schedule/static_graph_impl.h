@@ -38,6 +38,10 @@ struct StaticGraph::Impl : std::enable_shared_from_this<StaticGraph::Impl> {
   static constexpr size_t kSubjects = 64;  // changing signature parts the storm warning tracks
   // First backwards of one signature that may fail in a row before it runs eagerly for good.
   static constexpr int kMaxBackwardFailures = 3;
+  // How a retrace after a trace whose outputs got no backward begins (the storm warning counts
+  // them).
+  static constexpr std::string_view kNoBackward =
+      "no backward reached the outputs of the previous trace";
 
   const Body body;
   const Config config;

@@ -168,6 +168,7 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
   auto rec = std::make_shared<Recording>();
   auto recorder =
       std::make_unique<Recorder>(*rec, config.name, config.on_unsafe == OnUnsafe::Error, false);
+  recorder->watch_modules(e.tree);
   std::vector<Tensor> aliases;
   const std::vector<Tensor> inner = run_recorded(*recorder, args, e.slots, aliases);
   // (After the function ran: a call with the wrong number of tensors says so first.)
@@ -175,11 +176,6 @@ std::string StaticGraph::Impl::trace(const std::shared_ptr<Entry>& entry,
                config.arg_names.size(), " names, but the call has ", args.size(),
                args.size() == 1 ? " argument" : " arguments");
   recorder->check_escapes(inner);
-  for (const auto& [module, what] : rec->mode_reads)
-    if (std::find(e.tree.begin(), e.tree.end(), module) == e.tree.end()) {
-      rec->unwatched_mode = what;
-      break;
-    }
   for (size_t k = 0; k < inner.size(); ++k) {
     const Tensor& r = inner[k];
     ENCORE_CHECK(r.defined(), config.name, ": the function returned an undefined tensor");

@@ -71,10 +71,9 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
     // mode): the cause when they are most of the window's, whatever changed beside them.
     int unreached = 0;
     for (const RetraceEvent& ev : stats.traces_history)
-      if (ev.call > stats.calls - window &&
-          ev.reason.starts_with("no backward reached the outputs of the previous trace"))
-        ++unreached;
-    if (!threw_now && unreached * 2 > traced)
+      unreached += ev.call > stats.calls - window && ev.reason.starts_with(kNoBackward);
+    const bool evaluating = unreached * 2 > traced;
+    if (!threw_now && evaluating)
       what = cat(unreached,
                  " of these traces followed one whose outputs no backward reached "
                  "(latest: ",
@@ -103,7 +102,7 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
         threw_now ? std::string(
                         "Its latest trace threw: a trace that throws caches nothing, so "
                         "each call traces again until one succeeds")
-        : unreached * 2 > traced
+        : evaluating
             ? std::string(
                   "A trace in grad mode keeps its schedule only once a backward reaches its "
                   "outputs; called without one (evaluating), the next call traces again: call "
@@ -115,16 +114,11 @@ void StaticGraph::Impl::after_trace(const Entry& e, const std::string& reason,
                             "), but the family could not plan these sizes (latest: ", reason,
                             "); each such size traces once, and extends the family or keeps a "
                             "schedule of its own")
-        : best_sized
-            ? cat("Every new value traces and plans again; pad or bucket it to a few fixed "
-                  "sizes, raise cache_limit (now ",
-                  config.cache_limit,
-                  ") if only a few values occur, or run this function eagerly "
-                  "(ENCORE_STATIC=0)")
-            : cat("Every new value traces and plans again; raise cache_limit (now ",
-                  config.cache_limit,
-                  ") if only a few values occur, or run this function eagerly "
-                  "(ENCORE_STATIC=0)");
+                      : cat("Every new value traces and plans again; ",
+                            best_sized ? "pad or bucket it to a few fixed sizes, " : "",
+                            "raise cache_limit (now ", config.cache_limit,
+                            ") if only a few values occur, or run this function eagerly "
+                            "(ENCORE_STATIC=0)");
     warn(cat(config.name, ": ", traced, " of the last ", window, " calls retraced; ", what, ". ",
              advice, ranged));
   }
