@@ -73,17 +73,21 @@ void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device
 
 // MlpSmall/static_lr_schedule: MlpSmall/static with a new learning rate before every step, as a
 // decay schedule sets it. The replays read it at each call (no step traces again): the cost of a
-// schedule against MlpSmall/static.
-void BM_MlpStaticSchedule(benchmark::State& state, int64_t hidden, int64_t batch) {
-  MlpStep step(hidden, batch);
+// schedule against MlpSmall/static. On CUDA (MlpSmall/static_lr_schedule/cuda) the graph's
+// update kernels read it from the device, where each call writes it before the launch.
+void BM_MlpStaticSchedule(benchmark::State& state, int64_t hidden, int64_t batch,
+                          Device device = Device::cpu()) {
+  GraphsSetting graphs(state, device, Replay::Graphs);
+  if (!graphs.ok()) return;
+  MlpStep step(hidden, batch, device);
   auto static_step = step.make_static();
   int64_t calls = 0;
-  measure_steps(state, Device::cpu(), kWarmupSteps, /*kernel_sum=*/false, [&] {
+  measure_steps(state, device, kWarmupSteps, /*kernel_sum=*/false, [&] {
     step.optimizer().options.lr = 1e-3 / (1.0 + 1e-4 * static_cast<double>(calls++));
     static_step(step.x(), step.labels());
   });
   const StaticStats stats = static_step.stats();
-  label_warnings(state, Device::cpu(), stats);
+  label_warnings(state, device, stats);
   if (!check_replayed(state, stats, /*traces=*/1)) return;
   report_arena(state, stats);
 }
@@ -152,12 +156,16 @@ void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int6
 
 [[maybe_unused]] const bool kCudaCasesAdded = [] {
   add_mlp_cuda_cases(kMlpSmallOrder, "MlpSmall", kMlpSmallHidden, kMlpSmallBatch);
-  // MlpSmall/static/cuda alternating between its batch and a copy of it: every call's graph
-  // copies its arguments from new sources, which the launch sets first (MlpSmall/static/cuda's
-  // stay the same).
+  // MlpSmall/static/cuda alternating between its batch and a copy of it: two sets of argument
+  // addresses in turn, each read where it is by a graph of its own (staged with
+  // ENCORE_CUDA_GRAPH_DIRECT_ARGS=0: every call's graph copies its arguments from new sources,
+  // which the launch sets first).
   add_cuda_case(kMlpSmallOrder, "MlpSmall/static_batches/cuda", [](benchmark::State& s) {
     BM_MlpStatic(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda(), Replay::Graphs,
                  /*batches=*/2);
+  });
+  add_cuda_case(kMlpSmallOrder, "MlpSmall/static_lr_schedule/cuda", [](benchmark::State& s) {
+    BM_MlpStaticSchedule(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda());
   });
   add_mlp_cuda_cases(kMlpLargeOrder, "MlpLarge", kMlpLargeHidden, kMlpLargeBatch);
   return true;

@@ -78,6 +78,11 @@ struct KernelArgs {
   // convolution), so a replay looks nothing up; null for an eager call. What a kernel stores
   // there must live as long as the process.
   std::atomic<void*>* state = nullptr;
+  // CUDA, a static plan's graph whose optimizer's attributes change between launches: the device
+  // address of a copy of them (SgdAttrs, or AdamAttrs for AdamUpdate and WeightGradAdam) that the
+  // plan writes before each launch, and the update kernels read instead of theirs; null
+  // elsewhere. `attrs` holds the call's values too.
+  const void* device_attrs = nullptr;
   template <typename T>
   const T& attr() const {
     return attrs.template as<T>();

@@ -30,7 +30,26 @@ bool copies_in_graphs() {
   return on;
 }
 
+std::atomic<int> g_direct_arguments{-1};  // -1: not read from the environment yet
+
 }  // namespace
+
+bool graph_direct_arguments_enabled() {
+  int v = g_direct_arguments.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env::flag("ENCORE_CUDA_GRAPH_DIRECT_ARGS", true) ? 1 : 0;
+    int expected = -1;
+    g_direct_arguments.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+    v = g_direct_arguments.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool set_graph_direct_arguments_enabled(bool on) {
+  const bool previous = graph_direct_arguments_enabled();
+  g_direct_arguments.store(on ? 1 : 0, std::memory_order_relaxed);
+  return previous;
+}
 
 // What a CUDA graph of each phase reads from staging copies, and where random steps find their
 // {seed, offset}.
@@ -83,7 +102,7 @@ namespace {
 std::atomic<int> g_failing_captures{0};  // fail_next_graph_captures
 // The plans' counts summed over the process, and the failed captures.
 std::atomic<int64_t> g_launches{0}, g_captures{0}, g_stream_replays{0}, g_failed_captures{0},
-    g_deferred_captures{0}, g_forked_captures{0}, g_new_value_replays{0}, g_verified_replays{0};
+    g_deferred_captures{0}, g_forked_captures{0}, g_verified_replays{0}, g_direct_launches{0};
 }  // namespace
 
 void fail_next_graph_captures(int n) {
@@ -97,13 +116,17 @@ GraphUseCounts graph_use_counts() {
           g_failed_captures.load(std::memory_order_relaxed),
           g_deferred_captures.load(std::memory_order_relaxed),
           g_forked_captures.load(std::memory_order_relaxed),
-          g_new_value_replays.load(std::memory_order_relaxed),
-          g_verified_replays.load(std::memory_order_relaxed)};
+          g_verified_replays.load(std::memory_order_relaxed),
+          g_direct_launches.load(std::memory_order_relaxed)};
 }
 
-void Plan::count_launch() {
+void Plan::count_launch(bool direct) {
   graph_launches_.fetch_add(1, std::memory_order_relaxed);
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (direct) {
+    direct_launches_.fetch_add(1, std::memory_order_relaxed);
+    g_direct_launches.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 void Plan::count_capture() {
   graph_captures_.fetch_add(1, std::memory_order_relaxed);
@@ -112,13 +135,13 @@ void Plan::count_capture() {
 void Plan::count_stream_replay(StreamReplay why) {
   stream_replays_.fetch_add(1, std::memory_order_relaxed);
   g_stream_replays.fetch_add(1, std::memory_order_relaxed);
-  if (why == StreamReplay::kNewValues) g_new_value_replays.fetch_add(1, std::memory_order_relaxed);
   if (why == StreamReplay::kVerified) g_verified_replays.fetch_add(1, std::memory_order_relaxed);
 }
 
 GraphStats Plan::graph_stats() const {
   GraphStats s;
   s.launches = graph_launches_.load(std::memory_order_relaxed);
+  s.direct_launches = direct_launches_.load(std::memory_order_relaxed);
   s.captures = graph_captures_.load(std::memory_order_relaxed);
   s.stream_replays = stream_replays_.load(std::memory_order_relaxed);
   s.capture_failures = capture_failures_.load(std::memory_order_acquire);
@@ -137,8 +160,48 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const cuda::StreamHandle stream = cuda::current_stream(device_.index);
   const std::vector<Buffer>& bufs = rec_->buffers;
 
-  // Arguments and incoming gradients: copied into the call state's staging buffers, which the
-  // graph reads (an address of the caller's changes every call). A copy sits at the caller's
+  const std::vector<int>& staged = staged_[phase];
+  const auto [p0, p1] = patch_range(phase);
+  std::vector<CapturedGraph>& graphs = b.graphs[phase];
+  // Whether `key` holds this call's addresses of the phase's non-arena views.
+  const auto this_call = [&](const std::vector<void*>& key) {
+    for (size_t k = p0; k < p1; ++k)
+      if (key[k - p0] != b.views[patches_[k].first].data) return false;
+    return true;
+  };
+
+  // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
+  std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
+
+  // Arguments and incoming gradients (the staged buffers) are read where they are, by a graph
+  // keyed by their addresses like the parameters' ("direct"), once this arena's phase has seen
+  // all of its addresses before: the same tensors at every call, or a few in turn (two batches,
+  // a loader's buffers), cost no copies. The views are as bind() left them: the callers'
+  // addresses, which the keys compare. Addresses whose direct capture failed are staged.
+  int ring_slot = -1;  // this call's keys in b.recent_keys, if any
+  const bool direct = graph_direct_arguments_enabled() && [&] {
+    if (staged.empty() && (!backward || staged_both_.empty())) return false;
+    for (const CapturedGraph& g : graphs)
+      if (g.direct && this_call(g.key)) return true;
+    if (std::any_of(failed.begin(), failed.end(), this_call)) return false;
+    // The keys of the phase's last kRecentKeys runs on this arena without a direct graph (a
+    // ring): a key seen there again gets one.
+    std::array<std::vector<void*>, kRecentKeys>& ring = b.recent_keys[phase];
+    for (size_t k = 0; k < kRecentKeys; ++k) {
+      if (!ring[k].empty() && this_call(ring[k])) {
+        ring_slot = static_cast<int>(k);
+        return true;
+      }
+    }
+    ring_slot = static_cast<int>(b.recent_next[phase]++ % kRecentKeys);
+    std::vector<void*>& key = ring[ring_slot];
+    key.clear();  // (the same size from the second time round: no allocation)
+    for (size_t k = p0; k < p1; ++k) key.push_back(b.views[patches_[k].first].data);
+    return false;
+  }();
+
+  // Otherwise they are copied into the call state's staging buffers, which the graph reads (an
+  // address of the caller's may change at every call). A copy sits at the caller's
   // address modulo kCudaArenaAlign: cuBLAS and cuDNN choose their kernels by the operands'
   // alignment, so a replay of an argument at an odd offset runs what eager ran on it (and the
   // graph of that alignment: the staged address is part of its key). The phase's own copies are
@@ -158,22 +221,25 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     for (int buf : list)
       cuda::copy_bytes(b.staged[stage_slot_[buf]], device_, b.ptrs[buf], device_, bufs[buf].nbytes);
   };
-  const std::vector<int>& staged = staged_[phase];
-  place(staged);
-  if (backward && !b.forward_staged) {
-    place(staged_both_);
-    copy_on_stream(staged_both_);
-  }
-  if (!backward) b.forward_staged = true;
-  for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staged[slot];
   b.graph_copies.clear();  // (reserved for the larger phase: no allocation)
-  const bool in_graph = copies_in_graphs();
-  if (in_graph) {
-    for (int buf : staged)
-      if (bufs[buf].nbytes > 0)
-        b.graph_copies.push_back({b.staged[stage_slot_[buf]], b.ptrs[buf], bufs[buf].nbytes});
+  const bool in_graph = copies_in_graphs() && !direct;
+  if (direct) {
+    if (!backward) b.forward_staged = false;
   } else {
-    copy_on_stream(staged);
+    place(staged);
+    if (backward && !b.forward_staged) {
+      place(staged_both_);
+      copy_on_stream(staged_both_);
+    }
+    if (!backward) b.forward_staged = true;
+    for (const auto& [vi, slot] : staged_views_[phase]) b.views[vi].data = b.staged[slot];
+    if (in_graph) {
+      for (int buf : staged)
+        if (bufs[buf].nbytes > 0)
+          b.graph_copies.push_back({b.staged[stage_slot_[buf]], b.ptrs[buf], bufs[buf].nbytes});
+    } else {
+      copy_on_stream(staged);
+    }
   }
 
   // Random steps: fresh {seed, offset} pairs, reserved in step order as a replay on the host
@@ -198,30 +264,40 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
                      /*non_blocking=*/true);
   }
 
-  // The graph for these addresses, or a new capture.
-  const auto [p0, p1] = patch_range(phase);
-  std::vector<CapturedGraph>& graphs = b.graphs[phase];
-  // Live attributes are kernel arguments the graph captured: other values need another graph.
+  // Live attributes (an optimizer's, which a schedule may change between calls): kernel
+  // arguments a graph captures while they stay as they were on this arena's first run of the
+  // phase; once they change, for good (a rate decayed at every call would cost a capture per
+  // call), written to the device before each launch for graphs whose update kernels read them
+  // there (KernelArgs::device_attrs).
   const bool live = live_phase_[phase];
   const auto same_live = [&](const std::vector<AttrBlob>& v) {
-    if (!live) return true;
     for (size_t k = 0; k < v.size(); ++k)
       if (std::memcmp(v[k].bytes, b.live_attrs[k].bytes, AttrBlob::kCapacity) != 0) return false;
     return true;
   };
-  // Values this arena's last run of the phase had too (always, on its first run): new values
-  // that do not repeat (a rate decayed at every call) would cost a capture per call.
-  bool repeated = true;
-  if (live) {
-    repeated = same_live(b.last_live[phase]);
-    b.last_live[phase] = b.live_attrs;  // (the same size from the second run on: no allocation)
+  if (live && !b.live_varies[phase]) {
+    if (b.first_live[phase].empty()) {
+      b.first_live[phase] = b.live_attrs;
+    } else if (!same_live(b.first_live[phase])) {
+      b.live_varies[phase] = true;
+      graphs.clear();  // (captured with the first values: never launched again)
+    }
   }
-  // Whether `key` holds this call's addresses of the phase's non-arena views.
-  const auto this_call = [&](const std::vector<void*>& key) {
-    for (size_t k = p0; k < p1; ++k)
-      if (key[k - p0] != b.views[patches_[k].first].data) return false;
-    return true;
+  const bool device_live = live && b.live_varies[phase];
+  b.device_live = device_live;
+  if (device_live) {
+    const size_t bytes = b.live_attrs.size() * sizeof(AttrBlob);
+    if (!b.live_device) b.live_device = make_intrusive<Storage>(bytes, device_);
+    // From pageable memory, as the random pairs.
+    cuda::copy_bytes(b.live_device->data(), device_, b.live_attrs.data(), Device::cpu(), bytes,
+                     /*non_blocking=*/true);
+  }
+  // Whether graph `g` runs with this call's live attributes.
+  const auto runs_live = [&](const CapturedGraph& g) {
+    return !live || (device_live ? g.device_live : !g.device_live && same_live(g.live));
   };
+
+  // The graph for these addresses, or a new capture.
   const auto on_stream = [&](StreamReplay why = StreamReplay::kOther) {
     count_stream_replay(why);
     if (in_graph) copy_on_stream(staged);
@@ -245,34 +321,31 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const auto launch = [&](CapturedGraph& g) {
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (g.graph.launch(stream, b.graph_copies)) {
-      count_launch();
+      count_launch(direct);
       return;
     }
     note_failure(cat("launch failed: ", g.graph.failure()));
     on_stream();
   };
   for (CapturedGraph& g : graphs) {
-    if (!this_call(g.key) || !same_live(g.live)) continue;
+    if (g.direct != direct || !this_call(g.key) || !runs_live(g)) continue;
     launch(g);
     return;
   }
   // Captured on this thread's own capture stream (no other thread puts work there), and its
   // branches where the phase's steps are on several lanes, then launched on the current stream;
   // not again for addresses whose capture failed on this arena.
-  // (Nothing is allocated before a capture is tried: values that change at every call and
-  // addresses that failed replay on the stream at no cost.)
-  std::vector<std::vector<void*>>& failed = b.failed_keys[phase];
-  if (!repeated) {
-    on_stream(StreamReplay::kNewValues);
-    return;
-  }
+  // (Nothing is allocated before a capture is tried: addresses that failed replay on the stream
+  // at no cost.)
   if (std::any_of(failed.begin(), failed.end(), this_call)) {
     on_stream();
     return;
   }
   CapturedGraph fresh;
   for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
-  if (live) fresh.live = b.live_attrs;
+  if (live && !device_live) fresh.live = b.live_attrs;
+  fresh.device_live = device_live;
+  fresh.direct = direct;
   std::string failure, deferral;
   try {
     const cuda::StreamHandle side = cuda::capture_stream(device_.index);
@@ -324,17 +397,27 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     note_failure(cat("capture failed: ", failure));
     if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
     failed.push_back(std::move(fresh.key));
+    // Not recognised as seen before: a later call with these addresses stages them (and replays
+    // on the stream where the staged capture failed).
+    if (ring_slot >= 0) b.recent_keys[phase][ring_slot].clear();
     on_stream();
     return;
   }
   count_capture();
   if (fresh.graph.forks()) g_forked_captures.fetch_add(1, std::memory_order_relaxed);
+  // Up to kMaxGraphsPerPhase of each kind (staged, direct), the least recently used evicted.
   CapturedGraph* g = nullptr;
-  if (graphs.size() < kMaxGraphsPerPhase) {
+  CapturedGraph* oldest = nullptr;
+  size_t kind = 0;
+  for (CapturedGraph& x : graphs) {
+    if (x.direct != direct) continue;
+    ++kind;
+    if (oldest == nullptr || x.last_use < oldest->last_use) oldest = &x;
+  }
+  if (kind < kMaxGraphsPerPhase) {
     g = &graphs.emplace_back(std::move(fresh));
   } else {
-    g = &*std::min_element(graphs.begin(), graphs.end(),
-                           [](const auto& x, const auto& y) { return x.last_use < y.last_use; });
+    g = oldest;
     *g = std::move(fresh);
   }
   launch(*g);

@@ -269,6 +269,7 @@ void Plan::run(CallState& b, Phase phase, std::vector<StepSnapshot>* snapshots) 
   const bool backward = phase == Phase::Backward;
   const auto [begin, end] = step_range(phase);
   if (device_.type == DeviceType::CUDA) {
+    b.device_live = false;  // (set by run_graph for its run)
     cuda::set_device(device_.index);
     if (const cuda::StreamHandle s = cuda::current_stream(device_.index); s != b.stream)
         [[unlikely]] {
@@ -460,13 +461,22 @@ void Plan::run_step(CallState& b, int i, bool device_random) const {
       a.offset = st.offset;
     }
     s.fn(KernelArgs{in, out, AttrBlob::of(a), &kernel_state_[i]});
-  } else if (s.live >= 0 && s.op == Op::WeightGradAdam) [[unlikely]] {
-    // The optimizer's attributes at the call in place of the recorded ones.
-    const AttrBlob a = AttrBlob::of(
-        with_adam(s.attrs.as<WeightGradAdamAttrs>(), b.live_attrs[s.live].as<AdamAttrs>()));
-    s.fn(KernelArgs{in, out, a, &kernel_state_[i]});
+  } else if (s.live >= 0) [[unlikely]] {
+    // The optimizer's attributes at the call in place of the recorded ones; in a graph that reads
+    // them at each launch, also where they lie on the device (cuda_graph.cc).
+    const AttrBlob& live = b.live_attrs[s.live];
+    const void* device = b.device_live ? static_cast<const char*>(b.live_device->data()) +
+                                             static_cast<size_t>(s.live) * sizeof(AttrBlob)
+                                       : nullptr;
+    if (s.op == Op::WeightGradAdam) {
+      const AttrBlob a =
+          AttrBlob::of(with_adam(s.attrs.as<WeightGradAdamAttrs>(), live.as<AdamAttrs>()));
+      s.fn(KernelArgs{in, out, a, &kernel_state_[i], device});
+    } else {
+      s.fn(KernelArgs{in, out, live, &kernel_state_[i], device});
+    }
   } else {
-    s.fn(KernelArgs{in, out, s.live < 0 ? s.attrs : b.live_attrs[s.live], &kernel_state_[i]});
+    s.fn(KernelArgs{in, out, s.attrs, &kernel_state_[i]});
   }
 }
 

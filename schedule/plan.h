@@ -131,11 +131,20 @@ struct StepSnapshot {
 
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.
 struct CapturedGraph {
-  std::vector<void*> key;      // the addresses of the phase's non-arena views at capture
-  std::vector<AttrBlob> live;  // the live attributes it captured (CallState::live_attrs)
+  std::vector<void*> key;  // the addresses of the phase's non-arena views at capture
+  // The live attributes it captured (CallState::live_attrs), or none where it reads them from
+  // CallState::live_device (`device_live`).
+  std::vector<AttrBlob> live;
+  bool device_live = false;
+  // It reads the phase's arguments and incoming gradients where the callers have them (their
+  // addresses are in `key`), rather than from staging copies it makes first.
+  bool direct = false;
   cuda::Graph graph;
   uint64_t last_use = 0;
 };
+
+// Runs of a phase on an arena whose graph keys a later run recognises (CallState::recent_keys).
+constexpr size_t kRecentKeys = 4;
 
 // Per-call working state of one arena; reused by later calls once released. A CallState belongs
 // to one call at a time (Plan::acquire to Plan::release), so nothing in it is shared between
@@ -176,9 +185,19 @@ struct CallState {
   bool forward_staged = false;  // this call's forward filled the staging buffers
   std::vector<uint64_t> random_host;
   PerPhase<std::vector<CapturedGraph>> graphs;
-  // Per phase with live attributes, those of this arena's last run of it: values that differ
-  // from them (a rate that changes at every call) replay on the stream, not captured.
-  PerPhase<std::vector<AttrBlob>> last_live;
+  // Per phase with live attributes, those of this arena's first run of it. Once a run's differ
+  // (`live_varies`: a schedule changed a rate), the phase's graphs read them from live_device (an
+  // AttrBlob per host guard, copied from live_attrs before each launch) rather than capturing
+  // them, and `device_live` tells run_step so during such a run.
+  PerPhase<std::vector<AttrBlob>> first_live;
+  PerPhase<bool> live_varies;
+  IntrusivePtr<Storage> live_device;
+  bool device_live = false;
+  // Per phase, a ring of the keys of its last runs on this arena that no direct graph served, with
+  // the callers' addresses of the staged buffers: a key seen there again gets a graph that reads
+  // those where they are (CapturedGraph::direct).
+  PerPhase<std::array<std::vector<void*>, kRecentKeys>> recent_keys;
+  PerPhase<uint32_t> recent_next;
   // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
   PerPhase<std::vector<std::vector<void*>>> failed_keys;
   cuda::EventTimeline timeline;  // profiled CUDA runs
@@ -187,6 +206,7 @@ struct CallState {
 // How a plan's CUDA replays ran.
 struct GraphStats {
   int64_t launches = 0;          // phases replayed as one CUDA-graph launch
+  int64_t direct_launches = 0;   // of them, of graphs that read the arguments where they are
   int64_t captures = 0;          // graphs captured (a new arena, or new addresses of bound tensors)
   int64_t stream_replays = 0;    // phases replayed kernel by kernel on the stream
   // Captures that failed (each retried on a new arena or addresses), and launches whose first
@@ -460,13 +480,13 @@ class Plan {
   // GraphStats, counted by concurrent calls; the failure, deferral and fallback reasons are
   // written under their mutex, the fallback before `graphs_off_` is set.
   // Each adds one to the plan's count and to the process's (graph_use_counts()).
-  void count_launch();
+  void count_launch(bool direct);
   void count_capture();
   // Why a phase replays on the stream, where a graph may not run (GraphUseCounts).
-  enum class StreamReplay { kOther, kNewValues, kVerified };
+  enum class StreamReplay { kOther, kVerified };
   void count_stream_replay(StreamReplay why = StreamReplay::kOther);
-  std::atomic<int64_t> graph_launches_{0}, graph_captures_{0}, stream_replays_{0},
-      capture_failures_{0}, deferred_captures_{0};
+  std::atomic<int64_t> graph_launches_{0}, direct_launches_{0}, graph_captures_{0},
+      stream_replays_{0}, capture_failures_{0}, deferred_captures_{0};
   std::atomic<bool> graphs_off_{false};
   mutable std::mutex fallback_mu_;
   std::string fallback_, last_failure_, last_deferral_;

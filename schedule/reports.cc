@@ -29,6 +29,7 @@ EntryReport entry_report(const Entry& e, std::string signature) {
     r.arenas = e.plan->arenas();
     const GraphStats gs = e.plan->graph_stats();
     r.graph_launches = gs.launches;
+    r.graph_direct_launches = gs.direct_launches;
     r.lane_replays = e.plan->lane_replays();
     r.graph_captures = gs.captures;
     r.stream_replays = gs.stream_replays;
@@ -141,8 +142,8 @@ std::string memory_text(const Plan& p) {
              p.arenas() == 1 ? " arena" : " arenas", " allocated");
 }
 
-// "40 graph launches, 2 captures, 0 stream replays[; 1 capture deferred (why), ...][; graphs
-// off: why]".
+// "40 graph launches (38 reading the arguments where they are), 2 captures, 0 stream replays[; 1
+// capture deferred (why), ...][; graphs off: why]".
 std::string graph_counts(const GraphStats& s) {
   std::string deferred, failed;
   if (s.deferred_captures > 0)
@@ -155,8 +156,11 @@ std::string graph_counts(const GraphStats& s) {
     failed = cat("; ", s.capture_failures,
                  s.capture_failures == 1 ? " failed capture (" : " failed captures (",
                  s.last_failure, "), retried on new addresses or arenas");
-  return cat(s.launches, s.launches == 1 ? " graph launch, " : " graph launches, ", s.captures,
-             s.captures == 1 ? " capture, " : " captures, ", s.stream_replays,
+  const std::string direct =
+      s.direct_launches > 0 ? cat(" (", s.direct_launches, " reading the arguments where they are)")
+                            : std::string();
+  return cat(s.launches, s.launches == 1 ? " graph launch" : " graph launches", direct, ", ",
+             s.captures, s.captures == 1 ? " capture, " : " captures, ", s.stream_replays,
              s.stream_replays == 1 ? " stream replay" : " stream replays", deferred, failed);
 }
 }  // namespace
@@ -166,6 +170,7 @@ std::string EntryReport::graph_text() const {
       graph_capture_failures == 0 && graph_deferred_captures == 0)
     return {};
   return graph_counts({.launches = graph_launches,
+                       .direct_launches = graph_direct_launches,
                        .captures = graph_captures,
                        .stream_replays = stream_replays,
                        .capture_failures = graph_capture_failures,

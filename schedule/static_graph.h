@@ -94,6 +94,8 @@ struct EntryReport {
   // when bound addresses change), schedules replayed kernel by kernel on the stream (graphs off,
   // profiling, verify, or a failed capture), and why capture stopped (empty: it did not).
   int64_t graph_launches = 0;
+  // Of them, launches of graphs that read the call's arguments where they are (no copies).
+  int64_t graph_direct_launches = 0;
   int64_t graph_captures = 0;
   // CPU replay: phases replayed on two lanes (two threads, see set_static_lanes_enabled).
   int64_t lane_replays = 0;
@@ -179,15 +181,22 @@ bool set_early_updates_enabled(bool on);
 // How every CUDA plan of the process has replayed so far: phases launched as CUDA graphs, graphs
 // captured, phases replayed kernel by kernel on the stream, and captures that failed (after which
 // that plan replays on the stream). Of the stream replays: `deferred`, captures put off until a
-// library plan exists; `new_values`, phases whose kernel arguments (a learning rate) differ from
-// their last run's, which a graph would have to capture anew at every call; `verified`, replays
-// checked against eager step by step (verify mode). Tests take the difference around a scenario.
+// library plan exists; `verified`, replays checked against eager step by step (verify mode).
+// Of the launches, `direct`: of graphs that read the arguments where they are. Tests take the
+// difference around a scenario.
 struct GraphUseCounts {
   int64_t launches = 0, captures = 0, stream_replays = 0, fallbacks = 0, deferred = 0;
   int64_t forked = 0;  // captures whose graph forks (a phase's lanes on several streams)
-  int64_t new_values = 0, verified = 0;
+  int64_t verified = 0;
+  int64_t direct = 0;
 };
 GraphUseCounts graph_use_counts();
+// Whether a CUDA plan's graphs read the arguments and incoming gradients of a call where they are
+// once an arena has seen their addresses before (on by default; ENCORE_CUDA_GRAPH_DIRECT_ARGS=0
+// starts it off), rather than copying them into staging buffers first at every launch. Returns
+// the previous setting.
+bool set_graph_direct_arguments_enabled(bool on);
+bool graph_direct_arguments_enabled();
 // For tests: the next `n` CUDA-graph captures of the process fail (after capturing, as one that
 // allocated would), so that a test sees a failed capture replayed on the stream and retried.
 void fail_next_graph_captures(int n);

@@ -181,24 +181,14 @@ inline StaticRun check_mlp_function_form(Device d) {
   return {s, step.schedule_text()};
 }
 
-// MLP training with Adam, the whole step static, on 12 batches, every option of Adam's update set
-// before each call: three sets of values in turn, each for two calls, twice round. One trace,
-// and every step equals eager's with the same values.
-inline StaticRun check_scheduled_hyper_parameters(Device d) {
+// MLP training, the whole step static, on 12 batches, the optimizer's options set before each
+// call by schedule(optimizer, call): one trace, and every step equals eager's with the same values.
+template <typename MakeOpt, typename Schedule>
+StaticRun check_scheduled_options(Device d, MakeOpt make_opt, Schedule schedule) {
   StaticEnabled on;
   const auto mlps = twin_mlps<MlpNet>(d, /*seed=*/4, 20, 16, 12, 8, /*data_seed=*/14);
-  AdamStep eager_step(mlps.eager), model_step(mlps.model);
+  TrainStep<MakeOpt> eager_step(mlps.eager, make_opt), model_step(mlps.model, make_opt);
   auto step = model_step.make_static({.name = "scheduled_step", .arg_names = {"x", "t"}});
-  const auto schedule = [](optim::Adam& o, size_t call) {
-    const size_t set = call / 2 % 3;
-    const double k = static_cast<double>(set);
-    o.options.lr = 1e-3 * (1 + k);
-    o.options.beta1 = 0.9 - 0.05 * k;
-    o.options.beta2 = 0.999 - 0.01 * k;
-    o.options.eps = 1e-8 * (1 + k);
-    o.options.weight_decay = 0.01 * k;
-    o.options.decoupled = set == 1;
-  };
   for (size_t i = 0; i < mlps.batches.size(); ++i) {
     const Batch& b = mlps.batches[i];
     schedule(eager_step.optimizer(), i);
@@ -212,6 +202,39 @@ inline StaticRun check_scheduled_hyper_parameters(Device d) {
   const StaticStats s = step.stats();
   check_one_trace_then_replays(s, static_cast<int64_t>(mlps.batches.size()));
   return {s, step.schedule_text()};
+}
+
+// Every option of Adam's update on a schedule: three sets of values in turn, each for two calls,
+// twice round.
+inline StaticRun check_scheduled_hyper_parameters(Device d) {
+  return check_scheduled_options(d, MakeAdam{}, [](optim::Adam& o, size_t call) {
+    const size_t set = call / 2 % 3;
+    const double k = static_cast<double>(set);
+    o.options.lr = 1e-3 * (1 + k);
+    o.options.beta1 = 0.9 - 0.05 * k;
+    o.options.beta2 = 0.999 - 0.01 * k;
+    o.options.eps = 1e-8 * (1 + k);
+    o.options.weight_decay = 0.01 * k;
+    o.options.decoupled = set == 1;
+  });
+}
+
+// SGD, or momentum SGD, with a rate decayed at every call, and weight decay (and momentum) that
+// change every third call.
+inline StaticRun check_scheduled_sgd(Device d, bool momentum) {
+  const auto rates = [](auto& o, size_t call) {
+    o.options.lr = 0.05 / (1 + 0.1 * static_cast<double>(call));
+    o.options.weight_decay = call / 3 % 2 == 0 ? 0.0 : 1e-3;
+  };
+  if (momentum) {
+    const auto make = [](nn::Module& m) { return optim::MomentumSGD(m.parameters()); };
+    return check_scheduled_options(d, make, [&](optim::MomentumSGD& o, size_t call) {
+      rates(o, call);
+      o.options.momentum = call / 3 % 2 == 0 ? 0.9 : 0.8;
+    });
+  }
+  const auto make = [](nn::Module& m) { return optim::SGD(m.parameters()); };
+  return check_scheduled_options(d, make, rates);
 }
 
 // Two replayed forwards of a static MLP before one backward through both, then a third whose

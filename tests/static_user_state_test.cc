@@ -218,6 +218,15 @@ TEST_CASE("Adam's hyper-parameters on a schedule replay eager's steps with one t
              Contains("adam_update") && Contains("hyper-parameters read at each call"));
 }
 
+TEST_CASE("SGD's and momentum SGD's options on a schedule replay eager's steps with one trace",
+          "[static]") {
+  const bool momentum = GENERATE(false, true);
+  INFO((momentum ? "momentum SGD" : "SGD"));
+  const StaticRun run = check_scheduled_sgd(Device::cpu(), momentum);
+  CHECK_THAT(run.schedule, Contains(momentum ? "momentum_sgd_update" : "sgd_update") &&
+                               Contains("hyper-parameters read at each call"));
+}
+
 TEST_CASE("a hyper-parameter step() refuses, set between calls, raises step()'s Error",
           "[static]") {
   // The replay does not run step(), which checks its options: the call traces again, and the

@@ -23,8 +23,11 @@ struct AdamStep {
   double lr, beta1, beta2;
   T b1, b2, c1, c2, eps, decay, wd;
 };
+// Computed by the kernels themselves, from the attributes they are given or from those a static
+// plan's captured graph reads at each launch (KernelArgs::device_attrs): one code, compiled
+// without contraction, whichever way they came.
 template <typename T>
-AdamStep<T> adam_step(const AdamAttrs& a) {
+__host__ __device__ AdamStep<T> adam_step(const AdamAttrs& a) {
   return {a.lr,
           a.beta1,
           a.beta2,

@@ -258,6 +258,7 @@ void loss_grad_matmul_kernel(const KernelArgs& args) {
 // plans fold: schedule/update_folds.cc), else the product's kernel, then the update's.
 void weight_grad_adam_kernel(const KernelArgs& args) {
   const AdamAttrs adam = adam_attrs(args.attr<WeightGradAdamAttrs>());
+  const auto* live = static_cast<const AdamAttrs*>(args.device_attrs);
   const bool bias = args.in.size() == kWeightGradAdamBiasInputs;
   const std::span<const BufferView> weight = args.in.subspan(2, kWeightGradAdamGroup);
   const std::span<const BufferView> updates = args.in.subspan(2);
@@ -273,7 +274,7 @@ void weight_grad_adam_kernel(const KernelArgs& args) {
         g, c.dtype, a.data, b.data, c.data, bias ? sums->data : nullptr, parameter(weight),
         bias ? parameter(args.in.subspan(kWeightGradAdamInputs, kWeightGradAdamGroup))
              : AdamParameter{},
-        adam);
+        adam, live);
   }
   const BufferView grads[2] = {c, bias ? *sums : c};
   const KernelArgs product{args.in.first(2), std::span<const BufferView>(grads, bias ? 2 : 1),
@@ -283,7 +284,8 @@ void weight_grad_adam_kernel(const KernelArgs& args) {
   } else {
     matmul_into(product, Op::WeightGradAdam, Op::Matmul, 0, g);
   }
-  lookup_kernel(Op::AdamUpdate, DeviceType::CUDA)(KernelArgs{updates, {}, AttrBlob::of(adam)});
+  lookup_kernel(Op::AdamUpdate,
+                DeviceType::CUDA)(KernelArgs{updates, {}, AttrBlob::of(adam), nullptr, live});
 }
 
 ENCORE_REGISTER_CUDA(Op::Matmul, &matmul_kernel);

@@ -12,9 +12,8 @@ void sgd(const KernelArgs& args) {
     for_each_launch<Op::SgdUpdate>(
         args.in, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
           if (blocks == 0) return;
-          launch_dependent<sgd_kernel<T>>(Op::SgdUpdate, blocks, kThreads, tab,
-                                          static_cast<T>(a.lr), static_cast<T>(a.weight_decay),
-                                          a.weight_decay != 0);
+          launch_dependent<sgd_kernel<T>>(Op::SgdUpdate, blocks, kThreads, tab, a,
+                                          static_cast<const SgdAttrs*>(args.device_attrs));
         });
   });
 }
@@ -25,9 +24,8 @@ void momentum_sgd(const KernelArgs& args) {
     for_each_launch<Op::MomentumSgdUpdate>(args.in, [&](const TensorTable<3>& tab, const Counters&,
                                                         unsigned blocks) {
       if (blocks == 0) return;
-      launch_dependent<momentum_sgd_kernel<T>>(Op::MomentumSgdUpdate, blocks, kThreads, tab,
-                                               static_cast<T>(a.lr), static_cast<T>(a.momentum),
-                                               static_cast<T>(a.weight_decay));
+      launch_dependent<momentum_sgd_kernel<T>>(Op::MomentumSgdUpdate, blocks, kThreads, tab, a,
+                                               static_cast<const SgdAttrs*>(args.device_attrs));
     });
   });
 }
@@ -37,10 +35,10 @@ void momentum_sgd(const KernelArgs& args) {
 void adam(const KernelArgs& args) {
   const AdamAttrs& a = args.attr<AdamAttrs>();
   switch_floating(args.in[0].dtype, Op::AdamUpdate, [&]<typename T>(Type<T>) {
-    const AdamStep<T> step = adam_step<T>(a);
     for_each_launch<Op::AdamUpdate>(
         args.in, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
-          launch_dependent<adam_kernel<T>>(Op::AdamUpdate, blocks, kThreads, tab, c, step,
+          launch_dependent<adam_kernel<T>>(Op::AdamUpdate, blocks, kThreads, tab, c, a,
+                                           static_cast<const AdamAttrs*>(args.device_attrs),
                                            error_slot());
         });
   });

@@ -70,10 +70,17 @@ __device__ T* array(const TensorTable<kArrays>& tab, int a, int k) {
   return static_cast<T*>(tab.ptr[a][k]);
 }
 
+// The attributes of each update kernel: its argument, or where `live` points (a static plan's
+// graph writes them there before each launch: KernelArgs::device_attrs), computed with by the
+// same code either way.
+//
 // p -= lr * (g + wd * p) (p -= lr * g without weight decay).
 template <typename T>
-__global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
+__global__ void sgd_kernel(TensorTable<2> tab, SgdAttrs attrs, const SgdAttrs* live) {
   dependent_launch_start();
+  const SgdAttrs a = live != nullptr ? *live : attrs;
+  const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay);
+  const bool decay = a.weight_decay != 0;
   const BlockRange r = block_range(tab);
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);
@@ -88,8 +95,11 @@ __global__ void sgd_kernel(TensorTable<2> tab, T lr, T wd, bool decay) {
 
 // v = momentum * v - lr * (g + wd * p); p += v.
 template <typename T>
-__global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
+__global__ void momentum_sgd_kernel(TensorTable<3> tab, SgdAttrs attrs, const SgdAttrs* live) {
   dependent_launch_start();
+  const SgdAttrs a = live != nullptr ? *live : attrs;
+  const T lr = static_cast<T>(a.lr), mu = static_cast<T>(a.momentum),
+          wd = static_cast<T>(a.weight_decay);
   const BlockRange r = block_range(tab);
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);
@@ -101,10 +111,10 @@ __global__ void momentum_sgd_kernel(TensorTable<3> tab, T lr, T mu, T wd) {
   }
 }
 
-// The largest launch's arguments (adam_kernel's: the table, the counters, the step and the error
-// slot) within the 4 KB every CUDA version takes.
-static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double>) +
-                  sizeof(encore::cuda::DeviceErrorSlot) <=
+// The largest launch's arguments (adam_kernel's: the table, the counters, the attributes and the
+// error slot) within the 4 KB every CUDA version takes.
+static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamAttrs) +
+                  sizeof(const AdamAttrs*) + sizeof(encore::cuda::DeviceErrorSlot) <=
               4096);
 
 // Adam / AdamW with the CPU's formula (adam_element.cuh). The bias corrections depend on the step
@@ -114,9 +124,11 @@ static_assert(sizeof(TensorTable<4>) + sizeof(Counters) + sizeof(AdamStep<double
 // are in flight while the step is counted. A count it cannot keep is reported to the host
 // (DeviceErrorKind::StepCount).
 template <typename T>
-__global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamStep<T> s,
+__global__ void adam_kernel(TensorTable<4> tab, Counters c, AdamAttrs attrs, const AdamAttrs* live,
                             encore::cuda::DeviceErrorSlot errors) {
   dependent_launch_start();
+  const AdamAttrs a = live != nullptr ? *live : attrs;
+  const AdamStep<T> s = adam_step<T>(a);
   const BlockRange r = block_range(tab);
   T* __restrict__ p = array<T>(tab, 0, r.k);
   const T* __restrict__ g = array<T>(tab, 1, r.k);

@@ -114,7 +114,7 @@ void small_gemm_loss_grad(const GemmShape& g, DType dtype, const void* logits, c
 
 void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void* b, void* c,
                      void* sums, const AdamParameter& weight, const AdamParameter& bias,
-                     const AdamAttrs& attrs) {
+                     const AdamAttrs& attrs, const AdamAttrs* live) {
   constexpr Op kOp = Op::WeightGradAdam;
   ENCORE_CHECK(cuda_small_gemm_updates_parameters(g, sums != nullptr), op_name(kOp),
                ": no small GEMM kernel updates parameters from [", g.k, ",", g.m, "]^T x [", g.k,
@@ -132,7 +132,7 @@ void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void*
       launch_dependent_shared<gemm_weight_adam_kernel<T, kRows>>(
           kOp, l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kRows>(chunk), g.m, g.n, g.k,
           chunk, pa, g.lda, pb, g.ldb, vectors_b, static_cast<T*>(c), static_cast<T*>(sums),
-          arrays(weight), arrays(bias), adam_step<T>(attrs), kOp, error_slot());
+          arrays(weight), arrays(bias), attrs, live, kOp, error_slot());
     };
     if (l.rows == 1) {
       launch.template operator()<1>();

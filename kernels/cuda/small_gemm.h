@@ -52,10 +52,11 @@ struct AdamParameter {
 };
 
 // c = a^T b (cuda_small_gemm_updates_parameters(g, sums != nullptr)), then `weight` updated by
-// Adam (`attrs`) from c; with `sums`, sum(a, 0) there and `bias` updated from it too. On the
-// current stream.
+// Adam (`attrs`, or those at `live` in device memory when the launch reads them: a captured
+// graph's, KernelArgs::device_attrs) from c; with `sums`, sum(a, 0) there and `bias` updated from
+// it too. On the current stream.
 void small_gemm_adam(const GemmShape& g, DType dtype, const void* a, const void* b, void* c,
                      void* sums, const AdamParameter& weight, const AdamParameter& bias,
-                     const AdamAttrs& attrs);
+                     const AdamAttrs& attrs, const AdamAttrs* live);
 
 }  // namespace encore::kernels::cuda

@@ -44,16 +44,19 @@ struct AdamArrays {
 // serial_shared_bytes<T, kRows>(chunk) of dynamic shared memory, chunk = serial_chunk<T, kRows>(k):
 // c [m, n] (row-major, n apart, as the weight) = a^T b (a stored [k, m], lda apart; b [k, n], ldb
 // apart; vectors_b: stages_vectors(b, ldb)) and the weight's update; with `sums`, the blocks
-// after the product's store a's column sums there and update the bias. Reports a step count the
+// after the product's store a's column sums there and update the bias. Adam's attributes are
+// `attrs`, or where `live` points (as adam_kernel's, optim.cuh). Reports a step count the
 // counters cannot keep as `op`'s, the weight parameter 0 and the bias 1.
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kSmallGemmThreads)
     gemm_weight_adam_kernel(int64_t m, int64_t n, int64_t k, int chunk, const T* __restrict__ a,
                             int64_t lda, const T* __restrict__ b, int64_t ldb, bool vectors_b,
                             T* __restrict__ c, T* __restrict__ sums, AdamArrays<T> weight,
-                            AdamArrays<T> bias, AdamStep<T> s, Op op,
+                            AdamArrays<T> bias, AdamAttrs attrs, const AdamAttrs* live, Op op,
                             encore::cuda::DeviceErrorSlot errors) {
   dependent_launch_start();
+  const AdamAttrs live_or_own = live != nullptr ? *live : attrs;
+  const AdamStep<T> s = adam_step<T>(live_or_own);
   constexpr int kWidth = kSmallGemmThreads, kWarps = kSmallGemmThreads / 32;
   const int64_t col_blocks = (n + kWidth - 1) / kWidth;
   const int64_t product_blocks = (m + kRows - 1) / kRows * col_blocks;

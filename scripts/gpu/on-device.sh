@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (after scripts/gpu/pack.sh here):
 #   bash .gpu/on-device.sh quick   # one call of at most 9 minutes, for a short device budget:
-#                                  # encore_cuda_tests, /cuda benchmarks, the chained-copies A/B,
+#                                  # encore_cuda_tests, /cuda benchmarks, the staged-arguments
+#                                  # and chained-copies A/Bs,
 #                                  # memcheck, racecheck and synccheck over the newest kernels,
 #                                  # PyTorch side by side
 #   bash .gpu/on-device.sh rest    # after quick (under 7.5 minutes): the [large] cases, racecheck,
@@ -75,6 +76,13 @@ bench_cublas_only() {  # CAP MIN_TIME CASES
 bench_stream_copies() {  # CAP MIN_TIME
   TAIL=12 ENCORE_CUDA_GRAPH_COPIES=0 part bench_stream_copies "$1" "$run/bin/encore_bench" \
     --benchmark_filter='^MlpSmall/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
+    --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
+}
+# Arguments whose addresses repeat copied into staging at every launch (ENCORE_CUDA_GRAPH_DIRECT_ARGS=0)
+# rather than read where they are, beside bench_cuda's.
+bench_staged_args() {  # CAP MIN_TIME
+  TAIL=14 ENCORE_CUDA_GRAPH_DIRECT_ARGS=0 part bench_staged_args "$1" "$run/bin/encore_bench" \
+    --benchmark_filter='^(MlpSmall|SeedCnn|TinyGpt)/static(_batches)?/cuda|^KernelSum/MlpSmall/cuda' \
     --benchmark_repetitions=3 --benchmark_min_time="$2" --benchmark_report_aggregates_only=true
 }
 # The graphs' staging copies one after another (ENCORE_CUDA_GRAPH_COPY_CHAIN=1) rather than each
@@ -153,6 +161,7 @@ run_bench() {
   bench_cuda 200 0.2
   bench_cublas_only 30 0.2 'MlpSmall|CharLstm|LstmCellChain'
   bench_stream_copies 20 0.2
+  bench_staged_args 20 0.2
   bench_copy_chain 20 0.2
   # The same graphs on one stream (ENCORE_STATIC_LANES=0), and on 3, beside bench_cuda's 2 (the
   # default).
@@ -171,15 +180,17 @@ run_bench() {
   fi
 }
 # The most wanted parts of both within one call of at most 9 minutes, for a session's 15 minutes
-# of device time with the start (caps 200 + 110 + 25 + 40 + 2 x 35 + 25 + 60 s): the tests, the
-# benchmarks, the chained staging copies' A/B, MlpSmall's kernels per step, then the sanitizers over
+# of device time with the start (caps 200 + 95 + 20 + 20 + 40 + 2 x 35 + 25 + 60 s): the tests, the
+# benchmarks, the A/Bs of staged arguments and of chained staging copies, MlpSmall's kernels per
+# step, then the sanitizers over
 # the kernels that stage in shared memory (the small GEMMs with their folds, the loss gradient,
 # layer_norm, the optimizers): memcheck, racecheck with programmatic launches off and on, and
 # synccheck with them on; last, PyTorch side by side.
 run_quick() {
   cuda_tests 200
-  bench_cuda 110 0.1
-  bench_copy_chain 25 0.1
+  bench_cuda 95 0.1
+  bench_staged_args 20 0.1
+  bench_copy_chain 20 0.1
   kernels_per_step MlpSmall
   local san sets='[small_gemm]~[loss_fold]~[update_fold],[layer_norm],[optim],[cross_entropy]'
   san=$(sanitizer)

@@ -3,11 +3,15 @@
 // after the capture, the last one's freed). A static replay copies its arguments and incoming
 // gradients into its staging buffers so (schedule/cuda_graph.cc): fresh tensors, one rewritten
 // in place, an earlier one again and a view at an offset replay eager's bits, all as graph
-// launches.
+// launches. Arguments whose addresses repeat are read where they are instead, by graphs keyed by
+// those addresses: the same tensors again, two in turn, one rewritten in place.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "encore/encore.h"
@@ -79,6 +83,7 @@ TEST_CASE("a CUDA graph's first copies run before its work, from each launch's s
 TEST_CASE("a static replay's CUDA graphs copy each call's arguments and incoming gradients",
           "[cuda][static][graphs]") {
   GraphsEnabled use_graphs(true);
+  GraphDirectArguments staged_only(false);
   StaticEnabled on;
   const auto values = [](const Shape& shape) {
     return rand(shape, DType::Float32, Device::cpu(), -1, 1).to(kCuda);
@@ -127,4 +132,102 @@ TEST_CASE("a static replay's CUDA graphs copy each call's arguments and incoming
   // Per phase, one graph for the arguments on 256 bytes and one for the rows at 24: the staged
   // copies sit at the caller's alignment, which the graphs' keys hold.
   CHECK(e.graph_captures == 4);
+}
+
+namespace {
+// y = x w, and in a training form the gradients of w from gy, as a static function on cuda:0
+// and eagerly, side by side: each call's output (and w's gradient) equal.
+class Product {
+ public:
+  explicit Product(bool backward)
+      : backward_(backward),
+        w_(rand({6, 5}, DType::Float32, Device::cpu(), -1, 1).to(kCuda)),
+        gy_(rand({4, 5}, DType::Float32, Device::cpu(), -1, 1).to(kCuda)),
+        f_([this](const Tensor& x) { return F::matmul(x, w_); },
+           {.name = backward ? "direct_arguments_backward" : "direct_arguments"}) {
+    if (backward_) w_.set_requires_grad();
+  }
+  void call(const Tensor& x, const std::string& what) {
+    INFO(what);
+    std::optional<NoGradGuard> no_grad;
+    if (!backward_) no_grad.emplace();
+    w_.set_grad(Tensor());
+    const Tensor ys = f_(x);
+    if (backward_) ys.backward(gy_);
+    const Tensor static_grad = backward_ ? on_host(w_.grad()) : Tensor();
+    w_.set_grad(Tensor());
+    const Tensor ye = F::matmul(x, w_);
+    CHECK(bit_diff(ys, ye) == "");
+    if (backward_) {
+      ye.backward(gy_);
+      CHECK(bit_diff(static_grad, on_host(w_.grad())) == "");
+    }
+  }
+  EntryReport report() const {
+    const StaticStats s = f_.stats();
+    REQUIRE(s.cache.size() == 1);
+    return s.cache[0];
+  }
+
+ private:
+  bool backward_;
+  Tensor w_, gy_;
+  StaticFunction<std::function<Tensor(const Tensor&)>> f_;
+};
+}  // namespace
+
+TEST_CASE("a static replay's CUDA graphs read arguments whose addresses repeat where they are",
+          "[cuda][static][graphs]") {
+  GraphsEnabled use_graphs(true);
+  GraphDirectArguments direct(true);
+  StaticEnabled on;
+  const bool backward = GENERATE(false, true);
+  INFO((backward ? "forward and backward" : "forward only"));
+  Product f(backward);
+  const auto values = [] { return rand({4, 6}, DType::Float32, Device::cpu(), -1, 1).to(kCuda); };
+  const Tensor x0 = values(), x1 = values();
+  f.call(x0, "trace");
+  f.call(x0, "x0: copied (its addresses are new to the arena)");
+  f.call(x0, "x0 again: read where it is, by a graph of its own");
+  f.call(x0, "x0 a third time: that graph again");
+  f.call(x1, "x1: copied, by the first graph");
+  f.call(x0, "x0: its graph");
+  f.call(x1, "x1 again: a graph of its own");
+  f.call(x1, "x1 a third time: its graph");
+  copy_(x0, values());
+  f.call(x0, "x0 rewritten in place: its graph, which reads the new values");
+  // Fresh tensors (kept alive, so that each has an address of its own) are copied, by the first
+  // graph: no capture.
+  std::vector<Tensor> fresh;
+  for (int k = 0; k < 2; ++k) f.call(fresh.emplace_back(values()), "a fresh tensor");
+  const EntryReport e = f.report();
+  INFO(e.graph_text());
+  CHECK(e.stream_replays == 0);
+  CHECK(e.graph_capture_failures == 0);
+  if (!backward) {
+    CHECK(e.graph_launches == 10);
+    CHECK(e.graph_direct_launches == 6);  // x0 four times, x1 twice
+    CHECK(e.graph_captures == 3);         // the copying graph, x0's and x1's
+    CHECK_THAT(e.graph_text(), Catch::Matchers::Contains("6 reading the arguments where they are"));
+  } else {
+    // The backward reads x and gy: its direct graphs follow the forward's (gy is one tensor).
+    CHECK(e.graph_launches == 20);
+    CHECK(e.graph_direct_launches == 12);
+    CHECK(e.graph_captures == 6);
+  }
+}
+
+TEST_CASE("with direct arguments off, a static replay's CUDA graphs copy repeated arguments",
+          "[cuda][static][graphs]") {
+  GraphsEnabled use_graphs(true);
+  GraphDirectArguments staged_only(false);
+  StaticEnabled on;
+  Product f(/*backward=*/false);
+  const Tensor x = rand({4, 6}, DType::Float32, Device::cpu(), -1, 1).to(kCuda);
+  for (int call = 0; call < 4; ++call) f.call(x, cat("call ", call));
+  const EntryReport e = f.report();
+  INFO(e.graph_text());
+  CHECK(e.graph_launches == 3);
+  CHECK(e.graph_direct_launches == 0);
+  CHECK(e.graph_captures == 1);
 }

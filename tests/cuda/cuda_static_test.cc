@@ -118,24 +118,49 @@ TEST_CASE("a training step's CUDA graph runs its lanes on several streams with e
 TEST_CASE("Adam's hyper-parameters on a schedule on cuda replay eager's steps with one trace",
           "[cuda][static]") {
   // Three sets of values, each for two calls, twice round (the first call traces). With graphs:
-  // a set seen on the arena's last call too is captured (calls 2, 4 and 6), one new since then
-  // replays on the stream (calls 3 and 5), and a set captured before is launched again.
+  // the first replay captures its values as kernel arguments; the next, with other values,
+  // captures the graph whose update kernels read them from the device, which every later call
+  // launches after writing its own there. No call replays on the stream. The updates run in the
+  // weight gradients' kernels (folded), or in Adam's own.
   const bool graphs = GENERATE(true, false);
-  INFO("CUDA graphs " << (graphs ? "on" : "off"));
+  const bool fold = GENERATE(true, false);
+  INFO("CUDA graphs " << (graphs ? "on" : "off") << ", updates " << (fold ? "" : "not ")
+                      << "folded");
   GraphsEnabled use_graphs(graphs);
+  const StaticFoldActivations folds(fold);
   const StaticRun run = check_scheduled_hyper_parameters(kCuda);
+  CHECK((count_of(run.schedule, "weight_grad_adam") > 0) == fold);
   REQUIRE(run.stats.cache.size() == 1);
   const EntryReport& e = run.stats.cache[0];
   INFO("entry " << e.signature << ": " << e.graph_text());
   CHECK(e.graph_capture_failures == 0);
   if (graphs) {
-    CHECK(e.graph_captures == 3);
-    CHECK(e.graph_launches == 9);
-    CHECK(e.stream_replays == 2);
+    CHECK(e.graph_captures == 2);
+    CHECK(e.graph_launches == 11);
+    CHECK(e.stream_replays == 0);
   } else {
     CHECK(e.graph_launches == 0);
     CHECK(e.stream_replays == 11);
   }
+}
+
+TEST_CASE(
+    "SGD's and momentum SGD's options on a schedule on cuda replay eager's steps with one trace",
+    "[cuda][static]") {
+  // As Adam's: two captures, then every call launches the graph that reads the options from the
+  // device.
+  const bool graphs = GENERATE(true, false);
+  const bool momentum = GENERATE(false, true);
+  INFO("CUDA graphs " << (graphs ? "on" : "off") << (momentum ? ", momentum" : ""));
+  GraphsEnabled use_graphs(graphs);
+  const StaticRun run = check_scheduled_sgd(kCuda, momentum);
+  REQUIRE(run.stats.cache.size() == 1);
+  const EntryReport& e = run.stats.cache[0];
+  INFO("entry " << e.signature << ": " << e.graph_text());
+  CHECK(e.graph_capture_failures == 0);
+  CHECK(e.graph_captures == (graphs ? 2 : 0));
+  CHECK(e.graph_launches == (graphs ? 11 : 0));
+  CHECK(e.stream_replays == (graphs ? 0 : 11));
 }
 
 TEST_CASE("two forwards before one backward on cuda give eager's gradients", "[cuda][static]") {

@@ -5,12 +5,15 @@
 // AdamW from several step counts; the grids launched with blocks of 256 threads, as optim.cu does,
 // and of 32 (the same blocks, so each thread takes several elements of its grid-stride loop). Every
 // parameter moves exactly once and its step count by one; a negative count is reported with the
-// parameter's index in the call. The [cuda] optimizer tests check the updates against the CPU's on
-// a device.
+// parameter's index in the call. Each update runs twice, with its attributes as the kernel's
+// argument and read from where a static plan's graph writes them (KernelArgs::device_attrs: the
+// argument then holds other values), with the same bits. The [cuda] optimizer tests check the
+// updates against the CPU's on a device.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -30,47 +33,49 @@ constexpr const char* kSource = R"cuda(
 using namespace encore;
 using namespace encore::kernels::cuda;
 // optim.cu's launches over the groups of `in` (n buffers), with blocks of `threads`; returns the
-// launches.
+// launches. `live`: the kernels read the attributes through their pointer, and get attributes of
+// other values as their argument.
 template <typename T>
 int update(Op op, const BufferView* in, long long n, const SgdAttrs& sgd, const AdamAttrs& adam,
-           encore::cuda::DeviceErrorSlot errors, int threads) {
+           bool live, encore::cuda::DeviceErrorSlot errors, int threads) {
   const std::span<const BufferView> args(in, n);
+  const SgdAttrs other_sgd{.lr = 7, .momentum = 0.5, .weight_decay = 3};
+  const AdamAttrs other_adam{.lr = 7, .beta1 = 0.5, .beta2 = 0.5, .eps = 1, .weight_decay = 3};
+  const SgdAttrs& sgd_arg = live ? other_sgd : sgd;
+  const AdamAttrs& adam_arg = live ? other_adam : adam;
+  const SgdAttrs* sgd_at = live ? &sgd : nullptr;
+  const AdamAttrs* adam_at = live ? &adam : nullptr;
   int launches = 0;
   if (op == Op::SgdUpdate)
     for_each_launch<Op::SgdUpdate>(args, [&](const TensorTable<2>& tab, const Counters&, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, threads, [&] {
-        sgd_kernel<T>(tab, static_cast<T>(sgd.lr), static_cast<T>(sgd.weight_decay), sgd.weight_decay != 0);
-      });
+      emulate_launch(blocks, threads, [&] { sgd_kernel<T>(tab, sgd_arg, sgd_at); });
     });
   if (op == Op::MomentumSgdUpdate)
     for_each_launch<Op::MomentumSgdUpdate>(args, [&](const TensorTable<3>& tab, const Counters&, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, threads, [&] {
-        momentum_sgd_kernel<T>(tab, static_cast<T>(sgd.lr), static_cast<T>(sgd.momentum),
-                               static_cast<T>(sgd.weight_decay));
-      });
+      emulate_launch(blocks, threads, [&] { momentum_sgd_kernel<T>(tab, sgd_arg, sgd_at); });
     });
-  if (op == Op::AdamUpdate) {
-    const AdamStep<T> step = adam_step<T>(adam);
+  if (op == Op::AdamUpdate)
     for_each_launch<Op::AdamUpdate>(args, [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
       ++launches;
-      emulate_launch(blocks, threads, [&] { adam_kernel<T>(tab, c, step, errors); });
+      emulate_launch(blocks, threads, [&] { adam_kernel<T>(tab, c, adam_arg, adam_at, errors); });
     });
-  }
   return launches;
 }
 extern "C" int update_f32(int op, const BufferView* in, long long n, const SgdAttrs* sgd,
-                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors, int threads) {
-  return update<float>(static_cast<Op>(op), in, n, *sgd, *adam, errors, threads);
+                          const AdamAttrs* adam, int live, encore::cuda::DeviceErrorSlot errors,
+                          int threads) {
+  return update<float>(static_cast<Op>(op), in, n, *sgd, *adam, live != 0, errors, threads);
 }
 extern "C" int update_f64(int op, const BufferView* in, long long n, const SgdAttrs* sgd,
-                          const AdamAttrs* adam, encore::cuda::DeviceErrorSlot errors, int threads) {
-  return update<double>(static_cast<Op>(op), in, n, *sgd, *adam, errors, threads);
+                          const AdamAttrs* adam, int live, encore::cuda::DeviceErrorSlot errors,
+                          int threads) {
+  return update<double>(static_cast<Op>(op), in, n, *sgd, *adam, live != 0, errors, threads);
 }
 )cuda";
 
-using Update = int (*)(int, const BufferView*, long long, const SgdAttrs*, const AdamAttrs*,
+using Update = int (*)(int, const BufferView*, long long, const SgdAttrs*, const AdamAttrs*, int,
                        cuda::DeviceErrorSlot, int);
 
 // Threads per block: optim.cu's, and fewer (each thread then updates several elements).
@@ -129,6 +134,31 @@ bool near(double got, double want, double magnitude) {
   return testing::within_ulps<T>(got, want, magnitude, 16);
 }
 
+// Runs `op` over `params` with the attributes as the kernels' argument, and over a copy with them
+// read through the kernels' pointer: the same bits, the same counts, no error reported.
+template <typename T>
+void update_both_ways(Op op, std::vector<Param<T>>& params, const SgdAttrs& sgd,
+                      const AdamAttrs& adam, int threads) {
+  std::vector<Param<T>> through_pointer = params;
+  const bool counter = op == Op::AdamUpdate;
+  for (const int live : {0, 1}) {
+    INFO((live ? "attributes read through the pointer" : "attributes as the argument"));
+    std::vector<BufferView> in = views(live ? through_pointer : params, counter);
+    testing::HostErrorSlot errors;
+    CHECK(update_entry<T>()(static_cast<int>(op), in.data(), static_cast<long long>(in.size()),
+                            &sgd, &adam, live, errors.slot(), threads) == 2);
+    CHECK(errors.claim == 0);
+  }
+  int64_t differ = 0;
+  for (int k = 0; k < kParams; ++k) {
+    differ += params[k].t != through_pointer[k].t;
+    for (size_t a = 0; a < params[k].arrays.size(); ++a)
+      differ += std::memcmp(params[k].arrays[a].data(), through_pointer[k].arrays[a].data(),
+                            params[k].arrays[a].size() * sizeof(T)) != 0;
+  }
+  CHECK(differ == 0);
+}
+
 template <typename T>
 void check_sgd(bool momentum, double wd, int threads, std::mt19937& rng) {
   INFO((momentum ? "momentum SGD" : "SGD") << ", weight decay " << wd << ", " << sizeof(T) * 8
@@ -136,12 +166,8 @@ void check_sgd(bool momentum, double wd, int threads, std::mt19937& rng) {
   std::vector<Param<T>> params = make_params<T>(momentum ? 3 : 2, rng);
   const std::vector<Param<T>> before = params;
   const SgdAttrs sgd{0.1, momentum ? 0.9 : 0.0, wd};
-  const AdamAttrs adam;
-  std::vector<BufferView> in = views(params, false);
-  testing::HostErrorSlot errors;
-  const Op op = momentum ? Op::MomentumSgdUpdate : Op::SgdUpdate;
-  CHECK(update_entry<T>()(static_cast<int>(op), in.data(), static_cast<long long>(in.size()), &sgd,
-                          &adam, errors.slot(), threads) == 2);
+  update_both_ways(momentum ? Op::MomentumSgdUpdate : Op::SgdUpdate, params, sgd, AdamAttrs{},
+                   threads);
   int64_t wrong = 0;
   for (int k = 0; k < kParams; ++k)
     for (int64_t i = 0; i < size_of(k); ++i) {
@@ -168,12 +194,7 @@ void check_adam(bool decoupled, int threads, std::mt19937& rng) {
   adam.lr = 0.01;
   adam.weight_decay = 0.1;
   adam.decoupled = decoupled;
-  std::vector<BufferView> in = views(params, true);
-  testing::HostErrorSlot errors;
-  CHECK(update_entry<T>()(static_cast<int>(Op::AdamUpdate), in.data(),
-                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot(),
-                          threads) == 2);
-  CHECK(errors.claim == 0);
+  update_both_ways(Op::AdamUpdate, params, sgd, adam, threads);
   int64_t wrong = 0;
   for (int k = 0; k < kParams; ++k) {
     INFO("parameter " << k);
@@ -228,7 +249,7 @@ TEST_CASE("a negative Adam step count is reported with its parameter's index (em
     const AdamAttrs adam;
     testing::HostErrorSlot errors;
     update_entry<float>()(static_cast<int>(Op::AdamUpdate), in.data(),
-                          static_cast<long long>(in.size()), &sgd, &adam, errors.slot(),
+                          static_cast<long long>(in.size()), &sgd, &adam, 0, errors.slot(),
                           kLaunchThreads);
     CHECK(errors.claim == 1);
     CHECK(errors.kind() == static_cast<long long>(cuda::DeviceErrorKind::StepCount));

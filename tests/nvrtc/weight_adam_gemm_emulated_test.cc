@@ -6,8 +6,10 @@
 // bits, in float32 and float64, Adam and AdamW, with and without the bias, one or four rows a
 // block, one or several column blocks, k over one chunk or several, b's rows not 16-byte aligned,
 // several step counts; a step count the counter cannot keep is reported (as the fused step's, the
-// weight parameter 0 and the bias 1). Nothing past the arrays may be written. The [cuda] tests
-// check the device's bits against eager.
+// weight parameter 0 and the bias 1). Nothing past the arrays may be written. The fused kernel
+// runs a second time reading its attributes through its pointer (where a static plan's graph
+// writes them: KernelArgs::device_attrs), with other values as its argument, for the same bits.
+// The [cuda] tests check the device's bits against eager.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -31,10 +33,12 @@ using namespace encore;
 using namespace encore::kernels::cuda;
 using encore::cuda::DeviceErrorSlot;
 // in: a [k, m], b [k, n] (ldb apart), then the weight's group (p, g, m, v, t) and, with `bias`,
-// the bias's: small_gemm.cu's launch of the fused kernel.
+// the bias's: small_gemm.cu's launch of the fused kernel. `live`: the kernel reads `attrs` through
+// its pointer, and gets others as its argument.
 template <typename T>
 void fused(long long m, long long n, long long k, long long ldb, const BufferView* in, bool bias,
-           const AdamAttrs& attrs, DeviceErrorSlot errors) {
+           const AdamAttrs& attrs, bool live, DeviceErrorSlot errors) {
+  const AdamAttrs other{.lr = 7, .beta1 = 0.5, .beta2 = 0.5, .eps = 1, .weight_decay = 3};
   const T* a = in[0].as<T>();
   const T* b = in[1].as<T>();
   const auto arrays = [&](int g0) {
@@ -47,8 +51,8 @@ void fused(long long m, long long n, long long k, long long ldb, const BufferVie
     emulate_launch(l.blocks, kSmallGemmThreads, serial_shared_bytes<T, kRows>(chunk), [&] {
       gemm_weight_adam_kernel<T, kRows>(m, n, k, chunk, a, m, b, ldb, stages_vectors(b, ldb),
                                         in[3].as<T>(), bias ? in[8].as<T>() : nullptr, arrays(2),
-                                        bias ? arrays(7) : AdamArrays<T>{}, adam_step<T>(attrs),
-                                        Op::WeightGradAdam, errors);
+                                        bias ? arrays(7) : AdamArrays<T>{}, live ? other : attrs,
+                                        live ? &attrs : nullptr, Op::WeightGradAdam, errors);
     });
   };
   if (l.rows == 1) {
@@ -78,18 +82,22 @@ void apart(long long m, long long n, long long k, long long ldb, const BufferVie
   } else {
     launch.template operator()<kSerialRows>();
   }
-  const AdamStep<T> step = adam_step<T>(attrs);
   for_each_launch<Op::AdamUpdate>(
       std::span<const BufferView>(in + 2, bias ? 10 : 5),
       [&](const TensorTable<4>& tab, const Counters& c, unsigned blocks) {
-        emulate_launch(blocks, kThreads, [&] { adam_kernel<T>(tab, c, step, errors); });
+        emulate_launch(blocks, kThreads, [&] { adam_kernel<T>(tab, c, attrs, nullptr, errors); });
       });
 }
 #define ENTRIES(T, s)                                                                           \
   extern "C" void fused_##s(long long m, long long n, long long k, long long ldb,               \
                             const BufferView* in, bool bias, const AdamAttrs* attrs,            \
                             DeviceErrorSlot errors) {                                           \
-    fused<T>(m, n, k, ldb, in, bias, *attrs, errors);                                           \
+    fused<T>(m, n, k, ldb, in, bias, *attrs, false, errors);                                    \
+  }                                                                                             \
+  extern "C" void fused_live_##s(long long m, long long n, long long k, long long ldb,          \
+                                 const BufferView* in, bool bias, const AdamAttrs* attrs,       \
+                                 DeviceErrorSlot errors) {                                      \
+    fused<T>(m, n, k, ldb, in, bias, *attrs, true, errors);                                     \
   }                                                                                             \
   extern "C" void apart_##s(long long m, long long n, long long k, long long ldb,               \
                             const BufferView* in, bool bias, const AdamAttrs* attrs,            \
@@ -168,20 +176,24 @@ void check(const Case& cs, uint32_t seed) {
             << (cs.decoupled ? ", AdamW" : "") << ", weight decay " << cs.weight_decay << ", step "
             << cs.step << ", offset " << cs.offset << ", pad " << cs.pad << ", " << sizeof(T) * 8
             << "-bit");
-  Arrays<T> one(cs, seed), two(cs, seed);
+  Arrays<T> one(cs, seed), two(cs, seed), three(cs, seed);
   const AdamAttrs attrs{.lr = 0.01, .weight_decay = cs.weight_decay, .decoupled = cs.decoupled};
-  testing::HostErrorSlot e1, e2;
+  testing::HostErrorSlot e1, e2, e3;
   const int64_t ldb = cs.n + cs.pad;
   entry<T>("fused")(cs.m, cs.n, cs.k, ldb, one.in.data(), cs.bias, &attrs, e1.slot());
   entry<T>("apart")(cs.m, cs.n, cs.k, ldb, two.in.data(), cs.bias, &attrs, e2.slot());
+  entry<T>("fused_live")(cs.m, cs.n, cs.k, ldb, three.in.data(), cs.bias, &attrs, e3.slot());
   const char* names[4] = {"p", "g", "m", "v"};
   int wrong = 0;
   // (A count the counter cannot keep is reported; what the update then writes is not defined.)
   for (int i = cs.step >= 0 ? 0 : 4; i < 4; ++i) {
     wrong += differences(names[i], one.w[i], two.w[i]);
     wrong += differences(names[i], one.bias[i], two.bias[i]);
+    wrong += differences(names[i], three.w[i], two.w[i]);
+    wrong += differences(names[i], three.bias[i], two.bias[i]);
   }
   CHECK(wrong == 0);
+  CHECK(e3.claim == e1.claim);
   // Every element moved and nothing past the arrays was written; a bias left out stays as it was.
   const Arrays<T> before(cs, seed);
   for (int i = 0; i < 4; ++i) {
@@ -194,6 +206,8 @@ void check(const Case& cs, uint32_t seed) {
   if (cs.step >= 0) {
     CHECK(one.t[0] == two.t[0]);
     CHECK(one.t[1] == two.t[1]);
+    CHECK(three.t[0] == two.t[0]);
+    CHECK(three.t[1] == two.t[1]);
     CHECK(one.t[0] == cs.step + 1);
     CHECK(one.t[1] == (cs.bias ? cs.step + 1 : cs.step));
     CHECK(e1.claim == 0u);
