@@ -30,25 +30,16 @@ bool copies_in_graphs() {
   return on;
 }
 
-std::atomic<int> g_direct_arguments{-1};  // -1: not read from the environment yet
+std::atomic<bool> g_direct_arguments{env::flag("ENCORE_CUDA_GRAPH_DIRECT_ARGS", true)};
 
 }  // namespace
 
 bool graph_direct_arguments_enabled() {
-  int v = g_direct_arguments.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = env::flag("ENCORE_CUDA_GRAPH_DIRECT_ARGS", true) ? 1 : 0;
-    int expected = -1;
-    g_direct_arguments.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-    v = g_direct_arguments.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+  return g_direct_arguments.load(std::memory_order_relaxed);
 }
 
 bool set_graph_direct_arguments_enabled(bool on) {
-  const bool previous = graph_direct_arguments_enabled();
-  g_direct_arguments.store(on ? 1 : 0, std::memory_order_relaxed);
-  return previous;
+  return g_direct_arguments.exchange(on);
 }
 
 // What a CUDA graph of each phase reads from staging copies, and where random steps find their

@@ -70,8 +70,8 @@ __device__ T* array(const TensorTable<kArrays>& tab, int a, int k) {
   return static_cast<T*>(tab.ptr[a][k]);
 }
 
-// The attributes of each update kernel: its argument, or where `live` points (a static plan's
-// graph writes them there before each launch: KernelArgs::device_attrs), computed with by the
+// Each update kernel computes with its attributes argument, or with those where `live` points
+// (a static plan's graph writes them there before each launch: KernelArgs::device_attrs): the
 // same code either way.
 //
 // p -= lr * (g + wd * p) (p -= lr * g without weight decay).
