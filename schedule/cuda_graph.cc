@@ -21,6 +21,10 @@ constexpr size_t kMaxGraphsPerPhase = 4;
 // have been a block handed out during the capture, or an address) before it replays on the stream
 // for good.
 constexpr int64_t kMaxCaptureFailures = 3;
+// Direct graphs (arguments read where they are) an arena's phase evicts having launched them only
+// at their capture, before it stages its arguments for good: addresses that repeat once and never
+// again (two calls per batch) would cost a capture per batch.
+constexpr int kMaxWastedDirectGraphs = 2;
 
 // ENCORE_CUDA_GRAPH_COPIES=0 copies a phase's arguments into staging on the stream before each
 // launch (a cudaMemcpyAsync each) rather than as its graph's first nodes: to compare the two.
@@ -168,10 +172,12 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // keyed by their addresses like the parameters' ("direct"), once this arena's phase has seen
   // all of its addresses before: the same tensors at every call, or a few in turn (two batches,
   // a loader's buffers), cost no copies. The views are as bind() left them: the callers'
-  // addresses, which the keys compare. Addresses whose direct capture failed are staged.
+  // addresses, which the keys compare. Addresses whose capture failed are staged (and replay on
+  // the stream), and so is every call of a phase whose direct graphs went unused.
   int ring_slot = -1;  // this call's keys in b.recent_keys, if any
   const bool direct = graph_direct_arguments_enabled() && [&] {
     if (staged.empty() && (!backward || staged_both_.empty())) return false;
+    if (b.wasted_direct[phase] >= kMaxWastedDirectGraphs) return false;
     for (const CapturedGraph& g : graphs)
       if (g.direct && this_call(g.key)) return true;
     if (std::any_of(failed.begin(), failed.end(), this_call)) return false;
@@ -312,6 +318,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const auto launch = [&](CapturedGraph& g) {
     g.last_use = graph_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (g.graph.launch(stream, b.graph_copies)) {
+      ++g.launches;
       count_launch(direct);
       return;
     }
@@ -386,15 +393,23 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     // These addresses replay on the stream on this arena; others, or another arena, capture
     // again, until kMaxCaptureFailures failures turn graphs off for the plan.
     note_failure(cat("capture failed: ", failure));
-    if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
-    failed.push_back(std::move(fresh.key));
-    // Not recognised as seen before: a later call with these addresses stages them (and replays
-    // on the stream where the staged capture failed).
-    if (ring_slot >= 0) b.recent_keys[phase][ring_slot].clear();
+    const auto remember = [&](std::vector<void*> key) {
+      if (failed.size() >= kMaxGraphsPerPhase) failed.erase(failed.begin());
+      failed.push_back(std::move(key));
+    };
+    remember(std::move(fresh.key));
+    // A staged failure's addresses as the callers have them too, so that a later call with them
+    // is not captured reading them there either (it stages, and so replays on the stream).
+    if (ring_slot >= 0) {
+      std::vector<void*>& seen = b.recent_keys[phase][ring_slot];
+      if (!direct) remember(seen);
+      seen.clear();
+    }
     on_stream();
     return;
   }
   count_capture();
+  if (direct && ring_slot >= 0) b.recent_keys[phase][ring_slot].clear();  // (its graph has it)
   if (fresh.graph.forks()) g_forked_captures.fetch_add(1, std::memory_order_relaxed);
   // Up to kMaxGraphsPerPhase of each kind (staged, direct), the least recently used evicted.
   CapturedGraph* g = nullptr;
@@ -408,6 +423,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   if (kind < kMaxGraphsPerPhase) {
     g = &graphs.emplace_back(std::move(fresh));
   } else {
+    if (direct && oldest->launches <= 1) ++b.wasted_direct[phase];
     g = oldest;
     *g = std::move(fresh);
   }

@@ -141,6 +141,7 @@ struct CapturedGraph {
   bool direct = false;
   cuda::Graph graph;
   uint64_t last_use = 0;
+  int64_t launches = 0;
 };
 
 // Runs of a phase on an arena whose graph keys a later run recognises (CallState::recent_keys).
@@ -198,6 +199,8 @@ struct CallState {
   // those where they are (CapturedGraph::direct).
   PerPhase<std::array<std::vector<void*>, kRecentKeys>> recent_keys;
   PerPhase<uint32_t> recent_next;
+  // Per phase, direct graphs evicted having launched only at their capture.
+  PerPhase<int> wasted_direct;
   // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
   PerPhase<std::vector<std::vector<void*>>> failed_keys;
   cuda::EventTimeline timeline;  // profiled CUDA runs
