@@ -13,7 +13,8 @@
 namespace encore {
 
 // Registers `*params` (a member of the owner, read at each query) under a new serial for as long
-// as it lives; `kind` names the owner in a static step's retrace reason ("" for "an optimizer").
+// as it lives; `kind` names the owner in a static step's retrace reason ("Adam"; an optimizer
+// defined outside encore is "optimizer", said as "an optimizer").
 class ParamUpdaterRegistration {
  public:
   ParamUpdaterRegistration(const std::vector<Tensor>* params, std::string kind);

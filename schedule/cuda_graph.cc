@@ -158,11 +158,15 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   const std::vector<int>& staged = staged_[phase];
   const auto [p0, p1] = patch_range(phase);
   std::vector<CapturedGraph>& graphs = b.graphs[phase];
-  // Whether `key` holds this call's addresses of the phase's non-arena views.
+  // Whether `key` holds this call's addresses of the phase's non-arena views, and `key` made so.
   const auto this_call = [&](const std::vector<void*>& key) {
     for (size_t k = p0; k < p1; ++k)
       if (key[k - p0] != b.views[patches_[k].first].data) return false;
     return true;
+  };
+  const auto set_to_this_call = [&](std::vector<void*>& key) {
+    key.clear();  // (a kept key has the size already: no allocation)
+    for (size_t k = p0; k < p1; ++k) key.push_back(b.views[patches_[k].first].data);
   };
 
   // Addresses whose capture failed on this arena: replayed on the stream, not captured again.
@@ -174,12 +178,17 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // a loader's buffers), cost no copies. The views are as bind() left them: the callers'
   // addresses, which the keys compare. Addresses whose capture failed are staged (and replay on
   // the stream), and so is every call of a phase whose direct graphs went unused.
-  int ring_slot = -1;  // this call's keys in b.recent_keys, if any
+  int ring_slot = -1;            // this call's keys in b.recent_keys, if any
+  CapturedGraph* hit = nullptr;  // the direct graph of this call's addresses, if any
   const bool direct = graph_direct_arguments_enabled() && [&] {
     if (staged.empty() && (!backward || staged_both_.empty())) return false;
     if (b.wasted_direct[phase] >= kMaxWastedDirectGraphs) return false;
-    for (const CapturedGraph& g : graphs)
-      if (g.direct && this_call(g.key)) return true;
+    for (CapturedGraph& g : graphs) {
+      if (g.direct && this_call(g.key)) {
+        hit = &g;
+        return true;
+      }
+    }
     if (std::any_of(failed.begin(), failed.end(), this_call)) return false;
     // The keys of the phase's last kRecentKeys runs on this arena without a direct graph (a
     // ring): a key seen there again gets one.
@@ -191,9 +200,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
       }
     }
     ring_slot = static_cast<int>(b.recent_next[phase]++ % kRecentKeys);
-    std::vector<void*>& key = ring[ring_slot];
-    key.clear();  // (the same size from the second time round: no allocation)
-    for (size_t k = p0; k < p1; ++k) key.push_back(b.views[patches_[k].first].data);
+    set_to_this_call(ring[ring_slot]);
     return false;
   }();
 
@@ -265,7 +272,8 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
   // arguments a graph captures while they stay as they were on this arena's first run of the
   // phase; once they change, for good (a rate decayed at every call would cost a capture per
   // call), written to the device before each launch for graphs whose update kernels read them
-  // there (KernelArgs::device_attrs).
+  // there (KernelArgs::device_attrs). So every graph of the phase was captured the way this call
+  // runs: with the values it has, or reading them from the device.
   const bool live = live_phase_[phase];
   const auto same_live = [&](const std::vector<AttrBlob>& v) {
     for (size_t k = 0; k < v.size(); ++k)
@@ -278,6 +286,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     } else if (!same_live(b.first_live[phase])) {
       b.live_varies[phase] = true;
       graphs.clear();  // (captured with the first values: never launched again)
+      hit = nullptr;
     }
   }
   const bool device_live = live && b.live_varies[phase];
@@ -289,10 +298,6 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     cuda::copy_bytes(b.live_device->data(), device_, b.live_attrs.data(), Device::cpu(), bytes,
                      /*non_blocking=*/true);
   }
-  // Whether graph `g` runs with this call's live attributes.
-  const auto runs_live = [&](const CapturedGraph& g) {
-    return !live || (device_live ? g.device_live : !g.device_live && same_live(g.live));
-  };
 
   // The graph for these addresses, or a new capture.
   const auto on_stream = [&](StreamReplay why = StreamReplay::kOther) {
@@ -325,10 +330,16 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     note_failure(cat("launch failed: ", g.graph.failure()));
     on_stream();
   };
-  for (CapturedGraph& g : graphs) {
-    if (g.direct != direct || !this_call(g.key) || !runs_live(g)) continue;
-    launch(g);
+  if (hit != nullptr) {
+    launch(*hit);
     return;
+  }
+  if (!direct) {
+    for (CapturedGraph& g : graphs) {
+      if (g.direct || !this_call(g.key)) continue;
+      launch(g);
+      return;
+    }
   }
   // Captured on this thread's own capture stream (no other thread puts work there), and its
   // branches where the phase's steps are on several lanes, then launched on the current stream;
@@ -340,9 +351,7 @@ void Plan::run_graph(CallState& b, Phase phase, int begin, int end) {
     return;
   }
   CapturedGraph fresh;
-  for (size_t k = p0; k < p1; ++k) fresh.key.push_back(b.views[patches_[k].first].data);
-  if (live && !device_live) fresh.live = b.live_attrs;
-  fresh.device_live = device_live;
+  set_to_this_call(fresh.key);
   fresh.direct = direct;
   std::string failure, deferral;
   try {

@@ -132,10 +132,6 @@ struct StepSnapshot {
 // A schedule phase captured as a CUDA graph for one set of buffer addresses.
 struct CapturedGraph {
   std::vector<void*> key;  // the addresses of the phase's non-arena views at capture
-  // The live attributes it captured (CallState::live_attrs), or none where it reads them from
-  // CallState::live_device (`device_live`).
-  std::vector<AttrBlob> live;
-  bool device_live = false;
   // It reads the phase's arguments and incoming gradients where the callers have them (their
   // addresses are in `key`), rather than from staging copies it makes first.
   bool direct = false;
