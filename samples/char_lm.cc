@@ -9,6 +9,8 @@
 //                                                   # length retraces it
 //   build/samples/char_lm --static --lines --bucket 16
 //   build/samples/char_lm --model gpt --static --lines  # one trace serves every length
+//   build/samples/char_lm --compare --clip 1 --cosine   # clipped gradients, a cosine schedule:
+//                                                   # still one trace
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -31,8 +33,8 @@ struct Flags {
   std::string model = "lstm", data = "/usr/share/games/fortunes", prompt = "The ";
   int64_t steps = 300, batch = 32, seq = 0, log_every = 50, seed = 0, generate = 300, bucket = 1;
   int64_t threads = 0;
-  double lr = 0, temperature = 0.8;
-  bool static_step = false, compare = false, lines = false;
+  double lr = 0, temperature = 0.8, clip = 0;
+  bool static_step = false, compare = false, lines = false, cosine = false;
 
   bool gpt() const { return model == "gpt"; }
   // Characters per sequence: a window, or with --lines the longest line taken (fortunes' lines
@@ -57,10 +59,14 @@ class Trainer {
       opt_ = std::make_unique<optim::Adam>(model_->parameters(),
                                            optim::AdamOptions{.lr = f.lr > 0 ? f.lr : 2e-3});
     }
-    auto step = [model = model_, opt = opt_.get()](const Tensor& x, const Tensor& t) {
+    // Stepped after each training step: a host-side rate the static step's replays read.
+    if (f.cosine) sched_ = std::make_unique<optim::CosineAnnealingLR>(*opt_, f.steps);
+    auto step = [model = model_, opt = opt_.get(), clip = f.clip](const Tensor& x,
+                                                                  const Tensor& t) {
       Tensor loss = F::cross_entropy((*model)(x), t);
       opt->zero_grad();
       loss.backward();
+      if (clip > 0) nn::clip_grad_norm_(model->parameters(), clip);
       opt->step();
       return loss;
     };
@@ -80,7 +86,11 @@ class Trainer {
     return b;
   }
 
-  double step(const Tensor& x, const Tensor& t) { return step_(x, t).item<double>(); }
+  double step(const Tensor& x, const Tensor& t) {
+    const double loss = step_(x, t).item<double>();
+    if (sched_) sched_->step();
+    return loss;
+  }
 
   // The mean loss over 8 held-out batches of fixed windows (eval mode, no gradients).
   double validation_loss() {
@@ -146,6 +156,7 @@ class Trainer {
   std::shared_ptr<models::TinyGpt> gpt_;
   std::shared_ptr<nn::Module> model_;
   std::unique_ptr<optim::Adam> opt_;
+  std::unique_ptr<optim::LRScheduler> sched_;
   std::function<Tensor(const Tensor&, const Tensor&)> step_;
   std::function<StaticStats()> stats_;
 };
@@ -264,6 +275,9 @@ int main(int argc, char** argv) {
   cli.integer("seq", &f.seq, 0,
               "characters per sequence (0: 35 for lstm, 64 for gpt; with --lines at most 128)");
   cli.number("lr", &f.lr, 0, "learning rate (0: 2e-3 Adam for lstm, 1e-3 AdamW for gpt)");
+  cli.number("clip", &f.clip, 0,
+             "clip the gradients' 2-norm to this at every step (0: no clipping)");
+  cli.flag("cosine", &f.cosine, "anneal the learning rate to 0 over the steps (a cosine)");
   cli.flag("static", &f.static_step, "run the whole training step as a static graph");
   cli.flag("compare", &f.compare,
            "train eager and static side by side from the same seed and compare them");

@@ -3,8 +3,10 @@
 #pragma once
 
 #include "encore/checkpoint.h"
+#include "encore/clip_grad.h"
 #include "encore/data.h"
 #include "encore/functions.h"
+#include "encore/lr_scheduler.h"
 #include "encore/models.h"
 #include "encore/nn.h"
 #include "encore/nn_sequence.h"

@@ -19,6 +19,7 @@
 #include "runtime/small_gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/random_program_check.h"
+#include "tests/static_clip_schedule_scenarios.h"
 #include "tests/static_scenarios.h"
 #include "tests/test_util.h"
 
@@ -161,6 +162,32 @@ TEST_CASE(
   CHECK(e.graph_captures == (graphs ? 2 : 0));
   CHECK(e.graph_launches == (graphs ? 11 : 0));
   CHECK(e.stream_replays == (graphs ? 0 : 11));
+}
+
+TEST_CASE("a cosine schedule over a static training step on cuda replays eager's steps",
+          "[cuda][static][lr_scheduler]") {
+  // The rate changes at every call: with graphs on, two captures, then every call one launch of
+  // the graph whose update kernels read the options from the device.
+  with_graphs_on_and_off([](bool graphs) {
+    const StaticRun run = check_cosine_schedule_steps(kCuda);
+    REQUIRE(run.stats.cache.size() == 1);
+    const EntryReport& e = run.stats.cache[0];
+    check_graph_use(e, graphs, 11);
+    CHECK(e.graph_captures == (graphs ? 2 : 0));
+  });
+}
+
+TEST_CASE("a static training step that clips its gradients on cuda replays eager's steps",
+          "[cuda][static][clip_grad]") {
+  with_graphs_on_and_off([](bool graphs) {
+    for (const bool by_value : {false, true}) {
+      INFO((by_value ? "by value" : "by the 2-norm"));
+      const StaticRun run = check_clipped_steps(kCuda, 2, by_value, by_value ? 0.02 : 0.5);
+      REQUIRE(run.stats.cache.size() == 1);
+      check_graph_use(run.stats.cache[0], graphs, 11);
+      CHECK(count_of(run.schedule, "weight_grad_adam") == 0);
+    }
+  });
 }
 
 TEST_CASE("two forwards before one backward on cuda give eager's gradients", "[cuda][static]") {
