@@ -116,12 +116,54 @@ TEST_CASE("a NaN gradient makes every gradient NaN, or an Error with error_if_no
   }
 }
 
+TEST_CASE("an infinite total scales the gradients by 0, as PyTorch's", "[optim][clip_grad]") {
+  {
+    TwoParams p({kInf, 1}, {0, -2, 0, 0});
+    CHECK(nn::clip_grad_norm_(p.params(), 1.0).item<double>() == kInf);
+    const std::vector<double> g = p.grads();
+    CHECK(std::isnan(g[0]));  // inf * 0
+    CHECK(g[1] == 0);
+    CHECK(g[3] == 0);
+  }
+  {
+    // Finite elements whose squares overflow float32.
+    TwoParams p({3e38, 3e38}, {1, 0, 0, 0});
+    CHECK(nn::clip_grad_norm_(p.params(), 1.0).item<double>() == kInf);
+    for (const double g : p.grads()) CHECK(g == 0);
+  }
+  {
+    TwoParams p({kInf, 1}, {0, -2, 0, 0});
+    CHECK_THROWS_WITH(nn::clip_grad_norm_(p.params(), 1.0, 2, /*error_if_nonfinite=*/true),
+                      Contains("clip_grad_norm_: the total norm of order 2 is inf"));
+    CHECK(p.grads()[1] == 1);
+  }
+}
+
+TEST_CASE("clip_grad_norm_ clips float64 gradients and counts empty ones as 0",
+          "[optim][clip_grad]") {
+  const Tensor w = zeros({2}, DType::Float64).set_requires_grad(true);
+  const Tensor empty = zeros({0}, DType::Float64).set_requires_grad(true);
+  F::add(F::sum(F::mul(w, tensor({3, 4}, {2}, DType::Float64))), F::sum(empty)).backward();
+  REQUIRE(empty.grad().numel() == 0);
+  const double p = GENERATE(2.0, 1.0, kInf);
+  INFO("norm type " << p);
+  const Tensor total = nn::clip_grad_norm_({empty, w}, 1.0, p);
+  CHECK(total.dtype() == DType::Float64);
+  CHECK(total.item<double>() == (p == 2 ? 5 : p == 1 ? 7 : 4));
+  const std::vector<double> g = w.grad().to_vector<double>();
+  const double scale = 1 / (total.item<double>() + 1e-6);
+  CHECK(g[0] == Approx(3 * scale).epsilon(1e-12));
+  CHECK(g[1] == Approx(4 * scale).epsilon(1e-12));
+  CHECK(nn::clip_grad_norm_({empty}, 1.0, p).item<double>() == 0);
+}
+
 TEST_CASE("clip_grad_norm_ and clip_grad_value_ refuse bad arguments and write nothing",
           "[optim][clip_grad][errors]") {
   TwoParams p({3, 0}, {0, -4, 0, 0});
   const std::vector<double> before = p.grads();
-  CHECK_THROWS_WITH(nn::clip_grad_norm_(p.params(), 1.0, 0),
-                    Contains("clip_grad_norm_: norm_type must be positive"));
+  for (const double bad : {0.0, -kInf, std::nan("")})
+    CHECK_THROWS_WITH(nn::clip_grad_norm_(p.params(), 1.0, bad),
+                      Contains("clip_grad_norm_: norm_type must be positive"));
   CHECK_THROWS_WITH(nn::clip_grad_norm_(p.params(), -1.0),
                     Contains("clip_grad_norm_: max_norm must be non-negative, got -1"));
   CHECK_THROWS_WITH(nn::clip_grad_norm_({p.w1, Tensor()}, 1.0),
@@ -168,6 +210,13 @@ TEST_CASE("a static training step that clips its gradients replays eager's steps
     run = check_clipped_steps(Device::cpu(), 2, true, 0.02);
   }
   CHECK_THAT(run.schedule, Contains("adam_update") && !Contains("weight_grad_adam"));
+  if (fold) {
+    // The control: the same MLP's step without the clip folds its updates.
+    StaticEnabled on;
+    const auto mlps = twin_mlps<MlpNet>(Device::cpu(), 5, 20, 16, 2, 8, 15);
+    const StaticRun plain = check_whole_steps(mlps.eager, mlps.model, mlps.batches, MakeAdam{});
+    CHECK_THAT(plain.schedule, Contains("weight_grad_adam"));
+  }
 }
 
 TEST_CASE("error_if_nonfinite reads the norm on the host, which a static function refuses",

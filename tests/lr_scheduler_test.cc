@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "encore/encore.h"
@@ -80,6 +81,7 @@ TEST_CASE("ExponentialLR, CosineAnnealingLR, LinearLR and LambdaLR follow their 
     const std::vector<double> r = rates(s, opt, 21);
     CHECK(r[0] == 0.1);
     CHECK(r[5] == Approx((0.1 + 0.001) / 2));
+    CHECK(s.lr_at(40) == 0.1);  // back at the base rate every 2 t_max
     CHECK(r[10] == 0.001);  // cos(pi) is -1 exactly
     CHECK(r[15] == Approx((0.1 + 0.001) / 2));
     CHECK(r[20] == Approx(0.1));  // up again, as PyTorch's
@@ -93,6 +95,20 @@ TEST_CASE("ExponentialLR, CosineAnnealingLR, LinearLR and LambdaLR follow their 
     const std::vector<double> expected{0.025, 0.03125, 0.0375, 0.04375, 0.05, 0.05, 0.05};
     for (size_t e = 0; e < expected.size(); ++e) CHECK(r[e] == Approx(expected[e]));
     CHECK(r[4] == 0.05);  // end_factor 1 at total_iters: the base rate exactly
+    // A decay: 1 to 0.1 of the base over 3 epochs.
+    optim::LinearLR down(opt, 1.0, 0.1, 3);
+    CHECK(down.lr_at(0) == 0.05);
+    CHECK(down.lr_at(1) == Approx(0.05 * 0.7));
+    CHECK(down.lr_at(3) == Approx(0.005));
+    CHECK(down.lr_at(9) == down.lr_at(3));
+  }
+  {
+    // With eta_min, epoch 0 is the base rate itself, though eta_min + (base - eta_min) rounds.
+    const double base = 0.010745170000902466, eta_min = 0.0014899130696207795;
+    REQUIRE(eta_min + (base - eta_min) != base);
+    optim::Adam opt(one_parameter(), {.lr = base});
+    optim::CosineAnnealingLR s(opt, 7, eta_min);
+    CHECK(opt.options.lr == base);
   }
   {
     // A linear warm-up over 4 epochs, then halving every 2.
@@ -150,13 +166,18 @@ TEST_CASE("schedulers refuse bad arguments, and a refused rate changes nothing",
   REQUIRE(s.last_epoch() == 2);
   const double at_two = opt.options.lr;
   CHECK(at_two == Approx(0.02));
-  CHECK_THROWS_WITH(s.step(), Contains("SGD") && Contains("lr must be non-negative"));
+  CHECK_THROWS_WITH(s.step(), Contains("LambdaLR: the optimizer refuses the rate at epoch 3") &&
+                                  Contains("SGD: lr must be non-negative"));
   CHECK(s.last_epoch() == 2);
   CHECK(s.last_lr() == at_two);
   CHECK(opt.options.lr == at_two);
   optim::LambdaLR nan_factor(opt, [](int64_t e) { return e == 0 ? 1.0 : std::nan(""); });
   CHECK_THROWS_WITH(nan_factor.step(), Contains("LambdaLR: the rate at epoch 1 is nan"));
   CHECK(nan_factor.last_epoch() == 0);
+  CHECK_THROWS_WITH(s.lr_at(-1), Contains("LambdaLR::lr_at: the epoch must be non-negative"));
+  optim::StepLR far(opt, 10);
+  far.set_last_epoch(std::numeric_limits<int64_t>::max());
+  CHECK_THROWS_WITH(far.step(), Contains("StepLR::step: the epoch is"));
 
   // An optimizer defined outside encore that has no "lr".
   struct NoRate : optim::Optimizer {
@@ -166,6 +187,27 @@ TEST_CASE("schedulers refuse bad arguments, and a refused rate changes nothing",
   NoRate plain(one_parameter());
   CHECK_THROWS_WITH(optim::StepLR(plain, 2),
                     Contains("StepLR: the optimizer has no hyper-parameter 'lr'"));
+}
+
+TEST_CASE("a scheduler stepped inside a static function is refused at the trace",
+          "[static][lr_scheduler]") {
+  // Its step() is host code: a replay would keep the trace's rate.
+  StaticEnabled on;
+  manual_seed(3);
+  auto model = nn::mlp(4, 5, 3);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  optim::ExponentialLR sched(opt, 0.5);
+  auto step = static_graph(
+      [&](const Tensor& x, const Tensor& t) {
+        Tensor loss = train_step(*model, opt, x, t);
+        sched.step();
+        return loss;
+      },
+      {.name = "step_with_schedule", .modules = {model}});
+  CHECK_THROWS_WITH(step(randn({6, 4}), cyclic_labels(6, 1, 3, Device::cpu())),
+                    Contains("step_with_schedule") && Contains("ExponentialLR's epoch"));
+  CHECK(sched.last_epoch() == 0);
+  CHECK(opt.options.lr == 0.1);
 }
 
 TEST_CASE("a cosine schedule over a static training step replays eager's steps with one trace",

@@ -19,10 +19,14 @@ namespace encore::nn {
 
 // Scales the gradients by min(1, max_norm / (total + 1e-6)), where total is the norm of all of
 // them seen as one vector: the norm_type-norm (norm_type > 0, or INFINITY for the largest
-// magnitude). Returns total, a 0-d tensor of the gradients' dtype and device (0 when none has a
-// gradient: a float32 cpu tensor). A NaN or infinite total makes every gradient NaN, as
-// PyTorch's; error_if_nonfinite makes it an Error instead (gradients left as they were), which
-// reads the total on the host: an eager-only check, refused inside a static function.
+// magnitude; a gradient with no element counts 0). Returns total, a 0-d tensor of the
+// gradients' dtype and device (0 when none has a gradient: a float32 cpu tensor). PyTorch takes
+// each gradient's norm, then the norm of those, so its total (and so the scaled gradients) can
+// differ from this one in the last bits. As in PyTorch, a NaN total makes every gradient NaN,
+// and an infinite one (an infinite element, or squares beyond the dtype's range) scales them by
+// 0: finite elements become 0, infinite ones NaN. error_if_nonfinite makes either an Error
+// instead (gradients left as they were); it reads the total on the host, which a static
+// function does not replay: a trace refuses it (see StaticOptions::on_unsafe).
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                        double norm_type = 2.0, bool error_if_nonfinite = false);
 

@@ -10,14 +10,23 @@
 //   }
 //
 // Each rate is the closed form of the epoch (PyTorch's schedulers compute most of theirs from the
-// previous rate, so theirs can differ from these in the last bits). A static training step reads
-// the optimizer's rate at every call, so a schedule costs no trace (encore/static_graph.h). Made,
-// stepped or moved to an epoch, a scheduler writes the rate through the optimizer's
-// set_hyper_parameters: a rate the optimizer refuses (a negative one from a LambdaLR) is its
-// Error, and leaves the rate and the scheduler's epoch as they were. A scheduler refers to its
-// optimizer, which must outlive it. To resume from a checkpoint (which restores the optimizer's
-// rate), make the optimizer and the scheduler as at the start, load, and move the scheduler to the
-// epoch the run had reached (set_last_epoch).
+// previous rate, so theirs can differ from these in the last bits). Made, stepped or moved to an
+// epoch, a scheduler writes the rate through the optimizer's set_hyper_parameters: a rate the
+// optimizer refuses (a negative one from a LambdaLR) is an Error naming the scheduler and the
+// epoch, and leaves the rate and the scheduler's epoch as they were.
+//
+// - Static steps: encore's optimizers have a static training step read their rate at every call,
+//   so a schedule stepped between calls costs no trace (on CUDA, the graphs read it from device
+//   memory; encore/static_graph.h). An optimizer defined outside encore traces again at each
+//   change unless it says its replays read its hyper-parameters. A scheduler is host code: step
+//   it outside the static function (inside, a trace refuses it, as any host value: the replays
+//   would keep the trace's rate).
+// - One scheduler per optimizer: each sets the rate from its own rule and the base rate, so a
+//   second one on the same optimizer overrides the first (PyTorch chains them). Compose
+//   schedules in one LambdaLR (a warm-up, then a decay).
+// - A scheduler refers to its optimizer, which must outlive it. To resume from a checkpoint
+//   (which restores the optimizer's rate), make the optimizer and the scheduler as at the start,
+//   load, and move the scheduler to the epoch the run had reached (set_last_epoch).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +58,8 @@ class LRScheduler {
   // The rate this scheduler last set (PyTorch's get_last_lr()).
   double last_lr() const { return last_lr_; }
   double base_lr() const { return base_lr_; }
-  // The rate at `epoch`, without setting it.
-  double lr_at(int64_t epoch) const { return rule_(epoch, base_lr_); }
+  // The rate at `epoch` (>= 0), without setting it.
+  double lr_at(int64_t epoch) const;
   const std::string& kind() const { return kind_; }
 
  private:
@@ -64,7 +73,7 @@ class LRScheduler {
   int64_t epoch_ = 0;
 };
 
-// base * gamma^(epoch / step_size), the division rounding down.
+// base * gamma^(epoch / step_size), the division rounding down (gamma > 0 here and below).
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <utility>
 
+#include "runtime/dispatcher.h"
 #include "runtime/error.h"
 
 namespace encore::optim {
@@ -33,6 +35,8 @@ LRScheduler::LRScheduler(Optimizer& optimizer, Rule rule, std::string kind)
 }
 
 void LRScheduler::step() {
+  ENCORE_CHECK(epoch_ < std::numeric_limits<int64_t>::max(), kind_, "::step: the epoch is ", epoch_,
+               ", the last there is");
   move_to(epoch_ + 1);
 }
 
@@ -41,11 +45,24 @@ void LRScheduler::set_last_epoch(int64_t epoch) {
   move_to(epoch);
 }
 
-// The optimizer checks the rate (and refuses it, changing nothing) before the epoch moves.
+double LRScheduler::lr_at(int64_t epoch) const {
+  ENCORE_CHECK(epoch >= 0, kind_, "::lr_at: the epoch must be non-negative, got ", epoch);
+  return rule_(epoch, base_lr_);
+}
+
+// Host code: inside a traced function it would run at the trace only, and every replay would keep
+// that rate, so a trace refuses it. The optimizer checks the rate (and refuses it, changing
+// nothing) before the epoch moves.
 void LRScheduler::move_to(int64_t epoch) {
-  const double lr = rule_(epoch, base_lr_);
+  if (Tracer* t = current_tracer())
+    t->on_host_value(cat(kind_, "'s epoch (its step() sets the learning rate on the host)"));
+  const double lr = lr_at(epoch);
   ENCORE_CHECK(std::isfinite(lr), kind_, ": the rate at epoch ", epoch, " is ", lr);
-  optimizer_.set_hyper_parameters({{"lr", lr}});
+  try {
+    optimizer_.set_hyper_parameters({{"lr", lr}});
+  } catch (const Error& e) {
+    fail(kind_, ": the optimizer refuses the rate at epoch ", epoch, ": ", e.what());
+  }
   last_lr_ = lr;
   epoch_ = epoch;
 }
@@ -85,6 +102,8 @@ LRScheduler::Rule cosine_rule(int64_t t_max, double eta_min) {
   ENCORE_CHECK(std::isfinite(eta_min) && eta_min >= 0,
                "CosineAnnealingLR: eta_min must be non-negative, got ", eta_min);
   return [t_max, eta_min](int64_t epoch, double base) {
+    // At 0, 2 t_max, ... the base rate itself (eta_min + (base - eta_min) may round).
+    if (epoch % t_max == 0 && epoch / t_max % 2 == 0) return base;
     const double phase = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max);
     return eta_min + (base - eta_min) * (1 + std::cos(phase)) / 2;
   };
