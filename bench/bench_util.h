@@ -91,15 +91,18 @@ inline bool check_replayed(benchmark::State& state, const StaticStats& s, int64_
   return false;
 }
 
-// One training step: forward, softmax cross entropy, zero_grad, backward, optimizer update.
+// One training step: forward, softmax cross entropy, zero_grad, backward, optimizer update;
+// with clip_norm > 0, the gradients clipped to that 2-norm before the update.
 template <typename Model, typename Opt>
 struct TrainStep {
   std::shared_ptr<Model> model;
   Opt opt;
+  double clip_norm = 0;
   Tensor operator()(const Tensor& x, const Tensor& labels) {
     Tensor loss = F::softmax_cross_entropy((*model)(x), labels);
     model->zero_grad();
     loss.backward();
+    if (clip_norm > 0) nn::clip_grad_norm_(model->parameters(), clip_norm);
     opt.step();
     return loss;
   }

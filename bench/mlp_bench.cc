@@ -1,7 +1,9 @@
 // MlpSmall/eager, MlpLarge/eager: one eager Adam training step of the 784-h-h-10 perceptron
 // per iteration (forward, softmax cross entropy, zero_grad, backward, update) on inputs fixed
 // before the loop. MlpSmall/static, MlpLarge/static: the same step as one static function,
-// replayed; MlpSmall/static_lr_schedule with a new learning rate at every step. Compare with
+// replayed; MlpSmall/static_lr_schedule with a new learning rate at every step;
+// MlpSmall/eager_clip and MlpSmall/static_clip with the gradients' 2-norm clipped to 1 before
+// each update (clip_grad_norm_: a handful of small ops per parameter). Compare with
 // GemmBound/* (gemm_bound_bench.cc), the time of the same step's sgemm calls alone.
 //
 // With a GPU (registered at run time, see bench_util.h): the same cases on Device::cuda() with
@@ -26,8 +28,9 @@ namespace {
 // the allocator's cache (static: the first traces, the others replay).
 constexpr int kWarmupSteps = 3;
 
-void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch, Device device) {
-  MlpStep step(hidden, batch, device);
+void BM_MlpEager(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
+                 double clip_norm = 0) {
+  MlpStep step(hidden, batch, device, clip_norm);
   measure_steps(state, device, kWarmupSteps, /*kernel_sum=*/false, [&] { step.run(); });
 }
 
@@ -44,8 +47,8 @@ void report_arena(benchmark::State& state, const StaticStats& stats) {
 // the calls take that many copies of the batch in turn, each at addresses of its own (as a
 // loader's batches come).
 void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
-                         bool kernel_sum, int batches = 1) {
-  MlpStep step(hidden, batch, device);
+                         bool kernel_sum, int batches = 1, double clip_norm = 0) {
+  MlpStep step(hidden, batch, device, clip_norm);
   std::vector<Tensor> xs{step.x()}, labels{step.labels()};
   for (int k = 1; k < batches; ++k) {
     xs.push_back(clone(step.x()));
@@ -65,11 +68,14 @@ void measure_static_step(benchmark::State& state, int64_t hidden, int64_t batch,
 }
 
 void BM_MlpStatic(benchmark::State& state, int64_t hidden, int64_t batch, Device device,
-                  Replay replay, int batches = 1) {
+                  Replay replay, int batches = 1, double clip_norm = 0) {
   GraphsSetting graphs(state, device, replay);
   if (!graphs.ok()) return;
-  measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false, batches);
+  measure_static_step(state, hidden, batch, device, /*kernel_sum=*/false, batches, clip_norm);
 }
+
+// The clipped steps' limit: the gradients' 2-norm clipped to 1.
+constexpr double kClipNorm = 1.0;
 
 // MlpSmall/static_lr_schedule: MlpSmall/static with a new learning rate before every step, as a
 // decay schedule sets it. The replays read it at each call (no step traces again): the cost of a
@@ -124,6 +130,16 @@ BENCHMARK_CAPTURE(BM_MlpStaticSchedule, small, kMlpSmallHidden, kMlpSmallBatch)
     ->Name("MlpSmall/static_lr_schedule")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpEager, small_clip, kMlpSmallHidden, kMlpSmallBatch, Device::cpu(),
+                  kClipNorm)
+    ->Name("MlpSmall/eager_clip")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpStatic, small_clip, kMlpSmallHidden, kMlpSmallBatch, Device::cpu(),
+                  Replay::Graphs, /*batches=*/1, kClipNorm)
+    ->Name("MlpSmall/static_clip")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpEager, large, kMlpLargeHidden, kMlpLargeBatch, Device::cpu())
     ->Name("MlpLarge/eager")
     ->UseRealTime()
@@ -166,6 +182,13 @@ void add_mlp_cuda_cases(int order, const std::string& room, int64_t hidden, int6
   });
   add_cuda_case(kMlpSmallOrder, "MlpSmall/static_lr_schedule/cuda", [](benchmark::State& s) {
     BM_MlpStaticSchedule(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda());
+  });
+  add_cuda_case(kMlpSmallOrder, "MlpSmall/eager_clip/cuda", [](benchmark::State& s) {
+    BM_MlpEager(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda(), kClipNorm);
+  });
+  add_cuda_case(kMlpSmallOrder, "MlpSmall/static_clip/cuda", [](benchmark::State& s) {
+    BM_MlpStatic(s, kMlpSmallHidden, kMlpSmallBatch, Device::cuda(), Replay::Graphs,
+                 /*batches=*/1, kClipNorm);
   });
   add_mlp_cuda_cases(kMlpLargeOrder, "MlpLarge", kMlpLargeHidden, kMlpLargeBatch);
   return true;

@@ -20,9 +20,10 @@ inline constexpr int64_t kMlpLargeHidden = 1000, kMlpLargeBatch = 100;
 // function over it refer to them).
 class MlpStep {
  public:
-  MlpStep(int64_t hidden, int64_t batch, Device device = Device::cpu())
+  // clip_norm > 0: each step clips the gradients' 2-norm to it before the update.
+  MlpStep(int64_t hidden, int64_t batch, Device device = Device::cpu(), double clip_norm = 0)
       : model_(seeded_mlp(hidden, device)),
-        step_{model_, optim::Adam(model_->parameters())},
+        step_{model_, optim::Adam(model_->parameters()), clip_norm},
         x_(rand({batch, 784}).to(device)),
         labels_(cyclic_labels(batch, device)) {}
   MlpStep(const MlpStep&) = delete;

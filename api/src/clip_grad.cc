@@ -33,8 +33,11 @@ Tensor magnitude(const Tensor& g) {
 }
 
 // The reduction of one gradient that the total combines: the sum of |g|^p (of g*g for p = 2,
-// of |g| for p = 1), or for p = inf the largest |g|, as a [1] tensor.
-Tensor partial(const Tensor& g, double p) {
+// of |g| for p = 1), or for p = inf the largest |g|, as a [1] tensor. Over the gradient seen as one
+// row (a view), so that a static plan fuses the elementwise part into the reduction: one pass,
+// no temporary.
+Tensor partial(const Tensor& grad, double p) {
+  const Tensor g = F::flatten(grad);
   Tensor r;
   if (std::isinf(p))
     r = g.numel() == 0 ? zeros({}, g.dtype(), g.device()) : F::max(magnitude(g));
