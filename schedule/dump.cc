@@ -198,6 +198,9 @@ std::string Plan::steps_text(const Names& names, const std::string& indent) cons
         const int base = t < n_forward_ ? 0 : recorded_forward_;
         mark(cat("fill_ and add_ in one: recorded as steps ", f - base, " and ", s.index - base));
       }
+      if (s.folded_copy >= 0)
+        mark(cat("writes what copy_ wrote: recorded as step ",
+                 s.folded_copy - (t < n_forward_ ? 0 : recorded_forward_)));
       if (moved_early(s))
         mark(cat("moved early: recorded as step ",
                  s.index - (t < n_forward_ ? 0 : recorded_forward_)));

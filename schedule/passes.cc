@@ -1,6 +1,7 @@
 // The plan's passes over a recording: outputs that leave the call get their own storage (a Copy
 // where they alias something else), dead steps are dropped, a zero fill_ and the add_ into it
-// become one step, an elementwise step writes over an input that dies there, and the remaining
+// become one step, an elementwise step and a copy_ of its result become one step writing the
+// copy's destination, an elementwise step writes over an input that dies there, and the remaining
 // temporaries are placed in the arena (memory_plan.h).
 #include <algorithm>
 #include <climits>
@@ -50,7 +51,10 @@ Plan::Plan(std::shared_ptr<Recording> rec, PlanOptions options)
   }
   if (options_.fold_activations && (device_.type == DeviceType::CUDA || options_.fold_cpu_updates))
     fold_updates();
-  if (options_.fuse) fuse_elementwise();
+  if (options_.fuse) {
+    fuse_elementwise();
+    fold_copies();
+  }
   if (device_.type == DeviceType::CPU && options_.padded_layouts) plan_padded_layouts();
   plan_memory();
   build_steps();
@@ -249,9 +253,64 @@ void Plan::fold_zero_fills() {
       if (v == 0 && !std::signbit(v)) fill[memory[s.in[0].buf]] = t;
     }
   }
+  drop_steps(drop);
+}
+
+// copy_(dst, f(...)) as one step: f's step writes dst, and the copy and f's temporary are gone
+// (gradient clipping's scale, an average updated in place). f is an elementwise step, or a fused
+// one without row ops whose last instruction writes its one output, and the copy follows it
+// directly (nothing between them sees dst change earlier; f never throws). dst has f's output's
+// shape and dtype, and f reads it, if at all, element for element: each element is read before
+// the same element is written, in every elementwise kernel, as for the in-place steps
+// plan_memory makes. dst keeps its recorded `mutated`, so a CUDA graph still reads an argument
+// written so where it is.
+void Plan::fold_copies() {
+  const std::vector<Buffer>& bufs = rec_->buffers;
+  const std::vector<int> memory = storage_ids();
+  const int n = static_cast<int>(all_.size());
+  std::vector<int> readers(bufs.size(), 0);
+  for (const Step& s : all_)
+    for (const Operand& o : s.in) readers[o.buf] += 1;
+  auto writes_last = [](const Step& f) {
+    if (f.op != Op::FusedElementwise) return op_fusable(f.op);
+    const FusedProgram& p = *f.attrs.as<FusedAttrs>().program;
+    return !p.row_ops && p.n_out == 1 &&
+           p.out_instr[0].instr == static_cast<int>(p.instrs.size()) - 1;
+  };
+  std::vector<char> drop(n, 0);
+  for (int t = 1; t < n; ++t) {
+    Step& copy = all_[t];
+    Step& f = all_[t - 1];
+    if (copy.op != Op::CopyInplace || t == n_forward_ || f.out.size() != 1 || !writes_last(f))
+      continue;
+    const Operand dst = copy.in[0], src = copy.in[1];
+    const Operand& out = f.out[0];
+    if (out.buf != src.buf || !(out.shape == dst.shape) || out.dtype != dst.dtype ||
+        !(src.shape == dst.shape) || src.dtype != dst.dtype ||
+        bufs[src.buf].kind != BufKind::Temp || escape_[src.buf] >= 0 || readers[src.buf] != 1 ||
+        bufs[dst.buf].kind == BufKind::GradIn)
+      continue;
+    bool element_for_element = true;
+    for (size_t k = 0; k < f.in.size(); ++k) {
+      const Operand& i = f.in[k];
+      if (memory[i.buf] != memory[dst.buf]) continue;
+      const bool same = i.buf == dst.buf && i.shape == dst.shape && i.dtype == dst.dtype;
+      const bool full = f.op != Op::FusedElementwise ||
+                        f.attrs.as<FusedAttrs>().program->in_layout[k] == FusedLayout::Full;
+      element_for_element = element_for_element && same && full;
+    }
+    if (!element_for_element) continue;
+    f.out[0] = dst;
+    f.folded_copy = copy.index;
+    drop[t] = 1;
+  }
+  drop_steps(drop);
+}
+
+void Plan::drop_steps(const std::vector<char>& drop) {
   std::vector<Step> kept;
   int n_forward = 0;
-  for (int t = 0; t < n; ++t) {
+  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
     if (drop[t]) continue;
     if (t < n_forward_) ++n_forward;
     kept.push_back(std::move(all_[t]));

@@ -396,6 +396,11 @@ class Plan {
   // Per buffer, an id of the storage it lies in: the first buffer over that storage.
   std::vector<int> storage_ids() const;
   void fuse_elementwise();
+  // An elementwise step whose result only a copy_ right after it reads writes the copy's
+  // destination itself (passes.cc).
+  void fold_copies();
+  // Removes the steps `drop` marks (one flag per step of all_), keeping the phases' split.
+  void drop_steps(const std::vector<char>& drop);
   void plan_padded_layouts();
   void plan_memory();
   void build_steps();

@@ -79,6 +79,8 @@ struct Step {
   // An optimizer update whose attributes a replay reads from host guard `live` (its current())
   // when Recording::guard_live says the guard is live; -1: `attrs` as recorded.
   int live = -1;
+  // The recorded copy_ this step's output now goes to directly (Plan::fold_copies), or -1.
+  int folded_copy = -1;
 };
 
 // A leaf that requires grad and that the trace used or whose .grad it touched.

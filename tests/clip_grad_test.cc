@@ -210,6 +210,9 @@ TEST_CASE("a static training step that clips its gradients replays eager's steps
     run = check_clipped_steps(Device::cpu(), 2, true, 0.02);
   }
   CHECK_THAT(run.schedule, Contains("adam_update") && !Contains("weight_grad_adam"));
+  // The scaled (or clamped) values go straight into each .grad: no copy_ step, no temporary.
+  CHECK(count_of(run.schedule, "writes what copy_ wrote") == 6);
+  CHECK(count_of(run.schedule, R"(\d  copy_ )") == 0);
   if (fold) {
     // The control: the same MLP's step without the clip folds its updates.
     StaticEnabled on;

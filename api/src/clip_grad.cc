@@ -1,11 +1,13 @@
 #include "encore/clip_grad.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "encore/functions.h"
 #include "runtime/autograd.h"
 #include "runtime/error.h"
+#include "runtime/fused.h"
 
 namespace encore::nn {
 
@@ -32,21 +34,32 @@ Tensor magnitude(const Tensor& g) {
   return F::where(F::greater(g, zeros({}, g.dtype(), g.device())), g, F::neg(g));
 }
 
+// A gradient as rows that a static plan fuses an elementwise step into the reduction of (one
+// pass, no temporary): rows of the longest length, from 64 up to the longest a fused CUDA
+// reduction takes (kMaxCudaReduceRow; the cpu's take longer), that divides its element count,
+// else one row.
+Tensor as_rows(const Tensor& g) {
+  const int64_t n = g.numel();
+  for (int64_t r = std::min(n, kMaxCudaReduceRow); r >= 64; --r)
+    if (n % r == 0) return F::reshape(g, {n / r, r});
+  return F::flatten(g);
+}
+
 // The reduction of one gradient that the total combines: the sum of |g|^p (of g*g for p = 2,
-// of |g| for p = 1), or for p = inf the largest |g|, as a [1] tensor. Over the gradient seen as one
-// row (a view), so that a static plan fuses the elementwise part into the reduction: one pass,
-// no temporary.
+// of |g| for p = 1), or for p = inf the largest |g|, as a [1] tensor; each row's, then the
+// rows'.
 Tensor partial(const Tensor& grad, double p) {
-  const Tensor g = F::flatten(grad);
+  if (std::isinf(p) && grad.numel() == 0) return zeros({1}, grad.dtype(), grad.device());
+  const Tensor g = as_rows(grad);
   Tensor r;
   if (std::isinf(p))
-    r = g.numel() == 0 ? zeros({}, g.dtype(), g.device()) : F::max(magnitude(g));
+    r = F::max(F::max(magnitude(g), {-1}));
   else if (p == 2)
-    r = F::sum(F::mul(g, g));
+    r = F::sum(F::sum(F::mul(g, g), {-1}));
   else if (p == 1)
-    r = F::sum(magnitude(g));
+    r = F::sum(F::sum(magnitude(g), {-1}));
   else
-    r = F::sum(F::pow(magnitude(g), p));
+    r = F::sum(F::sum(F::pow(magnitude(g), p), {-1}));
   return F::reshape(r, {1});
 }
 
