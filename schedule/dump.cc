@@ -133,7 +133,10 @@ std::string Plan::location(int buf, const Names& names) const {
 }
 
 const std::string* Plan::rewrite_note(const Step& s) const {
-  // Its first output; a WeightGradAdam's weight gradient (update_folds.cc).
+  // Its first output; a WeightGradAdam's weight gradient (update_folds.cc). A step that writes what
+  // a copy_ wrote has none (fold_copies folds no rewritten step; its output's note would be the
+  // note of the destination's earlier writer).
+  if (s.folded_copy >= 0) return nullptr;
   const int first = s.op == Op::WeightGradAdam ? s.in[3].buf : s.out.empty() ? -1 : s.out[0].buf;
   const auto it = rewrite_notes_.find(first);
   return it == rewrite_notes_.end() ? nullptr : &it->second;

@@ -257,13 +257,16 @@ void Plan::fold_zero_fills() {
 }
 
 // copy_(dst, f(...)) as one step: f's step writes dst, and the copy and f's temporary are gone
-// (gradient clipping's scale, an average updated in place). f is an elementwise step, or a fused
-// one without row ops whose last instruction writes its one output, and the copy follows it
-// directly (nothing between them sees dst change earlier; f never throws). dst has f's output's
-// shape and dtype, and f reads it, if at all, element for element: each element is read before
-// the same element is written, in every elementwise kernel, as for the in-place steps
-// plan_memory makes. dst keeps its recorded `mutated`, so a CUDA graph still reads an argument
-// written so where it is.
+// (gradient clipping's scale, an average updated in place). f is an elementwise step or where, or
+// a fused one without row ops whose last instruction writes its one output, and the copy follows
+// it directly (nothing between them sees dst change earlier; f never throws). dst has f's
+// output's shape and dtype, and f reads it, if at all, element for element: the kernels of these
+// steps read each element of a full-size operand before they write that element of the output
+// (kernels/cpu/fused.cc and kernels/cuda/fused_source.cc say so for the fused ones). dst keeps its
+// recorded `mutated`, so a CUDA graph still reads an argument written so where it is. In the
+// backward only a temporary dst is written so: the backward holds the bound tensors it reads, and
+// the copy's destination would no longer be one it reads. A step a rewrite made (its note in the
+// dump) is left as it is.
 void Plan::fold_copies() {
   const std::vector<Buffer>& bufs = rec_->buffers;
   const std::vector<int> memory = storage_ids();
@@ -288,7 +291,9 @@ void Plan::fold_copies() {
     if (out.buf != src.buf || !(out.shape == dst.shape) || out.dtype != dst.dtype ||
         !(src.shape == dst.shape) || src.dtype != dst.dtype ||
         bufs[src.buf].kind != BufKind::Temp || escape_[src.buf] >= 0 || readers[src.buf] != 1 ||
-        bufs[dst.buf].kind == BufKind::GradIn)
+        bufs[dst.buf].kind == BufKind::GradIn ||
+        (t >= n_forward_ && bufs[dst.buf].kind != BufKind::Temp) ||
+        rewrite_notes_.contains(src.buf))
       continue;
     bool element_for_element = true;
     for (size_t k = 0; k < f.in.size(); ++k) {

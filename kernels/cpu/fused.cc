@@ -226,7 +226,11 @@ void run(const FusedProgram& prog, const FusedInstr& ins, T* const* reg, const B
 
 // Registers point at the block's part of each operand: a Full one at its element i0, a Column
 // one at the value of the block's first row, One, Row and Tile ones at their start. A bool input
-// (where's condition) is its bytes, cast to T* there and back by where.
+// (where's condition) is its bytes, cast to T* there and back by where. A block runs every
+// instruction before the next block starts, and an elementwise instruction reads each element
+// of a Full input before it writes that element of its output: so a plan may give a program
+// without row ops whose last instruction writes its output that output over a Full input
+// (Plan::fold_copies).
 template <typename T, int64_t kCapacity>
 void run_program(const FusedProgram& p, const KernelArgs& args) {
   // Written before read: every scratch register is an instruction's output first.

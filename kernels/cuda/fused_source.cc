@@ -403,6 +403,9 @@ std::string fused_kernel_source(const FusedProgram& p, std::string_view name) {
     s += cat("    const I j = (I)i / (I)", p.row, "ull;\n    const I c = (I)i - j * (I)", p.row,
              "ull;\n");
   // The value each register holds: an input read at the top, then each instruction's result.
+  // Every input is read before any output is written, at the thread's own element where it is
+  // Full, and the pointers are not __restrict__: a plan may give an output over a Full input
+  // (Plan::fold_copies).
   std::vector<std::string> value(FusedProgram::kMaxRegisters);
   for (int k = 0; k < p.n_in; ++k) {
     value[k] = cat("x", k);

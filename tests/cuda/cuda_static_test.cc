@@ -186,6 +186,7 @@ TEST_CASE("a static training step that clips its gradients on cuda replays eager
       REQUIRE(run.stats.cache.size() == 1);
       check_graph_use(run.stats.cache[0], graphs, 11);
       CHECK(count_of(run.schedule, "weight_grad_adam") == 0);
+      CHECK(count_of(run.schedule, "writes what copy_ wrote") == 6);
     }
   });
 }
