@@ -133,10 +133,9 @@ void Plan::fold_constants() {
     return b.kind == BufKind::Temp && b.constant && escape_[o.buf] < 0 && b.trace_value.defined() &&
            b.trace_value.shape() == o.shape && b.trace_value.dtype() == o.dtype;
   };
-  std::vector<Step> kept;
-  int n_forward = 0;
-  for (int t = 0; t < static_cast<int>(all_.size()); ++t) {
-    Step& s = all_[t];
+  std::vector<char> drop(all_.size(), 0);
+  for (size_t t = 0; t < all_.size(); ++t) {
+    const Step& s = all_[t];
     // What the step writes: its outputs, and the inputs it fills (an empty() it copies into).
     absl::InlinedVector<const Operand*, 2> written;
     for (const Operand& o : s.out) written.push_back(&o);
@@ -151,13 +150,10 @@ void Plan::fold_constants() {
         b.mutated = false;        // (its filling step is gone: nothing writes it now)
       }
       ++folded_constants_;
-      continue;
+      drop[t] = 1;
     }
-    if (t < n_forward_) ++n_forward;
-    kept.push_back(std::move(s));
   }
-  all_ = std::move(kept);
-  n_forward_ = n_forward;
+  drop_steps(drop);
 }
 
 // Drops compute steps whose outputs nothing reads. Random steps stay: skipping one would
@@ -167,7 +163,7 @@ void Plan::eliminate_dead_steps() {
   std::vector<char> needed(bufs.size(), 0);
   for (size_t b = 0; b < bufs.size(); ++b)
     needed[b] = escape_[b] >= 0 || bufs[b].kind != BufKind::Temp;
-  std::vector<char> keep(all_.size(), 0);
+  std::vector<char> drop(all_.size(), 1);
   for (int t = static_cast<int>(all_.size()) - 1; t >= 0; --t) {
     const Step& s = all_[t];
     bool k = op_draws_random(s.op) || op_collective(s.op);
@@ -175,18 +171,10 @@ void Plan::eliminate_dead_steps() {
       if (op_writes_input(s.op, i)) k |= needed[s.in[i].buf] != 0;
     for (const Operand& o : s.out) k |= needed[o.buf] != 0;
     if (!k) continue;
-    keep[t] = 1;
+    drop[t] = 0;
     for (const Operand& o : s.in) needed[o.buf] = 1;
   }
-  std::vector<Step> kept;
-  int n_forward = 0;
-  for (size_t t = 0; t < all_.size(); ++t) {
-    if (!keep[t]) continue;
-    if (static_cast<int>(t) < n_forward_) ++n_forward;
-    kept.push_back(std::move(all_[t]));
-  }
-  all_ = std::move(kept);
-  n_forward_ = n_forward;
+  drop_steps(drop);
 }
 
 void Plan::reorder_phases(absl::FunctionRef<std::vector<int>(int begin, int end)> order) {

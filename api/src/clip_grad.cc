@@ -51,16 +51,9 @@ Tensor as_rows(const Tensor& g) {
 Tensor partial(const Tensor& grad, double p) {
   if (std::isinf(p) && grad.numel() == 0) return zeros({1}, grad.dtype(), grad.device());
   const Tensor g = as_rows(grad);
-  Tensor r;
-  if (std::isinf(p))
-    r = F::max(F::max(magnitude(g), {-1}));
-  else if (p == 2)
-    r = F::sum(F::sum(F::mul(g, g), {-1}));
-  else if (p == 1)
-    r = F::sum(F::sum(magnitude(g), {-1}));
-  else
-    r = F::sum(F::sum(F::pow(magnitude(g), p), {-1}));
-  return F::reshape(r, {1});
+  if (std::isinf(p)) return F::reshape(F::max(F::max(magnitude(g), {-1})), {1});
+  const Tensor e = p == 2 ? F::mul(g, g) : p == 1 ? magnitude(g) : F::pow(magnitude(g), p);
+  return F::reshape(F::sum(F::sum(e, {-1})), {1});
 }
 
 }  // namespace
